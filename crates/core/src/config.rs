@@ -1,0 +1,426 @@
+//! The cluster configuration: who the nodes are, how to reach them, which keys they hold, and
+//! which clients may read or write.
+//!
+//! It is public (every node and client has the same `cluster.toml`); secrets live in per-node and
+//! per-client files beside it. Parsing names the offending field, and validation rejects anything a
+//! node could not safely serve (a wrong `n`, duplicate ids, unparsable addresses or keys).
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::net::SocketAddr;
+use std::str::FromStr;
+
+use crate::crypto::MacKey;
+use crate::ids::{ClientId, NodeId};
+
+/// The SHA-like fingerprint of a TLS certificate that pins an identity.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Fingerprint(pub [u8; 32]);
+
+impl Fingerprint {
+    /// The fingerprint of a DER certificate.
+    pub fn of_certificate(der: &[u8]) -> Fingerprint {
+        Fingerprint(crate::crypto::Digest::of("bulwark.transport.cert", der).0)
+    }
+}
+
+impl fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&hex::encode(self.0))
+    }
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Fingerprint({})", &hex::encode(self.0)[..12])
+    }
+}
+
+impl FromStr for Fingerprint {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        parse_hex32(s).map(Fingerprint)
+    }
+}
+
+impl Serialize for Fingerprint {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.to_string())
+    }
+}
+
+impl<'de> Deserialize<'de> for Fingerprint {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// A 32-byte secret written as 64 hex digits.
+pub fn parse_hex32(s: &str) -> Result<[u8; 32], String> {
+    let bytes = hex::decode(s.trim()).map_err(|e| format!("not hex: {e}"))?;
+    bytes
+        .try_into()
+        .map_err(|b: Vec<u8>| format!("expected 32 bytes (64 hex digits), got {}", b.len()))
+}
+
+/// Serde helper for MAC keys as hex strings.
+pub mod hex_key {
+    use super::*;
+    /// Serialises as hex.
+    pub fn serialize<S: serde::Serializer>(key: &MacKey, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&hex::encode(key.0))
+    }
+    /// Parses hex.
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<MacKey, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        parse_hex32(&text)
+            .map(MacKey)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// Serde helper for lists of MAC keys as hex strings.
+pub mod hex_keys {
+    use super::*;
+    /// Serialises as a list of hex strings.
+    pub fn serialize<S: serde::Serializer>(
+        keys: &[MacKey],
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(keys.iter().map(|k| hex::encode(k.0)))
+    }
+    /// Parses a list of hex strings.
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Vec<MacKey>, D::Error> {
+        let texts = Vec::<String>::deserialize(deserializer)?;
+        texts
+            .iter()
+            .map(|t| parse_hex32(t).map(MacKey).map_err(serde::de::Error::custom))
+            .collect()
+    }
+}
+
+/// `cluster.toml`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// Byzantine faults tolerated; the group has `3f+1` nodes.
+    pub f: usize,
+    /// The configuration epoch (Rosebud); 0 for static membership.
+    #[serde(default)]
+    pub epoch: u64,
+    /// The storage nodes, in id order.
+    pub nodes: Vec<NodeEntry>,
+    /// The clients allowed to connect.
+    pub clients: Vec<ClientEntry>,
+}
+
+/// One node in `cluster.toml`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeEntry {
+    /// Index `0..n`.
+    pub id: u32,
+    /// Where clients reach it.
+    pub address: SocketAddr,
+    /// Where it serves Prometheus metrics, if anywhere.
+    #[serde(default)]
+    pub metrics: Option<SocketAddr>,
+    /// Its pinned TLS certificate.
+    pub fingerprint: Fingerprint,
+}
+
+/// One client in `cluster.toml`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientEntry {
+    /// A unique name.
+    pub name: String,
+    /// Its pinned TLS certificate.
+    pub fingerprint: Fingerprint,
+    /// May write.
+    #[serde(default)]
+    pub write: bool,
+    /// May read.
+    #[serde(default = "yes")]
+    pub read: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// A configuration that cannot be served, naming the field.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// TOML or a field's value did not parse; the message names the field and line.
+    #[error("{file}: {message}")]
+    Parse {
+        /// Which file.
+        file: String,
+        /// What toml said.
+        message: String,
+    },
+    /// The configuration parsed but is not usable.
+    #[error("{file}: field `{field}`: {problem}")]
+    Invalid {
+        /// Which file.
+        file: String,
+        /// The field.
+        field: String,
+        /// What is wrong.
+        problem: String,
+    },
+}
+
+impl ClusterConfig {
+    /// Parses and validates `cluster.toml`'s text; `file` names it in errors.
+    pub fn parse(text: &str, file: &str) -> Result<ClusterConfig, ConfigError> {
+        let config: ClusterConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            file: file.to_string(),
+            message: e.to_string(),
+        })?;
+        config.validate(file)?;
+        Ok(config)
+    }
+
+    /// The TOML text.
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_else(|e| unreachable!("config serialises: {e}"))
+    }
+
+    fn validate(&self, file: &str) -> Result<(), ConfigError> {
+        let invalid = |field: &str, problem: String| ConfigError::Invalid {
+            file: file.to_string(),
+            field: field.to_string(),
+            problem,
+        };
+        if self.f == 0 {
+            return Err(invalid("f", "must be at least 1".into()));
+        }
+        if self.f > 20 {
+            return Err(invalid(
+                "f",
+                format!("{} is more than this version supports (20)", self.f),
+            ));
+        }
+        if self.nodes.len() != 3 * self.f + 1 {
+            return Err(invalid(
+                "nodes",
+                format!(
+                    "f = {} needs exactly {} nodes, found {}",
+                    self.f,
+                    3 * self.f + 1,
+                    self.nodes.len()
+                ),
+            ));
+        }
+        for (index, node) in self.nodes.iter().enumerate() {
+            if node.id as usize != index {
+                return Err(invalid(
+                    &format!("nodes[{index}].id"),
+                    format!(
+                        "expected {index}, found {} (ids are 0..n in order)",
+                        node.id
+                    ),
+                ));
+            }
+        }
+        for (i, a) in self.nodes.iter().enumerate() {
+            if self.nodes[..i].iter().any(|b| b.address == a.address) {
+                return Err(invalid(
+                    &format!("nodes[{i}].address"),
+                    format!("{} is used twice", a.address),
+                ));
+            }
+            if self.nodes[..i]
+                .iter()
+                .any(|b| b.fingerprint == a.fingerprint)
+            {
+                return Err(invalid(
+                    &format!("nodes[{i}].fingerprint"),
+                    "used twice".into(),
+                ));
+            }
+        }
+        if self.clients.is_empty() {
+            return Err(invalid("clients", "no client could connect".into()));
+        }
+        for (i, client) in self.clients.iter().enumerate() {
+            if client.name.is_empty() || client.name.len() > 64 {
+                return Err(invalid(
+                    &format!("clients[{i}].name"),
+                    "must be 1 to 64 characters".into(),
+                ));
+            }
+            if self.clients[..i].iter().any(|c| c.name == client.name) {
+                return Err(invalid(
+                    &format!("clients[{i}].name"),
+                    format!("{:?} is used twice", client.name),
+                ));
+            }
+            if self.clients[..i]
+                .iter()
+                .any(|c| c.fingerprint == client.fingerprint)
+            {
+                return Err(invalid(
+                    &format!("clients[{i}].fingerprint"),
+                    "used twice".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// `n`.
+    pub fn n(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// The client with `name`, and its id.
+    pub fn client(&self, name: &str) -> Option<(ClientId, &ClientEntry)> {
+        self.clients
+            .iter()
+            .enumerate()
+            .find(|(_, c)| c.name == name)
+            .map(|(i, c)| (ClientId(i as u32), c))
+    }
+
+    /// The client with `fingerprint`, and its id.
+    pub fn client_by_fingerprint(
+        &self,
+        fingerprint: &Fingerprint,
+    ) -> Option<(ClientId, &ClientEntry)> {
+        self.clients
+            .iter()
+            .enumerate()
+            .find(|(_, c)| c.fingerprint == *fingerprint)
+            .map(|(i, c)| (ClientId(i as u32), c))
+    }
+
+    /// The node with `id`.
+    pub fn node(&self, id: NodeId) -> Option<&NodeEntry> {
+        self.nodes.get(id.index())
+    }
+}
+
+/// A node's secrets: `node.toml` in its own directory.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeSecrets {
+    /// Which node this is.
+    pub id: u32,
+    /// `k_i`, shared with the writers.
+    #[serde(with = "hex_key")]
+    pub mac_key: MacKey,
+}
+
+/// A client's secrets: `client.toml` in its own directory.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientSecrets {
+    /// Which client this is.
+    pub name: String,
+    /// `k_W` and every `k_i`: writers only. Readers hold no MAC keys (PoWerStore §1.3).
+    #[serde(default)]
+    pub writer: Option<WriterSecrets>,
+}
+
+/// The MAC keys a writer holds.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WriterSecrets {
+    /// `k_W`.
+    #[serde(with = "hex_key")]
+    pub timestamp_key: MacKey,
+    /// `k_i` for every node, in id order.
+    #[serde(with = "hex_keys")]
+    pub server_keys: Vec<MacKey>,
+}
+
+/// Parses a secrets file, naming the file and field on error.
+pub fn parse_secrets<T: serde::de::DeserializeOwned>(
+    text: &str,
+    file: &str,
+) -> Result<T, ConfigError> {
+    toml::from_str(text).map_err(|e| ConfigError::Parse {
+        file: file.to_string(),
+        message: e.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> ClusterConfig {
+        ClusterConfig {
+            f: 1,
+            epoch: 0,
+            nodes: (0..4)
+                .map(|i| NodeEntry {
+                    id: i,
+                    address: format!("127.0.0.1:{}", 7000 + i).parse().unwrap(),
+                    metrics: None,
+                    fingerprint: Fingerprint([i as u8; 32]),
+                })
+                .collect(),
+            clients: vec![ClientEntry {
+                name: "admin".into(),
+                fingerprint: Fingerprint([9; 32]),
+                write: true,
+                read: true,
+            }],
+        }
+    }
+
+    #[test]
+    fn round_trips_through_toml() {
+        let config = sample();
+        assert_eq!(
+            ClusterConfig::parse(&config.to_toml(), "c").unwrap(),
+            config
+        );
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let mut config = sample();
+        config.nodes.pop();
+        let error = ClusterConfig::parse(&config.to_toml(), "cluster.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("field `nodes`") && error.contains("needs exactly 4"),
+            "{error}"
+        );
+
+        let mut config = sample();
+        config.nodes[2].id = 7;
+        let error = ClusterConfig::parse(&config.to_toml(), "cluster.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("nodes[2].id"), "{error}");
+
+        let text = sample()
+            .to_toml()
+            .replacen("fingerprint = \"", "fingerprint = \"zz", 1);
+        let error = ClusterConfig::parse(&text, "cluster.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("fingerprint") && error.contains("not hex"),
+            "{error}"
+        );
+
+        let text = sample().to_toml().replace("f = 1", "f = 1\nreplicas = 3");
+        let error = ClusterConfig::parse(&text, "cluster.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("replicas"), "{error}");
+    }
+}

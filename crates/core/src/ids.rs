@@ -1,0 +1,124 @@
+//! Identities and small value types used across the protocols.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// A storage node's index in its replica group, `0..n`. It is also the index of the erasure-code
+/// fragment the node holds and of its MAC slot (PoWerStore §3.1: `fr_i` always goes to `s_i`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct NodeId(pub u32);
+
+impl NodeId {
+    /// The index as a `usize`, for slices of per-node values.
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "node{}", self.0)
+    }
+}
+
+/// A client's index in the cluster configuration's client list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ClientId(pub u32);
+
+impl fmt::Display for ClientId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "client{}", self.0)
+    }
+}
+
+/// A Rosebud configuration number. Static membership uses epoch 0 throughout; messages carry it
+/// already so that reconfiguration does not change the wire format.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+pub struct Epoch(pub u64);
+
+/// A replica group (a key range's set of `n` nodes). One group today, many after Rosebud.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+pub struct GroupId(pub u32);
+
+/// Milliseconds on whatever clock the driver feeds in: the simulator's virtual clock or the
+/// node's monotonic clock. Protocol code only compares and adds these; safety never depends on them.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+pub struct Time(pub u64);
+
+impl Time {
+    /// This time plus `millis` milliseconds, saturating.
+    pub fn plus_millis(self, millis: u64) -> Time {
+        Time(self.0.saturating_add(millis))
+    }
+}
+
+/// An object key: opaque bytes, at most [`Key::BYTES_MAX`] long.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Key(bytes::Bytes);
+
+/// Why a byte string is not a valid key.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum KeyError {
+    /// Keys must name something.
+    #[error("key is empty")]
+    Empty,
+    /// Keys are bounded so that metadata stays small.
+    #[error("key is {len} bytes; the limit is {max}")]
+    TooLong {
+        /// The offered length.
+        len: usize,
+        /// [`Key::BYTES_MAX`].
+        max: usize,
+    },
+}
+
+impl Key {
+    /// The longest key accepted, as S3 allows.
+    pub const BYTES_MAX: usize = 1024;
+
+    /// Validates and wraps `bytes`.
+    pub fn new(bytes: impl Into<bytes::Bytes>) -> Result<Key, KeyError> {
+        let bytes = bytes.into();
+        if bytes.is_empty() {
+            return Err(KeyError::Empty);
+        }
+        if bytes.len() > Key::BYTES_MAX {
+            return Err(KeyError::TooLong {
+                len: bytes.len(),
+                max: Key::BYTES_MAX,
+            });
+        }
+        Ok(Key(bytes))
+    }
+
+    /// Checks a key decoded from a peer, whose length the codec did not bound.
+    pub fn is_valid(&self) -> bool {
+        !self.0.is_empty() && self.0.len() <= Key::BYTES_MAX
+    }
+
+    /// The raw bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match std::str::from_utf8(&self.0) {
+            Ok(s) if s.chars().all(|c| !c.is_control()) => write!(f, "{s:?}"),
+            _ => write!(f, "0x{}", hex::encode(&self.0)),
+        }
+    }
+}

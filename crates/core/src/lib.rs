@@ -1,0 +1,20 @@
+//! Vocabulary shared by every Bulwark crate: identities, object keys, time as a value, hashes and
+//! MACs, the erasure-code trait and the bounded wire codec.
+//!
+//! Nothing here does I/O or reads a clock, so the protocol machines that build on it stay
+//! deterministic (DESIGN.md §2).
+#![warn(missing_docs)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::panic))]
+
+pub mod config;
+pub mod crypto;
+pub mod erasure;
+pub mod ids;
+pub mod wire;
+
+pub use crypto::{Digest, MacKey, Tag};
+pub use ids::{ClientId, Epoch, GroupId, Key, NodeId, Time};
+
+/// The largest object the linearizable register stores in one piece.
+/// Larger objects are refused before any node sees them (chunking comes with the gateway).
+pub const OBJECT_BYTES_MAX: usize = 16 * 1024 * 1024;
