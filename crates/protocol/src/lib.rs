@@ -1,0 +1,12 @@
+//! Sans-IO protocol state machines.
+//!
+//! Each protocol is a module holding a server side (a handler from request to reply plus the state
+//! changes that must be durable before the reply leaves) and a client side (one machine per
+//! operation, fed replies until it yields a result). Nothing here opens a socket, reads a clock,
+//! draws randomness or touches a file: the simulator, the real node and the client library all
+//! drive the same code (DESIGN.md §2). Protocol modules never import one another.
+#![warn(missing_docs)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::panic))]
+
+pub mod powerstore;
+pub mod service;

@@ -1,0 +1,991 @@
+//! The M-PoWerStore writer (Alg. 4) and reader (Alg. 6) as one machine per operation.
+//!
+//! A machine is fed every reply it gets and says what to send next; the driver retransmits the
+//! current round to nodes that have not answered (`retransmit`) and gives up at its own deadline.
+//! Safety never depends on when either happens. Each node's first reply per round is the only one
+//! counted (spec §7.1 item 10): a Byzantine node cannot vote twice.
+
+use super::msg::{FilterAck, OpId, Refusal, Request, RequestBody, Response, ResponseBody};
+use super::{
+    Candidate, CrossChecksum, MacVec, Nonce, Pid, Timestamp, WriterKeys, cmp_ts, fragment_digest,
+};
+use bulwark_core::erasure::{ErasureCodec, Layout};
+use bulwark_core::{Digest, Epoch, GroupId, Key, NodeId};
+use bytes::Bytes;
+use std::cmp::Ordering;
+
+/// What every client operation needs to know about the group.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// Group size.
+    pub n: usize,
+    /// Faults tolerated.
+    pub f: usize,
+    /// Configuration believed in.
+    pub epoch: Epoch,
+    /// Group addressed.
+    pub group: GroupId,
+    /// Deliberate protocol breakage for the simulator's negative controls; all off in production.
+    pub mutations: ClientMutations,
+}
+
+/// Deliberately broken client variants. The simulator must catch each one, which proves it can
+/// fail. Nothing outside `bulwark sim` sets them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClientMutations {
+    /// Wait for `f+1` replies per round instead of `n-f`: quorums no longer meet in a correct node.
+    pub quorum_f_plus_one: bool,
+    /// Select the highest safe candidate without checking its nonce against the agreed `N̄`
+    /// (the paper's literal line 143, spec §4.8(a)).
+    pub any_twin: bool,
+}
+
+impl ClientConfig {
+    /// A group of `3f+1` in epoch 0, group 0.
+    pub fn new(f: usize) -> ClientConfig {
+        ClientConfig {
+            n: 3 * f + 1,
+            f,
+            epoch: Epoch(0),
+            group: GroupId(0),
+            mutations: ClientMutations::default(),
+        }
+    }
+
+    /// `n - f`: every round's quorum.
+    pub fn quorum(&self) -> usize {
+        if self.mutations.quorum_f_plus_one {
+            self.f + 1
+        } else {
+            self.n - self.f
+        }
+    }
+
+    fn request(&self, op: OpId, attempt: u32, key: &Key, body: RequestBody) -> Request {
+        Request {
+            op,
+            attempt,
+            epoch: self.epoch,
+            group: self.group,
+            key: key.clone(),
+            body,
+        }
+    }
+}
+
+/// A message to send.
+pub type Outbound = (NodeId, Request);
+
+/// What a machine says after an input.
+#[derive(Debug)]
+pub enum Step<T> {
+    /// Send these (possibly none) and keep feeding replies.
+    Continue(Vec<Outbound>),
+    /// The operation is over.
+    Done(Result<T, ProtocolError>),
+}
+
+/// Why an operation ended without a result. Timeouts are the driver's, not the protocol's.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolError {
+    /// `f+1` nodes refused, so at least one correct node did.
+    #[error("refused by {} nodes: {refusal}", nodes.len())]
+    Refused {
+        /// The refusal most nodes gave.
+        refusal: Refusal,
+        /// Who refused.
+        nodes: Vec<NodeId>,
+    },
+    /// The value could not be encoded or decoded (a bug: agreed fragments always decode).
+    #[error("erasure coding failed: {0}")]
+    Coding(String),
+}
+
+/// Misbehaviour a client observed, with the node to blame.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Evidence {
+    /// The node.
+    pub node: NodeId,
+    /// What it did.
+    pub kind: EvidenceKind,
+}
+
+/// Kinds of observed misbehaviour. Each is proven relative to `f+1` agreeing replies, at least one
+/// of them from a correct node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EvidenceKind {
+    /// Its fragment for the selected version does not hash to the agreed cross-checksum.
+    CorruptFragment,
+    /// It answered the selected timestamp with a different cross-checksum, `N̄` or MAC vector.
+    ConflictingMetadata,
+    /// Its reply could not be a correct server's (wrong vector lengths, impossible layout).
+    MalformedReply,
+}
+
+/// A completed write.
+#[derive(Clone, Debug)]
+pub struct WriteOutcome {
+    /// The write's timestamp.
+    pub ts: Timestamp,
+    /// Nodes whose COMPLETE_ACK counted.
+    pub acknowledged_by: Vec<NodeId>,
+}
+
+/// A completed read.
+#[derive(Clone, Debug)]
+pub struct ReadOutcome {
+    /// The value; `None` when the key was never written or was deleted.
+    pub value: Option<Bytes>,
+    /// The selected version; `None` for `ts_0`.
+    pub ts: Option<Timestamp>,
+    /// Nodes whose FILTER replies counted in the final attempt.
+    pub answered_by: Vec<NodeId>,
+    /// Whether REPAIR ran.
+    pub repaired: bool,
+    /// Times the read restarted because its version had been garbage-collected.
+    pub restarts: u32,
+    /// Misbehaviour seen along the way.
+    pub evidence: Vec<Evidence>,
+}
+
+/// Collects the first reply of each node in one round.
+#[derive(Clone, Debug)]
+struct Replies<T> {
+    slots: Vec<Option<T>>,
+}
+
+impl<T> Replies<T> {
+    fn new(n: usize) -> Self {
+        Replies {
+            slots: (0..n).map(|_| None).collect(),
+        }
+    }
+    /// Records `value` unless `node` already answered or is out of range. Returns whether it counted.
+    fn record(&mut self, node: NodeId, value: T) -> bool {
+        match self.slots.get_mut(node.index()) {
+            Some(slot @ None) => {
+                *slot = Some(value);
+                true
+            }
+            _ => false,
+        }
+    }
+    fn count(&self) -> usize {
+        self.slots.iter().filter(|s| s.is_some()).count()
+    }
+    fn missing(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.is_none())
+            .map(|(i, _)| NodeId(i as u32))
+    }
+    fn present(&self) -> impl Iterator<Item = (NodeId, &T)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.as_ref().map(|v| (NodeId(i as u32), v)))
+    }
+}
+
+/// Tracks refusals so that `f+1` of them end the operation (fewer could all be Byzantine).
+#[derive(Clone, Debug)]
+struct Refusals(Replies<Refusal>);
+
+impl Refusals {
+    fn record(&mut self, node: NodeId, refusal: Refusal, f: usize) -> Option<ProtocolError> {
+        self.0.record(node, refusal);
+        if self.0.count() <= f {
+            return None;
+        }
+        let nodes: Vec<NodeId> = self.0.present().map(|(n, _)| n).collect();
+        let refusal = self.0.present().map(|(_, r)| r.clone()).next()?;
+        Some(ProtocolError::Refused { refusal, nodes })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writer
+
+enum WritePhase {
+    Clock {
+        replies: Replies<()>,
+        highest: Option<Timestamp>,
+    },
+    Store {
+        replies: Replies<()>,
+    },
+    Complete {
+        replies: Replies<()>,
+    },
+    Done,
+}
+
+/// One write (or delete) of one key (Alg. 4).
+pub struct WriteOp {
+    config: ClientConfig,
+    keys: std::sync::Arc<WriterKeys>,
+    key: Key,
+    op: OpId,
+    pid: Pid,
+    nonce: Nonce,
+    value: Option<Bytes>,
+    codec: std::sync::Arc<dyn ErasureCodec>,
+    phase: WritePhase,
+    refusals: Refusals,
+    /// Set once CLOCK finished: the timestamp, fragments, cross-checksum and MAC vector.
+    prepared: Option<Prepared>,
+}
+
+struct Prepared {
+    ts: Timestamp,
+    fragments: Vec<Bytes>,
+    cc: CrossChecksum,
+    nonce_hash: Digest,
+    vec: MacVec,
+}
+
+impl WriteOp {
+    /// A write of `value` (`None` deletes). `nonce` must come from a CSPRNG and never be reused;
+    /// `pid.seq` must be unique among this writer's operations.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        config: ClientConfig,
+        keys: std::sync::Arc<WriterKeys>,
+        codec: std::sync::Arc<dyn ErasureCodec>,
+        key: Key,
+        op: OpId,
+        pid: Pid,
+        nonce: [u8; 32],
+        value: Option<Bytes>,
+    ) -> WriteOp {
+        assert_eq!(keys.servers.len(), config.n, "one MAC key per server");
+        let refusals = Refusals(Replies::new(config.n));
+        let phase = WritePhase::Clock {
+            replies: Replies::new(config.n),
+            highest: None,
+        };
+        WriteOp {
+            config,
+            keys,
+            key,
+            op,
+            pid,
+            nonce: Nonce(nonce),
+            value,
+            codec,
+            phase,
+            refusals,
+            prepared: None,
+        }
+    }
+
+    /// The first round: CLOCK to every node.
+    pub fn start(&mut self) -> Vec<Outbound> {
+        self.broadcast(RequestBody::Clock)
+    }
+
+    fn broadcast(&self, body: RequestBody) -> Vec<Outbound> {
+        (0..self.config.n)
+            .map(|i| {
+                (
+                    NodeId(i as u32),
+                    self.config.request(self.op, 0, &self.key, body.clone()),
+                )
+            })
+            .collect()
+    }
+
+    fn store_for(&self, node: NodeId) -> Option<Request> {
+        let p = self.prepared.as_ref()?;
+        let body = RequestBody::Store {
+            ts: p.ts,
+            fragment: p.fragments.get(node.index())?.clone(),
+            cc: p.cc.clone(),
+            nonce_hash: p.nonce_hash,
+            vec: p.vec.clone(),
+        };
+        Some(self.config.request(self.op, 0, &self.key, body))
+    }
+
+    fn complete_body(&self) -> Option<RequestBody> {
+        let p = self.prepared.as_ref()?;
+        Some(RequestBody::Complete {
+            ts: p.ts,
+            nonce: self.nonce,
+            vec: p.vec.clone(),
+        })
+    }
+
+    /// The current round's request to every node that has not answered it.
+    pub fn retransmit(&self) -> Vec<Outbound> {
+        match &self.phase {
+            WritePhase::Clock { replies, .. } => replies
+                .missing()
+                .map(|n| {
+                    (
+                        n,
+                        self.config
+                            .request(self.op, 0, &self.key, RequestBody::Clock),
+                    )
+                })
+                .collect(),
+            WritePhase::Store { replies } => replies
+                .missing()
+                .filter_map(|n| Some((n, self.store_for(n)?)))
+                .collect(),
+            WritePhase::Complete { replies } => match self.complete_body() {
+                Some(body) => replies
+                    .missing()
+                    .map(|n| (n, self.config.request(self.op, 0, &self.key, body.clone())))
+                    .collect(),
+                None => Vec::new(),
+            },
+            WritePhase::Done => Vec::new(),
+        }
+    }
+
+    /// Nodes that have answered the current round.
+    pub fn answered(&self) -> Vec<NodeId> {
+        match &self.phase {
+            WritePhase::Clock { replies, .. }
+            | WritePhase::Store { replies }
+            | WritePhase::Complete { replies } => replies.present().map(|(n, _)| n).collect(),
+            WritePhase::Done => Vec::new(),
+        }
+    }
+
+    /// Feeds one reply.
+    pub fn on_response(&mut self, from: NodeId, response: Response) -> Step<WriteOutcome> {
+        if response.op != self.op || from.index() >= self.config.n {
+            return Step::Continue(Vec::new());
+        }
+        if let ResponseBody::Refused(refusal) = response.body {
+            return match self.refusals.record(from, refusal, self.config.f) {
+                Some(error) => {
+                    self.phase = WritePhase::Done;
+                    Step::Done(Err(error))
+                }
+                None => Step::Continue(Vec::new()),
+            };
+        }
+        let quorum = self.config.quorum();
+        match (&mut self.phase, response.body) {
+            (WritePhase::Clock { replies, highest }, ResponseBody::ClockAck { lc_ts }) => {
+                if !replies.record(from, ()) {
+                    return Step::Continue(Vec::new());
+                }
+                // l. 100: adopt only timestamps that carry a genuine k_W tag.
+                if let Some(ts) = lc_ts {
+                    let verified = ts.verify(self.config.group, &self.key, &self.keys.timestamp);
+                    if verified && cmp_ts(Some(&ts), highest.as_ref()) == Ordering::Greater {
+                        *highest = Some(ts);
+                    }
+                }
+                if replies.count() < quorum {
+                    return Step::Continue(Vec::new());
+                }
+                let num = highest.map_or(0, |ts| ts.num) + 1;
+                match self.prepare(num) {
+                    Ok(()) => {
+                        self.phase = WritePhase::Store {
+                            replies: Replies::new(self.config.n),
+                        };
+                        let sends = (0..self.config.n)
+                            .filter_map(|i| {
+                                Some((NodeId(i as u32), self.store_for(NodeId(i as u32))?))
+                            })
+                            .collect();
+                        Step::Continue(sends)
+                    }
+                    Err(error) => {
+                        self.phase = WritePhase::Done;
+                        Step::Done(Err(error))
+                    }
+                }
+            }
+            (WritePhase::Store { replies }, ResponseBody::StoreAck { ts }) => {
+                if self.prepared.as_ref().map(|p| p.ts) != Some(ts) || !replies.record(from, ()) {
+                    return Step::Continue(Vec::new());
+                }
+                if replies.count() < quorum {
+                    return Step::Continue(Vec::new());
+                }
+                // Invariant 1 (spec §7.1): N is revealed only now, after n - f STORE_ACKs.
+                let Some(body) = self.complete_body() else {
+                    return Step::Continue(Vec::new());
+                };
+                self.phase = WritePhase::Complete {
+                    replies: Replies::new(self.config.n),
+                };
+                Step::Continue(self.broadcast(body))
+            }
+            (WritePhase::Complete { replies }, ResponseBody::CompleteAck { ts }) => {
+                let Some(prepared_ts) = self.prepared.as_ref().map(|p| p.ts) else {
+                    return Step::Continue(Vec::new());
+                };
+                if prepared_ts != ts || !replies.record(from, ()) {
+                    return Step::Continue(Vec::new());
+                }
+                if replies.count() < quorum {
+                    return Step::Continue(Vec::new());
+                }
+                let acknowledged_by = replies.present().map(|(n, _)| n).collect();
+                self.phase = WritePhase::Done;
+                Step::Done(Ok(WriteOutcome {
+                    ts: prepared_ts,
+                    acknowledged_by,
+                }))
+            }
+            _ => Step::Continue(Vec::new()),
+        }
+    }
+
+    /// Builds the timestamp, fragments, cross-checksum and MAC vector (l. 85–88, 103).
+    fn prepare(&mut self, num: u64) -> Result<(), ProtocolError> {
+        let ts = Timestamp::authenticated(
+            self.config.group,
+            &self.key,
+            num,
+            self.pid,
+            &self.keys.timestamp,
+        );
+        let (layout, tombstone, value) = match &self.value {
+            Some(value) => (
+                Layout::for_value(value.len(), self.config.n, self.config.f),
+                false,
+                value.clone(),
+            ),
+            None => (
+                Layout::for_value(0, self.config.n, self.config.f),
+                true,
+                Bytes::new(),
+            ),
+        };
+        let fragments = self
+            .codec
+            .encode(&layout, &value)
+            .map_err(|e| ProtocolError::Coding(e.to_string()))?;
+        let cc = CrossChecksum {
+            layout,
+            tombstone,
+            hashes: fragments.iter().map(|f| fragment_digest(f)).collect(),
+        };
+        let nonce_hash = self.nonce.commitment();
+        let vec = MacVec::compute(
+            self.config.group,
+            &self.key,
+            &ts,
+            &nonce_hash,
+            &self.keys.servers,
+        );
+        self.prepared = Some(Prepared {
+            ts,
+            fragments,
+            cc,
+            nonce_hash,
+            vec,
+        });
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reader
+
+// One phase value per operation in flight; boxing would add an allocation per round for nothing.
+#[allow(clippy::large_enum_variant)]
+enum ReadPhase {
+    Collect {
+        replies: Replies<()>,
+        candidates: Vec<Candidate>,
+    },
+    Filter {
+        candidates: Vec<Candidate>,
+        replies: Replies<FilterAck>,
+    },
+    Repair {
+        candidate: Candidate,
+        replies: Replies<()>,
+        outcome: ReadOutcome,
+    },
+    Done,
+}
+
+/// One read of one key (Alg. 6).
+pub struct ReadOp {
+    config: ClientConfig,
+    key: Key,
+    op: OpId,
+    attempt: u32,
+    codec: std::sync::Arc<dyn ErasureCodec>,
+    phase: ReadPhase,
+    refusals: Refusals,
+    evidence: Vec<Evidence>,
+}
+
+/// The verdict on a FILTER round so far.
+#[allow(clippy::large_enum_variant)]
+enum Verdict {
+    Wait,
+    Empty,
+    Restart,
+    Selected {
+        candidate: Candidate,
+        agreed: Agreed,
+    },
+}
+
+/// The `(ts, cc, vec, N̄)` that `f+1` nodes agree on, with fragments matching their own slots.
+#[derive(Clone)]
+struct Agreed {
+    ts: Timestamp,
+    cc: CrossChecksum,
+    vec: MacVec,
+    nonce_hash: Digest,
+}
+
+impl ReadOp {
+    /// A read of `key`.
+    pub fn new(
+        config: ClientConfig,
+        codec: std::sync::Arc<dyn ErasureCodec>,
+        key: Key,
+        op: OpId,
+    ) -> ReadOp {
+        let refusals = Refusals(Replies::new(config.n));
+        let phase = ReadPhase::Collect {
+            replies: Replies::new(config.n),
+            candidates: Vec::new(),
+        };
+        ReadOp {
+            config,
+            key,
+            op,
+            attempt: 0,
+            codec,
+            phase,
+            refusals,
+            evidence: Vec::new(),
+        }
+    }
+
+    /// The first round: COLLECT to every node.
+    pub fn start(&mut self) -> Vec<Outbound> {
+        self.broadcast(RequestBody::Collect)
+    }
+
+    fn broadcast(&self, body: RequestBody) -> Vec<Outbound> {
+        (0..self.config.n)
+            .map(|i| {
+                (
+                    NodeId(i as u32),
+                    self.config
+                        .request(self.op, self.attempt, &self.key, body.clone()),
+                )
+            })
+            .collect()
+    }
+
+    fn body(&self) -> Option<RequestBody> {
+        match &self.phase {
+            ReadPhase::Collect { .. } => Some(RequestBody::Collect),
+            ReadPhase::Filter { candidates, .. } => Some(RequestBody::Filter {
+                candidates: candidates.clone(),
+            }),
+            ReadPhase::Repair { candidate, .. } => Some(RequestBody::Repair {
+                candidate: candidate.clone(),
+            }),
+            ReadPhase::Done => None,
+        }
+    }
+
+    /// The current round's request to every node that has not answered it.
+    pub fn retransmit(&self) -> Vec<Outbound> {
+        let Some(body) = self.body() else {
+            return Vec::new();
+        };
+        let missing: Vec<NodeId> = match &self.phase {
+            ReadPhase::Collect { replies, .. } | ReadPhase::Repair { replies, .. } => {
+                replies.missing().collect()
+            }
+            ReadPhase::Filter { replies, .. } => replies.missing().collect(),
+            ReadPhase::Done => Vec::new(),
+        };
+        missing
+            .into_iter()
+            .map(|n| {
+                (
+                    n,
+                    self.config
+                        .request(self.op, self.attempt, &self.key, body.clone()),
+                )
+            })
+            .collect()
+    }
+
+    /// Nodes that have answered the current round.
+    pub fn answered(&self) -> Vec<NodeId> {
+        match &self.phase {
+            ReadPhase::Collect { replies, .. } | ReadPhase::Repair { replies, .. } => {
+                replies.present().map(|(n, _)| n).collect()
+            }
+            ReadPhase::Filter { replies, .. } => replies.present().map(|(n, _)| n).collect(),
+            ReadPhase::Done => Vec::new(),
+        }
+    }
+
+    fn blame(&mut self, node: NodeId, kind: EvidenceKind) {
+        let evidence = Evidence { node, kind };
+        if !self.evidence.contains(&evidence) {
+            self.evidence.push(evidence);
+        }
+    }
+
+    /// Feeds one reply.
+    pub fn on_response(&mut self, from: NodeId, response: Response) -> Step<ReadOutcome> {
+        if response.op != self.op
+            || response.attempt != self.attempt
+            || from.index() >= self.config.n
+        {
+            return Step::Continue(Vec::new());
+        }
+        if let ResponseBody::Refused(refusal) = response.body {
+            return match self.refusals.record(from, refusal, self.config.f) {
+                Some(error) => {
+                    self.phase = ReadPhase::Done;
+                    Step::Done(Err(error))
+                }
+                None => Step::Continue(Vec::new()),
+            };
+        }
+        match response.body {
+            ResponseBody::CollectAck { lc } => self.on_collect(from, lc),
+            ResponseBody::FilterAck(ack) => self.on_filter(from, ack),
+            ResponseBody::RepairAck => self.on_repair(from),
+            _ => Step::Continue(Vec::new()),
+        }
+    }
+
+    fn on_collect(&mut self, from: NodeId, lc: Option<Candidate>) -> Step<ReadOutcome> {
+        let n = self.config.n;
+        let quorum = self.config.quorum();
+        let ReadPhase::Collect {
+            replies,
+            candidates,
+        } = &mut self.phase
+        else {
+            return Step::Continue(Vec::new());
+        };
+        if !replies.record(from, ()) {
+            return Step::Continue(Vec::new());
+        }
+        match lc {
+            // l. 150: keep candidates above ts_0; a correct server's has one MAC per server.
+            Some(c) if c.vec.0.len() == n && c.ts.num >= 1 && !candidates.contains(&c) => {
+                candidates.push(c)
+            }
+            Some(c) if c.vec.0.len() == n && c.ts.num >= 1 => {}
+            Some(_) => self.evidence.push(Evidence {
+                node: from,
+                kind: EvidenceKind::MalformedReply,
+            }),
+            None => {}
+        }
+        if replies.count() < quorum {
+            return Step::Continue(Vec::new());
+        }
+        let candidates = std::mem::take(candidates);
+        if candidates.is_empty() {
+            // No completed write or read precedes us (see the module docs): absent.
+            return self.finish(ReadOutcome {
+                value: None,
+                ts: None,
+                answered_by: self.answered(),
+                repaired: false,
+                restarts: self.attempt,
+                evidence: Vec::new(),
+            });
+        }
+        self.phase = ReadPhase::Filter {
+            candidates: candidates.clone(),
+            replies: Replies::new(n),
+        };
+        Step::Continue(self.broadcast(RequestBody::Filter { candidates }))
+    }
+
+    fn on_filter(&mut self, from: NodeId, ack: FilterAck) -> Step<ReadOutcome> {
+        let n = self.config.n;
+        let ReadPhase::Filter { replies, .. } = &mut self.phase else {
+            return Step::Continue(Vec::new());
+        };
+        let well_formed = match &ack {
+            FilterAck::Entry {
+                cc, vec, fragment, ..
+            } => {
+                cc.is_well_formed(n)
+                    && vec.0.len() == n
+                    && fragment.len() == cc.layout.fragment_len()
+            }
+            _ => true,
+        };
+        // A malformed entry still speaks for its timestamp (it is "not lower"), but never vouches.
+        let ack = match ack {
+            FilterAck::Entry { ts, .. } if !well_formed => FilterAck::MacOnly { ts },
+            other => other,
+        };
+        if !replies.record(from, ack) {
+            return Step::Continue(Vec::new());
+        }
+        if !well_formed {
+            self.blame(from, EvidenceKind::MalformedReply);
+        }
+        self.evaluate_filter()
+    }
+
+    fn evaluate_filter(&mut self) -> Step<ReadOutcome> {
+        let (n, f, quorum) = (self.config.n, self.config.f, self.config.quorum());
+        let ReadPhase::Filter {
+            candidates,
+            replies,
+        } = &mut self.phase
+        else {
+            return Step::Continue(Vec::new());
+        };
+        // l. 153: drop c once n - f nodes answered strictly lower than c.ts.
+        candidates.retain(|c| {
+            let lower = replies
+                .present()
+                .filter(|(_, ack)| cmp_ts(ack.ts(), Some(&c.ts)) == Ordering::Less)
+                .count();
+            lower < quorum
+        });
+        let verdict = judge(
+            candidates,
+            replies,
+            n,
+            f,
+            quorum,
+            self.config.mutations.any_twin,
+        );
+        match verdict {
+            Verdict::Wait => Step::Continue(Vec::new()),
+            Verdict::Restart => {
+                self.attempt += 1;
+                self.phase = ReadPhase::Collect {
+                    replies: Replies::new(n),
+                    candidates: Vec::new(),
+                };
+                Step::Continue(self.broadcast(RequestBody::Collect))
+            }
+            Verdict::Empty => {
+                let answered_by = self.answered();
+                self.finish(ReadOutcome {
+                    value: None,
+                    ts: None,
+                    answered_by,
+                    repaired: false,
+                    restarts: self.attempt,
+                    evidence: Vec::new(),
+                })
+            }
+            Verdict::Selected { candidate, agreed } => self.restore_and_repair(candidate, agreed),
+        }
+    }
+
+    /// RESTORE (l. 155) and, if the selected MAC vector is not the agreed one, REPAIR (l. 156–159).
+    fn restore_and_repair(
+        &mut self,
+        mut candidate: Candidate,
+        agreed: Agreed,
+    ) -> Step<ReadOutcome> {
+        let n = self.config.n;
+        let ReadPhase::Filter { replies, .. } = &self.phase else {
+            return Step::Continue(Vec::new());
+        };
+        let mut fragments = Vec::new();
+        let mut blamed = Vec::new();
+        for (node, ack) in replies.present() {
+            let FilterAck::Entry {
+                ts,
+                fragment,
+                cc,
+                nonce_hash,
+                vec,
+            } = ack
+            else {
+                continue;
+            };
+            if *ts != agreed.ts {
+                continue;
+            }
+            if *cc != agreed.cc || *vec != agreed.vec || *nonce_hash != agreed.nonce_hash {
+                blamed.push((node, EvidenceKind::ConflictingMetadata));
+            } else if fragment_digest(fragment) != agreed.cc.hashes[node.index()] {
+                blamed.push((node, EvidenceKind::CorruptFragment));
+            } else {
+                fragments.push((node.index(), fragment.clone()));
+            }
+        }
+        let answered_by: Vec<NodeId> = replies.present().map(|(n, _)| n).collect();
+        for (node, kind) in blamed {
+            self.blame(node, kind);
+        }
+        let value = if agreed.cc.tombstone {
+            None
+        } else {
+            match self.codec.decode(&agreed.cc.layout, &fragments) {
+                Ok(value) => Some(value),
+                Err(error) => {
+                    self.phase = ReadPhase::Done;
+                    return Step::Done(Err(ProtocolError::Coding(error.to_string())));
+                }
+            }
+        };
+        let repaired = candidate.vec != agreed.vec;
+        let outcome = ReadOutcome {
+            value,
+            ts: Some(agreed.ts),
+            answered_by,
+            repaired,
+            restarts: self.attempt,
+            evidence: Vec::new(),
+        };
+        if !repaired {
+            return self.finish(outcome);
+        }
+        candidate.vec = agreed.vec;
+        self.phase = ReadPhase::Repair {
+            candidate: candidate.clone(),
+            replies: Replies::new(n),
+            outcome,
+        };
+        Step::Continue(self.broadcast(RequestBody::Repair { candidate }))
+    }
+
+    fn on_repair(&mut self, from: NodeId) -> Step<ReadOutcome> {
+        let quorum = self.config.quorum();
+        let ReadPhase::Repair {
+            replies, outcome, ..
+        } = &mut self.phase
+        else {
+            return Step::Continue(Vec::new());
+        };
+        if !replies.record(from, ()) || replies.count() < quorum {
+            return Step::Continue(Vec::new());
+        }
+        let outcome = outcome.clone();
+        self.finish(outcome)
+    }
+
+    fn finish(&mut self, mut outcome: ReadOutcome) -> Step<ReadOutcome> {
+        outcome.evidence.append(&mut self.evidence);
+        self.phase = ReadPhase::Done;
+        Step::Done(Ok(outcome))
+    }
+}
+
+/// The FILTER termination rule (l. 152) with the §4.8(a) selection, and our restart rule.
+fn judge(
+    candidates: &[Candidate],
+    replies: &Replies<FilterAck>,
+    n: usize,
+    f: usize,
+    quorum: usize,
+    any_twin: bool,
+) -> Verdict {
+    if replies.count() >= quorum && candidates.is_empty() {
+        return Verdict::Empty;
+    }
+    if replies.count() >= quorum
+        && let Some(selected) = select(candidates, replies, n, f, any_twin)
+    {
+        return selected;
+    }
+    let superseded = replies
+        .present()
+        .filter(|(_, ack)| matches!(ack, FilterAck::Superseded { .. }))
+        .count();
+    if superseded > f {
+        return Verdict::Restart;
+    }
+    Verdict::Wait
+}
+
+/// `∃c ∈ C: highcand(c) ∧ safe(c)`, choosing only a candidate whose nonce hashes to the agreed `N̄`,
+/// and among those one whose MAC vector already matches (no needless REPAIR).
+fn select(
+    candidates: &[Candidate],
+    replies: &Replies<FilterAck>,
+    n: usize,
+    f: usize,
+    any_twin: bool,
+) -> Option<Verdict> {
+    let highest = candidates
+        .iter()
+        .map(|c| &c.ts)
+        .max_by(|a, b| a.cmp_order(b))?;
+    let high: Vec<&Candidate> = candidates
+        .iter()
+        .filter(|c| c.ts.cmp_order(highest) == Ordering::Equal)
+        .collect();
+    // Group the vouching replies: same (ts, cc, vec, N̄) and a fragment matching its own slot.
+    let mut groups: Vec<(Agreed, usize)> = Vec::new();
+    for (node, ack) in replies.present() {
+        let FilterAck::Entry {
+            ts,
+            fragment,
+            cc,
+            nonce_hash,
+            vec,
+        } = ack
+        else {
+            continue;
+        };
+        if ts.cmp_order(highest) != Ordering::Equal || cc.hashes.len() != n {
+            continue;
+        }
+        if fragment_digest(fragment) != cc.hashes[node.index()] {
+            continue;
+        }
+        match groups.iter_mut().find(|(g, _)| {
+            g.ts == *ts && g.cc == *cc && g.vec == *vec && g.nonce_hash == *nonce_hash
+        }) {
+            Some((_, count)) => *count += 1,
+            None => groups.push((
+                Agreed {
+                    ts: *ts,
+                    cc: cc.clone(),
+                    vec: vec.clone(),
+                    nonce_hash: *nonce_hash,
+                },
+                1,
+            )),
+        }
+    }
+    let mut fallback = None;
+    for (agreed, count) in groups {
+        if count < f + 1 {
+            continue;
+        }
+        for candidate in &high {
+            let nonce_ok = any_twin || candidate.nonce.commitment() == agreed.nonce_hash;
+            if candidate.ts != agreed.ts || !nonce_ok {
+                continue;
+            }
+            if candidate.vec == agreed.vec {
+                return Some(Verdict::Selected {
+                    candidate: (*candidate).clone(),
+                    agreed,
+                });
+            }
+            if fallback.is_none() {
+                fallback = Some(Verdict::Selected {
+                    candidate: (*candidate).clone(),
+                    agreed: agreed.clone(),
+                });
+            }
+        }
+    }
+    fallback
+}

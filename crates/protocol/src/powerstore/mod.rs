@@ -1,0 +1,252 @@
+//! M-PoWerStore: the multi-writer, linearizable, wait-free, erasure-coded register of
+//! "Proofs of Writing for Robust Storage" (Dobre et al.), §5, Algorithms 4–6, one register per key.
+//!
+//! A write takes three rounds (CLOCK, STORE, COMPLETE); a read takes two (COLLECT, FILTER) and a
+//! third (REPAIR) only when a candidate's MAC vector was corrupted. Readers write back metadata only:
+//! the nonce `N` revealed in COMPLETE is a proof of writing, because the writer reveals it only after
+//! `n - f` servers stored the data under `H(N)`.
+//!
+//! Where we depart from the paper's pseudo-code, and why (see `shared/specs/powerstore.md`):
+//! - §4.8(a): FILTER_ACK also carries `N̄ = H(N)`, `safe` requires `f+1` agreement on it, and the
+//!   reader selects only a candidate whose nonce hashes to it. Without this a Byzantine server's
+//!   twin candidate lets a read return a value no later read sees (a new-old inversion).
+//! - §4.8(b): `Hist` is keyed by the whole timestamp, MAC tag included; timestamps are ordered by
+//!   `(num, pid)` only.
+//! - Every MAC binds the replica group and the object key, so a candidate of one key can never be
+//!   written back into another.
+//! - Garbage collection (the paper keeps `Hist` forever): see [`server`] for the rule and why reads
+//!   stay correct.
+//! - An empty candidate set after COLLECT returns "absent" at once: any completed write or read
+//!   leaves `f+1` correct servers with a non-initial `lc`, and every `n-f` quorum meets one of them.
+
+mod client;
+mod msg;
+mod server;
+#[cfg(test)]
+mod tests;
+
+pub use client::{
+    ClientConfig, ClientMutations, Evidence, EvidenceKind, Outbound, ProtocolError, ReadOp,
+    ReadOutcome, Step, WriteOp, WriteOutcome,
+};
+pub use msg::{FilterAck, OpId, Refusal, Request, RequestBody, Response, ResponseBody};
+pub use server::{
+    Access, Change, Handled, Server, ServerConfig, ServerLogic, ServerMutations, ServerStats,
+    StoredEntry,
+};
+
+use bulwark_core::erasure::Layout;
+use bulwark_core::{ClientId, Digest, GroupId, Key, MacKey, Tag};
+use serde::{Deserialize, Serialize};
+use std::cmp::Ordering;
+
+const DOMAIN_TIMESTAMP: &str = "bulwark.powerstore.timestamp";
+const DOMAIN_VEC: &str = "bulwark.powerstore.vec";
+const DOMAIN_NONCE: &str = "bulwark 2026 powerstore nonce commitment";
+const DOMAIN_FRAGMENT: &str = "bulwark 2026 powerstore fragment";
+
+/// The writer part of a timestamp. `seq` is unique per write operation of a writer (a random
+/// per-process prefix and a counter), so neither a restarted writer nor two concurrent writes of
+/// one client can produce the same timestamp for different data (spec §7.1 item 15).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Pid {
+    /// The writer's client index.
+    pub writer: ClientId,
+    /// Unique per write operation of this writer.
+    pub seq: u64,
+}
+
+/// A write timestamp `(num, pid, MAC_kW(num || pid))` (Alg. 4). Equality and hashing cover every
+/// field, the tag included (§4.8(b)); ordering uses `(num, pid)` only, through [`Timestamp::cmp_order`].
+/// It deliberately does not implement `Ord`, which would disagree with `Eq`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Timestamp {
+    /// The logical clock value; at least 1 for any real write.
+    pub num: u64,
+    /// Who wrote it.
+    pub pid: Pid,
+    /// `MAC_kW` over the group, key, `num` and `pid`: servers cannot make writers skip ahead.
+    pub tag: Tag,
+}
+
+impl Timestamp {
+    /// A timestamp authenticated under the writers' shared key `k_W`.
+    pub fn authenticated(group: GroupId, key: &Key, num: u64, pid: Pid, k_w: &MacKey) -> Timestamp {
+        let tag = k_w.mac(
+            DOMAIN_TIMESTAMP,
+            &Self::tag_parts(group, key, num, pid).each(),
+        );
+        Timestamp { num, pid, tag }
+    }
+
+    /// Whether the tag was made with `k_W` (Alg. 4, l. 100).
+    pub fn verify(&self, group: GroupId, key: &Key, k_w: &MacKey) -> bool {
+        self.num >= 1
+            && k_w.verify(
+                DOMAIN_TIMESTAMP,
+                &Self::tag_parts(group, key, self.num, self.pid).each(),
+                &self.tag,
+            )
+    }
+
+    fn tag_parts(group: GroupId, key: &Key, num: u64, pid: Pid) -> Parts {
+        Parts(vec![
+            group.0.to_be_bytes().to_vec(),
+            key.as_bytes().to_vec(),
+            num.to_be_bytes().to_vec(),
+            pid.writer.0.to_be_bytes().to_vec(),
+            pid.seq.to_be_bytes().to_vec(),
+        ])
+    }
+
+    /// The fixed-width encoding MACs and storage keys use: `num`, writer, seq, tag.
+    pub fn canonical(&self) -> [u8; 52] {
+        let mut out = [0u8; 52];
+        out[..8].copy_from_slice(&self.num.to_be_bytes());
+        out[8..12].copy_from_slice(&self.pid.writer.0.to_be_bytes());
+        out[12..20].copy_from_slice(&self.pid.seq.to_be_bytes());
+        out[20..].copy_from_slice(&self.tag.0);
+        out
+    }
+
+    /// The protocol's order on timestamps: `(num, writer, seq)`, ignoring the tag.
+    pub fn cmp_order(&self, other: &Timestamp) -> Ordering {
+        self.order_key().cmp(&other.order_key())
+    }
+
+    fn order_key(&self) -> (u64, u32, u64) {
+        (self.num, self.pid.writer.0, self.pid.seq)
+    }
+}
+
+/// Compares optional timestamps, `None` being `ts_0`, lower than every real timestamp.
+pub fn cmp_ts(a: Option<&Timestamp>, b: Option<&Timestamp>) -> Ordering {
+    match (a, b) {
+        (None, None) => Ordering::Equal,
+        (None, Some(_)) => Ordering::Less,
+        (Some(_), None) => Ordering::Greater,
+        (Some(a), Some(b)) => a.cmp_order(b),
+    }
+}
+
+struct Parts(Vec<Vec<u8>>);
+impl Parts {
+    fn each(&self) -> Vec<&[u8]> {
+        self.0.iter().map(Vec::as_slice).collect()
+    }
+}
+
+/// The secret `N` whose hash a writer stores with the data and which it reveals in COMPLETE.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Nonce(pub [u8; 32]);
+
+impl std::fmt::Debug for Nonce {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Nonce({:02x}{:02x}..)", self.0[0], self.0[1])
+    }
+}
+
+impl Nonce {
+    /// `N̄ = H(N)`: the commitment stored with the data.
+    pub fn commitment(&self) -> Digest {
+        Digest::of(DOMAIN_NONCE, &self.0)
+    }
+}
+
+/// The hash a cross-checksum holds for one fragment.
+pub fn fragment_digest(fragment: &[u8]) -> Digest {
+    Digest::of(DOMAIN_FRAGMENT, fragment)
+}
+
+/// `vec`: one MAC per server over `ts || N̄` (Alg. 4), each under that server's key `k_i`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct MacVec(pub Vec<Tag>);
+
+impl MacVec {
+    /// Computes every server's MAC; only writers hold all the keys.
+    pub fn compute(
+        group: GroupId,
+        key: &Key,
+        ts: &Timestamp,
+        nonce_hash: &Digest,
+        server_keys: &[MacKey],
+    ) -> MacVec {
+        MacVec(
+            server_keys
+                .iter()
+                .map(|k| k.mac(DOMAIN_VEC, &vec_parts(group, key, ts, nonce_hash).each()))
+                .collect(),
+        )
+    }
+
+    /// Whether slot `index` is `k_index`'s MAC on `ts || N̄` (Alg. 5, l. 131, second disjunct).
+    pub fn verify_slot(
+        &self,
+        index: usize,
+        group: GroupId,
+        key: &Key,
+        ts: &Timestamp,
+        nonce_hash: &Digest,
+        own_key: &MacKey,
+    ) -> bool {
+        match self.0.get(index) {
+            Some(tag) => own_key.verify(
+                DOMAIN_VEC,
+                &vec_parts(group, key, ts, nonce_hash).each(),
+                tag,
+            ),
+            None => false,
+        }
+    }
+}
+
+fn vec_parts(group: GroupId, key: &Key, ts: &Timestamp, nonce_hash: &Digest) -> Parts {
+    Parts(vec![
+        group.0.to_be_bytes().to_vec(),
+        key.as_bytes().to_vec(),
+        ts.canonical().to_vec(),
+        nonce_hash.0.to_vec(),
+    ])
+}
+
+/// A candidate `c = (ts, N, vec)`: the metadata readers collect and write back.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Candidate {
+    /// The write's timestamp.
+    pub ts: Timestamp,
+    /// The revealed nonce: the proof of writing.
+    pub nonce: Nonce,
+    /// The per-server MACs over `ts || H(N)`.
+    pub vec: MacVec,
+}
+
+/// The cross-checksum `cc`: the layout and one hash per fragment, plus whether the value is a
+/// tombstone. Readers use only a `cc` that `f+1` servers agree on.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct CrossChecksum {
+    /// How the value was cut.
+    pub layout: Layout,
+    /// A delete: the key reads as absent.
+    pub tombstone: bool,
+    /// `H(fr_i)` for every fragment `i`.
+    pub hashes: Vec<Digest>,
+}
+
+impl CrossChecksum {
+    /// Whether the structure fits a group of `n` and the object size limit.
+    pub fn is_well_formed(&self, n: usize) -> bool {
+        self.hashes.len() == n
+            && self.layout.total() == n
+            && self.layout.is_valid(bulwark_core::OBJECT_BYTES_MAX)
+            && (!self.tombstone || self.layout.len == 0)
+    }
+}
+
+/// The secrets a writer holds: `k_W` and every server's `k_i` (§1.3). Readers hold none.
+#[derive(Clone, Debug)]
+pub struct WriterKeys {
+    /// `k_W`, shared by writers only; no server can compute timestamp tags.
+    pub timestamp: MacKey,
+    /// `k_i` for every server `i`, in node order.
+    pub servers: Vec<MacKey>,
+}

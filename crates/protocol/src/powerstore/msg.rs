@@ -1,0 +1,190 @@
+//! M-PoWerStore messages (spec §4.3), each wrapped with the operation id, the epoch and the
+//! replica group so that reconfiguration and many groups per node need no new wire format.
+
+use super::{Candidate, CrossChecksum, MacVec, Nonce, Timestamp};
+use bulwark_core::{Digest, Epoch, GroupId, Key};
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+/// Matches replies to the operation that asked. Chosen by the client, unique per client session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct OpId(pub u64);
+
+/// A client-to-server message.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Request {
+    /// The operation.
+    pub op: OpId,
+    /// Which attempt of a read (`tsr` in the paper): a restarted read ignores older replies.
+    pub attempt: u32,
+    /// The configuration the client believes in.
+    pub epoch: Epoch,
+    /// The replica group addressed.
+    pub group: GroupId,
+    /// The register.
+    pub key: Key,
+    /// The round's payload.
+    pub body: RequestBody,
+}
+
+/// The payload of a request, named as in the paper.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum RequestBody {
+    /// CLOCK (Alg. 4, l. 94).
+    Clock,
+    /// STORE⟨ts, fr_i, cc, N̄, vec⟩ (Alg. 4, l. 104).
+    Store {
+        /// The write's timestamp.
+        ts: Timestamp,
+        /// This server's fragment.
+        fragment: Bytes,
+        /// The cross-checksum.
+        cc: CrossChecksum,
+        /// `N̄ = H(N)`.
+        nonce_hash: Digest,
+        /// The pre-written MAC vector.
+        vec: MacVec,
+    },
+    /// COMPLETE⟨ts, N, vec⟩ (Alg. 4, l. 107).
+    Complete {
+        /// The write's timestamp.
+        ts: Timestamp,
+        /// The nonce, revealed only now.
+        nonce: Nonce,
+        /// The MAC vector.
+        vec: MacVec,
+    },
+    /// COLLECT⟨tsr⟩ (Alg. 6).
+    Collect,
+    /// FILTER⟨tsr, C⟩ (Alg. 6): the reader's candidates, written back.
+    Filter {
+        /// At most `n` candidates: one per COLLECT reply.
+        candidates: Vec<Candidate>,
+    },
+    /// REPAIR⟨tsr, c⟩ (Alg. 6, l. 158).
+    Repair {
+        /// The candidate with its MAC vector repaired.
+        candidate: Candidate,
+    },
+}
+
+impl RequestBody {
+    /// A short name for logs and metrics.
+    pub fn name(&self) -> &'static str {
+        match self {
+            RequestBody::Clock => "clock",
+            RequestBody::Store { .. } => "store",
+            RequestBody::Complete { .. } => "complete",
+            RequestBody::Collect => "collect",
+            RequestBody::Filter { .. } => "filter",
+            RequestBody::Repair { .. } => "repair",
+        }
+    }
+}
+
+/// A server-to-client message.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Response {
+    /// Echoes the request's operation.
+    pub op: OpId,
+    /// Echoes the request's attempt.
+    pub attempt: u32,
+    /// The round's payload.
+    pub body: ResponseBody,
+}
+
+/// The payload of a reply.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum ResponseBody {
+    /// CLOCK_ACK⟨ts, lc.ts⟩.
+    ClockAck {
+        /// The server's `lc.ts`; `None` is `ts_0`.
+        lc_ts: Option<Timestamp>,
+    },
+    /// STORE_ACK⟨ts⟩, sent only once `Hist[ts]` is durable.
+    StoreAck {
+        /// Echo.
+        ts: Timestamp,
+    },
+    /// COMPLETE_ACK⟨ts⟩, sent only once `lc` is durable.
+    CompleteAck {
+        /// Echo.
+        ts: Timestamp,
+    },
+    /// COLLECT_ACK⟨tsr, lc⟩.
+    CollectAck {
+        /// The server's `lc`; `None` is `c_0`.
+        lc: Option<Candidate>,
+    },
+    /// FILTER_ACK.
+    FilterAck(FilterAck),
+    /// REPAIR_ACK⟨tsr⟩, whether or not the candidate was adopted.
+    RepairAck,
+    /// The server will not serve this request, and says why.
+    Refused(Refusal),
+}
+
+/// FILTER_ACK⟨tsr, c_hv.ts, fr, cc, vec⟩ with the §4.8(a) `N̄`, split by what the server could say.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum FilterAck {
+    /// No candidate of the request was valid here: `c_hv = c_0`.
+    Initial,
+    /// `Hist[c_hv.ts]`.
+    Entry {
+        /// `c_hv.ts`.
+        ts: Timestamp,
+        /// This server's fragment.
+        fragment: Bytes,
+        /// The cross-checksum stored with it.
+        cc: CrossChecksum,
+        /// The stored `N̄`.
+        nonce_hash: Digest,
+        /// The pre-written MAC vector.
+        vec: MacVec,
+    },
+    /// `c_hv` was valid by its MAC only; this server never stored its fragment. Not lower than
+    /// `c_hv`, and no help towards `safe` (spec §7.1 item 5).
+    MacOnly {
+        /// `c_hv.ts`.
+        ts: Timestamp,
+    },
+    /// `c_hv` was valid, but this server's `lc` is newer and it holds no fragment for `c_hv`
+    /// (garbage-collected, or never stored). When `f+1` servers say so, a correct one did, and the
+    /// reader restarts to find the newer value.
+    Superseded {
+        /// `c_hv.ts`.
+        ts: Timestamp,
+    },
+}
+
+impl FilterAck {
+    /// The timestamp this reply speaks for; `None` is `ts_0`.
+    pub fn ts(&self) -> Option<&Timestamp> {
+        match self {
+            FilterAck::Initial => None,
+            FilterAck::Entry { ts, .. }
+            | FilterAck::MacOnly { ts }
+            | FilterAck::Superseded { ts } => Some(ts),
+        }
+    }
+}
+
+/// Why a server refused a request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum Refusal {
+    /// The client's key is not a writer in the configuration.
+    #[error("not a writer")]
+    NotWriter,
+    /// The client's key is not a reader in the configuration.
+    #[error("not a reader")]
+    NotReader,
+    /// The request named another epoch.
+    #[error("wrong epoch")]
+    WrongEpoch,
+    /// The request named a group this node does not serve.
+    #[error("wrong replica group")]
+    WrongGroup,
+    /// The request was malformed; the text says how.
+    #[error("malformed request: {0}")]
+    Malformed(String),
+}

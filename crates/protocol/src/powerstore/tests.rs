@@ -1,0 +1,655 @@
+//! Unit tests of the M-PoWerStore machines, driven by a synchronous in-test harness. Whole-system
+//! schedules (delays, crashes, Byzantine catalogues) live in `bulwark-sim`.
+
+use super::*;
+use bulwark_core::Epoch;
+use bulwark_core::erasure::{ErasureCodec, ReedSolomonSimd};
+use bulwark_core::{ClientId, NodeId, Time};
+use bytes::Bytes;
+use std::sync::Arc;
+
+const READER: Access = Access {
+    write: false,
+    read: true,
+};
+const WRITER: Access = Access {
+    write: true,
+    read: true,
+};
+
+struct Harness {
+    config: ClientConfig,
+    keys: Arc<WriterKeys>,
+    servers: Vec<Server>,
+    now: Time,
+    next_op: u64,
+    /// Servers that drop everything.
+    down: Vec<bool>,
+}
+
+impl Harness {
+    fn new(f: usize) -> Harness {
+        let n = 3 * f + 1;
+        let server_keys: Vec<MacKey> = (0..n).map(|i| MacKey([i as u8 + 1; 32])).collect();
+        let servers = (0..n)
+            .map(|i| {
+                Server::new(
+                    ServerConfig::new(NodeId(i as u32), f),
+                    server_keys[i].clone(),
+                )
+            })
+            .collect();
+        let keys = Arc::new(WriterKeys {
+            timestamp: MacKey([99; 32]),
+            servers: server_keys,
+        });
+        Harness {
+            config: ClientConfig::new(f),
+            keys,
+            servers,
+            now: Time(0),
+            next_op: 1,
+            down: vec![false; n],
+        }
+    }
+
+    fn op(&mut self) -> OpId {
+        self.next_op += 1;
+        OpId(self.next_op)
+    }
+
+    fn deliver(&mut self, access: Access, to: NodeId, request: Request) -> Option<Response> {
+        if self.down[to.index()] {
+            return None;
+        }
+        self.servers[to.index()]
+            .handle(self.now, ClientId(0), access, request)
+            .reply
+    }
+
+    fn write_op(&mut self, key: &Key, value: Option<&[u8]>) -> WriteOp {
+        let op = self.op();
+        WriteOp::new(
+            self.config.clone(),
+            self.keys.clone(),
+            Arc::new(ReedSolomonSimd),
+            key.clone(),
+            op,
+            Pid {
+                writer: ClientId(0),
+                seq: op.0,
+            },
+            [op.0 as u8; 32],
+            value.map(Bytes::copy_from_slice),
+        )
+    }
+
+    /// Runs a write to completion, delivering to every live server in node order. Messages still
+    /// in flight when the writer finishes are delivered too: channels are reliable.
+    fn write(&mut self, key: &Key, value: Option<&[u8]>) -> WriteOutcome {
+        let mut write = self.write_op(key, value);
+        let mut queue: std::collections::VecDeque<Outbound> = write.start().into();
+        let mut outcome = None;
+        while let Some((to, request)) = queue.pop_front() {
+            if let Some(response) = self.deliver(WRITER, to, request) {
+                if outcome.is_some() {
+                    continue;
+                }
+                match write.on_response(to, response) {
+                    Step::Continue(more) => queue.extend(more),
+                    Step::Done(result) => outcome = Some(result.expect("write succeeds")),
+                }
+            }
+        }
+        outcome.expect("write completes")
+    }
+
+    fn read_with(
+        &mut self,
+        key: &Key,
+        mut respond: impl FnMut(&mut Harness, NodeId, Request) -> Option<Response>,
+    ) -> ReadOutcome {
+        let op = self.op();
+        let mut read = ReadOp::new(
+            self.config.clone(),
+            Arc::new(ReedSolomonSimd),
+            key.clone(),
+            op,
+        );
+        let mut queue: std::collections::VecDeque<Outbound> = read.start().into();
+        while let Some((to, request)) = queue.pop_front() {
+            if let Some(response) = respond(self, to, request) {
+                match read.on_response(to, response) {
+                    Step::Continue(more) => queue.extend(more),
+                    Step::Done(result) => return result.expect("read succeeds"),
+                }
+            }
+        }
+        panic!("read did not complete")
+    }
+
+    fn read(&mut self, key: &Key) -> ReadOutcome {
+        self.read_with(key, |h, to, request| h.deliver(READER, to, request))
+    }
+}
+
+fn key(name: &str) -> Key {
+    Key::new(name.as_bytes().to_vec()).unwrap()
+}
+
+// Reference: PoWerStore §7.2 "Basics".
+#[test]
+fn read_before_any_write_is_absent() {
+    let mut h = Harness::new(1);
+    let outcome = h.read(&key("k"));
+    assert_eq!(outcome.value, None);
+    assert_eq!(outcome.ts, None);
+}
+
+#[test]
+fn write_then_read_for_small_and_coded_values_and_every_f() {
+    for f in 1..=3 {
+        let mut h = Harness::new(f);
+        for len in [1usize, 100, 4096, 4097, 70_000] {
+            let value: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            let written = h.write(&key("k"), Some(&value));
+            let outcome = h.read(&key("k"));
+            assert_eq!(
+                outcome.value.as_deref(),
+                Some(&value[..]),
+                "f={f} len={len}"
+            );
+            assert_eq!(outcome.ts, Some(written.ts));
+            assert!(!outcome.repaired);
+            assert!(outcome.evidence.is_empty());
+        }
+    }
+}
+
+#[test]
+fn sequential_writes_get_increasing_timestamps_and_reads_follow() {
+    let mut h = Harness::new(1);
+    let mut last: Option<Timestamp> = None;
+    for i in 0..5u8 {
+        let out = h.write(&key("k"), Some(&[i; 10]));
+        if let Some(last) = last {
+            assert_eq!(out.ts.cmp_order(&last), Ordering::Greater);
+            assert_eq!(out.ts.num, last.num + 1, "non-skipping");
+        }
+        last = Some(out.ts);
+        assert_eq!(h.read(&key("k")).value.as_deref(), Some(&[i; 10][..]));
+    }
+}
+
+#[test]
+fn delete_is_a_tombstone_that_reads_as_absent() {
+    let mut h = Harness::new(1);
+    h.write(&key("k"), Some(b"v"));
+    let deleted = h.write(&key("k"), None);
+    let outcome = h.read(&key("k"));
+    assert_eq!(outcome.value, None);
+    assert_eq!(outcome.ts, Some(deleted.ts));
+    assert_eq!(h.servers[0].stats().objects, 0);
+    h.write(&key("k"), Some(b"again"));
+    assert_eq!(h.read(&key("k")).value.as_deref(), Some(&b"again"[..]));
+}
+
+#[test]
+fn keys_are_independent() {
+    let mut h = Harness::new(1);
+    h.write(&key("a"), Some(b"1"));
+    h.write(&key("b"), Some(b"2"));
+    assert_eq!(h.read(&key("a")).value.as_deref(), Some(&b"1"[..]));
+    assert_eq!(h.read(&key("b")).value.as_deref(), Some(&b"2"[..]));
+    assert_eq!(h.read(&key("c")).value, None);
+}
+
+// Reference: PoWerStore Th 5.10: with f servers silent, operations complete.
+#[test]
+fn operations_complete_with_f_servers_down() {
+    let mut h = Harness::new(2);
+    h.down[1] = true;
+    h.down[5] = true;
+    let value = vec![7u8; 50_000];
+    h.write(&key("k"), Some(&value));
+    assert_eq!(h.read(&key("k")).value.as_deref(), Some(&value[..]));
+}
+
+#[test]
+fn a_corrupted_fragment_is_blamed_and_the_value_still_returned() {
+    let mut h = Harness::new(1);
+    let value = vec![3u8; 20_000];
+    h.write(&key("k"), Some(&value));
+    let outcome = h.read_with(&key("k"), |h, to, request| {
+        let mut response = h.deliver(READER, to, request)?;
+        if to == NodeId(0)
+            && let ResponseBody::FilterAck(FilterAck::Entry { fragment, .. }) = &mut response.body
+        {
+            let mut bytes = fragment.to_vec();
+            bytes[0] ^= 0xff;
+            *fragment = Bytes::from(bytes);
+        }
+        Some(response)
+    });
+    assert_eq!(outcome.value.as_deref(), Some(&value[..]));
+    assert_eq!(
+        outcome.evidence,
+        vec![Evidence {
+            node: NodeId(0),
+            kind: EvidenceKind::CorruptFragment
+        }]
+    );
+}
+
+#[test]
+fn a_forged_cross_checksum_cannot_gather_f_plus_one_vouchers() {
+    let mut h = Harness::new(1);
+    let value = vec![5u8; 10_000];
+    h.write(&key("k"), Some(&value));
+    let forged_value = vec![6u8; 10_000];
+    let outcome = h.read_with(&key("k"), |h, to, request| {
+        let mut response = h.deliver(READER, to, request)?;
+        if to == NodeId(2)
+            && let ResponseBody::FilterAck(FilterAck::Entry { fragment, cc, .. }) =
+                &mut response.body
+        {
+            // A self-consistent forgery: a fragment of another value and its own checksum.
+            let layout = cc.layout;
+            let fragments = ReedSolomonSimd.encode(&layout, &forged_value).unwrap();
+            cc.hashes = fragments.iter().map(|f| fragment_digest(f)).collect();
+            *fragment = fragments[2].clone();
+        }
+        Some(response)
+    });
+    assert_eq!(outcome.value.as_deref(), Some(&value[..]));
+    assert!(
+        outcome
+            .evidence
+            .iter()
+            .any(|e| e.node == NodeId(2) && e.kind == EvidenceKind::ConflictingMetadata)
+    );
+}
+
+#[test]
+fn a_fabricated_high_candidate_is_excluded() {
+    let mut h = Harness::new(1);
+    h.write(&key("k"), Some(b"real"));
+    let fake_ts = Timestamp {
+        num: 1_000,
+        pid: Pid {
+            writer: ClientId(9),
+            seq: 9,
+        },
+        tag: Tag([1; 32]),
+    };
+    let outcome = h.read_with(&key("k"), |h, to, request| {
+        let mut response = h.deliver(READER, to, request)?;
+        if to == NodeId(3) {
+            match &mut response.body {
+                ResponseBody::CollectAck { lc } => {
+                    *lc = Some(Candidate {
+                        ts: fake_ts,
+                        nonce: Nonce([2; 32]),
+                        vec: MacVec(vec![Tag([0; 32]); 4]),
+                    });
+                }
+                // It also insists the fake is valid: "not lower" cannot stop exclusion by 2f+1.
+                ResponseBody::FilterAck(ack) => *ack = FilterAck::MacOnly { ts: fake_ts },
+                _ => {}
+            }
+        }
+        Some(response)
+    });
+    assert_eq!(outcome.value.as_deref(), Some(&b"real"[..]));
+    for server in &h.servers[..3] {
+        assert_ne!(
+            server.lc(&key("k")).unwrap().ts,
+            fake_ts,
+            "correct servers never adopt a forgery"
+        );
+    }
+}
+
+// Reference: spec §4.8(a). A Byzantine server offers a twin of the highest candidate carrying the
+// genuine MAC vector but a garbage nonce, while the genuine candidate arrives with a corrupted
+// vector. Picking the twin would skip REPAIR and leave the value at too few correct servers.
+#[test]
+fn the_twin_with_a_garbage_nonce_is_never_selected() {
+    let mut h = Harness::new(1);
+    h.write(&key("k"), Some(b"v4"));
+    h.write(&key("k"), Some(b"v5"));
+    let genuine = h.servers[0].lc(&key("k")).unwrap().clone();
+    let mut corrupted = genuine.clone();
+    corrupted.vec.0[2] = Tag([0xee; 32]);
+    let twin = Candidate {
+        ts: genuine.ts,
+        nonce: Nonce([0x66; 32]),
+        vec: genuine.vec.clone(),
+    };
+    let mut repair_sent = None;
+    let outcome = h.read_with(&key("k"), |h, to, request| {
+        if let RequestBody::Repair { candidate } = &request.body {
+            repair_sent = Some(candidate.clone());
+        }
+        let mut response = h.deliver(READER, to, request)?;
+        if let ResponseBody::CollectAck { lc } = &mut response.body {
+            *lc = Some(if to == NodeId(0) {
+                twin.clone()
+            } else {
+                corrupted.clone()
+            });
+        }
+        Some(response)
+    });
+    assert_eq!(outcome.value.as_deref(), Some(&b"v5"[..]));
+    assert!(
+        outcome.repaired,
+        "the genuine candidate had a corrupted vector, so REPAIR must run"
+    );
+    let repaired = repair_sent.expect("REPAIR sent");
+    assert_eq!(
+        repaired.nonce, genuine.nonce,
+        "the twin's garbage nonce is never written back"
+    );
+    assert_eq!(repaired.vec, genuine.vec);
+}
+
+// Reference: PoWerStore §5.2: Byzantine readers cannot get a fabricated candidate into lc.
+#[test]
+fn a_malicious_reader_cannot_plant_fabricated_or_replayed_candidates() {
+    let mut h = Harness::new(1);
+    let first = h.write(&key("k"), Some(b"one"));
+    let old = h.servers[0].lc(&key("k")).unwrap().clone();
+    h.write(&key("k"), Some(b"two"));
+    let forged = |num: u64, nonce: u8| Candidate {
+        ts: Timestamp {
+            num,
+            pid: Pid {
+                writer: ClientId(0),
+                seq: 77,
+            },
+            tag: Tag([nonce; 32]),
+        },
+        nonce: Nonce([nonce; 32]),
+        vec: MacVec(vec![Tag([nonce; 32]); 4]),
+    };
+    // Right (num, pid) as the latest write but a made-up tag (§4.8(b)), a far-future timestamp,
+    // and a replay of an old genuine candidate.
+    let mut bad_tag = h.servers[0].lc(&key("k")).unwrap().clone();
+    bad_tag.ts.tag = Tag([0; 32]);
+    let attacks = vec![bad_tag, forged(50, 1), forged(1 << 40, 2), old.clone()];
+    for node in 0..4 {
+        let request = Request {
+            op: OpId(1),
+            attempt: 0,
+            epoch: Epoch(0),
+            group: GroupId(0),
+            key: key("k"),
+            body: RequestBody::Filter {
+                candidates: attacks.clone(),
+            },
+        };
+        h.deliver(READER, NodeId(node), request);
+        for candidate in &attacks {
+            let request = Request {
+                op: OpId(2),
+                attempt: 0,
+                epoch: Epoch(0),
+                group: GroupId(0),
+                key: key("k"),
+                body: RequestBody::Repair {
+                    candidate: candidate.clone(),
+                },
+            };
+            h.deliver(READER, NodeId(node), request);
+        }
+    }
+    for server in &h.servers {
+        let lc = server.lc(&key("k")).unwrap();
+        assert_eq!(
+            lc.ts.num,
+            first.ts.num + 1,
+            "lc still the genuine latest write"
+        );
+        assert_ne!(lc.ts.tag, Tag([0; 32]));
+    }
+    assert_eq!(h.read(&key("k")).value.as_deref(), Some(&b"two"[..]));
+    // And the next write still gets the next timestamp: nothing was skipped.
+    assert_eq!(h.write(&key("k"), Some(b"three")).ts.num, first.ts.num + 2);
+}
+
+#[test]
+fn readers_cannot_write_and_writers_are_told_when_refused() {
+    let mut h = Harness::new(1);
+    let mut write = h.write_op(&key("k"), Some(b"x"));
+    let mut result = None;
+    for (to, request) in write.start() {
+        let response = h.deliver(READER, to, request).unwrap();
+        assert_eq!(response.body, ResponseBody::Refused(Refusal::NotWriter));
+        if let Step::Done(r) = write.on_response(to, response) {
+            result = Some(r);
+            break;
+        }
+    }
+    match result {
+        Some(Err(ProtocolError::Refused {
+            refusal: Refusal::NotWriter,
+            nodes,
+        })) => assert_eq!(nodes.len(), 2),
+        other => panic!("expected refusal after f+1 nodes, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_single_refusal_does_not_end_an_operation() {
+    let mut h = Harness::new(1);
+    h.write(&key("k"), Some(b"x"));
+    let outcome = h.read_with(&key("k"), |h, to, request| {
+        if to == NodeId(1) {
+            return Some(Response {
+                op: request.op,
+                attempt: request.attempt,
+                body: ResponseBody::Refused(Refusal::NotReader),
+            });
+        }
+        h.deliver(READER, to, request)
+    });
+    assert_eq!(outcome.value.as_deref(), Some(&b"x"[..]));
+}
+
+#[test]
+fn server_refuses_malformed_store_and_oversized_filter() {
+    let mut h = Harness::new(1);
+    let mut write = h.write_op(&key("k"), Some(&[1u8; 9000]));
+    let clock: Vec<Outbound> = write.start();
+    let mut stores = Vec::new();
+    for (to, request) in clock {
+        let response = h.deliver(WRITER, to, request).unwrap();
+        if let Step::Continue(more) = write.on_response(to, response) {
+            stores.extend(more);
+        }
+    }
+    let (to, mut request) = stores.into_iter().next().unwrap();
+    if let RequestBody::Store { fragment, .. } = &mut request.body {
+        let mut bytes = fragment.to_vec();
+        bytes[10] ^= 1;
+        *fragment = Bytes::from(bytes);
+    }
+    let handled = h.servers[to.index()].handle(Time(0), ClientId(0), WRITER, request);
+    assert!(matches!(handled.refused, Some(Refusal::Malformed(_))));
+    assert!(
+        handled.changes.is_empty(),
+        "nothing persisted for a refused STORE"
+    );
+
+    let candidates = vec![
+        Candidate {
+            ts: Timestamp {
+                num: 1,
+                pid: Pid {
+                    writer: ClientId(0),
+                    seq: 0
+                },
+                tag: Tag([0; 32])
+            },
+            nonce: Nonce([0; 32]),
+            vec: MacVec(vec![])
+        };
+        5
+    ];
+    let request = Request {
+        op: OpId(1),
+        attempt: 0,
+        epoch: Epoch(0),
+        group: GroupId(0),
+        key: key("k"),
+        body: RequestBody::Filter { candidates },
+    };
+    assert!(matches!(
+        h.servers[0]
+            .handle(Time(0), ClientId(0), READER, request)
+            .refused,
+        Some(Refusal::Malformed(_))
+    ));
+}
+
+#[test]
+fn acknowledgements_wait_for_their_changes() {
+    // Every ack that changes state carries the change with it, so the driver persists first.
+    let mut h = Harness::new(1);
+    let mut write = h.write_op(&key("k"), Some(b"x"));
+    let mut queue: std::collections::VecDeque<Outbound> = write.start().into();
+    while let Some((to, request)) = queue.pop_front() {
+        let name = request.body.name();
+        let handled = h.servers[to.index()].handle(Time(0), ClientId(0), WRITER, request);
+        match name {
+            "store" => assert!(matches!(
+                handled.changes.as_slice(),
+                [Change::PutHist { .. }]
+            )),
+            "complete" => assert!(matches!(handled.changes.as_slice(), [Change::SetLc { .. }])),
+            _ => assert!(handled.changes.is_empty()),
+        }
+        if let Step::Continue(more) = write.on_response(to, handled.reply.unwrap()) {
+            queue.extend(more);
+        }
+    }
+}
+
+#[test]
+fn concurrent_writers_with_equal_num_are_ordered_by_pid() {
+    let mut h = Harness::new(1);
+    let mut a = h.write_op(&key("k"), Some(b"a"));
+    let mut b = h.write_op(&key("k"), Some(b"b"));
+    // Both CLOCK before either stores: they pick the same num.
+    let mut pending = Vec::new();
+    for w in [&mut a, &mut b] {
+        for (to, request) in w.start() {
+            let response = h.deliver(WRITER, to, request).unwrap();
+            if let Step::Continue(more) = w.on_response(to, response) {
+                pending.push(more);
+            }
+        }
+    }
+    let mut finished = Vec::new();
+    for (w, first) in [&mut a, &mut b]
+        .into_iter()
+        .zip(pending.into_iter().filter(|m| !m.is_empty()))
+    {
+        let mut queue: std::collections::VecDeque<Outbound> = first.into();
+        while let Some((to, request)) = queue.pop_front() {
+            let response = h.deliver(WRITER, to, request).unwrap();
+            match w.on_response(to, response) {
+                Step::Continue(more) => queue.extend(more),
+                Step::Done(r) => {
+                    finished.push(r.unwrap());
+                    break;
+                }
+            }
+        }
+    }
+    assert_eq!(finished[0].ts.num, finished[1].ts.num);
+    let winner = if finished[0].ts.cmp_order(&finished[1].ts) == Ordering::Greater {
+        b"a"
+    } else {
+        b"b"
+    };
+    assert_eq!(h.read(&key("k")).value.as_deref(), Some(&winner[..]));
+}
+
+// Reference: spec §3.8. Endless overwrites keep storage bounded...
+#[test]
+fn garbage_collection_bounds_versions_under_endless_overwrites() {
+    let mut h = Harness::new(1);
+    for i in 0..200u32 {
+        h.now = Time(u64::from(i) * 1_000);
+        h.write(&key("k"), Some(&i.to_be_bytes()));
+    }
+    for server in &h.servers {
+        let max = server.config().superseded_max;
+        assert!(
+            server.versions(&key("k")) <= max + 1,
+            "{} versions",
+            server.versions(&key("k"))
+        );
+        assert!(server.stats().collected >= 150);
+    }
+    assert_eq!(
+        h.read(&key("k")).value.as_deref(),
+        Some(&199u32.to_be_bytes()[..])
+    );
+}
+
+// ...and a read whose version was collected between its rounds restarts instead of going stale.
+#[test]
+fn a_read_whose_version_was_collected_restarts_and_returns_a_newer_value() {
+    let mut h = Harness::new(1);
+    h.write(&key("k"), Some(b"old"));
+    let mut overwritten = false;
+    let outcome = h.read_with(&key("k"), |h, to, request| {
+        if matches!(request.body, RequestBody::Filter { .. }) && !overwritten {
+            // Between COLLECT and FILTER the key is overwritten and the grace period passes.
+            overwritten = true;
+            h.write(&key("k"), Some(b"new"));
+            h.now = Time(1_000_000);
+            for s in &mut h.servers {
+                s.tick(Time(1_000_000));
+            }
+        }
+        h.deliver(READER, to, request)
+    });
+    assert_eq!(outcome.value.as_deref(), Some(&b"new"[..]));
+    assert_eq!(outcome.restarts, 1);
+}
+
+#[test]
+fn restored_state_serves_the_same_reads() {
+    let mut h = Harness::new(1);
+    let mut changes = vec![Vec::new(); 4];
+    let mut write = h.write_op(&key("k"), Some(&[9u8; 30_000]));
+    let mut queue: std::collections::VecDeque<Outbound> = write.start().into();
+    while let Some((to, request)) = queue.pop_front() {
+        let handled = h.servers[to.index()].handle(Time(0), ClientId(0), WRITER, request);
+        changes[to.index()].extend(handled.changes);
+        if let Step::Continue(more) = write.on_response(to, handled.reply.unwrap()) {
+            queue.extend(more);
+        }
+    }
+    // Rebuild every server from its durable changes alone.
+    for (i, list) in changes.into_iter().enumerate() {
+        let mut fresh = Server::new(
+            ServerConfig::new(NodeId(i as u32), 1),
+            h.keys.servers[i].clone(),
+        );
+        for change in list {
+            match change {
+                Change::PutHist { key, entry } => fresh.restore_hist(key, entry),
+                Change::SetLc { key, candidate } => fresh.restore_lc(key, candidate),
+                Change::DeleteHist { .. } => {}
+            }
+        }
+        fresh.finish_restore(Time(0));
+        h.servers[i] = fresh;
+    }
+    assert_eq!(h.read(&key("k")).value.as_deref(), Some(&[9u8; 30_000][..]));
+}
