@@ -1,0 +1,12 @@
+//! The deterministic simulator for Bulwark's protocols and the checkers that judge the histories
+//! it (or a real cluster) produces.
+//!
+//! - [`checker`]: the per-key linearizability checker for read/write/delete registers.
+//! - [`byzantine`]: the catalogue of Byzantine servers (wrappers around the real server) and
+//!   Byzantine readers; also linked by the `bulwark-byzantine` node binary.
+//! - [`sim`]: the seeded discrete-event simulator, its swarm of faults, and seed sweeps.
+//! - [`durable`]: a server's simulated disk, replayed on restart.
+pub mod byzantine;
+pub mod checker;
+pub mod durable;
+pub mod sim;

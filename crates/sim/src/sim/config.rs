@@ -1,0 +1,332 @@
+//! What a simulation run may do: the fault kinds a sweep enables, the deliberate protocol
+//! mutations of the negative controls, and the sizes of a run. Every type here round-trips through
+//! a command-line string, so a failing seed prints a command that replays it exactly.
+
+use crate::byzantine::Behaviour;
+use bulwark_protocol::powerstore::{ClientMutations, ServerMutations};
+use std::collections::BTreeSet;
+use std::fmt;
+use std::str::FromStr;
+
+/// A fault of the environment (network, crashes, clients, garbage collection), as opposed to a
+/// Byzantine server behaviour.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Nemesis {
+    /// Readers that write back fabricated, replayed and damaged candidates.
+    ByzantineReaders,
+    /// Correct servers crash, losing what was not yet durable, and restart from their disk.
+    Crashes,
+    /// Correct clients crash mid-operation, writers between rounds or in the middle of a
+    /// broadcast (so COMPLETE may reach a single server).
+    ClientCrashes,
+    /// Subsets of servers are cut off from subsets of clients for a while.
+    Partitions,
+    /// Messages are lost (clients retransmit).
+    Loss,
+    /// Messages are delivered twice.
+    Duplication,
+    /// A long-tailed delay distribution, so messages overtake one another by seconds.
+    Reordering,
+    /// Small garbage-collection grace periods and version caps on the servers.
+    Gc,
+}
+
+impl Nemesis {
+    /// Every nemesis.
+    pub const ALL: [Nemesis; 8] = [
+        Nemesis::ByzantineReaders,
+        Nemesis::Crashes,
+        Nemesis::ClientCrashes,
+        Nemesis::Partitions,
+        Nemesis::Loss,
+        Nemesis::Duplication,
+        Nemesis::Reordering,
+        Nemesis::Gc,
+    ];
+
+    /// The name used on command lines.
+    pub fn name(self) -> &'static str {
+        match self {
+            Nemesis::ByzantineReaders => "byzantine-readers",
+            Nemesis::Crashes => "crashes",
+            Nemesis::ClientCrashes => "client-crashes",
+            Nemesis::Partitions => "partitions",
+            Nemesis::Loss => "loss",
+            Nemesis::Duplication => "duplication",
+            Nemesis::Reordering => "reordering",
+            Nemesis::Gc => "gc",
+        }
+    }
+}
+
+/// The faults a run may inject. The swarm picks, per seed, a subset of these and their rates.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FaultSet {
+    /// Byzantine server behaviours that may be placed (never `Honest`).
+    pub behaviours: BTreeSet<Behaviour>,
+    /// Environment faults that may be switched on.
+    pub nemeses: BTreeSet<Nemesis>,
+}
+
+impl FaultSet {
+    /// Every behaviour and every nemesis.
+    pub fn all() -> FaultSet {
+        FaultSet {
+            behaviours: Behaviour::BYZANTINE.into_iter().collect(),
+            nemeses: Nemesis::ALL.into_iter().collect(),
+        }
+    }
+
+    /// No faults at all: a reliable network and honest servers.
+    pub fn none() -> FaultSet {
+        FaultSet {
+            behaviours: BTreeSet::new(),
+            nemeses: BTreeSet::new(),
+        }
+    }
+
+    /// Whether `nemesis` may be switched on.
+    pub fn has(&self, nemesis: Nemesis) -> bool {
+        self.nemeses.contains(&nemesis)
+    }
+}
+
+/// A name in a fault list that is neither a behaviour nor a nemesis.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown fault {0:?}; expected all, none, a behaviour ({behaviours}) or a nemesis ({nemeses})", behaviours = behaviour_names(), nemeses = nemesis_names())]
+pub struct UnknownFault(pub String);
+
+fn behaviour_names() -> String {
+    Behaviour::BYZANTINE.map(Behaviour::name).join(", ")
+}
+
+fn nemesis_names() -> String {
+    Nemesis::ALL.map(Nemesis::name).join(", ")
+}
+
+impl FromStr for FaultSet {
+    type Err = UnknownFault;
+
+    /// A comma-separated list of behaviours and nemeses; `all` and `none` stand for themselves.
+    fn from_str(text: &str) -> Result<FaultSet, UnknownFault> {
+        let mut set = FaultSet::none();
+        for word in text.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+            let lower = word.to_ascii_lowercase();
+            if lower == "all" {
+                let all = FaultSet::all();
+                set.behaviours.extend(all.behaviours);
+                set.nemeses.extend(all.nemeses);
+            } else if lower == "none" {
+                continue;
+            } else if let Some(nemesis) = Nemesis::ALL.into_iter().find(|n| n.name() == lower) {
+                set.nemeses.insert(nemesis);
+            } else {
+                match lower.parse::<Behaviour>() {
+                    Ok(behaviour) if behaviour.is_byzantine() => {
+                        set.behaviours.insert(behaviour);
+                    }
+                    _ => return Err(UnknownFault(word.to_string())),
+                }
+            }
+        }
+        Ok(set)
+    }
+}
+
+impl fmt::Display for FaultSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if *self == FaultSet::all() {
+            return f.write_str("all");
+        }
+        let names: Vec<&str> = self
+            .behaviours
+            .iter()
+            .map(|b| b.name())
+            .chain(self.nemeses.iter().map(|n| n.name()))
+            .collect();
+        if names.is_empty() {
+            return f.write_str("none");
+        }
+        f.write_str(&names.join(","))
+    }
+}
+
+/// The deliberately broken protocol variants of the negative controls. All off: the real protocol.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Mutations {
+    /// Client-side breakage.
+    pub client: ClientMutations,
+    /// Server-side breakage (applied to correct servers too).
+    pub server: ServerMutations,
+}
+
+impl Mutations {
+    /// Whether any mutation is on.
+    pub fn any(&self) -> bool {
+        *self != Mutations::default()
+    }
+
+    fn flags(&self) -> [(&'static str, bool); 5] {
+        [
+            ("quorum-f-plus-one", self.client.quorum_f_plus_one),
+            ("any-twin", self.client.any_twin),
+            ("no-write-back", self.server.no_write_back),
+            ("accept-unproven", self.server.accept_unproven),
+            ("naive-gc", self.server.naive_gc),
+        ]
+    }
+}
+
+/// A mutation name that does not exist.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "unknown mutation {0:?}; expected quorum-f-plus-one, any-twin, no-write-back, accept-unproven or naive-gc"
+)]
+pub struct UnknownMutation(pub String);
+
+impl FromStr for Mutations {
+    type Err = UnknownMutation;
+
+    fn from_str(text: &str) -> Result<Mutations, UnknownMutation> {
+        let mut mutations = Mutations::default();
+        for word in text.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+            match word.to_ascii_lowercase().as_str() {
+                "none" => {}
+                "quorum-f-plus-one" => mutations.client.quorum_f_plus_one = true,
+                "any-twin" => mutations.client.any_twin = true,
+                "no-write-back" => mutations.server.no_write_back = true,
+                "accept-unproven" => mutations.server.accept_unproven = true,
+                "naive-gc" => mutations.server.naive_gc = true,
+                _ => return Err(UnknownMutation(word.to_string())),
+            }
+        }
+        Ok(mutations)
+    }
+}
+
+impl fmt::Display for Mutations {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let on: Vec<&str> = self
+            .flags()
+            .into_iter()
+            .filter(|(_, on)| *on)
+            .map(|(name, _)| name)
+            .collect();
+        if on.is_empty() {
+            return f.write_str("none");
+        }
+        f.write_str(&on.join(","))
+    }
+}
+
+/// Everything that shapes a run besides its seed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SimConfig {
+    /// Faults tolerated; the group has `3f+1` servers.
+    pub f: usize,
+    /// Correct clients. The swarm makes between one and all but one of them writers (writers
+    /// also read); the rest only read.
+    pub clients: usize,
+    /// Distinct keys the operations spread over; few keys mean contention.
+    pub keys: usize,
+    /// Operations correct clients invoke during the safety phase.
+    pub ops: usize,
+    /// Operations correct clients invoke during the liveness phase, each of which must complete.
+    pub liveness_ops: usize,
+    /// The faults the swarm may pick from.
+    pub faults: FaultSet,
+    /// Exactly this many Byzantine servers, when set; otherwise the swarm picks between none and
+    /// `f` (when any behaviour is allowed). More than `f` is a negative control.
+    pub byzantine_servers: Option<usize>,
+    /// Deliberate protocol breakage (negative controls).
+    pub mutations: Mutations,
+    /// Virtual milliseconds within which every operation of a correct client must complete once
+    /// the liveness phase has begun.
+    pub liveness_bound_millis: u64,
+    /// Record one readable line per event.
+    pub trace: bool,
+}
+
+impl Default for SimConfig {
+    fn default() -> SimConfig {
+        SimConfig {
+            f: 1,
+            clients: 4,
+            keys: 2,
+            ops: 80,
+            liveness_ops: 16,
+            faults: FaultSet::all(),
+            byzantine_servers: None,
+            mutations: Mutations::default(),
+            liveness_bound_millis: 20_000,
+            trace: false,
+        }
+    }
+}
+
+impl SimConfig {
+    /// The command that replays `seed` under this configuration, with a trace. Flags equal to
+    /// the defaults are left out.
+    pub fn replay_command(&self, seed: u64) -> String {
+        let defaults = SimConfig::default();
+        let mut command = format!(
+            "bulwark sim --seed {seed} --f {} --faults {}",
+            self.f, self.faults
+        );
+        if self.clients != defaults.clients {
+            command.push_str(&format!(" --clients {}", self.clients));
+        }
+        if self.keys != defaults.keys {
+            command.push_str(&format!(" --keys {}", self.keys));
+        }
+        if self.ops != defaults.ops {
+            command.push_str(&format!(" --ops {}", self.ops));
+        }
+        if self.liveness_ops != defaults.liveness_ops {
+            command.push_str(&format!(" --liveness-ops {}", self.liveness_ops));
+        }
+        if let Some(count) = self.byzantine_servers {
+            command.push_str(&format!(" --byzantine {count}"));
+        }
+        if self.mutations.any() {
+            command.push_str(&format!(" --mutations {}", self.mutations));
+        }
+        if self.liveness_bound_millis != defaults.liveness_bound_millis {
+            command.push_str(&format!(
+                " --liveness-bound-ms {}",
+                self.liveness_bound_millis
+            ));
+        }
+        command.push_str(" --trace");
+        command
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fault_sets_and_mutations_round_trip_through_text() {
+        for text in [
+            "all",
+            "none",
+            "corrupting,forging",
+            "silent,crashes,gc,loss",
+        ] {
+            let set: FaultSet = text.parse().unwrap();
+            assert_eq!(set.to_string().parse::<FaultSet>().unwrap(), set);
+        }
+        let set: FaultSet = "corrupting, forging".parse().unwrap();
+        assert_eq!(set.to_string(), "corrupting,forging");
+        assert!("honest".parse::<FaultSet>().is_err());
+        assert!("earthquake".parse::<FaultSet>().is_err());
+        let mutations: Mutations = "any-twin,naive-gc".parse().unwrap();
+        assert!(mutations.client.any_twin && mutations.server.naive_gc);
+        assert_eq!(
+            mutations.to_string().parse::<Mutations>().unwrap(),
+            mutations
+        );
+        assert_eq!(Mutations::default().to_string(), "none");
+    }
+}
