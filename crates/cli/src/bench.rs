@@ -1,0 +1,304 @@
+//! `bulwark bench`: latency and throughput of put and get on a fresh local 4-node cluster, beside
+//! the transport's own round trip measured in the same run, and node memory under endless
+//! overwrites (garbage collection must keep it flat).
+//!
+//! Closed-loop clients: each issues its next operation when the previous one returns, so there is
+//! no coordinated omission to correct for. The full comparative harness (baselines, YCSB, plots)
+//! is a separate piece of work.
+
+use crate::cluster_init::{self, InitArgs};
+use crate::dev::{Nodes, wait_until_up};
+use crate::objects::human_bytes;
+use anyhow::{Context, Result};
+use bulwark_client::Client;
+use bytes::Bytes;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// `bulwark bench`.
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// Object sizes, in bytes (suffixes k and m are binary).
+    #[arg(long, value_delimiter = ',', default_value = "1k,64k,1m")]
+    pub sizes: Vec<String>,
+    /// Operations per size and kind.
+    #[arg(long, default_value_t = 2000)]
+    pub ops: usize,
+    /// Concurrent closed-loop clients.
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    /// Overwrites for the memory test (0 skips it).
+    #[arg(long, default_value_t = 100_000)]
+    pub overwrites: usize,
+    /// Keys the overwrites cycle through.
+    #[arg(long, default_value_t = 100)]
+    pub keys: usize,
+    /// Where to put the cluster (default: a fresh directory under the system temp dir).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+}
+
+fn parse_size(text: &str) -> Result<usize> {
+    let lower = text.trim().to_ascii_lowercase();
+    let (digits, scale) = match lower
+        .strip_suffix('m')
+        .or_else(|| lower.strip_suffix("mib"))
+    {
+        Some(d) => (d, 1024 * 1024),
+        None => match lower
+            .strip_suffix('k')
+            .or_else(|| lower.strip_suffix("kib"))
+        {
+            Some(d) => (d, 1024),
+            None => (lower.as_str(), 1),
+        },
+    };
+    Ok(digits
+        .parse::<usize>()
+        .with_context(|| format!("size {text:?}"))?
+        * scale)
+}
+
+/// Latencies of one phase.
+struct Phase {
+    latencies: Vec<Duration>,
+    elapsed: Duration,
+    failures: usize,
+}
+
+impl Phase {
+    fn percentile(&self, p: f64) -> Duration {
+        if self.latencies.is_empty() {
+            return Duration::ZERO;
+        }
+        let index = ((self.latencies.len() as f64 - 1.0) * p).round() as usize;
+        self.latencies[index]
+    }
+    fn throughput(&self) -> f64 {
+        self.latencies.len() as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+    fn row(&self, name: &str, size: usize) -> String {
+        let ms = |d: Duration| format!("{:.2}", d.as_secs_f64() * 1e3);
+        format!(
+            "| {name} | {} | {:.0} | {}/s | {} | {} | {} | {} | {} |",
+            human_bytes(size as u64),
+            self.throughput(),
+            human_bytes((self.throughput() * size as f64) as u64),
+            ms(self.percentile(0.5)),
+            ms(self.percentile(0.9)),
+            ms(self.percentile(0.99)),
+            ms(*self.latencies.last().unwrap_or(&Duration::ZERO)),
+            self.failures
+        )
+    }
+}
+
+/// Runs `total` operations over `concurrency` closed loops; `op(i)` performs operation `i`.
+async fn closed_loop<F, Fut>(total: usize, concurrency: usize, op: F) -> Phase
+where
+    F: Fn(usize) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = bool> + Send,
+{
+    let op = Arc::new(op);
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..concurrency {
+        let (op, next) = (op.clone(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            let mut failures = 0;
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= total {
+                    break;
+                }
+                let begun = Instant::now();
+                if op(i).await {
+                    latencies.push(begun.elapsed());
+                } else {
+                    failures += 1;
+                }
+            }
+            (latencies, failures)
+        }));
+    }
+    let mut latencies = Vec::new();
+    let mut failures = 0;
+    for task in tasks {
+        if let Ok((mut l, f)) = task.await {
+            latencies.append(&mut l);
+            failures += f;
+        }
+    }
+    latencies.sort();
+    Phase {
+        latencies,
+        elapsed: started.elapsed(),
+        failures,
+    }
+}
+
+fn resident_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+pub async fn run(args: &BenchArgs) -> Result<()> {
+    let sizes: Vec<usize> = args
+        .sizes
+        .iter()
+        .map(|s| parse_size(s))
+        .collect::<Result<_>>()?;
+    let dir = match &args.dir {
+        Some(dir) => dir.clone(),
+        None => std::env::temp_dir().join(format!("bulwark-bench-{}", std::process::id())),
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    cluster_init::run(&InitArgs {
+        dir: dir.clone(),
+        f: 1,
+        host: "127.0.0.1".parse()?,
+        base_port: 0,
+        addresses: Vec::new(),
+        metrics_base_port: 0,
+        no_metrics: true,
+        clients: vec!["admin:rw".into()],
+        force: true,
+    })?;
+    let mut nodes = Nodes {
+        dir: dir.clone(),
+        children: (0..4).map(|_| None).collect(),
+    };
+    let exe = std::env::current_exe()?;
+    for id in 0..4 {
+        nodes.spawn(id, &exe, &[])?;
+    }
+    let client = Arc::new(Client::connect(&dir, "admin").await?);
+    wait_until_up(&client, &dir, vec![0, 1, 2, 3]).await?;
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    println!(
+        "# bulwark bench: 4 local node processes (f = 1), {} closed-loop clients, {cpus} CPUs",
+        args.concurrency
+    );
+    println!();
+    println!(
+        "| operation | size | ops/s | throughput | p50 ms | p90 ms | p99 ms | max ms | failed |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    // The floor: one round trip over the same authenticated channel, no protocol and no disk.
+    let floor = {
+        let client = client.clone();
+        closed_loop(args.ops, args.concurrency, move |_| {
+            let client = client.clone();
+            async move { client.status_of(bulwark_core::NodeId(0)).await.is_ok() }
+        })
+        .await
+    };
+    println!("{}", floor.row("round trip (baseline)", 0));
+    for &size in &sizes {
+        let value = Bytes::from((0..size).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
+        let put = {
+            let (client, value) = (client.clone(), value.clone());
+            closed_loop(args.ops, args.concurrency, move |i| {
+                let (client, value) = (client.clone(), value.clone());
+                async move {
+                    client
+                        .put(format!("bench/{size}/{}", i % 100).as_bytes(), value)
+                        .await
+                        .is_ok()
+                }
+            })
+            .await
+        };
+        let get = {
+            let client = client.clone();
+            closed_loop(args.ops, args.concurrency, move |i| {
+                let client = client.clone();
+                async move {
+                    matches!(
+                        client
+                            .get(format!("bench/{size}/{}", i % 100).as_bytes())
+                            .await,
+                        Ok((Some(_), _))
+                    )
+                }
+            })
+            .await
+        };
+        println!("{}", put.row("put", size));
+        println!("{}", get.row("get", size));
+        let ratio = |phase: &Phase| {
+            phase.percentile(0.5).as_secs_f64() / floor.percentile(0.5).as_secs_f64().max(1e-9)
+        };
+        eprintln!(
+            "  {}: put p50 = {:.1}x the round trip, get p50 = {:.1}x",
+            human_bytes(size as u64),
+            ratio(&put),
+            ratio(&get)
+        );
+    }
+    if args.overwrites > 0 {
+        println!();
+        println!(
+            "## Node memory under {} overwrites of {} keys (1 KiB values)",
+            args.overwrites, args.keys
+        );
+        println!();
+        println!("| overwrites done | node 0 RSS | node 1 RSS | node 2 RSS | node 3 RSS |");
+        println!("|---|---|---|---|---|");
+        let value = Bytes::from(vec![7u8; 1024]);
+        let steps = 4;
+        let per_step = args.overwrites / steps;
+        let keys = args.keys.max(1);
+        for step in 0..=steps {
+            if step > 0 {
+                let (client, value) = (client.clone(), value.clone());
+                let base = (step - 1) * per_step;
+                let phase = closed_loop(per_step, args.concurrency, move |i| {
+                    let (client, value) = (client.clone(), value.clone());
+                    async move {
+                        client
+                            .put(format!("churn/{}", (base + i) % keys).as_bytes(), value)
+                            .await
+                            .is_ok()
+                    }
+                })
+                .await;
+                if phase.failures > 0 {
+                    eprintln!("  {} overwrites failed", phase.failures);
+                }
+            }
+            let rss: Vec<String> = (0..4)
+                .map(|id| {
+                    nodes
+                        .pid(id)
+                        .and_then(resident_kib)
+                        .map_or("?".into(), |k| human_bytes(k * 1024))
+                })
+                .collect();
+            println!("| {} | {} |", step * per_step, rss.join(" | "));
+        }
+        let statuses = client.status().await;
+        let versions: Vec<String> = statuses
+            .iter()
+            .map(|(_, _, s)| {
+                s.as_ref()
+                    .map_or("?".into(), |s| s.server.versions.to_string())
+            })
+            .collect();
+        println!();
+        println!(
+            "Versions held per node after the churn: {} (keys: {}).",
+            versions.join(", "),
+            args.keys + sizes.len() * 100
+        );
+    }
+    drop(nodes);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}

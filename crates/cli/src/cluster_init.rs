@@ -1,0 +1,175 @@
+//! `bulwark cluster init`: keys, certificates and `cluster.toml` for a new cluster.
+
+use anyhow::{Context, Result, bail};
+use bulwark_core::MacKey;
+use bulwark_core::config::{
+    ClientEntry, ClientSecrets, ClusterConfig, Fingerprint, NodeEntry, NodeSecrets, WriterSecrets,
+};
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+/// `bulwark cluster init`.
+#[derive(clap::Args)]
+pub struct InitArgs {
+    /// The directory to write (created; must not already hold a cluster unless --force).
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// Byzantine faults to tolerate; the cluster gets 3f+1 nodes.
+    #[arg(long, default_value_t = 1)]
+    pub f: usize,
+    /// The address nodes listen on (one host, consecutive ports) ...
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: IpAddr,
+    /// ... starting at this port; 0 picks free ports now.
+    #[arg(long, default_value_t = 7100)]
+    pub base_port: u16,
+    /// Node addresses, one per node, instead of --host/--base-port (e.g. for containers).
+    #[arg(long, value_delimiter = ',')]
+    pub addresses: Vec<SocketAddr>,
+    /// Metrics ports start here (one per node, on --host); 0 picks free ports, and "none" is
+    /// spelled --no-metrics.
+    #[arg(long, default_value_t = 9100)]
+    pub metrics_base_port: u16,
+    /// Serve no metrics.
+    #[arg(long)]
+    pub no_metrics: bool,
+    /// Clients as NAME:ROLES with ROLES `rw` or `r`.
+    #[arg(long, value_delimiter = ',', default_value = "admin:rw,reader:r")]
+    pub clients: Vec<String>,
+    /// Overwrite an existing cluster directory.
+    #[arg(long)]
+    pub force: bool,
+}
+
+fn free_port(host: IpAddr) -> Result<u16> {
+    let listener = std::net::TcpListener::bind((host, 0)).context("finding a free port")?;
+    Ok(listener.local_addr()?.port())
+}
+
+fn write_private(path: &Path, text: &str) -> Result<()> {
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    }
+    Ok(())
+}
+
+fn write_identity(dir: &Path, name: &str) -> Result<Fingerprint> {
+    let identity = bulwark_transport::Identity::generate(name)?;
+    let (cert, key) = identity.to_pem();
+    std::fs::write(dir.join("tls.crt"), cert)?;
+    write_private(&dir.join("tls.key"), &key)?;
+    Ok(identity.fingerprint())
+}
+
+/// Writes a cluster directory; returns the configuration.
+pub fn run(args: &InitArgs) -> Result<ClusterConfig> {
+    if args.f == 0 {
+        bail!("--f must be at least 1");
+    }
+    let n = 3 * args.f + 1;
+    if args.dir.join("cluster.toml").exists() && !args.force {
+        bail!(
+            "{} already holds a cluster (use --force to overwrite)",
+            args.dir.display()
+        );
+    }
+    std::fs::create_dir_all(&args.dir)
+        .with_context(|| format!("creating {}", args.dir.display()))?;
+    let addresses: Vec<SocketAddr> = if args.addresses.is_empty() {
+        (0..n)
+            .map(|i| {
+                let port = if args.base_port == 0 {
+                    free_port(args.host)?
+                } else {
+                    args.base_port + i as u16
+                };
+                Ok(SocketAddr::new(args.host, port))
+            })
+            .collect::<Result<_>>()?
+    } else if args.addresses.len() == n {
+        args.addresses.clone()
+    } else {
+        bail!(
+            "--addresses lists {} nodes; f = {} needs {n}",
+            args.addresses.len(),
+            args.f
+        );
+    };
+    let mut server_keys = Vec::new();
+    let mut nodes = Vec::new();
+    for (i, address) in addresses.iter().enumerate() {
+        let dir = args.dir.join(format!("node-{i}"));
+        std::fs::create_dir_all(&dir)?;
+        let mac_key = MacKey(rand::random());
+        let secrets = NodeSecrets {
+            id: i as u32,
+            mac_key: mac_key.clone(),
+        };
+        write_private(&dir.join("node.toml"), &toml_text(&secrets)?)?;
+        let fingerprint = write_identity(&dir, &format!("bulwark-node-{i}"))?;
+        let metrics = if args.no_metrics {
+            None
+        } else if args.metrics_base_port == 0 {
+            Some(SocketAddr::new(args.host, free_port(args.host)?))
+        } else {
+            Some(SocketAddr::new(
+                args.host,
+                args.metrics_base_port + i as u16,
+            ))
+        };
+        server_keys.push(mac_key);
+        nodes.push(NodeEntry {
+            id: i as u32,
+            address: *address,
+            metrics,
+            fingerprint,
+        });
+    }
+    let timestamp_key = MacKey(rand::random());
+    let mut clients = Vec::new();
+    for spec in &args.clients {
+        let (name, roles) = spec.split_once(':').unwrap_or((spec.as_str(), "rw"));
+        let (write, read) = match roles {
+            "rw" | "wr" => (true, true),
+            "r" => (false, true),
+            "w" => (true, false),
+            other => bail!("client {name:?}: roles {other:?} must be rw, r or w"),
+        };
+        let dir = args.dir.join(format!("client-{name}"));
+        std::fs::create_dir_all(&dir)?;
+        let writer = write.then(|| WriterSecrets {
+            timestamp_key: timestamp_key.clone(),
+            server_keys: server_keys.clone(),
+        });
+        let secrets = ClientSecrets {
+            name: name.to_string(),
+            writer,
+        };
+        write_private(&dir.join("client.toml"), &toml_text(&secrets)?)?;
+        let fingerprint = write_identity(&dir, &format!("bulwark-client-{name}"))?;
+        clients.push(ClientEntry {
+            name: name.to_string(),
+            fingerprint,
+            write,
+            read,
+        });
+    }
+    let config = ClusterConfig {
+        f: args.f,
+        epoch: 0,
+        nodes,
+        clients,
+    };
+    let text = config.to_toml();
+    // Validate what we wrote exactly as a node will read it.
+    ClusterConfig::parse(&text, "cluster.toml")?;
+    std::fs::write(args.dir.join("cluster.toml"), text)?;
+    Ok(config)
+}
+
+fn toml_text<T: serde::Serialize>(value: &T) -> Result<String> {
+    toml::to_string_pretty(value).context("serialising secrets")
+}

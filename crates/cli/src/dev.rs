@@ -1,0 +1,276 @@
+//! `bulwark dev`: a local cluster of separate node processes on loopback, under one directory, and
+//! `--demo`, which shows the system working, including while one node lies.
+
+use crate::cluster_init::{self, InitArgs};
+use crate::objects::human_bytes;
+use anyhow::{Context, Result, bail};
+use bulwark_client::Client;
+use bulwark_core::config::ClusterConfig;
+use bytes::Bytes;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Where `bulwark dev` keeps its cluster, and where client commands look by default.
+pub const DEFAULT_DIR: &str = ".bulwark-dev";
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Node processes that are killed when this value is dropped, however `dev` ends.
+pub(crate) struct Nodes {
+    pub(crate) dir: PathBuf,
+    pub(crate) children: Vec<Option<Child>>,
+}
+
+impl Nodes {
+    pub(crate) fn spawn(&mut self, id: usize, program: &Path, extra: &[&str]) -> Result<()> {
+        let log_path = self.dir.join(format!("node-{id}")).join("node.log");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .with_context(|| format!("opening {}", log_path.display()))?;
+        let child = Command::new(program)
+            .args(extra)
+            .arg("node")
+            .arg("--cluster")
+            .arg(&self.dir)
+            .arg("--id")
+            .arg(id.to_string())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {}", program.display()))?;
+        self.kill(id);
+        self.children[id] = Some(child);
+        Ok(())
+    }
+
+    pub(crate) fn pid(&self, id: usize) -> Option<u32> {
+        self.children[id].as_ref().map(Child::id)
+    }
+
+    fn kill(&mut self, id: usize) {
+        if let Some(mut child) = self.children[id].take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Nodes {
+    fn drop(&mut self) {
+        for id in 0..self.children.len() {
+            self.kill(id);
+        }
+    }
+}
+
+fn sibling(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating the bulwark binary")?;
+    Ok(exe.with_file_name(name))
+}
+
+pub async fn run(dir: &Path, demo: bool) -> Result<()> {
+    if !dir.join("cluster.toml").exists() {
+        cluster_init::run(&InitArgs {
+            dir: dir.to_path_buf(),
+            f: 1,
+            host: "127.0.0.1".parse()?,
+            base_port: 0,
+            addresses: Vec::new(),
+            metrics_base_port: 0,
+            no_metrics: false,
+            clients: vec!["admin:rw".into(), "reader:r".into()],
+            force: false,
+        })?;
+        eprintln!("created a 4-node cluster (f = 1) in {}", dir.display());
+    }
+    let dir = std::fs::canonicalize(dir)?;
+    let config = ClusterConfig::parse(
+        &std::fs::read_to_string(dir.join("cluster.toml"))?,
+        "cluster.toml",
+    )?;
+    let exe = std::env::current_exe()?;
+    let mut nodes = Nodes {
+        dir: dir.clone(),
+        children: (0..config.n()).map(|_| None).collect(),
+    };
+    for id in 0..config.n() {
+        nodes.spawn(id, &exe, &[])?;
+    }
+    let client = Client::connect(&dir, "admin").await?;
+    wait_until_up(&client, &dir, (0..config.n()).collect()).await?;
+
+    println!(
+        "Bulwark dev cluster: {} nodes, tolerating f = {} Byzantine node(s)",
+        config.n(),
+        config.f
+    );
+    for node in &config.nodes {
+        let metrics = node
+            .metrics
+            .map(|m| format!("http://{m}/metrics"))
+            .unwrap_or_default();
+        println!(
+            "  node {}  {}  metrics {}  log {}",
+            node.id,
+            node.address,
+            metrics,
+            dir.join(format!("node-{}/node.log", node.id)).display()
+        );
+    }
+    if demo {
+        return run_demo(&client, &mut nodes, &dir).await;
+    }
+    let relative = dir
+        .strip_prefix(std::env::current_dir()?)
+        .map(Path::to_path_buf)
+        .unwrap_or(dir.clone());
+    println!();
+    println!(
+        "Try, from this directory (or with BULWARK_CLUSTER={}):",
+        dir.display()
+    );
+    println!("  echo hello | bulwark put greeting");
+    println!("  bulwark get greeting");
+    println!("  bulwark status");
+    println!(
+        "Cluster files: {}. Press Ctrl-C to stop.",
+        relative.display()
+    );
+    tokio::signal::ctrl_c().await?;
+    eprintln!("stopping nodes");
+    Ok(())
+}
+
+pub(crate) async fn wait_until_up(client: &Client, dir: &Path, ids: Vec<usize>) -> Result<()> {
+    let started = Instant::now();
+    loop {
+        let statuses = client.status().await;
+        let down: Vec<usize> = ids
+            .iter()
+            .copied()
+            .filter(|id| statuses[*id].2.is_err())
+            .collect();
+        if down.is_empty() {
+            return Ok(());
+        }
+        if started.elapsed() > READY_TIMEOUT {
+            bail!(
+                "nodes {down:?} did not come up within {READY_TIMEOUT:?}; see {}/node-*/node.log",
+                dir.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn run_demo(client: &Client, nodes: &mut Nodes, dir: &Path) -> Result<()> {
+    println!();
+    println!("1. A small object, replicated on every node:");
+    let report = client
+        .put(b"demo/hello", Bytes::from_static(b"hello, Byzantine world"))
+        .await?;
+    let (value, _) = client.get(b"demo/hello").await?;
+    println!(
+        "   put demo/hello ({} of {} nodes acknowledged), get -> {:?}",
+        report.answered.len(),
+        report.n,
+        String::from_utf8_lossy(value.as_deref().unwrap_or_default())
+    );
+
+    println!("2. A 1 MiB object, erasure-coded into 4 fragments of which any 2 rebuild it:");
+    let big: Vec<u8> = (0..1024 * 1024u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    let started = Instant::now();
+    client.put(b"demo/big", Bytes::from(big.clone())).await?;
+    let put_time = started.elapsed();
+    let started = Instant::now();
+    let (value, _) = client.get(b"demo/big").await?;
+    let get_time = started.elapsed();
+    let same = value.as_deref() == Some(&big[..]);
+    println!(
+        "   put {:?}, get {:?}, {} back, identical: {same}",
+        put_time,
+        get_time,
+        human_bytes(value.map_or(0, |v| v.len() as u64))
+    );
+    if !same {
+        bail!("the 1 MiB object did not read back identically");
+    }
+
+    println!("3. Delete, then read:");
+    client.delete(b"demo/hello").await?;
+    let (value, _) = client.get(b"demo/hello").await?;
+    println!(
+        "   get demo/hello after delete -> {}",
+        if value.is_none() {
+            "not found"
+        } else {
+            "STILL THERE"
+        }
+    );
+
+    let secret = Bytes::from_static(b"the value every correct client must see");
+    client.put(b"demo/important", secret.clone()).await?;
+    let byzantine = sibling("bulwark-byzantine")?;
+    if !byzantine.exists() {
+        println!(
+            "4. (skipped: {} is not built; run `cargo build --release --bins`)",
+            byzantine.display()
+        );
+        return Ok(());
+    }
+    for behaviour in ["corrupting", "forging"] {
+        println!(
+            "4. Node 3 is replaced by a {behaviour} liar (same keys, same data, lies on purpose):"
+        );
+        nodes.spawn(3, &byzantine, &["--behaviour", behaviour])?;
+        wait_until_up(client, dir, vec![3]).await?;
+        for attempt in 1..=3 {
+            let (value, report) = client.get(b"demo/important").await?;
+            let correct = value.as_ref() == Some(&secret);
+            let blamed: Vec<String> = report
+                .evidence
+                .iter()
+                .map(|e| format!("node {} ({:?})", e.node.0, e.kind))
+                .collect();
+            println!(
+                "   read {attempt}: {} {}",
+                if correct {
+                    "correct value"
+                } else {
+                    "WRONG VALUE"
+                },
+                if blamed.is_empty() {
+                    "(the lie was outvoted without a trace)".to_string()
+                } else {
+                    format!("-- caught: {}", blamed.join(", "))
+                }
+            );
+            if !correct {
+                bail!("a correct client read a wrong value with one lying node");
+            }
+        }
+    }
+    println!("5. Node 3 honest again; the cluster as `bulwark status` shows it:");
+    let exe = std::env::current_exe()?;
+    nodes.spawn(3, &exe, &[])?;
+    wait_until_up(client, dir, vec![3]).await?;
+    for (id, address, status) in client.status().await {
+        match status {
+            Ok(s) => println!(
+                "   node {} {address}: up, {} objects, {} requests",
+                id.0, s.server.objects, s.requests
+            ),
+            Err(e) => println!("   node {} {address}: unreachable ({e})", id.0),
+        }
+    }
+    println!(
+        "Demo finished; stopping the cluster (its files stay in {}).",
+        dir.display()
+    );
+    Ok(())
+}

@@ -1,0 +1,163 @@
+//! The `bulwark` command line: set up a cluster, run a node, store and fetch objects, inspect
+//! nodes, and start a local development cluster. Argument parsing and presentation only; the work
+//! happens in the library crates. A library target so that `bulwark-byzantine` shares it.
+
+pub mod bench;
+pub mod cluster_init;
+pub mod dev;
+pub mod objects;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+pub use clap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// Byzantine-fault-tolerant object storage.
+#[derive(Parser)]
+#[command(name = "bulwark", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Options every client command shares.
+#[derive(clap::Args, Clone)]
+pub struct ClientArgs {
+    /// The cluster directory written by `bulwark cluster init` (or `bulwark dev`).
+    #[arg(long, env = "BULWARK_CLUSTER", default_value = dev::DEFAULT_DIR, global = true)]
+    pub cluster: PathBuf,
+    /// Which client identity to use.
+    #[arg(long, env = "BULWARK_CLIENT", default_value = "admin", global = true)]
+    pub client: String,
+    /// How long an operation may keep retrying, in seconds.
+    #[arg(long, default_value_t = 30, global = true)]
+    pub timeout: u64,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Cluster set-up.
+    Cluster {
+        #[command(subcommand)]
+        command: ClusterCommand,
+    },
+    /// Runs a storage node.
+    Node(NodeArgs),
+    /// Stores an object: from FILE, or from standard input when FILE is `-` or absent.
+    Put {
+        /// The object's key.
+        key: String,
+        /// Where the bytes come from.
+        file: Option<PathBuf>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Fetches an object to standard output or to `-o FILE`.
+    Get {
+        /// The object's key.
+        key: String,
+        /// Write here instead of standard output.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Deletes an object.
+    Delete {
+        /// The object's key.
+        key: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Shows every node: reachable, version, objects, rejected messages and from whom.
+    Status {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Measures put and get on a fresh local cluster, and node memory under overwrites.
+    Bench(bench::BenchArgs),
+    /// Starts a local 4-node cluster as separate processes and serves until Ctrl-C.
+    Dev {
+        /// Where the cluster lives.
+        #[arg(long, default_value = dev::DEFAULT_DIR)]
+        dir: PathBuf,
+        /// Also run a demonstration, including a lying node, and exit.
+        #[arg(long)]
+        demo: bool,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum ClusterCommand {
+    /// Writes keys and configuration for a new cluster into a directory.
+    Init(cluster_init::InitArgs),
+}
+
+/// `bulwark node`.
+#[derive(clap::Args)]
+pub struct NodeArgs {
+    /// The cluster directory.
+    #[arg(long, env = "BULWARK_CLUSTER", default_value = dev::DEFAULT_DIR)]
+    pub cluster: PathBuf,
+    /// This node's id.
+    #[arg(long)]
+    pub id: u32,
+    /// Where to keep durable state (default: <cluster>/node-<id>/data).
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Listen here instead of the configured address (e.g. 0.0.0.0:7100 in a container).
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Serve metrics here instead of the configured address.
+    #[arg(long)]
+    pub metrics: Option<SocketAddr>,
+    /// Milliseconds a superseded version stays readable before garbage collection.
+    #[arg(long, default_value_t = 10_000)]
+    pub grace_ms: u64,
+}
+
+/// Logs go to standard error; nodes log at info, client commands only warnings.
+pub fn init_tracing(node: bool) {
+    let default = if node { "info" } else { "warn" };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("BULWARK_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Runs one parsed command.
+pub async fn run(cli: Cli) -> Result<std::process::ExitCode> {
+    match cli.command {
+        Command::Cluster {
+            command: ClusterCommand::Init(args),
+        } => {
+            cluster_init::run(&args)?;
+        }
+        Command::Node(args) => run_node(args, Box::new(|server| Box::new(server))).await?,
+        Command::Put { key, file, client } => objects::put(&client, &key, file).await?,
+        Command::Get {
+            key,
+            output,
+            client,
+        } => return objects::get(&client, &key, output).await,
+        Command::Delete { key, client } => objects::delete(&client, &key).await?,
+        Command::Status { client } => return objects::status(&client).await,
+        Command::Dev { dir, demo } => dev::run(&dir, demo).await?,
+        Command::Bench(args) => bench::run(&args).await?,
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// Starts a node; `wrap` turns the honest server into what this binary serves.
+pub async fn run_node(args: NodeArgs, wrap: bulwark_node::Wrap) -> Result<()> {
+    let mut options = bulwark_node::NodeOptions::load(&args.cluster, args.id, args.data)?;
+    options.listen = args.listen;
+    options.metrics = args.metrics;
+    options.grace_millis = args.grace_ms;
+    bulwark_node::run(options, wrap).await?;
+    Ok(())
+}

@@ -1,0 +1,25 @@
+//! The `bulwark` binary.
+
+use bulwark_cli::clap::Parser;
+
+fn main() -> std::process::ExitCode {
+    let cli = bulwark_cli::Cli::parse();
+    bulwark_cli::init_tracing(matches!(cli.command, bulwark_cli::Command::Node(_)));
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the runtime: {error}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(bulwark_cli::run(cli)) {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,434 @@
+//! Issue 2's end-to-end tests on real node processes: concurrent clients with a node SIGKILLed and
+//! restarted mid-run, Byzantine nodes, a malicious reader, access control and hostile frames.
+
+mod common;
+
+use bulwark_core::NodeId;
+use bulwark_sim::checker::{self, OpKind, Outcome};
+use bytes::Bytes;
+use common::{Recorder, TestCluster};
+use std::time::Duration;
+
+fn value_for(writer: u64, sequence: u64) -> Vec<u8> {
+    // Every value is unique; some are large enough to be erasure-coded rather than replicated.
+    let len = if sequence.is_multiple_of(3) {
+        9_000
+    } else {
+        24
+    };
+    let mut value = format!("w{writer}-s{sequence}-").into_bytes();
+    value.resize(len, b'.');
+    value
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_clients_survive_a_sigkilled_node_and_stay_linearizable() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    // Bounded in count as well as time: no client runs more than this many operations.
+    const OPS_PER_CLIENT_MAX: u64 = 1_500;
+    let mut cluster = TestCluster::start(1, 1_000);
+    cluster.wait_up(&[0, 1, 2, 3]).await;
+    let recorder = Recorder::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let keys: Vec<Vec<u8>> = (0..3).map(|k| format!("key-{k}").into_bytes()).collect();
+    let mut tasks = Vec::new();
+    for writer in 0..3u64 {
+        let client = cluster
+            .client(if writer == 0 { "admin" } else { "writer2" })
+            .await;
+        let (recorder, keys, stop) = (recorder.clone(), keys.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut sequence = 0;
+            while !stop.load(Ordering::Relaxed) && sequence < OPS_PER_CLIENT_MAX {
+                sequence += 1;
+                let key = &keys[((writer + sequence) % 3) as usize];
+                let value = value_for(writer, sequence);
+                let invoke = recorder.now();
+                let outcome = match client.put(key, Bytes::from(value.clone())).await {
+                    Ok(_) => Outcome::Ok,
+                    Err(_) => Outcome::Unknown,
+                };
+                recorder.record(writer, key, OpKind::Write(Some(value)), invoke, outcome);
+            }
+        }));
+    }
+    for reader in 0..2u64 {
+        let client = cluster.client("reader").await;
+        let (recorder, keys, stop) = (recorder.clone(), keys.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut sequence = 0;
+            while !stop.load(Ordering::Relaxed) && sequence < OPS_PER_CLIENT_MAX {
+                sequence += 1;
+                let key = &keys[((reader + sequence) % 3) as usize];
+                let invoke = recorder.now();
+                let outcome = match client.get(key).await {
+                    Ok((value, _)) => Outcome::Read(value.map(|v| v.to_vec())),
+                    Err(_) => Outcome::Unknown,
+                };
+                recorder.record(100 + reader, key, OpKind::Read, invoke, outcome);
+            }
+        }));
+    }
+    // Mid-run: SIGKILL node 1, let the others carry on without it, then restart it from disk.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let killed_at = recorder.now();
+    cluster.kill(1);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let restarted_at = recorder.now();
+    cluster.spawn(1, None);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await.expect("client task");
+    }
+    cluster.wait_up(&[1]).await;
+    // Every key once more, after the fault: each acknowledged write must still be visible.
+    let client = cluster.client("reader").await;
+    for key in &keys {
+        let invoke = recorder.now();
+        let (value, _) = client.get(key).await.expect("final read");
+        assert!(value.is_some(), "an acknowledged write to {key:?} vanished");
+        recorder.record(
+            999,
+            key,
+            OpKind::Read,
+            invoke,
+            Outcome::Read(value.map(|v| v.to_vec())),
+        );
+    }
+    let history = recorder.history();
+    let report = checker::check(&history);
+    assert!(
+        report.ok,
+        "history is not linearizable: {:#?} (inconclusive keys: {:?})",
+        report.violations, report.inconclusive
+    );
+    let ops = history.ops();
+    let acknowledged = ops.iter().filter(|op| op.outcome == Outcome::Ok).count();
+    let during_outage = ops
+        .iter()
+        .filter(|op| {
+            op.outcome != Outcome::Unknown
+                && op.invoke > killed_at
+                && op.complete.is_some_and(|c| c < restarted_at)
+        })
+        .count();
+    eprintln!(
+        "checked {} operations ({acknowledged} acknowledged writes, {during_outage} completed while node 1 was down) on {} keys",
+        report.ops_checked, report.keys_checked
+    );
+    assert!(
+        acknowledged >= 60,
+        "too few writes completed ({acknowledged}) to mean anything"
+    );
+    assert!(
+        during_outage >= 20,
+        "reads and writes must continue while a node is down ({during_outage})"
+    );
+
+    // Node 1 recovered its acknowledged state from disk: with node 3 down too, every quorum needs
+    // node 1, and reads still return every key's latest value.
+    cluster.kill(3);
+    for key in &keys {
+        let (value, report) = client.get(key).await.expect("read with node 3 down");
+        assert!(value.is_some());
+        assert!(report.answered.contains(&NodeId(1)));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_byzantine_behaviour_is_outvoted() {
+    let mut cluster = TestCluster::start(1, 1_000);
+    cluster.wait_up(&[0, 1, 2, 3]).await;
+    let writer = cluster.client("admin").await;
+    let reader = cluster.client("reader").await;
+    let behaviours = [
+        "silent",
+        "equivocating",
+        "stale",
+        "amnesiac",
+        "corrupting",
+        "forging",
+        "colluding",
+    ];
+    let mut sequence = 0u64;
+    for behaviour in behaviours {
+        cluster.spawn(3, Some(behaviour));
+        // Status is served by the node shell, so even a silent liar answers it.
+        cluster.wait_up(&[3]).await;
+        let mut caught = false;
+        for round in 0..6u64 {
+            let key = format!("byz-{}", round % 2).into_bytes();
+            sequence += 1;
+            let value = value_for(7, sequence);
+            writer
+                .put(&key, Bytes::from(value.clone()))
+                .await
+                .unwrap_or_else(|e| panic!("{behaviour}: put failed: {e}"));
+            let (read, report) = reader
+                .get(&key)
+                .await
+                .unwrap_or_else(|e| panic!("{behaviour}: get failed: {e}"));
+            assert_eq!(
+                read.as_deref(),
+                Some(&value[..]),
+                "{behaviour}: a correct reader saw a wrong value"
+            );
+            assert!(
+                report.evidence.iter().all(|e| e.node == NodeId(3)),
+                "{behaviour}: blamed an honest node: {:?}",
+                report.evidence
+            );
+            caught |= !report.evidence.is_empty();
+        }
+        if behaviour == "corrupting" {
+            assert!(
+                caught,
+                "corrupted fragments must be detected and blamed on node 3"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malicious_reader_cannot_disturb_later_reads() {
+    use bulwark_protocol::powerstore::{
+        Candidate, MacVec, Nonce, OpId, Pid, Request, RequestBody, Timestamp,
+    };
+    let cluster = TestCluster::start(1, 1_000);
+    cluster.wait_up(&[0, 1, 2, 3]).await;
+    let writer = cluster.client("admin").await;
+    let mallory = cluster.client("mallory").await;
+    writer
+        .put(b"target", Bytes::from_static(b"version one"))
+        .await
+        .expect("put");
+    // Mallory collects the genuine candidate so she can replay it later.
+    let mut genuine = None;
+    for node in 0..4u32 {
+        let request = Request {
+            op: OpId(1_000 + u64::from(node)),
+            attempt: 0,
+            epoch: Default::default(),
+            group: Default::default(),
+            key: bulwark_core::Key::new(&b"target"[..]).unwrap(),
+            body: RequestBody::Collect,
+        };
+        let response = mallory
+            .raw_request(NodeId(node), request, Duration::from_secs(5))
+            .await;
+        if let Some(response) = response
+            && let bulwark_protocol::powerstore::ResponseBody::CollectAck { lc: Some(c) } =
+                response.body
+        {
+            genuine = Some(c);
+        }
+    }
+    let genuine = genuine.expect("collected a candidate");
+    writer
+        .put(b"target", Bytes::from_static(b"version two"))
+        .await
+        .expect("put");
+    let forged = |num: u64, byte: u8| Candidate {
+        ts: Timestamp {
+            num,
+            pid: Pid {
+                writer: bulwark_core::ClientId(0),
+                seq: 5,
+            },
+            tag: bulwark_core::Tag([byte; 32]),
+        },
+        nonce: Nonce([byte; 32]),
+        vec: MacVec(vec![bulwark_core::Tag([byte; 32]); 4]),
+    };
+    let mut bad_tag = genuine.clone();
+    bad_tag.ts.num += 1;
+    let attacks = vec![genuine.clone(), forged(1 << 40, 1), forged(3, 2), bad_tag];
+    let mut op = 2_000;
+    for node in 0..4u32 {
+        for body in [RequestBody::Filter {
+            candidates: attacks.clone(),
+        }]
+        .into_iter()
+        .chain(attacks.iter().map(|c| RequestBody::Repair {
+            candidate: c.clone(),
+        })) {
+            op += 1;
+            let request = Request {
+                op: OpId(op),
+                attempt: 0,
+                epoch: Default::default(),
+                group: Default::default(),
+                key: bulwark_core::Key::new(&b"target"[..]).unwrap(),
+                body,
+            };
+            let _ = mallory
+                .raw_request(NodeId(node), request, Duration::from_secs(5))
+                .await;
+        }
+    }
+    let reader = cluster.client("reader").await;
+    for _ in 0..3 {
+        let (value, _) = reader.get(b"target").await.expect("get");
+        assert_eq!(
+            value.as_deref(),
+            Some(&b"version two"[..]),
+            "a malicious write-back changed what correct readers see"
+        );
+    }
+    writer
+        .put(b"target", Bytes::from_static(b"version three"))
+        .await
+        .expect("writes still work");
+    let (value, _) = reader.get(b"target").await.expect("get");
+    assert_eq!(value.as_deref(), Some(&b"version three"[..]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn access_control_and_hostile_frames() {
+    let cluster = TestCluster::start(1, 1_000);
+    cluster.wait_up(&[0, 1, 2, 3]).await;
+    // A reader has no writer keys: refused locally, before anything is sent.
+    let reader = cluster.client("reader").await;
+    let error = reader
+        .put(b"k", Bytes::from_static(b"v"))
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains("not a writer"), "{error}");
+
+    // A reader that somehow holds writer keys is still refused by the nodes.
+    let dir = cluster.path();
+    let stolen = std::fs::read_to_string(dir.join("client-admin/client.toml"))
+        .unwrap()
+        .replace("name = \"admin\"", "name = \"mallory\"");
+    std::fs::write(dir.join("client-mallory/client.toml"), stolen).unwrap();
+    let mallory = cluster.client("mallory").await;
+    let error = mallory
+        .put(b"k", Bytes::from_static(b"v"))
+        .await
+        .unwrap_err();
+    assert!(
+        error.to_string().contains("not a writer"),
+        "nodes must refuse a non-writer: {error}"
+    );
+
+    // Oversized objects are refused before any node sees them.
+    let admin = cluster.client("admin").await;
+    let error = admin
+        .put(
+            b"k",
+            Bytes::from(vec![0u8; bulwark_core::OBJECT_BYTES_MAX + 1]),
+        )
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains("limit"), "{error}");
+
+    // Garbage and an oversized frame from an authenticated peer are dropped and counted, and the
+    // node keeps serving everyone.
+    let config = admin.cluster().clone();
+    let identity = bulwark_transport::Identity::from_pem(
+        &std::fs::read_to_string(dir.join("client-mallory/tls.crt")).unwrap(),
+        &std::fs::read_to_string(dir.join("client-mallory/tls.key")).unwrap(),
+    )
+    .unwrap();
+    let connector = bulwark_transport::Connector::new(&identity).unwrap();
+    {
+        use futures::SinkExt;
+        let mut framed = connector
+            .connect(config.nodes[0].address, config.nodes[0].fingerprint)
+            .await
+            .unwrap();
+        framed
+            .send(Bytes::from_static(b"\xff\xff\xffnot a frame"))
+            .await
+            .unwrap();
+        framed.send(Bytes::from(vec![7u8; 100])).await.unwrap();
+    }
+    {
+        use tokio::io::AsyncWriteExt;
+        let mut framed = connector
+            .connect(config.nodes[0].address, config.nodes[0].fingerprint)
+            .await
+            .unwrap();
+        let stream = framed.get_mut();
+        let _ = stream.write_all(&(u32::MAX).to_be_bytes()).await;
+        let _ = stream.flush().await;
+    }
+    // A client whose key is not in the configuration cannot even connect.
+    let stranger = bulwark_transport::Identity::generate("stranger").unwrap();
+    let stranger = bulwark_transport::Connector::new(&stranger).unwrap();
+    let refused = stranger
+        .connect(config.nodes[0].address, config.nodes[0].fingerprint)
+        .await;
+    if let Ok(mut framed) = refused {
+        use futures::{SinkExt, StreamExt};
+        // TLS 1.3 reports a rejected client certificate only on first use.
+        let _ = framed.send(Bytes::from_static(b"x")).await;
+        assert!(
+            !matches!(framed.next().await, Some(Ok(_))),
+            "an unknown client got an answer"
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    admin
+        .put(b"still", Bytes::from_static(b"serving"))
+        .await
+        .expect("node 0 still serves");
+    let statuses = admin.status().await;
+    let status = statuses[0].2.as_ref().expect("node 0 up");
+    let from_mallory: Vec<_> = status
+        .rejected
+        .iter()
+        .filter(|r| r.peer == "mallory")
+        .collect();
+    assert!(
+        from_mallory.iter().any(|r| r.reason.contains("malformed")),
+        "{:?}",
+        status.rejected
+    );
+    assert!(
+        from_mallory.iter().any(|r| r.reason.contains("bad frame")),
+        "{:?}",
+        status.rejected
+    );
+    assert!(
+        from_mallory
+            .iter()
+            .any(|r| r.reason.contains("not a writer")),
+        "{:?}",
+        status.rejected
+    );
+    assert!(
+        status
+            .rejected
+            .iter()
+            .any(|r| r.reason.contains("unauthenticated")),
+        "{:?}",
+        status.rejected
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_largest_object_round_trips_and_deletes() {
+    let cluster = TestCluster::start(1, 1_000);
+    cluster.wait_up(&[0, 1, 2, 3]).await;
+    let admin = cluster.client("admin").await;
+    // The largest value the register takes: its fragments are the largest frames a node accepts.
+    let value: Vec<u8> = (0..bulwark_core::OBJECT_BYTES_MAX)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_be_bytes()[0])
+        .collect();
+    admin
+        .put(b"huge", Bytes::from(value.clone()))
+        .await
+        .expect("16 MiB put");
+    let (read, report) = admin.get(b"huge").await.expect("16 MiB get");
+    assert!(
+        read.as_deref() == Some(&value[..]),
+        "16 MiB object did not read back identically"
+    );
+    assert!(report.evidence.is_empty());
+    admin.delete(b"huge").await.expect("delete");
+    assert_eq!(admin.get(b"huge").await.expect("get").0, None);
+}
