@@ -547,7 +547,8 @@ impl ServerLogic for Corrupting {
 }
 
 /// Stores honestly (so it can later vouch for real versions when that suits it) and fabricates
-/// replies: high candidates, twins with garbage nonces, forged FILTER entries, bad CLOCK tags.
+/// replies: high candidates, twins with garbage nonces, forged FILTER entries, "superseded" replies
+/// offering versions nobody wrote, bad CLOCK tags.
 struct Forging {
     lie_probability: f64,
     rng: ChaCha8Rng,
@@ -584,7 +585,7 @@ impl Forging {
                     }
                 }));
             }
-            ResponseBody::FilterAck(ack) => match (rng.random_range(0..3), target) {
+            ResponseBody::FilterAck(ack) => match (rng.random_range(0..4), target) {
                 (0, Some(target)) => {
                     if let Some(forged) = forge_value(rng, n, f)
                         && let Some(fragment) = forged.fragments.get(me)
@@ -602,6 +603,17 @@ impl Forging {
                     let above = ack.ts().map_or(0, |ts| ts.num);
                     *ack = FilterAck::MacOnly {
                         ts: forged_timestamp(rng, above),
+                    };
+                }
+                (2, Some(target)) => {
+                    // Bait: "superseded", offering a newer version nobody wrote.
+                    *ack = FilterAck::Superseded {
+                        ts: target.ts,
+                        newer: Candidate {
+                            ts: forged_timestamp(rng, target.ts.num),
+                            nonce: random_nonce(rng),
+                            vec: random_vec(rng, n),
+                        },
                     };
                 }
                 _ => *ack = FilterAck::Initial,

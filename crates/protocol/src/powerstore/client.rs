@@ -38,6 +38,9 @@ pub struct ClientMutations {
     /// Select the highest safe candidate without checking its nonce against the agreed `N̄`
     /// (the paper's literal line 143, spec §4.8(a)).
     pub any_twin: bool,
+    /// Never add the `lc`s that "superseded" replies offer: a read whose version was collected
+    /// under it waits forever.
+    pub no_offers: bool,
 }
 
 impl ClientConfig {
@@ -120,6 +123,10 @@ pub enum EvidenceKind {
     ConflictingMetadata,
     /// Its reply could not be a correct server's (wrong vector lengths, impossible layout).
     MalformedReply,
+    /// It answered "superseded" offering a newer `lc` that `n - f` nodes then answered strictly
+    /// lower than: no correct node holds that candidate, so a correct node could not have offered
+    /// it.
+    FalseSupersession,
 }
 
 /// A completed write.
@@ -142,7 +149,9 @@ pub struct ReadOutcome {
     pub answered_by: Vec<NodeId>,
     /// Whether REPAIR ran.
     pub repaired: bool,
-    /// Times the read restarted because its version had been garbage-collected.
+    /// FILTER rounds beyond the first: each added newer candidates that "superseded" replies
+    /// offered, because nothing the read had could become safe (a version garbage-collected
+    /// under it, or a Byzantine node's bait).
     pub restarts: u32,
     /// Misbehaviour seen along the way.
     pub evidence: Vec<Evidence>,
@@ -501,7 +510,10 @@ enum ReadPhase {
         candidates: Vec<Candidate>,
     },
     Filter {
+        /// What COLLECT gathered, less what FILTER replies excluded.
         candidates: Vec<Candidate>,
+        /// Newer candidates "superseded" replies offered, not yet shown valid.
+        offers: Vec<Offer>,
         replies: Replies<FilterAck>,
     },
     Repair {
@@ -522,6 +534,15 @@ pub struct ReadOp {
     phase: ReadPhase,
     refusals: Refusals,
     evidence: Vec<Evidence>,
+    /// Nodes whose offers were excluded: their "superseded" replies offer nothing any more.
+    suspects: Vec<NodeId>,
+}
+
+/// A candidate some nodes offered in "superseded" replies, carried into the next FILTER round.
+#[derive(Clone, Debug)]
+struct Offer {
+    candidate: Candidate,
+    by: Vec<NodeId>,
 }
 
 /// The verdict on a FILTER round so far.
@@ -529,7 +550,8 @@ pub struct ReadOp {
 enum Verdict {
     Wait,
     Empty,
-    Restart,
+    /// Ask again with these new offers.
+    Advance(Vec<Offer>),
     Selected {
         candidate: Candidate,
         agreed: Agreed,
@@ -567,6 +589,7 @@ impl ReadOp {
             phase,
             refusals,
             evidence: Vec::new(),
+            suspects: Vec::new(),
         }
     }
 
@@ -590,8 +613,10 @@ impl ReadOp {
     fn body(&self) -> Option<RequestBody> {
         match &self.phase {
             ReadPhase::Collect { .. } => Some(RequestBody::Collect),
-            ReadPhase::Filter { candidates, .. } => Some(RequestBody::Filter {
-                candidates: candidates.clone(),
+            ReadPhase::Filter {
+                candidates, offers, ..
+            } => Some(RequestBody::Filter {
+                candidates: filter_set(candidates, offers),
             }),
             ReadPhase::Repair { candidate, .. } => Some(RequestBody::Repair {
                 candidate: candidate.clone(),
@@ -709,6 +734,7 @@ impl ReadOp {
         }
         self.phase = ReadPhase::Filter {
             candidates: candidates.clone(),
+            offers: Vec::new(),
             replies: Replies::new(n),
         };
         Step::Continue(self.broadcast(RequestBody::Filter { candidates }))
@@ -727,11 +753,17 @@ impl ReadOp {
                     && vec.0.len() == n
                     && fragment.len() == cc.layout.fragment_len()
             }
+            FilterAck::Superseded { ts, newer } => {
+                newer.vec.0.len() == n && newer.ts.cmp_order(ts) == Ordering::Greater
+            }
             _ => true,
         };
-        // A malformed entry still speaks for its timestamp (it is "not lower"), but never vouches.
+        // A malformed reply still speaks for its timestamp (it is "not lower"), but never vouches
+        // and offers nothing.
         let ack = match ack {
-            FilterAck::Entry { ts, .. } if !well_formed => FilterAck::MacOnly { ts },
+            FilterAck::Entry { ts, .. } | FilterAck::Superseded { ts, .. } if !well_formed => {
+                FilterAck::MacOnly { ts }
+            }
             other => other,
         };
         if !replies.record(from, ack) {
@@ -747,36 +779,65 @@ impl ReadOp {
         let (n, f, quorum) = (self.config.n, self.config.f, self.config.quorum());
         let ReadPhase::Filter {
             candidates,
+            offers,
             replies,
         } = &mut self.phase
         else {
             return Step::Continue(Vec::new());
         };
         // l. 153: drop c once n - f nodes answered strictly lower than c.ts.
-        candidates.retain(|c| {
-            let lower = replies
-                .present()
-                .filter(|(_, ack)| cmp_ts(ack.ts(), Some(&c.ts)) == Ordering::Less)
-                .count();
-            lower < quorum
+        let excluded = |c: &Candidate| lower_count(replies, c) >= quorum;
+        candidates.retain(|c| !excluded(c));
+        // A correct node's `lc` is valid and so never excluded: an excluded offer convicts.
+        let mut convicted = Vec::new();
+        offers.retain(|offer| {
+            let out = excluded(&offer.candidate);
+            if out {
+                convicted.extend(offer.by.iter().copied());
+            }
+            !out
         });
         let verdict = judge(
-            candidates,
+            &filter_set(candidates, offers),
+            offers,
             replies,
-            n,
-            f,
-            quorum,
-            self.config.mutations.any_twin,
+            &self.suspects,
+            &convicted,
+            &self.config,
         );
+        for node in convicted {
+            if !self.suspects.contains(&node) {
+                self.suspects.push(node);
+            }
+            self.blame(node, EvidenceKind::FalseSupersession);
+        }
         match verdict {
             Verdict::Wait => Step::Continue(Vec::new()),
-            Verdict::Restart => {
-                self.attempt += 1;
-                self.phase = ReadPhase::Collect {
-                    replies: Replies::new(n),
-                    candidates: Vec::new(),
+            Verdict::Advance(new_offers) => {
+                let ReadPhase::Filter {
+                    candidates,
+                    offers,
+                    replies,
+                } = &mut self.phase
+                else {
+                    return Step::Continue(Vec::new());
                 };
-                Step::Continue(self.broadcast(RequestBody::Collect))
+                let candidates = std::mem::take(candidates);
+                // Offers shown valid are beaten by the new ones; undecided ones stay to be judged,
+                // so every node stands behind at most one offer and FILTER sets stay within 2n.
+                let mut offers = std::mem::take(offers);
+                offers.retain(|offer| not_lower_count(replies, &offer.candidate) <= f);
+                offers.extend(new_offers);
+                self.attempt += 1;
+                let request = filter_set(&candidates, &offers);
+                self.phase = ReadPhase::Filter {
+                    candidates,
+                    offers,
+                    replies: Replies::new(n),
+                };
+                Step::Continue(self.broadcast(RequestBody::Filter {
+                    candidates: request,
+                }))
             }
             Verdict::Empty => {
                 let answered_by = self.answered();
@@ -885,31 +946,88 @@ impl ReadOp {
     }
 }
 
-/// The FILTER termination rule (l. 152) with the §4.8(a) selection, and our restart rule.
+/// The FILTER termination rule (l. 152) with the §4.8(a) selection, and our rule for reads whose
+/// candidates cannot become safe (garbage collection, see `server`'s module docs).
+///
+/// With `n - f` replies and nothing selectable, a "superseded" reply's `lc` that is newer than
+/// every candidate is added and FILTER asked again. An offer is kept until `f+1` nodes answered
+/// not lower than it (so a correct one holds something at least as new: it was valid) or until it
+/// is excluded (then it was never a correct node's `lc`, and its makers are suspects whose offers
+/// count no more). A node with an offer still undecided cannot offer again, so each Byzantine node
+/// baits a read at most once, and every other offer raises the read's highest valid candidate.
 fn judge(
-    candidates: &[Candidate],
+    set: &[Candidate],
+    offers: &[Offer],
     replies: &Replies<FilterAck>,
-    n: usize,
-    f: usize,
-    quorum: usize,
-    any_twin: bool,
+    suspects: &[NodeId],
+    convicted: &[NodeId],
+    config: &ClientConfig,
 ) -> Verdict {
-    if replies.count() >= quorum && candidates.is_empty() {
+    let (n, f, quorum) = (config.n, config.f, config.quorum());
+    if replies.count() < quorum {
+        return Verdict::Wait;
+    }
+    if set.is_empty() {
         return Verdict::Empty;
     }
-    if replies.count() >= quorum
-        && let Some(selected) = select(candidates, replies, n, f, any_twin)
-    {
+    if let Some(selected) = select(set, replies, n, f, config.mutations.any_twin) {
         return selected;
     }
-    let superseded = replies
-        .present()
-        .filter(|(_, ack)| matches!(ack, FilterAck::Superseded { .. }))
-        .count();
-    if superseded > f {
-        return Verdict::Restart;
+    let undecided: Vec<&Offer> = offers
+        .iter()
+        .filter(|offer| not_lower_count(replies, &offer.candidate) <= f)
+        .collect();
+    let Some(highest) = set.iter().map(|c| &c.ts).max_by(|a, b| a.cmp_order(b)) else {
+        return Verdict::Wait;
+    };
+    let mut fresh: Vec<Offer> = Vec::new();
+    for (node, ack) in replies.present() {
+        let FilterAck::Superseded { newer, .. } = ack else {
+            continue;
+        };
+        let barred = suspects.contains(&node)
+            || convicted.contains(&node)
+            || undecided.iter().any(|offer| offer.by.contains(&node));
+        if barred || newer.ts.cmp_order(highest) != Ordering::Greater {
+            continue;
+        }
+        match fresh.iter_mut().find(|offer| offer.candidate == *newer) {
+            Some(offer) => offer.by.push(node),
+            None => fresh.push(Offer {
+                candidate: newer.clone(),
+                by: vec![node],
+            }),
+        }
     }
-    Verdict::Wait
+    if fresh.is_empty() || config.mutations.no_offers {
+        Verdict::Wait
+    } else {
+        Verdict::Advance(fresh)
+    }
+}
+
+/// FILTER replies strictly lower than `candidate`.
+fn lower_count(replies: &Replies<FilterAck>, candidate: &Candidate) -> usize {
+    replies
+        .present()
+        .filter(|(_, ack)| cmp_ts(ack.ts(), Some(&candidate.ts)) == Ordering::Less)
+        .count()
+}
+
+/// FILTER replies not lower than `candidate`.
+fn not_lower_count(replies: &Replies<FilterAck>, candidate: &Candidate) -> usize {
+    replies.count() - lower_count(replies, candidate)
+}
+
+/// The candidates a FILTER round sends: what COLLECT found and what was offered, once each.
+fn filter_set(candidates: &[Candidate], offers: &[Offer]) -> Vec<Candidate> {
+    let mut set = candidates.to_vec();
+    for offer in offers {
+        if !set.contains(&offer.candidate) {
+            set.push(offer.candidate.clone());
+        }
+    }
+    set
 }
 
 /// `∃c ∈ C: highcand(c) ∧ safe(c)`, choosing only a candidate whose nonce hashes to the agreed `N̄`,

@@ -148,12 +148,16 @@ pub enum FilterAck {
         /// `c_hv.ts`.
         ts: Timestamp,
     },
-    /// `c_hv` was valid, but this server's `lc` is newer and it holds no fragment for `c_hv`
-    /// (garbage-collected, or never stored). When `f+1` servers say so, a correct one did, and the
-    /// reader restarts to find the newer value.
+    /// This server's `lc` is newer than `ts`, the highest candidate of the request below `lc`,
+    /// and it holds no fragment it can vouch with for that candidate (garbage-collected, never
+    /// stored, or not validatable here). Not lower than `ts`, so it never helps exclude a valid
+    /// candidate whose fragment was collected; `newer` is its `lc`, which the reader may add to
+    /// its candidates when nothing it has can become safe (see `client::judge`).
     Superseded {
-        /// `c_hv.ts`.
+        /// The highest candidate timestamp of the request below this server's `lc`.
         ts: Timestamp,
+        /// This server's `lc`: strictly newer than `ts`.
+        newer: Candidate,
     },
 }
 
@@ -164,7 +168,7 @@ impl FilterAck {
             FilterAck::Initial => None,
             FilterAck::Entry { ts, .. }
             | FilterAck::MacOnly { ts }
-            | FilterAck::Superseded { ts } => Some(ts),
+            | FilterAck::Superseded { ts, .. } => Some(ts),
         }
     }
 }

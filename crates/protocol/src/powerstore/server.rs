@@ -9,12 +9,18 @@
 //! 1. Only entries strictly older than this server's `lc` are ever deleted, and only after they
 //!    have been superseded for `grace_millis` (or when more than `superseded_max` superseded
 //!    entries pile up for one key).
-//! 2. A FILTER whose highest valid candidate has no entry here, while `lc` is newer, is answered
-//!    [`FilterAck::Superseded`] rather than `c_0`. That reply is never "lower" than the candidate,
-//!    so no valid candidate is ever excluded (L5.6 still holds); it only withholds a fragment,
-//!    which a Byzantine server could do anyway.
-//! 3. A reader that gets `f+1` such replies knows a correct server holds a newer valid `lc`, and
-//!    restarts the read. A restart only ever raised `lc`s to valid candidates, so it is safe.
+//! 2. A FILTER reply never says "lower" than a candidate older than this server's `lc`: when the
+//!    request holds candidates below `lc` and none of them (nor anything above them) can be
+//!    answered from `Hist`, the reply is [`FilterAck::Superseded`] for the highest of them,
+//!    carrying `lc`. A valid candidate's `f+1` correct `Hist` holders therefore answer either its
+//!    entry or "superseded", never lower, even after collecting it and even when its MAC vector
+//!    was corrupted at their slot: no valid candidate is ever excluded (L5.6 still holds). Such a
+//!    reply only withholds a fragment, which a Byzantine server could do anyway.
+//! 3. A reader whose candidates cannot become safe adds the `lc`s offered by "superseded" replies
+//!    to its FILTER set and asks again (`client::judge`). A correct server's `lc` is valid, so an
+//!    offer that is then excluded convicts whoever made it; each node may have one offer
+//!    outstanding, so Byzantine offers cost a bounded number of rounds, and every other offer
+//!    raises the read's highest valid candidate, which only finitely many writes can do.
 //!
 //! Reads therefore stay linearizable whatever the timing; only a read slower than the grace period
 //! under continuous overwrites of its key may have to restart. Storage per key is bounded by the
@@ -469,11 +475,12 @@ impl Server {
         let RequestBody::Filter { candidates } = &request.body else {
             unreachable!("dispatched on Filter")
         };
-        // A correct reader sends at most one candidate per COLLECT reply.
-        if candidates.len() > self.config.n {
+        // A correct reader sends one candidate per COLLECT reply and at most one offer per
+        // node (see `client::judge`).
+        if candidates.len() > 2 * self.config.n {
             return Self::refuse(
                 request,
-                Refusal::Malformed("more candidates than servers".to_string()),
+                Refusal::Malformed("more candidates than twice the servers".to_string()),
             );
         }
         let key = &request.key;
@@ -494,39 +501,47 @@ impl Server {
                 });
             }
         }
-        let Some(best) = best else {
-            return Self::reply(
-                request,
-                Vec::new(),
-                ResponseBody::FilterAck(FilterAck::Initial),
-            );
-        };
         let mut changes = Vec::new();
         // Eager metadata write-back (l. 124).
-        if !self.config.mutations.no_write_back {
+        if let Some(best) = &best
+            && !self.config.mutations.no_write_back
+        {
             self.raise_lc(now, key, best.clone(), &mut changes);
         }
         let state = self.keys.get(key);
-        let ack = match state.and_then(|s| s.hist.get(&best.ts)) {
-            Some(entry) => FilterAck::Entry {
-                ts: best.ts,
-                fragment: entry.stored.fragment.clone(),
-                cc: entry.stored.cc.clone(),
-                nonce_hash: entry.stored.nonce_hash,
-                vec: entry.stored.vec.clone(),
-            },
-            None => {
-                let lc_newer = state
-                    .and_then(|s| s.lc.as_ref())
-                    .is_some_and(|lc| lc.ts.cmp_order(&best.ts) == Ordering::Greater);
-                if lc_newer && self.config.mutations.naive_gc {
-                    FilterAck::Initial
-                } else if lc_newer {
-                    FilterAck::Superseded { ts: best.ts }
-                } else {
-                    FilterAck::MacOnly { ts: best.ts }
+        let lc = state.and_then(|s| s.lc.as_ref());
+        // The highest candidate strictly below `lc`: rule 2 of the module docs.
+        let below_lc = lc.and_then(|lc| {
+            candidates
+                .iter()
+                .filter(|c| c.ts.cmp_order(&lc.ts) == Ordering::Less)
+                .max_by(|a, b| a.ts.cmp_order(&b.ts))
+        });
+        let entry = best
+            .as_ref()
+            .and_then(|b| state.and_then(|s| s.hist.get(&b.ts)));
+        let best_ts = best.as_ref().map(|b| &b.ts);
+        let ack = match (entry, below_lc, lc) {
+            (Some(entry), below, _)
+                if below.is_none_or(|c| cmp_ts(Some(&c.ts), best_ts) != Ordering::Greater) =>
+            {
+                FilterAck::Entry {
+                    ts: entry.stored.ts,
+                    fragment: entry.stored.fragment.clone(),
+                    cc: entry.stored.cc.clone(),
+                    nonce_hash: entry.stored.nonce_hash,
+                    vec: entry.stored.vec.clone(),
                 }
             }
+            (_, Some(_), _) if self.config.mutations.naive_gc => FilterAck::Initial,
+            (_, Some(below), Some(lc)) => FilterAck::Superseded {
+                ts: below.ts,
+                newer: lc.clone(),
+            },
+            _ => match best {
+                Some(best) => FilterAck::MacOnly { ts: best.ts },
+                None => FilterAck::Initial,
+            },
         };
         Self::reply(request, changes, ResponseBody::FilterAck(ack))
     }

@@ -87,10 +87,25 @@ impl Harness {
     /// Runs a write to completion, delivering to every live server in node order. Messages still
     /// in flight when the writer finishes are delivered too: channels are reliable.
     fn write(&mut self, key: &Key, value: Option<&[u8]>) -> WriteOutcome {
+        self.write_where(key, value, |_, _| true)
+            .expect("write completes")
+    }
+
+    /// A write whose requests reach a server only where `reaches` says so: a writer that crashes
+    /// part-way through a broadcast. `None` when it could not complete.
+    fn write_where(
+        &mut self,
+        key: &Key,
+        value: Option<&[u8]>,
+        mut reaches: impl FnMut(NodeId, &RequestBody) -> bool,
+    ) -> Option<WriteOutcome> {
         let mut write = self.write_op(key, value);
         let mut queue: std::collections::VecDeque<Outbound> = write.start().into();
         let mut outcome = None;
         while let Some((to, request)) = queue.pop_front() {
+            if !reaches(to, &request.body) {
+                continue;
+            }
             if let Some(response) = self.deliver(WRITER, to, request) {
                 if outcome.is_some() {
                     continue;
@@ -101,14 +116,25 @@ impl Harness {
                 }
             }
         }
-        outcome.expect("write completes")
+        outcome
     }
 
     fn read_with(
         &mut self,
         key: &Key,
-        mut respond: impl FnMut(&mut Harness, NodeId, Request) -> Option<Response>,
+        respond: impl FnMut(&mut Harness, NodeId, Request) -> Option<Response>,
     ) -> ReadOutcome {
+        self.try_read_with(key, respond)
+            .expect("read did not complete")
+    }
+
+    /// A read whose requests `respond` answers (or not); `None` when the read is left waiting
+    /// with nothing more in flight.
+    fn try_read_with(
+        &mut self,
+        key: &Key,
+        mut respond: impl FnMut(&mut Harness, NodeId, Request) -> Option<Response>,
+    ) -> Option<ReadOutcome> {
         let op = self.op();
         let mut read = ReadOp::new(
             self.config.clone(),
@@ -121,11 +147,11 @@ impl Harness {
             if let Some(response) = respond(self, to, request) {
                 match read.on_response(to, response) {
                     Step::Continue(more) => queue.extend(more),
-                    Step::Done(result) => return result.expect("read succeeds"),
+                    Step::Done(result) => return Some(result.expect("read succeeds")),
                 }
             }
         }
-        panic!("read did not complete")
+        None
     }
 
     fn read(&mut self, key: &Key) -> ReadOutcome {
@@ -495,7 +521,7 @@ fn server_refuses_malformed_store_and_oversized_filter() {
             nonce: Nonce([0; 32]),
             vec: MacVec(vec![])
         };
-        5
+        9
     ];
     let request = Request {
         op: OpId(1),
@@ -600,7 +626,7 @@ fn garbage_collection_bounds_versions_under_endless_overwrites() {
     );
 }
 
-// ...and a read whose version was collected between its rounds restarts instead of going stale.
+// ...and a read whose version was collected between its rounds asks again instead of going stale.
 #[test]
 fn a_read_whose_version_was_collected_restarts_and_returns_a_newer_value() {
     let mut h = Harness::new(1);
@@ -652,4 +678,130 @@ fn restored_state_serves_the_same_reads() {
         h.servers[i] = fresh;
     }
     assert_eq!(h.read(&key("k")).value.as_deref(), Some(&[9u8; 30_000][..]));
+}
+
+/// The garbage-collection stall: a read's only candidate `v1` ends up with one vouching server
+/// (s0), one that collected it for a newer `lc` (s1), one that never stored it (s2) and a silent
+/// one (s3). Nothing can make `v1` safe or exclude it; only the `lc` that s1 offers moves the read
+/// on. `None` when the read is left waiting.
+fn read_across_a_collected_version(h: &mut Harness) -> Option<ReadOutcome> {
+    let k = key("k");
+    h.write_where(&k, Some(b"v1"), |to, body| {
+        !(to == NodeId(2) && matches!(body, RequestBody::Store { .. }))
+    })
+    .expect("v1 completes without s2's STORE");
+    let mut interleaved = false;
+    h.try_read_with(&k, |h, to, request| {
+        if matches!(request.body, RequestBody::Filter { .. }) && !interleaved {
+            interleaved = true;
+            // Between COLLECT and FILTER: v2 is stored on s0, s1, s3 and completed on s1 only
+            // (its writer crashes), the grace period passes, and s3 falls silent.
+            let v2 = h.write_where(&k, Some(b"v2"), |to, body| match body {
+                RequestBody::Store { .. } => to != NodeId(2),
+                RequestBody::Complete { .. } => to == NodeId(1),
+                _ => true,
+            });
+            assert!(v2.is_none(), "v2's writer crashed during COMPLETE");
+            h.now = Time(1_000_000);
+            for server in &mut h.servers {
+                server.tick(Time(1_000_000));
+            }
+            assert_eq!(h.servers[0].versions(&k), 2, "s0 still holds v1 and v2");
+            assert_eq!(h.servers[1].versions(&k), 1, "s1 collected v1");
+            h.down[3] = true;
+        }
+        h.deliver(READER, to, request)
+    })
+}
+
+#[test]
+fn a_read_whose_version_was_collected_from_some_servers_takes_the_offered_newer_one() {
+    let mut h = Harness::new(1);
+    let outcome = read_across_a_collected_version(&mut h).expect("the read completes");
+    assert_eq!(outcome.value.as_deref(), Some(&b"v2"[..]));
+    assert_eq!(outcome.restarts, 1);
+    assert!(outcome.evidence.is_empty(), "{:?}", outcome.evidence);
+
+    // The control: the same schedule with a reader that ignores offers waits forever.
+    let mut h = Harness::new(1);
+    h.config.mutations.no_offers = true;
+    assert!(read_across_a_collected_version(&mut h).is_none());
+}
+
+#[test]
+fn a_server_never_answers_lower_than_a_collected_version_it_cannot_validate() {
+    let mut h = Harness::new(1);
+    let k = key("k");
+    h.write(&k, Some(b"v1"));
+    let v1 = h.servers[0].lc(&k).cloned().unwrap();
+    h.write(&k, Some(b"v2"));
+    let v2 = h.servers[0].lc(&k).cloned().unwrap();
+    h.now = Time(1_000_000);
+    h.servers[0].tick(h.now);
+    assert_eq!(h.servers[0].versions(&k), 1);
+    // v1 with its MAC vector corrupted at s0's slot: s0 can no longer validate it, by Hist or MAC.
+    let mut bigmac = v1.clone();
+    bigmac.vec.0[0].0[0] ^= 1;
+    let request = Request {
+        op: OpId(7),
+        attempt: 0,
+        epoch: Epoch(0),
+        group: GroupId(0),
+        key: k.clone(),
+        body: RequestBody::Filter {
+            candidates: vec![bigmac],
+        },
+    };
+    let reply = h.deliver(READER, NodeId(0), request).unwrap();
+    assert_eq!(
+        reply.body,
+        ResponseBody::FilterAck(FilterAck::Superseded {
+            ts: v1.ts,
+            newer: v2
+        }),
+        "'superseded' is not lower than v1: v1 stays a candidate"
+    );
+}
+
+#[test]
+fn a_false_offer_is_excluded_and_its_maker_blamed() {
+    let mut h = Harness::new(1);
+    let k = key("k");
+    // s2 misses v1's STORE, so the first FILTER round has one voucher when s1 is slow.
+    h.write_where(&k, Some(b"v1"), |to, body| {
+        !(to == NodeId(2) && matches!(body, RequestBody::Store { .. }))
+    })
+    .unwrap();
+    let outcome = h.read_with(&k, |h, to, request| {
+        let first_filter =
+            matches!(request.body, RequestBody::Filter { .. }) && request.attempt == 0;
+        if first_filter && to == NodeId(1) {
+            return None;
+        }
+        let (op, attempt) = (request.op, request.attempt);
+        let mut reply = h.deliver(READER, to, request)?;
+        if to == NodeId(3) && matches!(reply.body, ResponseBody::FilterAck(_)) {
+            // Byzantine s3 claims a newer version nobody wrote, in every round.
+            let mut fake = h.servers[3].lc(&key("k")).cloned().unwrap();
+            fake.ts.num += 1_000;
+            reply = Response {
+                op,
+                attempt,
+                body: ResponseBody::FilterAck(FilterAck::Superseded {
+                    ts: h.servers[3].lc(&key("k")).unwrap().ts,
+                    newer: fake,
+                }),
+            };
+        }
+        Some(reply)
+    });
+    assert_eq!(outcome.value.as_deref(), Some(&b"v1"[..]));
+    assert_eq!(outcome.restarts, 1, "the bait cost one round, once");
+    assert_eq!(
+        outcome.evidence,
+        vec![Evidence {
+            node: NodeId(3),
+            kind: EvidenceKind::FalseSupersession
+        }]
+    );
 }

@@ -166,10 +166,11 @@ impl Mutations {
         *self != Mutations::default()
     }
 
-    fn flags(&self) -> [(&'static str, bool); 5] {
+    fn flags(&self) -> [(&'static str, bool); 6] {
         [
             ("quorum-f-plus-one", self.client.quorum_f_plus_one),
             ("any-twin", self.client.any_twin),
+            ("no-offers", self.client.no_offers),
             ("no-write-back", self.server.no_write_back),
             ("accept-unproven", self.server.accept_unproven),
             ("naive-gc", self.server.naive_gc),
@@ -180,7 +181,7 @@ impl Mutations {
 /// A mutation name that does not exist.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown mutation {0:?}; expected quorum-f-plus-one, any-twin, no-write-back, accept-unproven or naive-gc"
+    "unknown mutation {0:?}; expected quorum-f-plus-one, any-twin, no-offers, no-write-back, accept-unproven or naive-gc"
 )]
 pub struct UnknownMutation(pub String);
 
@@ -194,6 +195,7 @@ impl FromStr for Mutations {
                 "none" => {}
                 "quorum-f-plus-one" => mutations.client.quorum_f_plus_one = true,
                 "any-twin" => mutations.client.any_twin = true,
+                "no-offers" => mutations.client.no_offers = true,
                 "no-write-back" => mutations.server.no_write_back = true,
                 "accept-unproven" => mutations.server.accept_unproven = true,
                 "naive-gc" => mutations.server.naive_gc = true,

@@ -23,10 +23,6 @@ pub use config::{FaultSet, Mutations, Nemesis, SimConfig, UnknownFault, UnknownM
 
 use crate::checker;
 
-/// Marks a wait-freedom violation with the signature of the known protocol issue: a read stuck
-/// after garbage collection split the vouchers for its candidate (see `tests/sweep.rs`). Such a
-/// violation is still reported; sweeps count it apart so that anything else stands out.
-pub const KNOWN_GC_STALL: &str = "[known protocol issue: GC stall] ";
 use std::ops::Range;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -154,14 +150,6 @@ impl RunResult {
         out
     }
 
-    /// Violations other than the known GC stall.
-    pub fn unexplained_violations(&self) -> Vec<String> {
-        self.violations()
-            .into_iter()
-            .filter(|v| !v.contains(KNOWN_GC_STALL))
-            .collect()
-    }
-
     /// Whether the checker gave up on some key.
     pub fn inconclusive(&self) -> bool {
         !self.report.inconclusive.is_empty()
@@ -217,8 +205,6 @@ pub struct SweepSummary {
     pub ops_invoked: u64,
     /// Every failing seed with its first violation, in seed order.
     pub violations: Vec<(u64, String)>,
-    /// The failing seeds with a violation other than the known GC stall, with the first such.
-    pub unexplained: Vec<(u64, String)>,
     /// Failing seeds whose failures include a wait-freedom violation.
     pub liveness_failures: u64,
     /// Seeds the checker could not decide within its budget.
@@ -241,12 +227,6 @@ impl SweepSummary {
             self.ops_checked,
             self.violations.len()
         );
-        let known = self.violations.len() - self.unexplained.len();
-        if known > 0 {
-            out.push_str(&format!(
-                "  of which {known} only the known GC stall (a protocol liveness issue)\n"
-            ));
-        }
         if self.inconclusive > 0 {
             out.push_str(&format!("inconclusive seeds: {}\n", self.inconclusive));
         }
@@ -302,9 +282,6 @@ pub fn sweep(seeds: Range<u64>, config: &SimConfig, threads: usize) -> SweepSumm
         }
         if let Some(description) = verdict.failure {
             summary.violations.push((verdict.seed, description));
-        }
-        if let Some(description) = verdict.unexplained {
-            summary.unexplained.push((verdict.seed, description));
         }
     }
     summary
@@ -375,7 +352,6 @@ struct SeedVerdict {
     inconclusive: bool,
     liveness_failure: bool,
     failure: Option<String>,
-    unexplained: Option<String>,
 }
 
 fn judge(seed: u64, config: &SimConfig) -> SeedVerdict {
@@ -383,13 +359,7 @@ fn judge(seed: u64, config: &SimConfig) -> SeedVerdict {
     match outcome {
         Ok(result) => {
             let violations = result.violations();
-            let unexplained = result
-                .unexplained_violations()
-                .into_iter()
-                .next()
-                .map(|first| format!("{first} [{}]", result.swarm));
             SeedVerdict {
-                unexplained,
                 seed,
                 ops_checked: result.ops_checked(),
                 ops_invoked: result.stats.ops_invoked,
@@ -419,7 +389,6 @@ fn judge(seed: u64, config: &SimConfig) -> SeedVerdict {
                 inconclusive: false,
                 liveness_failure: false,
                 failure: Some(format!("panicked: {message}")),
-                unexplained: Some(format!("panicked: {message}")),
             }
         }
     }

@@ -189,10 +189,6 @@ struct Running {
     deadline: Option<u64>,
     /// Already reported as a liveness violation.
     flagged: bool,
-    /// What each server answered to the read's current FILTER attempt, as the machine sees it
-    /// (first reply per server): `Some(true)` for `Superseded`. Used only to recognise the known
-    /// garbage-collection stall when a read misses its deadline.
-    filter_round: (u32, Vec<Option<bool>>),
 }
 
 struct ClientSlot {
@@ -633,18 +629,6 @@ impl<'a> World<'a> {
         if running.op != response.op {
             return;
         }
-        if let ResponseBody::FilterAck(ack) = &response.body {
-            let (attempt, replies) = &mut running.filter_round;
-            if response.attempt > *attempt {
-                *attempt = response.attempt;
-                replies.iter_mut().for_each(|reply| *reply = None);
-            }
-            if response.attempt == *attempt
-                && let Some(slot @ None) = replies.get_mut(server)
-            {
-                *slot = Some(matches!(ack, FilterAck::Superseded { .. }));
-            }
-        }
         let progress = match &mut running.machine {
             Machine::Write(write) => match write.on_response(node, response) {
                 Step::Continue(sends) => Progress::Continue(sends),
@@ -876,7 +860,6 @@ impl<'a> World<'a> {
             record: self.history.ops.len() - 1,
             deadline,
             flagged: false,
-            filter_round: (0, vec![None; self.servers.len()]),
         });
         self.send_requests(client, sends);
         let interval = self.retransmit_interval();
@@ -1242,15 +1225,13 @@ impl<'a> World<'a> {
                 continue;
             }
             running.flagged = true;
-            let known = gc_stall(&running.filter_round.1, &self.servers);
             let record = &self.history.ops[running.record];
             let kind = match record.kind {
                 OpKind::Write(_) => "write",
                 OpKind::Read => "read",
             };
             let line = format!(
-                "{}client {client} {kind} op {} on {} invoked at {}ms has not completed by {now}ms (bound {}ms from the liveness phase or its invocation)",
-                if known { super::KNOWN_GC_STALL } else { "" },
+                "client {client} {kind} op {} on {} invoked at {}ms has not completed by {now}ms (bound {}ms from the liveness phase or its invocation)",
                 running.op.0,
                 String::from_utf8_lossy(&record.key),
                 record.invoke,
@@ -1276,21 +1257,6 @@ impl<'a> World<'a> {
             trace: self.trace.unwrap_or_default(),
         }
     }
-}
-
-/// Whether a stuck read shows the known garbage-collection stall: every correct server answered
-/// its current FILTER attempt, and at least one correct server answered `Superseded` (it had
-/// collected the version for a newer `lc`). With at most `f` such replies the machine neither
-/// restarts nor can still gather `f+1` vouchers, and nobody is left to answer.
-fn gc_stall(replies: &[Option<bool>], servers: &[ServerSlot]) -> bool {
-    let correct = || {
-        replies
-            .iter()
-            .zip(servers)
-            .filter(|(_, server)| server.behaviour == Behaviour::Honest)
-            .map(|(reply, _)| *reply)
-    };
-    correct().all(|reply| reply.is_some()) && correct().any(|reply| reply == Some(true))
 }
 
 /// Whether two candidates share a timestamp but not a nonce: a §4.8(a) twin is in play.
@@ -1396,7 +1362,11 @@ fn describe_response(response: &Response) -> String {
                 )
             }
             FilterAck::MacOnly { ts } => format!("filter-ack mac-only ts={}", ts_label(ts)),
-            FilterAck::Superseded { ts } => format!("filter-ack superseded ts={}", ts_label(ts)),
+            FilterAck::Superseded { ts, newer } => format!(
+                "filter-ack superseded ts={} offers {}",
+                ts_label(ts),
+                ts_label(&newer.ts)
+            ),
         },
         ResponseBody::RepairAck => "repair-ack".to_string(),
         ResponseBody::Refused(refusal) => format!("refused: {refusal}"),
