@@ -6,6 +6,7 @@ pub mod bench;
 pub mod cluster_init;
 pub mod dev;
 pub mod objects;
+pub mod sim;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -78,6 +79,8 @@ pub enum Command {
     },
     /// Measures put and get on a fresh local cluster, and node memory under overwrites.
     Bench(bench::BenchArgs),
+    /// Runs the deterministic simulator: a sweep of seeds, or one seed replayed with a trace.
+    Sim(sim::SimArgs),
     /// Starts a local 4-node cluster as separate processes and serves until Ctrl-C.
     Dev {
         /// Where the cluster lives.
@@ -148,6 +151,7 @@ pub async fn run(cli: Cli) -> Result<std::process::ExitCode> {
         Command::Status { client } => return objects::status(&client).await,
         Command::Dev { dir, demo } => dev::run(&dir, demo).await?,
         Command::Bench(args) => bench::run(&args).await?,
+        Command::Sim(args) => return sim::run(&args),
     }
     Ok(std::process::ExitCode::SUCCESS)
 }

@@ -1,0 +1,113 @@
+//! `bulwark sim`: seed sweeps of the deterministic simulator, and the replay of one seed with a
+//! readable trace. Every failing seed of a sweep is printed with the one command that replays it.
+
+use anyhow::{Result, bail};
+use bulwark_sim::sim::{self, FaultSet, Mutations, SimConfig};
+use std::process::ExitCode;
+
+/// `bulwark sim`.
+#[derive(clap::Args)]
+pub struct SimArgs {
+    /// Replay this one seed and print its report (with `--trace`, every message).
+    #[arg(long, conflicts_with_all = ["seeds", "start"])]
+    pub seed: Option<u64>,
+    /// How many seeds a sweep runs.
+    #[arg(long, default_value_t = 1_000)]
+    pub seeds: u64,
+    /// The first seed of a sweep.
+    #[arg(long, default_value_t = 0)]
+    pub start: u64,
+    /// Faults tolerated; the group has 3f+1 servers.
+    #[arg(long, default_value_t = 1)]
+    pub f: usize,
+    /// Faults the swarm may switch on: `all`, `none`, or a comma-separated list of Byzantine
+    /// behaviours and nemeses (an unknown name lists them all).
+    #[arg(long, default_value = "all")]
+    pub faults: String,
+    /// Correct clients.
+    #[arg(long)]
+    pub clients: Option<usize>,
+    /// Keys the operations spread over.
+    #[arg(long)]
+    pub keys: Option<usize>,
+    /// Operations of the safety phase.
+    #[arg(long)]
+    pub ops: Option<usize>,
+    /// Operations of the liveness phase, each of which must complete.
+    #[arg(long)]
+    pub liveness_ops: Option<usize>,
+    /// Exactly this many Byzantine servers (more than f is a negative control).
+    #[arg(long)]
+    pub byzantine: Option<usize>,
+    /// Deliberately broken protocol variants, comma-separated (negative controls).
+    #[arg(long, default_value = "none")]
+    pub mutations: String,
+    /// Virtual milliseconds an operation may take once the network has healed.
+    #[arg(long)]
+    pub liveness_bound_ms: Option<u64>,
+    /// With `--seed`: print one line per message delivered or lost.
+    #[arg(long)]
+    pub trace: bool,
+    /// Worker threads for a sweep (default: the machine's cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+impl SimArgs {
+    fn config(&self) -> Result<SimConfig> {
+        if self.f == 0 {
+            bail!("--f must be at least 1");
+        }
+        let defaults = SimConfig::default();
+        Ok(SimConfig {
+            f: self.f,
+            clients: self.clients.unwrap_or(defaults.clients).max(1),
+            keys: self.keys.unwrap_or(defaults.keys).max(1),
+            ops: self.ops.unwrap_or(defaults.ops),
+            liveness_ops: self.liveness_ops.unwrap_or(defaults.liveness_ops),
+            faults: self.faults.parse::<FaultSet>()?,
+            byzantine_servers: self.byzantine,
+            mutations: self.mutations.parse::<Mutations>()?,
+            liveness_bound_millis: self
+                .liveness_bound_ms
+                .unwrap_or(defaults.liveness_bound_millis),
+            trace: self.trace,
+        })
+    }
+}
+
+/// Runs `bulwark sim`; the exit code is 1 when any seed broke a promise.
+pub fn run(args: &SimArgs) -> Result<ExitCode> {
+    let config = args.config()?;
+    if let Some(seed) = args.seed {
+        let result = sim::run(seed, &config);
+        print!("{}", result.render());
+        return Ok(if result.passed() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
+    }
+    let threads = args.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    });
+    let end = args.start.saturating_add(args.seeds);
+    eprintln!(
+        "sweeping seeds {}..{end} on {threads} threads: f={} faults={} mutations={}",
+        args.start, config.f, config.faults, config.mutations
+    );
+    let summary = sim::sweep(args.start..end, &config, threads);
+    print!("{}", summary.render(&config));
+    println!(
+        "operations invoked: {}\nliveness failures: {}\nelapsed: {:.1?} ({:.0} seeds/s)",
+        summary.ops_invoked,
+        summary.liveness_failures,
+        summary.elapsed,
+        summary.seeds_per_second()
+    );
+    Ok(if summary.violations.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
