@@ -9,7 +9,7 @@ use bulwark_storage::{Committer, StorageOp, Table};
 use bytes::Bytes;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 
 /// Requests waiting for the actor; connections wait (back-pressure) beyond this.
 const JOBS_QUEUED_MAX: usize = 4096;
@@ -53,10 +53,27 @@ impl ActorHandle {
     }
 }
 
-pub fn spawn(context: ActorContext) -> ActorHandle {
+/// Stops the actor on shutdown.
+pub struct Stopper {
+    stop: oneshot::Sender<()>,
+    done: tokio::task::JoinHandle<()>,
+}
+
+impl Stopper {
+    /// Asks the actor to stop after the job in hand and waits until everything it queued for
+    /// the disk is durable and its committer has stopped. Replies still waiting for a commit are
+    /// sent only if that commit succeeds, as always.
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.done.await;
+    }
+}
+
+pub fn spawn(context: ActorContext) -> (ActorHandle, Stopper) {
     let (sender, receiver) = mpsc::channel(JOBS_QUEUED_MAX);
-    tokio::spawn(run(context, receiver));
-    ActorHandle(sender)
+    let (stop, stopped) = oneshot::channel();
+    let done = tokio::spawn(run(context, receiver, stopped));
+    (ActorHandle(sender), Stopper { stop, done })
 }
 
 struct Durability {
@@ -151,7 +168,11 @@ fn storage_op(change: Change) -> StorageOp {
     }
 }
 
-async fn run(context: ActorContext, mut jobs: mpsc::Receiver<Job>) {
+async fn run(
+    context: ActorContext,
+    mut jobs: mpsc::Receiver<Job>,
+    mut stopped: oneshot::Receiver<()>,
+) {
     let ActorContext {
         node,
         mut server,
@@ -171,6 +192,7 @@ async fn run(context: ActorContext, mut jobs: mpsc::Receiver<Job>) {
     let now = |started: Instant| Time(started.elapsed().as_millis() as u64);
     loop {
         tokio::select! {
+            _ = &mut stopped => break,
             job = jobs.recv() => {
                 let Some(job) = job else { break };
                 match job {
@@ -217,4 +239,8 @@ async fn run(context: ActorContext, mut jobs: mpsc::Receiver<Job>) {
             }
         }
     }
+    // Dropping the committer commits what is queued and joins its thread: off the runtime.
+    drop(server);
+    let Durability { committer, .. } = durability;
+    let _ = tokio::task::spawn_blocking(move || drop(committer)).await;
 }

@@ -17,7 +17,9 @@ pub use rejections::Rejections;
 
 use bulwark_core::config::{ClusterConfig, NodeSecrets, parse_secrets};
 use bulwark_core::{NodeId, Time};
-use bulwark_protocol::powerstore::{Server, ServerConfig, ServerLogic, StoredEntry};
+use bulwark_protocol::powerstore::{
+    Server, ServerConfig, ServerLogic, StoredEntry, fragment_digest,
+};
 use bulwark_storage::{Committer, Store, Table};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -60,12 +62,23 @@ pub enum NodeError {
         /// The error.
         source: std::io::Error,
     },
+    /// The durable store could not be opened: its file is damaged or not a Bulwark store.
+    #[error(
+        "cannot open the store in {path}: {reason} (restore the data directory from a copy, or \
+         move it aside to start this node empty)"
+    )]
+    OpenStore {
+        /// The data directory.
+        path: PathBuf,
+        /// What the store said.
+        reason: String,
+    },
     /// The durable store failed.
     #[error("storage: {0}")]
-    Storage(#[from] bulwark_storage::StorageError),
+    Storage(bulwark_storage::StorageError),
     /// TLS set-up failed.
     #[error("transport: {0}")]
-    Transport(#[from] bulwark_transport::TransportError),
+    Transport(bulwark_transport::TransportError),
     /// A durable state record did not decode: the data directory is damaged.
     #[error("stored {table} record could not be decoded: {problem}")]
     CorruptState {
@@ -85,6 +98,19 @@ pub enum NodeError {
     /// Metrics could not be served.
     #[error("metrics: {0}")]
     Metrics(String),
+}
+
+// By hand rather than `#[from]`: a `#[from]` source would print its message twice in a chain.
+impl From<bulwark_storage::StorageError> for NodeError {
+    fn from(error: bulwark_storage::StorageError) -> Self {
+        NodeError::Storage(error)
+    }
+}
+
+impl From<bulwark_transport::TransportError> for NodeError {
+    fn from(error: bulwark_transport::TransportError) -> Self {
+        NodeError::Transport(error)
+    }
 }
 
 fn read(path: &Path) -> Result<String, NodeError> {
@@ -144,7 +170,8 @@ impl NodeOptions {
 /// in test builds that link one.
 pub type Wrap = Box<dyn FnOnce(Server) -> Box<dyn ServerLogic> + Send>;
 
-/// Runs a node until the process is stopped.
+/// Runs a node until the process is killed, or until SIGTERM or SIGINT, after which it stops
+/// accepting, makes everything queued durable and closes its store cleanly.
 pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
     let id = options.id();
     let entry = options
@@ -167,19 +194,36 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
     }
 
     let started = Instant::now();
-    let store = Arc::new(Store::open(&options.data_dir)?);
+    let store = Arc::new(
+        Store::open(&options.data_dir).map_err(|e| NodeError::OpenStore {
+            path: options.data_dir.clone(),
+            reason: e.to_string(),
+        })?,
+    );
     let mut config = ServerConfig::new(id, options.cluster.f);
     config.epoch = bulwark_core::Epoch(options.cluster.epoch);
     config.grace_millis = options.grace_millis;
-    let mut server = Server::new(config, options.secrets.mac_key.clone());
-    let restored = restore(&store, &mut server)?;
+    let mut server = Server::new(config.clone(), options.secrets.mac_key.clone());
+    let rejections = Rejections::default();
+    let restored = restore(
+        &store,
+        &mut server,
+        &config,
+        &options.secrets.mac_key,
+        &rejections,
+    )?;
     server.finish_restore(Time(0));
-    tracing::info!(node = id.0, versions = restored, data = %options.data_dir.display(), "state restored");
+    tracing::info!(
+        node = id.0,
+        versions = restored.versions,
+        dropped = restored.dropped,
+        data = %options.data_dir.display(),
+        "state restored"
+    );
     let server = wrap(server);
 
     let committer = Committer::start(store.clone());
-    let rejections = Rejections::default();
-    let actor = actor::spawn(actor::ActorContext {
+    let (actor, stopper) = actor::spawn(actor::ActorContext {
         node: id,
         server,
         committer,
@@ -206,8 +250,17 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
     tracing::info!(node = id.0, %listen, "serving");
     let cluster = Arc::new(options.cluster);
     let slots = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX));
+    let stop = stop_signal();
+    tokio::pin!(stop);
     loop {
-        let (tcp, peer) = match listener.accept().await {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            signal = &mut stop => {
+                tracing::info!(node = id.0, signal, "stopping");
+                break;
+            }
+        };
+        let (tcp, peer) = match accepted {
             Ok(accepted) => accepted,
             Err(error) => {
                 tracing::warn!(%error, "accept failed");
@@ -216,7 +269,7 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
             }
         };
         let Ok(slot) = slots.clone().acquire_owned().await else {
-            break Ok(());
+            break;
         };
         let context = connection::ConnectionContext {
             cluster: cluster.clone(),
@@ -229,12 +282,98 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
             drop(slot);
         });
     }
+    drop(listener);
+    stopper.stop().await;
+    // The committer's thread has ended, so this is the last handle: closing it now marks the
+    // file clean, and the next start skips redb's full repair scan.
+    let closed = tokio::task::spawn_blocking(move || drop(store)).await;
+    if closed.is_err() {
+        tracing::warn!(node = id.0, "closing the store failed");
+    }
+    tracing::info!(node = id.0, "stopped");
+    Ok(())
 }
 
-/// Replays the durable state into `server`; returns the number of versions restored.
-fn restore(store: &Store, server: &mut Server) -> Result<usize, NodeError> {
+/// Resolves on SIGTERM or SIGINT, naming it; never when no handler can be installed.
+async fn stop_signal() -> &'static str {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            (Ok(mut terminate), Ok(mut interrupt)) => tokio::select! {
+                _ = terminate.recv() => "SIGTERM",
+                _ = interrupt.recv() => "SIGINT",
+            },
+            _ => {
+                tracing::warn!("cannot handle SIGTERM/SIGINT; stop this node by killing it");
+                std::future::pending().await
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        match tokio::signal::ctrl_c().await {
+            Ok(()) => "Ctrl-C",
+            Err(_) => std::future::pending().await,
+        }
+    }
+}
+
+/// What start-up restored.
+struct Restored {
+    /// `Hist` entries now served.
+    versions: usize,
+    /// `Hist` entries that failed verification and were deleted.
+    dropped: u64,
+}
+
+/// Why a stored `Hist` entry cannot be what this node accepted, if it cannot: the checks the
+/// server made before storing it, repeated on what the disk gave back.
+fn damaged(
+    record: &[u8],
+    key: &bulwark_core::Key,
+    entry: &StoredEntry,
+    config: &ServerConfig,
+    own_key: &bulwark_core::MacKey,
+) -> Option<&'static str> {
+    let me = config.node.index();
+    if record != actor::hist_record(key, &entry.ts).as_slice() {
+        Some("record id does not match its entry")
+    } else if entry.ts.num == 0 || !entry.cc.is_well_formed(config.n) {
+        Some("malformed timestamp or cross-checksum")
+    } else if entry.fragment.len() != entry.cc.layout.fragment_len() {
+        Some("fragment length does not match its layout")
+    } else if entry.cc.hashes.get(me) != Some(&fragment_digest(&entry.fragment)) {
+        Some("fragment does not match its cross-checksum")
+    } else if !entry
+        .vec
+        .verify_slot(me, config.group, key, &entry.ts, &entry.nonce_hash, own_key)
+    {
+        Some("MAC vector slot does not verify")
+    } else {
+        None
+    }
+}
+
+/// Replays the durable state into `server`. A `Hist` entry that fails verification (bytes
+/// flipped on disk) is logged, counted as rejected from `disk`, and deleted before the node
+/// serves, as if it had never been stored: a node may always lack a version (it may have missed
+/// the STORE), but it must never serve a fragment it did not accept. A record that does not even
+/// decode, or a damaged `lc`, stops the start with an error instead.
+fn restore(
+    store: &Store,
+    server: &mut Server,
+    config: &ServerConfig,
+    own_key: &bulwark_core::MacKey,
+    rejections: &Rejections,
+) -> Result<Restored, NodeError> {
     use bulwark_protocol::powerstore::Candidate;
     let mut versions = 0;
+    let mut dropped: Vec<bulwark_storage::StorageOp> = Vec::new();
+    let mut reasons: std::collections::BTreeMap<&'static str, u64> = Default::default();
     for (record, value) in store.load(Table::Hist)? {
         let (key, entry): (bulwark_core::Key, StoredEntry) =
             bulwark_core::wire::decode(&value, usize::MAX).map_err(|e| {
@@ -243,6 +382,20 @@ fn restore(store: &Store, server: &mut Server) -> Result<usize, NodeError> {
                     problem: format!("{e} (record {} bytes)", record.len()),
                 }
             })?;
+        if let Some(problem) = damaged(&record, &key, &entry, config, own_key) {
+            tracing::error!(
+                %key,
+                ts = entry.ts.num,
+                problem,
+                "stored entry failed verification; dropped as if never stored"
+            );
+            *reasons.entry(problem).or_insert(0) += 1;
+            dropped.push(bulwark_storage::StorageOp::Delete {
+                table: Table::Hist,
+                key: record,
+            });
+            continue;
+        }
         server.restore_hist(key, entry);
         versions += 1;
     }
@@ -256,5 +409,142 @@ fn restore(store: &Store, server: &mut Server) -> Result<usize, NodeError> {
             })?;
         server.restore_lc(key, candidate);
     }
-    Ok(versions)
+    let count = dropped.len() as u64;
+    metrics::counter!("bulwark_node_corrupt_entries_dropped_total").increment(count);
+    if count > 0 {
+        store.apply(&dropped)?;
+        for (problem, n) in reasons {
+            rejections.add(
+                "disk",
+                &format!("stored entry dropped at start-up: {problem}"),
+                n,
+            );
+        }
+    }
+    Ok(Restored {
+        versions,
+        dropped: count,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bulwark_core::erasure::Layout;
+    use bulwark_core::{ClientId, Digest, GroupId, Key, MacKey};
+    use bulwark_protocol::powerstore::{CrossChecksum, MacVec, Pid, Timestamp};
+    use bulwark_storage::StorageOp;
+    use bytes::Bytes;
+
+    /// A `Hist` entry exactly as node 1 of 4 accepts it, for a replicated value.
+    fn entry(key: &Key, value: &[u8], num: u64, keys: &[MacKey]) -> StoredEntry {
+        let writer_key = MacKey([9; 32]);
+        let pid = Pid {
+            writer: ClientId(0),
+            seq: num,
+        };
+        let ts = Timestamp::authenticated(GroupId(0), key, num, pid, &writer_key);
+        let layout = Layout::for_value(value.len(), 4, 1);
+        let nonce_hash = Digest::of("test nonce", &num.to_be_bytes());
+        StoredEntry {
+            ts,
+            fragment: Bytes::copy_from_slice(value),
+            cc: CrossChecksum {
+                layout,
+                tombstone: false,
+                hashes: vec![fragment_digest(value); 4],
+            },
+            nonce_hash,
+            vec: MacVec::compute(GroupId(0), key, &ts, &nonce_hash, keys),
+        }
+    }
+
+    fn put(key: &Key, entry: &StoredEntry) -> StorageOp {
+        StorageOp::Put {
+            table: Table::Hist,
+            key: actor::hist_record(key, &entry.ts),
+            value: Bytes::from(bulwark_core::wire::encode(&(key, entry))),
+        }
+    }
+
+    #[test]
+    fn entries_damaged_on_disk_are_dropped_counted_and_deleted() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys: Vec<MacKey> = (0..4).map(|i| MacKey([i; 32])).collect();
+        let config = ServerConfig::new(NodeId(1), 1);
+        let key = Key::new(b"k".to_vec()).unwrap();
+        let mut flipped = entry(&key, b"a value whose bytes rot away", 2, &keys);
+        let mut rotten = flipped.fragment.to_vec();
+        rotten[3] ^= 0x40;
+        flipped.fragment = Bytes::from(rotten);
+        let mut forged = entry(&key, b"a value with a bad MAC slot", 3, &keys);
+        forged.vec.0[1].0[0] ^= 1;
+        // An intact entry filed under another version's record id.
+        let misfiled = entry(&key, b"a value under the wrong record", 4, &keys);
+        let elsewhere = entry(&key, b"x", 1, &keys).ts;
+        let misfiled = StorageOp::Put {
+            table: Table::Hist,
+            key: actor::hist_record(&key, &elsewhere),
+            value: Bytes::from(bulwark_core::wire::encode(&(&key, &misfiled))),
+        };
+        let other = Key::new(b"other".to_vec()).unwrap();
+        let good = entry(&other, b"a value that stays intact", 1, &keys);
+        let store = Store::open(dir.path()).unwrap();
+        store
+            .apply(&[
+                put(&key, &flipped),
+                put(&key, &forged),
+                misfiled,
+                put(&other, &good),
+            ])
+            .unwrap();
+
+        let rejections = Rejections::default();
+        let mut server = Server::new(config.clone(), keys[1].clone());
+        let restored = restore(&store, &mut server, &config, &keys[1], &rejections).unwrap();
+        assert_eq!(restored.versions, 1, "only the intact entry is served");
+        assert_eq!(restored.dropped, 3);
+        assert_eq!(server.versions(&other), 1);
+        assert_eq!(server.versions(&key), 0);
+        assert_eq!(
+            store.count(Table::Hist).unwrap(),
+            1,
+            "dropped entries are deleted, not kept to be dropped again"
+        );
+        let disk: Vec<_> = rejections
+            .snapshot()
+            .into_iter()
+            .filter(|r| r.peer == "disk")
+            .collect();
+        assert_eq!(disk.iter().map(|r| r.count).sum::<u64>(), 3, "{disk:?}");
+        for problem in ["cross-checksum", "MAC vector", "record id"] {
+            assert!(
+                disk.iter().any(|r| r.reason.contains(problem)),
+                "{problem}: {disk:?}"
+            );
+        }
+
+        // The next start finds nothing more to drop.
+        let again = Rejections::default();
+        let mut server = Server::new(config.clone(), keys[1].clone());
+        let restored = restore(&store, &mut server, &config, &keys[1], &again).unwrap();
+        assert_eq!((restored.versions, restored.dropped), (1, 0));
+        assert!(again.snapshot().is_empty());
+    }
+
+    #[test]
+    fn a_store_that_cannot_be_opened_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("state.redb"), vec![0x5a; 8192]).unwrap();
+        let error = Store::open(dir.path())
+            .map_err(|e| NodeError::OpenStore {
+                path: dir.path().to_path_buf(),
+                reason: e.to_string(),
+            })
+            .err()
+            .expect("garbage is not a store");
+        let text = error.to_string();
+        assert!(text.contains("cannot open the store in"), "{text}");
+        assert!(text.contains(&dir.path().display().to_string()), "{text}");
+    }
 }

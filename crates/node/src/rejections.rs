@@ -16,8 +16,13 @@ impl Rejections {
     /// Counts one rejection, logs it with the peer, and exports it as a metric.
     pub fn record(&self, peer: &str, reason: &str) {
         tracing::warn!(peer, reason, "rejected message");
+        self.add(peer, reason, 1);
+    }
+
+    /// Counts `count` rejections of one kind at once and exports them; the caller logs them.
+    pub fn add(&self, peer: &str, reason: &str, count: u64) {
         metrics::counter!("bulwark_node_rejected_total", "peer" => peer.to_string(), "reason" => reason.to_string())
-            .increment(1);
+            .increment(count);
         let Ok(mut map) = self.0.lock() else { return };
         let full = map.len() >= PAIRS_MAX;
         let pair = (peer.to_string(), reason.to_string());
@@ -26,7 +31,7 @@ impl Rejections {
         } else {
             pair
         };
-        *map.entry(pair).or_insert(0) += 1;
+        *map.entry(pair).or_insert(0) += count;
     }
 
     /// A snapshot.
