@@ -196,6 +196,7 @@ fn build_image(binary: &str, image: &str, dockerfile: &str) -> Result<(), String
     if current.ok && current.text().trim() == hash {
         return Ok(());
     }
+    let previous = docker(&["image", "inspect", "--format", "{{.Id}}", image])?;
     let context = target_dir().join("docker").join(binary);
     let _ = std::fs::remove_dir_all(&context);
     std::fs::create_dir_all(&context).map_err(|e| e.to_string())?;
@@ -220,6 +221,10 @@ fn build_image(binary: &str, image: &str, dockerfile: &str) -> Result<(), String
     ])?;
     if !output.ok {
         return Err(format!("docker build {image}: {}", output.stderr.trim()));
+    }
+    // The image this one replaced would linger untagged; a container still using it keeps it.
+    if previous.ok {
+        let _ = docker(&["image", "rm", previous.text().trim()]);
     }
     Ok(())
 }
