@@ -656,6 +656,8 @@ fn production_image_cannot_lie(cluster: &DockerCluster) {
     let refused = harness::docker(&[
         "run",
         "--rm",
+        "--network",
+        "none",
         harness::NODE_IMAGE,
         "--behaviour",
         "corrupting",
