@@ -176,6 +176,12 @@ pub async fn status(args: &ClientArgs) -> Result<std::process::ExitCode> {
                         r.count, r.peer, r.reason
                     );
                 }
+                if status.server.damaged_fragments > 0 {
+                    println!(
+                        "         damaged disk: {} reads found a stored fragment missing or not matching its checksum (withheld, not served)",
+                        status.server.damaged_fragments
+                    );
+                }
             }
             Err(error) => println!(
                 "{:<6} {:<22} {:<10} {error}",

@@ -3,10 +3,13 @@
 
 use crate::Rejections;
 use bulwark_core::{ClientId, Key, NodeId, Time, wire};
-use bulwark_protocol::powerstore::{Access, Change, Request, ServerLogic, Timestamp};
+use bulwark_protocol::powerstore::{
+    Access, Change, Fragments, Request, ServerLogic, StoredEntry, Timestamp,
+};
 use bulwark_protocol::service::{NodeFrame, NodeStatus};
-use bulwark_storage::{Committer, StorageOp, Table};
+use bulwark_storage::{Committer, StorageOp, Store, Table};
 use bytes::Bytes;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -20,6 +23,8 @@ const TICK_INTERVAL: Duration = Duration::from_millis(500);
 pub struct ActorContext {
     pub node: NodeId,
     pub server: Box<dyn ServerLogic>,
+    /// Read by FILTER replies; written only through `committer`.
+    pub store: Arc<Store>,
     pub committer: Committer,
     pub started: Instant,
     pub rejections: Rejections,
@@ -83,6 +88,11 @@ struct Durability {
 }
 
 impl Durability {
+    /// The sequence number the next non-empty [`Durability::submit`] will return.
+    fn submit_next(&self) -> u64 {
+        self.submitted + 1
+    }
+
     /// Queues `changes` for the next group commit and returns their sequence number.
     fn submit(&mut self, changes: Vec<Change>) -> u64 {
         if changes.is_empty() {
@@ -139,6 +149,59 @@ impl Durability {
     }
 }
 
+/// The server's view of its fragments: what was handled but is not yet durable, then the disk.
+/// Requests are handled in order, so a fragment a FILTER needs is either committed or queued here.
+struct StorageView<'a> {
+    /// `Hist` records queued for commit, with the sequence number of the batch carrying them.
+    unsynced: &'a HashMap<Vec<u8>, (u64, Bytes)>,
+    store: &'a Store,
+}
+
+impl Fragments for StorageView<'_> {
+    fn fragment(&self, key: &Key, ts: &Timestamp) -> Option<Bytes> {
+        let record = hist_record(key, ts);
+        if let Some((_, fragment)) = self.unsynced.get(&record) {
+            return Some(fragment.clone());
+        }
+        let value = match self.store.get(Table::Hist, &record) {
+            Ok(value) => value?,
+            Err(error) => {
+                tracing::error!(%error, "reading a fragment failed");
+                return None;
+            }
+        };
+        match wire::decode::<(Key, StoredEntry)>(&value, usize::MAX) {
+            Ok((_, entry)) => Some(entry.fragment),
+            Err(error) => {
+                tracing::error!(%error, "a stored fragment record does not decode");
+                None
+            }
+        }
+    }
+}
+
+/// Remembers the fragments of `changes` until batch `sequence` is durable.
+fn track_unsynced(
+    unsynced: &mut HashMap<Vec<u8>, (u64, Bytes)>,
+    changes: &[Change],
+    sequence: u64,
+) {
+    for change in changes {
+        match change {
+            Change::PutHist { key, entry } => {
+                unsynced.insert(
+                    hist_record(key, &entry.ts),
+                    (sequence, entry.fragment.clone()),
+                );
+            }
+            Change::DeleteHist { key, ts } => {
+                unsynced.remove(&hist_record(key, ts));
+            }
+            Change::SetLc { .. } => {}
+        }
+    }
+}
+
 /// The storage record id of `Hist[ts]` of `key`: length-prefixed key, then the fixed-width ts.
 pub fn hist_record(key: &Key, ts: &Timestamp) -> Vec<u8> {
     let bytes = key.as_bytes();
@@ -176,10 +239,12 @@ async fn run(
     let ActorContext {
         node,
         mut server,
+        store,
         committer,
         started,
         rejections,
     } = context;
+    let mut unsynced: HashMap<Vec<u8>, (u64, Bytes)> = HashMap::new();
     let (durable, _) = watch::channel(0u64);
     let mut durability = Durability {
         committer,
@@ -200,10 +265,15 @@ async fn run(
                         requests += 1;
                         let name = request.body.name();
                         metrics::counter!("bulwark_node_requests_total", "op" => name).increment(1);
-                        let handled = server.handle(now(started), from, access, request);
+                        let durable = *durability.durable.borrow();
+                        unsynced.retain(|_, (sequence, _)| *sequence > durable);
+                        let view = StorageView { unsynced: &unsynced, store: &store };
+                        let handled = server.handle(now(started), from, access, request, &view);
                         if let Some(refusal) = &handled.refused {
                             rejections.record(&peer, &format!("refused: {refusal}"));
                         }
+                        let sequence = durability.submit_next();
+                        track_unsynced(&mut unsynced, &handled.changes, sequence);
                         durability.submit(handled.changes);
                         if let Some(response) = handled.reply {
                             let frame = Bytes::from(wire::encode(&NodeFrame::PowerStore(response)));
@@ -230,12 +300,14 @@ async fn run(
             }
             _ = tick.tick() => {
                 let changes = server.tick(now(started));
+                track_unsynced(&mut unsynced, &changes, durability.submit_next());
                 durability.submit(changes);
                 let stats = server.stats();
                 metrics::gauge!("bulwark_node_objects").set(stats.objects as f64);
                 metrics::gauge!("bulwark_node_versions").set(stats.versions as f64);
                 metrics::gauge!("bulwark_node_fragment_bytes").set(stats.fragment_bytes as f64);
                 metrics::gauge!("bulwark_node_collected_total").set(stats.collected as f64);
+                metrics::gauge!("bulwark_node_damaged_fragments_total").set(stats.damaged_fragments as f64);
             }
         }
     }

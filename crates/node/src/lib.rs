@@ -226,6 +226,7 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
     let (actor, stopper) = actor::spawn(actor::ActorContext {
         node: id,
         server,
+        store: store.clone(),
         committer,
         started,
         rejections: rejections.clone(),
@@ -374,15 +375,19 @@ fn restore(
     let mut versions = 0;
     let mut dropped: Vec<bulwark_storage::StorageOp> = Vec::new();
     let mut reasons: std::collections::BTreeMap<&'static str, u64> = Default::default();
-    for (record, value) in store.load(Table::Hist)? {
-        let (key, entry): (bulwark_core::Key, StoredEntry) =
-            bulwark_core::wire::decode(&value, usize::MAX).map_err(|e| {
-                NodeError::CorruptState {
-                    table: "hist",
-                    problem: format!("{e} (record {} bytes)", record.len()),
+    let mut corrupt = None;
+    // One record at a time: the server keeps metadata only, so a store larger than memory restores.
+    let scanned = store.scan(Table::Hist, |record, value| {
+        let (key, entry) =
+            match bulwark_core::wire::decode::<(bulwark_core::Key, StoredEntry)>(value, usize::MAX)
+            {
+                Ok(decoded) => decoded,
+                Err(e) => {
+                    corrupt = Some(format!("{e} (record {} bytes)", record.len()));
+                    return Err(bulwark_storage::StorageError::other("corrupt record"));
                 }
-            })?;
-        if let Some(problem) = damaged(&record, &key, &entry, config, own_key) {
+            };
+        if let Some(problem) = damaged(record, &key, &entry, config, own_key) {
             tracing::error!(
                 %key,
                 ts = entry.ts.num,
@@ -392,13 +397,21 @@ fn restore(
             *reasons.entry(problem).or_insert(0) += 1;
             dropped.push(bulwark_storage::StorageOp::Delete {
                 table: Table::Hist,
-                key: record,
+                key: record.to_vec(),
             });
-            continue;
+            return Ok(());
         }
         server.restore_hist(key, entry);
         versions += 1;
+        Ok(())
+    });
+    if let Some(problem) = corrupt {
+        return Err(NodeError::CorruptState {
+            table: "hist",
+            problem,
+        });
     }
+    scanned?;
     for (_, value) in store.load(Table::Lc)? {
         let (key, candidate): (bulwark_core::Key, Candidate) =
             bulwark_core::wire::decode(&value, usize::MAX).map_err(|e| {

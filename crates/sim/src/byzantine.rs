@@ -22,9 +22,9 @@ pub mod reader;
 use bulwark_core::erasure::{ErasureCodec, Layout, ReedSolomonSimd};
 use bulwark_core::{ClientId, Digest, Key, MacKey, Tag, Time};
 use bulwark_protocol::powerstore::{
-    Access, Candidate, Change, CrossChecksum, FilterAck, Handled, MacVec, Nonce, Pid, Refusal,
-    Request, RequestBody, Response, ResponseBody, Server, ServerConfig, ServerLogic, ServerStats,
-    Timestamp, fragment_digest,
+    Access, Candidate, Change, CrossChecksum, FilterAck, Fragments, Handled, MacVec, Nonce, Pid,
+    Refusal, Request, RequestBody, Response, ResponseBody, Server, ServerConfig, ServerLogic,
+    ServerStats, Timestamp, fragment_digest,
 };
 use bytes::Bytes;
 use rand::{Rng, RngCore, SeedableRng};
@@ -324,10 +324,17 @@ struct Silent {
 }
 
 impl ServerLogic for Silent {
-    fn handle(&mut self, now: Time, from: ClientId, access: Access, request: Request) -> Handled {
+    fn handle(
+        &mut self,
+        now: Time,
+        from: ClientId,
+        access: Access,
+        request: Request,
+        fragments: &dyn Fragments,
+    ) -> Handled {
         self.handled += 1;
         if self.handled <= self.honest_requests {
-            return self.inner.handle(now, from, access, request);
+            return self.inner.handle(now, from, access, request, fragments);
         }
         Handled {
             changes: Vec::new(),
@@ -357,7 +364,14 @@ struct Equivocating {
 }
 
 impl ServerLogic for Equivocating {
-    fn handle(&mut self, now: Time, from: ClientId, access: Access, request: Request) -> Handled {
+    fn handle(
+        &mut self,
+        now: Time,
+        from: ClientId,
+        access: Access,
+        request: Request,
+        fragments: &dyn Fragments,
+    ) -> Handled {
         let old = self
             .old_lc
             .entry(request.key.clone())
@@ -374,7 +388,7 @@ impl ServerLogic for Equivocating {
             }
             _ => None,
         };
-        let mut handled = self.inner.handle(now, from, access, request);
+        let mut handled = self.inner.handle(now, from, access, request, fragments);
         if let (Some(body), Some(reply)) = (body, handled.reply.as_mut()) {
             reply.body = body;
         }
@@ -400,7 +414,14 @@ struct Stale {
 }
 
 impl ServerLogic for Stale {
-    fn handle(&mut self, now: Time, from: ClientId, access: Access, request: Request) -> Handled {
+    fn handle(
+        &mut self,
+        now: Time,
+        from: ClientId,
+        access: Access,
+        request: Request,
+        fragments: &dyn Fragments,
+    ) -> Handled {
         self.handled += 1;
         let frozen = self.handled > self.honest_requests;
         let write = matches!(
@@ -410,7 +431,7 @@ impl ServerLogic for Stale {
         if frozen && write {
             return initial_state_reply(&request);
         }
-        self.inner.handle(now, from, access, request)
+        self.inner.handle(now, from, access, request, fragments)
     }
 
     fn tick(&mut self, now: Time) -> Vec<Change> {
@@ -431,10 +452,17 @@ struct Amnesiac {
 }
 
 impl ServerLogic for Amnesiac {
-    fn handle(&mut self, now: Time, from: ClientId, access: Access, request: Request) -> Handled {
+    fn handle(
+        &mut self,
+        now: Time,
+        from: ClientId,
+        access: Access,
+        request: Request,
+        fragments: &dyn Fragments,
+    ) -> Handled {
         self.handled += 1;
         if self.handled <= self.honest_requests {
-            return self.inner.handle(now, from, access, request);
+            return self.inner.handle(now, from, access, request, fragments);
         }
         initial_state_reply(&request)
     }
@@ -525,8 +553,15 @@ impl Corrupting {
 }
 
 impl ServerLogic for Corrupting {
-    fn handle(&mut self, now: Time, from: ClientId, access: Access, request: Request) -> Handled {
-        let mut handled = self.inner.handle(now, from, access, request);
+    fn handle(
+        &mut self,
+        now: Time,
+        from: ClientId,
+        access: Access,
+        request: Request,
+        fragments: &dyn Fragments,
+    ) -> Handled {
+        let mut handled = self.inner.handle(now, from, access, request, fragments);
         if self.rng.random_bool(self.lie_probability)
             && let Some(reply) = handled.reply.as_mut()
         {
@@ -627,9 +662,16 @@ impl Forging {
 }
 
 impl ServerLogic for Forging {
-    fn handle(&mut self, now: Time, from: ClientId, access: Access, request: Request) -> Handled {
+    fn handle(
+        &mut self,
+        now: Time,
+        from: ClientId,
+        access: Access,
+        request: Request,
+        fragments: &dyn Fragments,
+    ) -> Handled {
         let target = highest_requested(&request).cloned();
-        let mut handled = self.inner.handle(now, from, access, request);
+        let mut handled = self.inner.handle(now, from, access, request, fragments);
         if self.rng.random_bool(self.lie_probability)
             && let Some(reply) = handled.reply.as_mut()
         {
@@ -773,7 +815,14 @@ impl Colluding {
 }
 
 impl ServerLogic for Colluding {
-    fn handle(&mut self, now: Time, from: ClientId, access: Access, request: Request) -> Handled {
+    fn handle(
+        &mut self,
+        now: Time,
+        from: ClientId,
+        access: Access,
+        request: Request,
+        fragments: &dyn Fragments,
+    ) -> Handled {
         let plot = self.plot(from, &request);
         let twin_role = self.offers_twin(from, &request);
         let story = self.story(&request.key);
@@ -786,7 +835,7 @@ impl ServerLogic for Colluding {
             .as_ref()
             .is_some_and(|(forged, _)| requested.contains(&forged.ts));
         let before = self.inner.lc(&key).cloned();
-        let mut handled = self.inner.handle(now, from, access, request);
+        let mut handled = self.inner.handle(now, from, access, request, fragments);
         let current = self.inner.lc(&key).cloned();
         if current != before {
             self.previous_lc.insert(key.clone(), before);

@@ -9,7 +9,10 @@
 //! disk either holds a committed change or does not.
 
 use bulwark_core::{Key, MacKey, Time};
-use bulwark_protocol::powerstore::{Candidate, Change, Server, ServerConfig, StoredEntry};
+use bulwark_protocol::powerstore::{
+    Candidate, Change, Fragments, Server, ServerConfig, StoredEntry, Timestamp,
+};
+use bytes::Bytes;
 use std::collections::BTreeMap;
 
 /// What one server's disk holds. Ordered maps keep restarts deterministic: the order of the
@@ -70,6 +73,12 @@ impl DurableState {
         self.keys.get(key).and_then(|k| k.lc.as_ref())
     }
 
+    /// The fragment of a committed `Hist` entry.
+    pub fn fragment(&self, key: &Key, ts: &Timestamp) -> Option<Bytes> {
+        let entry = self.keys.get(key)?.hist.get(&ts.canonical())?;
+        Some(entry.fragment.clone())
+    }
+
     /// A fresh server holding exactly this disk's state, as the node builds one at start-up.
     pub fn restore(&self, config: ServerConfig, own_key: MacKey, now: Time) -> Server {
         let mut server = Server::new(config, own_key);
@@ -83,6 +92,30 @@ impl DurableState {
         }
         server.finish_restore(now);
         server
+    }
+}
+
+/// What a server sees of its storage while handling a request: the committed disk overlaid with
+/// changes handled but not yet durable (newest last), as the node's actor sees redb and its queue.
+pub struct StorageView<'a> {
+    /// The committed state.
+    pub durable: &'a DurableState,
+    /// Changes not yet committed, oldest first.
+    pub pending: Vec<&'a Change>,
+}
+
+impl Fragments for StorageView<'_> {
+    fn fragment(&self, key: &Key, ts: &Timestamp) -> Option<Bytes> {
+        for change in self.pending.iter().rev() {
+            match change {
+                Change::PutHist { key: k, entry } if k == key && entry.ts == *ts => {
+                    return Some(entry.fragment.clone());
+                }
+                Change::DeleteHist { key: k, ts: t } if k == key && t == ts => return None,
+                _ => {}
+            }
+        }
+        self.durable.fragment(key, ts)
     }
 }
 

@@ -103,6 +103,11 @@ impl StorageOp {
 pub struct StorageError(String);
 
 impl StorageError {
+    /// An error of the caller's while it visits records (see [`Store::scan`]).
+    pub fn other(message: impl std::fmt::Display) -> StorageError {
+        StorageError(message.to_string())
+    }
+
     fn from<E: std::fmt::Display>(context: &str) -> impl FnOnce(E) -> StorageError + '_ {
         move |e| StorageError(format!("{context}: {e}"))
     }
@@ -138,6 +143,21 @@ impl Store {
 
     /// Every record of `table`, for restart.
     pub fn load(&self, table: Table) -> Result<Vec<(Vec<u8>, Bytes)>, StorageError> {
+        let mut records = Vec::new();
+        self.scan(table, |key, value| {
+            records.push((key.to_vec(), Bytes::copy_from_slice(value)));
+            Ok(())
+        })?;
+        Ok(records)
+    }
+
+    /// Visits every record of `table` in key order without holding them all in memory: a restart
+    /// reads a store far larger than the node's memory this way.
+    pub fn scan(
+        &self,
+        table: Table,
+        mut visit: impl FnMut(&[u8], &[u8]) -> Result<(), StorageError>,
+    ) -> Result<(), StorageError> {
         let txn = self
             .database
             .begin_read()
@@ -145,12 +165,24 @@ impl Store {
         let opened = txn
             .open_table(table.definition())
             .map_err(StorageError::from("open table"))?;
-        let mut records = Vec::new();
         for entry in opened.iter().map_err(StorageError::from("scan"))? {
             let (key, value) = entry.map_err(StorageError::from("scan"))?;
-            records.push((key.value().to_vec(), Bytes::copy_from_slice(value.value())));
+            visit(key.value(), value.value())?;
         }
-        Ok(records)
+        Ok(())
+    }
+
+    /// One committed record.
+    pub fn get(&self, table: Table, key: &[u8]) -> Result<Option<Bytes>, StorageError> {
+        let txn = self
+            .database
+            .begin_read()
+            .map_err(StorageError::from("begin read"))?;
+        let opened = txn
+            .open_table(table.definition())
+            .map_err(StorageError::from("open table"))?;
+        let value = opened.get(key).map_err(StorageError::from("get"))?;
+        Ok(value.map(|v| Bytes::copy_from_slice(v.value())))
     }
 
     /// Number of records in `table`.

@@ -31,8 +31,8 @@ pub use client::{
 };
 pub use msg::{FilterAck, OpId, Refusal, Request, RequestBody, Response, ResponseBody};
 pub use server::{
-    Access, Change, Handled, Server, ServerConfig, ServerLogic, ServerMutations, ServerStats,
-    StoredEntry,
+    Access, Change, Fragments, Handled, MemoryFragments, Server, ServerConfig, ServerLogic,
+    ServerMutations, ServerStats, StoredEntry,
 };
 
 use bulwark_core::erasure::Layout;

@@ -23,8 +23,16 @@
 //!    raises the read's highest valid candidate, which only finitely many writes can do.
 //!
 //! Reads therefore stay linearizable whatever the timing; only a read slower than the grace period
-//! under continuous overwrites of its key may have to restart. Storage per key is bounded by the
+//! under continuous overwrites of its key may have to ask again. Storage per key is bounded by the
 //! newest completed version, the writes in flight, and at most `superseded_max` older versions.
+//!
+//! # Fragments stay with the driver
+//!
+//! The server keeps `Hist` metadata in memory and never the fragments: a STORE's fragment leaves in
+//! its `Change::PutHist`, and a FILTER reply reads it back through the [`Fragments`] view the
+//! driver lends to `handle` (the node: its not-yet-durable changes, then the disk; the simulator:
+//! its simulated disk). A fragment that is missing, or no longer hashes to its cross-checksum slot
+//! (bit rot), is never served: the server answers as if it held no entry, and counts it.
 
 use super::msg::{FilterAck, Refusal, Request, RequestBody, Response, ResponseBody};
 use super::{Candidate, CrossChecksum, MacVec, Timestamp, cmp_ts, fragment_digest};
@@ -143,6 +151,39 @@ pub struct Handled {
     pub refused: Option<Refusal>,
 }
 
+/// Read access to the fragments this server's changes put into the driver's storage: everything
+/// `Change::PutHist` wrote and `Change::DeleteHist` has not removed, durable or still pending.
+pub trait Fragments {
+    /// The fragment stored with `Hist[ts]` of `key`, if the storage holds one.
+    fn fragment(&self, key: &Key, ts: &Timestamp) -> Option<Bytes>;
+}
+
+/// [`Fragments`] kept in memory, for tests: apply every change the server emits.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryFragments(pub HashMap<(Key, Timestamp), Bytes>);
+
+impl MemoryFragments {
+    /// Applies one change, as a driver's storage would.
+    pub fn apply(&mut self, change: &Change) {
+        match change {
+            Change::PutHist { key, entry } => {
+                self.0
+                    .insert((key.clone(), entry.ts), entry.fragment.clone());
+            }
+            Change::DeleteHist { key, ts } => {
+                self.0.remove(&(key.clone(), *ts));
+            }
+            Change::SetLc { .. } => {}
+        }
+    }
+}
+
+impl Fragments for MemoryFragments {
+    fn fragment(&self, key: &Key, ts: &Timestamp) -> Option<Bytes> {
+        self.0.get(&(key.clone(), *ts)).cloned()
+    }
+}
+
 /// Counters for `bulwark status` and metrics.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServerStats {
@@ -156,12 +197,23 @@ pub struct ServerStats {
     pub fragment_bytes: u64,
     /// Entries garbage-collected since start.
     pub collected: u64,
+    /// FILTER replies withheld because the stored fragment was missing or did not hash to its
+    /// cross-checksum slot (a damaged disk).
+    pub damaged_fragments: u64,
 }
 
 /// The server side as the node and the simulator drive it. Byzantine test servers implement it too.
 pub trait ServerLogic: Send {
-    /// Handles one authenticated request.
-    fn handle(&mut self, now: Time, from: ClientId, access: Access, request: Request) -> Handled;
+    /// Handles one authenticated request; `fragments` is read, never written (writes leave as
+    /// changes).
+    fn handle(
+        &mut self,
+        now: Time,
+        from: ClientId,
+        access: Access,
+        request: Request,
+        fragments: &dyn Fragments,
+    ) -> Handled;
     /// Garbage-collects what has expired; the driver persists the changes.
     fn tick(&mut self, now: Time) -> Vec<Change>;
     /// Current counters.
@@ -176,9 +228,25 @@ struct KeyState {
     superseded: VecDeque<(Time, Timestamp)>,
 }
 
+/// `Hist[ts]` as the server keeps it: everything but the fragment, which stays with the driver.
 struct HistEntry {
-    stored: StoredEntry,
+    ts: Timestamp,
+    cc: CrossChecksum,
+    nonce_hash: Digest,
+    vec: MacVec,
     superseded: bool,
+}
+
+impl HistEntry {
+    fn new(entry: StoredEntry) -> HistEntry {
+        HistEntry {
+            ts: entry.ts,
+            cc: entry.cc,
+            nonce_hash: entry.nonce_hash,
+            vec: entry.vec,
+            superseded: false,
+        }
+    }
 }
 
 /// An honest M-PoWerStore server.
@@ -190,6 +258,7 @@ pub struct Server {
     /// Keys with superseded entries awaiting collection.
     collectable: HashSet<Key>,
     collected: u64,
+    damaged_fragments: u64,
 }
 
 impl Server {
@@ -203,6 +272,7 @@ impl Server {
             keys: HashMap::new(),
             collectable: HashSet::new(),
             collected: 0,
+            damaged_fragments: 0,
         }
     }
 
@@ -211,16 +281,10 @@ impl Server {
         &self.config
     }
 
-    /// Reloads one durable `Hist` entry at start-up.
+    /// Reloads one durable `Hist` entry at start-up; the fragment stays in the driver's storage.
     pub fn restore_hist(&mut self, key: Key, entry: StoredEntry) {
         let state = self.keys.entry(key).or_insert_with(KeyState::new);
-        state.hist.insert(
-            entry.ts,
-            HistEntry {
-                stored: entry,
-                superseded: false,
-            },
-        );
+        state.hist.insert(entry.ts, HistEntry::new(entry));
     }
 
     /// Reloads a durable `lc` at start-up.
@@ -262,9 +326,9 @@ impl Server {
         }
         let nonce_hash = candidate.nonce.commitment();
         if let Some(entry) = state.and_then(|s| s.hist.get(&candidate.ts))
-            && entry.stored.nonce_hash == nonce_hash
+            && entry.nonce_hash == nonce_hash
         {
-            return Some(entry.stored.vec.clone());
+            return Some(entry.vec.clone());
         }
         let verified = candidate.vec.verify_slot(
             self.config.node.index(),
@@ -426,13 +490,7 @@ impl Server {
                 nonce_hash: *nonce_hash,
                 vec: vec.clone(),
             };
-            state.hist.insert(
-                *ts,
-                HistEntry {
-                    stored: entry.clone(),
-                    superseded: false,
-                },
-            );
+            state.hist.insert(*ts, HistEntry::new(entry.clone()));
             changes.push(Change::PutHist {
                 key: key.clone(),
                 entry,
@@ -454,7 +512,7 @@ impl Server {
         // The paper trusts writers here (l. 118). We still refuse a nonce that contradicts a stored
         // `N̄`: such an `lc` could never be proven to readers.
         if let Some(entry) = state.and_then(|s| s.hist.get(ts))
-            && entry.stored.nonce_hash != nonce.commitment()
+            && entry.nonce_hash != nonce.commitment()
         {
             return Self::refuse(
                 request,
@@ -471,7 +529,12 @@ impl Server {
         Self::reply(request, changes, ResponseBody::CompleteAck { ts: *ts })
     }
 
-    fn handle_filter(&mut self, now: Time, request: &Request) -> Handled {
+    fn handle_filter(
+        &mut self,
+        now: Time,
+        request: &Request,
+        fragments: &dyn Fragments,
+    ) -> Handled {
         let RequestBody::Filter { candidates } = &request.body else {
             unreachable!("dispatched on Filter")
         };
@@ -517,20 +580,30 @@ impl Server {
                 .filter(|c| c.ts.cmp_order(&lc.ts) == Ordering::Less)
                 .max_by(|a, b| a.ts.cmp_order(&b.ts))
         });
+        let me = self.config.node.index();
+        let mut damaged = false;
+        // `Hist[c_hv]` with its fragment, which must still hash to our slot of its `cc`.
         let entry = best
             .as_ref()
-            .and_then(|b| state.and_then(|s| s.hist.get(&b.ts)));
+            .and_then(|b| state.and_then(|s| s.hist.get(&b.ts)))
+            .and_then(|entry| {
+                let fragment = fragments
+                    .fragment(key, &entry.ts)
+                    .filter(|f| fragment_digest(f) == entry.cc.hashes[me]);
+                damaged = fragment.is_none();
+                fragment.map(|fragment| (entry, fragment))
+            });
         let best_ts = best.as_ref().map(|b| &b.ts);
         let ack = match (entry, below_lc, lc) {
-            (Some(entry), below, _)
+            (Some((entry, fragment)), below, _)
                 if below.is_none_or(|c| cmp_ts(Some(&c.ts), best_ts) != Ordering::Greater) =>
             {
                 FilterAck::Entry {
-                    ts: entry.stored.ts,
-                    fragment: entry.stored.fragment.clone(),
-                    cc: entry.stored.cc.clone(),
-                    nonce_hash: entry.stored.nonce_hash,
-                    vec: entry.stored.vec.clone(),
+                    ts: entry.ts,
+                    fragment,
+                    cc: entry.cc.clone(),
+                    nonce_hash: entry.nonce_hash,
+                    vec: entry.vec.clone(),
                 }
             }
             (_, Some(_), _) if self.config.mutations.naive_gc => FilterAck::Initial,
@@ -543,6 +616,9 @@ impl Server {
                 None => FilterAck::Initial,
             },
         };
+        if damaged {
+            self.damaged_fragments += 1;
+        }
         Self::reply(request, changes, ResponseBody::FilterAck(ack))
     }
 
@@ -570,7 +646,14 @@ impl Server {
 }
 
 impl ServerLogic for Server {
-    fn handle(&mut self, now: Time, _from: ClientId, access: Access, request: Request) -> Handled {
+    fn handle(
+        &mut self,
+        now: Time,
+        _from: ClientId,
+        access: Access,
+        request: Request,
+        fragments: &dyn Fragments,
+    ) -> Handled {
         if request.epoch != self.config.epoch {
             return Self::refuse(&request, Refusal::WrongEpoch);
         }
@@ -601,7 +684,7 @@ impl ServerLogic for Server {
                 let lc = self.lc(&request.key).cloned();
                 Self::reply(&request, Vec::new(), ResponseBody::CollectAck { lc })
             }
-            RequestBody::Filter { .. } => self.handle_filter(now, &request),
+            RequestBody::Filter { .. } => self.handle_filter(now, &request, fragments),
             RequestBody::Repair { .. } => self.handle_repair(now, &request),
         };
         if self.collectable.contains(&request.key) {
@@ -622,6 +705,7 @@ impl ServerLogic for Server {
     fn stats(&self) -> ServerStats {
         let mut stats = ServerStats {
             collected: self.collected,
+            damaged_fragments: self.damaged_fragments,
             ..ServerStats::default()
         };
         for state in self.keys.values() {
@@ -630,13 +714,13 @@ impl ServerLogic for Server {
             stats.fragment_bytes += state
                 .hist
                 .values()
-                .map(|e| e.stored.fragment.len() as u64)
+                .map(|e| e.cc.layout.fragment_len() as u64)
                 .sum::<u64>();
             let live = state
                 .lc
                 .as_ref()
                 .and_then(|lc| state.hist.get(&lc.ts))
-                .is_none_or(|entry| !entry.stored.cc.tombstone);
+                .is_none_or(|entry| !entry.cc.tombstone);
             if state.lc.is_some() && live {
                 stats.objects += 1;
             }

@@ -21,6 +21,8 @@ struct Harness {
     config: ClientConfig,
     keys: Arc<WriterKeys>,
     servers: Vec<Server>,
+    /// Each server's storage: every change it emitted is applied at once.
+    disks: Vec<MemoryFragments>,
     now: Time,
     next_op: u64,
     /// Servers that drop everything.
@@ -47,6 +49,7 @@ impl Harness {
             config: ClientConfig::new(f),
             keys,
             servers,
+            disks: vec![MemoryFragments::default(); n],
             now: Time(0),
             next_op: 1,
             down: vec![false; n],
@@ -62,9 +65,18 @@ impl Harness {
         if self.down[to.index()] {
             return None;
         }
-        self.servers[to.index()]
-            .handle(self.now, ClientId(0), access, request)
-            .reply
+        self.handle(to, access, request).reply
+    }
+
+    /// Hands `request` to server `to` and applies its changes to that server's disk.
+    fn handle(&mut self, to: NodeId, access: Access, request: Request) -> Handled {
+        let i = to.index();
+        let handled =
+            self.servers[i].handle(self.now, ClientId(0), access, request, &self.disks[i]);
+        for change in &handled.changes {
+            self.disks[i].apply(change);
+        }
+        handled
     }
 
     fn write_op(&mut self, key: &Key, value: Option<&[u8]>) -> WriteOp {
@@ -501,7 +513,7 @@ fn server_refuses_malformed_store_and_oversized_filter() {
         bytes[10] ^= 1;
         *fragment = Bytes::from(bytes);
     }
-    let handled = h.servers[to.index()].handle(Time(0), ClientId(0), WRITER, request);
+    let handled = h.handle(to, WRITER, request);
     assert!(matches!(handled.refused, Some(Refusal::Malformed(_))));
     assert!(
         handled.changes.is_empty(),
@@ -532,9 +544,7 @@ fn server_refuses_malformed_store_and_oversized_filter() {
         body: RequestBody::Filter { candidates },
     };
     assert!(matches!(
-        h.servers[0]
-            .handle(Time(0), ClientId(0), READER, request)
-            .refused,
+        h.handle(NodeId(0), READER, request).refused,
         Some(Refusal::Malformed(_))
     ));
 }
@@ -547,7 +557,7 @@ fn acknowledgements_wait_for_their_changes() {
     let mut queue: std::collections::VecDeque<Outbound> = write.start().into();
     while let Some((to, request)) = queue.pop_front() {
         let name = request.body.name();
-        let handled = h.servers[to.index()].handle(Time(0), ClientId(0), WRITER, request);
+        let handled = h.handle(to, WRITER, request);
         match name {
             "store" => assert!(matches!(
                 handled.changes.as_slice(),
@@ -655,7 +665,7 @@ fn restored_state_serves_the_same_reads() {
     let mut write = h.write_op(&key("k"), Some(&[9u8; 30_000]));
     let mut queue: std::collections::VecDeque<Outbound> = write.start().into();
     while let Some((to, request)) = queue.pop_front() {
-        let handled = h.servers[to.index()].handle(Time(0), ClientId(0), WRITER, request);
+        let handled = h.handle(to, WRITER, request);
         changes[to.index()].extend(handled.changes);
         if let Step::Continue(more) = write.on_response(to, handled.reply.unwrap()) {
             queue.extend(more);
@@ -678,6 +688,24 @@ fn restored_state_serves_the_same_reads() {
         h.servers[i] = fresh;
     }
     assert_eq!(h.read(&key("k")).value.as_deref(), Some(&[9u8; 30_000][..]));
+}
+
+#[test]
+fn a_damaged_fragment_on_disk_is_never_served() {
+    let mut h = Harness::new(1);
+    let value = [5u8; 30_000];
+    h.write(&key("k"), Some(&value));
+    // Bit rot in s0's stored fragment.
+    let ts = h.servers[0].lc(&key("k")).unwrap().ts;
+    let stored = h.disks[0].0.get_mut(&(key("k"), ts)).unwrap();
+    let mut bytes = stored.to_vec();
+    bytes[7] ^= 0x40;
+    *stored = Bytes::from(bytes);
+    let outcome = h.read(&key("k"));
+    assert_eq!(outcome.value.as_deref(), Some(&value[..]));
+    assert!(outcome.evidence.is_empty(), "{:?}", outcome.evidence);
+    assert_eq!(h.servers[0].stats().damaged_fragments, 1);
+    assert_eq!(h.servers[1].stats().damaged_fragments, 0);
 }
 
 /// The garbage-collection stall: a read's only candidate `v1` ends up with one vouching server

@@ -21,7 +21,7 @@ use super::swarm::Swarm;
 use crate::byzantine::reader::{Attack, ReaderAttacker};
 use crate::byzantine::{Behaviour, make_server};
 use crate::checker::{History, Op, OpKind, Outcome as OpOutcome};
-use crate::durable::DurableState;
+use crate::durable::{DurableState, StorageView};
 use bulwark_core::erasure::{ErasureCodec, ReedSolomonSimd};
 use bulwark_core::{ClientId, Key, MacKey, NodeId, Time};
 use bulwark_protocol::powerstore::{
@@ -527,7 +527,17 @@ impl<'a> World<'a> {
             return;
         };
         self.stats.delivered += 1;
-        let handled = logic.handle(Time(now), ClientId(client as u32), access, request);
+        let storage = StorageView {
+            durable: &slot.durable,
+            pending: slot.pending.iter().flat_map(|p| &p.changes).collect(),
+        };
+        let handled = logic.handle(
+            Time(now),
+            ClientId(client as u32),
+            access,
+            request,
+            &storage,
+        );
         if handled.refused.is_some() {
             self.stats.refusals += 1;
         }
