@@ -567,8 +567,10 @@ async fn a_byzantine_container_is_outvoted_and_named() {
     );
 
     // The command line names the liar too.
+    // A lie is provable only when the liar's reply is among the n - f a read uses and it lied in
+    // that reply: at worst about one read in six, so allow many (each is one short process).
     let mut named = None;
-    for _ in 0..10 {
+    for _ in 0..60 {
         let output = std::process::Command::new(common::BULWARK)
             .args(["get", "key-0", "--cluster"])
             .arg(cluster.path())
@@ -583,7 +585,7 @@ async fn a_byzantine_container_is_outvoted_and_named() {
             break;
         }
     }
-    let named = named.expect("`bulwark get` names node 3 within 10 reads");
+    let named = named.expect("`bulwark get` names node 3 within 60 reads");
 
     // A second behaviour in the same slot, from the same volume.
     cluster.replace(3, Some("equivocating")).await;
