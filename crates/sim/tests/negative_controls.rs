@@ -108,10 +108,14 @@ fn f_plus_one_colluders_are_caught() {
     }
 }
 
-// (f) The paper's literal line 143 (`any_twin`) is NOT caught within a bounded number of seeds:
-// see the report. What this test does prove is that the scenario's ingredients occur: colluding
-// servers put twins (genuine timestamp and MAC vector, garbage nonce) in front of correct readers,
-// and with the §4.8(a) selection the history stays linearizable.
+// (f) The paper's literal line 143 (`any_twin`) is NOT caught by the swarm within a bounded number
+// of seeds, not even together with the literal write-back (`candidate-vec-in-lc`): the inversion
+// needs a BigMac write-back to one `Hist` holder, a twin in one COLLECT and a FILTER delayed at
+// one server, all at once. Spec §4.8(a)'s trace is replayed step by step instead, in
+// `powerstore::tests::the_twin_trace_inverts_only_without_both_corrections`, which shows the
+// inversion with both literal variants and none with either correction. What this test proves is
+// that the scenario's ingredients occur: colluding servers put twins (genuine timestamp and MAC
+// vector, garbage nonce) in front of correct readers, and the history stays linearizable.
 #[test]
 fn twins_circulate_and_the_real_selection_stays_linearizable() {
     let mut faults = FaultSet::all();

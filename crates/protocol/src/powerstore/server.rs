@@ -72,6 +72,10 @@ pub struct ServerMutations {
     pub accept_unproven: bool,
     /// Delete superseded versions at once and answer `c_0` for them: the naive GC of spec §3.8.
     pub naive_gc: bool,
+    /// Store a written-back candidate's own MAC vector in `lc` even when `Hist` vouched for it
+    /// (the paper's literal l. 124/128, without spec §4.8(c)), so a corrupted vector can sit in
+    /// the `lc` of a server that holds the version.
+    pub candidate_vec_in_lc: bool,
 }
 
 impl ServerConfig {
@@ -328,6 +332,9 @@ impl Server {
         if let Some(entry) = state.and_then(|s| s.hist.get(&candidate.ts))
             && entry.nonce_hash == nonce_hash
         {
+            if self.config.mutations.candidate_vec_in_lc {
+                return Some(candidate.vec.clone());
+            }
             return Some(entry.vec.clone());
         }
         let verified = candidate.vec.verify_slot(

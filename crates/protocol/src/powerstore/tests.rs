@@ -833,3 +833,98 @@ fn a_false_offer_is_excluded_and_its_maker_blamed() {
         }]
     );
 }
+
+/// Spec §4.8(a)'s trace (f = 1, s3 Byzantine): v4 complete everywhere; v5 stored on s0, s1, s3 and
+/// completed on s3 only; a malicious reader writes v5 back to s1 with a corrupted MAC vector. Read
+/// `rd` collects from s1, s2, s3 (s3 offers a twin: v5's timestamp and genuine vector with a
+/// garbage nonce) and filters without s0; read `rd2` then collects from s0, s2, s3 (s3 claiming
+/// v4). Returns what `rd` and `rd2` read.
+fn twin_trace(server: ServerMutations, client: ClientMutations) -> (Bytes, Bytes) {
+    let mut h = Harness::new(1);
+    h.config.mutations = client;
+    for (i, slot) in h.servers.iter_mut().enumerate() {
+        let mut config = ServerConfig::new(NodeId(i as u32), 1);
+        config.mutations = server;
+        *slot = Server::new(config, h.keys.servers[i].clone());
+    }
+    let k = key("k");
+    h.write(&k, Some(b"v4"));
+    let v4 = h.servers[3].lc(&k).cloned().unwrap();
+    let v5 = h.write_where(&k, Some(b"v5"), |to, body| match body {
+        RequestBody::Store { .. } => to != NodeId(2),
+        RequestBody::Complete { .. } => to == NodeId(3),
+        _ => true,
+    });
+    assert!(v5.is_none(), "v5's writer crashed during COMPLETE");
+    let genuine = h.servers[3].lc(&k).cloned().unwrap();
+    let mut bigmac = genuine.clone();
+    for tag in &mut bigmac.vec.0 {
+        tag.0[0] ^= 1;
+    }
+    let write_back = Request {
+        op: OpId(900),
+        attempt: 0,
+        epoch: Epoch(0),
+        group: GroupId(0),
+        key: k.clone(),
+        body: RequestBody::Filter {
+            candidates: vec![bigmac],
+        },
+    };
+    h.deliver(READER, NodeId(1), write_back).unwrap();
+    let twin = Candidate {
+        ts: genuine.ts,
+        nonce: Nonce([0x66; 32]),
+        vec: genuine.vec.clone(),
+    };
+    let rd = h.read_with(&k, |h, to, request| {
+        let round = matches!(
+            request.body,
+            RequestBody::Collect | RequestBody::Filter { .. }
+        );
+        if round && to == NodeId(0) {
+            return None;
+        }
+        let mut response = h.deliver(READER, to, request)?;
+        if let (NodeId(3), ResponseBody::CollectAck { lc }) = (to, &mut response.body) {
+            *lc = Some(twin.clone());
+        }
+        Some(response)
+    });
+    let rd2 = h.read_with(&k, |h, to, request| {
+        if to == NodeId(1) {
+            return None;
+        }
+        let mut response = h.deliver(READER, to, request)?;
+        if let (NodeId(3), ResponseBody::CollectAck { lc }) = (to, &mut response.body) {
+            *lc = Some(v4.clone());
+        }
+        Some(response)
+    });
+    (rd.value.unwrap(), rd2.value.unwrap())
+}
+
+// Spec §4.8(a): the paper's literal selection (any twin at the highest timestamp) plus its literal
+// write-back (the candidate's own vector kept in `lc`) lets rd return v5 and a later rd2 return
+// v4: a new-old inversion. Either correction alone closes it.
+#[test]
+fn the_twin_trace_inverts_only_without_both_corrections() {
+    let literal_server = ServerMutations {
+        candidate_vec_in_lc: true,
+        ..ServerMutations::default()
+    };
+    let literal_client = ClientMutations {
+        any_twin: true,
+        ..ClientMutations::default()
+    };
+    let (rd, rd2) = twin_trace(literal_server, literal_client);
+    assert_eq!((&rd[..], &rd2[..]), (&b"v5"[..], &b"v4"[..]), "the control");
+    for (server, client) in [
+        (literal_server, ClientMutations::default()),
+        (ServerMutations::default(), literal_client),
+        (ServerMutations::default(), ClientMutations::default()),
+    ] {
+        let (rd, rd2) = twin_trace(server, client);
+        assert_eq!((&rd[..], &rd2[..]), (&b"v5"[..], &b"v5"[..]));
+    }
+}

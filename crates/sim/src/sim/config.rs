@@ -166,7 +166,7 @@ impl Mutations {
         *self != Mutations::default()
     }
 
-    fn flags(&self) -> [(&'static str, bool); 6] {
+    fn flags(&self) -> [(&'static str, bool); 7] {
         [
             ("quorum-f-plus-one", self.client.quorum_f_plus_one),
             ("any-twin", self.client.any_twin),
@@ -174,6 +174,7 @@ impl Mutations {
             ("no-write-back", self.server.no_write_back),
             ("accept-unproven", self.server.accept_unproven),
             ("naive-gc", self.server.naive_gc),
+            ("candidate-vec-in-lc", self.server.candidate_vec_in_lc),
         ]
     }
 }
@@ -181,7 +182,7 @@ impl Mutations {
 /// A mutation name that does not exist.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown mutation {0:?}; expected quorum-f-plus-one, any-twin, no-offers, no-write-back, accept-unproven or naive-gc"
+    "unknown mutation {0:?}; expected quorum-f-plus-one, any-twin, no-offers, no-write-back, accept-unproven, naive-gc or candidate-vec-in-lc"
 )]
 pub struct UnknownMutation(pub String);
 
@@ -199,6 +200,7 @@ impl FromStr for Mutations {
                 "no-write-back" => mutations.server.no_write_back = true,
                 "accept-unproven" => mutations.server.accept_unproven = true,
                 "naive-gc" => mutations.server.naive_gc = true,
+                "candidate-vec-in-lc" => mutations.server.candidate_vec_in_lc = true,
                 _ => return Err(UnknownMutation(word.to_string())),
             }
         }
