@@ -10,6 +10,96 @@ use std::time::{Duration, Instant};
 
 /// Objects at least this large get a progress indicator on a terminal.
 const PROGRESS_BYTES_MIN: usize = 1024 * 1024;
+/// Where client commands record the misbehaviour they observed, in the cluster directory.
+const EVIDENCE_LOG: &str = "evidence.log";
+/// `bulwark status` reads at most this much of the end of the evidence log.
+const EVIDENCE_READ_BYTES_MAX: u64 = 4 * 1024 * 1024;
+
+/// Appends what `report` proves about nodes to the cluster's evidence log, one line per
+/// observation: seconds since the epoch, client, node, kind, key. Nodes never report on
+/// themselves, so this log (kept by the trusted client side) is what `bulwark status` shows.
+fn record_evidence(args: &ClientArgs, key: &str, report: &OpReport) {
+    if report.evidence.is_empty() {
+        return;
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let mut lines = String::new();
+    for evidence in &report.evidence {
+        lines.push_str(&format!(
+            "{now}\t{}\t{}\t{:?}\t{}\n",
+            args.client,
+            evidence.node.0,
+            evidence.kind,
+            key.escape_default()
+        ));
+    }
+    let path = args.cluster.join(EVIDENCE_LOG);
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut file| file.write_all(lines.as_bytes()));
+    if let Err(error) = written {
+        tracing::warn!(%error, path = %path.display(), "cannot record evidence");
+    }
+}
+
+/// What the evidence log says about one node.
+#[derive(Default)]
+struct NodeEvidence {
+    /// Observations by kind.
+    kinds: std::collections::BTreeMap<String, u64>,
+    /// The latest observation: time, client, key.
+    latest: (u64, String, String),
+}
+
+/// Per node: how often each kind of misbehaviour was observed, and the latest observation.
+fn evidence_summary(args: &ClientArgs) -> Vec<String> {
+    use std::io::{Seek, SeekFrom};
+    let path = args.cluster.join(EVIDENCE_LOG);
+    let Ok(mut file) = std::fs::File::open(&path) else {
+        return Vec::new();
+    };
+    let length = file.metadata().map_or(0, |m| m.len());
+    let skip = length.saturating_sub(EVIDENCE_READ_BYTES_MAX);
+    let mut text = String::new();
+    if file.seek(SeekFrom::Start(skip)).is_err() || file.read_to_string(&mut text).is_err() {
+        return Vec::new();
+    }
+    let mut nodes: std::collections::BTreeMap<u32, NodeEvidence> = Default::default();
+    // A partial first line after a skip does not parse and is ignored.
+    for line in text.lines() {
+        let fields: Vec<&str> = line.split('\t').collect();
+        let [time, client, node, kind, key] = fields[..] else {
+            continue;
+        };
+        let (Ok(time), Ok(node)) = (time.parse::<u64>(), node.parse::<u32>()) else {
+            continue;
+        };
+        let entry = nodes.entry(node).or_default();
+        *entry.kinds.entry(kind.to_string()).or_insert(0) += 1;
+        if time >= entry.latest.0 {
+            entry.latest = (time, client.to_string(), key.to_string());
+        }
+    }
+    nodes
+        .into_iter()
+        .map(|(node, NodeEvidence { kinds, latest: (time, client, key) })| {
+            let total: u64 = kinds.values().sum();
+            let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
+            format!(
+                "node {node} caught {total} times ({}); latest by client {client} on key \"{key}\", {} s ago",
+                kinds.join(", "),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs())
+                    .saturating_sub(time)
+            )
+        })
+        .collect()
+}
 
 pub async fn connect(args: &ClientArgs) -> Result<Client> {
     let mut client = Client::connect(&args.cluster, &args.client)
@@ -92,6 +182,7 @@ pub async fn put(args: &ClientArgs, key: &str, file: Option<PathBuf>) -> Result<
     let bar = progress("storing", len);
     let report = client.put(key.as_bytes(), Bytes::from(value)).await?;
     finish(bar, len, started);
+    record_evidence(args, key, &report);
     eprintln!(
         "stored {key:?} ({}): {}",
         human_bytes(len as u64),
@@ -118,6 +209,7 @@ pub async fn get(
     let client = connect(args).await?;
     let started = Instant::now();
     let (value, report) = client.get(key.as_bytes()).await?;
+    record_evidence(args, key, &report);
     let Some(value) = value else {
         eprintln!("not found: {key:?} ({})", summary(&report));
         return Ok(std::process::ExitCode::from(2));
@@ -142,6 +234,7 @@ pub async fn get(
 pub async fn delete(args: &ClientArgs, key: &str) -> Result<()> {
     let client = connect(args).await?;
     let report = client.delete(key.as_bytes()).await?;
+    record_evidence(args, key, &report);
     eprintln!("deleted {key:?}: {}", summary(&report));
     Ok(())
 }
@@ -189,6 +282,16 @@ pub async fn status(args: &ClientArgs) -> Result<std::process::ExitCode> {
                 address.to_string(),
                 "unreachable"
             ),
+        }
+    }
+    let caught = evidence_summary(args);
+    if !caught.is_empty() {
+        println!(
+            "misbehaviour observed by clients (from {}):",
+            args.cluster.join(EVIDENCE_LOG).display()
+        );
+        for line in caught {
+            println!("  {line}");
         }
     }
     let n = statuses.len();

@@ -438,3 +438,59 @@ async fn the_largest_object_round_trips_and_deletes() {
     admin.delete(b"huge").await.expect("delete");
     assert_eq!(admin.get(b"huge").await.expect("get").0, None);
 }
+
+/// What a `bulwark` command printed, run against `cluster` as `client`.
+fn bulwark(cluster: &TestCluster, client: &str, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(common::BULWARK)
+        .args(args)
+        .arg("--cluster")
+        .arg(cluster.path())
+        .args(["--client", client, "--timeout", "20"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run bulwark")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_names_the_node_that_client_commands_caught() {
+    let mut cluster = TestCluster::start(1, 1_000);
+    cluster.wait_up(&[0, 1, 2, 3]).await;
+    let put = bulwark(&cluster, "admin", &["put", "caught", "-"]);
+    assert!(put.status.success(), "{put:?}");
+    let clean = bulwark(&cluster, "admin", &["status"]);
+    let clean = String::from_utf8_lossy(&clean.stdout).into_owned();
+    assert!(
+        !clean.contains("caught"),
+        "nothing was caught yet:\n{clean}"
+    );
+
+    cluster.spawn(3, Some("corrupting"));
+    cluster.wait_up(&[3]).await;
+    // Each get is a fresh process; the liar is provable only when its reply is used.
+    let mut named = false;
+    for _ in 0..200 {
+        let get = bulwark(&cluster, "reader", &["get", "caught"]);
+        assert!(get.status.success(), "{get:?}");
+        if String::from_utf8_lossy(&get.stderr).contains("node 3 misbehaved") {
+            named = true;
+            break;
+        }
+    }
+    assert!(named, "200 gets never caught the corrupting node");
+    let status = bulwark(&cluster, "admin", &["status"]);
+    let status = String::from_utf8_lossy(&status.stdout).into_owned();
+    let line = status
+        .lines()
+        .find(|l| l.contains("caught"))
+        .unwrap_or_else(|| panic!("status names no caught node:\n{status}"));
+    assert!(
+        line.contains("node 3 caught") && line.contains("by client reader on key \"caught\""),
+        "{line}"
+    );
+    assert!(
+        !status.contains("node 0 caught")
+            && !status.contains("node 1 caught")
+            && !status.contains("node 2 caught"),
+        "{status}"
+    );
+}
