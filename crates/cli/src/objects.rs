@@ -90,7 +90,8 @@ fn evidence_summary(args: &ClientArgs) -> Vec<String> {
             let total: u64 = kinds.values().sum();
             let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
             format!(
-                "node {node} caught {total} times ({}); latest by client {client} on key \"{key}\", {} s ago",
+                "node {node} caught {total} {} ({}); latest by client {client} on key \"{key}\", {} s ago",
+                if total == 1 { "time" } else { "times" },
                 kinds.join(", "),
                 std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)

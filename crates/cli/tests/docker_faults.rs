@@ -586,6 +586,21 @@ async fn a_byzantine_container_is_outvoted_and_named() {
         }
     }
     let named = named.expect("`bulwark get` names node 3 within 60 reads");
+    let status = std::process::Command::new(common::BULWARK)
+        .arg("status")
+        .arg("--cluster")
+        .arg(cluster.path())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("bulwark status");
+    let status = String::from_utf8_lossy(&status.stdout).into_owned();
+    let caught = status
+        .lines()
+        .find(|l| l.contains("caught"))
+        .unwrap_or_else(|| panic!("`bulwark status` names no caught node:\n{status}"))
+        .trim()
+        .to_string();
+    assert!(caught.starts_with("node 3 caught"), "{caught}");
 
     // A second behaviour in the same slot, from the same volume.
     cluster.replace(3, Some("equivocating")).await;
@@ -628,7 +643,7 @@ async fn a_byzantine_container_is_outvoted_and_named() {
     verdict(
         &cluster,
         &format!(
-            "{} pieces of evidence, all against node3 ({}); `bulwark get` said: {named:?}",
+            "{} pieces of evidence, all against node3 ({}); `bulwark get` said: {named:?}; `bulwark status` said: {caught:?}",
             evidence.len(),
             kinds.join(", ")
         ),
