@@ -8,5 +8,6 @@
 #![warn(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::panic))]
 
+pub mod abd;
 pub mod powerstore;
 pub mod service;
