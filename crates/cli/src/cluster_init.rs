@@ -3,7 +3,8 @@
 use anyhow::{Context, Result, bail};
 use bulwark_core::MacKey;
 use bulwark_core::config::{
-    ClientEntry, ClientSecrets, ClusterConfig, Fingerprint, NodeEntry, NodeSecrets, WriterSecrets,
+    ClientEntry, ClientSecrets, ClusterConfig, Fingerprint, NodeEntry, NodeSecrets, Protocol,
+    WriterSecrets,
 };
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -14,7 +15,7 @@ pub struct InitArgs {
     /// The directory to write (created; must not already hold a cluster unless --force).
     #[arg(long)]
     pub dir: PathBuf,
-    /// Byzantine faults to tolerate; the cluster gets 3f+1 nodes.
+    /// Faults to tolerate; the cluster gets 3f+1 nodes (2f+1 with `--protocol abd`).
     #[arg(long, default_value_t = 1)]
     pub f: usize,
     /// The address nodes listen on (one host, consecutive ports) ...
@@ -41,6 +42,19 @@ pub struct InitArgs {
     pub force: bool,
 }
 
+/// `bulwark cluster init`, with the protocol choice.
+#[derive(clap::Args)]
+pub struct InitCommand {
+    /// Everything but the protocol.
+    #[command(flatten)]
+    pub args: InitArgs,
+    /// The register protocol the cluster runs: powerstore (Byzantine, 3f+1 nodes), abd (the
+    /// crash-tolerant baseline, 2f+1 nodes) or phalanx (the signature-based Byzantine baseline,
+    /// 3f+1 nodes).
+    #[arg(long, default_value = "powerstore")]
+    pub protocol: Protocol,
+}
+
 fn free_port(host: IpAddr) -> Result<u16> {
     let listener = std::net::TcpListener::bind((host, 0)).context("finding a free port")?;
     Ok(listener.local_addr()?.port())
@@ -64,12 +78,17 @@ fn write_identity(dir: &Path, name: &str) -> Result<Fingerprint> {
     Ok(identity.fingerprint())
 }
 
-/// Writes a cluster directory; returns the configuration.
+/// Writes a PoWerStore cluster directory; returns the configuration.
 pub fn run(args: &InitArgs) -> Result<ClusterConfig> {
+    run_protocol(args, Protocol::PowerStore)
+}
+
+/// Writes a cluster directory for `protocol`; returns the configuration.
+pub fn run_protocol(args: &InitArgs, protocol: Protocol) -> Result<ClusterConfig> {
     if args.f == 0 {
         bail!("--f must be at least 1");
     }
-    let n = 3 * args.f + 1;
+    let n = protocol.nodes(args.f);
     if args.dir.join("cluster.toml").exists() && !args.force {
         bail!(
             "{} already holds a cluster (use --force to overwrite)",
@@ -93,7 +112,7 @@ pub fn run(args: &InitArgs) -> Result<ClusterConfig> {
         args.addresses.clone()
     } else {
         bail!(
-            "--addresses lists {} nodes; f = {} needs {n}",
+            "--addresses lists {} nodes; {protocol} with f = {} needs {n}",
             args.addresses.len(),
             args.f
         );
@@ -158,6 +177,7 @@ pub fn run(args: &InitArgs) -> Result<ClusterConfig> {
         });
     }
     let config = ClusterConfig {
+        protocol,
         f: args.f,
         epoch: 0,
         nodes,

@@ -95,7 +95,7 @@ pub enum Command {
 #[derive(Subcommand)]
 pub enum ClusterCommand {
     /// Writes keys and configuration for a new cluster into a directory.
-    Init(cluster_init::InitArgs),
+    Init(cluster_init::InitCommand),
 }
 
 /// `bulwark node`.
@@ -137,9 +137,9 @@ pub fn init_tracing(node: bool) {
 pub async fn run(cli: Cli) -> Result<std::process::ExitCode> {
     match cli.command {
         Command::Cluster {
-            command: ClusterCommand::Init(args),
+            command: ClusterCommand::Init(init),
         } => {
-            cluster_init::run(&args)?;
+            cluster_init::run_protocol(&init.args, init.protocol)?;
         }
         Command::Node(args) => run_node(args, Box::new(|server| Box::new(server))).await?,
         Command::Put { key, file, client } => objects::put(&client, &key, file).await?,

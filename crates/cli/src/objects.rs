@@ -298,8 +298,9 @@ pub async fn status(args: &ClientArgs) -> Result<std::process::ExitCode> {
     let n = statuses.len();
     let f = client.cluster().f;
     println!(
-        "{reachable} of {n} nodes reachable; operations need {} (f = {f})",
-        n - f
+        "{reachable} of {n} nodes reachable; operations need {} (f = {f}, protocol {})",
+        n - f,
+        client.cluster().protocol
     );
     Ok(if reachable >= n - f {
         std::process::ExitCode::SUCCESS

@@ -4,8 +4,8 @@
 use bulwark_core::NodeId;
 use bulwark_core::config::Fingerprint;
 use bulwark_core::wire::{self, FRAME_BYTES_MAX};
-use bulwark_protocol::powerstore::{OpId, Response};
 use bulwark_protocol::service::{ClientFrame, NodeFrame, NodeStatus};
+use bulwark_protocol::{abd, powerstore};
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use std::collections::HashMap;
@@ -22,17 +22,34 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
+/// A protocol reply from a node, whichever protocol the cluster runs.
+#[derive(Debug)]
+pub enum Reply {
+    PowerStore(powerstore::Response),
+    Abd(abd::Response),
+}
+
+impl Reply {
+    /// The operation id it answers.
+    fn op(&self) -> u64 {
+        match self {
+            Reply::PowerStore(response) => response.op.0,
+            Reply::Abd(response) => response.op.0,
+        }
+    }
+}
+
 /// Routes replies to waiting operations by operation id.
 #[derive(Clone, Default)]
-pub struct Router(Arc<Mutex<HashMap<OpId, ReplySender>>>);
+pub struct Router(Arc<Mutex<HashMap<u64, ReplySender>>>);
 
 /// Where one operation's replies go, tagged with the node that sent each.
-pub type ReplySender = mpsc::Sender<(NodeId, Response)>;
+pub type ReplySender = mpsc::Sender<(NodeId, Reply)>;
 
 /// Removes an operation's route when the operation ends.
 pub struct Registration {
     router: Router,
-    op: OpId,
+    op: u64,
 }
 
 impl Drop for Registration {
@@ -44,7 +61,7 @@ impl Drop for Registration {
 }
 
 impl Router {
-    pub fn register(&self, op: OpId, sender: mpsc::Sender<(NodeId, Response)>) -> Registration {
+    pub fn register(&self, op: u64, sender: ReplySender) -> Registration {
         if let Ok(mut routes) = self.0.lock() {
             routes.insert(op, sender);
         }
@@ -54,12 +71,12 @@ impl Router {
         }
     }
 
-    fn deliver(&self, from: NodeId, response: Response) {
+    fn deliver(&self, from: NodeId, response: Reply) {
         let sender = self
             .0
             .lock()
             .ok()
-            .and_then(|routes| routes.get(&response.op).cloned());
+            .and_then(|routes| routes.get(&response.op()).cloned());
         // Replies for finished operations are simply dropped.
         if let Some(sender) = sender {
             let _ = sender.try_send((from, response));
@@ -211,7 +228,10 @@ impl LinkTask {
                     };
                     match wire::decode::<NodeFrame>(&bytes, FRAME_BYTES_MAX) {
                         Ok(NodeFrame::PowerStore(response)) => {
-                            self.router.deliver(self.node, response)
+                            self.router.deliver(self.node, Reply::PowerStore(response))
+                        }
+                        Ok(NodeFrame::Abd(response)) => {
+                            self.router.deliver(self.node, Reply::Abd(response))
                         }
                         Ok(NodeFrame::Status { nonce, status }) => {
                             let waiter = self

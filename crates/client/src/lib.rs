@@ -8,16 +8,17 @@
 
 mod connection;
 
-use bulwark_core::config::{ClientSecrets, ClusterConfig, parse_secrets};
+use bulwark_core::config::{ClientSecrets, ClusterConfig, Protocol, parse_secrets};
 use bulwark_core::erasure::{ErasureCodec, ReedSolomonSimd};
 use bulwark_core::{ClientId, Key, NodeId, OBJECT_BYTES_MAX};
+use bulwark_protocol::abd;
 use bulwark_protocol::powerstore::{
-    ClientConfig, Evidence, OpId, Outbound, Pid, ProtocolError, ReadOp, Refusal, Request, Response,
-    Step, WriteOp, WriterKeys,
+    ClientConfig, Evidence, OpId, Pid, ProtocolError, ReadOp, Refusal, Request, Response, Step,
+    WriteOp, WriterKeys,
 };
 use bulwark_protocol::service::{ClientFrame, NodeStatus};
 use bytes::Bytes;
-use connection::NodeLink;
+use connection::{NodeLink, Reply};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -72,6 +73,14 @@ pub enum ClientError {
         /// Who.
         nodes: Vec<NodeId>,
     },
+    /// Enough nodes of a baseline cluster refused; the text says why.
+    #[error("refused by nodes {nodes:?}: {refusal}")]
+    RefusedBaseline {
+        /// Why.
+        refusal: String,
+        /// Who.
+        nodes: Vec<NodeId>,
+    },
     /// No quorum answered before the deadline.
     #[error(
         "no quorum within {deadline:?}: {answered} of {n} nodes answered (quorum {quorum}); no answer from {}",
@@ -122,6 +131,7 @@ pub struct Client {
     cluster: Arc<ClusterConfig>,
     name: String,
     protocol: ClientConfig,
+    abd: abd::ClientConfig,
     writer: Option<Arc<WriterKeys>>,
     links: Vec<NodeLink>,
     router: connection::Router,
@@ -171,6 +181,8 @@ impl Client {
             .into());
         }
         let writer = match secrets.writer {
+            // Baselines use no MAC keys; a writer there is one the configuration lets write.
+            _ if cluster.protocol != Protocol::PowerStore => None,
             Some(w) if w.server_keys.len() == cluster.n() => Some(Arc::new(WriterKeys {
                 timestamp: w.timestamp_key,
                 servers: w.server_keys,
@@ -202,10 +214,13 @@ impl Client {
             .collect();
         let mut protocol = ClientConfig::new(cluster.f);
         protocol.epoch = bulwark_core::Epoch(cluster.epoch);
+        let mut abd = abd::ClientConfig::new(cluster.f);
+        abd.epoch = protocol.epoch;
         Ok(Client {
             cluster: Arc::new(cluster),
             name: secrets.name,
             protocol,
+            abd,
             writer,
             links,
             router,
@@ -254,33 +269,54 @@ impl Client {
                 max: OBJECT_BYTES_MAX,
             });
         }
-        let Some(keys) = self.writer.clone() else {
-            return Err(ClientError::NotWriter {
-                name: self.name.clone(),
-            });
-        };
         let op = self.op_id();
-        let pid = Pid {
-            writer: self.id(),
-            seq: op.0,
+        let may_write = self
+            .cluster
+            .client(&self.name)
+            .is_some_and(|(_, entry)| entry.write);
+        let not_writer = || ClientError::NotWriter {
+            name: self.name.clone(),
         };
-        let nonce: [u8; 32] = rand::random();
-        let mut machine = WriteOp::new(
-            self.protocol.clone(),
-            keys,
-            self.codec.clone(),
-            key,
-            op,
-            pid,
-            nonce,
-            value,
-        );
-        let n = self.protocol.n;
-        let first = machine.start();
-        let outcome = self.drive(op, &mut machine, first).await?;
+        let answered = match self.cluster.protocol {
+            Protocol::PowerStore => {
+                let keys = self.writer.clone().ok_or_else(not_writer)?;
+                let pid = Pid {
+                    writer: self.id(),
+                    seq: op.0,
+                };
+                let nonce: [u8; 32] = rand::random();
+                let mut machine = WriteOp::new(
+                    self.protocol.clone(),
+                    keys,
+                    self.codec.clone(),
+                    key,
+                    op,
+                    pid,
+                    nonce,
+                    value,
+                );
+                let first = machine.start();
+                self.drive(op.0, &mut machine, frames(first))
+                    .await?
+                    .acknowledged_by
+            }
+            Protocol::Abd => {
+                if !may_write {
+                    return Err(not_writer());
+                }
+                let op = abd::OpId(op.0);
+                let mut machine =
+                    abd::WriteOp::new(self.abd.clone(), key, op, self.id(), op.0, value);
+                let first = machine.start();
+                self.drive(op.0, &mut machine, abd_frames(first))
+                    .await?
+                    .acknowledged_by
+            }
+            Protocol::Phalanx => return Err(unsupported()),
+        };
         Ok(OpReport {
-            answered: outcome.acknowledged_by,
-            n,
+            answered,
+            n: self.cluster.n(),
             evidence: Vec::new(),
             restarts: 0,
             repaired: false,
@@ -291,31 +327,58 @@ impl Client {
     pub async fn get(&self, key: &[u8]) -> Result<(Option<Bytes>, OpReport), ClientError> {
         let key = Key::new(key.to_vec())?;
         let op = self.op_id();
-        let mut machine = ReadOp::new(self.protocol.clone(), self.codec.clone(), key.clone(), op);
-        let n = self.protocol.n;
-        let first = machine.start();
-        let outcome = self.drive(op, &mut machine, first).await?;
-        for evidence in &outcome.evidence {
-            tracing::warn!(node = %evidence.node, kind = ?evidence.kind, %key, "node misbehaved");
+        let n = self.cluster.n();
+        match self.cluster.protocol {
+            Protocol::PowerStore => {
+                let mut machine =
+                    ReadOp::new(self.protocol.clone(), self.codec.clone(), key.clone(), op);
+                let first = machine.start();
+                let outcome = self.drive(op.0, &mut machine, frames(first)).await?;
+                for evidence in &outcome.evidence {
+                    tracing::warn!(node = %evidence.node, kind = ?evidence.kind, %key, "node misbehaved");
+                }
+                let report = OpReport {
+                    answered: outcome.answered_by,
+                    n,
+                    evidence: outcome.evidence,
+                    restarts: outcome.restarts,
+                    repaired: outcome.repaired,
+                };
+                Ok((outcome.value, report))
+            }
+            Protocol::Abd => {
+                let mut machine = abd::ReadOp::new(self.abd.clone(), key, abd::OpId(op.0));
+                let first = machine.start();
+                let outcome = self.drive(op.0, &mut machine, abd_frames(first)).await?;
+                let report = OpReport {
+                    answered: outcome.answered_by,
+                    n,
+                    evidence: Vec::new(),
+                    restarts: 0,
+                    repaired: outcome.wrote_back,
+                };
+                Ok((outcome.value, report))
+            }
+            Protocol::Phalanx => Err(unsupported()),
         }
-        let report = OpReport {
-            answered: outcome.answered_by,
-            n,
-            evidence: outcome.evidence,
-            restarts: outcome.restarts,
-            repaired: outcome.repaired,
-        };
-        Ok((outcome.value, report))
+    }
+
+    /// Every round's quorum in this cluster's protocol.
+    fn quorum(&self) -> usize {
+        match self.cluster.protocol {
+            Protocol::Abd => self.abd.quorum(),
+            Protocol::PowerStore | Protocol::Phalanx => self.protocol.quorum(),
+        }
     }
 
     /// Drives one machine to completion or the deadline.
     async fn drive<O: Operation>(
         &self,
-        op: OpId,
+        op: u64,
         machine: &mut O,
-        first: Vec<Outbound>,
+        first: Vec<(NodeId, ClientFrame)>,
     ) -> Result<O::Output, ClientError> {
-        let n = self.protocol.n;
+        let n = self.cluster.n();
         let (sender, mut replies) = mpsc::channel(8 * n);
         let _registration = self.router.register(op, sender);
         self.send_all(first);
@@ -327,12 +390,12 @@ impl Client {
         loop {
             tokio::select! {
                 reply = replies.recv() => {
-                    let Some((from, response)) = reply else {
+                    let Some((from, reply)) = reply else {
                         return Err(ClientError::Protocol("reply channel closed".into()));
                     };
-                    match machine.feed(from, response) {
-                        Step::Continue(outbound) => self.send_all(outbound),
-                        Step::Done(result) => return result.map_err(protocol_error),
+                    match machine.feed(from, reply) {
+                        Progress::Send(outbound) => self.send_all(outbound),
+                        Progress::Done(result) => return result,
                     }
                 }
                 _ = retransmit.tick() => self.send_all(machine.resend()),
@@ -348,7 +411,7 @@ impl Client {
                     return Err(ClientError::Unavailable {
                         deadline: self.deadline,
                         answered: answered.len(),
-                        quorum: self.protocol.quorum(),
+                        quorum: self.quorum(),
                         n,
                         unreachable,
                     });
@@ -357,10 +420,10 @@ impl Client {
         }
     }
 
-    fn send_all(&self, outbound: Vec<Outbound>) {
-        for (to, request) in outbound {
+    fn send_all(&self, outbound: Vec<(NodeId, ClientFrame)>) {
+        for (to, frame) in outbound {
             if let Some(link) = self.links.get(to.index()) {
-                link.send(&ClientFrame::PowerStore(request));
+                link.send(&frame);
             }
         }
     }
@@ -375,15 +438,14 @@ impl Client {
         wait: Duration,
     ) -> Option<Response> {
         let (sender, mut replies) = mpsc::channel(4);
-        let _registration = self.router.register(request.op, sender);
+        let _registration = self.router.register(request.op.0, sender);
         self.links
             .get(to.index())?
             .send(&ClientFrame::PowerStore(request));
-        tokio::time::timeout(wait, replies.recv())
-            .await
-            .ok()
-            .flatten()
-            .map(|(_, response)| response)
+        match tokio::time::timeout(wait, replies.recv()).await {
+            Ok(Some((_, Reply::PowerStore(response)))) => Some(response),
+            _ => None,
+        }
     }
 
     /// Asks one node for its status: one round trip on the authenticated channel.
@@ -413,21 +475,70 @@ fn protocol_error(error: ProtocolError) -> ClientError {
     }
 }
 
-/// The two operation machines, seen alike by [`Client::drive`].
+fn unsupported() -> ClientError {
+    ClientError::Protocol("this client does not drive phalanx clusters yet".into())
+}
+
+fn frames(outbound: Vec<bulwark_protocol::powerstore::Outbound>) -> Vec<(NodeId, ClientFrame)> {
+    outbound
+        .into_iter()
+        .map(|(to, request)| (to, ClientFrame::PowerStore(request)))
+        .collect()
+}
+
+fn abd_frames(outbound: Vec<abd::Outbound>) -> Vec<(NodeId, ClientFrame)> {
+    outbound
+        .into_iter()
+        .map(|(to, request)| (to, ClientFrame::Abd(request)))
+        .collect()
+}
+
+/// What [`Client::drive`] does after feeding a reply.
+enum Progress<T> {
+    Send(Vec<(NodeId, ClientFrame)>),
+    Done(Result<T, ClientError>),
+}
+
+impl<T> Progress<T> {
+    fn powerstore(step: Step<T>) -> Progress<T> {
+        match step {
+            Step::Continue(outbound) => Progress::Send(frames(outbound)),
+            Step::Done(result) => Progress::Done(result.map_err(protocol_error)),
+        }
+    }
+
+    fn abd(step: abd::Step<T>) -> Progress<T> {
+        match step {
+            abd::Step::Continue(outbound) => Progress::Send(abd_frames(outbound)),
+            abd::Step::Done(result) => Progress::Done(result.map_err(|error| match error {
+                abd::ProtocolError::Refused { refusal, nodes } => ClientError::RefusedBaseline {
+                    refusal: refusal.to_string(),
+                    nodes,
+                },
+            })),
+        }
+    }
+}
+
+/// Every protocol's operation machines, seen alike by [`Client::drive`]. A reply of another
+/// protocol than the machine's is ignored.
 trait Operation {
     type Output;
-    fn feed(&mut self, from: NodeId, response: Response) -> Step<Self::Output>;
-    fn resend(&self) -> Vec<Outbound>;
+    fn feed(&mut self, from: NodeId, reply: Reply) -> Progress<Self::Output>;
+    fn resend(&self) -> Vec<(NodeId, ClientFrame)>;
     fn answered(&self) -> Vec<NodeId>;
 }
 
 impl Operation for WriteOp {
     type Output = bulwark_protocol::powerstore::WriteOutcome;
-    fn feed(&mut self, from: NodeId, response: Response) -> Step<Self::Output> {
-        self.on_response(from, response)
+    fn feed(&mut self, from: NodeId, reply: Reply) -> Progress<Self::Output> {
+        match reply {
+            Reply::PowerStore(response) => Progress::powerstore(self.on_response(from, response)),
+            _ => Progress::Send(Vec::new()),
+        }
     }
-    fn resend(&self) -> Vec<Outbound> {
-        self.retransmit()
+    fn resend(&self) -> Vec<(NodeId, ClientFrame)> {
+        frames(self.retransmit())
     }
     fn answered(&self) -> Vec<NodeId> {
         WriteOp::answered(self)
@@ -436,13 +547,48 @@ impl Operation for WriteOp {
 
 impl Operation for ReadOp {
     type Output = bulwark_protocol::powerstore::ReadOutcome;
-    fn feed(&mut self, from: NodeId, response: Response) -> Step<Self::Output> {
-        self.on_response(from, response)
+    fn feed(&mut self, from: NodeId, reply: Reply) -> Progress<Self::Output> {
+        match reply {
+            Reply::PowerStore(response) => Progress::powerstore(self.on_response(from, response)),
+            _ => Progress::Send(Vec::new()),
+        }
     }
-    fn resend(&self) -> Vec<Outbound> {
-        self.retransmit()
+    fn resend(&self) -> Vec<(NodeId, ClientFrame)> {
+        frames(self.retransmit())
     }
     fn answered(&self) -> Vec<NodeId> {
         ReadOp::answered(self)
+    }
+}
+
+impl Operation for abd::WriteOp {
+    type Output = abd::WriteOutcome;
+    fn feed(&mut self, from: NodeId, reply: Reply) -> Progress<Self::Output> {
+        match reply {
+            Reply::Abd(response) => Progress::abd(self.on_response(from, response)),
+            _ => Progress::Send(Vec::new()),
+        }
+    }
+    fn resend(&self) -> Vec<(NodeId, ClientFrame)> {
+        abd_frames(self.retransmit())
+    }
+    fn answered(&self) -> Vec<NodeId> {
+        abd::WriteOp::answered(self)
+    }
+}
+
+impl Operation for abd::ReadOp {
+    type Output = abd::ReadOutcome;
+    fn feed(&mut self, from: NodeId, reply: Reply) -> Progress<Self::Output> {
+        match reply {
+            Reply::Abd(response) => Progress::abd(self.on_response(from, response)),
+            _ => Progress::Send(Vec::new()),
+        }
+    }
+    fn resend(&self) -> Vec<(NodeId, ClientFrame)> {
+        abd_frames(self.retransmit())
+    }
+    fn answered(&self) -> Vec<NodeId> {
+        abd::ReadOp::answered(self)
     }
 }

@@ -104,11 +104,65 @@ pub mod hex_keys {
     }
 }
 
+/// The register protocol a cluster runs; every node and client of the cluster uses the same one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    /// M-PoWerStore: `3f+1` nodes, Byzantine faults.
+    #[default]
+    PowerStore,
+    /// Multi-writer ABD, the crash-tolerant baseline: `2f+1` nodes, crash faults only.
+    Abd,
+    /// The Phalanx-style baseline with writer signatures: `3f+1` nodes, Byzantine faults.
+    Phalanx,
+}
+
+impl Protocol {
+    /// Every protocol, in the order they are listed to users.
+    pub const ALL: [Protocol; 3] = [Protocol::PowerStore, Protocol::Abd, Protocol::Phalanx];
+
+    /// The group size tolerating `f` faults.
+    pub fn nodes(self, f: usize) -> usize {
+        match self {
+            Protocol::PowerStore | Protocol::Phalanx => 3 * f + 1,
+            Protocol::Abd => 2 * f + 1,
+        }
+    }
+
+    /// The name used in `cluster.toml` and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::PowerStore => "powerstore",
+            Protocol::Abd => "abd",
+            Protocol::Phalanx => "phalanx",
+        }
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Protocol {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Protocol::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| format!("unknown protocol {s:?} (powerstore, abd or phalanx)"))
+    }
+}
+
 /// `cluster.toml`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterConfig {
-    /// Byzantine faults tolerated; the group has `3f+1` nodes.
+    /// The register protocol; PoWerStore when absent.
+    #[serde(default)]
+    pub protocol: Protocol,
+    /// Faults tolerated; the group has [`Protocol::nodes`] nodes.
     pub f: usize,
     /// The configuration epoch (Rosebud); 0 for static membership.
     #[serde(default)]
@@ -208,13 +262,14 @@ impl ClusterConfig {
                 format!("{} is more than this version supports (20)", self.f),
             ));
         }
-        if self.nodes.len() != 3 * self.f + 1 {
+        let n = self.protocol.nodes(self.f);
+        if self.nodes.len() != n {
             return Err(invalid(
                 "nodes",
                 format!(
-                    "f = {} needs exactly {} nodes, found {}",
+                    "{} with f = {} needs exactly {n} nodes, found {}",
+                    self.protocol,
                     self.f,
-                    3 * self.f + 1,
                     self.nodes.len()
                 ),
             ));
@@ -359,6 +414,7 @@ mod tests {
 
     fn sample() -> ClusterConfig {
         ClusterConfig {
+            protocol: Protocol::PowerStore,
             f: 1,
             epoch: 0,
             nodes: (0..4)
@@ -415,6 +471,42 @@ mod tests {
         assert!(
             error.contains("fingerprint") && error.contains("not hex"),
             "{error}"
+        );
+
+        let text = sample()
+            .to_toml()
+            .replace("protocol = \"powerstore\"", "protocol = \"paxos\"");
+        let error = ClusterConfig::parse(&text, "cluster.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("protocol") && error.contains("paxos"),
+            "{error}"
+        );
+
+        // ABD needs 2f+1 nodes, so the 4 of f = 1 are wrong for it.
+        let text = sample()
+            .to_toml()
+            .replace("protocol = \"powerstore\"", "protocol = \"abd\"");
+        let error = ClusterConfig::parse(&text, "cluster.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("field `nodes`") && error.contains("abd with f = 1 needs exactly 3"),
+            "{error}"
+        );
+        let mut abd = sample();
+        abd.protocol = Protocol::Abd;
+        abd.nodes.pop();
+        assert_eq!(ClusterConfig::parse(&abd.to_toml(), "c").unwrap(), abd);
+
+        // A configuration written before protocols were selectable is PoWerStore.
+        let text = sample()
+            .to_toml()
+            .replace("protocol = \"powerstore\"\n", "");
+        assert_eq!(
+            ClusterConfig::parse(&text, "c").unwrap().protocol,
+            Protocol::PowerStore
         );
 
         let text = sample().to_toml().replace("f = 1", "f = 1\nreplicas = 3");

@@ -4,7 +4,8 @@
 //! values are checked again by the protocol (vector lengths against `n`, fragment sizes against
 //! the layout). Signatures, where they appear, cover the exact encoded bytes we received.
 
-use serde::{Serialize, de::DeserializeOwned};
+/// Re-exported so crates that store encoded records can name the bounds without depending on serde.
+pub use serde::{Serialize, de::DeserializeOwned};
 
 /// The largest frame a node or client accepts: half of the largest object (the biggest fragment,
 /// `k >= 2`) plus room for metadata. A value is replicated only when tiny, so no fragment is bigger.

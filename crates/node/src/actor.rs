@@ -3,8 +3,9 @@
 
 use crate::Rejections;
 use bulwark_core::{ClientId, Key, NodeId, Time, wire};
+use bulwark_protocol::abd;
 use bulwark_protocol::powerstore::{
-    Access, Change, Fragments, Request, ServerLogic, StoredEntry, Timestamp,
+    Access, Change, Fragments, Request, ServerLogic, ServerStats, StoredEntry, Timestamp,
 };
 use bulwark_protocol::service::{NodeFrame, NodeStatus};
 use bulwark_storage::{Committer, StorageOp, Store, Table};
@@ -19,10 +20,57 @@ const JOBS_QUEUED_MAX: usize = 4096;
 /// How often superseded versions are garbage-collected and gauges refreshed.
 const TICK_INTERVAL: Duration = Duration::from_millis(500);
 
+/// The server of the protocol the cluster runs: the one thing in the node that differs between
+/// protocols. A request for another protocol is refused and counted.
+pub enum Machine {
+    PowerStore(Box<dyn ServerLogic>),
+    Abd(abd::Server),
+}
+
+impl Machine {
+    fn protocol(&self) -> &'static str {
+        match self {
+            Machine::PowerStore(_) => "powerstore",
+            Machine::Abd(_) => "abd",
+        }
+    }
+
+    fn stats(&self) -> ServerStats {
+        match self {
+            Machine::PowerStore(server) => server.stats(),
+            Machine::Abd(server) => {
+                let stats = server.stats();
+                ServerStats {
+                    objects: stats.objects,
+                    keys: stats.keys,
+                    versions: stats.keys,
+                    fragment_bytes: stats.value_bytes,
+                    ..ServerStats::default()
+                }
+            }
+        }
+    }
+}
+
+/// A protocol request, as decoded from a client frame.
+pub enum ProtocolRequest {
+    PowerStore(Request),
+    Abd(abd::Request),
+}
+
+impl ProtocolRequest {
+    fn name(&self) -> &'static str {
+        match self {
+            ProtocolRequest::PowerStore(request) => request.body.name(),
+            ProtocolRequest::Abd(request) => request.body.name(),
+        }
+    }
+}
+
 /// What the actor is given at start.
 pub struct ActorContext {
     pub node: NodeId,
-    pub server: Box<dyn ServerLogic>,
+    pub server: Machine,
     /// Read by FILTER replies; written only through `committer`.
     pub store: Arc<Store>,
     pub committer: Committer,
@@ -38,7 +86,7 @@ pub enum Job {
         from: ClientId,
         peer: Arc<str>,
         access: Access,
-        request: Request,
+        request: ProtocolRequest,
         received: Instant,
         reply: mpsc::Sender<Bytes>,
     },
@@ -93,14 +141,13 @@ impl Durability {
         self.submitted + 1
     }
 
-    /// Queues `changes` for the next group commit and returns their sequence number.
-    fn submit(&mut self, changes: Vec<Change>) -> u64 {
-        if changes.is_empty() {
+    /// Queues `ops` for the next group commit and returns their sequence number.
+    fn submit(&mut self, ops: Vec<StorageOp>) -> u64 {
+        if ops.is_empty() {
             return self.submitted;
         }
         self.submitted += 1;
         let sequence = self.submitted;
-        let ops = changes.into_iter().map(storage_op).collect();
         let done = self.committer.submit(ops);
         let durable = self.durable.clone();
         tokio::spawn(async move {
@@ -212,6 +259,22 @@ pub fn hist_record(key: &Key, ts: &Timestamp) -> Vec<u8> {
     record
 }
 
+/// The storage record of a baseline's stored version: the key's bytes, the value `(key, entry)`
+/// encoded.
+pub fn register_op(key: &Key, encoded: Vec<u8>) -> StorageOp {
+    StorageOp::Put {
+        table: Table::Register,
+        key: key.as_bytes().to_vec(),
+        value: Bytes::from(encoded),
+    }
+}
+
+fn abd_op(change: abd::Change) -> StorageOp {
+    match change {
+        abd::Change::Put { key, entry } => register_op(&key, wire::encode(&(&key, &entry))),
+    }
+}
+
 fn storage_op(change: Change) -> StorageOp {
     match change {
         Change::PutHist { key, entry } => StorageOp::Put {
@@ -263,20 +326,35 @@ async fn run(
                 match job {
                     Job::Request { from, peer, access, request, received, reply } => {
                         requests += 1;
-                        let name = request.body.name();
+                        let name = request.name();
                         metrics::counter!("bulwark_node_requests_total", "op" => name).increment(1);
-                        let durable = *durability.durable.borrow();
-                        unsynced.retain(|_, (sequence, _)| *sequence > durable);
-                        let view = StorageView { unsynced: &unsynced, store: &store };
-                        let handled = server.handle(now(started), from, access, request, &view);
-                        if let Some(refusal) = &handled.refused {
+                        let (ops, frame, refused) = match (&mut server, request) {
+                            (Machine::PowerStore(server), ProtocolRequest::PowerStore(request)) => {
+                                let durable = *durability.durable.borrow();
+                                unsynced.retain(|_, (sequence, _)| *sequence > durable);
+                                let view = StorageView { unsynced: &unsynced, store: &store };
+                                let handled = server.handle(now(started), from, access, request, &view);
+                                track_unsynced(&mut unsynced, &handled.changes, durability.submit_next());
+                                let ops = handled.changes.into_iter().map(storage_op).collect();
+                                let frame = handled.reply.map(NodeFrame::PowerStore);
+                                (ops, frame, handled.refused.map(|r| r.to_string()))
+                            }
+                            (Machine::Abd(server), ProtocolRequest::Abd(request)) => {
+                                let handled = server.handle(access.write, access.read, request);
+                                let ops = handled.changes.into_iter().map(abd_op).collect();
+                                (ops, Some(NodeFrame::Abd(handled.reply)), handled.refused.map(|r| r.to_string()))
+                            }
+                            (server, _) => {
+                                let reason = format!("a request for another protocol than {}", server.protocol());
+                                (Vec::new(), None, Some(reason))
+                            }
+                        };
+                        if let Some(refusal) = &refused {
                             rejections.record(&peer, &format!("refused: {refusal}"));
                         }
-                        let sequence = durability.submit_next();
-                        track_unsynced(&mut unsynced, &handled.changes, sequence);
-                        durability.submit(handled.changes);
-                        if let Some(response) = handled.reply {
-                            let frame = Bytes::from(wire::encode(&NodeFrame::PowerStore(response)));
+                        durability.submit(ops);
+                        if let Some(frame) = frame {
+                            let frame = Bytes::from(wire::encode(&frame));
                             metrics::counter!("bulwark_node_reply_bytes_total", "op" => name).increment(frame.len() as u64);
                             durability.reply_when_durable(frame, reply, move || {
                                 metrics::histogram!("bulwark_node_request_seconds", "op" => name)
@@ -289,6 +367,7 @@ async fn run(
                             node: node.0,
                             version: env!("CARGO_PKG_VERSION").to_string(),
                             uptime_seconds: started.elapsed().as_secs(),
+                            protocol: server.protocol().to_string(),
                             server: server.stats(),
                             requests,
                             rejected: rejections.snapshot(),
@@ -299,9 +378,11 @@ async fn run(
                 }
             }
             _ = tick.tick() => {
-                let changes = server.tick(now(started));
-                track_unsynced(&mut unsynced, &changes, durability.submit_next());
-                durability.submit(changes);
+                if let Machine::PowerStore(server) = &mut server {
+                    let changes = server.tick(now(started));
+                    track_unsynced(&mut unsynced, &changes, durability.submit_next());
+                    durability.submit(changes.into_iter().map(storage_op).collect());
+                }
                 let stats = server.stats();
                 metrics::gauge!("bulwark_node_objects").set(stats.objects as f64);
                 metrics::gauge!("bulwark_node_versions").set(stats.versions as f64);

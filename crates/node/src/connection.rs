@@ -2,7 +2,7 @@
 //! Nothing a peer sends can panic this task; every refusal is counted against the peer.
 
 use crate::Rejections;
-use crate::actor::{ActorHandle, Job};
+use crate::actor::{ActorHandle, Job, ProtocolRequest};
 use bulwark_core::config::ClusterConfig;
 use bulwark_core::wire::{self, FRAME_BYTES_MAX};
 use bulwark_protocol::powerstore::Access;
@@ -75,15 +75,17 @@ pub async fn serve(context: ConnectionContext, tcp: TcpStream, address: SocketAd
             }
         };
         metrics::counter!("bulwark_node_request_bytes_total").increment(bytes.len() as u64);
+        let request = |request| Job::Request {
+            from: client,
+            peer: peer.clone(),
+            access,
+            request,
+            received: Instant::now(),
+            reply: replies.clone(),
+        };
         let job = match wire::decode::<ClientFrame>(&bytes, FRAME_BYTES_MAX) {
-            Ok(ClientFrame::PowerStore(request)) => Job::Request {
-                from: client,
-                peer: peer.clone(),
-                access,
-                request,
-                received: Instant::now(),
-                reply: replies.clone(),
-            },
+            Ok(ClientFrame::PowerStore(r)) => request(ProtocolRequest::PowerStore(r)),
+            Ok(ClientFrame::Abd(r)) => request(ProtocolRequest::Abd(r)),
             Ok(ClientFrame::Status { nonce }) => Job::Status {
                 nonce,
                 reply: replies.clone(),

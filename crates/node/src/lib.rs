@@ -15,8 +15,10 @@ mod rejections;
 
 pub use rejections::Rejections;
 
+use bulwark_core::config::Protocol;
 use bulwark_core::config::{ClusterConfig, NodeSecrets, parse_secrets};
 use bulwark_core::{NodeId, Time};
+use bulwark_protocol::abd;
 use bulwark_protocol::powerstore::{
     Server, ServerConfig, ServerLogic, StoredEntry, fragment_digest,
 };
@@ -200,27 +202,54 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
             reason: e.to_string(),
         })?,
     );
-    let mut config = ServerConfig::new(id, options.cluster.f);
-    config.epoch = bulwark_core::Epoch(options.cluster.epoch);
-    config.grace_millis = options.grace_millis;
-    let mut server = Server::new(config.clone(), options.secrets.mac_key.clone());
     let rejections = Rejections::default();
-    let restored = restore(
-        &store,
-        &mut server,
-        &config,
-        &options.secrets.mac_key,
-        &rejections,
-    )?;
-    server.finish_restore(Time(0));
-    tracing::info!(
-        node = id.0,
-        versions = restored.versions,
-        dropped = restored.dropped,
-        data = %options.data_dir.display(),
-        "state restored"
-    );
-    let server = wrap(server);
+    let server = match options.cluster.protocol {
+        Protocol::PowerStore => {
+            let mut config = ServerConfig::new(id, options.cluster.f);
+            config.epoch = bulwark_core::Epoch(options.cluster.epoch);
+            config.grace_millis = options.grace_millis;
+            let mut server = Server::new(config.clone(), options.secrets.mac_key.clone());
+            let restored = restore(
+                &store,
+                &mut server,
+                &config,
+                &options.secrets.mac_key,
+                &rejections,
+            )?;
+            server.finish_restore(Time(0));
+            tracing::info!(
+                node = id.0,
+                versions = restored.versions,
+                dropped = restored.dropped,
+                data = %options.data_dir.display(),
+                "state restored"
+            );
+            actor::Machine::PowerStore(wrap(server))
+        }
+        Protocol::Abd => {
+            let epoch = bulwark_core::Epoch(options.cluster.epoch);
+            let mut server = abd::Server::new(id, epoch, bulwark_core::GroupId(0));
+            let keys = restore_register(&store, |record, value| {
+                let (key, entry) = decode_register::<abd::Entry>(record, value)?;
+                if !entry.is_well_formed() {
+                    return Err("a stored version is malformed".into());
+                }
+                server.restore(key, entry);
+                Ok(())
+            })?;
+            tracing::info!(node = id.0, keys, data = %options.data_dir.display(), "ABD state restored");
+            actor::Machine::Abd(server)
+        }
+        Protocol::Phalanx => {
+            return Err(NodeError::Config(
+                bulwark_core::config::ConfigError::Invalid {
+                    file: "cluster.toml".into(),
+                    field: "protocol".into(),
+                    problem: "phalanx is not served by this node yet".into(),
+                },
+            ));
+        }
+    };
 
     let committer = Committer::start(store.clone());
     let (actor, stopper) = actor::spawn(actor::ActorContext {
@@ -321,6 +350,38 @@ async fn stop_signal() -> &'static str {
             Err(_) => std::future::pending().await,
         }
     }
+}
+
+/// Replays a baseline's stored versions (table `register`) through `adopt`, which returns `None`
+/// for a version no correct server would have stored. Returns how many were restored. A record
+/// that does not decode or fails that check stops the start: a baseline keeps one version per
+/// key, so dropping it could lose an acknowledged write.
+fn restore_register(
+    store: &Store,
+    mut adopt: impl FnMut(&[u8], &[u8]) -> Result<(), String>,
+) -> Result<usize, NodeError> {
+    let mut restored = 0;
+    for (record, value) in store.load(Table::Register)? {
+        adopt(&record, &value).map_err(|problem| NodeError::CorruptState {
+            table: "register",
+            problem,
+        })?;
+        restored += 1;
+    }
+    Ok(restored)
+}
+
+/// Decodes one `register` record `(key, entry)` and checks it is filed under its key.
+fn decode_register<E: bulwark_core::wire::DeserializeOwned>(
+    record: &[u8],
+    value: &[u8],
+) -> Result<(bulwark_core::Key, E), String> {
+    let (key, entry): (bulwark_core::Key, E) =
+        bulwark_core::wire::decode(value, usize::MAX).map_err(|e| e.to_string())?;
+    if record != key.as_bytes() {
+        return Err("record id does not match its key".into());
+    }
+    Ok((key, entry))
 }
 
 /// What start-up restored.

@@ -2,7 +2,7 @@
 //! protocol message or an administrative request. New protocols (the baselines, Depot, tables)
 //! become new variants here, so one node serves them all on one port.
 
-use crate::powerstore;
+use crate::{abd, powerstore};
 use serde::{Deserialize, Serialize};
 
 /// A client-to-node frame.
@@ -12,6 +12,8 @@ use serde::{Deserialize, Serialize};
 pub enum ClientFrame {
     /// An M-PoWerStore request.
     PowerStore(powerstore::Request),
+    /// A multi-writer ABD request.
+    Abd(abd::Request),
     /// Asks for [`NodeStatus`]; `nonce` is echoed.
     Status {
         /// Echoed in the reply.
@@ -24,6 +26,8 @@ pub enum ClientFrame {
 pub enum NodeFrame {
     /// An M-PoWerStore reply.
     PowerStore(powerstore::Response),
+    /// A multi-writer ABD reply.
+    Abd(abd::Response),
     /// The node's self-description.
     Status {
         /// Echo of the request's nonce.
@@ -42,7 +46,10 @@ pub struct NodeStatus {
     pub version: String,
     /// Seconds since start.
     pub uptime_seconds: u64,
-    /// Protocol counters.
+    /// The protocol the node serves (`powerstore`, `abd`, `phalanx`).
+    pub protocol: String,
+    /// Protocol counters; a baseline fills `objects`, `keys`, `versions` and `fragment_bytes`
+    /// (its whole values).
     pub server: powerstore::ServerStats,
     /// Requests served since start.
     pub requests: u64,

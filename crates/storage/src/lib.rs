@@ -44,17 +44,20 @@ pub enum Table {
     Lc,
     /// Node metadata.
     Meta,
+    /// The baselines' (ABD, Phalanx) stored version: one record per key.
+    Register,
 }
 
 impl Table {
     /// Every table, in [`Table::index`] order.
-    const ALL: [Table; 3] = [Table::Hist, Table::Lc, Table::Meta];
+    const ALL: [Table; 4] = [Table::Hist, Table::Lc, Table::Meta, Table::Register];
 
     fn index(self) -> usize {
         match self {
             Table::Hist => 0,
             Table::Lc => 1,
             Table::Meta => 2,
+            Table::Register => 3,
         }
     }
 
@@ -63,6 +66,7 @@ impl Table {
             Table::Hist => TableDefinition::new("hist"),
             Table::Lc => TableDefinition::new("lc"),
             Table::Meta => TableDefinition::new("meta"),
+            Table::Register => TableDefinition::new("register"),
         }
     }
 }

@@ -20,8 +20,13 @@ pub struct TestCluster {
 }
 
 impl TestCluster {
-    /// Writes a fresh cluster (free loopback ports) and starts every node honestly.
+    /// Writes a fresh PoWerStore cluster (free loopback ports) and starts every node honestly.
     pub fn start(f: usize, grace_ms: u64) -> TestCluster {
+        Self::start_protocol("powerstore", f, grace_ms)
+    }
+
+    /// Writes a fresh cluster running `protocol` and starts every node honestly.
+    pub fn start_protocol(protocol: &str, f: usize, grace_ms: u64) -> TestCluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let status = Command::new(BULWARK)
             .args([
@@ -31,6 +36,8 @@ impl TestCluster {
                 "0",
                 "--metrics-base-port",
                 "0",
+                "--protocol",
+                protocol,
                 "--f",
             ])
             .arg(f.to_string())
@@ -41,7 +48,11 @@ impl TestCluster {
             .status()
             .expect("run cluster init");
         assert!(status.success(), "cluster init failed");
-        let n = 3 * f + 1;
+        let n = if protocol == "abd" {
+            2 * f + 1
+        } else {
+            3 * f + 1
+        };
         let mut cluster = TestCluster {
             dir,
             n,
