@@ -9,5 +9,6 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::panic))]
 
 pub mod abd;
+pub mod phalanx;
 pub mod powerstore;
 pub mod service;
