@@ -1,0 +1,8 @@
+//! Bulwark's benchmark harness: YCSB's CoreWorkload and object-size sweeps driven by closed-loop
+//! clients against Bulwark and against etcd, side by side in one run, with HDR latency
+//! histograms, CPU, bytes and memory per system, written as JSON, Markdown and PNG plots.
+
+pub mod driver;
+pub mod http;
+pub mod procstat;
+pub mod ycsb;
