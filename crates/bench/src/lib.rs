@@ -2,7 +2,10 @@
 //! clients against Bulwark and against etcd, side by side in one run, with HDR latency
 //! histograms, CPU, bytes and memory per system, written as JSON, Markdown and PNG plots.
 
+pub mod compare;
 pub mod driver;
 pub mod http;
 pub mod procstat;
+pub mod report;
+pub mod targets;
 pub mod ycsb;

@@ -1,0 +1,289 @@
+//! `bulwark bench compare`: every system started once, loaded with the same records, then driven
+//! with the same workloads, alternating systems run by run so that machine noise hits all alike.
+
+use crate::driver::{self, RunSpec, RunStats, Target, Work};
+use crate::report::{self, Machine, Report, Unsupported};
+use crate::targets::bulwark::{BulwarkOptions, BulwarkTarget};
+use crate::targets::etcd::{self, EtcdTarget};
+use crate::ycsb::{CoreWorkload, WorkloadSpec};
+use anyhow::{Result, bail};
+use bytes::Bytes;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What to compare, and how long.
+#[derive(Clone, Debug)]
+pub struct CompareOptions {
+    /// "powerstore", "etcd", or another Bulwark protocol name (passed to `cluster init
+    /// --protocol`).
+    pub systems: Vec<String>,
+    pub workloads: Vec<char>,
+    /// Client counts for the YCSB runs: one point each on the throughput-latency curves.
+    pub concurrency: Vec<usize>,
+    /// Object sizes for the put/get sweep (empty: none).
+    pub sizes: Vec<usize>,
+    pub size_concurrency: usize,
+    pub run_time: Duration,
+    pub record_count: i64,
+    /// Total YCSB operations per second to aim for; latencies then include coordinated
+    /// omission.
+    pub target_rate: Option<f64>,
+    /// The `bulwark` binary whose `cluster init` and `node` commands start Bulwark.
+    pub program: PathBuf,
+    /// Where clusters live while they run.
+    pub work_dir: PathBuf,
+    /// Where the report goes.
+    pub out: PathBuf,
+    /// The command line, for the report.
+    pub command: String,
+}
+
+impl CompareOptions {
+    /// The full comparison (about half an hour on 2 cores) or `--quick` (a few minutes).
+    pub fn preset(quick: bool) -> CompareOptions {
+        let kib = 1024;
+        CompareOptions {
+            systems: vec!["powerstore".into(), "etcd".into()],
+            workloads: vec!['A', 'B', 'C', 'D', 'E', 'F'],
+            concurrency: if quick {
+                vec![1, 8, 32]
+            } else {
+                vec![1, 4, 16, 64]
+            },
+            sizes: vec![kib, 64 * kib, kib * kib, 16 * kib * kib],
+            size_concurrency: 8,
+            run_time: Duration::from_secs(if quick { 4 } else { 20 }),
+            record_count: if quick { 1000 } else { 10_000 },
+            target_rate: None,
+            program: PathBuf::from("bulwark"),
+            work_dir: std::env::temp_dir().join(format!("bulwark-bench-{}", std::process::id())),
+            out: PathBuf::from("results"),
+            command: String::new(),
+        }
+    }
+}
+
+async fn start(system: &str, options: &CompareOptions) -> Result<Arc<dyn Target>> {
+    let dir = options.work_dir.join(system);
+    Ok(if system == "etcd" {
+        let program = etcd::find_or_install()?;
+        Arc::new(EtcdTarget::start(&program, &dir).await?)
+    } else {
+        Arc::new(
+            BulwarkTarget::start(&BulwarkOptions {
+                program: options.program.clone(),
+                dir,
+                f: 1,
+                protocol: (system != "powerstore").then(|| system.to_string()),
+            })
+            .await?,
+        )
+    })
+}
+
+fn log(stats: &RunStats) {
+    eprintln!(
+        "  {:<11} {:<7} {:>9} x{:<3} {:>8.0} ops/s  p50 {:>7.2} ms  p99 {:>8.2} ms  failed {}",
+        stats.system,
+        stats.workload,
+        report::human_bytes(stats.object_bytes as f64),
+        stats.concurrency,
+        stats.throughput_ops,
+        stats.overall.p50_ms,
+        stats.overall.p99_ms,
+        stats.failures
+    );
+}
+
+/// Runs the comparison and writes the report; returns the Markdown report's path.
+pub async fn run(options: &CompareOptions) -> Result<PathBuf> {
+    let mut notes = Vec::new();
+    let mut targets: Vec<Arc<dyn Target>> = Vec::new();
+    for system in &options.systems {
+        eprintln!("starting {system}");
+        match start(system, options).await {
+            Ok(t) => targets.push(t),
+            Err(e) => {
+                eprintln!("  {system} not run: {e:#}");
+                notes.push(format!("{system} was not run: {e:#}"));
+            }
+        }
+    }
+    if targets.is_empty() {
+        bail!("no system could be started: {}", notes.join("; "));
+    }
+    let systems: Vec<String> = targets.iter().map(|t| t.name()).collect();
+    let mut runs = Vec::new();
+    let mut unsupported = Vec::new();
+    let mut turn = 0usize;
+    // Alternates which system goes first, so that none always runs on a warmer or quieter
+    // machine.
+    let mut order = |targets: &[Arc<dyn Target>]| {
+        turn += 1;
+        let mut v: Vec<Arc<dyn Target>> = targets.to_vec();
+        v.rotate_left(turn % targets.len());
+        v
+    };
+    let spec = |concurrency: usize, ops_max: u64, rate: Option<f64>, seed: u64| RunSpec {
+        concurrency,
+        ops_max,
+        duration: options.run_time,
+        target_rate: rate,
+        seed,
+    };
+    let ycsb_runs = options.workloads.len() * options.concurrency.len();
+    if ycsb_runs > 0 {
+        // YCSB's load phase: every record, keys in hashed insert order.
+        let record = WorkloadSpec::standard('A').map_or(1000, |s| s.record_bytes());
+        for target in &targets {
+            let load = RunSpec {
+                duration: Duration::from_secs(600),
+                ..spec(8, options.record_count as u64, None, 0)
+            };
+            let stats = driver::run(
+                target.clone(),
+                Work::Load {
+                    record_bytes: record,
+                },
+                &load,
+                "load",
+                record,
+            )
+            .await;
+            eprintln!(
+                "  {} loaded {} records in {:.1} s ({} failed)",
+                stats.system, stats.ops, stats.elapsed_s, stats.failures
+            );
+            if stats.failures > 0 {
+                bail!(
+                    "{} failed {} of the load phase's inserts: {}",
+                    stats.system,
+                    stats.failures,
+                    stats.errors.join("; ")
+                );
+            }
+        }
+    }
+    for (w, &name) in options.workloads.iter().enumerate() {
+        let Some(workload_spec) = WorkloadSpec::standard(name) else {
+            bail!("no YCSB workload {name:?} (A-F)");
+        };
+        let label = format!("ycsb-{}", workload_spec.name);
+        // One CoreWorkload per system, kept across its runs (inserts keep extending the keys).
+        let expected_ops = 50_000;
+        let workloads: Vec<Arc<CoreWorkload>> = targets
+            .iter()
+            .map(|_| {
+                Arc::new(CoreWorkload::new(
+                    workload_spec.clone(),
+                    options.record_count,
+                    expected_ops,
+                ))
+            })
+            .collect();
+        for &concurrency in &options.concurrency {
+            for target in order(&targets) {
+                let i = targets
+                    .iter()
+                    .position(|t| Arc::ptr_eq(t, &target))
+                    .unwrap_or(0);
+                if workload_spec.needs_scan() && !target.can_scan() {
+                    if !unsupported
+                        .iter()
+                        .any(|u: &Unsupported| u.system == target.name() && u.workload == label)
+                    {
+                        eprintln!("  {} {label}: unsupported (no scans)", target.name());
+                        unsupported.push(Unsupported {
+                            system: target.name(),
+                            workload: label.clone(),
+                            reason: "a register store has no key order to scan; YCSB-E needs \
+                                     range scans"
+                                .into(),
+                        });
+                    }
+                    continue;
+                }
+                let stats = driver::run(
+                    target.clone(),
+                    Work::Ycsb(workloads[i].clone()),
+                    &spec(concurrency, u64::MAX, options.target_rate, w as u64),
+                    &label,
+                    workload_spec.record_bytes(),
+                )
+                .await;
+                log(&stats);
+                runs.push(stats);
+                if let Err(e) = target.between_runs().await {
+                    eprintln!("  {}: housekeeping failed: {e:#}", target.name());
+                }
+            }
+        }
+    }
+    for &size in &options.sizes {
+        let value = Bytes::from((0..size).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
+        let keys = 16u64;
+        let prefix = format!("size/{size}/");
+        let mut written = vec![0u64; targets.len()];
+        for kind in ["put", "get"] {
+            for target in order(&targets) {
+                let i = targets
+                    .iter()
+                    .position(|t| Arc::ptr_eq(t, &target))
+                    .unwrap_or(0);
+                let work = if kind == "put" {
+                    Work::Put {
+                        prefix: prefix.clone(),
+                        keys,
+                        value: value.clone(),
+                    }
+                } else {
+                    Work::Get {
+                        prefix: prefix.clone(),
+                        keys: written[i].clamp(1, keys),
+                    }
+                };
+                let stats = driver::run(
+                    target.clone(),
+                    work,
+                    &spec(options.size_concurrency, u64::MAX, None, 0),
+                    kind,
+                    size,
+                )
+                .await;
+                if kind == "put" {
+                    written[i] = stats.ops;
+                }
+                log(&stats);
+                runs.push(stats);
+                if let Err(e) = target.between_runs().await {
+                    eprintln!("  {}: housekeeping failed: {e:#}", target.name());
+                }
+            }
+        }
+    }
+    notes.push(
+        "Records are stored whole (10 fields x 100 B in one value) on every system: an update \
+         writes a full record, as a key-value binding without per-field storage must."
+            .into(),
+    );
+    notes.push(
+        "Bytes sent: Bulwark counts the frames its nodes received (after TLS); etcd counts the \
+         HTTP requests this client wrote (JSON with base64 values, headers included)."
+            .into(),
+    );
+    let report = Report {
+        command: options.command.clone(),
+        unix_time: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        machine: Machine::this(),
+        systems,
+        runs,
+        unsupported,
+        notes,
+    };
+    drop(targets);
+    let _ = std::fs::remove_dir_all(&options.work_dir);
+    report::write(&options.out, &report)
+}

@@ -1,0 +1,175 @@
+//! A local Bulwark cluster: `bulwark cluster init` and `bulwark node` processes started from the
+//! running binary, driven through the client library.
+
+use crate::driver::Target;
+use crate::http;
+use anyhow::{Context, Result, bail};
+use bulwark_client::Client;
+use bulwark_core::config::ClusterConfig;
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How to start the cluster.
+#[derive(Clone, Debug)]
+pub struct BulwarkOptions {
+    /// The `bulwark` binary (normally the running one).
+    pub program: PathBuf,
+    /// Where the cluster lives; removed when the target is dropped.
+    pub dir: PathBuf,
+    /// Byzantine faults tolerated (n = 3f + 1 nodes).
+    pub f: usize,
+    /// Passed to `bulwark cluster init --protocol` when set (and shown in reports); `None`
+    /// leaves init at its default protocol, M-PoWerStore.
+    pub protocol: Option<String>,
+}
+
+/// Node processes, killed when dropped, however the benchmark ends.
+struct Nodes(Vec<Child>);
+
+impl Drop for Nodes {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+pub struct BulwarkTarget {
+    name: String,
+    client: Client,
+    metrics: Vec<SocketAddr>,
+    nodes: Nodes,
+    dir: PathBuf,
+}
+
+impl BulwarkTarget {
+    /// Writes a fresh cluster, starts its nodes and waits until all of them answer.
+    pub async fn start(options: &BulwarkOptions) -> Result<BulwarkTarget> {
+        let _ = std::fs::remove_dir_all(&options.dir);
+        let mut init = Command::new(&options.program);
+        init.args(["cluster", "init", "--dir"])
+            .arg(&options.dir)
+            .args(["--f", &options.f.to_string()])
+            .args([
+                "--host",
+                "127.0.0.1",
+                "--base-port",
+                "0",
+                "--metrics-base-port",
+                "0",
+            ])
+            .args(["--clients", "admin:rw", "--force"]);
+        if let Some(protocol) = &options.protocol {
+            init.args(["--protocol", protocol]);
+        }
+        let output = init
+            .output()
+            .with_context(|| format!("running {} cluster init", options.program.display()))?;
+        if !output.status.success() {
+            bail!(
+                "bulwark cluster init failed: {}",
+                String::from_utf8_lossy(&output.stderr).trim()
+            );
+        }
+        let config_path = options.dir.join("cluster.toml");
+        let config = ClusterConfig::parse(
+            &std::fs::read_to_string(&config_path)?,
+            &config_path.display().to_string(),
+        )?;
+        let mut nodes = Nodes(Vec::new());
+        for node in &config.nodes {
+            let log = std::fs::File::create(options.dir.join(format!("node-{}.log", node.id)))?;
+            nodes.0.push(
+                Command::new(&options.program)
+                    .args(["node", "--cluster"])
+                    .arg(&options.dir)
+                    .args(["--id", &node.id.to_string()])
+                    .stdin(Stdio::null())
+                    .stdout(log.try_clone()?)
+                    .stderr(log)
+                    .spawn()
+                    .context("starting a node")?,
+            );
+        }
+        let client = Client::connect(&options.dir, "admin").await?;
+        wait_until_up(&client, &options.dir).await?;
+        Ok(BulwarkTarget {
+            name: options.protocol.clone().unwrap_or("powerstore".into()),
+            client,
+            metrics: config.nodes.iter().filter_map(|n| n.metrics).collect(),
+            nodes,
+            dir: options.dir.clone(),
+        })
+    }
+}
+
+async fn wait_until_up(client: &Client, dir: &Path) -> Result<()> {
+    let started = Instant::now();
+    loop {
+        let statuses = client.status().await;
+        if statuses.iter().all(|(_, _, s)| s.is_ok()) {
+            return Ok(());
+        }
+        if started.elapsed() > READY_TIMEOUT {
+            bail!(
+                "Bulwark nodes did not come up within {READY_TIMEOUT:?}; see {}/node-*.log",
+                dir.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+impl Drop for BulwarkTarget {
+    fn drop(&mut self) {
+        // Nodes first (their own Drop), then their files.
+        std::mem::take(&mut self.nodes.0)
+            .into_iter()
+            .for_each(|mut c| {
+                let _ = c.kill();
+                let _ = c.wait();
+            });
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Target for BulwarkTarget {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+    fn read(&self, key: String) -> BoxFuture<'_, Result<bool>> {
+        Box::pin(async move {
+            let (value, _) = self.client.get(key.as_bytes()).await?;
+            Ok(value.is_some())
+        })
+    }
+    fn write(&self, key: String, value: Bytes) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            self.client.put(key.as_bytes(), value).await?;
+            Ok(())
+        })
+    }
+    fn pids(&self) -> Vec<u32> {
+        self.nodes.0.iter().map(Child::id).collect()
+    }
+    /// What the nodes received (`bulwark_node_request_bytes_total`: frames after TLS), which is
+    /// what this client sent them; the client library keeps no byte counter of its own.
+    fn bytes_sent(&self) -> BoxFuture<'_, Option<u64>> {
+        Box::pin(async move {
+            let mut total = 0.0;
+            for &address in &self.metrics {
+                total += http::scrape_sum(address, "bulwark_node_request_bytes_total")
+                    .await
+                    .ok()?;
+            }
+            Some(total as u64)
+        })
+    }
+}
