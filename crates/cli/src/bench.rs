@@ -1,15 +1,16 @@
-//! `bulwark bench`: latency and throughput of put and get on a fresh local 4-node cluster, beside
-//! the transport's own round trip measured in the same run, and node memory under endless
-//! overwrites (garbage collection must keep it flat).
+//! `bulwark bench`: `compare` runs the side-by-side comparison of the `bulwark-bench` crate (YCSB
+//! A-F and object sizes, Bulwark against etcd, report with plots); `sizes` measures put and get
+//! on a fresh local 4-node cluster beside the transport's own round trip; `memory` watches node
+//! memory under endless overwrites (garbage collection must keep it flat).
 //!
-//! Closed-loop clients: each issues its next operation when the previous one returns, so there is
-//! no coordinated omission to correct for. The full comparative harness (baselines, YCSB, plots)
-//! is a separate piece of work.
+//! `sizes` and `memory` use closed-loop clients: each issues its next operation when the previous
+//! one returns, so there is no coordinated omission to correct for.
 
 use crate::cluster_init::{self, InitArgs};
 use crate::dev::{Nodes, wait_until_up};
 use crate::objects::human_bytes;
 use anyhow::{Context, Result};
+use bulwark_bench::compare::CompareOptions;
 use bulwark_client::Client;
 use bytes::Bytes;
 use std::path::PathBuf;
@@ -19,6 +20,78 @@ use std::time::{Duration, Instant};
 /// `bulwark bench`.
 #[derive(clap::Args)]
 pub struct BenchArgs {
+    #[command(subcommand)]
+    pub command: BenchCommand,
+}
+
+#[derive(clap::Subcommand)]
+pub enum BenchCommand {
+    /// Bulwark against etcd (and other Bulwark protocols): YCSB A-F and object sizes, side by
+    /// side, written as JSON, Markdown and PNG plots.
+    Compare(CompareArgs),
+    /// Put and get latency and throughput per object size, beside the TLS round trip.
+    Sizes(SizesArgs),
+    /// Node memory under endless overwrites of the same keys.
+    Memory(MemoryArgs),
+}
+
+/// `bulwark bench compare`.
+#[derive(clap::Args)]
+pub struct CompareArgs {
+    /// A few minutes instead of about half an hour: 3 client counts, 4 s per run, 1000 records.
+    #[arg(long)]
+    pub quick: bool,
+    /// Systems to compare: powerstore, etcd, or any protocol `bulwark cluster init --protocol`
+    /// accepts.
+    #[arg(long, value_delimiter = ',', default_value = "powerstore,etcd")]
+    pub systems: Vec<String>,
+    /// YCSB workloads to run (A-F; none: `--workloads ''`).
+    #[arg(long, value_delimiter = ',', default_value = "A,B,C,D,E,F")]
+    pub workloads: Vec<String>,
+    /// Client counts for the YCSB runs (default 1,8,32 with --quick, else 1,4,16,64).
+    #[arg(long, value_delimiter = ',')]
+    pub concurrency: Vec<usize>,
+    /// Object sizes for the put/get sweep (suffixes k and m are binary; none: `--sizes ''`).
+    #[arg(long, value_delimiter = ',', default_value = "1k,64k,1m,16m")]
+    pub sizes: Vec<String>,
+    /// Clients in the object-size sweep.
+    #[arg(long, default_value_t = 8)]
+    pub size_concurrency: usize,
+    /// Seconds per run (default 4 with --quick, else 20).
+    #[arg(long)]
+    pub seconds: Option<f64>,
+    /// YCSB records loaded before the runs (default 1000 with --quick, else 10000).
+    #[arg(long)]
+    pub records: Option<i64>,
+    /// Total YCSB operations per second to aim for; latencies are then corrected for
+    /// coordinated omission.
+    #[arg(long)]
+    pub target_rate: Option<f64>,
+    /// Where the report goes.
+    #[arg(long, default_value = "results")]
+    pub out: PathBuf,
+}
+
+/// `bulwark bench memory`.
+#[derive(clap::Args)]
+pub struct MemoryArgs {
+    /// Overwrites.
+    #[arg(long, default_value_t = 100_000)]
+    pub overwrites: usize,
+    /// Keys the overwrites cycle through.
+    #[arg(long, default_value_t = 100)]
+    pub keys: usize,
+    /// Concurrent closed-loop clients.
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    /// Where to put the cluster (default: a fresh directory under the system temp dir).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+}
+
+/// `bulwark bench sizes`.
+#[derive(clap::Args)]
+pub struct SizesArgs {
     /// Object sizes, in bytes (suffixes k and m are binary).
     #[arg(long, value_delimiter = ',', default_value = "1k,64k,1m")]
     pub sizes: Vec<String>,
@@ -28,8 +101,8 @@ pub struct BenchArgs {
     /// Concurrent closed-loop clients.
     #[arg(long, default_value_t = 8)]
     pub concurrency: usize,
-    /// Overwrites for the memory test (0 skips it).
-    #[arg(long, default_value_t = 100_000)]
+    /// Overwrites for the memory test afterwards (0 skips it).
+    #[arg(long, default_value_t = 0)]
     pub overwrites: usize,
     /// Keys the overwrites cycle through.
     #[arg(long, default_value_t = 100)]
@@ -147,6 +220,71 @@ fn resident_kib(pid: u32) -> Option<u64> {
 }
 
 pub async fn run(args: &BenchArgs) -> Result<()> {
+    match &args.command {
+        BenchCommand::Compare(compare) => run_compare(compare).await,
+        BenchCommand::Sizes(sizes) => run_sizes(sizes).await,
+        BenchCommand::Memory(memory) => {
+            run_sizes(&SizesArgs {
+                sizes: Vec::new(),
+                ops: 500,
+                concurrency: memory.concurrency,
+                overwrites: memory.overwrites,
+                keys: memory.keys,
+                dir: memory.dir.clone(),
+            })
+            .await
+        }
+    }
+}
+
+async fn run_compare(args: &CompareArgs) -> Result<()> {
+    let mut options = CompareOptions::preset(args.quick);
+    options.systems = args.systems.clone();
+    options.workloads = args
+        .workloads
+        .iter()
+        .filter(|w| !w.trim().is_empty())
+        .map(|w| match w.trim().to_ascii_uppercase().as_str() {
+            one if one.len() == 1 && ("A"..="F").contains(&one) => {
+                Ok(one.chars().next().unwrap_or('A'))
+            }
+            other => anyhow::bail!("no YCSB workload {other:?}: choose among A-F"),
+        })
+        .collect::<Result<_>>()?;
+    if !args.concurrency.is_empty() {
+        options.concurrency = args.concurrency.clone();
+    }
+    options.sizes = args
+        .sizes
+        .iter()
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| parse_size(s))
+        .collect::<Result<_>>()?;
+    options.size_concurrency = args.size_concurrency;
+    if let Some(seconds) = args.seconds {
+        options.run_time = Duration::from_secs_f64(seconds.clamp(0.1, 3600.0));
+    }
+    if let Some(records) = args.records {
+        options.record_count = records.max(1);
+    }
+    options.target_rate = args.target_rate;
+    options.program = std::env::current_exe()?;
+    options.out = args.out.clone();
+    options.command = std::iter::once("bulwark".to_string())
+        .chain(std::env::args().skip(1))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let run = bulwark_bench::compare::run(&options);
+    // Ctrl-C ends the comparison through the normal path, so every cluster is stopped.
+    let path = tokio::select! {
+        result = run => result?,
+        _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted; all clusters stopped"),
+    };
+    println!("report: {}", path.display());
+    Ok(())
+}
+
+async fn run_sizes(args: &SizesArgs) -> Result<()> {
     let sizes: Vec<usize> = args
         .sizes
         .iter()
@@ -185,6 +323,18 @@ pub async fn run(args: &BenchArgs) -> Result<()> {
         "# bulwark bench: 4 local node processes (f = 1), {} closed-loop clients, {cpus} CPUs",
         args.concurrency
     );
+    if !sizes.is_empty() {
+        sizes_table(&client, args, &sizes).await;
+    }
+    if args.overwrites > 0 {
+        memory_table(&client, &nodes, args, &sizes).await;
+    }
+    drop(nodes);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+async fn sizes_table(client: &Arc<Client>, args: &SizesArgs, sizes: &[usize]) {
     println!();
     println!(
         "| operation | size | ops/s | throughput | p50 ms | p90 ms | p99 ms | max ms | failed |"
@@ -200,7 +350,7 @@ pub async fn run(args: &BenchArgs) -> Result<()> {
         .await
     };
     println!("{}", floor.row("round trip (baseline)", 0));
-    for &size in &sizes {
+    for &size in sizes {
         let value = Bytes::from((0..size).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
         let put = {
             let (client, value) = (client.clone(), value.clone());
@@ -242,7 +392,10 @@ pub async fn run(args: &BenchArgs) -> Result<()> {
             ratio(&get)
         );
     }
-    if args.overwrites > 0 {
+}
+
+async fn memory_table(client: &Arc<Client>, nodes: &Nodes, args: &SizesArgs, sizes: &[usize]) {
+    {
         println!();
         println!(
             "## Node memory under {} overwrites of {} keys (1 KiB values)",
@@ -298,7 +451,4 @@ pub async fn run(args: &BenchArgs) -> Result<()> {
             args.keys + sizes.len() * 100
         );
     }
-    drop(nodes);
-    let _ = std::fs::remove_dir_all(&dir);
-    Ok(())
 }
