@@ -163,9 +163,14 @@ pub fn run_protocol(args: &InitArgs, protocol: Protocol) -> Result<ClusterConfig
             timestamp_key: timestamp_key.clone(),
             server_keys: server_keys.clone(),
         });
+        // Phalanx writers sign their versions; nodes and readers check them against the public
+        // half in `cluster.toml`.
+        let signing_secret: Option<[u8; 32]> =
+            (write && protocol == Protocol::Phalanx).then(rand::random);
         let secrets = ClientSecrets {
             name: name.to_string(),
             writer,
+            signing_key: signing_secret,
         };
         write_private(&dir.join("client.toml"), &toml_text(&secrets)?)?;
         let fingerprint = write_identity(&dir, &format!("bulwark-client-{name}"))?;
@@ -174,6 +179,9 @@ pub fn run_protocol(args: &InitArgs, protocol: Protocol) -> Result<ClusterConfig
             fingerprint,
             write,
             read,
+            signing_key: signing_secret
+                .as_ref()
+                .map(bulwark_protocol::phalanx::public_key),
         });
     }
     let config = ClusterConfig {

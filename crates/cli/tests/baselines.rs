@@ -190,3 +190,13 @@ async fn abd_cli_round_trip() {
 async fn abd_survives_a_sigkilled_node_and_stays_linearizable() {
     survives_a_sigkilled_node("abd", 3).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn phalanx_cli_round_trip() {
+    cli_round_trip("phalanx", 4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn phalanx_survives_a_sigkilled_node_and_stays_linearizable() {
+    survives_a_sigkilled_node("phalanx", 4).await;
+}

@@ -5,7 +5,7 @@ use bulwark_core::NodeId;
 use bulwark_core::config::Fingerprint;
 use bulwark_core::wire::{self, FRAME_BYTES_MAX};
 use bulwark_protocol::service::{ClientFrame, NodeFrame, NodeStatus};
-use bulwark_protocol::{abd, powerstore};
+use bulwark_protocol::{abd, phalanx, powerstore};
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use std::collections::HashMap;
@@ -27,6 +27,7 @@ const BACKOFF_MAX: Duration = Duration::from_secs(2);
 pub enum Reply {
     PowerStore(powerstore::Response),
     Abd(abd::Response),
+    Phalanx(phalanx::Response),
 }
 
 impl Reply {
@@ -35,6 +36,7 @@ impl Reply {
         match self {
             Reply::PowerStore(response) => response.op.0,
             Reply::Abd(response) => response.op.0,
+            Reply::Phalanx(response) => response.op.0,
         }
     }
 }
@@ -232,6 +234,9 @@ impl LinkTask {
                         }
                         Ok(NodeFrame::Abd(response)) => {
                             self.router.deliver(self.node, Reply::Abd(response))
+                        }
+                        Ok(NodeFrame::Phalanx(response)) => {
+                            self.router.deliver(self.node, Reply::Phalanx(response))
                         }
                         Ok(NodeFrame::Status { nonce, status }) => {
                             let waiter = self

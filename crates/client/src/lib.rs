@@ -11,12 +11,12 @@ mod connection;
 use bulwark_core::config::{ClientSecrets, ClusterConfig, Protocol, parse_secrets};
 use bulwark_core::erasure::{ErasureCodec, ReedSolomonSimd};
 use bulwark_core::{ClientId, Key, NodeId, OBJECT_BYTES_MAX};
-use bulwark_protocol::abd;
 use bulwark_protocol::powerstore::{
     ClientConfig, Evidence, OpId, Pid, ProtocolError, ReadOp, Refusal, Request, Response, Step,
     WriteOp, WriterKeys,
 };
 use bulwark_protocol::service::{ClientFrame, NodeStatus};
+use bulwark_protocol::{abd, phalanx};
 use bytes::Bytes;
 use connection::{NodeLink, Reply};
 use std::net::SocketAddr;
@@ -132,6 +132,9 @@ pub struct Client {
     name: String,
     protocol: ClientConfig,
     abd: abd::ClientConfig,
+    phalanx: phalanx::ClientConfig,
+    /// A Phalanx writer's signing key.
+    signing: Option<Arc<phalanx::SigningKey>>,
     writer: Option<Arc<WriterKeys>>,
     links: Vec<NodeLink>,
     router: connection::Router,
@@ -216,11 +219,33 @@ impl Client {
         protocol.epoch = bulwark_core::Epoch(cluster.epoch);
         let mut abd = abd::ClientConfig::new(cluster.f);
         abd.epoch = protocol.epoch;
+        let writers = phalanx::Writers::from_config(&cluster, "cluster.toml")?;
+        let mut phalanx = phalanx::ClientConfig::new(cluster.f, Arc::new(writers));
+        phalanx.epoch = protocol.epoch;
+        let signing = match (cluster.protocol, secrets.signing_key) {
+            (Protocol::Phalanx, Some(secret)) => {
+                let registered = cluster
+                    .client(&secrets.name)
+                    .and_then(|(_, entry)| entry.signing_key);
+                if registered != Some(phalanx::public_key(&secret)) {
+                    return Err(bulwark_core::config::ConfigError::Invalid {
+                        file: "client.toml".into(),
+                        field: "signing_key".into(),
+                        problem: "does not match this client's public key in cluster.toml".into(),
+                    }
+                    .into());
+                }
+                Some(Arc::new(phalanx::signing_key(&secret)))
+            }
+            _ => None,
+        };
         Ok(Client {
             cluster: Arc::new(cluster),
             name: secrets.name,
             protocol,
             abd,
+            phalanx,
+            signing,
             writer,
             links,
             router,
@@ -312,7 +337,23 @@ impl Client {
                     .await?
                     .acknowledged_by
             }
-            Protocol::Phalanx => return Err(unsupported()),
+            Protocol::Phalanx => {
+                let signing = self.signing.clone().ok_or_else(not_writer)?;
+                let op = phalanx::OpId(op.0);
+                let mut machine = phalanx::WriteOp::new(
+                    self.phalanx.clone(),
+                    key,
+                    op,
+                    self.id(),
+                    op.0,
+                    signing,
+                    value,
+                );
+                let first = machine.start();
+                self.drive(op.0, &mut machine, phalanx_frames(first))
+                    .await?
+                    .acknowledged_by
+            }
         };
         Ok(OpReport {
             answered,
@@ -359,7 +400,32 @@ impl Client {
                 };
                 Ok((outcome.value, report))
             }
-            Protocol::Phalanx => Err(unsupported()),
+            Protocol::Phalanx => {
+                let mut machine =
+                    phalanx::ReadOp::new(self.phalanx.clone(), key.clone(), phalanx::OpId(op.0));
+                let first = machine.start();
+                let outcome = self
+                    .drive(op.0, &mut machine, phalanx_frames(first))
+                    .await?;
+                for node in &outcome.forgers {
+                    tracing::warn!(%node, %key, "node served a version no writer signed");
+                }
+                let report = OpReport {
+                    answered: outcome.answered_by,
+                    n,
+                    evidence: outcome
+                        .forgers
+                        .into_iter()
+                        .map(|node| Evidence {
+                            node,
+                            kind: bulwark_protocol::powerstore::EvidenceKind::MalformedReply,
+                        })
+                        .collect(),
+                    restarts: 0,
+                    repaired: outcome.wrote_back,
+                };
+                Ok((outcome.value, report))
+            }
         }
     }
 
@@ -367,7 +433,8 @@ impl Client {
     fn quorum(&self) -> usize {
         match self.cluster.protocol {
             Protocol::Abd => self.abd.quorum(),
-            Protocol::PowerStore | Protocol::Phalanx => self.protocol.quorum(),
+            Protocol::Phalanx => self.phalanx.quorum(),
+            Protocol::PowerStore => self.protocol.quorum(),
         }
     }
 
@@ -475,10 +542,6 @@ fn protocol_error(error: ProtocolError) -> ClientError {
     }
 }
 
-fn unsupported() -> ClientError {
-    ClientError::Protocol("this client does not drive phalanx clusters yet".into())
-}
-
 fn frames(outbound: Vec<bulwark_protocol::powerstore::Outbound>) -> Vec<(NodeId, ClientFrame)> {
     outbound
         .into_iter()
@@ -490,6 +553,13 @@ fn abd_frames(outbound: Vec<abd::Outbound>) -> Vec<(NodeId, ClientFrame)> {
     outbound
         .into_iter()
         .map(|(to, request)| (to, ClientFrame::Abd(request)))
+        .collect()
+}
+
+fn phalanx_frames(outbound: Vec<phalanx::Outbound>) -> Vec<(NodeId, ClientFrame)> {
+    outbound
+        .into_iter()
+        .map(|(to, request)| (to, ClientFrame::Phalanx(request)))
         .collect()
 }
 
@@ -515,6 +585,22 @@ impl<T> Progress<T> {
                     refusal: refusal.to_string(),
                     nodes,
                 },
+            })),
+        }
+    }
+}
+
+impl<T> Progress<T> {
+    fn phalanx(step: phalanx::Step<T>) -> Progress<T> {
+        match step {
+            phalanx::Step::Continue(outbound) => Progress::Send(phalanx_frames(outbound)),
+            phalanx::Step::Done(result) => Progress::Done(result.map_err(|error| match error {
+                phalanx::ProtocolError::Refused { refusal, nodes } => {
+                    ClientError::RefusedBaseline {
+                        refusal: refusal.to_string(),
+                        nodes,
+                    }
+                }
             })),
         }
     }
@@ -590,5 +676,37 @@ impl Operation for abd::ReadOp {
     }
     fn answered(&self) -> Vec<NodeId> {
         abd::ReadOp::answered(self)
+    }
+}
+
+impl Operation for phalanx::WriteOp {
+    type Output = phalanx::WriteOutcome;
+    fn feed(&mut self, from: NodeId, reply: Reply) -> Progress<Self::Output> {
+        match reply {
+            Reply::Phalanx(response) => Progress::phalanx(self.on_response(from, response)),
+            _ => Progress::Send(Vec::new()),
+        }
+    }
+    fn resend(&self) -> Vec<(NodeId, ClientFrame)> {
+        phalanx_frames(self.retransmit())
+    }
+    fn answered(&self) -> Vec<NodeId> {
+        phalanx::WriteOp::answered(self)
+    }
+}
+
+impl Operation for phalanx::ReadOp {
+    type Output = phalanx::ReadOutcome;
+    fn feed(&mut self, from: NodeId, reply: Reply) -> Progress<Self::Output> {
+        match reply {
+            Reply::Phalanx(response) => Progress::phalanx(self.on_response(from, response)),
+            _ => Progress::Send(Vec::new()),
+        }
+    }
+    fn resend(&self) -> Vec<(NodeId, ClientFrame)> {
+        phalanx_frames(self.retransmit())
+    }
+    fn answered(&self) -> Vec<NodeId> {
+        phalanx::ReadOp::answered(self)
     }
 }

@@ -155,6 +155,29 @@ impl FromStr for Protocol {
     }
 }
 
+/// Serde helper for optional 32-byte keys as hex strings.
+pub mod hex32_opt {
+    use super::*;
+    /// Serialises as hex.
+    pub fn serialize<S: serde::Serializer>(
+        key: &Option<[u8; 32]>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        match key {
+            Some(key) => serializer.serialize_some(&hex::encode(key)),
+            None => serializer.serialize_none(),
+        }
+    }
+    /// Parses hex.
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<[u8; 32]>, D::Error> {
+        Option::<String>::deserialize(deserializer)?
+            .map(|text| parse_hex32(&text).map_err(serde::de::Error::custom))
+            .transpose()
+    }
+}
+
 /// `cluster.toml`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -202,6 +225,9 @@ pub struct ClientEntry {
     /// May read.
     #[serde(default = "yes")]
     pub read: bool,
+    /// The Ed25519 public key a Phalanx writer signs its versions with.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "hex32_opt")]
+    pub signing_key: Option<[u8; 32]>,
 }
 
 fn yes() -> bool {
@@ -306,6 +332,17 @@ impl ClusterConfig {
             return Err(invalid("clients", "no client could connect".into()));
         }
         for (i, client) in self.clients.iter().enumerate() {
+            if self.protocol == Protocol::Phalanx && client.write && client.signing_key.is_none() {
+                return Err(invalid(
+                    &format!("clients[{i}].signing_key"),
+                    format!(
+                        "writer {:?} of a phalanx cluster needs an Ed25519 public key",
+                        client.name
+                    ),
+                ));
+            }
+        }
+        for (i, client) in self.clients.iter().enumerate() {
             if client.name.is_empty() || client.name.len() > 64 {
                 return Err(invalid(
                     &format!("clients[{i}].name"),
@@ -383,6 +420,9 @@ pub struct ClientSecrets {
     /// `k_W` and every `k_i`: writers only. Readers hold no MAC keys (PoWerStore §1.3).
     #[serde(default)]
     pub writer: Option<WriterSecrets>,
+    /// The Ed25519 secret key of a Phalanx writer; its public half is in `cluster.toml`.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "hex32_opt")]
+    pub signing_key: Option<[u8; 32]>,
 }
 
 /// The MAC keys a writer holds.
@@ -430,6 +470,7 @@ mod tests {
                 fingerprint: Fingerprint([9; 32]),
                 write: true,
                 read: true,
+                signing_key: None,
             }],
         }
     }
@@ -499,6 +540,24 @@ mod tests {
         abd.protocol = Protocol::Abd;
         abd.nodes.pop();
         assert_eq!(ClusterConfig::parse(&abd.to_toml(), "c").unwrap(), abd);
+
+        // A Phalanx writer must have a public key.
+        let mut phalanx = sample();
+        phalanx.protocol = Protocol::Phalanx;
+        let error = ClusterConfig::parse(&phalanx.to_toml(), "cluster.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("clients[0].signing_key"), "{error}");
+        phalanx.clients[0].signing_key = Some([7; 32]);
+        assert_eq!(
+            ClusterConfig::parse(&phalanx.to_toml(), "c").unwrap(),
+            phalanx
+        );
+        let text = phalanx.to_toml().replace(&hex::encode([7u8; 32]), "abcd");
+        let error = ClusterConfig::parse(&text, "cluster.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("signing_key"), "{error}");
 
         // A configuration written before protocols were selectable is PoWerStore.
         let text = sample()

@@ -3,11 +3,11 @@
 
 use crate::Rejections;
 use bulwark_core::{ClientId, Key, NodeId, Time, wire};
-use bulwark_protocol::abd;
 use bulwark_protocol::powerstore::{
     Access, Change, Fragments, Request, ServerLogic, ServerStats, StoredEntry, Timestamp,
 };
 use bulwark_protocol::service::{NodeFrame, NodeStatus};
+use bulwark_protocol::{abd, phalanx};
 use bulwark_storage::{Committer, StorageOp, Store, Table};
 use bytes::Bytes;
 use std::collections::HashMap;
@@ -25,6 +25,7 @@ const TICK_INTERVAL: Duration = Duration::from_millis(500);
 pub enum Machine {
     PowerStore(Box<dyn ServerLogic>),
     Abd(abd::Server),
+    Phalanx(phalanx::Server),
 }
 
 impl Machine {
@@ -32,6 +33,7 @@ impl Machine {
         match self {
             Machine::PowerStore(_) => "powerstore",
             Machine::Abd(_) => "abd",
+            Machine::Phalanx(_) => "phalanx",
         }
     }
 
@@ -40,15 +42,24 @@ impl Machine {
             Machine::PowerStore(server) => server.stats(),
             Machine::Abd(server) => {
                 let stats = server.stats();
-                ServerStats {
-                    objects: stats.objects,
-                    keys: stats.keys,
-                    versions: stats.keys,
-                    fragment_bytes: stats.value_bytes,
-                    ..ServerStats::default()
-                }
+                baseline_stats(stats.objects, stats.keys, stats.value_bytes)
+            }
+            Machine::Phalanx(server) => {
+                let stats = server.stats();
+                baseline_stats(stats.objects, stats.keys, stats.value_bytes)
             }
         }
+    }
+}
+
+/// A baseline keeps one whole version per key.
+fn baseline_stats(objects: u64, keys: u64, value_bytes: u64) -> ServerStats {
+    ServerStats {
+        objects,
+        keys,
+        versions: keys,
+        fragment_bytes: value_bytes,
+        ..ServerStats::default()
     }
 }
 
@@ -56,6 +67,7 @@ impl Machine {
 pub enum ProtocolRequest {
     PowerStore(Request),
     Abd(abd::Request),
+    Phalanx(phalanx::Request),
 }
 
 impl ProtocolRequest {
@@ -63,6 +75,7 @@ impl ProtocolRequest {
         match self {
             ProtocolRequest::PowerStore(request) => request.body.name(),
             ProtocolRequest::Abd(request) => request.body.name(),
+            ProtocolRequest::Phalanx(request) => request.body.name(),
         }
     }
 }
@@ -275,6 +288,12 @@ fn abd_op(change: abd::Change) -> StorageOp {
     }
 }
 
+fn phalanx_op(change: phalanx::Change) -> StorageOp {
+    match change {
+        phalanx::Change::Put { key, entry } => register_op(&key, wire::encode(&(&key, &entry))),
+    }
+}
+
 fn storage_op(change: Change) -> StorageOp {
     match change {
         Change::PutHist { key, entry } => StorageOp::Put {
@@ -343,6 +362,11 @@ async fn run(
                                 let handled = server.handle(access.write, access.read, request);
                                 let ops = handled.changes.into_iter().map(abd_op).collect();
                                 (ops, Some(NodeFrame::Abd(handled.reply)), handled.refused.map(|r| r.to_string()))
+                            }
+                            (Machine::Phalanx(server), ProtocolRequest::Phalanx(request)) => {
+                                let handled = server.handle(from, access.write, access.read, request);
+                                let ops = handled.changes.into_iter().map(phalanx_op).collect();
+                                (ops, Some(NodeFrame::Phalanx(handled.reply)), handled.refused.map(|r| r.to_string()))
                             }
                             (server, _) => {
                                 let reason = format!("a request for another protocol than {}", server.protocol());

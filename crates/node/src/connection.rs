@@ -86,6 +86,7 @@ pub async fn serve(context: ConnectionContext, tcp: TcpStream, address: SocketAd
         let job = match wire::decode::<ClientFrame>(&bytes, FRAME_BYTES_MAX) {
             Ok(ClientFrame::PowerStore(r)) => request(ProtocolRequest::PowerStore(r)),
             Ok(ClientFrame::Abd(r)) => request(ProtocolRequest::Abd(r)),
+            Ok(ClientFrame::Phalanx(r)) => request(ProtocolRequest::Phalanx(r)),
             Ok(ClientFrame::Status { nonce }) => Job::Status {
                 nonce,
                 reply: replies.clone(),

@@ -18,10 +18,10 @@ pub use rejections::Rejections;
 use bulwark_core::config::Protocol;
 use bulwark_core::config::{ClusterConfig, NodeSecrets, parse_secrets};
 use bulwark_core::{NodeId, Time};
-use bulwark_protocol::abd;
 use bulwark_protocol::powerstore::{
     Server, ServerConfig, ServerLogic, StoredEntry, fragment_digest,
 };
+use bulwark_protocol::{abd, phalanx};
 use bulwark_storage::{Committer, Store, Table};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -241,13 +241,19 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
             actor::Machine::Abd(server)
         }
         Protocol::Phalanx => {
-            return Err(NodeError::Config(
-                bulwark_core::config::ConfigError::Invalid {
-                    file: "cluster.toml".into(),
-                    field: "protocol".into(),
-                    problem: "phalanx is not served by this node yet".into(),
-                },
-            ));
+            let epoch = bulwark_core::Epoch(options.cluster.epoch);
+            let writers = phalanx::Writers::from_config(&options.cluster, "cluster.toml")?;
+            let mut server =
+                phalanx::Server::new(id, epoch, bulwark_core::GroupId(0), Arc::new(writers));
+            let keys = restore_register(&store, |record, value| {
+                let (key, entry) = decode_register::<phalanx::Entry>(record, value)?;
+                if !server.restore(key, entry) {
+                    return Err("a stored version's signature does not verify".into());
+                }
+                Ok(())
+            })?;
+            tracing::info!(node = id.0, keys, data = %options.data_dir.display(), "Phalanx state restored");
+            actor::Machine::Phalanx(server)
         }
     };
 

@@ -17,7 +17,8 @@
 
 use bulwark_core::{ClientId, Digest, Epoch, GroupId, Key, NodeId, OBJECT_BYTES_MAX};
 use bytes::Bytes;
-use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
+pub use ed25519_dalek::SigningKey;
+use ed25519_dalek::{Signature, Signer, VerifyingKey};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -56,6 +57,28 @@ pub enum KeyError {
 }
 
 impl Writers {
+    /// Every writer's key from `cluster.toml`, refusing malformed and weak keys with an error
+    /// naming the field.
+    pub fn from_config(
+        cluster: &bulwark_core::config::ClusterConfig,
+        file: &str,
+    ) -> Result<Writers, bulwark_core::config::ConfigError> {
+        let mut writers = Writers::default();
+        for (i, client) in cluster.clients.iter().enumerate() {
+            let (true, Some(public)) = (client.write, client.signing_key) else {
+                continue;
+            };
+            writers
+                .register(ClientId(i as u32), &public)
+                .map_err(|error| bulwark_core::config::ConfigError::Invalid {
+                    file: file.to_string(),
+                    field: format!("clients[{i}].signing_key"),
+                    problem: error.to_string(),
+                })?;
+        }
+        Ok(writers)
+    }
+
     /// Registers `writer`'s public key, refusing malformed and weak keys.
     pub fn register(&mut self, writer: ClientId, public: &[u8; 32]) -> Result<(), KeyError> {
         let key = VerifyingKey::from_bytes(public).map_err(|_| KeyError::Invalid)?;
@@ -82,6 +105,16 @@ impl Writers {
                 )
                 .is_ok()
     }
+}
+
+/// The signing key made from a 32-byte secret, as `cluster init` draws it.
+pub fn signing_key(secret: &[u8; 32]) -> SigningKey {
+    SigningKey::from_bytes(secret)
+}
+
+/// The public half of a signing key's secret, as registered in `cluster.toml`.
+pub fn public_key(secret: &[u8; 32]) -> [u8; 32] {
+    signing_key(secret).verifying_key().to_bytes()
 }
 
 /// The exact bytes a writer signs: domain, group, key, timestamp, and the value's hash (a

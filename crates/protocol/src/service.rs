@@ -2,7 +2,7 @@
 //! protocol message or an administrative request. New protocols (the baselines, Depot, tables)
 //! become new variants here, so one node serves them all on one port.
 
-use crate::{abd, powerstore};
+use crate::{abd, phalanx, powerstore};
 use serde::{Deserialize, Serialize};
 
 /// A client-to-node frame.
@@ -14,6 +14,8 @@ pub enum ClientFrame {
     PowerStore(powerstore::Request),
     /// A multi-writer ABD request.
     Abd(abd::Request),
+    /// A Phalanx-style request.
+    Phalanx(phalanx::Request),
     /// Asks for [`NodeStatus`]; `nonce` is echoed.
     Status {
         /// Echoed in the reply.
@@ -28,6 +30,8 @@ pub enum NodeFrame {
     PowerStore(powerstore::Response),
     /// A multi-writer ABD reply.
     Abd(abd::Response),
+    /// A Phalanx-style reply.
+    Phalanx(phalanx::Response),
     /// The node's self-description.
     Status {
         /// Echo of the request's nonce.
