@@ -232,7 +232,13 @@ pub fn ratios(report: &Report) -> Vec<String> {
         let others: Vec<String> = systems
             .iter()
             .filter(|(s, _)| *s != first)
-            .map(|(s, &t)| format!("{:.2}x {s}", base / t.max(1e-9)))
+            .map(|(s, &t)| {
+                if t > 0.0 {
+                    format!("{:.2}x {s}", base / t)
+                } else {
+                    format!("{s} completed none")
+                }
+            })
             .collect();
         if others.is_empty() {
             continue;
@@ -310,7 +316,7 @@ pub fn plot_throughput_latency(
         let colour = COLOURS[i % COLOURS.len()];
         let mut points: Vec<(usize, f64, f64)> = runs
             .iter()
-            .filter(|r| &r.system == system)
+            .filter(|r| &r.system == system && r.ops > 0)
             .map(|r| (r.concurrency, r.throughput_ops, r.overall.p99_ms))
             .collect();
         if points.is_empty() {
@@ -354,16 +360,10 @@ pub fn plot_sizes(path: &Path, runs: &[&RunStats], systems: &[String]) -> Result
     let root = BitMapBackend::new(path, (900, 600)).into_drawing_area();
     root.fill(&WHITE)?;
     let mib = |r: &RunStats| r.throughput_ops * r.object_bytes as f64 / f64::from(1u32 << 20);
-    let x_min = runs
-        .iter()
-        .map(|r| r.object_bytes as f64)
-        .fold(f64::MAX, f64::min)
-        / 1.5;
-    let x_max = runs
-        .iter()
-        .map(|r| r.object_bytes as f64)
-        .fold(1.0, f64::max)
-        * 1.5;
+    // x is log2 of the size, so that ticks fall on powers of two.
+    let log2 = |r: &RunStats| (r.object_bytes.max(1) as f64).log2();
+    let x_min = runs.iter().map(|r| log2(r)).fold(f64::MAX, f64::min) - 0.5;
+    let x_max = runs.iter().map(|r| log2(r)).fold(0.0, f64::max) + 0.5;
     let y_max = runs.iter().map(|r| mib(r)).fold(0.1, f64::max) * 1.15;
     let mut chart = ChartBuilder::on(&root)
         .caption(
@@ -373,12 +373,13 @@ pub fn plot_sizes(path: &Path, runs: &[&RunStats], systems: &[String]) -> Result
         .margin(15)
         .x_label_area_size(45)
         .y_label_area_size(65)
-        .build_cartesian_2d((x_min..x_max).log_scale(), 0.0..y_max)?;
+        .build_cartesian_2d(x_min..x_max, 0.0..y_max)?;
     chart
         .configure_mesh()
         .x_desc("object size")
         .y_desc("throughput (MiB/s)")
-        .x_label_formatter(&|x| human_bytes(*x))
+        .x_labels(8)
+        .x_label_formatter(&|x| human_bytes(2f64.powf(x.round())))
         .y_label_formatter(&|y| format!("{y:.0}"))
         .label_style(("sans-serif", 15))
         .draw()?;
@@ -387,8 +388,8 @@ pub fn plot_sizes(path: &Path, runs: &[&RunStats], systems: &[String]) -> Result
         for op in ["put", "get"] {
             let mut points: Vec<(f64, f64)> = runs
                 .iter()
-                .filter(|r| &r.system == system && r.workload == op)
-                .map(|r| (r.object_bytes as f64, mib(r)))
+                .filter(|r| &r.system == system && r.workload == op && r.ops > 0)
+                .map(|r| (log2(r), mib(r)))
                 .collect();
             if points.is_empty() {
                 continue;

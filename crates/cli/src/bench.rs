@@ -38,12 +38,16 @@ pub enum BenchCommand {
 /// `bulwark bench compare`.
 #[derive(clap::Args)]
 pub struct CompareArgs {
-    /// A few minutes instead of about half an hour: 3 client counts, 4 s per run, 1000 records.
+    /// Minutes instead of most of an hour: 3 client counts, 3 s per run, 1000 records.
     #[arg(long)]
     pub quick: bool,
     /// Systems to compare: powerstore, etcd, or any protocol `bulwark cluster init --protocol`
     /// accepts.
-    #[arg(long, value_delimiter = ',', default_value = "powerstore,etcd")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "powerstore,abd,phalanx,etcd"
+    )]
     pub systems: Vec<String>,
     /// YCSB workloads to run (A-F; none: `--workloads ''`).
     #[arg(long, value_delimiter = ',', default_value = "A,B,C,D,E,F")]
@@ -57,7 +61,7 @@ pub struct CompareArgs {
     /// Clients in the object-size sweep.
     #[arg(long, default_value_t = 8)]
     pub size_concurrency: usize,
-    /// Seconds per run (default 4 with --quick, else 20).
+    /// Seconds per run (default 3 with --quick, else 20).
     #[arg(long)]
     pub seconds: Option<f64>,
     /// YCSB records loaded before the runs (default 1000 with --quick, else 10000).
