@@ -627,4 +627,50 @@ mod tests {
         assert!(text.contains("cannot open the store in"), "{text}");
         assert!(text.contains(&dir.path().display().to_string()), "{text}");
     }
+
+    #[test]
+    fn baseline_versions_survive_a_restart_and_a_misfiled_one_stops_the_start() {
+        use bulwark_protocol::abd;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let key = Key::new(b"k".to_vec()).unwrap();
+        let entry = abd::Entry {
+            ts: abd::Timestamp {
+                num: 3,
+                writer: ClientId(0),
+                seq: 9,
+            },
+            value: Some(Bytes::from("v")),
+        };
+        store
+            .apply(&[actor::register_op(
+                &key,
+                bulwark_core::wire::encode(&(&key, &entry)),
+            )])
+            .unwrap();
+        let load = |store: &Store| {
+            let mut server = abd::Server::new(NodeId(0), bulwark_core::Epoch(0), GroupId(0));
+            restore_register(store, |record, value| {
+                let (key, entry) = decode_register::<abd::Entry>(record, value)?;
+                server.restore(key, entry);
+                Ok(())
+            })
+            .map(|count| (count, server))
+        };
+        let (count, server) = load(&store).unwrap();
+        assert_eq!(count, 1);
+        assert_eq!(server.stored(&key), Some(&entry));
+
+        let other = Key::new(b"other".to_vec()).unwrap();
+        store
+            .apply(&[actor::register_op(
+                &other,
+                bulwark_core::wire::encode(&(&key, &entry)),
+            )])
+            .unwrap();
+        let error = load(&store)
+            .err()
+            .expect("a misfiled version stops the start");
+        assert!(error.to_string().contains("register"), "{error}");
+    }
 }

@@ -91,19 +91,51 @@ impl Writers {
 
     /// Whether `entry` carries a valid signature of its timestamp's writer.
     pub fn verify(&self, group: GroupId, key: &Key, entry: &Entry) -> bool {
-        let Some(public) = self.0.get(&entry.ts.writer) else {
+        entry.is_well_formed() && self.verify_timestamp(group, key, &entry.signed_timestamp())
+    }
+
+    /// Whether a version's signed timestamp (its value replaced by the value's hash) verifies.
+    pub fn verify_timestamp(&self, group: GroupId, key: &Key, signed: &SignedTimestamp) -> bool {
+        let Some(public) = self.0.get(&signed.ts.writer) else {
             return false;
         };
-        let Ok(signature) = <[u8; 64]>::try_from(entry.signature.as_ref()) else {
+        let Ok(signature) = <[u8; 64]>::try_from(signed.signature.as_ref()) else {
             return false;
         };
-        entry.is_well_formed()
+        signed.ts.num >= 1
             && public
                 .verify_strict(
-                    &signed_bytes(group, key, &entry.ts, entry.value.as_deref()),
+                    &signed_bytes(
+                        group,
+                        key,
+                        &signed.ts,
+                        signed.tombstone,
+                        &signed.value_digest,
+                    ),
                     &Signature::from_bytes(&signature),
                 )
                 .is_ok()
+    }
+}
+
+/// What CLOCK returns: a stored version's timestamp with the hash of its value instead of the
+/// value, so a writer can check the signature without fetching the data.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SignedTimestamp {
+    /// The version's timestamp.
+    pub ts: Timestamp,
+    /// Whether the version is a delete.
+    pub tombstone: bool,
+    /// `H(value)`.
+    pub value_digest: Digest,
+    /// The writer's signature over the version.
+    pub signature: Bytes,
+}
+
+fn value_digest(value: Option<&[u8]>) -> Digest {
+    match value {
+        Some(value) => Digest::of(DOMAIN_VALUE, value),
+        None => Digest::of(DOMAIN_VALUE, b"tombstone"),
     }
 }
 
@@ -117,13 +149,15 @@ pub fn public_key(secret: &[u8; 32]) -> [u8; 32] {
     signing_key(secret).verifying_key().to_bytes()
 }
 
-/// The exact bytes a writer signs: domain, group, key, timestamp, and the value's hash (a
-/// tombstone hashes differently from every value).
-fn signed_bytes(group: GroupId, key: &Key, ts: &Timestamp, value: Option<&[u8]>) -> Vec<u8> {
-    let digest = match value {
-        Some(value) => Digest::of(DOMAIN_VALUE, value),
-        None => Digest::of(DOMAIN_VALUE, b"tombstone"),
-    };
+/// The exact bytes a writer signs: domain, group, key, timestamp, whether it is a delete, and the
+/// value's hash.
+fn signed_bytes(
+    group: GroupId,
+    key: &Key,
+    ts: &Timestamp,
+    tombstone: bool,
+    digest: &Digest,
+) -> Vec<u8> {
     let mut bytes =
         Vec::with_capacity(DOMAIN_SIGNED.len() + 8 + 2 + key.as_bytes().len() + 20 + 33);
     bytes.extend_from_slice(DOMAIN_SIGNED);
@@ -133,7 +167,7 @@ fn signed_bytes(group: GroupId, key: &Key, ts: &Timestamp, value: Option<&[u8]>)
     bytes.extend_from_slice(&ts.num.to_be_bytes());
     bytes.extend_from_slice(&ts.writer.0.to_be_bytes());
     bytes.extend_from_slice(&ts.seq.to_be_bytes());
-    bytes.push(u8::from(value.is_some()));
+    bytes.push(u8::from(!tombstone));
     bytes.extend_from_slice(&digest.0);
     bytes
 }
@@ -158,11 +192,22 @@ impl Entry {
         value: Option<Bytes>,
         signing: &SigningKey,
     ) -> Entry {
-        let signature = signing.sign(&signed_bytes(group, key, &ts, value.as_deref()));
+        let digest = value_digest(value.as_deref());
+        let signature = signing.sign(&signed_bytes(group, key, &ts, value.is_none(), &digest));
         Entry {
             ts,
             value,
             signature: Bytes::copy_from_slice(&signature.to_bytes()),
+        }
+    }
+
+    /// The timestamp, the value's hash and the signature: what CLOCK returns.
+    pub fn signed_timestamp(&self) -> SignedTimestamp {
+        SignedTimestamp {
+            ts: self.ts,
+            tombstone: self.value.is_none(),
+            value_digest: value_digest(self.value.as_deref()),
+            signature: self.signature.clone(),
         }
     }
 
@@ -229,8 +274,9 @@ pub struct Response {
 /// Replies.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum ResponseBody {
-    /// The stored version's timestamp, with its signature so writers need not trust the server.
-    ClockAck(Option<Entry>),
+    /// The stored version's signed timestamp: writers need not trust the server, nor fetch the
+    /// value.
+    ClockAck(Option<SignedTimestamp>),
     /// The stored version.
     Value(Option<Entry>),
     /// The version `ts` (or a newer one) is durable here.
@@ -384,7 +430,9 @@ impl Server {
         }
         let mut changes = Vec::new();
         let body = match &request.body {
-            RequestBody::Clock => ResponseBody::ClockAck(self.stored.get(&request.key).cloned()),
+            RequestBody::Clock => {
+                ResponseBody::ClockAck(self.stored.get(&request.key).map(Entry::signed_timestamp))
+            }
             RequestBody::Get => ResponseBody::Value(self.stored.get(&request.key).cloned()),
             RequestBody::Store(entry) | RequestBody::WriteBack(entry) => {
                 if !entry.is_well_formed() {
@@ -675,10 +723,13 @@ impl WriteOp {
                     None => Step::Continue(Vec::new()),
                 }
             }
-            (WritePhase::Clock(replies), ResponseBody::ClockAck(entry)) => {
+            (WritePhase::Clock(replies), ResponseBody::ClockAck(signed)) => {
                 // Only a signed timestamp counts: a Byzantine server cannot push writers
                 // arbitrarily far ahead.
-                let ts = self.config.verified(&self.key, entry).map(|e| e.ts);
+                let config = &self.config;
+                let ts = signed
+                    .filter(|s| config.writers.verify_timestamp(config.group, &self.key, s))
+                    .map(|s| s.ts);
                 if !replies.record(from, ts) || replies.count() < quorum {
                     return Step::Continue(Vec::new());
                 }

@@ -207,6 +207,15 @@ fn server_stores_only_verified_versions_and_keeps_the_highest() {
             .refused,
         Some(Refusal::NotReader)
     );
+    let clock = server.handle(ClientId(0), true, true, request(9, RequestBody::Clock));
+    let ResponseBody::ClockAck(Some(signed)) = clock.reply.body else {
+        panic!("CLOCK answers the stored timestamp");
+    };
+    assert_eq!(signed.ts, ts(9, 0));
+    assert!(
+        writers().verify_timestamp(GROUP, &key("k"), &signed),
+        "verifiable without the value"
+    );
     let get = server.handle(ClientId(0), true, true, request(8, RequestBody::Get));
     assert_eq!(get.reply.body, ResponseBody::Value(Some(entry(9, "x"))));
     assert_eq!(get.reply.op, OpId(8));
@@ -302,7 +311,7 @@ fn writer_ignores_unsigned_timestamps() {
     op.start();
     let clock = |e: Option<Entry>| Response {
         op: OpId(1),
-        body: ResponseBody::ClockAck(e),
+        body: ResponseBody::ClockAck(e.map(|e| e.signed_timestamp())),
     };
     let mut inflated = entry(1_000_000, "x");
     inflated.signature = Bytes::from(vec![0u8; 64]);
@@ -374,4 +383,39 @@ fn writes_and_deletes_round_trip() {
         });
         assert_eq!(got.value, value.map(Bytes::from));
     }
+}
+
+#[test]
+fn a_weak_key_in_the_configuration_is_refused_naming_its_field() {
+    use bulwark_core::config::{ClientEntry, ClusterConfig, Fingerprint, Protocol};
+    let mut identity = [0u8; 32];
+    identity[0] = 1;
+    let client = |name: &str, write, signing_key| ClientEntry {
+        name: name.into(),
+        fingerprint: Fingerprint([name.len() as u8; 32]),
+        write,
+        read: true,
+        signing_key,
+    };
+    let mut cluster = ClusterConfig {
+        protocol: Protocol::Phalanx,
+        f: 1,
+        epoch: 0,
+        nodes: Vec::new(),
+        clients: vec![
+            client("admin", true, Some(signing(0).verifying_key().to_bytes())),
+            client("reader", false, None),
+            client("mallory", true, Some(identity)),
+        ],
+    };
+    let error = Writers::from_config(&cluster, "cluster.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("clients[2].signing_key") && error.contains("weak"),
+        "{error}"
+    );
+    cluster.clients.pop();
+    let writers = Writers::from_config(&cluster, "cluster.toml").unwrap();
+    assert!(writers.verify(GROUP, &key("k"), &entry(1, "v")));
 }
