@@ -383,8 +383,9 @@ pub fn plot_sizes(path: &Path, runs: &[&RunStats], systems: &[String]) -> Result
         .y_label_formatter(&|y| format!("{y:.0}"))
         .label_style(("sans-serif", 15))
         .draw()?;
-    let mut series = 0;
-    for system in systems {
+    // One colour per system; gets are drawn thick, puts thin.
+    for (i, system) in systems.iter().enumerate() {
+        let colour = COLOURS[i % COLOURS.len()];
         for op in ["put", "get"] {
             let mut points: Vec<(f64, f64)> = runs
                 .iter()
@@ -395,17 +396,13 @@ pub fn plot_sizes(path: &Path, runs: &[&RunStats], systems: &[String]) -> Result
                 continue;
             }
             points.sort_by(|a, b| a.0.total_cmp(&b.0));
-            let colour = COLOURS[series % COLOURS.len()];
-            series += 1;
-            let style = if op == "put" {
-                colour.stroke_width(2)
-            } else {
-                colour.stroke_width(4)
-            };
+            let width = if op == "put" { 1 } else { 4 };
             chart
-                .draw_series(LineSeries::new(points.clone(), style))?
+                .draw_series(LineSeries::new(points.clone(), colour.stroke_width(width)))?
                 .label(format!("{system} {op}"))
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour));
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(width))
+                });
             chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, colour.filled())))?;
         }
     }
