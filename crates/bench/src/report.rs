@@ -94,6 +94,13 @@ pub fn markdown(report: &Report, plots: &[String]) -> String {
          per operation (client: this process); bytes are what the client sent per operation.\n",
         m.cpus, m.cpu_model, m.memory_gib, m.kernel
     );
+    if let Some(rate) = report.runs.iter().find_map(|r| r.target_rate) {
+        let _ = writeln!(
+            out,
+            "YCSB runs aimed at {rate:.0} operations per second in total; their latencies are \
+             corrected for coordinated omission (HDR `record_correct`).\n"
+        );
+    }
     let ycsb: Vec<&RunStats> = report.runs.iter().filter(|r| is_ycsb(r)).collect();
     if !ycsb.is_empty() {
         let _ = writeln!(out, "## YCSB CoreWorkload\n");
@@ -536,6 +543,13 @@ mod tests {
         );
         assert!(md.contains("ycsb-E on powerstore: unsupported: a register store cannot scan"));
         assert!(md.contains("![ycsb-A.png](ycsb-A.png)"));
+        assert!(
+            !md.contains("coordinated omission"),
+            "no target rate, no correction"
+        );
+        let mut paced = report();
+        paced.runs[0].target_rate = Some(500.0);
+        assert!(markdown(&paced, &[]).contains("aimed at 500 operations per second"));
         assert!(
             md.contains("| put 1.0 MiB (100.0 MiB/s) | powerstore | 8 | 100 |"),
             "{md}"
