@@ -13,14 +13,13 @@
 //! tombstone writes (`value: None`). `seq` makes timestamps unique per write operation, so two
 //! concurrent writes of one client never share a timestamp.
 
+use crate::round::{Refusals, Replies};
 use bulwark_core::{ClientId, Epoch, GroupId, Key, NodeId, OBJECT_BYTES_MAX};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
-/// Matches replies to the operation that asked; unique per client session.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct OpId(pub u64);
+pub use crate::round::OpId;
 
 /// A write's timestamp, ordered by `(num, writer, seq)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -335,13 +334,7 @@ impl ClientConfig {
 pub type Outbound = (NodeId, Request);
 
 /// What a machine says after an input.
-#[derive(Debug)]
-pub enum Step<T> {
-    /// Send these (possibly none) and keep feeding replies.
-    Continue(Vec<Outbound>),
-    /// The operation is over.
-    Done(Result<T, ProtocolError>),
-}
+pub type Step<T> = crate::round::Step<T, Request, ProtocolError>;
 
 /// Why an operation ended without a result.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -378,57 +371,15 @@ pub struct ReadOutcome {
     pub wrote_back: bool,
 }
 
-/// The first reply of each node in one round.
-#[derive(Clone, Debug)]
-struct Replies<T>(Vec<Option<T>>);
-
-impl<T> Replies<T> {
-    fn new(n: usize) -> Self {
-        Replies((0..n).map(|_| None).collect())
-    }
-    fn record(&mut self, node: NodeId, value: T) -> bool {
-        match self.0.get_mut(node.index()) {
-            Some(slot @ None) => {
-                *slot = Some(value);
-                true
-            }
-            _ => false,
-        }
-    }
-    fn count(&self) -> usize {
-        self.0.iter().filter(|s| s.is_some()).count()
-    }
-    fn nodes(&self) -> Vec<NodeId> {
-        self.present().map(|(n, _)| n).collect()
-    }
-    fn missing(&self) -> impl Iterator<Item = NodeId> + '_ {
-        (0..self.0.len())
-            .filter(|&i| self.0[i].is_none())
-            .map(|i| NodeId(i as u32))
-    }
-    fn present(&self) -> impl Iterator<Item = (NodeId, &T)> {
-        self.0
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| s.as_ref().map(|v| (NodeId(i as u32), v)))
-    }
-}
-
 /// `f+1` refusals end an operation.
 fn refused(
-    refusals: &mut Replies<Refusal>,
+    refusals: &mut Refusals<Refusal>,
     from: NodeId,
     refusal: Refusal,
     f: usize,
 ) -> Option<ProtocolError> {
-    refusals.record(from, refusal);
-    if refusals.count() <= f {
-        return None;
-    }
-    Some(ProtocolError::Refused {
-        refusal: refusals.present().map(|(_, r)| r.clone()).next()?,
-        nodes: refusals.nodes(),
-    })
+    let (refusal, nodes) = refusals.record(from, refusal, f)?;
+    Some(ProtocolError::Refused { refusal, nodes })
 }
 
 enum WritePhase {
@@ -446,7 +397,7 @@ pub struct WriteOp {
     seq: u64,
     value: Option<Bytes>,
     phase: WritePhase,
-    refusals: Replies<Refusal>,
+    refusals: Refusals<Refusal>,
 }
 
 impl WriteOp {
@@ -468,7 +419,7 @@ impl WriteOp {
             seq,
             value,
             phase: WritePhase::Clock(Replies::new(n)),
-            refusals: Replies::new(n),
+            refusals: Refusals::new(n),
         }
     }
 
@@ -536,7 +487,7 @@ impl WriteOp {
                     value: self.value.take(),
                 };
                 self.phase = WritePhase::Store(Replies::new(self.config.n), entry);
-                self.refusals = Replies::new(self.config.n);
+                self.refusals = Refusals::new(self.config.n);
                 Step::Continue(self.retransmit())
             }
             (WritePhase::Store(replies, entry), ResponseBody::StoreAck(ts)) => {
@@ -568,7 +519,7 @@ pub struct ReadOp {
     key: Key,
     op: OpId,
     phase: ReadPhase,
-    refusals: Replies<Refusal>,
+    refusals: Refusals<Refusal>,
 }
 
 impl ReadOp {
@@ -580,7 +531,7 @@ impl ReadOp {
             key,
             op,
             phase: ReadPhase::Get(Replies::new(n)),
-            refusals: Replies::new(n),
+            refusals: Refusals::new(n),
         }
     }
 
@@ -658,7 +609,7 @@ impl ReadOp {
                     return self.finish(Some(highest), nodes, false);
                 }
                 self.phase = ReadPhase::WriteBack(Replies::new(self.config.n), highest);
-                self.refusals = Replies::new(self.config.n);
+                self.refusals = Refusals::new(self.config.n);
                 Step::Continue(self.retransmit())
             }
             (ReadPhase::WriteBack(replies, entry), ResponseBody::StoreAck(ts)) => {

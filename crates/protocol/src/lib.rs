@@ -4,11 +4,13 @@
 //! changes that must be durable before the reply leaves) and a client side (one machine per
 //! operation, fed replies until it yields a result). Nothing here opens a socket, reads a clock,
 //! draws randomness or touches a file: the simulator, the real node and the client library all
-//! drive the same code (DESIGN.md §2). Protocol modules never import one another.
+//! drive the same code (DESIGN.md §2). Protocol modules never import one another; they share only
+//! [`round`], the bookkeeping every client machine needs.
 #![warn(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::panic))]
 
 pub mod abd;
 pub mod phalanx;
 pub mod powerstore;
+pub mod round;
 pub mod service;

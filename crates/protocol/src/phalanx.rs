@@ -15,6 +15,7 @@
 //! Writers' public keys come from the cluster configuration ([`Writers`]); weak keys are refused
 //! when they are registered. Deletes are signed tombstones (`value: None`).
 
+use crate::round::{Refusals, Replies};
 use bulwark_core::{ClientId, Digest, Epoch, GroupId, Key, NodeId, OBJECT_BYTES_MAX};
 use bytes::Bytes;
 pub use ed25519_dalek::SigningKey;
@@ -26,9 +27,7 @@ use std::sync::Arc;
 const DOMAIN_VALUE: &str = "bulwark.phalanx.value";
 const DOMAIN_SIGNED: &[u8] = b"bulwark.phalanx.signed-version.v1";
 
-/// Matches replies to the operation that asked; unique per client session.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct OpId(pub u64);
+pub use crate::round::OpId;
 
 /// A write's timestamp, ordered by `(num, writer, seq)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -535,13 +534,7 @@ impl ClientConfig {
 pub type Outbound = (NodeId, Request);
 
 /// What a machine says after an input.
-#[derive(Debug)]
-pub enum Step<T> {
-    /// Send these (possibly none) and keep feeding replies.
-    Continue(Vec<Outbound>),
-    /// The operation is over.
-    Done(Result<T, ProtocolError>),
-}
+pub type Step<T> = crate::round::Step<T, Request, ProtocolError>;
 
 /// Why an operation ended without a result.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -580,55 +573,14 @@ pub struct ReadOutcome {
     pub forgers: Vec<NodeId>,
 }
 
-#[derive(Clone, Debug)]
-struct Replies<T>(Vec<Option<T>>);
-
-impl<T> Replies<T> {
-    fn new(n: usize) -> Self {
-        Replies((0..n).map(|_| None).collect())
-    }
-    fn record(&mut self, node: NodeId, value: T) -> bool {
-        match self.0.get_mut(node.index()) {
-            Some(slot @ None) => {
-                *slot = Some(value);
-                true
-            }
-            _ => false,
-        }
-    }
-    fn count(&self) -> usize {
-        self.0.iter().filter(|s| s.is_some()).count()
-    }
-    fn nodes(&self) -> Vec<NodeId> {
-        self.present().map(|(n, _)| n).collect()
-    }
-    fn missing(&self) -> impl Iterator<Item = NodeId> + '_ {
-        (0..self.0.len())
-            .filter(|&i| self.0[i].is_none())
-            .map(|i| NodeId(i as u32))
-    }
-    fn present(&self) -> impl Iterator<Item = (NodeId, &T)> {
-        self.0
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| s.as_ref().map(|v| (NodeId(i as u32), v)))
-    }
-}
-
 fn refused(
-    refusals: &mut Replies<Refusal>,
+    refusals: &mut Refusals<Refusal>,
     from: NodeId,
     refusal: Refusal,
     f: usize,
 ) -> Option<ProtocolError> {
-    refusals.record(from, refusal);
-    if refusals.count() <= f {
-        return None;
-    }
-    Some(ProtocolError::Refused {
-        refusal: refusals.present().map(|(_, r)| r.clone()).next()?,
-        nodes: refusals.nodes(),
-    })
+    let (refusal, nodes) = refusals.record(from, refusal, f)?;
+    Some(ProtocolError::Refused { refusal, nodes })
 }
 
 enum WritePhase {
@@ -647,7 +599,7 @@ pub struct WriteOp {
     signing: Arc<SigningKey>,
     value: Option<Bytes>,
     phase: WritePhase,
-    refusals: Replies<Refusal>,
+    refusals: Refusals<Refusal>,
 }
 
 impl WriteOp {
@@ -672,7 +624,7 @@ impl WriteOp {
             signing,
             value,
             phase: WritePhase::Clock(Replies::new(n)),
-            refusals: Replies::new(n),
+            refusals: Refusals::new(n),
         }
     }
 
@@ -747,7 +699,7 @@ impl WriteOp {
                     &self.signing,
                 );
                 self.phase = WritePhase::Store(Replies::new(self.config.n), entry);
-                self.refusals = Replies::new(self.config.n);
+                self.refusals = Refusals::new(self.config.n);
                 Step::Continue(self.retransmit())
             }
             (WritePhase::Store(replies, entry), ResponseBody::StoreAck(ts)) => {
@@ -778,7 +730,7 @@ pub struct ReadOp {
     key: Key,
     op: OpId,
     phase: ReadPhase,
-    refusals: Replies<Refusal>,
+    refusals: Refusals<Refusal>,
     forgers: Vec<NodeId>,
 }
 
@@ -791,7 +743,7 @@ impl ReadOp {
             key,
             op,
             phase: ReadPhase::Get(Replies::new(n)),
-            refusals: Replies::new(n),
+            refusals: Refusals::new(n),
             forgers: Vec::new(),
         }
     }
@@ -877,7 +829,7 @@ impl ReadOp {
                     return self.finish(Some(highest), nodes, false);
                 }
                 self.phase = ReadPhase::WriteBack(Replies::new(self.config.n), highest);
-                self.refusals = Replies::new(self.config.n);
+                self.refusals = Refusals::new(self.config.n);
                 Step::Continue(self.retransmit())
             }
             (ReadPhase::WriteBack(replies, entry), ResponseBody::StoreAck(ts)) => {

@@ -9,6 +9,7 @@ use super::msg::{FilterAck, OpId, Refusal, Request, RequestBody, Response, Respo
 use super::{
     Candidate, CrossChecksum, MacVec, Nonce, Pid, Timestamp, WriterKeys, cmp_ts, fragment_digest,
 };
+use crate::round::{Refusals, Replies};
 use bulwark_core::erasure::{ErasureCodec, Layout};
 use bulwark_core::{Digest, Epoch, GroupId, Key, NodeId};
 use bytes::Bytes;
@@ -80,13 +81,7 @@ impl ClientConfig {
 pub type Outbound = (NodeId, Request);
 
 /// What a machine says after an input.
-#[derive(Debug)]
-pub enum Step<T> {
-    /// Send these (possibly none) and keep feeding replies.
-    Continue(Vec<Outbound>),
-    /// The operation is over.
-    Done(Result<T, ProtocolError>),
-}
+pub type Step<T> = crate::round::Step<T, Request, ProtocolError>;
 
 /// Why an operation ended without a result. Timeouts are the driver's, not the protocol's.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -157,60 +152,15 @@ pub struct ReadOutcome {
     pub evidence: Vec<Evidence>,
 }
 
-/// Collects the first reply of each node in one round.
-#[derive(Clone, Debug)]
-struct Replies<T> {
-    slots: Vec<Option<T>>,
-}
-
-impl<T> Replies<T> {
-    fn new(n: usize) -> Self {
-        Replies {
-            slots: (0..n).map(|_| None).collect(),
-        }
-    }
-    /// Records `value` unless `node` already answered or is out of range. Returns whether it counted.
-    fn record(&mut self, node: NodeId, value: T) -> bool {
-        match self.slots.get_mut(node.index()) {
-            Some(slot @ None) => {
-                *slot = Some(value);
-                true
-            }
-            _ => false,
-        }
-    }
-    fn count(&self) -> usize {
-        self.slots.iter().filter(|s| s.is_some()).count()
-    }
-    fn missing(&self) -> impl Iterator<Item = NodeId> + '_ {
-        self.slots
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.is_none())
-            .map(|(i, _)| NodeId(i as u32))
-    }
-    fn present(&self) -> impl Iterator<Item = (NodeId, &T)> {
-        self.slots
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| s.as_ref().map(|v| (NodeId(i as u32), v)))
-    }
-}
-
-/// Tracks refusals so that `f+1` of them end the operation (fewer could all be Byzantine).
-#[derive(Clone, Debug)]
-struct Refusals(Replies<Refusal>);
-
-impl Refusals {
-    fn record(&mut self, node: NodeId, refusal: Refusal, f: usize) -> Option<ProtocolError> {
-        self.0.record(node, refusal);
-        if self.0.count() <= f {
-            return None;
-        }
-        let nodes: Vec<NodeId> = self.0.present().map(|(n, _)| n).collect();
-        let refusal = self.0.present().map(|(_, r)| r.clone()).next()?;
-        Some(ProtocolError::Refused { refusal, nodes })
-    }
+/// `f+1` refusals end an operation.
+fn refused(
+    refusals: &mut Refusals<Refusal>,
+    from: NodeId,
+    refusal: Refusal,
+    f: usize,
+) -> Option<ProtocolError> {
+    let (refusal, nodes) = refusals.record(from, refusal, f)?;
+    Some(ProtocolError::Refused { refusal, nodes })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -241,7 +191,7 @@ pub struct WriteOp {
     value: Option<Bytes>,
     codec: std::sync::Arc<dyn ErasureCodec>,
     phase: WritePhase,
-    refusals: Refusals,
+    refusals: Refusals<Refusal>,
     /// Set once CLOCK finished: the timestamp, fragments, cross-checksum and MAC vector.
     prepared: Option<Prepared>,
 }
@@ -269,7 +219,7 @@ impl WriteOp {
         value: Option<Bytes>,
     ) -> WriteOp {
         assert_eq!(keys.servers.len(), config.n, "one MAC key per server");
-        let refusals = Refusals(Replies::new(config.n));
+        let refusals = Refusals::new(config.n);
         let phase = WritePhase::Clock {
             replies: Replies::new(config.n),
             highest: None,
@@ -370,7 +320,7 @@ impl WriteOp {
             return Step::Continue(Vec::new());
         }
         if let ResponseBody::Refused(refusal) = response.body {
-            return match self.refusals.record(from, refusal, self.config.f) {
+            return match refused(&mut self.refusals, from, refusal, self.config.f) {
                 Some(error) => {
                     self.phase = WritePhase::Done;
                     Step::Done(Err(error))
@@ -532,7 +482,7 @@ pub struct ReadOp {
     attempt: u32,
     codec: std::sync::Arc<dyn ErasureCodec>,
     phase: ReadPhase,
-    refusals: Refusals,
+    refusals: Refusals<Refusal>,
     evidence: Vec<Evidence>,
     /// Nodes whose offers were excluded: their "superseded" replies offer nothing any more.
     suspects: Vec<NodeId>,
@@ -575,7 +525,7 @@ impl ReadOp {
         key: Key,
         op: OpId,
     ) -> ReadOp {
-        let refusals = Refusals(Replies::new(config.n));
+        let refusals = Refusals::new(config.n);
         let phase = ReadPhase::Collect {
             replies: Replies::new(config.n),
             candidates: Vec::new(),
@@ -676,7 +626,7 @@ impl ReadOp {
             return Step::Continue(Vec::new());
         }
         if let ResponseBody::Refused(refusal) = response.body {
-            return match self.refusals.record(from, refusal, self.config.f) {
+            return match refused(&mut self.refusals, from, refusal, self.config.f) {
                 Some(error) => {
                     self.phase = ReadPhase::Done;
                     Step::Done(Err(error))

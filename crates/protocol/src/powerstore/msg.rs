@@ -6,9 +6,7 @@ use bulwark_core::{Digest, Epoch, GroupId, Key};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-/// Matches replies to the operation that asked. Chosen by the client, unique per client session.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct OpId(pub u64);
+pub use crate::round::OpId;
 
 /// A client-to-server message.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

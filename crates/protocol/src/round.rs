@@ -1,0 +1,127 @@
+//! What every protocol's client machines share: operation ids, the step a machine reports after
+//! each input, counting one reply per node per round, and the rule that `f+1` refusals end an
+//! operation (fewer could all come from faulty nodes).
+
+use bulwark_core::NodeId;
+use serde::{Deserialize, Serialize};
+
+/// Matches replies to the operation that asked. Chosen by the client, unique per client session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct OpId(pub u64);
+
+/// What a machine says after an input; each protocol names it with its own request and error.
+#[derive(Debug)]
+pub enum Step<T, Req, E> {
+    /// Send these (possibly none) and keep feeding replies.
+    Continue(Vec<(NodeId, Req)>),
+    /// The operation is over.
+    Done(Result<T, E>),
+}
+
+/// The first reply of each node in one round. A node's later replies are ignored, so a faulty
+/// node can neither vote twice nor change its vote.
+#[derive(Clone, Debug)]
+pub(crate) struct Replies<T>(Vec<Option<T>>);
+
+impl<T> Replies<T> {
+    pub(crate) fn new(n: usize) -> Self {
+        Replies((0..n).map(|_| None).collect())
+    }
+
+    /// Records `value` unless `node` already answered or is out of range. Returns whether it counted.
+    pub(crate) fn record(&mut self, node: NodeId, value: T) -> bool {
+        match self.0.get_mut(node.index()) {
+            Some(slot @ None) => {
+                *slot = Some(value);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    pub(crate) fn count(&self) -> usize {
+        self.0.iter().filter(|s| s.is_some()).count()
+    }
+
+    /// The nodes that answered, in node order.
+    pub(crate) fn nodes(&self) -> Vec<NodeId> {
+        self.present().map(|(n, _)| n).collect()
+    }
+
+    pub(crate) fn missing(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.0
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.is_none())
+            .map(|(i, _)| NodeId(i as u32))
+    }
+
+    pub(crate) fn present(&self) -> impl Iterator<Item = (NodeId, &T)> {
+        self.0
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.as_ref().map(|v| (NodeId(i as u32), v)))
+    }
+}
+
+/// Refusals over a whole operation: `f+1` of them mean at least one correct node refused.
+#[derive(Clone, Debug)]
+pub(crate) struct Refusals<R>(Replies<R>);
+
+impl<R: Clone> Refusals<R> {
+    pub(crate) fn new(n: usize) -> Self {
+        Refusals(Replies::new(n))
+    }
+
+    /// Records one refusal; once `f+1` nodes refused, the first refusal and who refused.
+    pub(crate) fn record(
+        &mut self,
+        node: NodeId,
+        refusal: R,
+        f: usize,
+    ) -> Option<(R, Vec<NodeId>)> {
+        self.0.record(node, refusal);
+        if self.0.count() <= f {
+            return None;
+        }
+        let first = self.0.present().map(|(_, r)| r.clone()).next()?;
+        Some((first, self.0.nodes()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_counts_once_and_out_of_range_nodes_not_at_all() {
+        let mut replies = Replies::new(3);
+        assert!(replies.record(NodeId(1), "a"));
+        assert!(!replies.record(NodeId(1), "b"), "a second reply is ignored");
+        assert!(!replies.record(NodeId(7), "c"));
+        assert_eq!(replies.count(), 1);
+        assert_eq!(
+            replies.present().collect::<Vec<_>>(),
+            vec![(NodeId(1), &"a")]
+        );
+        assert_eq!(
+            replies.missing().collect::<Vec<_>>(),
+            vec![NodeId(0), NodeId(2)]
+        );
+    }
+
+    #[test]
+    fn f_plus_one_refusals_end_an_operation() {
+        let mut refusals = Refusals::new(4);
+        assert_eq!(refusals.record(NodeId(2), "no", 1), None);
+        assert_eq!(
+            refusals.record(NodeId(2), "again", 1),
+            None,
+            "one node, one vote"
+        );
+        assert_eq!(
+            refusals.record(NodeId(0), "nope", 1),
+            Some(("nope", vec![NodeId(0), NodeId(2)]))
+        );
+    }
+}
