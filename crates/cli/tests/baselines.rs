@@ -66,6 +66,20 @@ async fn cli_round_trip(protocol: &str, n: usize) {
         text.contains(&format!("{n} of {n} nodes reachable")) && text.contains(protocol),
         "{text}"
     );
+    // The largest object any protocol takes: baselines send it whole in one frame per node.
+    let admin = cluster.client("admin").await;
+    let value: Vec<u8> = (0..bulwark_core::OBJECT_BYTES_MAX)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_be_bytes()[0])
+        .collect();
+    admin
+        .put(b"huge", bytes::Bytes::from(value.clone()))
+        .await
+        .unwrap_or_else(|e| panic!("{protocol}: 16 MiB put: {e}"));
+    let (read, _) = admin.get(b"huge").await.expect("16 MiB get");
+    assert!(
+        read.as_deref() == Some(&value[..]),
+        "{protocol}: 16 MiB object did not read back identically"
+    );
 }
 
 /// Concurrent writers and readers on three keys; one node SIGKILLed and restarted mid-run.

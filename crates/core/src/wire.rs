@@ -7,9 +7,10 @@
 /// Re-exported so crates that store encoded records can name the bounds without depending on serde.
 pub use serde::{Serialize, de::DeserializeOwned};
 
-/// The largest frame a node or client accepts: half of the largest object (the biggest fragment,
-/// `k >= 2`) plus room for metadata. A value is replicated only when tiny, so no fragment is bigger.
-pub const FRAME_BYTES_MAX: usize = crate::OBJECT_BYTES_MAX / 2 + 1024 * 1024;
+/// The largest frame a node or client accepts: the largest object plus room for metadata.
+/// PoWerStore never sends more than half an object per frame (`k >= 2`), but the ABD and Phalanx
+/// baselines move whole values, and every protocol must take the same objects.
+pub const FRAME_BYTES_MAX: usize = crate::OBJECT_BYTES_MAX + 1024 * 1024;
 
 /// Why bytes could not be decoded.
 #[derive(Debug, thiserror::Error)]
