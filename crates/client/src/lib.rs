@@ -38,19 +38,19 @@ pub enum ClientError {
     #[error(transparent)]
     Config(#[from] bulwark_core::config::ConfigError),
     /// A file could not be read.
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     File {
         /// The path.
         path: PathBuf,
         /// The error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// TLS set-up failed.
     #[error("transport: {0}")]
-    Transport(#[from] bulwark_transport::TransportError),
+    Transport(bulwark_transport::TransportError),
     /// The key is not a valid key.
     #[error("invalid key: {0}")]
-    Key(#[from] bulwark_core::ids::KeyError),
+    Key(bulwark_core::ids::KeyError),
     /// The object exceeds the register's size limit; nothing was sent.
     #[error("object is {len} bytes; the limit is {max} bytes")]
     TooLarge {
@@ -145,10 +145,24 @@ pub struct Client {
     pub deadline: Duration,
 }
 
+// By hand rather than `#[from]`: a `#[from]` source would print its message twice in an error
+// chain (`transport: x: x`).
+impl From<bulwark_transport::TransportError> for ClientError {
+    fn from(error: bulwark_transport::TransportError) -> Self {
+        ClientError::Transport(error)
+    }
+}
+
+impl From<bulwark_core::ids::KeyError> for ClientError {
+    fn from(error: bulwark_core::ids::KeyError) -> Self {
+        ClientError::Key(error)
+    }
+}
+
 fn read(path: &Path) -> Result<String, ClientError> {
-    std::fs::read_to_string(path).map_err(|source| ClientError::File {
+    std::fs::read_to_string(path).map_err(|error| ClientError::File {
         path: path.to_path_buf(),
-        source,
+        error,
     })
 }
 
