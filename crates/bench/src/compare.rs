@@ -101,6 +101,15 @@ fn log(stats: &RunStats) {
 /// Runs the comparison and writes the report; returns the Markdown report's path.
 pub async fn run(options: &CompareOptions) -> Result<PathBuf> {
     let mut notes = Vec::new();
+    // Measured first, on a machine no system is loading yet.
+    eprintln!("measuring the machine's own limits (decode, hashing, loopback)");
+    let limits = match crate::limits::measure().await {
+        Ok(limits) => Some(limits),
+        Err(e) => {
+            notes.push(format!("the machine's limits could not be measured: {e:#}"));
+            None
+        }
+    };
     let mut targets: Vec<Arc<dyn Target>> = Vec::new();
     for system in &options.systems {
         eprintln!("starting {system}");
@@ -302,6 +311,7 @@ pub async fn run(options: &CompareOptions) -> Result<PathBuf> {
         runs,
         unsupported,
         notes,
+        limits,
     };
     drop(targets);
     let _ = std::fs::remove_dir_all(&options.work_dir);

@@ -5,6 +5,7 @@
 pub mod compare;
 pub mod driver;
 pub mod http;
+pub mod limits;
 pub mod procstat;
 pub mod report;
 pub mod targets;

@@ -56,6 +56,8 @@ pub struct Report {
     pub runs: Vec<RunStats>,
     pub unsupported: Vec<Unsupported>,
     pub notes: Vec<String>,
+    /// The machine's own limits for a 1 MiB get, when measured.
+    pub limits: Option<crate::limits::Limits>,
 }
 
 pub fn human_bytes(bytes: f64) -> String {
@@ -158,6 +160,33 @@ pub fn markdown(report: &Report, plots: &[String]) -> String {
             let _ = writeln!(out, "- {line}");
         }
         let _ = writeln!(out);
+    }
+    if let Some(limits) = &report.limits {
+        let _ = writeln!(out, "## What the machine allows a 1 MiB get (same run)\n");
+        let _ = writeln!(
+            out,
+            "Reed-Solomon decode (n = 4, k = 2, one data fragment missing) {:.0} MiB/s; BLAKE3 \
+             over 512 KiB fragments {:.0} MiB/s; a plain TCP copy over 127.0.0.1 {:.0} MiB/s. A \
+             PoWerStore get of 1 MiB at f = 1 copies 1.5 MiB of fragments and hashes 3 MiB (servers \
+             re-hash what they serve, the client what it receives): one core could do at most \
+             {:.0} such gets per second, {:.0} if each had to decode.\n",
+            limits.decode_mib_s,
+            limits.hash_mib_s,
+            limits.loopback_mib_s,
+            limits.get_1mib_ceiling_ops,
+            limits.get_1mib_ceiling_decoding_ops
+        );
+        for r in report.runs.iter().filter(|r| {
+            r.workload == "get" && r.object_bytes == 1 << 20 && r.system == "powerstore"
+        }) {
+            let _ = writeln!(
+                out,
+                "- powerstore 1 MiB get with {} clients: {:.0} ops/s, {:.2}x that one-core ceiling\n",
+                r.concurrency,
+                r.throughput_ops,
+                r.throughput_ops / limits.get_1mib_ceiling_ops.max(1e-9)
+            );
+        }
     }
     if !report.unsupported.is_empty() {
         let _ = writeln!(out, "## Not run\n");
@@ -529,6 +558,13 @@ mod tests {
                 reason: "a register store cannot scan".into(),
             }],
             notes: vec![],
+            limits: Some(crate::limits::Limits {
+                decode_mib_s: 4000.0,
+                hash_mib_s: 3000.0,
+                loopback_mib_s: 1500.0,
+                get_1mib_ceiling_ops: 500.0,
+                get_1mib_ceiling_decoding_ops: 450.0,
+            }),
         }
     }
 
@@ -536,6 +572,12 @@ mod tests {
     fn markdown_has_one_row_per_run_ratios_and_what_was_not_run() {
         let md = markdown(&report(), &["ycsb-A.png".into()]);
         assert_eq!(md.matches("| A | ").count(), 4, "{md}");
+        assert!(
+            md.contains(
+                "one core could do at most 500 such gets per second, 450 if each had to decode"
+            ),
+            "{md}"
+        );
         assert!(md.contains("| A | etcd | 8 | 800 | 1.00 | 2.00 | 11.00 | 4.00 | 5.00 | 10 | 5 | 2.0 KiB | 50.0 MiB | 0 |"), "{md}");
         assert!(
             md.contains("ycsb-A: powerstore best 400 ops/s = 0.50x etcd"),
