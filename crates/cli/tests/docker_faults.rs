@@ -16,6 +16,7 @@ use bulwark_core::NodeId;
 use bulwark_protocol::powerstore::Evidence;
 use bulwark_sim::checker::{self, History, Op, OpKind, Outcome};
 use bytes::Bytes;
+use common::value_for;
 use harness::DockerCluster;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -30,18 +31,6 @@ fn keys(count: usize) -> Vec<Vec<u8>> {
     (0..count)
         .map(|k| format!("key-{k}").into_bytes())
         .collect()
-}
-
-/// Unique per write; every third is large enough to be erasure-coded rather than replicated.
-fn value_for(writer: u64, sequence: u64) -> Vec<u8> {
-    let len = if sequence.is_multiple_of(3) {
-        9_000
-    } else {
-        24
-    };
-    let mut value = format!("w{writer}-s{sequence}-").into_bytes();
-    value.resize(len, b'.');
-    value
 }
 
 /// Concurrent writers and readers over a few keys until stopped, each operation recorded.
