@@ -17,7 +17,11 @@ pub struct SimArgs {
     /// The first seed of a sweep.
     #[arg(long, default_value_t = 0)]
     pub start: u64,
-    /// Faults tolerated; the group has 3f+1 servers.
+    /// The protocol under test: powerstore, abd (crash faults only: Byzantine behaviours and
+    /// readers are left out) or phalanx.
+    #[arg(long, default_value = "powerstore")]
+    pub protocol: String,
+    /// Faults tolerated; the group has 3f+1 servers (2f+1 for abd).
     #[arg(long, default_value_t = 1)]
     pub f: usize,
     /// Faults the swarm may switch on: `all`, `none`, or a comma-separated list of Byzantine
@@ -60,6 +64,7 @@ impl SimArgs {
         }
         let defaults = SimConfig::default();
         Ok(SimConfig {
+            protocol: self.protocol.parse().map_err(anyhow::Error::msg)?,
             f: self.f,
             clients: self.clients.unwrap_or(defaults.clients).max(1),
             keys: self.keys.unwrap_or(defaults.keys).max(1),
@@ -93,8 +98,8 @@ pub fn run(args: &SimArgs) -> Result<ExitCode> {
     });
     let end = args.start.saturating_add(args.seeds);
     eprintln!(
-        "sweeping seeds {}..{end} on {threads} threads: f={} faults={} mutations={}",
-        args.start, config.f, config.faults, config.mutations
+        "sweeping seeds {}..{end} on {threads} threads: protocol={} f={} faults={} mutations={}",
+        args.start, config.protocol, config.f, config.faults, config.mutations
     );
     let summary = sim::sweep(args.start..end, &config, threads);
     print!("{}", summary.render(&config));

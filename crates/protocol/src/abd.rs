@@ -13,7 +13,7 @@
 //! tombstone writes (`value: None`). `seq` makes timestamps unique per write operation, so two
 //! concurrent writes of one client never share a timestamp.
 
-use crate::round::{Refusals, Replies};
+use crate::round::{Refusals, RegisterMutations, Replies};
 use bulwark_core::{ClientId, Epoch, GroupId, Key, NodeId, OBJECT_BYTES_MAX};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -301,6 +301,8 @@ pub struct ClientConfig {
     pub epoch: Epoch,
     /// Group addressed.
     pub group: GroupId,
+    /// Deliberate breakage for the simulator's negative controls; none in real clients.
+    pub mutations: RegisterMutations,
 }
 
 impl ClientConfig {
@@ -311,12 +313,13 @@ impl ClientConfig {
             f,
             epoch: Epoch(0),
             group: GroupId(0),
+            mutations: RegisterMutations::default(),
         }
     }
 
     /// A majority: every round's quorum.
     pub fn quorum(&self) -> usize {
-        self.n - self.f
+        self.mutations.quorum(self.n - self.f)
     }
 
     fn request(&self, op: OpId, key: &Key, body: RequestBody) -> Request {
@@ -604,7 +607,7 @@ impl ReadOp {
                 let everywhere = replies
                     .present()
                     .all(|(_, e)| e.as_ref().is_some_and(|e| e.ts == highest.ts));
-                if everywhere {
+                if everywhere || self.config.mutations.no_write_back {
                     let nodes = replies.nodes();
                     return self.finish(Some(highest), nodes, false);
                 }

@@ -15,7 +15,7 @@
 //! Writers' public keys come from the cluster configuration ([`Writers`]); weak keys are refused
 //! when they are registered. Deletes are signed tombstones (`value: None`).
 
-use crate::round::{Refusals, Replies};
+use crate::round::{Refusals, RegisterMutations, Replies};
 use bulwark_core::{ClientId, Digest, Epoch, GroupId, Key, NodeId, OBJECT_BYTES_MAX};
 use bytes::Bytes;
 pub use ed25519_dalek::SigningKey;
@@ -495,6 +495,8 @@ pub struct ClientConfig {
     pub group: GroupId,
     /// The writers' public keys.
     pub writers: Arc<Writers>,
+    /// Deliberate breakage for the simulator's negative controls; none in real clients.
+    pub mutations: RegisterMutations,
 }
 
 impl ClientConfig {
@@ -506,12 +508,13 @@ impl ClientConfig {
             epoch: Epoch(0),
             group: GroupId(0),
             writers,
+            mutations: RegisterMutations::default(),
         }
     }
 
     /// `n - f`: every round's quorum.
     pub fn quorum(&self) -> usize {
-        self.n - self.f
+        self.mutations.quorum(self.n - self.f)
     }
 
     fn request(&self, op: OpId, key: &Key, body: RequestBody) -> Request {
@@ -526,7 +529,7 @@ impl ClientConfig {
 
     /// The entry, if its signature verifies.
     fn verified(&self, key: &Key, entry: Option<Entry>) -> Option<Entry> {
-        entry.filter(|e| self.writers.verify(self.group, key, e))
+        entry.filter(|e| self.mutations.unverified || self.writers.verify(self.group, key, e))
     }
 }
 
@@ -825,7 +828,7 @@ impl ReadOp {
                 let everywhere = replies
                     .present()
                     .all(|(_, e)| e.as_ref().is_some_and(|e| e.ts == highest.ts));
-                if everywhere {
+                if everywhere || self.config.mutations.no_write_back {
                     return self.finish(Some(highest), nodes, false);
                 }
                 self.phase = ReadPhase::WriteBack(Replies::new(self.config.n), highest);

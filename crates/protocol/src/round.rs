@@ -125,3 +125,28 @@ mod tests {
         );
     }
 }
+
+/// Deliberate breakage of the two register baselines (ABD, Phalanx), for the simulator's negative
+/// controls: each flag removes one thing the protocol's correctness argument needs. All off in
+/// every real client.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RegisterMutations {
+    /// Quorums one server smaller than `n - f`, so two of them need not share a correct server.
+    pub quorum_minus_one: bool,
+    /// A read returns the highest version it saw without writing it back first, so a later read
+    /// may miss a version an earlier read returned.
+    pub no_write_back: bool,
+    /// Phalanx only: readers take versions whose writer signature does not verify.
+    pub unverified: bool,
+}
+
+impl RegisterMutations {
+    /// The quorum a client waits for in every round, given the protocol's `n - f`.
+    pub fn quorum(&self, n_minus_f: usize) -> usize {
+        if self.quorum_minus_one {
+            n_minus_f.saturating_sub(1).max(1)
+        } else {
+            n_minus_f
+        }
+    }
+}

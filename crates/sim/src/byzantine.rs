@@ -1,5 +1,5 @@
-//! The catalogue of Byzantine M-PoWerStore servers (spec §5.2, §7.2 "Byzantine servers") and, in
-//! [`reader`], of Byzantine readers.
+//! The catalogue of Byzantine M-PoWerStore servers (spec §5.2, §7.2 "Byzantine servers"), in
+//! [`phalanx`] the same behaviours for the Phalanx baseline, and in [`reader`] Byzantine readers.
 //!
 //! Every Byzantine server wraps a real, honest [`Server`] and implements [`ServerLogic`], so it can
 //! behave honestly for a while and lie later, and so that the same wrapper runs inside the
@@ -17,6 +17,7 @@
 //! servers share a story only through a common seed, which is enough to vouch for the same forged
 //! candidate, because the forgery is a deterministic function of that seed and the key.
 
+pub mod phalanx;
 pub mod reader;
 
 use bulwark_core::erasure::{ErasureCodec, Layout, ReedSolomonSimd};

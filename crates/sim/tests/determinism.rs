@@ -2,12 +2,14 @@
 //! for event (DESIGN.md §2, "a protocol bug found in simulation must be replayable from its seed
 //! alone").
 
+use bulwark_core::config::Protocol;
 use bulwark_sim::sim::{SimConfig, run};
 
 #[test]
 fn the_same_seed_gives_the_same_history_trace_and_counters() {
-    for f in [1, 2] {
+    for (protocol, f) in Protocol::ALL.into_iter().flat_map(|p| [(p, 1), (p, 2)]) {
         let config = SimConfig {
+            protocol,
             f,
             trace: true,
             ..SimConfig::default()
@@ -19,10 +21,10 @@ fn the_same_seed_gives_the_same_history_trace_and_counters() {
             assert_eq!(
                 format!("{:?}", first.history),
                 format!("{:?}", second.history),
-                "history of seed {seed}, f={f}"
+                "history of seed {seed}, {protocol} f={f}"
             );
-            assert_eq!(first.trace, second.trace, "trace of seed {seed}, f={f}");
-            assert_eq!(first.stats, second.stats, "counters of seed {seed}, f={f}");
+            assert_eq!(first.trace, second.trace, "trace of seed {seed}, {protocol} f={f}");
+            assert_eq!(first.stats, second.stats, "counters of seed {seed}, {protocol} f={f}");
             assert_eq!(first.swarm, second.swarm);
         }
     }

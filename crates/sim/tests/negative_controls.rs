@@ -4,6 +4,7 @@
 //! Each control states how many seeds it may take. A catch counts only if the real protocol passes
 //! the very same seed: the failure is then the mutation's doing, not the environment's.
 
+use bulwark_core::config::Protocol;
 use bulwark_sim::sim::{FaultSet, Mutations, SimConfig, first_failure, run};
 
 const THREADS: usize = 2;
@@ -139,4 +140,84 @@ fn twins_circulate_and_the_real_selection_stays_linearizable() {
     }
     println!("twins carried by correct readers' FILTER rounds over 20 seeds: {twin_filters}");
     assert!(twin_filters > 50, "only {twin_filters} twins circulated");
+}
+
+// The baselines' controls: the same world must catch them breaking their own arguments.
+fn mutated_baseline(protocol: Protocol, mutations: &str) -> (SimConfig, SimConfig) {
+    let (broken, reference) = mutated(mutations);
+    (
+        SimConfig { protocol, ..broken },
+        SimConfig {
+            protocol,
+            ..reference
+        },
+    )
+}
+
+// (h) ABD and Phalanx with quorums one server short of n - f: two quorums may share no (correct)
+// server, so a read can miss a completed write. Caught within 50 seeds each.
+#[test]
+fn baseline_quorums_one_short_are_caught() {
+    for protocol in [Protocol::Abd, Protocol::Phalanx] {
+        let (broken, reference) = mutated_baseline(protocol, "register-small-quorum");
+        caught_within(
+            &format!("register-small-quorum ({protocol})"),
+            &broken,
+            &reference,
+            50,
+        );
+    }
+}
+
+// (i) ABD and Phalanx readers that return the highest version seen without writing it back: a
+// version a crashed writer left on one server is read once and then missed (new-old inversion).
+// Caught within 200 seeds each.
+#[test]
+fn baseline_reads_without_write_back_are_caught() {
+    for protocol in [Protocol::Abd, Protocol::Phalanx] {
+        let (broken, reference) = mutated_baseline(protocol, "register-no-write-back");
+        caught_within(
+            &format!("register-no-write-back ({protocol})"),
+            &broken,
+            &reference,
+            200,
+        );
+    }
+}
+
+// (j) Phalanx readers that skip the writer's signature: a forging server's made-up version is
+// returned. Caught within 50 seeds.
+#[test]
+fn phalanx_reads_that_skip_signatures_are_caught() {
+    let (broken, reference) = mutated_baseline(Protocol::Phalanx, "register-unverified");
+    caught_within("register-unverified (phalanx)", &broken, &reference, 50);
+}
+
+// (k) One Phalanx liar more than tolerated: f+1 colluders hide the newest version together.
+// Caught within 50 seeds for f = 1 and 200 for f = 2 (seed 46 when written: three of seven
+// servers must freeze before a write and then make up most of a read's quorum).
+#[test]
+fn phalanx_f_plus_one_colluders_are_caught() {
+    for f in [1, 2] {
+        let mut faults = FaultSet::all();
+        faults.behaviours = ["colluding".parse().unwrap()].into_iter().collect();
+        let reference = SimConfig {
+            protocol: Protocol::Phalanx,
+            f,
+            faults,
+            byzantine_servers: Some(f),
+            ..SimConfig::default()
+        };
+        let broken = SimConfig {
+            byzantine_servers: Some(f + 1),
+            ..reference.clone()
+        };
+        let bound = if f == 1 { 50 } else { 200 };
+        caught_within(
+            &format!("phalanx f+1 colluders (f={f})"),
+            &broken,
+            &reference,
+            bound,
+        );
+    }
 }

@@ -8,6 +8,7 @@
 //! the collection of their own versions, which is where the server's "superseded" replies and the
 //! reader's offers (see `powerstore::server`) must keep reads both linearizable and wait-free.
 
+use bulwark_core::config::Protocol;
 use bulwark_sim::sim::{FaultSet, SimConfig, SweepSummary, sweep};
 
 const THREADS: usize = 2;
@@ -72,4 +73,74 @@ fn a_reliable_network_with_honest_servers_is_clean_and_busy() {
     report("no faults", &config, &summary);
     assert!(summary.violations.is_empty(), "{}", summary.render(&config));
     assert_eq!(summary.ops_invoked, summary.ops_checked);
+}
+
+// The baselines run in the same world. ABD promises linearizability and wait-freedom with at most
+// f crashed servers out of 2f+1 (and safety with more down); the swarm drops the Byzantine faults
+// it is not built for.
+#[test]
+fn abd_under_crashes_partitions_and_loss_is_linearizable_and_wait_free() {
+    for f in [1, 2] {
+        let config = SimConfig {
+            protocol: Protocol::Abd,
+            f,
+            faults: FaultSet::all(),
+            ..SimConfig::default()
+        };
+        let summary = sweep(0..500, &config, THREADS);
+        report(&format!("ABD f={f} sweep"), &config, &summary);
+        assert!(summary.violations.is_empty(), "{}", summary.render(&config));
+        assert_eq!(summary.inconclusive, 0);
+        assert!(summary.ops_checked > 500 * 50, "{}", summary.ops_checked);
+    }
+}
+
+// Phalanx with up to f of the Byzantine catalogue's servers (silent, equivocating, stale,
+// amnesiac, corrupting, forging, colluding) among 3f+1.
+#[test]
+fn phalanx_with_byzantine_servers_is_linearizable_and_wait_free() {
+    for f in [1, 2] {
+        let config = SimConfig {
+            protocol: Protocol::Phalanx,
+            f,
+            faults: FaultSet::all(),
+            ..SimConfig::default()
+        };
+        let summary = sweep(0..500, &config, THREADS);
+        report(&format!("Phalanx f={f} sweep"), &config, &summary);
+        assert!(summary.violations.is_empty(), "{}", summary.render(&config));
+        assert_eq!(summary.inconclusive, 0);
+        assert!(summary.ops_checked > 500 * 50, "{}", summary.ops_checked);
+    }
+}
+
+// A clean baseline sweep means something only if its nemeses fired: ABD servers crashed and
+// restarted from their disks, and Phalanx readers caught the catalogue's forgeries.
+#[test]
+fn the_baselines_nemeses_fire() {
+    let abd = SimConfig {
+        protocol: Protocol::Abd,
+        ..SimConfig::default()
+    };
+    let phalanx = SimConfig {
+        protocol: Protocol::Phalanx,
+        ..SimConfig::default()
+    };
+    let (mut crashes, mut partitions, mut lost, mut evidence, mut refusals) = (0, 0, 0, 0, 0);
+    for seed in 0..40 {
+        let run = bulwark_sim::sim::run(seed, &abd);
+        assert!(run.passed(), "{}", run.render());
+        crashes += run.stats.server_crashes;
+        partitions += run.stats.partitions;
+        lost += run.stats.lost;
+        let run = bulwark_sim::sim::run(seed, &phalanx);
+        assert!(run.passed(), "{}", run.render());
+        evidence += run.stats.evidence;
+        refusals += run.stats.refusals;
+    }
+    println!(
+        "ABD: {crashes} server crashes, {partitions} partitions, {lost} messages lost; Phalanx: {evidence} forgeries caught by readers, {refusals} refusals"
+    );
+    assert!(crashes > 20 && partitions > 20 && lost > 100);
+    assert!(evidence > 20, "Phalanx readers caught {evidence} forgeries");
 }

@@ -3,7 +3,9 @@
 //! a command-line string, so a failing seed prints a command that replays it exactly.
 
 use crate::byzantine::Behaviour;
+use bulwark_core::config::Protocol;
 use bulwark_protocol::powerstore::{ClientMutations, ServerMutations};
+use bulwark_protocol::round::RegisterMutations;
 use std::collections::BTreeSet;
 use std::fmt;
 use std::str::FromStr;
@@ -158,6 +160,8 @@ pub struct Mutations {
     pub client: ClientMutations,
     /// Server-side breakage (applied to correct servers too).
     pub server: ServerMutations,
+    /// Breakage of the ABD and Phalanx clients.
+    pub register: RegisterMutations,
 }
 
 impl Mutations {
@@ -166,7 +170,7 @@ impl Mutations {
         *self != Mutations::default()
     }
 
-    fn flags(&self) -> [(&'static str, bool); 7] {
+    fn flags(&self) -> [(&'static str, bool); 10] {
         [
             ("quorum-f-plus-one", self.client.quorum_f_plus_one),
             ("any-twin", self.client.any_twin),
@@ -175,6 +179,9 @@ impl Mutations {
             ("accept-unproven", self.server.accept_unproven),
             ("naive-gc", self.server.naive_gc),
             ("candidate-vec-in-lc", self.server.candidate_vec_in_lc),
+            ("register-small-quorum", self.register.quorum_minus_one),
+            ("register-no-write-back", self.register.no_write_back),
+            ("register-unverified", self.register.unverified),
         ]
     }
 }
@@ -182,7 +189,7 @@ impl Mutations {
 /// A mutation name that does not exist.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown mutation {0:?}; expected quorum-f-plus-one, any-twin, no-offers, no-write-back, accept-unproven, naive-gc or candidate-vec-in-lc"
+    "unknown mutation {0:?}; expected quorum-f-plus-one, any-twin, no-offers, no-write-back, accept-unproven, naive-gc, candidate-vec-in-lc (PoWerStore), register-small-quorum, register-no-write-back or register-unverified (ABD, Phalanx)"
 )]
 pub struct UnknownMutation(pub String);
 
@@ -201,6 +208,9 @@ impl FromStr for Mutations {
                 "accept-unproven" => mutations.server.accept_unproven = true,
                 "naive-gc" => mutations.server.naive_gc = true,
                 "candidate-vec-in-lc" => mutations.server.candidate_vec_in_lc = true,
+                "register-small-quorum" => mutations.register.quorum_minus_one = true,
+                "register-no-write-back" => mutations.register.no_write_back = true,
+                "register-unverified" => mutations.register.unverified = true,
                 _ => return Err(UnknownMutation(word.to_string())),
             }
         }
@@ -226,7 +236,9 @@ impl fmt::Display for Mutations {
 /// Everything that shapes a run besides its seed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SimConfig {
-    /// Faults tolerated; the group has `3f+1` servers.
+    /// The protocol under test.
+    pub protocol: Protocol,
+    /// Faults tolerated; the group has `3f+1` servers (`2f+1` for ABD).
     pub f: usize,
     /// Correct clients. The swarm makes between one and all but one of them writers (writers
     /// also read); the rest only read.
@@ -237,7 +249,8 @@ pub struct SimConfig {
     pub ops: usize,
     /// Operations correct clients invoke during the liveness phase, each of which must complete.
     pub liveness_ops: usize,
-    /// The faults the swarm may pick from.
+    /// The faults the swarm may pick from; those the protocol is not built to survive (any
+    /// Byzantine behaviour for ABD) are left out.
     pub faults: FaultSet,
     /// Exactly this many Byzantine servers, when set; otherwise the swarm picks between none and
     /// `f` (when any behaviour is allowed). More than `f` is a negative control.
@@ -254,6 +267,7 @@ pub struct SimConfig {
 impl Default for SimConfig {
     fn default() -> SimConfig {
         SimConfig {
+            protocol: Protocol::PowerStore,
             f: 1,
             clients: 4,
             keys: 2,
@@ -277,6 +291,9 @@ impl SimConfig {
             "bulwark sim --seed {seed} --f {} --faults {}",
             self.f, self.faults
         );
+        if self.protocol != defaults.protocol {
+            command.push_str(&format!(" --protocol {}", self.protocol));
+        }
         if self.clients != defaults.clients {
             command.push_str(&format!(" --clients {}", self.clients));
         }

@@ -1,5 +1,6 @@
-//! The deterministic simulator: seeded runs of the real M-PoWerStore machines under adversarial
-//! schedules, checked for linearizability and wait-freedom (DESIGN.md §9.4 step 4).
+//! The deterministic simulator: seeded runs of the real protocol machines (M-PoWerStore, and the
+//! ABD and Phalanx baselines, each behind [`protocol::Protocol`]) under adversarial schedules,
+//! checked for linearizability and wait-freedom (DESIGN.md §9.4 step 4).
 //!
 //! A run ([`run`]) is a function of its seed and [`SimConfig`] alone. The swarm ([`swarm`])
 //! picks which faults the seed switches on; the world (`world.rs`) then plays a *safety phase* in
@@ -16,12 +17,15 @@
 //! the async node and client shells (that is turmoil's job) or model disk corruption.
 
 pub mod config;
+mod protocol;
+mod protocols;
 pub mod swarm;
 mod world;
 
 pub use config::{FaultSet, Mutations, Nemesis, SimConfig, UnknownFault, UnknownMutation};
 
 use crate::checker;
+use bulwark_core::config::Protocol;
 
 use std::ops::Range;
 use std::sync::Mutex;
@@ -180,7 +184,11 @@ impl RunResult {
 
 /// Runs one seed.
 pub fn run(seed: u64, config: &SimConfig) -> RunResult {
-    let (swarm, outcome) = world::simulate(seed, config);
+    let (swarm, outcome) = match config.protocol {
+        Protocol::PowerStore => world::simulate::<protocols::powerstore::PowerStore>(seed, config),
+        Protocol::Abd => world::simulate::<protocols::registers::Abd>(seed, config),
+        Protocol::Phalanx => world::simulate::<protocols::registers::Phalanx>(seed, config),
+    };
     let report = checker::check(&outcome.history);
     RunResult {
         seed,

@@ -5,7 +5,7 @@
 //! same). A fault that is allowed may still be off for a given seed, and the rates differ by an
 //! order of magnitude between seeds.
 
-use super::config::{Nemesis, SimConfig};
+use super::config::{FaultSet, Nemesis, SimConfig};
 use crate::byzantine::Behaviour;
 use rand::Rng;
 use rand::seq::{IndexedRandom, SliceRandom};
@@ -73,10 +73,9 @@ pub struct Swarm {
 }
 
 impl Swarm {
-    /// Draws the choices for one seed.
-    pub fn choose(rng: &mut ChaCha8Rng, config: &SimConfig) -> Swarm {
-        let n = 3 * config.f + 1;
-        let faults = &config.faults;
+    /// Draws the choices for one seed, for a group of `n` servers, from the `faults` the protocol
+    /// under test tolerates.
+    pub fn choose(rng: &mut ChaCha8Rng, config: &SimConfig, n: usize, faults: &FaultSet) -> Swarm {
         let behaviours: Vec<Behaviour> = faults.behaviours.iter().copied().collect();
         let byzantine_count = match config.byzantine_servers {
             Some(count) => count.min(n),

@@ -3,10 +3,10 @@
 //!
 //! Everything that happens is an [`Event`] in one priority queue ordered by virtual time and, for
 //! equal times, by insertion order, so a run depends on nothing but its seed. The real sans-IO
-//! machines do the protocol work: honest `Server`s (or Byzantine wrappers around them),
-//! `WriteOp`s and `ReadOp`s. The world only carries their messages, with delays, losses,
-//! duplicates and partitions; persists servers' changes; crashes and restarts processes; and
-//! records what every correct client invoked and observed.
+//! machines of the protocol under test ([`Protocol`]) do the protocol work: its honest servers (or
+//! Byzantine wrappers around them) and its client operations. The world only carries their
+//! messages, with delays, losses, duplicates and partitions; persists servers' changes; crashes
+//! and restarts processes; and records what every correct client invoked and observed.
 //!
 //! Durability follows the node's rule, "persist, then reply": a handled request's changes and its
 //! reply wait in a per-server FIFO for a random persistence delay; the changes become durable
@@ -17,24 +17,17 @@
 
 use super::RunStats;
 use super::config::SimConfig;
+use super::protocol::{Attacker, Finished, OpStep, Protocol, SimOp, SimServer};
 use super::swarm::Swarm;
-use crate::byzantine::reader::{Attack, ReaderAttacker};
-use crate::byzantine::{Behaviour, make_server};
+use crate::byzantine::Behaviour;
 use crate::checker::{History, Op, OpKind, Outcome as OpOutcome};
-use crate::durable::{DurableState, StorageView};
-use bulwark_core::erasure::{ErasureCodec, ReedSolomonSimd};
-use bulwark_core::{ClientId, Key, MacKey, NodeId, Time};
-use bulwark_protocol::powerstore::{
-    Access, Candidate, Change, ClientConfig, FilterAck, OpId, Outbound, Pid, ReadOp, ReadOutcome,
-    Request, RequestBody, Response, ResponseBody, ServerConfig, ServerLogic, Step, Timestamp,
-    WriteOp, WriteOutcome, WriterKeys,
-};
+use bulwark_core::{Key, NodeId};
+use bulwark_protocol::round::OpId;
 use bytes::Bytes;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, VecDeque};
-use std::sync::Arc;
 
 /// How often the nemesis considers injecting a fault, and the watchdog checks deadlines.
 const NEMESIS_TICK_MILLIS: u64 = 20;
@@ -45,8 +38,6 @@ const SMALL_VALUE_BYTES_MAX: usize = 200;
 /// Upper end of large value sizes (from 4 KiB + 1, so they are erasure-coded): big enough to code,
 /// small enough to keep runs fast.
 const LARGE_VALUE_BYTES_MAX: usize = 12_000;
-/// Collect operations a Byzantine reader remembers (to learn which key a reply was about).
-const ATTACKER_COLLECTS_MAX: usize = 64;
 
 /// What the world hands back to [`super::run`].
 pub(super) struct Outcome {
@@ -58,8 +49,8 @@ pub(super) struct Outcome {
 }
 
 /// Runs one seed to completion.
-pub(super) fn simulate(seed: u64, config: &SimConfig) -> (Swarm, Outcome) {
-    let mut world = World::new(seed, config);
+pub(super) fn simulate<P: Protocol>(seed: u64, config: &SimConfig) -> (Swarm, Outcome) {
+    let mut world = World::<P>::new(seed, config);
     world.start();
     while let Some(scheduled) = world.queue.pop() {
         world.now = scheduled.at;
@@ -73,23 +64,46 @@ pub(super) fn simulate(seed: u64, config: &SimConfig) -> (Swarm, Outcome) {
 }
 
 /// A message in flight.
-#[derive(Clone, Debug)]
-enum Packet {
+enum Packet<P: Protocol> {
     ToServer {
         server: usize,
         client: usize,
-        request: Request,
+        request: P::Request,
     },
     ToClient {
         client: usize,
         server: usize,
-        response: Response,
+        response: P::Response,
     },
 }
 
-#[derive(Debug)]
-enum Event {
-    Deliver(Box<Packet>),
+impl<P: Protocol> Clone for Packet<P> {
+    fn clone(&self) -> Self {
+        match self {
+            Packet::ToServer {
+                server,
+                client,
+                request,
+            } => Packet::ToServer {
+                server: *server,
+                client: *client,
+                request: request.clone(),
+            },
+            Packet::ToClient {
+                client,
+                server,
+                response,
+            } => Packet::ToClient {
+                client: *client,
+                server: *server,
+                response: response.clone(),
+            },
+        }
+    }
+}
+
+enum Event<P: Protocol> {
+    Deliver(Box<Packet<P>>),
     /// The head of a server's persistence queue may be durable now.
     Release {
         server: usize,
@@ -125,24 +139,24 @@ enum Event {
     Liveness,
 }
 
-struct Scheduled {
+struct Scheduled<P: Protocol> {
     at: u64,
     seq: u64,
-    event: Event,
+    event: Event<P>,
 }
 
-impl PartialEq for Scheduled {
+impl<P: Protocol> PartialEq for Scheduled<P> {
     fn eq(&self, other: &Self) -> bool {
         (self.at, self.seq) == (other.at, other.seq)
     }
 }
-impl Eq for Scheduled {}
-impl PartialOrd for Scheduled {
+impl<P: Protocol> Eq for Scheduled<P> {}
+impl<P: Protocol> PartialOrd for Scheduled<P> {
     fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
         Some(self.cmp(other))
     }
 }
-impl Ord for Scheduled {
+impl<P: Protocol> Ord for Scheduled<P> {
     /// Reversed, so the max-heap pops the earliest event, and the first scheduled among equals.
     fn cmp(&self, other: &Self) -> Ordering {
         (other.at, other.seq).cmp(&(self.at, self.seq))
@@ -150,20 +164,20 @@ impl Ord for Scheduled {
 }
 
 /// Changes and a reply waiting to become durable.
-struct Pending {
+struct Pending<P: Protocol> {
     at: u64,
-    changes: Vec<Change>,
-    reply: Option<(usize, Response)>,
+    changes: Vec<P::Change>,
+    reply: Option<(usize, P::Response)>,
 }
 
-struct ServerSlot {
+struct ServerSlot<P: Protocol> {
     behaviour: Behaviour,
-    config: ServerConfig,
-    key: MacKey,
     /// `None` while crashed.
-    logic: Option<Box<dyn ServerLogic>>,
-    durable: DurableState,
-    pending: VecDeque<Pending>,
+    logic: Option<Box<dyn SimServer<P>>>,
+    durable: P::Disk,
+    /// Changes applied to `durable` so far, for statistics.
+    applied: u64,
+    pending: VecDeque<Pending<P>>,
     /// When the last queued reply is released; later ones never overtake it.
     release_at: u64,
     incarnation: u32,
@@ -176,13 +190,9 @@ enum Role {
     Attacker,
 }
 
-enum Machine {
-    Write(WriteOp),
-    Read(ReadOp),
-}
-
-struct Running {
-    machine: Machine,
+struct Running<P: Protocol> {
+    machine: Box<dyn SimOp<P>>,
+    writes: bool,
     op: OpId,
     record: usize,
     /// Set once the liveness phase applies to this operation.
@@ -191,14 +201,12 @@ struct Running {
     flagged: bool,
 }
 
-struct ClientSlot {
+struct ClientSlot<P: Protocol> {
     role: Role,
     up: bool,
     incarnation: u32,
-    running: Option<Running>,
-    attacker: Option<ReaderAttacker>,
-    /// For an attacker: which key each of its COLLECTs asked about.
-    collects: VecDeque<(OpId, Key)>,
+    running: Option<Running<P>>,
+    attacker: Option<Box<dyn Attacker<P>>>,
 }
 
 struct Partition {
@@ -213,18 +221,16 @@ enum Phase {
     Liveness { since: u64 },
 }
 
-struct World<'a> {
+struct World<'a, P: Protocol> {
     config: &'a SimConfig,
+    protocol: P,
     swarm: Swarm,
     rng: ChaCha8Rng,
     now: u64,
     seq: u64,
-    queue: BinaryHeap<Scheduled>,
-    servers: Vec<ServerSlot>,
-    clients: Vec<ClientSlot>,
-    client_config: ClientConfig,
-    writer_keys: Arc<WriterKeys>,
-    codec: Arc<dyn ErasureCodec>,
+    queue: BinaryHeap<Scheduled<P>>,
+    servers: Vec<ServerSlot<P>>,
+    clients: Vec<ClientSlot<P>>,
     keys: Vec<Key>,
     partitions: Vec<Partition>,
     next_partition: u64,
@@ -243,17 +249,13 @@ struct World<'a> {
     trace: Option<Vec<String>>,
 }
 
-impl<'a> World<'a> {
-    fn new(seed: u64, config: &'a SimConfig) -> World<'a> {
+impl<'a, P: Protocol> World<'a, P> {
+    fn new(seed: u64, config: &'a SimConfig) -> World<'a, P> {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let swarm = Swarm::choose(&mut rng, config);
-        let f = config.f;
-        let n = 3 * f + 1;
-        let server_keys: Vec<MacKey> = (0..n).map(|_| MacKey(rng.random())).collect();
-        let writer_keys = Arc::new(WriterKeys {
-            timestamp: MacKey(rng.random()),
-            servers: server_keys.clone(),
-        });
+        let n = P::KIND.nodes(config.f);
+        let faults = P::tolerated(&config.faults);
+        let swarm = Swarm::choose(&mut rng, config, n, &faults);
+        let protocol = P::new(&mut rng, config, &swarm);
         let servers = (0..n)
             .map(|index| {
                 let behaviour = swarm
@@ -261,27 +263,17 @@ impl<'a> World<'a> {
                     .iter()
                     .find(|(node, _)| *node == index)
                     .map_or(Behaviour::Honest, |(_, b)| *b);
-                let mut server_config = ServerConfig::new(NodeId(index as u32), f);
-                server_config.grace_millis = swarm.grace_millis;
-                server_config.superseded_max = swarm.superseded_max;
-                server_config.mutations = config.mutations.server;
                 let behaviour_seed = if behaviour == Behaviour::Colluding {
                     swarm.collusion_seed
                 } else {
                     rng.random()
                 };
-                let logic = make_server(
-                    behaviour,
-                    server_config.clone(),
-                    server_keys[index].clone(),
-                    behaviour_seed,
-                );
+                let logic = protocol.server(index, behaviour, behaviour_seed);
                 ServerSlot {
                     behaviour,
-                    config: server_config,
-                    key: server_keys[index].clone(),
                     logic: Some(logic),
-                    durable: DurableState::new(),
+                    durable: P::Disk::default(),
+                    applied: 0,
                     pending: VecDeque::new(),
                     release_at: 0,
                     incarnation: 0,
@@ -293,14 +285,17 @@ impl<'a> World<'a> {
             .chain(std::iter::repeat_n(Role::Reader, swarm.readers))
             .chain(std::iter::repeat_n(Role::Attacker, swarm.attackers));
         for role in roles {
-            let attacker = (role == Role::Attacker).then(|| ReaderAttacker::new(n, rng.random()));
+            let attacker = if role == Role::Attacker {
+                protocol.attacker(rng.random())
+            } else {
+                None
+            };
             clients.push(ClientSlot {
                 role,
                 up: true,
                 incarnation: 0,
                 running: None,
                 attacker,
-                collects: VecDeque::new(),
             });
         }
         let keys = (0..config.keys.max(1))
@@ -309,10 +304,9 @@ impl<'a> World<'a> {
                     .unwrap_or_else(|_| unreachable!("short ASCII keys are valid"))
             })
             .collect();
-        let mut client_config = ClientConfig::new(f);
-        client_config.mutations = config.mutations.client;
         World {
             config,
+            protocol,
             swarm,
             rng,
             now: 0,
@@ -320,9 +314,6 @@ impl<'a> World<'a> {
             queue: BinaryHeap::new(),
             servers,
             clients,
-            client_config,
-            writer_keys,
-            codec: Arc::new(ReedSolomonSimd),
             keys,
             partitions: Vec::new(),
             next_partition: 0,
@@ -341,7 +332,7 @@ impl<'a> World<'a> {
         }
     }
 
-    fn schedule(&mut self, delay: u64, event: Event) {
+    fn schedule(&mut self, delay: u64, event: Event<P>) {
         self.seq += 1;
         self.queue.push(Scheduled {
             at: self.now.saturating_add(delay),
@@ -400,7 +391,7 @@ impl<'a> World<'a> {
             })
     }
 
-    fn dispatch(&mut self, event: Event) {
+    fn dispatch(&mut self, event: Event<P>) {
         match event {
             Event::Deliver(packet) => match *packet {
                 Packet::ToServer {
@@ -451,7 +442,7 @@ impl<'a> World<'a> {
 
     /// A one-way delay for `packet`: calm in the liveness phase; in the safety phase the common
     /// delay plus, sometimes, the long tail (per request kind when the swarm targets rounds).
-    fn delay(&mut self, packet: &Packet) -> u64 {
+    fn delay(&mut self, packet: &Packet<P>) -> u64 {
         if let Phase::Liveness { .. } = self.phase {
             let max = self.swarm.delay_max.min(LIVENESS_DELAY_MAX_MILLIS);
             return self.rng.random_range(1..=max.max(1));
@@ -463,7 +454,9 @@ impl<'a> World<'a> {
         let favoured = self.swarm.favour_byzantine && self.servers[server].behaviour.is_byzantine();
         let tail = match (packet, self.swarm.tail_by_request) {
             _ if favoured => 0.0,
-            (Packet::ToServer { request, .. }, Some(tails)) => tails[request_kind(&request.body)],
+            (Packet::ToServer { request, .. }, Some(tails)) => {
+                tails[P::request_kind(request).min(tails.len() - 1)]
+            }
             _ => self.swarm.tail_probability,
         };
         if tail > 0.0 && self.rng.random_bool(tail) {
@@ -472,7 +465,7 @@ impl<'a> World<'a> {
         delay
     }
 
-    fn transmit(&mut self, packet: Packet) {
+    fn transmit(&mut self, packet: Packet<P>) {
         self.stats.messages += 1;
         let safety = self.phase == Phase::Safety;
         if safety && self.swarm.loss > 0.0 && self.rng.random_bool(self.swarm.loss) {
@@ -489,7 +482,7 @@ impl<'a> World<'a> {
         self.schedule(delay, Event::Deliver(Box::new(packet)));
     }
 
-    fn send_requests(&mut self, client: usize, sends: Vec<Outbound>) {
+    fn send_requests(&mut self, client: usize, sends: Vec<(NodeId, P::Request)>) {
         for (node, request) in sends {
             let server = node.index();
             self.transmit(Packet::ToServer {
@@ -506,39 +499,23 @@ impl<'a> World<'a> {
             .any(|p| p.servers.get(server) == Some(&true) && p.clients.get(client) == Some(&true))
     }
 
-    fn access(&self, client: usize) -> Access {
-        Access {
-            write: self.clients[client].role == Role::Writer,
-            read: true,
-        }
-    }
-
-    fn deliver_request(&mut self, server: usize, client: usize, request: Request) {
+    fn deliver_request(&mut self, server: usize, client: usize, request: P::Request) {
         if self.cut(server, client) {
             self.stats.partitioned += 1;
             return;
         }
-        let access = self.access(client);
+        let writer = self.clients[client].role == Role::Writer;
         let now = self.now;
-        let description = self.trace.is_some().then(|| describe_request(&request));
+        let description = self.trace.is_some().then(|| P::describe_request(&request));
         let slot = &mut self.servers[server];
         let Some(logic) = slot.logic.as_mut() else {
             self.stats.to_crashed += 1;
             return;
         };
         self.stats.delivered += 1;
-        let storage = StorageView {
-            durable: &slot.durable,
-            pending: slot.pending.iter().flat_map(|p| &p.changes).collect(),
-        };
-        let handled = logic.handle(
-            Time(now),
-            ClientId(client as u32),
-            access,
-            request,
-            &storage,
-        );
-        if handled.refused.is_some() {
+        let pending = slot.pending.iter().flat_map(|p| &p.changes).collect();
+        let handled = logic.handle(now, client, writer, request, &slot.durable, pending);
+        if handled.refused {
             self.stats.refusals += 1;
         }
         let replied = handled.reply.is_some();
@@ -554,7 +531,12 @@ impl<'a> World<'a> {
     }
 
     /// Queues changes and a reply behind the server's earlier ones (see the module docs).
-    fn enqueue(&mut self, server: usize, changes: Vec<Change>, reply: Option<(usize, Response)>) {
+    fn enqueue(
+        &mut self,
+        server: usize,
+        changes: Vec<P::Change>,
+        reply: Option<(usize, P::Response)>,
+    ) {
         let persist = self.rng.random_range(0..=self.swarm.persist_max);
         let slot = &mut self.servers[server];
         let at = (self.now + persist).max(slot.release_at);
@@ -582,8 +564,9 @@ impl<'a> World<'a> {
                     break;
                 };
                 for change in &pending.changes {
-                    slot.durable.apply(change);
+                    P::persist(&mut slot.durable, change);
                 }
+                slot.applied += pending.changes.len() as u64;
                 if let Some(reply) = pending.reply {
                     replies.push(reply);
                 }
@@ -601,7 +584,7 @@ impl<'a> World<'a> {
     fn tick(&mut self, server: usize) {
         let now = self.now;
         if let Some(logic) = self.servers[server].logic.as_mut() {
-            let changes = logic.tick(Time(now));
+            let changes = logic.tick(now);
             if !changes.is_empty() {
                 self.log(|| format!("s{server} gc: {} changes", changes.len()));
                 self.enqueue(server, changes, None);
@@ -614,7 +597,7 @@ impl<'a> World<'a> {
     // -----------------------------------------------------------------------------------------
     // Correct clients
 
-    fn deliver_response(&mut self, client: usize, server: usize, response: Response) {
+    fn deliver_response(&mut self, client: usize, server: usize, response: P::Response) {
         if self.cut(server, client) {
             self.stats.partitioned += 1;
             return;
@@ -625,46 +608,34 @@ impl<'a> World<'a> {
         }
         self.stats.delivered += 1;
         if self.trace.is_some() {
-            let description = describe_response(&response);
+            let description = P::describe_response(&response);
             self.log(|| format!("s{server} -> c{client} {description}"));
         }
         if self.clients[client].role == Role::Attacker {
-            self.attacker_heard(client, response);
+            if let Some(attacker) = self.clients[client].attacker.as_mut() {
+                attacker.heard(response);
+            }
             return;
         }
         let node = NodeId(server as u32);
         let Some(running) = self.clients[client].running.as_mut() else {
             return;
         };
-        if running.op != response.op {
+        if running.op != P::response_op(&response) {
             return;
         }
-        let progress = match &mut running.machine {
-            Machine::Write(write) => match write.on_response(node, response) {
-                Step::Continue(sends) => Progress::Continue(sends),
-                Step::Done(result) => Progress::Wrote(result.map_err(|e| e.to_string())),
-            },
-            Machine::Read(read) => match read.on_response(node, response) {
-                Step::Continue(sends) => Progress::Continue(sends),
-                Step::Done(result) => Progress::Read(result.map_err(|e| e.to_string())),
-            },
-        };
-        match progress {
-            Progress::Continue(sends) if sends.is_empty() => {}
-            Progress::Continue(sends) => self.next_round(client, sends),
-            Progress::Wrote(result) => self.wrote(client, result),
-            Progress::Read(result) => self.read(client, result),
+        match running.machine.on_response(node, response) {
+            OpStep::Continue(sends) if sends.is_empty() => {}
+            OpStep::Continue(sends) => self.next_round(client, sends),
+            OpStep::Done(result) => self.completed(client, result),
         }
     }
 
     /// A new round begins: send it, unless the client crashes at this boundary, possibly in the
     /// middle of the broadcast (so, say, COMPLETE reaches a single server).
-    fn next_round(&mut self, client: usize, mut sends: Vec<Outbound>) {
-        if let Some((_, request)) = sends.first()
-            && let RequestBody::Filter { candidates } = &request.body
-            && carries_twin(candidates)
-        {
-            self.stats.twin_filters += 1;
+    fn next_round(&mut self, client: usize, mut sends: Vec<(NodeId, P::Request)>) {
+        if let Some((_, request)) = sends.first() {
+            P::count_round(request, &mut self.stats);
         }
         let crash = self.phase == Phase::Safety
             && self.swarm.client_crash_rate > 0.0
@@ -679,7 +650,7 @@ impl<'a> World<'a> {
             sends.truncate(kept);
             let round = sends
                 .first()
-                .map_or("nothing", |(_, request)| request.body.name());
+                .map_or("nothing", |(_, request)| P::request_name(request));
             self.log(|| format!("c{client} crashes after sending {round} to {kept} servers"));
             self.send_requests(client, sends);
             self.crash_client(client);
@@ -688,59 +659,57 @@ impl<'a> World<'a> {
         self.send_requests(client, sends);
     }
 
-    fn wrote(&mut self, client: usize, result: Result<WriteOutcome, String>) {
+    fn completed(&mut self, client: usize, result: Result<Finished, String>) {
         let Some(running) = self.clients[client].running.take() else {
             return;
         };
         match result {
-            Ok(outcome) => {
-                self.stats.writes_completed += 1;
-                let record = &mut self.history.ops[running.record];
-                record.complete = Some(self.now);
-                record.outcome = OpOutcome::Ok;
-                let ts = ts_label(&outcome.ts);
-                self.log(|| format!("c{client} write op{} done ts={ts}", running.op.0));
-            }
-            Err(error) => self.failed(client, running.op, error),
-        }
-        self.schedule_wake(client);
-    }
-
-    fn read(&mut self, client: usize, result: Result<ReadOutcome, String>) {
-        let Some(running) = self.clients[client].running.take() else {
-            return;
-        };
-        match result {
-            Ok(outcome) => {
-                self.stats.reads_completed += 1;
-                self.stats.repairs += u64::from(outcome.repaired);
-                self.stats.read_restarts += u64::from(outcome.restarts);
-                self.stats.evidence += outcome.evidence.len() as u64;
-                for evidence in &outcome.evidence {
-                    let blamed = evidence.node.index();
+            Ok(finished) => {
+                let kind = if running.writes {
+                    self.stats.writes_completed += 1;
+                    "write"
+                } else {
+                    self.stats.reads_completed += 1;
+                    "read"
+                };
+                self.stats.repairs += u64::from(finished.repaired);
+                self.stats.read_restarts += u64::from(finished.restarts);
+                self.stats.evidence += finished.evidence.len() as u64;
+                for (node, why) in &finished.evidence {
+                    let blamed = node.index();
                     let honest = self
                         .servers
                         .get(blamed)
                         .is_none_or(|s| s.behaviour == Behaviour::Honest);
                     if honest && !self.config.mutations.any() {
                         self.other_violations.push(format!(
-                            "client {client} blamed correct node {blamed} ({:?}) in read op {} at {}ms",
-                            evidence.kind, running.op.0, self.now
+                            "client {client} blamed correct node {blamed} ({why}) in {kind} op {} at {}ms",
+                            running.op.0, self.now
                         ));
                     }
                 }
-                let value = self.canonical_value(outcome.value.as_ref());
+                let outcome = match &finished.read {
+                    Some(value) => OpOutcome::Read(self.canonical_value(value.as_ref())),
+                    None => OpOutcome::Ok,
+                };
                 let record = &mut self.history.ops[running.record];
                 record.complete = Some(self.now);
-                record.outcome = OpOutcome::Read(value);
-                let ts = outcome.ts.as_ref().map_or("ts0".to_string(), ts_label);
-                let repaired = outcome.repaired;
-                let restarts = outcome.restarts;
+                record.outcome = outcome;
+                let Finished {
+                    version,
+                    repaired,
+                    restarts,
+                    ..
+                } = finished;
                 self.log(|| {
-                    format!(
-                        "c{client} read op{} done ts={ts} repaired={repaired} restarts={restarts}",
-                        running.op.0
-                    )
+                    if running.writes {
+                        format!("c{client} write op{} done ts={version}", running.op.0)
+                    } else {
+                        format!(
+                            "c{client} read op{} done ts={version} repaired={repaired} restarts={restarts}",
+                            running.op.0
+                        )
+                    }
                 });
             }
             Err(error) => self.failed(client, running.op, error),
@@ -813,7 +782,7 @@ impl<'a> World<'a> {
             && self.rng.random_bool(self.swarm.write_ratio);
         let incarnation = self.clients[client].incarnation;
         let history_client = client as u64 * 1_000 + u64::from(incarnation);
-        let (machine, sends, kind) = if writes {
+        let (mut machine, kind) = if writes {
             let value = if self.rng.random_bool(self.swarm.delete_probability) {
                 None
             } else {
@@ -824,31 +793,14 @@ impl<'a> World<'a> {
                     .as_ref()
                     .map(|_| value_name(self.written.len() as u64 - 1)),
             );
-            let mut write = WriteOp::new(
-                self.client_config.clone(),
-                self.writer_keys.clone(),
-                self.codec.clone(),
-                key.clone(),
-                op,
-                Pid {
-                    writer: ClientId(client as u32),
-                    seq: op.0,
-                },
-                self.rng.random(),
-                value,
-            );
-            let sends = write.start();
-            (Machine::Write(write), sends, kind)
+            let write = self
+                .protocol
+                .write(client, key.clone(), op, value, &mut self.rng);
+            (write, kind)
         } else {
-            let mut read = ReadOp::new(
-                self.client_config.clone(),
-                self.codec.clone(),
-                key.clone(),
-                op,
-            );
-            let sends = read.start();
-            (Machine::Read(read), sends, OpKind::Read)
+            (self.protocol.read(key.clone(), op), OpKind::Read)
         };
+        let sends = machine.start();
         self.stats.ops_invoked += 1;
         let kind_name = if writes { "write" } else { "read" };
         self.log(|| format!("c{client} invokes {kind_name} op{} on {key}", op.0));
@@ -866,6 +818,7 @@ impl<'a> World<'a> {
         };
         self.clients[client].running = Some(Running {
             machine,
+            writes,
             op,
             record: self.history.ops.len() - 1,
             deadline,
@@ -930,10 +883,7 @@ impl<'a> World<'a> {
         let Some(running) = slot.running.as_ref().filter(|r| r.op == op) else {
             return;
         };
-        let sends = match &running.machine {
-            Machine::Write(write) => write.retransmit(),
-            Machine::Read(read) => read.retransmit(),
-        };
+        let sends = running.machine.retransmit();
         self.stats.retransmitted += sends.len() as u64;
         self.send_requests(client, sends);
         let interval = self.retransmit_interval();
@@ -991,38 +941,14 @@ impl<'a> World<'a> {
             return;
         }
         let key = self.keys[self.rng.random_range(0..self.keys.len())].clone();
-        let attack = match self.clients[client].attacker.as_mut() {
-            Some(attacker) => attacker.next_attack(&key),
-            None => return,
-        };
         let op = OpId(self.next_op);
         self.next_op += 1;
-        let n = self.servers.len();
-        let (body, targets): (RequestBody, Vec<usize>) = match attack {
-            Attack::Collect => {
-                let slot = &mut self.clients[client];
-                if slot.collects.len() >= ATTACKER_COLLECTS_MAX {
-                    slot.collects.pop_front();
-                }
-                slot.collects.push_back((op, key.clone()));
-                (RequestBody::Collect, (0..n).collect())
-            }
-            Attack::Send(body) => {
-                // Write back to an arbitrary subset: a Byzantine reader need not reach a quorum.
-                let targets: Vec<usize> = (0..n).filter(|_| self.rng.random_bool(0.5)).collect();
-                (body, targets)
-            }
+        let sends = match self.clients[client].attacker.as_mut() {
+            Some(attacker) => attacker.attack(&key, op, &mut self.rng),
+            None => return,
         };
         self.stats.attacks += 1;
-        for server in targets {
-            let request = Request {
-                op,
-                attempt: 0,
-                epoch: self.client_config.epoch,
-                group: self.client_config.group,
-                key: key.clone(),
-                body: body.clone(),
-            };
+        for (server, request) in sends {
             self.transmit(Packet::ToServer {
                 server,
                 client,
@@ -1031,27 +957,6 @@ impl<'a> World<'a> {
         }
         let pause = self.rng.random_range(5..=150);
         self.schedule(pause, Event::Attack { client });
-    }
-
-    fn attacker_heard(&mut self, client: usize, response: Response) {
-        let slot = &mut self.clients[client];
-        let ResponseBody::CollectAck {
-            lc: Some(candidate),
-        } = response.body
-        else {
-            return;
-        };
-        let Some(key) = slot
-            .collects
-            .iter()
-            .find(|(op, _)| *op == response.op)
-            .map(|(_, key)| key.clone())
-        else {
-            return;
-        };
-        if let Some(attacker) = slot.attacker.as_mut() {
-            attacker.observe(&key, candidate);
-        }
     }
 
     // -----------------------------------------------------------------------------------------
@@ -1156,11 +1061,8 @@ impl<'a> World<'a> {
         if slot.logic.is_some() || slot.incarnation != incarnation {
             return;
         }
-        let restored = slot
-            .durable
-            .restore(slot.config.clone(), slot.key.clone(), Time(now));
-        slot.logic = Some(Box::new(restored));
-        let versions = slot.durable.versions();
+        slot.logic = Some(self.protocol.restore(server, &slot.durable, now));
+        let versions = P::disk_versions(&slot.durable);
         self.log(|| format!("s{server} restarted with {versions} durable versions"));
     }
 
@@ -1258,7 +1160,7 @@ impl<'a> World<'a> {
         if let Phase::Liveness { since } = self.phase {
             self.stats.liveness_started_millis = since;
         }
-        self.stats.durable_changes = self.servers.iter().map(|s| s.durable.applied()).sum();
+        self.stats.durable_changes = self.servers.iter().map(|s| s.applied).sum();
         Outcome {
             history: self.history,
             liveness_violations: self.liveness_violations,
@@ -1269,36 +1171,9 @@ impl<'a> World<'a> {
     }
 }
 
-/// Whether two candidates share a timestamp but not a nonce: a §4.8(a) twin is in play.
-fn carries_twin(candidates: &[Candidate]) -> bool {
-    candidates.iter().enumerate().any(|(i, a)| {
-        candidates[i + 1..]
-            .iter()
-            .any(|b| a.ts == b.ts && a.nonce != b.nonce)
-    })
-}
-
-/// The index of a request kind in [`Swarm::tail_by_request`].
-fn request_kind(body: &RequestBody) -> usize {
-    match body {
-        RequestBody::Clock => 0,
-        RequestBody::Store { .. } => 1,
-        RequestBody::Complete { .. } => 2,
-        RequestBody::Collect => 3,
-        RequestBody::Filter { .. } => 4,
-        RequestBody::Repair { .. } => 5,
-    }
-}
-
 /// The history's name for the value of write `id`.
 fn value_name(id: u64) -> Vec<u8> {
     format!("w{id}").into_bytes()
-}
-
-enum Progress {
-    Continue(Vec<Outbound>),
-    Wrote(Result<WriteOutcome, String>),
-    Read(Result<ReadOutcome, String>),
 }
 
 fn indexes(members: &[bool], prefix: &str) -> String {
@@ -1311,90 +1186,17 @@ fn indexes(members: &[bool], prefix: &str) -> String {
         .join(",")
 }
 
-fn ts_label(ts: &Timestamp) -> String {
-    format!("{}.w{}.{}", ts.num, ts.pid.writer.0, ts.pid.seq)
-}
-
-fn candidate_label(candidate: &Candidate) -> String {
-    format!(
-        "{}/N{:02x}{:02x}",
-        ts_label(&candidate.ts),
-        candidate.nonce.0[0],
-        candidate.nonce.0[1]
-    )
-}
-
-fn describe_request(request: &Request) -> String {
-    let detail = match &request.body {
-        RequestBody::Store { ts, fragment, .. } => {
-            format!(" ts={} fragment={}B", ts_label(ts), fragment.len())
-        }
-        RequestBody::Complete { ts, .. } => format!(" ts={}", ts_label(ts)),
-        RequestBody::Filter { candidates } => format!(
-            " C=[{}]",
-            candidates
-                .iter()
-                .map(candidate_label)
-                .collect::<Vec<_>>()
-                .join(" ")
-        ),
-        RequestBody::Repair { candidate } => format!(" c={}", candidate_label(candidate)),
-        RequestBody::Clock | RequestBody::Collect => String::new(),
-    };
-    format!(
-        "{} key={} op{}.{}{detail}",
-        request.body.name(),
-        request.key,
-        request.op.0,
-        request.attempt
-    )
-}
-
-fn describe_response(response: &Response) -> String {
-    let detail = match &response.body {
-        ResponseBody::ClockAck { lc_ts } => format!(
-            "clock-ack lc.ts={}",
-            lc_ts.as_ref().map_or("ts0".to_string(), ts_label)
-        ),
-        ResponseBody::StoreAck { ts } => format!("store-ack ts={}", ts_label(ts)),
-        ResponseBody::CompleteAck { ts } => format!("complete-ack ts={}", ts_label(ts)),
-        ResponseBody::CollectAck { lc } => format!(
-            "collect-ack lc={}",
-            lc.as_ref().map_or("c0".to_string(), candidate_label)
-        ),
-        ResponseBody::FilterAck(ack) => match ack {
-            FilterAck::Initial => "filter-ack initial".to_string(),
-            FilterAck::Entry { ts, fragment, .. } => {
-                format!(
-                    "filter-ack entry ts={} fragment={}B",
-                    ts_label(ts),
-                    fragment.len()
-                )
-            }
-            FilterAck::MacOnly { ts } => format!("filter-ack mac-only ts={}", ts_label(ts)),
-            FilterAck::Superseded { ts, newer } => format!(
-                "filter-ack superseded ts={} offers {}",
-                ts_label(ts),
-                ts_label(&newer.ts)
-            ),
-        },
-        ResponseBody::RepairAck => "repair-ack".to_string(),
-        ResponseBody::Refused(refusal) => format!("refused: {refusal}"),
-    };
-    format!("{detail} op{}.{}", response.op.0, response.attempt)
-}
-
-fn describe_packet(packet: &Packet) -> String {
+fn describe_packet<P: Protocol>(packet: &Packet<P>) -> String {
     match packet {
         Packet::ToServer {
             server,
             client,
             request,
-        } => format!("c{client} -> s{server} {}", describe_request(request)),
+        } => format!("c{client} -> s{server} {}", P::describe_request(request)),
         Packet::ToClient {
             client,
             server,
             response,
-        } => format!("s{server} -> c{client} {}", describe_response(response)),
+        } => format!("s{server} -> c{client} {}", P::describe_response(response)),
     }
 }

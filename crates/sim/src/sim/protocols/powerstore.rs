@@ -1,0 +1,421 @@
+//! M-PoWerStore in the simulator: the real server (or a Byzantine wrapper from the catalogue)
+//! over a simulated disk, the real writer and reader machines, and Byzantine readers.
+
+use crate::byzantine::reader::{Attack, ReaderAttacker};
+use crate::byzantine::{Behaviour, make_server};
+use crate::durable::{DurableState, StorageView};
+use crate::sim::RunStats;
+use crate::sim::config::{FaultSet, SimConfig};
+use crate::sim::protocol::{Attacker, Finished, OpStep, Protocol, Served, SimOp, SimServer};
+use crate::sim::swarm::Swarm;
+use bulwark_core::config::Protocol as ClusterProtocol;
+use bulwark_core::erasure::{ErasureCodec, ReedSolomonSimd};
+use bulwark_core::{ClientId, Key, MacKey, NodeId, Time};
+use bulwark_protocol::powerstore::{
+    Access, Candidate, Change, ClientConfig, FilterAck, OpId, Pid, ReadOp, Request, RequestBody,
+    Response, ResponseBody, ServerConfig, ServerLogic, Step, Timestamp, WriteOp, WriterKeys,
+};
+use bytes::Bytes;
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+/// Collect operations a Byzantine reader remembers (to learn which key a reply was about).
+const ATTACKER_COLLECTS_MAX: usize = 64;
+
+/// One run's M-PoWerStore group: every server's MAC key, the writers' keys, configurations.
+pub(in crate::sim) struct PowerStore {
+    server_configs: Vec<ServerConfig>,
+    server_keys: Vec<MacKey>,
+    client_config: ClientConfig,
+    writer_keys: Arc<WriterKeys>,
+    codec: Arc<dyn ErasureCodec>,
+}
+
+impl Protocol for PowerStore {
+    type Request = Request;
+    type Response = Response;
+    type Change = Change;
+    type Disk = DurableState;
+
+    const KIND: ClusterProtocol = ClusterProtocol::PowerStore;
+
+    fn tolerated(wanted: &FaultSet) -> FaultSet {
+        wanted.clone()
+    }
+
+    fn new(rng: &mut ChaCha8Rng, config: &SimConfig, swarm: &Swarm) -> PowerStore {
+        let f = config.f;
+        let n = Self::KIND.nodes(f);
+        let server_keys: Vec<MacKey> = (0..n).map(|_| MacKey(rng.random())).collect();
+        let writer_keys = Arc::new(WriterKeys {
+            timestamp: MacKey(rng.random()),
+            servers: server_keys.clone(),
+        });
+        let server_configs = (0..n)
+            .map(|index| {
+                let mut server_config = ServerConfig::new(NodeId(index as u32), f);
+                server_config.grace_millis = swarm.grace_millis;
+                server_config.superseded_max = swarm.superseded_max;
+                server_config.mutations = config.mutations.server;
+                server_config
+            })
+            .collect();
+        let mut client_config = ClientConfig::new(f);
+        client_config.mutations = config.mutations.client;
+        PowerStore {
+            server_configs,
+            server_keys,
+            client_config,
+            writer_keys,
+            codec: Arc::new(ReedSolomonSimd),
+        }
+    }
+
+    fn server(&self, index: usize, behaviour: Behaviour, seed: u64) -> Box<dyn SimServer<Self>> {
+        Box::new(Node(make_server(
+            behaviour,
+            self.server_configs[index].clone(),
+            self.server_keys[index].clone(),
+            seed,
+        )))
+    }
+
+    fn restore(&self, index: usize, disk: &DurableState, now: u64) -> Box<dyn SimServer<Self>> {
+        let restored = disk.restore(
+            self.server_configs[index].clone(),
+            self.server_keys[index].clone(),
+            Time(now),
+        );
+        Box::new(Node(Box::new(restored)))
+    }
+
+    fn persist(disk: &mut DurableState, change: &Change) {
+        disk.apply(change);
+    }
+
+    fn disk_versions(disk: &DurableState) -> usize {
+        disk.versions()
+    }
+
+    fn write(
+        &self,
+        client: usize,
+        key: Key,
+        op: OpId,
+        value: Option<Bytes>,
+        rng: &mut ChaCha8Rng,
+    ) -> Box<dyn SimOp<Self>> {
+        Box::new(WriteOp::new(
+            self.client_config.clone(),
+            self.writer_keys.clone(),
+            self.codec.clone(),
+            key,
+            op,
+            Pid {
+                writer: ClientId(client as u32),
+                seq: op.0,
+            },
+            rng.random(),
+            value,
+        ))
+    }
+
+    fn read(&self, key: Key, op: OpId) -> Box<dyn SimOp<Self>> {
+        Box::new(ReadOp::new(
+            self.client_config.clone(),
+            self.codec.clone(),
+            key,
+            op,
+        ))
+    }
+
+    fn response_op(response: &Response) -> OpId {
+        response.op
+    }
+
+    fn request_name(request: &Request) -> &'static str {
+        request.body.name()
+    }
+
+    fn request_kind(request: &Request) -> usize {
+        request_kind(&request.body)
+    }
+
+    fn describe_request(request: &Request) -> String {
+        describe_request(request)
+    }
+
+    fn describe_response(response: &Response) -> String {
+        describe_response(response)
+    }
+
+    fn count_round(first: &Request, stats: &mut RunStats) {
+        if let RequestBody::Filter { candidates } = &first.body
+            && carries_twin(candidates)
+        {
+            stats.twin_filters += 1;
+        }
+    }
+
+    fn attacker(&self, seed: u64) -> Option<Box<dyn Attacker<Self>>> {
+        Some(Box::new(ByzantineReader {
+            attacker: ReaderAttacker::new(self.server_keys.len(), seed),
+            collects: VecDeque::new(),
+            client_config: self.client_config.clone(),
+        }))
+    }
+}
+
+/// A server of the catalogue, driven through [`ServerLogic`] as the node drives it.
+struct Node(Box<dyn ServerLogic>);
+
+impl SimServer<PowerStore> for Node {
+    fn handle(
+        &mut self,
+        now: u64,
+        client: usize,
+        writer: bool,
+        request: Request,
+        disk: &DurableState,
+        pending: Vec<&Change>,
+    ) -> Served<PowerStore> {
+        let storage = StorageView {
+            durable: disk,
+            pending,
+        };
+        let access = Access {
+            write: writer,
+            read: true,
+        };
+        let handled = self.0.handle(
+            Time(now),
+            ClientId(client as u32),
+            access,
+            request,
+            &storage,
+        );
+        Served {
+            changes: handled.changes,
+            reply: handled.reply,
+            refused: handled.refused.is_some(),
+        }
+    }
+
+    fn tick(&mut self, now: u64) -> Vec<Change> {
+        self.0.tick(Time(now))
+    }
+}
+
+impl SimOp<PowerStore> for WriteOp {
+    fn start(&mut self) -> Vec<(NodeId, Request)> {
+        WriteOp::start(self)
+    }
+
+    fn retransmit(&self) -> Vec<(NodeId, Request)> {
+        WriteOp::retransmit(self)
+    }
+
+    fn on_response(&mut self, from: NodeId, response: Response) -> OpStep<Request> {
+        match WriteOp::on_response(self, from, response) {
+            Step::Continue(sends) => OpStep::Continue(sends),
+            Step::Done(result) => OpStep::Done(
+                result
+                    .map(|outcome| Finished {
+                        read: None,
+                        version: ts_label(&outcome.ts),
+                        evidence: Vec::new(),
+                        repaired: false,
+                        restarts: 0,
+                    })
+                    .map_err(|e| e.to_string()),
+            ),
+        }
+    }
+}
+
+impl SimOp<PowerStore> for ReadOp {
+    fn start(&mut self) -> Vec<(NodeId, Request)> {
+        ReadOp::start(self)
+    }
+
+    fn retransmit(&self) -> Vec<(NodeId, Request)> {
+        ReadOp::retransmit(self)
+    }
+
+    fn on_response(&mut self, from: NodeId, response: Response) -> OpStep<Request> {
+        match ReadOp::on_response(self, from, response) {
+            Step::Continue(sends) => OpStep::Continue(sends),
+            Step::Done(result) => OpStep::Done(
+                result
+                    .map(|outcome| Finished {
+                        version: outcome.ts.as_ref().map_or("ts0".to_string(), ts_label),
+                        read: Some(outcome.value),
+                        evidence: outcome
+                            .evidence
+                            .iter()
+                            .map(|e| (e.node, format!("{:?}", e.kind)))
+                            .collect(),
+                        repaired: outcome.repaired,
+                        restarts: outcome.restarts,
+                    })
+                    .map_err(|e| e.to_string()),
+            ),
+        }
+    }
+}
+
+/// A Byzantine reader from the catalogue, with what it needs to address servers.
+struct ByzantineReader {
+    attacker: ReaderAttacker,
+    /// Which key each of its COLLECTs asked about.
+    collects: VecDeque<(OpId, Key)>,
+    client_config: ClientConfig,
+}
+
+impl Attacker<PowerStore> for ByzantineReader {
+    fn attack(&mut self, key: &Key, op: OpId, rng: &mut ChaCha8Rng) -> Vec<(usize, Request)> {
+        let n = self.client_config.n;
+        let (body, targets): (RequestBody, Vec<usize>) = match self.attacker.next_attack(key) {
+            Attack::Collect => {
+                if self.collects.len() >= ATTACKER_COLLECTS_MAX {
+                    self.collects.pop_front();
+                }
+                self.collects.push_back((op, key.clone()));
+                (RequestBody::Collect, (0..n).collect())
+            }
+            Attack::Send(body) => {
+                // Write back to an arbitrary subset: a Byzantine reader need not reach a quorum.
+                let targets: Vec<usize> = (0..n).filter(|_| rng.random_bool(0.5)).collect();
+                (body, targets)
+            }
+        };
+        targets
+            .into_iter()
+            .map(|server| {
+                let request = Request {
+                    op,
+                    attempt: 0,
+                    epoch: self.client_config.epoch,
+                    group: self.client_config.group,
+                    key: key.clone(),
+                    body: body.clone(),
+                };
+                (server, request)
+            })
+            .collect()
+    }
+
+    fn heard(&mut self, response: Response) {
+        let ResponseBody::CollectAck {
+            lc: Some(candidate),
+        } = response.body
+        else {
+            return;
+        };
+        let Some(key) = self
+            .collects
+            .iter()
+            .find(|(op, _)| *op == response.op)
+            .map(|(_, key)| key.clone())
+        else {
+            return;
+        };
+        self.attacker.observe(&key, candidate);
+    }
+}
+
+/// Whether two candidates share a timestamp but not a nonce: a §4.8(a) twin is in play.
+fn carries_twin(candidates: &[Candidate]) -> bool {
+    candidates.iter().enumerate().any(|(i, a)| {
+        candidates[i + 1..]
+            .iter()
+            .any(|b| a.ts == b.ts && a.nonce != b.nonce)
+    })
+}
+
+/// The index of a request kind in [`Swarm::tail_by_request`].
+fn request_kind(body: &RequestBody) -> usize {
+    match body {
+        RequestBody::Clock => 0,
+        RequestBody::Store { .. } => 1,
+        RequestBody::Complete { .. } => 2,
+        RequestBody::Collect => 3,
+        RequestBody::Filter { .. } => 4,
+        RequestBody::Repair { .. } => 5,
+    }
+}
+
+fn ts_label(ts: &Timestamp) -> String {
+    format!("{}.w{}.{}", ts.num, ts.pid.writer.0, ts.pid.seq)
+}
+
+fn candidate_label(candidate: &Candidate) -> String {
+    format!(
+        "{}/N{:02x}{:02x}",
+        ts_label(&candidate.ts),
+        candidate.nonce.0[0],
+        candidate.nonce.0[1]
+    )
+}
+
+fn describe_request(request: &Request) -> String {
+    let detail = match &request.body {
+        RequestBody::Store { ts, fragment, .. } => {
+            format!(" ts={} fragment={}B", ts_label(ts), fragment.len())
+        }
+        RequestBody::Complete { ts, .. } => format!(" ts={}", ts_label(ts)),
+        RequestBody::Filter { candidates } => format!(
+            " C=[{}]",
+            candidates
+                .iter()
+                .map(candidate_label)
+                .collect::<Vec<_>>()
+                .join(" ")
+        ),
+        RequestBody::Repair { candidate } => format!(" c={}", candidate_label(candidate)),
+        RequestBody::Clock | RequestBody::Collect => String::new(),
+    };
+    format!(
+        "{} key={} op{}.{}{detail}",
+        request.body.name(),
+        request.key,
+        request.op.0,
+        request.attempt
+    )
+}
+
+fn describe_response(response: &Response) -> String {
+    let detail = match &response.body {
+        ResponseBody::ClockAck { lc_ts } => format!(
+            "clock-ack lc.ts={}",
+            lc_ts.as_ref().map_or("ts0".to_string(), ts_label)
+        ),
+        ResponseBody::StoreAck { ts } => format!("store-ack ts={}", ts_label(ts)),
+        ResponseBody::CompleteAck { ts } => format!("complete-ack ts={}", ts_label(ts)),
+        ResponseBody::CollectAck { lc } => format!(
+            "collect-ack lc={}",
+            lc.as_ref().map_or("c0".to_string(), candidate_label)
+        ),
+        ResponseBody::FilterAck(ack) => match ack {
+            FilterAck::Initial => "filter-ack initial".to_string(),
+            FilterAck::Entry { ts, fragment, .. } => {
+                format!(
+                    "filter-ack entry ts={} fragment={}B",
+                    ts_label(ts),
+                    fragment.len()
+                )
+            }
+            FilterAck::MacOnly { ts } => format!("filter-ack mac-only ts={}", ts_label(ts)),
+            FilterAck::Superseded { ts, newer } => format!(
+                "filter-ack superseded ts={} offers {}",
+                ts_label(ts),
+                ts_label(&newer.ts)
+            ),
+        },
+        ResponseBody::RepairAck => "repair-ack".to_string(),
+        ResponseBody::Refused(refusal) => format!("refused: {refusal}"),
+    };
+    format!("{detail} op{}.{}", response.op.0, response.attempt)
+}
