@@ -17,7 +17,7 @@ PYTHON="${PYTHON:-python3}"
 die() { echo "tests/s3/run.sh: $*" >&2; exit 2; }
 
 usage() {
-  sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
 }
 
 ENDPOINT="${S3_ENDPOINT:-}"
@@ -88,14 +88,20 @@ ensure_rclone
 
 # ---------------------------------------------------------------- moto (self-validation)
 MOTO_PID=""
+# shellcheck disable=SC2317  # invoked through trap
 cleanup() {
+  local rc=$?
   if [[ -n "$MOTO_PID" ]]; then
     kill "$MOTO_PID" 2>/dev/null || true
     wait "$MOTO_PID" 2>/dev/null || true
   fi
-  if [[ -n "${MOTO_LOG:-}" ]]; then rm -f "$MOTO_LOG"; fi
+  if [[ -n "${MOTO_LOG:-}" ]]; then
+    if [[ "$rc" == 0 ]]; then rm -f "$MOTO_LOG"; else echo "== tests/s3: moto_server log kept: $MOTO_LOG" >&2; fi
+  fi
 }
 trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 if [[ "$AGAINST_MOTO" == 1 ]]; then
   PORT="$("$VENV/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()')"
@@ -119,6 +125,24 @@ fi
 
 [[ -n "$ENDPOINT" ]] || { usage >&2; die "--endpoint (or --against-moto) is required"; }
 [[ -n "$ACCESS_KEY" && -n "$SECRET_KEY" ]] || die "--access-key and --secret-key are required"
+
+# Fail fast and clearly when nothing listens at the endpoint (waits up to S3_WAIT_SECONDS, 30).
+if ! "$VENV/bin/python" - "$ENDPOINT" "${S3_WAIT_SECONDS:-30}" <<'EOF'; then
+import socket, sys, time, urllib.parse
+u = urllib.parse.urlsplit(sys.argv[1])
+port = u.port or (443 if u.scheme == "https" else 80)
+deadline = time.monotonic() + float(sys.argv[2])
+while True:
+    try:
+        socket.create_connection((u.hostname, port), timeout=2).close()
+        break
+    except OSError:
+        if time.monotonic() > deadline:
+            sys.exit(1)
+        time.sleep(0.5)
+EOF
+  die "nothing accepts connections at $ENDPOINT"
+fi
 
 export S3_ENDPOINT="$ENDPOINT" S3_ACCESS_KEY="$ACCESS_KEY" S3_SECRET_KEY="$SECRET_KEY" S3_REGION="$REGION"
 if [[ -n "$MAX_OBJECT_BYTES" ]]; then export S3_MAX_OBJECT_BYTES="$MAX_OBJECT_BYTES"; fi

@@ -163,10 +163,9 @@ def parse_error_xml(body: bytes) -> dict:
     return fields
 
 
-def signed_request(method: str, path: str, *, query: str = "", body: bytes = b"",
-                   headers: dict | None = None, access_key=None, secret_key=None,
-                   timeout: float = 60) -> requests.Response:
-    """Send a raw request signed with SigV4 (header auth, signed payload).
+def sign(method: str, path: str, *, query: str = "", body: bytes = b"",
+         headers: dict | None = None, access_key=None, secret_key=None) -> tuple[str, dict]:
+    """SigV4-sign a request (header auth, signed payload); return its URL and all its headers.
 
     path is the already-encoded path ("/bucket/key"), query the already-encoded query string.
     """
@@ -180,8 +179,20 @@ def signed_request(method: str, path: str, *, query: str = "", body: bytes = b""
                                          headers=dict(headers or {}))
     botocore.auth.S3SigV4Auth(creds, "s3", t.region).add_auth(req)
     prepared = req.prepare()
-    return requests.request(method, prepared.url, headers=dict(prepared.headers),
-                            data=body, timeout=timeout, allow_redirects=False)
+    out = dict(prepared.headers)
+    out.setdefault("Host", t.netloc)
+    out["Content-Length"] = str(len(body))
+    return prepared.url, out
+
+
+def signed_request(method: str, path: str, *, query: str = "", body: bytes = b"",
+                   headers: dict | None = None, access_key=None, secret_key=None,
+                   timeout: float = 60) -> requests.Response:
+    """Send a raw request signed with SigV4 (see sign())."""
+    url, all_headers = sign(method, path, query=query, body=body, headers=headers,
+                            access_key=access_key, secret_key=secret_key)
+    return requests.request(method, url, headers=all_headers, data=body, timeout=timeout,
+                            allow_redirects=False)
 
 
 # --------------------------------------------------------------------------- buckets

@@ -158,7 +158,7 @@ def test_unsatisfiable_range(s3, range_object, header):
 
 
 def test_unsatisfiable_range_error_body(s3, range_object):
-    """The raw 416 response: S3 error XML naming InvalidRange; Content-Range bytes */size."""
+    """The raw 416 response carries S3 error XML naming InvalidRange."""
     from s3lib import parse_error_xml, signed_request
 
     bkt, key = range_object

@@ -31,11 +31,18 @@ TREE = {
 }
 
 
+FIXED_MTIME = 1_600_000_000  # 2020-09-13
+
+
 def build_tree(root: Path) -> None:
     for rel, size in TREE.items():
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(det_bytes("tree-" + rel, size))
+        # A fixed mtime in the past: `aws s3 sync` must then see every object as up to date
+        # (S3's LastModified has whole seconds, so a file written in the same second as its
+        # upload could otherwise look newer than the object).
+        os.utime(path, (FIXED_MTIME, FIXED_MTIME))
 
 
 def tree_digest(root: Path) -> dict:
