@@ -126,7 +126,7 @@ def test_garbage_request(s3, canary, case):
 def test_truncated_signed_body_then_hang_up(s3, canary, sent):
     """A correctly signed PUT whose body stops short: no object may appear, the gateway lives on."""
     body = det_bytes("truncated-body", 1_000_000)
-    url, headers = sign("PUT", f"/{canary}/partial", body=body)
+    _url, headers = sign("PUT", f"/{canary}/partial", body=body)
     headers.pop("Expect", None)
     head = f"PUT /{canary}/partial HTTP/1.1\r\n".encode() + b"".join(
         f"{k}: {v}\r\n".encode() for k, v in headers.items()) + b"\r\n"
