@@ -6,6 +6,8 @@ The target comes from the environment that tests/s3/run.sh exports:
   S3_MAX_OBJECT_BYTES when the gateway is configured with an object size limit.
 """
 
+from __future__ import annotations
+
 import hashlib
 import itertools
 import os
