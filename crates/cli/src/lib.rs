@@ -5,6 +5,7 @@
 pub mod bench;
 pub mod cluster_init;
 pub mod dev;
+pub mod gateway;
 pub mod objects;
 pub mod sim;
 
@@ -81,6 +82,8 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// Runs the deterministic simulator: a sweep of seeds, or one seed replayed with a trace.
     Sim(sim::SimArgs),
+    /// Serves the S3 API over the cluster (SigV4 against configured access keys).
+    Gateway(gateway::GatewayArgs),
     /// Starts a local 4-node cluster as separate processes and serves until Ctrl-C.
     Dev {
         /// Where the cluster lives.
@@ -152,6 +155,7 @@ pub async fn run(cli: Cli) -> Result<std::process::ExitCode> {
         Command::Status { client } => return objects::status(&client).await,
         Command::Dev { dir, demo } => dev::run(&dir, demo).await?,
         Command::Bench(args) => bench::run(&args).await?,
+        Command::Gateway(args) => gateway::run(&args).await?,
         Command::Sim(args) => return sim::run(&args),
     }
     Ok(std::process::ExitCode::SUCCESS)
