@@ -212,9 +212,16 @@ def unique_bucket_name(tag: str = "b") -> str:
 
 def empty_bucket(client, name: str) -> None:
     """Abort in-progress uploads and delete every object of a bucket."""
-    for page in client.get_paginator("list_multipart_uploads").paginate(Bucket=name):
-        for up in page.get("Uploads", []):
-            client.abort_multipart_upload(Bucket=name, Key=up["Key"], UploadId=up["UploadId"])
+    try:
+        for page in client.get_paginator("list_multipart_uploads").paginate(Bucket=name):
+            for up in page.get("Uploads", []):
+                client.abort_multipart_upload(Bucket=name, Key=up["Key"],
+                                              UploadId=up["UploadId"])
+    except ClientError as e:
+        # test_multipart.py asserts ListMultipartUploads itself; a target without it should
+        # fail there, not in the clean-up of every test.
+        if error_of(e)[0] != "NotImplemented":
+            raise
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=name):
         keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
         if keys:
