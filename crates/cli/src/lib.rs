@@ -126,7 +126,15 @@ pub struct NodeArgs {
 
 /// Logs go to standard error; nodes log at info, client commands only warnings.
 pub fn init_tracing(node: bool) {
-    let default = if node { "info" } else { "warn" };
+    init_tracing_with(if node { "info" } else { "warn" });
+}
+
+/// The gateway logs its own warnings; s3s logs every client error (with the offending request
+/// body) at error level, which would let any client fill the log, so it is silenced by default.
+pub const GATEWAY_LOG_DEFAULT: &str = "warn,s3s=off";
+
+/// Logs go to standard error, filtered by `BULWARK_LOG` or else `default`.
+pub fn init_tracing_with(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("BULWARK_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()

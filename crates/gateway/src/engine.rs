@@ -130,6 +130,7 @@ fn now_ms() -> u64 {
 
 /// A register failure as the S3 error a client can act on, naming the cause.
 pub fn store_error(error: StoreError) -> S3Error {
+    tracing::warn!(%error, "cluster operation failed");
     match error {
         StoreError::Unavailable(cause) => {
             S3Error::with_message(S3ErrorCode::ServiceUnavailable, cause)
@@ -144,7 +145,10 @@ fn layout_error(error: LayoutError) -> S3Error {
         LayoutError::TooLarge { .. } => {
             S3Error::with_message(S3ErrorCode::EntityTooLarge, error.to_string())
         }
-        _ => S3Error::with_message(S3ErrorCode::InternalError, error.to_string()),
+        _ => {
+            tracing::warn!(%error, "stored data rejected");
+            S3Error::with_message(S3ErrorCode::InternalError, error.to_string())
+        }
     }
 }
 
