@@ -615,56 +615,82 @@ impl Engine {
     }
 
     /// Makes `manifest` the object's current version, updates the index, and retires the old
-    /// version's chunks. The new chunks must already be durable.
+    /// version's chunks. The new chunks must already be durable. When `owns_chunks`, a failure
+    /// before the manifest write deletes them; after the write has started they are kept, since
+    /// a write that timed out may still take effect and must not point at deleted chunks.
     pub async fn commit<R: Registers>(
         &self,
         reg: &Arc<R>,
         bucket: &str,
-        manifest: Manifest,
+        manifest: &Manifest,
+        owns_chunks: bool,
     ) -> S3Result<()> {
-        let key = manifest.key.clone();
-        let object_key = layout::object_key(bucket, &key);
-        let old = {
-            let _bucket = self.buckets.get(&[bucket.as_bytes()]).read().await;
-            self.require_bucket(reg.as_ref(), bucket).await?;
-            let _object = self
-                .objects
-                .get(&[bucket.as_bytes(), key.as_bytes()])
-                .lock()
-                .await;
-            let old = match reg.get(&object_key).await.map_err(store_error)? {
-                Some(bytes) => match layout::decode_manifest(&key, &bytes) {
-                    Ok(old) => Some(old),
-                    Err(error) => {
-                        tracing::warn!(%bucket, %key, %error, "replacing an unreadable manifest");
-                        None
-                    }
-                },
-                None => None,
-            };
-            let entry = IndexEntry {
-                size: manifest.size,
-                etag: manifest.etag.clone(),
-                last_modified_ms: manifest.last_modified_ms,
-            };
-            put_record(reg.as_ref(), "manifest", &object_key, &manifest).await?;
-            self.update_index(reg.as_ref(), bucket, &key, Some(entry))
-                .await?;
-            old
-        };
-        if let Some(old) = old {
-            let keep: std::collections::HashSet<ChunkRef> =
-                manifest.data.chunks().iter().copied().collect();
-            let retired = old
-                .data
-                .chunks()
-                .iter()
-                .filter(|c| !keep.contains(c))
-                .copied()
-                .collect();
-            forget_chunks(reg, retired, self.limits.chunk_grace);
+        let mut started = false;
+        match self
+            .switch(reg.as_ref(), bucket, manifest, &mut started)
+            .await
+        {
+            Ok(Some(old)) => {
+                let keep: std::collections::HashSet<ChunkRef> =
+                    manifest.data.chunks().iter().copied().collect();
+                let retired = old
+                    .data
+                    .chunks()
+                    .iter()
+                    .filter(|c| !keep.contains(c))
+                    .copied()
+                    .collect();
+                forget_chunks(reg, retired, self.limits.chunk_grace);
+                Ok(())
+            }
+            Ok(None) => Ok(()),
+            Err(e) => {
+                if owns_chunks && !started {
+                    forget_chunks(reg, manifest.data.chunks().to_vec(), Duration::ZERO);
+                }
+                Err(e)
+            }
         }
-        Ok(())
+    }
+
+    /// The locked part of [`Engine::commit`]; returns the replaced manifest. Sets `started`
+    /// once the manifest write has been sent.
+    async fn switch<R: Registers>(
+        &self,
+        reg: &R,
+        bucket: &str,
+        manifest: &Manifest,
+        started: &mut bool,
+    ) -> S3Result<Option<Manifest>> {
+        let key = &manifest.key;
+        let object_key = layout::object_key(bucket, key);
+        let encoded = layout::encode("manifest", manifest).map_err(layout_error)?;
+        let _bucket = self.buckets.get(&[bucket.as_bytes()]).read().await;
+        self.require_bucket(reg, bucket).await?;
+        let _object = self
+            .objects
+            .get(&[bucket.as_bytes(), key.as_bytes()])
+            .lock()
+            .await;
+        let old = match reg.get(&object_key).await.map_err(store_error)? {
+            Some(bytes) => match layout::decode_manifest(key, &bytes) {
+                Ok(old) => Some(old),
+                Err(error) => {
+                    tracing::warn!(%bucket, %key, %error, "replacing an unreadable manifest");
+                    None
+                }
+            },
+            None => None,
+        };
+        let entry = IndexEntry {
+            size: manifest.size,
+            etag: manifest.etag.clone(),
+            last_modified_ms: manifest.last_modified_ms,
+        };
+        *started = true;
+        reg.put(&object_key, encoded).await.map_err(store_error)?;
+        self.update_index(reg, bucket, key, Some(entry)).await?;
+        Ok(old)
     }
 
     /// Stores a whole object from a body stream.
@@ -702,10 +728,7 @@ impl Engine {
             parts: 0,
             data: written.data,
         };
-        if let Err(e) = self.commit(reg, bucket, manifest.clone()).await {
-            forget_chunks(reg, manifest.data.chunks().to_vec(), Duration::ZERO);
-            return Err(e);
-        }
+        self.commit(reg, bucket, &manifest, true).await?;
         Ok(manifest)
     }
 
@@ -851,10 +874,7 @@ impl Engine {
             parts: src.parts,
             data,
         };
-        if let Err(e) = self.commit(reg, target.0, manifest.clone()).await {
-            forget_chunks(reg, manifest.data.chunks().to_vec(), Duration::ZERO);
-            return Err(e);
-        }
+        self.commit(reg, target.0, &manifest, true).await?;
         Ok(manifest)
     }
 
@@ -996,17 +1016,16 @@ impl Engine {
             last_modified_ms: now_ms(),
             chunks: written.data.chunks().to_vec(),
         };
+        let mut started = false;
         let result = async {
             let _upload = self.uploads.get(&[upload_id.as_bytes()]).lock().await;
             let mut record = self.upload(reg.as_ref(), bucket, key, upload_id).await?;
             let old = record.parts.insert(part_number, part.clone());
-            put_record(
-                reg.as_ref(),
-                "upload",
-                &layout::upload_key(upload_id),
-                &record,
-            )
-            .await?;
+            let encoded = layout::encode("upload", &record).map_err(layout_error)?;
+            started = true;
+            reg.put(&layout::upload_key(upload_id), encoded)
+                .await
+                .map_err(store_error)?;
             Ok::<_, S3Error>(old)
         }
         .await;
@@ -1018,7 +1037,10 @@ impl Engine {
                 Ok(written.md5)
             }
             Err(e) => {
-                forget_chunks(reg, part.chunks, Duration::ZERO);
+                // A record write that timed out may still take effect: keep what it names.
+                if !started {
+                    forget_chunks(reg, part.chunks, Duration::ZERO);
+                }
                 Err(e)
             }
         }
@@ -1109,7 +1131,7 @@ impl Engine {
             parts: used.len() as u32,
             data: Data::Chunks(used.iter().flat_map(|p| p.chunks.iter().copied()).collect()),
         };
-        self.commit(reg, bucket, manifest.clone()).await?;
+        self.commit(reg, bucket, &manifest, false).await?;
         if let Err(error) = reg.delete(&layout::upload_key(upload_id)).await {
             tracing::warn!(%upload_id, %error, "completed upload record not deleted");
         }
@@ -1637,5 +1659,44 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(50)).await;
         let m = engine.manifest(reg.as_ref(), "b", "dst").await.unwrap();
         assert_eq!(read_all(&engine, &reg, &m, 0..m.size).await.unwrap(), data);
+    }
+
+    #[tokio::test]
+    async fn a_failed_index_write_never_costs_the_object_its_chunks() {
+        let (engine, reg) = setup(Duration::ZERO).await;
+        let data = pattern(CHUNK_BYTES + 77, 5);
+        *reg.fail_puts.lock().unwrap() = Some(b"s3/i/".to_vec());
+        let e = engine
+            .put_object(
+                &reg,
+                "b",
+                "k",
+                ObjectMeta::default(),
+                body(&data, 1 << 20),
+                None,
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::ServiceUnavailable);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // The manifest was written, so its chunks must still be there.
+        let m = engine.manifest(reg.as_ref(), "b", "k").await.unwrap();
+        assert_eq!(read_all(&engine, &reg, &m, 0..m.size).await.unwrap(), data);
+        // A manifest write that fails may still take effect later: its chunks stay too.
+        *reg.fail_puts.lock().unwrap() = Some(b"s3/o/".to_vec());
+        let before = chunk_registers(&reg);
+        engine
+            .put_object(
+                &reg,
+                "b",
+                "k2",
+                ObjectMeta::default(),
+                body(&data, 1 << 20),
+                None,
+            )
+            .await
+            .unwrap_err();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(chunk_registers(&reg), before + 2);
     }
 }

@@ -60,11 +60,18 @@ impl Registers for Client {
 pub struct MemRegisters {
     /// Every register.
     pub map: std::sync::Mutex<std::collections::BTreeMap<Vec<u8>, Bytes>>,
+    /// Writes to keys starting with this fail as a cluster without quorum would.
+    pub fail_puts: std::sync::Mutex<Option<Vec<u8>>>,
 }
 
 #[cfg(test)]
 impl Registers for MemRegisters {
     async fn put(&self, key: &[u8], value: Bytes) -> Result<(), StoreError> {
+        if let Some(prefix) = self.fail_puts.lock().unwrap().as_deref()
+            && key.starts_with(prefix)
+        {
+            return Err(StoreError::Unavailable("no quorum (test)".into()));
+        }
         self.map.lock().unwrap().insert(key.to_vec(), value);
         Ok(())
     }
