@@ -138,6 +138,47 @@ fn render(page: &Page, encode: bool) -> (ObjectList, CommonPrefixList) {
     (objects, prefixes)
 }
 
+/// GET and HEAD preconditions on the ETag (If-Match, If-None-Match).
+fn check_conditions(
+    manifest: &Manifest,
+    if_match: Option<&ETagCondition>,
+    if_none_match: Option<&ETagCondition>,
+) -> S3Result<()> {
+    let matches = |condition: &ETagCondition| match condition {
+        ETagCondition::Any => true,
+        ETagCondition::ETag(etag) => etag.value() == manifest.etag,
+    };
+    if let Some(condition) = if_match
+        && !matches(condition)
+    {
+        return Err(s3_error!(
+            PreconditionFailed,
+            "If-Match does not match the ETag"
+        ));
+    }
+    if let Some(condition) = if_none_match
+        && matches(condition)
+    {
+        return Err(s3_error!(NotModified));
+    }
+    Ok(())
+}
+
+/// Conditional writes would need compare-and-swap, which registers do not have: refused
+/// rather than ignored, so no client believes its write was conditional.
+fn refuse_conditional_write(
+    if_match: Option<&ETagCondition>,
+    if_none_match: Option<&ETagCondition>,
+) -> S3Result<()> {
+    if if_match.is_some() || if_none_match.is_some() {
+        return Err(s3_error!(
+            NotImplemented,
+            "conditional writes (If-Match, If-None-Match) are not supported"
+        ));
+    }
+    Ok(())
+}
+
 fn check_bucket_name(bucket: &str) -> S3Result<()> {
     let ok = (3..=63).contains(&bucket.len())
         && bucket
@@ -242,6 +283,7 @@ impl<R: Registers> S3 for BulwarkS3<R> {
                 self.engine.limits().object_bytes_max
             ));
         }
+        refuse_conditional_write(input.if_match.as_ref(), input.if_none_match.as_ref())?;
         let md5 = content_md5(input.content_md5.as_deref())?;
         let manifest = self
             .engine
@@ -270,6 +312,11 @@ impl<R: Registers> S3 for BulwarkS3<R> {
             .engine
             .manifest(reg.as_ref(), &input.bucket, &input.key)
             .await?;
+        check_conditions(
+            &manifest,
+            input.if_match.as_ref(),
+            input.if_none_match.as_ref(),
+        )?;
         let (range, content_range) = match input.range {
             None => (0..manifest.size, None),
             Some(range) => {
@@ -315,6 +362,11 @@ impl<R: Registers> S3 for BulwarkS3<R> {
             .engine
             .manifest(reg.as_ref(), &input.bucket, &input.key)
             .await?;
+        check_conditions(
+            &manifest,
+            input.if_match.as_ref(),
+            input.if_none_match.as_ref(),
+        )?;
         Ok(S3Response::new(HeadObjectOutput {
             content_length: Some(manifest.size as i64),
             accept_ranges: Some("bytes".into()),
@@ -640,6 +692,7 @@ impl<R: Registers> S3 for BulwarkS3<R> {
     ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
         let reg = self.client(&req)?;
         let input = req.input;
+        refuse_conditional_write(input.if_match.as_ref(), input.if_none_match.as_ref())?;
         let listed: Vec<(i32, Option<String>)> = input
             .multipart_upload
             .and_then(|m| m.parts)
