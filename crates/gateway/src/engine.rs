@@ -1699,4 +1699,37 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(chunk_registers(&reg), before + 2);
     }
+
+    #[test]
+    fn cluster_failures_map_to_s3_errors_naming_the_cause() {
+        let unavailable = bulwark_client::ClientError::Unavailable {
+            deadline: Duration::from_secs(30),
+            answered: 2,
+            quorum: 3,
+            n: 4,
+            unreachable: vec![],
+        };
+        let e = store_error(StoreError::from(unavailable));
+        assert_eq!(*e.code(), S3ErrorCode::ServiceUnavailable);
+        assert!(
+            e.message().unwrap().contains("2 of 4 nodes answered"),
+            "{e}"
+        );
+        let denied = bulwark_client::ClientError::NotWriter {
+            name: "reader".into(),
+        };
+        let e = store_error(StoreError::from(denied));
+        assert_eq!(*e.code(), S3ErrorCode::AccessDenied);
+        assert!(e.message().unwrap().contains("reader"), "{e}");
+        let bug = bulwark_client::ClientError::Protocol("oops".into());
+        assert_eq!(
+            *store_error(StoreError::from(bug)).code(),
+            S3ErrorCode::InternalError
+        );
+        let e = layout_error(LayoutError::ChunkMismatch {
+            write: [0; 16],
+            hash: [1; 32],
+        });
+        assert_eq!(*e.code(), S3ErrorCode::InternalError);
+    }
 }
