@@ -44,10 +44,14 @@ pub struct Limits {
     pub part_bytes_min: u64,
     /// Chunk writes one request keeps in flight.
     pub chunk_writes_per_request: usize,
-    /// Chunk buffers (each up to [`CHUNK_BYTES`]) all requests together may hold: the bound on
-    /// the gateway's data memory. A request waits for a buffer, and stops reading its body
+    /// Chunk buffers (each up to [`CHUNK_BYTES`]) all writing requests together may hold: the
+    /// bound on the gateway's memory for incoming data. A request waits for a buffer, and stops reading its body
     /// meanwhile, so a fast sender is slowed to the cluster's pace.
     pub chunk_buffers: usize,
+    /// Chunks all GETs together may have fetched and not yet handed to their connections: the
+    /// bound on the gateway's memory for outgoing data. Separate from `chunk_buffers` so slow
+    /// readers cannot stall writes.
+    pub read_buffers: usize,
     /// How long the chunks of a replaced or deleted version stay readable.
     pub chunk_grace: Duration,
 }
@@ -60,6 +64,7 @@ impl Default for Limits {
             part_bytes_min: 5 << 20,
             chunk_writes_per_request: 4,
             chunk_buffers: 32,
+            read_buffers: 64,
             chunk_grace: Duration::from_secs(60),
         }
     }
@@ -93,6 +98,7 @@ impl<T: Default> Stripes<T> {
 pub struct Engine {
     limits: Limits,
     buffers: Arc<Semaphore>,
+    read_buffers: Arc<Semaphore>,
     bucket_list: Mutex<()>,
     buckets: Stripes<RwLock<()>>,
     objects: Stripes<Mutex<()>>,
@@ -229,10 +235,14 @@ fn forget_chunks<R: Registers>(reg: &Arc<R>, chunks: Vec<ChunkRef>, delay: Durat
     });
 }
 
-/// Object bytes streamed out of the cluster: one chunk fetched ahead while the client reads.
+/// A fetched piece of an object and the read buffer it occupies until handed to the client.
+type Piece = S3Result<(Bytes, Option<OwnedSemaphorePermit>)>;
+
+/// Object bytes streamed out of the cluster: chunks fetched ahead while the client reads, each
+/// holding a read buffer until it is handed to the connection.
 pub struct ObjectStream {
     first: Option<Bytes>,
-    rx: mpsc::Receiver<S3Result<Bytes>>,
+    rx: mpsc::Receiver<Piece>,
 }
 
 impl Stream for ObjectStream {
@@ -242,7 +252,9 @@ impl Stream for ObjectStream {
         if let Some(first) = self.first.take() {
             return Poll::Ready(Some(Ok(first)));
         }
-        self.rx.poll_recv(cx)
+        self.rx
+            .poll_recv(cx)
+            .map(|piece| piece.map(|piece| piece.map(|(bytes, _permit)| bytes)))
     }
 }
 
@@ -287,6 +299,7 @@ impl Engine {
     pub fn new(limits: Limits) -> Engine {
         Engine {
             buffers: Arc::new(Semaphore::new(limits.chunk_buffers.max(1))),
+            read_buffers: Arc::new(Semaphore::new(limits.read_buffers.max(1))),
             limits,
             bucket_list: Mutex::new(()),
             buckets: Stripes::new(64),
@@ -752,13 +765,17 @@ impl Engine {
             Data::Chunks(chunks) => {
                 let spans = chunk_spans(chunks, &range);
                 let reg = reg.clone();
+                let buffers = self.read_buffers.clone();
                 tokio::spawn(async move {
-                    let reg = &reg;
+                    let (reg, buffers) = (&reg, &buffers);
                     let mut pieces = stream::iter(spans)
                         .map(|(chunk, span)| async move {
-                            fetch_chunk(reg.as_ref(), &chunk)
-                                .await
-                                .map(|data| data.slice(span))
+                            let permit =
+                                buffers.clone().acquire_owned().await.map_err(|_| {
+                                    s3_error!(InternalError, "gateway shutting down")
+                                })?;
+                            let data = fetch_chunk(reg.as_ref(), &chunk).await?;
+                            Ok((data.slice(span), Some(permit)))
                         })
                         .buffered(2);
                     while let Some(piece) = pieces.next().await {
@@ -771,7 +788,7 @@ impl Engine {
             }
         }
         match rx.recv().await {
-            Some(Ok(first)) => Ok(ObjectStream {
+            Some(Ok((first, _permit))) => Ok(ObjectStream {
                 first: Some(first),
                 rx,
             }),
@@ -1731,5 +1748,34 @@ mod tests {
             hash: [1; 32],
         });
         assert_eq!(*e.code(), S3ErrorCode::InternalError);
+    }
+
+    #[tokio::test]
+    async fn reads_stream_through_a_single_buffer() {
+        let engine = Engine::new(Limits {
+            read_buffers: 1,
+            chunk_buffers: 1,
+            ..Limits::default()
+        });
+        let reg = Arc::new(MemRegisters::default());
+        engine.create_bucket(reg.as_ref(), "b").await.unwrap();
+        let data = pattern(3 * CHUNK_BYTES + 1, 6);
+        let m = engine
+            .put_object(
+                &reg,
+                "b",
+                "k",
+                ObjectMeta::default(),
+                body(&data, 1 << 20),
+                None,
+            )
+            .await
+            .unwrap();
+        let (a, b) = tokio::join!(
+            read_all(&engine, &reg, &m, 0..m.size),
+            read_all(&engine, &reg, &m, 1..m.size - 1)
+        );
+        assert_eq!(a.unwrap(), data);
+        assert_eq!(b.unwrap(), &data[1..data.len() - 1]);
     }
 }
