@@ -44,6 +44,8 @@ pub struct Limits {
     pub part_bytes_min: u64,
     /// Chunk writes one request keeps in flight.
     pub chunk_writes_per_request: usize,
+    /// Chunks one GET fetches ahead of what its connection has taken.
+    pub chunk_reads_per_request: usize,
     /// Chunk buffers (each up to [`CHUNK_BYTES`]) all writing requests together may hold: the
     /// bound on the gateway's memory for incoming data. A request waits for a buffer, and stops reading its body
     /// meanwhile, so a fast sender is slowed to the cluster's pace.
@@ -63,6 +65,7 @@ impl Default for Limits {
             part_bytes_max: 5 << 30,
             part_bytes_min: 5 << 20,
             chunk_writes_per_request: 4,
+            chunk_reads_per_request: 4,
             chunk_buffers: 32,
             read_buffers: 64,
             chunk_grace: Duration::from_secs(60),
@@ -766,6 +769,7 @@ impl Engine {
                 let spans = chunk_spans(chunks, &range);
                 let reg = reg.clone();
                 let buffers = self.read_buffers.clone();
+                let ahead = self.limits.chunk_reads_per_request.max(1);
                 tokio::spawn(async move {
                     let (reg, buffers) = (&reg, &buffers);
                     let mut pieces = stream::iter(spans)
@@ -777,7 +781,7 @@ impl Engine {
                             let data = fetch_chunk(reg.as_ref(), &chunk).await?;
                             Ok((data.slice(span), Some(permit)))
                         })
-                        .buffered(2);
+                        .buffered(ahead);
                     while let Some(piece) = pieces.next().await {
                         let failed = piece.is_err();
                         if tx.send(piece).await.is_err() || failed {
