@@ -4,7 +4,8 @@
 mod common;
 
 use common::{BULWARK, TestCluster};
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -70,4 +71,74 @@ fn the_s3_suite_passes_against_a_real_cluster() {
         .status()
         .expect("run tests/s3/run.sh");
     assert!(status.success(), "tests/s3/run.sh failed: {status}");
+}
+
+/// Sends raw bytes on a fresh connection and returns whatever comes back before the gateway
+/// closes it or goes quiet.
+fn exchange(endpoint: &str, request: &[u8]) -> String {
+    let address = endpoint.trim_start_matches("http://");
+    let mut stream = TcpStream::connect(address).expect("connect to the gateway");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    // The gateway may answer and close before reading everything; that is fine.
+    let _ = stream.write_all(request);
+    let mut response = Vec::new();
+    let _ = stream.read_to_end(&mut response);
+    String::from_utf8_lossy(&response).into_owned()
+}
+
+fn unsigned_list(endpoint: &str) -> String {
+    exchange(
+        endpoint,
+        b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+    )
+}
+
+#[test]
+fn garbage_gets_errors_and_the_gateway_keeps_serving() {
+    let cluster = TestCluster::start(1, 10_000);
+    let gateway = start_gateway(cluster.path());
+    let endpoint = gateway.endpoint.as_str();
+    let denied = unsigned_list(endpoint);
+    assert!(denied.starts_with("HTTP/1.1 403"), "{denied}");
+    assert!(denied.contains("AccessDenied"), "{denied}");
+
+    let reply = exchange(endpoint, b"\x00\xffNOT HTTP AT ALL\r\n\r\n");
+    assert!(
+        reply.is_empty() || reply.starts_with("HTTP/1.1 400"),
+        "{reply}"
+    );
+
+    let mut big_head = b"GET / HTTP/1.1\r\nHost: localhost\r\nX-Big: ".to_vec();
+    big_head.extend(std::iter::repeat_n(b'a', 100 * 1024));
+    big_head.extend_from_slice(b"\r\n\r\n");
+    let reply = exchange(endpoint, &big_head);
+    assert!(
+        reply.is_empty() || reply.starts_with("HTTP/1.1 431"),
+        "{reply}"
+    );
+
+    let mut many = b"GET / HTTP/1.1\r\nHost: localhost\r\n".to_vec();
+    for i in 0..500 {
+        many.extend_from_slice(format!("X-H{i}: v\r\n").as_bytes());
+    }
+    many.extend_from_slice(b"\r\n");
+    let reply = exchange(endpoint, &many);
+    assert!(
+        reply.is_empty() || reply.starts_with("HTTP/1.1 431"),
+        "{reply}"
+    );
+
+    let forged = exchange(
+        endpoint,
+        b"PUT /b/k HTTP/1.1\r\nHost: localhost\r\nContent-Length: 5\r\nx-amz-date: 20260101T000000Z\r\n\
+          x-amz-content-sha256: UNSIGNED-PAYLOAD\r\nAuthorization: AWS4-HMAC-SHA256 Credential=nobody/20260101/us-east-1/s3/aws4_request, \
+          SignedHeaders=host, Signature=00\r\nConnection: close\r\n\r\nhello",
+    );
+    assert!(forged.starts_with("HTTP/1.1 4"), "{forged}");
+
+    // Still serving, and still refusing the anonymous.
+    let again = unsigned_list(endpoint);
+    assert!(again.starts_with("HTTP/1.1 403"), "{again}");
 }

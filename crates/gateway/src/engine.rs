@@ -682,13 +682,17 @@ impl Engine {
         let object_key = layout::object_key(bucket, key);
         let encoded = layout::encode("manifest", manifest).map_err(layout_error)?;
         let _bucket = self.buckets.get(&[bucket.as_bytes()]).read().await;
-        self.require_bucket(reg, bucket).await?;
         let _object = self
             .objects
             .get(&[bucket.as_bytes(), key.as_bytes()])
             .lock()
             .await;
-        let old = match reg.get(&object_key).await.map_err(store_error)? {
+        // Both reads happen under the locks, so neither can be overtaken; side by side they cost
+        // one round trip instead of two.
+        let (exists, old) =
+            futures::future::join(self.require_bucket(reg, bucket), reg.get(&object_key)).await;
+        exists?;
+        let old = match old.map_err(store_error)? {
             Some(bytes) => match layout::decode_manifest(key, &bytes) {
                 Ok(old) => Some(old),
                 Err(error) => {

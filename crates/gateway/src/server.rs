@@ -89,6 +89,7 @@ pub async fn run(config: GatewayConfig, ready: impl FnOnce(SocketAddr)) -> anyho
     http.timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT)
         .max_buf_size(HEADER_BYTES_MAX)
+        .max_header_size(HEADER_BYTES_MAX)
         .max_headers(HEADERS_MAX)
         .keep_alive(true);
     let shutdown = tokio::signal::ctrl_c();
