@@ -60,8 +60,12 @@ fn user_metadata(manifest: &Manifest) -> Option<Metadata> {
 
 /// A request body as the engine takes it: an error from the HTTP or signature layer stays an
 /// S3 error (e.g. a payload that does not match its signed SHA-256).
-fn body(blob: Option<StreamingBlob>) -> impl Stream<Item = S3Result<Bytes>> + Unpin {
-    let stream: futures::stream::BoxStream<'static, S3Result<Bytes>> = match blob {
+///
+/// The first piece is awaited at once: hyper answers `Expect: 100-continue` only when the body
+/// is first read, and clients send the body anyway after waiting about a second, so a handler
+/// that first spends a slow cluster round trip would race the client's own fallback.
+async fn body(blob: Option<StreamingBlob>) -> impl Stream<Item = S3Result<Bytes>> + Unpin {
+    let mut stream: futures::stream::BoxStream<'static, S3Result<Bytes>> = match blob {
         Some(blob) => blob
             .map(|piece| {
                 piece.map_err(|error| match error.downcast::<S3Error>() {
@@ -72,7 +76,8 @@ fn body(blob: Option<StreamingBlob>) -> impl Stream<Item = S3Result<Bytes>> + Un
             .boxed(),
         None => futures::stream::empty().boxed(),
     };
-    stream
+    let first = stream.next().await;
+    futures::stream::iter(first).chain(stream)
 }
 
 fn content_md5(value: Option<&str>) -> S3Result<Option<[u8; 16]>> {
@@ -292,7 +297,7 @@ impl<R: Registers> S3 for BulwarkS3<R> {
                 &input.bucket,
                 &input.key,
                 meta(input.content_type, input.metadata),
-                body(input.body),
+                body(input.body).await,
                 md5,
             )
             .await?;
@@ -619,7 +624,7 @@ impl<R: Registers> S3 for BulwarkS3<R> {
                 &input.key,
                 &input.upload_id,
                 input.part_number,
-                body(input.body),
+                body(input.body).await,
             )
             .await?;
         if let Some(expected) = expected
