@@ -1,6 +1,6 @@
 //! The registers the gateway stores into: a Bulwark client, or a map in tests.
 
-use bulwark_client::{Client, ClientError};
+use bulwark_client::{Client, ClientError, OpReport};
 use bytes::Bytes;
 use std::future::Future;
 
@@ -38,18 +38,35 @@ pub trait Registers: Send + Sync + 'static {
     fn delete(&self, key: &[u8]) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
+/// The operation succeeded; what it proved about lying nodes goes to the log, so an operator
+/// sees a misbehaving node even though every S3 request was answered correctly.
+fn log_evidence(key: &[u8], report: &OpReport) {
+    for evidence in &report.evidence {
+        tracing::warn!(
+            node = evidence.node.0,
+            kind = ?evidence.kind,
+            key = %String::from_utf8_lossy(key),
+            "node misbehaviour proven"
+        );
+    }
+}
+
 impl Registers for Client {
     async fn put(&self, key: &[u8], value: Bytes) -> Result<(), StoreError> {
-        Client::put(self, key, value).await?;
+        let report = Client::put(self, key, value).await?;
+        log_evidence(key, &report);
         Ok(())
     }
 
     async fn get(&self, key: &[u8]) -> Result<Option<Bytes>, StoreError> {
-        Ok(Client::get(self, key).await?.0)
+        let (value, report) = Client::get(self, key).await?;
+        log_evidence(key, &report);
+        Ok(value)
     }
 
     async fn delete(&self, key: &[u8]) -> Result<(), StoreError> {
-        Client::delete(self, key).await?;
+        let report = Client::delete(self, key).await?;
+        log_evidence(key, &report);
         Ok(())
     }
 }
