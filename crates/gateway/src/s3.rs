@@ -457,6 +457,16 @@ impl<R: Registers> S3 for BulwarkS3<R> {
         else {
             return Err(s3_error!(NotImplemented, "copy sources must be bucket/key"));
         };
+        if input.copy_source_if_match.is_some()
+            || input.copy_source_if_none_match.is_some()
+            || input.copy_source_if_modified_since.is_some()
+            || input.copy_source_if_unmodified_since.is_some()
+        {
+            return Err(s3_error!(
+                NotImplemented,
+                "conditional copies (x-amz-copy-source-if-*) are not supported"
+            ));
+        }
         let replace = input
             .metadata_directive
             .as_ref()
