@@ -837,15 +837,18 @@ impl Engine {
     }
 
     /// Copies an object's bytes into a new object (its own chunks), with new or copied metadata.
+    /// `precondition` sees the source's manifest before anything is copied.
     pub async fn copy_object<R: Registers>(
         &self,
         reg: &Arc<R>,
         source: (&str, &str),
         target: (&str, &str),
         meta: Option<ObjectMeta>,
+        precondition: impl FnOnce(&Manifest) -> S3Result<()>,
     ) -> S3Result<Manifest> {
         check_object_key(target.1)?;
         let src = self.manifest(reg.as_ref(), source.0, source.1).await?;
+        precondition(&src)?;
         self.require_bucket(reg.as_ref(), target.0).await?;
         if src.size > self.limits.object_bytes_max {
             return Err(s3_error!(
@@ -1674,7 +1677,7 @@ mod tests {
             .await
             .unwrap();
         let copy = engine
-            .copy_object(&reg, ("b", "src"), ("b", "dst"), None)
+            .copy_object(&reg, ("b", "src"), ("b", "dst"), None, |_| Ok(()))
             .await
             .unwrap();
         assert_eq!(copy.etag, src.etag);

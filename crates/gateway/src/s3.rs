@@ -457,14 +457,12 @@ impl<R: Registers> S3 for BulwarkS3<R> {
         else {
             return Err(s3_error!(NotImplemented, "copy sources must be bucket/key"));
         };
-        if input.copy_source_if_match.is_some()
-            || input.copy_source_if_none_match.is_some()
-            || input.copy_source_if_modified_since.is_some()
+        if input.copy_source_if_modified_since.is_some()
             || input.copy_source_if_unmodified_since.is_some()
         {
             return Err(s3_error!(
                 NotImplemented,
-                "conditional copies (x-amz-copy-source-if-*) are not supported"
+                "date conditions on copies (x-amz-copy-source-if-[un]modified-since) are not supported"
             ));
         }
         let replace = input
@@ -485,6 +483,24 @@ impl<R: Registers> S3 for BulwarkS3<R> {
                 (src_bucket, src_key),
                 (&input.bucket, &input.key),
                 new_meta,
+                |src| {
+                    // A failed source precondition on a copy is 412 either way.
+                    check_conditions(
+                        src,
+                        input.copy_source_if_match.as_ref(),
+                        input.copy_source_if_none_match.as_ref(),
+                    )
+                    .map_err(|e| {
+                        if *e.code() == s3s::S3ErrorCode::NotModified {
+                            s3_error!(
+                                PreconditionFailed,
+                                "x-amz-copy-source-if-none-match matched"
+                            )
+                        } else {
+                            e
+                        }
+                    })
+                },
             )
             .await?;
         Ok(S3Response::new(CopyObjectOutput {
