@@ -5,6 +5,7 @@
 pub mod bench;
 pub mod cluster_init;
 pub mod dev;
+pub mod gateway;
 pub mod objects;
 pub mod sim;
 
@@ -81,6 +82,8 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// Runs the deterministic simulator: a sweep of seeds, or one seed replayed with a trace.
     Sim(sim::SimArgs),
+    /// Serves the S3 API over the cluster (SigV4 against configured access keys).
+    Gateway(gateway::GatewayArgs),
     /// Starts a local 4-node cluster as separate processes and serves until Ctrl-C.
     Dev {
         /// Where the cluster lives.
@@ -123,7 +126,15 @@ pub struct NodeArgs {
 
 /// Logs go to standard error; nodes log at info, client commands only warnings.
 pub fn init_tracing(node: bool) {
-    let default = if node { "info" } else { "warn" };
+    init_tracing_with(if node { "info" } else { "warn" });
+}
+
+/// The gateway logs its own warnings; s3s logs every client error (with the offending request
+/// body) at error level, which would let any client fill the log, so it is silenced by default.
+pub const GATEWAY_LOG_DEFAULT: &str = "warn,s3s=off";
+
+/// Logs go to standard error, filtered by `BULWARK_LOG` or else `default`.
+pub fn init_tracing_with(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("BULWARK_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
@@ -152,6 +163,7 @@ pub async fn run(cli: Cli) -> Result<std::process::ExitCode> {
         Command::Status { client } => return objects::status(&client).await,
         Command::Dev { dir, demo } => dev::run(&dir, demo).await?,
         Command::Bench(args) => bench::run(&args).await?,
+        Command::Gateway(args) => gateway::run(&args).await?,
         Command::Sim(args) => return sim::run(&args),
     }
     Ok(std::process::ExitCode::SUCCESS)

@@ -4,7 +4,13 @@ use bulwark_cli::clap::Parser;
 
 fn main() -> std::process::ExitCode {
     let cli = bulwark_cli::Cli::parse();
-    bulwark_cli::init_tracing(matches!(cli.command, bulwark_cli::Command::Node(_)));
+    match cli.command {
+        bulwark_cli::Command::Node(_) => bulwark_cli::init_tracing(true),
+        bulwark_cli::Command::Gateway(_) => {
+            bulwark_cli::init_tracing_with(bulwark_cli::GATEWAY_LOG_DEFAULT)
+        }
+        _ => bulwark_cli::init_tracing(false),
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -1,0 +1,82 @@
+//! `bulwark gateway`: the S3-compatible front end.
+
+use crate::dev;
+use anyhow::{Context, Result};
+use bulwark_gateway::GatewayConfig;
+use bulwark_gateway::config::AccessKey;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// The demo credentials, used only when neither a configuration file nor keys are given.
+const DEMO_ACCESS_KEY: &str = "bulwark";
+const DEMO_SECRET_KEY: &str = "bulwark-dev-secret";
+
+/// `bulwark gateway`.
+#[derive(clap::Args)]
+pub struct GatewayArgs {
+    /// A TOML configuration (listen address, cluster, access keys and their clients); when
+    /// given, the other options are not used.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Where to serve S3 (port 0: any free port; the address is printed).
+    #[arg(long, default_value = "127.0.0.1:9000")]
+    pub listen: SocketAddr,
+    /// The cluster directory written by `bulwark cluster init` (or `bulwark dev`).
+    #[arg(long, env = "BULWARK_CLUSTER", default_value = dev::DEFAULT_DIR)]
+    pub cluster: PathBuf,
+    /// The cluster client the access key acts as.
+    #[arg(long, env = "BULWARK_CLIENT", default_value = "admin")]
+    pub client: String,
+    /// The one access key accepted.
+    #[arg(long, env = "BULWARK_S3_ACCESS_KEY", default_value = DEMO_ACCESS_KEY)]
+    pub access_key: String,
+    /// Its secret.
+    #[arg(long, env = "BULWARK_S3_SECRET_KEY", default_value = DEMO_SECRET_KEY)]
+    pub secret_key: String,
+    /// Largest single PUT, in bytes.
+    #[arg(long, default_value_t = 5 << 30)]
+    pub object_bytes_max: u64,
+    /// Seconds the chunks of a replaced or deleted version stay readable.
+    #[arg(long, default_value_t = 60)]
+    pub chunk_grace_secs: u64,
+}
+
+/// Serves until Ctrl-C.
+pub async fn run(args: &GatewayArgs) -> Result<()> {
+    let config = match &args.config {
+        Some(path) => {
+            let text =
+                std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
+            GatewayConfig::parse(&text, &path.display().to_string())?
+        }
+        None => {
+            if args.secret_key == DEMO_SECRET_KEY {
+                eprintln!(
+                    "warning: serving with the demo credentials {DEMO_ACCESS_KEY} / {DEMO_SECRET_KEY}; use --config for real keys"
+                );
+            }
+            let config = GatewayConfig {
+                listen: args.listen,
+                cluster: args.cluster.clone(),
+                object_bytes_max: args.object_bytes_max,
+                max_connections: 256,
+                chunk_buffers: 32,
+                chunk_grace_secs: args.chunk_grace_secs,
+                access_keys: vec![AccessKey {
+                    access_key: args.access_key.clone(),
+                    secret_key: args.secret_key.clone(),
+                    client: args.client.clone(),
+                }],
+            };
+            config.check("command line")?;
+            config
+        }
+    };
+    bulwark_gateway::run(config, |address| {
+        // Tests and scripts read this line to learn a port chosen by the system.
+        println!("S3 gateway listening on http://{address}");
+        let _ = std::io::stdout().flush();
+    })
+    .await
+}

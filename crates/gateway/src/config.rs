@@ -1,0 +1,169 @@
+//! The gateway's configuration file.
+//!
+//! ```toml
+//! listen = "127.0.0.1:9000"
+//! cluster = ".bulwark-dev"          # the directory `bulwark cluster init` wrote
+//! object_bytes_max = 5368709120     # largest single PUT; larger ones get EntityTooLarge
+//! max_connections = 256
+//!
+//! [[access_keys]]
+//! access_key = "AKEXAMPLE"
+//! secret_key = "a long random secret"
+//! client = "admin"                  # a client in cluster.toml whose secrets are in the directory
+//! ```
+
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// One access key and the Bulwark client it acts as.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccessKey {
+    /// The S3 access key id.
+    pub access_key: String,
+    /// Its secret.
+    pub secret_key: String,
+    /// The cluster client it acts as.
+    pub client: String,
+}
+
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 9000))
+}
+fn default_object_bytes_max() -> u64 {
+    5 << 30
+}
+fn default_max_connections() -> usize {
+    256
+}
+fn default_chunk_buffers() -> usize {
+    32
+}
+fn default_chunk_grace_secs() -> u64 {
+    60
+}
+
+/// The whole configuration.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// Where to serve S3.
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    /// The cluster directory.
+    pub cluster: PathBuf,
+    /// Largest single PUT or copy, in bytes.
+    #[serde(default = "default_object_bytes_max")]
+    pub object_bytes_max: u64,
+    /// Connections served at once; more wait in the listen backlog.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// Chunk buffers of 4 MiB all requests together may hold.
+    #[serde(default = "default_chunk_buffers")]
+    pub chunk_buffers: usize,
+    /// Seconds the chunks of a replaced or deleted version stay readable.
+    #[serde(default = "default_chunk_grace_secs")]
+    pub chunk_grace_secs: u64,
+    /// Who may connect.
+    pub access_keys: Vec<AccessKey>,
+}
+
+/// Why a configuration is not usable.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// Not valid TOML of this shape.
+    #[error("{file}: {error}")]
+    Parse {
+        /// The file.
+        file: String,
+        /// The problem.
+        error: String,
+    },
+    /// Valid TOML but not a usable configuration.
+    #[error("{file}: {problem}")]
+    Invalid {
+        /// The file.
+        file: String,
+        /// The problem.
+        problem: String,
+    },
+}
+
+impl GatewayConfig {
+    /// Parses and checks a configuration; `file` names it in errors.
+    pub fn parse(text: &str, file: &str) -> Result<GatewayConfig, ConfigError> {
+        let config: GatewayConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            file: file.to_owned(),
+            error: e.to_string(),
+        })?;
+        config.check(file)?;
+        Ok(config)
+    }
+
+    /// Checks what the types cannot.
+    pub fn check(&self, file: &str) -> Result<(), ConfigError> {
+        let invalid = |problem: String| ConfigError::Invalid {
+            file: file.to_owned(),
+            problem,
+        };
+        if self.access_keys.is_empty() {
+            return Err(invalid("access_keys: at least one is needed".into()));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for key in &self.access_keys {
+            if key.access_key.is_empty() || key.access_key.len() > 128 {
+                return Err(invalid(
+                    "access_keys: an access_key must be 1 to 128 bytes".into(),
+                ));
+            }
+            if key.secret_key.len() < 8 {
+                return Err(invalid(format!(
+                    "access_keys: the secret of {:?} is shorter than 8 bytes",
+                    key.access_key
+                )));
+            }
+            if !seen.insert(&key.access_key) {
+                return Err(invalid(format!(
+                    "access_keys: {:?} appears twice",
+                    key.access_key
+                )));
+            }
+        }
+        if self.max_connections == 0 || self.chunk_buffers == 0 {
+            return Err(invalid(
+                "max_connections and chunk_buffers must be at least 1".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_file_parses() {
+        let c = GatewayConfig::parse(
+            "listen = \"127.0.0.1:9100\"\ncluster = \"c\"\n[[access_keys]]\naccess_key = \"ak\"\nsecret_key = \"12345678\"\nclient = \"admin\"\n",
+            "g.toml",
+        )
+        .unwrap();
+        assert_eq!(c.listen.port(), 9100);
+        assert_eq!(c.object_bytes_max, 5 << 30);
+        assert_eq!(c.access_keys[0].client, "admin");
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        let e = GatewayConfig::parse("cluster = \"c\"\naccess_keys = []\n", "g.toml").unwrap_err();
+        assert!(e.to_string().contains("at least one"), "{e}");
+        let e = GatewayConfig::parse("cluster = \"c\"\nlisten = 5\naccess_keys = []\n", "g.toml")
+            .unwrap_err();
+        assert!(e.to_string().starts_with("g.toml"), "{e}");
+        let dup = "cluster = \"c\"\n[[access_keys]]\naccess_key = \"a\"\nsecret_key = \"12345678\"\nclient = \"x\"\n";
+        let e = GatewayConfig::parse(&format!("{dup}{}", &dup[14..]), "g.toml").unwrap_err();
+        assert!(e.to_string().contains("twice"), "{e}");
+    }
+}

@@ -1,0 +1,1792 @@
+//! The object store the S3 operations run on: buckets, streamed objects, multipart uploads and
+//! the listing index, over any [`Registers`].
+//!
+//! Ordering rules that make the layout safe (see [`crate::layout`] for the registers):
+//!
+//! - A PUT writes all of its chunks, then the manifest, then the index entry; only then does it
+//!   answer. So a reader that finds the manifest finds every chunk it names, and a listing made
+//!   after the answer shows the object.
+//! - Within this gateway, mutations of one object are serialised by a striped lock taken around
+//!   read-old-manifest / write-manifest / update-index, so the index records the outcome of the
+//!   last manifest write. The body is streamed before that lock is taken, so slow uploads of the
+//!   same key do not wait for each other.
+//! - Chunks of a replaced or deleted version are deleted after a grace period, so that a GET
+//!   that read the old manifest just before the switch can still stream it.
+//! - Lock order is upload → bucket → object → index shard; nothing takes them in another order.
+
+use crate::index::{self, Page, Query};
+use crate::layout::{
+    self, BucketList, BucketRecord, CHUNK_BYTES, ChunkRef, Data, INDEX_SHARDS, INLINE_BYTES_MAX,
+    IndexEntry, IndexShard, LayoutError, Manifest, PartRecord, UploadList, UploadRecord, WriteId,
+};
+use crate::store::{Registers, StoreError};
+use bytes::{Bytes, BytesMut};
+use futures::{Stream, StreamExt, stream};
+use md5::Digest;
+use s3s::{S3Error, S3ErrorCode, S3Result, s3_error};
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::{Mutex, OwnedSemaphorePermit, RwLock, Semaphore, mpsc};
+use tokio::task::JoinSet;
+
+/// What the gateway accepts and how much it keeps in memory.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Largest single PUT or copy (S3: 5 GiB).
+    pub object_bytes_max: u64,
+    /// Largest uploaded part (S3: 5 GiB).
+    pub part_bytes_max: u64,
+    /// Smallest part other than the last (S3: 5 MiB).
+    pub part_bytes_min: u64,
+    /// Chunk writes one request keeps in flight.
+    pub chunk_writes_per_request: usize,
+    /// Chunks one GET fetches ahead of what its connection has taken.
+    pub chunk_reads_per_request: usize,
+    /// Chunk buffers (each up to [`CHUNK_BYTES`]) all writing requests together may hold: the
+    /// bound on the gateway's memory for incoming data. A request waits for a buffer, and stops reading its body
+    /// meanwhile, so a fast sender is slowed to the cluster's pace.
+    pub chunk_buffers: usize,
+    /// Chunks all GETs together may have fetched and not yet handed to their connections: the
+    /// bound on the gateway's memory for outgoing data. Separate from `chunk_buffers` so slow
+    /// readers cannot stall writes.
+    pub read_buffers: usize,
+    /// How long the chunks of a replaced or deleted version stay readable.
+    pub chunk_grace: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            object_bytes_max: 5 << 30,
+            part_bytes_max: 5 << 30,
+            part_bytes_min: 5 << 20,
+            chunk_writes_per_request: 4,
+            chunk_reads_per_request: 4,
+            chunk_buffers: 32,
+            read_buffers: 64,
+            chunk_grace: Duration::from_secs(60),
+        }
+    }
+}
+
+/// S3's largest part number.
+pub const PART_NUMBER_MAX: u32 = 10_000;
+
+/// A set of locks selected by hash, so the lock table stays fixed-size whatever the key space.
+struct Stripes<T>(Vec<T>);
+
+impl<T: Default> Stripes<T> {
+    fn new(n: usize) -> Self {
+        Stripes((0..n).map(|_| T::default()).collect())
+    }
+
+    fn get(&self, parts: &[&[u8]]) -> &T {
+        let mut hasher = blake3::Hasher::new();
+        for part in parts {
+            hasher.update(&(part.len() as u64).to_le_bytes());
+            hasher.update(part);
+        }
+        let hash = hasher.finalize();
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&hash.as_bytes()[..8]);
+        &self.0[(u64::from_le_bytes(first) % self.0.len() as u64) as usize]
+    }
+}
+
+/// The object store.
+pub struct Engine {
+    limits: Limits,
+    buffers: Arc<Semaphore>,
+    read_buffers: Arc<Semaphore>,
+    bucket_list: Mutex<()>,
+    buckets: Stripes<RwLock<()>>,
+    objects: Stripes<Mutex<()>>,
+    shards: Stripes<Mutex<()>>,
+    uploads: Stripes<Mutex<()>>,
+    upload_lists: Stripes<Mutex<()>>,
+}
+
+/// The bytes of a body write, once durable.
+#[derive(Debug)]
+pub struct Written {
+    /// Size in bytes.
+    pub size: u64,
+    /// MD5 of the bytes.
+    pub md5: [u8; 16],
+    /// Where they are.
+    pub data: Data,
+}
+
+/// What a new object carries besides its bytes.
+#[derive(Clone, Debug, Default)]
+pub struct ObjectMeta {
+    /// `Content-Type`.
+    pub content_type: Option<String>,
+    /// User metadata, sorted by name.
+    pub metadata: Vec<(String, String)>,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// A register failure as the S3 error a client can act on, naming the cause.
+pub fn store_error(error: StoreError) -> S3Error {
+    tracing::warn!(%error, "cluster operation failed");
+    match error {
+        StoreError::Unavailable(cause) => {
+            S3Error::with_message(S3ErrorCode::ServiceUnavailable, cause)
+        }
+        StoreError::Denied(cause) => S3Error::with_message(S3ErrorCode::AccessDenied, cause),
+        StoreError::Internal(cause) => S3Error::with_message(S3ErrorCode::InternalError, cause),
+    }
+}
+
+fn layout_error(error: LayoutError) -> S3Error {
+    match error {
+        LayoutError::TooLarge { .. } => {
+            S3Error::with_message(S3ErrorCode::EntityTooLarge, error.to_string())
+        }
+        _ => {
+            tracing::warn!(%error, "stored data rejected");
+            S3Error::with_message(S3ErrorCode::InternalError, error.to_string())
+        }
+    }
+}
+
+async fn get_record<R: Registers, T: for<'de> serde::Deserialize<'de>>(
+    reg: &R,
+    what: &'static str,
+    key: &[u8],
+) -> S3Result<Option<T>> {
+    match reg.get(key).await.map_err(store_error)? {
+        None => Ok(None),
+        Some(bytes) => layout::decode(what, &bytes).map(Some).map_err(layout_error),
+    }
+}
+
+async fn put_record<R: Registers, T: serde::Serialize>(
+    reg: &R,
+    what: &'static str,
+    key: &[u8],
+    value: &T,
+) -> S3Result<()> {
+    let bytes = layout::encode(what, value).map_err(layout_error)?;
+    reg.put(key, bytes).await.map_err(store_error)
+}
+
+/// Validates an object key against S3's rules and this layout's bounds.
+pub fn check_object_key(key: &str) -> S3Result<()> {
+    if key.is_empty() {
+        return Err(s3_error!(InvalidArgument, "empty object key"));
+    }
+    if key.len() > layout::OBJECT_KEY_BYTES_MAX {
+        return Err(s3_error!(
+            KeyTooLongError,
+            "object key is {} bytes; the limit is {}",
+            key.len(),
+            layout::OBJECT_KEY_BYTES_MAX
+        ));
+    }
+    Ok(())
+}
+
+/// Validates user metadata against S3's size limit, and sorts it.
+pub fn check_metadata(metadata: Vec<(String, String)>) -> S3Result<Vec<(String, String)>> {
+    let size: usize = metadata.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if size > layout::METADATA_BYTES_MAX {
+        return Err(s3_error!(
+            MetadataTooLarge,
+            "user metadata is {size} bytes; the limit is {}",
+            layout::METADATA_BYTES_MAX
+        ));
+    }
+    let mut metadata = metadata;
+    metadata.sort();
+    Ok(metadata)
+}
+
+/// Deletes chunks in the background, after `delay`. Best effort: a crash or a failure leaves
+/// them unreferenced in the cluster (logged), never a manifest pointing at a missing chunk.
+fn forget_chunks<R: Registers>(reg: &Arc<R>, chunks: Vec<ChunkRef>, delay: Duration) {
+    if chunks.is_empty() {
+        return;
+    }
+    let reg = reg.clone();
+    tokio::spawn(async move {
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        let mut keys: Vec<Vec<u8>> = chunks.iter().map(layout::chunk_key).collect();
+        keys.sort();
+        keys.dedup();
+        let reg = &reg;
+        stream::iter(keys)
+            .for_each_concurrent(4, |key| async move {
+                if let Err(error) = reg.delete(&key).await {
+                    tracing::warn!(key = %String::from_utf8_lossy(&key), %error, "chunk not deleted; it stays unreferenced");
+                }
+            })
+            .await;
+    });
+}
+
+/// A fetched piece of an object and the read buffer it occupies until handed to the client.
+type Piece = S3Result<(Bytes, Option<OwnedSemaphorePermit>)>;
+
+/// Object bytes streamed out of the cluster: chunks fetched ahead while the client reads, each
+/// holding a read buffer until it is handed to the connection.
+pub struct ObjectStream {
+    first: Option<Bytes>,
+    rx: mpsc::Receiver<Piece>,
+}
+
+impl Stream for ObjectStream {
+    type Item = Result<Bytes, S3Error>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if let Some(first) = self.first.take() {
+            return Poll::Ready(Some(Ok(first)));
+        }
+        self.rx
+            .poll_recv(cx)
+            .map(|piece| piece.map(|piece| piece.map(|(bytes, _permit)| bytes)))
+    }
+}
+
+async fn fetch_chunk<R: Registers>(reg: &R, chunk: &ChunkRef) -> S3Result<Bytes> {
+    let data = reg
+        .get(&layout::chunk_key(chunk))
+        .await
+        .map_err(store_error)?
+        .ok_or_else(|| {
+            s3_error!(
+                InternalError,
+                "chunk {} of write {} is missing (object replaced or deleted meanwhile?)",
+                hex::encode(chunk.hash),
+                hex::encode(chunk.write)
+            )
+        })?;
+    layout::verify_chunk(chunk, &data).map_err(layout_error)?;
+    Ok(data)
+}
+
+/// The part of each chunk that `range` covers.
+pub fn chunk_spans(chunks: &[ChunkRef], range: &Range<u64>) -> Vec<(ChunkRef, Range<usize>)> {
+    let mut spans = Vec::new();
+    let mut offset = 0u64;
+    for chunk in chunks {
+        let end = offset + u64::from(chunk.len);
+        if end > range.start && offset < range.end {
+            let from = range.start.saturating_sub(offset) as usize;
+            let to = (range.end.min(end) - offset) as usize;
+            spans.push((*chunk, from..to));
+        }
+        if end >= range.end {
+            break;
+        }
+        offset = end;
+    }
+    spans
+}
+
+impl Engine {
+    /// An engine with these limits.
+    pub fn new(limits: Limits) -> Engine {
+        Engine {
+            buffers: Arc::new(Semaphore::new(limits.chunk_buffers.max(1))),
+            read_buffers: Arc::new(Semaphore::new(limits.read_buffers.max(1))),
+            limits,
+            bucket_list: Mutex::new(()),
+            buckets: Stripes::new(64),
+            objects: Stripes::new(1024),
+            shards: Stripes::new(256),
+            uploads: Stripes::new(256),
+            upload_lists: Stripes::new(64),
+        }
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    // ---- buckets ----
+
+    /// The bucket's record, or NoSuchBucket.
+    pub async fn require_bucket<R: Registers>(
+        &self,
+        reg: &R,
+        bucket: &str,
+    ) -> S3Result<BucketRecord> {
+        get_record(reg, "bucket", &layout::bucket_key(bucket))
+            .await?
+            .ok_or_else(|| s3_error!(NoSuchBucket, "no bucket named {bucket:?}"))
+    }
+
+    /// Creates a bucket.
+    pub async fn create_bucket<R: Registers>(&self, reg: &R, bucket: &str) -> S3Result<()> {
+        let _list = self.bucket_list.lock().await;
+        let _bucket = self.buckets.get(&[bucket.as_bytes()]).write().await;
+        let key = layout::bucket_key(bucket);
+        if get_record::<R, BucketRecord>(reg, "bucket", &key)
+            .await?
+            .is_some()
+        {
+            return Err(s3_error!(
+                BucketAlreadyOwnedByYou,
+                "bucket {bucket:?} exists"
+            ));
+        }
+        let created_ms = now_ms();
+        put_record(reg, "bucket", &key, &BucketRecord { created_ms }).await?;
+        let list_key = layout::bucket_list_key();
+        let mut list: BucketList = get_record(reg, "bucket list", &list_key)
+            .await?
+            .unwrap_or_default();
+        list.insert(bucket.to_owned(), created_ms);
+        put_record(reg, "bucket list", &list_key, &list).await
+    }
+
+    /// Every bucket with its creation time.
+    pub async fn list_buckets<R: Registers>(&self, reg: &R) -> S3Result<BucketList> {
+        Ok(get_record(reg, "bucket list", &layout::bucket_list_key())
+            .await?
+            .unwrap_or_default())
+    }
+
+    /// Deletes an empty bucket.
+    pub async fn delete_bucket<R: Registers>(&self, reg: &R, bucket: &str) -> S3Result<()> {
+        let _list = self.bucket_list.lock().await;
+        let _bucket = self.buckets.get(&[bucket.as_bytes()]).write().await;
+        self.require_bucket(reg, bucket).await?;
+        let shards = self.read_shards(reg, bucket).await?;
+        if shards.iter().any(|s| !s.is_empty()) {
+            return Err(s3_error!(BucketNotEmpty, "bucket {bucket:?} is not empty"));
+        }
+        let uploads: UploadList = get_record(reg, "upload list", &layout::upload_list_key(bucket))
+            .await?
+            .unwrap_or_default();
+        if !uploads.is_empty() {
+            return Err(s3_error!(
+                BucketNotEmpty,
+                "bucket {bucket:?} has {} multipart uploads in progress",
+                uploads.len()
+            ));
+        }
+        reg.delete(&layout::bucket_key(bucket))
+            .await
+            .map_err(store_error)?;
+        let list_key = layout::bucket_list_key();
+        let mut list: BucketList = get_record(reg, "bucket list", &list_key)
+            .await?
+            .unwrap_or_default();
+        list.remove(bucket);
+        put_record(reg, "bucket list", &list_key, &list).await?;
+        for shard in 0..INDEX_SHARDS {
+            reg.delete(&layout::shard_key(bucket, shard))
+                .await
+                .map_err(store_error)?;
+        }
+        Ok(())
+    }
+
+    // ---- the index ----
+
+    async fn read_shards<R: Registers>(&self, reg: &R, bucket: &str) -> S3Result<Vec<IndexShard>> {
+        let reads = (0..INDEX_SHARDS).map(|shard| async move {
+            get_record::<R, IndexShard>(reg, "index shard", &layout::shard_key(bucket, shard))
+                .await
+                .map(Option::unwrap_or_default)
+        });
+        futures::future::try_join_all(reads).await
+    }
+
+    async fn update_index<R: Registers>(
+        &self,
+        reg: &R,
+        bucket: &str,
+        key: &str,
+        entry: Option<IndexEntry>,
+    ) -> S3Result<()> {
+        let shard = layout::shard_of(key);
+        let _lock = self.shards.get(&[bucket.as_bytes(), &[shard]]).lock().await;
+        let shard_key = layout::shard_key(bucket, shard);
+        let mut index: IndexShard = get_record(reg, "index shard", &shard_key)
+            .await?
+            .unwrap_or_default();
+        let changed = match entry {
+            Some(entry) => index.insert(key.to_owned(), entry.clone()).as_ref() != Some(&entry),
+            None => index.remove(key).is_some(),
+        };
+        if !changed {
+            return Ok(());
+        }
+        put_record(reg, "index shard", &shard_key, &index)
+            .await
+            .map_err(|mut e| {
+                if *e.code() == S3ErrorCode::EntityTooLarge {
+                    e = s3_error!(
+                        ServiceUnavailable,
+                        "the listing index shard of bucket {bucket:?} is full; the object was stored but is not listed"
+                    );
+                }
+                e
+            })
+    }
+
+    /// One page of the listing of `bucket`.
+    pub async fn list<R: Registers>(
+        &self,
+        reg: &R,
+        bucket: &str,
+        query: &Query<'_>,
+    ) -> S3Result<Page> {
+        self.require_bucket(reg, bucket).await?;
+        let shards = self.read_shards(reg, bucket).await?;
+        let merged: BTreeMap<&String, &IndexEntry> = shards.iter().flat_map(|s| s.iter()).collect();
+        Ok(index::list(merged, query))
+    }
+
+    // ---- object bodies ----
+
+    /// Streams a body into chunks, at most `max` bytes, keeping at most a few chunks in memory.
+    /// Small bodies are returned inline when `inline` allows. On failure, chunks already written
+    /// are deleted.
+    pub async fn write_body<R: Registers, S>(
+        &self,
+        reg: &Arc<R>,
+        mut body: S,
+        max: u64,
+        inline: bool,
+    ) -> S3Result<Written>
+    where
+        S: Stream<Item = S3Result<Bytes>> + Unpin,
+    {
+        let write = layout::new_write_id();
+        let mut chunks: Vec<ChunkRef> = Vec::new();
+        let mut inflight: JoinSet<S3Result<()>> = JoinSet::new();
+        let result = self
+            .fill_chunks(
+                reg,
+                &mut body,
+                max,
+                inline,
+                write,
+                &mut chunks,
+                &mut inflight,
+            )
+            .await;
+        let result = match result {
+            Ok(written) => {
+                let mut outcome = Ok(written);
+                while let Some(done) = inflight.join_next().await {
+                    let done = done
+                        .unwrap_or_else(|e| Err(s3_error!(InternalError, "chunk write task: {e}")));
+                    if let Err(e) = done {
+                        outcome = Err(e);
+                        break;
+                    }
+                }
+                outcome
+            }
+            Err(e) => Err(e),
+        };
+        if result.is_err() {
+            inflight.abort_all();
+            forget_chunks(reg, chunks, Duration::ZERO);
+        }
+        result
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn fill_chunks<R: Registers, S>(
+        &self,
+        reg: &Arc<R>,
+        body: &mut S,
+        max: u64,
+        inline: bool,
+        write: WriteId,
+        chunks: &mut Vec<ChunkRef>,
+        inflight: &mut JoinSet<S3Result<()>>,
+    ) -> S3Result<Written>
+    where
+        S: Stream<Item = S3Result<Bytes>> + Unpin,
+    {
+        let mut md5 = md5::Md5::new();
+        let mut size = 0u64;
+        let mut buffer: Option<(BytesMut, OwnedSemaphorePermit)> = None;
+        while let Some(piece) = body.next().await {
+            let mut piece = piece?;
+            size += piece.len() as u64;
+            if size > max {
+                return Err(s3_error!(
+                    EntityTooLarge,
+                    "body exceeds the limit of {max} bytes"
+                ));
+            }
+            md5.update(&piece);
+            while !piece.is_empty() {
+                if buffer.is_none() {
+                    let permit = self
+                        .buffers
+                        .clone()
+                        .acquire_owned()
+                        .await
+                        .map_err(|_| s3_error!(InternalError, "gateway shutting down"))?;
+                    buffer = Some((BytesMut::new(), permit));
+                }
+                let Some((buf, _)) = buffer.as_mut() else {
+                    continue;
+                };
+                let take = piece.len().min(CHUNK_BYTES - buf.len());
+                buf.extend_from_slice(&piece.split_to(take));
+                if buf.len() == CHUNK_BYTES
+                    && let Some((buf, permit)) = buffer.take()
+                {
+                    self.spawn_chunk(reg, write, buf.freeze(), permit, chunks, inflight)
+                        .await?;
+                }
+            }
+        }
+        let md5: [u8; 16] = md5.finalize().into();
+        if inline && chunks.is_empty() && size <= INLINE_BYTES_MAX as u64 {
+            let data = buffer.map(|(buf, _)| buf.freeze()).unwrap_or_default();
+            return Ok(Written {
+                size,
+                md5,
+                data: Data::Inline(data),
+            });
+        }
+        if let Some((buf, permit)) = buffer.take() {
+            self.spawn_chunk(reg, write, buf.freeze(), permit, chunks, inflight)
+                .await?;
+        }
+        Ok(Written {
+            size,
+            md5,
+            data: Data::Chunks(chunks.clone()),
+        })
+    }
+
+    async fn spawn_chunk<R: Registers>(
+        &self,
+        reg: &Arc<R>,
+        write: WriteId,
+        data: Bytes,
+        permit: OwnedSemaphorePermit,
+        chunks: &mut Vec<ChunkRef>,
+        inflight: &mut JoinSet<S3Result<()>>,
+    ) -> S3Result<()> {
+        while inflight.len() >= self.limits.chunk_writes_per_request.max(1) {
+            if let Some(done) = inflight.join_next().await {
+                done.unwrap_or_else(|e| Err(s3_error!(InternalError, "chunk write task: {e}")))?;
+            }
+        }
+        let chunk = ChunkRef::of(write, &data);
+        chunks.push(chunk);
+        let reg = reg.clone();
+        inflight.spawn(async move {
+            let result = reg
+                .put(&layout::chunk_key(&chunk), data)
+                .await
+                .map_err(store_error);
+            drop(permit);
+            result
+        });
+        Ok(())
+    }
+
+    // ---- objects ----
+
+    /// The manifest of `key`, or NoSuchKey / NoSuchBucket.
+    pub async fn manifest<R: Registers>(
+        &self,
+        reg: &R,
+        bucket: &str,
+        key: &str,
+    ) -> S3Result<Manifest> {
+        check_object_key(key)?;
+        match reg
+            .get(&layout::object_key(bucket, key))
+            .await
+            .map_err(store_error)?
+        {
+            Some(bytes) => layout::decode_manifest(key, &bytes).map_err(layout_error),
+            None => {
+                self.require_bucket(reg, bucket).await?;
+                Err(s3_error!(
+                    NoSuchKey,
+                    "no object {key:?} in bucket {bucket:?}"
+                ))
+            }
+        }
+    }
+
+    /// Makes `manifest` the object's current version, updates the index, and retires the old
+    /// version's chunks. The new chunks must already be durable. When `owns_chunks`, a failure
+    /// before the manifest write deletes them; after the write has started they are kept, since
+    /// a write that timed out may still take effect and must not point at deleted chunks.
+    pub async fn commit<R: Registers>(
+        &self,
+        reg: &Arc<R>,
+        bucket: &str,
+        manifest: &Manifest,
+        owns_chunks: bool,
+    ) -> S3Result<()> {
+        let mut started = false;
+        match self
+            .switch(reg.as_ref(), bucket, manifest, &mut started)
+            .await
+        {
+            Ok(Some(old)) => {
+                let keep: std::collections::HashSet<ChunkRef> =
+                    manifest.data.chunks().iter().copied().collect();
+                let retired = old
+                    .data
+                    .chunks()
+                    .iter()
+                    .filter(|c| !keep.contains(c))
+                    .copied()
+                    .collect();
+                forget_chunks(reg, retired, self.limits.chunk_grace);
+                Ok(())
+            }
+            Ok(None) => Ok(()),
+            Err(e) => {
+                if owns_chunks && !started {
+                    forget_chunks(reg, manifest.data.chunks().to_vec(), Duration::ZERO);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// The locked part of [`Engine::commit`]; returns the replaced manifest. Sets `started`
+    /// once the manifest write has been sent.
+    async fn switch<R: Registers>(
+        &self,
+        reg: &R,
+        bucket: &str,
+        manifest: &Manifest,
+        started: &mut bool,
+    ) -> S3Result<Option<Manifest>> {
+        let key = &manifest.key;
+        let object_key = layout::object_key(bucket, key);
+        let encoded = layout::encode("manifest", manifest).map_err(layout_error)?;
+        let _bucket = self.buckets.get(&[bucket.as_bytes()]).read().await;
+        let _object = self
+            .objects
+            .get(&[bucket.as_bytes(), key.as_bytes()])
+            .lock()
+            .await;
+        // Both reads happen under the locks, so neither can be overtaken; side by side they cost
+        // one round trip instead of two.
+        let (exists, old) =
+            futures::future::join(self.require_bucket(reg, bucket), reg.get(&object_key)).await;
+        exists?;
+        let old = match old.map_err(store_error)? {
+            Some(bytes) => match layout::decode_manifest(key, &bytes) {
+                Ok(old) => Some(old),
+                Err(error) => {
+                    tracing::warn!(%bucket, %key, %error, "replacing an unreadable manifest");
+                    None
+                }
+            },
+            None => None,
+        };
+        let entry = IndexEntry {
+            size: manifest.size,
+            etag: manifest.etag.clone(),
+            last_modified_ms: manifest.last_modified_ms,
+        };
+        *started = true;
+        reg.put(&object_key, encoded).await.map_err(store_error)?;
+        self.update_index(reg, bucket, key, Some(entry)).await?;
+        Ok(old)
+    }
+
+    /// Stores a whole object from a body stream.
+    pub async fn put_object<R: Registers, S>(
+        &self,
+        reg: &Arc<R>,
+        bucket: &str,
+        key: &str,
+        meta: ObjectMeta,
+        body: S,
+        content_md5: Option<[u8; 16]>,
+    ) -> S3Result<Manifest>
+    where
+        S: Stream<Item = S3Result<Bytes>> + Unpin,
+    {
+        check_object_key(key)?;
+        let metadata = check_metadata(meta.metadata)?;
+        self.require_bucket(reg.as_ref(), bucket).await?;
+        let written = self
+            .write_body(reg, body, self.limits.object_bytes_max, true)
+            .await?;
+        if let Some(expected) = content_md5
+            && expected != written.md5
+        {
+            forget_chunks(reg, written.data.chunks().to_vec(), Duration::ZERO);
+            return Err(s3_error!(BadDigest, "Content-MD5 does not match the body"));
+        }
+        let manifest = Manifest {
+            key: key.to_owned(),
+            size: written.size,
+            etag: layout::single_part_etag(&written.md5),
+            content_type: meta.content_type,
+            metadata,
+            last_modified_ms: now_ms(),
+            parts: 0,
+            data: written.data,
+        };
+        self.commit(reg, bucket, &manifest, true).await?;
+        Ok(manifest)
+    }
+
+    /// Streams `range` of an object. The first piece is fetched before this returns, so a
+    /// missing or corrupt first chunk is an S3 error rather than a cut-off response.
+    pub async fn read<R: Registers>(
+        &self,
+        reg: &Arc<R>,
+        manifest: &Manifest,
+        range: Range<u64>,
+    ) -> S3Result<ObjectStream> {
+        let (tx, mut rx) = mpsc::channel(1);
+        match &manifest.data {
+            Data::Inline(bytes) => {
+                let slice = bytes.slice(range.start as usize..range.end as usize);
+                return Ok(ObjectStream {
+                    first: Some(slice),
+                    rx,
+                });
+            }
+            Data::Chunks(chunks) => {
+                let spans = chunk_spans(chunks, &range);
+                let reg = reg.clone();
+                let buffers = self.read_buffers.clone();
+                let ahead = self.limits.chunk_reads_per_request.max(1);
+                tokio::spawn(async move {
+                    let (reg, buffers) = (&reg, &buffers);
+                    let mut pieces = stream::iter(spans)
+                        .map(|(chunk, span)| async move {
+                            let permit =
+                                buffers.clone().acquire_owned().await.map_err(|_| {
+                                    s3_error!(InternalError, "gateway shutting down")
+                                })?;
+                            let data = fetch_chunk(reg.as_ref(), &chunk).await?;
+                            Ok((data.slice(span), Some(permit)))
+                        })
+                        .buffered(ahead);
+                    while let Some(piece) = pieces.next().await {
+                        let failed = piece.is_err();
+                        if tx.send(piece).await.is_err() || failed {
+                            break;
+                        }
+                    }
+                });
+            }
+        }
+        match rx.recv().await {
+            Some(Ok((first, _permit))) => Ok(ObjectStream {
+                first: Some(first),
+                rx,
+            }),
+            Some(Err(e)) => Err(e),
+            None => Ok(ObjectStream { first: None, rx }),
+        }
+    }
+
+    /// Deletes an object (no error when it does not exist).
+    pub async fn delete_object<R: Registers>(
+        &self,
+        reg: &Arc<R>,
+        bucket: &str,
+        key: &str,
+    ) -> S3Result<()> {
+        check_object_key(key)?;
+        let object_key = layout::object_key(bucket, key);
+        let old = {
+            let _bucket = self.buckets.get(&[bucket.as_bytes()]).read().await;
+            self.require_bucket(reg.as_ref(), bucket).await?;
+            let _object = self
+                .objects
+                .get(&[bucket.as_bytes(), key.as_bytes()])
+                .lock()
+                .await;
+            let old = reg.get(&object_key).await.map_err(store_error)?;
+            if old.is_some() {
+                reg.delete(&object_key).await.map_err(store_error)?;
+            }
+            // Also when there was no manifest: repairs an entry a crashed gateway left behind.
+            self.update_index(reg.as_ref(), bucket, key, None).await?;
+            old
+        };
+        if let Some(old) = old.and_then(|bytes| layout::decode_manifest(key, &bytes).ok()) {
+            forget_chunks(reg, old.data.chunks().to_vec(), self.limits.chunk_grace);
+        }
+        Ok(())
+    }
+
+    /// Copies an object's bytes into a new object (its own chunks), with new or copied metadata.
+    /// `precondition` sees the source's manifest before anything is copied.
+    pub async fn copy_object<R: Registers>(
+        &self,
+        reg: &Arc<R>,
+        source: (&str, &str),
+        target: (&str, &str),
+        meta: Option<ObjectMeta>,
+        precondition: impl FnOnce(&Manifest) -> S3Result<()>,
+    ) -> S3Result<Manifest> {
+        check_object_key(target.1)?;
+        let src = self.manifest(reg.as_ref(), source.0, source.1).await?;
+        precondition(&src)?;
+        self.require_bucket(reg.as_ref(), target.0).await?;
+        if src.size > self.limits.object_bytes_max {
+            return Err(s3_error!(
+                InvalidRequest,
+                "the source is {} bytes; copies are limited to {} bytes",
+                src.size,
+                self.limits.object_bytes_max
+            ));
+        }
+        let data = match &src.data {
+            Data::Inline(bytes) => Data::Inline(bytes.clone()),
+            Data::Chunks(chunks) => {
+                let write = layout::new_write_id();
+                let copied: Vec<S3Result<ChunkRef>> = stream::iter(chunks.iter().copied())
+                    .map(|chunk| async move {
+                        let _permit = self
+                            .buffers
+                            .acquire()
+                            .await
+                            .map_err(|_| s3_error!(InternalError, "gateway shutting down"))?;
+                        let data = fetch_chunk(reg.as_ref(), &chunk).await?;
+                        let new = ChunkRef { write, ..chunk };
+                        reg.put(&layout::chunk_key(&new), data)
+                            .await
+                            .map_err(store_error)?;
+                        Ok(new)
+                    })
+                    .buffered(self.limits.chunk_writes_per_request.max(1))
+                    .collect()
+                    .await;
+                let (ok, failed): (Vec<_>, Vec<_>) = copied.into_iter().partition(Result::is_ok);
+                let ok: Vec<ChunkRef> = ok.into_iter().filter_map(Result::ok).collect();
+                if let Some(Err(e)) = failed.into_iter().next() {
+                    forget_chunks(reg, ok, Duration::ZERO);
+                    return Err(e);
+                }
+                Data::Chunks(ok)
+            }
+        };
+        let (content_type, metadata) = match meta {
+            Some(meta) => (meta.content_type, check_metadata(meta.metadata)?),
+            None => (src.content_type.clone(), src.metadata.clone()),
+        };
+        let manifest = Manifest {
+            key: target.1.to_owned(),
+            size: src.size,
+            etag: src.etag.clone(),
+            content_type,
+            metadata,
+            last_modified_ms: now_ms(),
+            parts: src.parts,
+            data,
+        };
+        self.commit(reg, target.0, &manifest, true).await?;
+        Ok(manifest)
+    }
+
+    // ---- multipart ----
+
+    async fn upload<R: Registers>(
+        &self,
+        reg: &R,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+    ) -> S3Result<UploadRecord> {
+        let missing = || s3_error!(NoSuchUpload, "no upload {upload_id:?} for {bucket}/{key}");
+        if upload_id.is_empty()
+            || upload_id.len() > 64
+            || !upload_id.bytes().all(|b| b.is_ascii_hexdigit())
+        {
+            return Err(missing());
+        }
+        let record: UploadRecord = get_record(reg, "upload", &layout::upload_key(upload_id))
+            .await?
+            .ok_or_else(missing)?;
+        if record.bucket != bucket || record.key != key {
+            return Err(missing());
+        }
+        Ok(record)
+    }
+
+    /// Starts a multipart upload; returns its id.
+    pub async fn create_upload<R: Registers>(
+        &self,
+        reg: &R,
+        bucket: &str,
+        key: &str,
+        meta: ObjectMeta,
+    ) -> S3Result<String> {
+        check_object_key(key)?;
+        let metadata = check_metadata(meta.metadata)?;
+        self.require_bucket(reg, bucket).await?;
+        let upload_id = hex::encode(layout::new_write_id());
+        let record = UploadRecord {
+            bucket: bucket.to_owned(),
+            key: key.to_owned(),
+            content_type: meta.content_type,
+            metadata,
+            created_ms: now_ms(),
+            parts: BTreeMap::new(),
+        };
+        put_record(reg, "upload", &layout::upload_key(&upload_id), &record).await?;
+        self.track_upload(reg, bucket, key, &upload_id, Some(record.created_ms))
+            .await?;
+        Ok(upload_id)
+    }
+
+    async fn track_upload<R: Registers>(
+        &self,
+        reg: &R,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+        started_ms: Option<u64>,
+    ) -> S3Result<()> {
+        let _lock = self.upload_lists.get(&[bucket.as_bytes()]).lock().await;
+        let list_key = layout::upload_list_key(bucket);
+        let mut list: UploadList = get_record(reg, "upload list", &list_key)
+            .await?
+            .unwrap_or_default();
+        let id = (key.to_owned(), upload_id.to_owned());
+        match started_ms {
+            Some(ms) => {
+                list.insert(id, ms);
+            }
+            None => {
+                if list.remove(&id).is_none() {
+                    return Ok(());
+                }
+            }
+        }
+        put_record(reg, "upload list", &list_key, &list).await
+    }
+
+    /// Uploads in progress under `prefix`, after the markers, at most `max`; and whether more
+    /// follow. Each is (object key, upload id, started in ms since the epoch).
+    pub async fn list_uploads<R: Registers>(
+        &self,
+        reg: &R,
+        bucket: &str,
+        prefix: &str,
+        after: Option<(&str, &str)>,
+        max: usize,
+    ) -> S3Result<(Vec<(String, String, u64)>, bool)> {
+        self.require_bucket(reg, bucket).await?;
+        let list: UploadList = get_record(reg, "upload list", &layout::upload_list_key(bucket))
+            .await?
+            .unwrap_or_default();
+        let mut uploads: Vec<(String, String, u64)> = list
+            .into_iter()
+            .filter(|((key, id), _)| {
+                key.starts_with(prefix)
+                    && after.is_none_or(|(k, i)| (key.as_str(), id.as_str()) > (k, i))
+            })
+            .map(|((key, id), ms)| (key, id, ms))
+            .take(max.saturating_add(1))
+            .collect();
+        let truncated = uploads.len() > max;
+        uploads.truncate(max);
+        Ok((uploads, truncated))
+    }
+
+    /// Stores one part; returns its MD5.
+    pub async fn upload_part<R: Registers, S>(
+        &self,
+        reg: &Arc<R>,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+        part_number: i32,
+        body: S,
+    ) -> S3Result<[u8; 16]>
+    where
+        S: Stream<Item = S3Result<Bytes>> + Unpin,
+    {
+        let part_number = u32::try_from(part_number)
+            .ok()
+            .filter(|n| (1..=PART_NUMBER_MAX).contains(n))
+            .ok_or_else(|| {
+                s3_error!(
+                    InvalidArgument,
+                    "part number must be 1 to {PART_NUMBER_MAX}"
+                )
+            })?;
+        self.upload(reg.as_ref(), bucket, key, upload_id).await?;
+        let written = self
+            .write_body(reg, body, self.limits.part_bytes_max, false)
+            .await?;
+        let part = PartRecord {
+            size: written.size,
+            md5: written.md5,
+            last_modified_ms: now_ms(),
+            chunks: written.data.chunks().to_vec(),
+        };
+        let mut started = false;
+        let result = async {
+            let _upload = self.uploads.get(&[upload_id.as_bytes()]).lock().await;
+            let mut record = self.upload(reg.as_ref(), bucket, key, upload_id).await?;
+            let old = record.parts.insert(part_number, part.clone());
+            let encoded = layout::encode("upload", &record).map_err(layout_error)?;
+            started = true;
+            reg.put(&layout::upload_key(upload_id), encoded)
+                .await
+                .map_err(store_error)?;
+            Ok::<_, S3Error>(old)
+        }
+        .await;
+        match result {
+            Ok(old) => {
+                if let Some(old) = old {
+                    forget_chunks(reg, old.chunks, Duration::ZERO);
+                }
+                Ok(written.md5)
+            }
+            Err(e) => {
+                // A record write that timed out may still take effect: keep what it names.
+                if !started {
+                    forget_chunks(reg, part.chunks, Duration::ZERO);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// The upload's parts after `marker`, at most `max`; and whether more follow.
+    pub async fn list_parts<R: Registers>(
+        &self,
+        reg: &R,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+        marker: u32,
+        max: usize,
+    ) -> S3Result<(UploadRecord, Vec<(u32, PartRecord)>, bool)> {
+        let record = self.upload(reg, bucket, key, upload_id).await?;
+        let mut parts: Vec<(u32, PartRecord)> = record
+            .parts
+            .range(marker.saturating_add(1)..)
+            .map(|(n, p)| (*n, p.clone()))
+            .take(max.saturating_add(1))
+            .collect();
+        let truncated = parts.len() > max;
+        parts.truncate(max);
+        Ok((record, parts, truncated))
+    }
+
+    /// Completes an upload from the listed parts (number, ETag as the client saw it).
+    pub async fn complete_upload<R: Registers>(
+        &self,
+        reg: &Arc<R>,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+        listed: &[(i32, Option<String>)],
+    ) -> S3Result<Manifest> {
+        let _upload = self.uploads.get(&[upload_id.as_bytes()]).lock().await;
+        let record = self.upload(reg.as_ref(), bucket, key, upload_id).await?;
+        if listed.is_empty() {
+            return Err(s3_error!(MalformedXML, "no parts listed"));
+        }
+        if listed.len() > PART_NUMBER_MAX as usize {
+            return Err(s3_error!(
+                InvalidArgument,
+                "more than {PART_NUMBER_MAX} parts listed"
+            ));
+        }
+        let mut previous = 0i64;
+        let mut used = Vec::with_capacity(listed.len());
+        for (i, (number, etag)) in listed.iter().enumerate() {
+            if i64::from(*number) <= previous {
+                return Err(s3_error!(
+                    InvalidPartOrder,
+                    "parts must be listed in ascending order"
+                ));
+            }
+            previous = i64::from(*number);
+            let part = u32::try_from(*number)
+                .ok()
+                .and_then(|n| record.parts.get(&n))
+                .ok_or_else(|| s3_error!(InvalidPart, "part {number} was not uploaded"))?;
+            if let Some(etag) = etag {
+                let given = etag.trim_matches('"');
+                if given != hex::encode(part.md5) {
+                    return Err(s3_error!(
+                        InvalidPart,
+                        "part {number}: ETag {given} does not match"
+                    ));
+                }
+            }
+            if i + 1 < listed.len() && part.size < self.limits.part_bytes_min {
+                return Err(s3_error!(
+                    EntityTooSmall,
+                    "part {number} is {} bytes; every part but the last must be at least {}",
+                    part.size,
+                    self.limits.part_bytes_min
+                ));
+            }
+            used.push(part);
+        }
+        let manifest = Manifest {
+            key: key.to_owned(),
+            size: used.iter().map(|p| p.size).sum(),
+            etag: layout::multipart_etag(&used.iter().map(|p| p.md5).collect::<Vec<_>>()),
+            content_type: record.content_type.clone(),
+            metadata: record.metadata.clone(),
+            last_modified_ms: now_ms(),
+            parts: used.len() as u32,
+            data: Data::Chunks(used.iter().flat_map(|p| p.chunks.iter().copied()).collect()),
+        };
+        self.commit(reg, bucket, &manifest, false).await?;
+        if let Err(error) = reg.delete(&layout::upload_key(upload_id)).await {
+            tracing::warn!(%upload_id, %error, "completed upload record not deleted");
+        }
+        if let Err(error) = self
+            .track_upload(reg.as_ref(), bucket, key, upload_id, None)
+            .await
+        {
+            tracing::warn!(%upload_id, %error, "completed upload still listed");
+        }
+        let kept: std::collections::HashSet<ChunkRef> =
+            manifest.data.chunks().iter().copied().collect();
+        let unused = record
+            .parts
+            .values()
+            .flat_map(|p| p.chunks.iter().copied())
+            .filter(|c| !kept.contains(c))
+            .collect();
+        forget_chunks(reg, unused, Duration::ZERO);
+        Ok(manifest)
+    }
+
+    /// Abandons an upload and its parts.
+    pub async fn abort_upload<R: Registers>(
+        &self,
+        reg: &Arc<R>,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+    ) -> S3Result<()> {
+        let _upload = self.uploads.get(&[upload_id.as_bytes()]).lock().await;
+        let record = self.upload(reg.as_ref(), bucket, key, upload_id).await?;
+        reg.delete(&layout::upload_key(upload_id))
+            .await
+            .map_err(store_error)?;
+        self.track_upload(reg.as_ref(), bucket, key, upload_id, None)
+            .await?;
+        let chunks = record.parts.into_values().flat_map(|p| p.chunks).collect();
+        forget_chunks(reg, chunks, Duration::ZERO);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemRegisters;
+
+    fn engine(grace: Duration) -> Engine {
+        Engine::new(Limits {
+            object_bytes_max: 20 << 20,
+            part_bytes_min: 1,
+            chunk_grace: grace,
+            ..Limits::default()
+        })
+    }
+
+    fn body(data: &[u8], piece: usize) -> impl Stream<Item = S3Result<Bytes>> + Unpin {
+        let pieces: Vec<S3Result<Bytes>> = data
+            .chunks(piece.max(1))
+            .map(|p| Ok(Bytes::copy_from_slice(p)))
+            .collect();
+        stream::iter(pieces)
+    }
+
+    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect()
+    }
+
+    async fn read_all(
+        engine: &Engine,
+        reg: &Arc<MemRegisters>,
+        m: &Manifest,
+        range: Range<u64>,
+    ) -> S3Result<Vec<u8>> {
+        let mut stream = engine.read(reg, m, range).await?;
+        let mut out = Vec::new();
+        while let Some(piece) = stream.next().await {
+            out.extend_from_slice(&piece?);
+        }
+        Ok(out)
+    }
+
+    async fn setup(grace: Duration) -> (Engine, Arc<MemRegisters>) {
+        let engine = engine(grace);
+        let reg = Arc::new(MemRegisters::default());
+        engine.create_bucket(reg.as_ref(), "b").await.unwrap();
+        (engine, reg)
+    }
+
+    fn chunk_registers(reg: &MemRegisters) -> usize {
+        reg.map
+            .lock()
+            .unwrap()
+            .keys()
+            .filter(|k| k.starts_with(b"s3/c/"))
+            .count()
+    }
+
+    #[tokio::test]
+    async fn large_objects_round_trip_in_chunks_and_ranges_fetch_only_what_they_need() {
+        let (engine, reg) = setup(Duration::ZERO).await;
+        let data = pattern(2 * CHUNK_BYTES + 12345, 7);
+        let m = engine
+            .put_object(
+                &reg,
+                "b",
+                "big",
+                ObjectMeta::default(),
+                body(&data, 65536),
+                None,
+            )
+            .await
+            .unwrap();
+        assert_eq!(m.data.chunks().len(), 3);
+        let md5: [u8; 16] = md5::Md5::digest(&data).into();
+        assert_eq!(m.etag, hex::encode(md5));
+        let m = engine.manifest(reg.as_ref(), "b", "big").await.unwrap();
+        assert_eq!(read_all(&engine, &reg, &m, 0..m.size).await.unwrap(), data);
+        let across = (CHUNK_BYTES as u64 - 10)..(CHUNK_BYTES as u64 + 10);
+        assert_eq!(
+            read_all(&engine, &reg, &m, across.clone()).await.unwrap(),
+            &data[across.start as usize..across.end as usize]
+        );
+        assert_eq!(chunk_spans(m.data.chunks(), &across).len(), 2);
+        assert_eq!(chunk_spans(m.data.chunks(), &(0..1)).len(), 1);
+        assert_eq!(chunk_spans(m.data.chunks(), &(m.size - 1..m.size)).len(), 1);
+    }
+
+    #[tokio::test]
+    async fn small_objects_are_inline() {
+        let (engine, reg) = setup(Duration::ZERO).await;
+        let m = engine
+            .put_object(
+                &reg,
+                "b",
+                "k",
+                ObjectMeta::default(),
+                body(b"hello", 2),
+                None,
+            )
+            .await
+            .unwrap();
+        assert!(matches!(m.data, Data::Inline(_)));
+        assert_eq!(m.etag, "5d41402abc4b2a76b9719d911017c592");
+        assert_eq!(chunk_registers(&reg), 0);
+        assert_eq!(read_all(&engine, &reg, &m, 1..4).await.unwrap(), b"ell");
+    }
+
+    #[tokio::test]
+    async fn a_substituted_chunk_fails_the_read() {
+        let (engine, reg) = setup(Duration::ZERO).await;
+        let data = pattern(CHUNK_BYTES + 100, 1);
+        let m = engine
+            .put_object(
+                &reg,
+                "b",
+                "k",
+                ObjectMeta::default(),
+                body(&data, 1 << 20),
+                None,
+            )
+            .await
+            .unwrap();
+        let victim = layout::chunk_key(&m.data.chunks()[1]);
+        reg.map
+            .lock()
+            .unwrap()
+            .insert(victim, Bytes::from(vec![0u8; 100]));
+        let mut stream = engine.read(&reg, &m, 0..m.size).await.unwrap();
+        let first = stream.next().await.unwrap().unwrap();
+        assert_eq!(first.len(), CHUNK_BYTES);
+        let second = stream.next().await.unwrap();
+        let error = second.unwrap_err();
+        assert_eq!(*error.code(), S3ErrorCode::InternalError);
+        assert!(
+            error.message().unwrap().contains("failed verification"),
+            "{error}"
+        );
+        // Substituting the first chunk fails before any byte is sent.
+        let victim = layout::chunk_key(&m.data.chunks()[0]);
+        reg.map
+            .lock()
+            .unwrap()
+            .insert(victim, Bytes::from(vec![0u8; CHUNK_BYTES]));
+        assert!(engine.read(&reg, &m, 0..10).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn readers_see_one_version_or_the_other_never_a_mix() {
+        let (engine, reg) = setup(Duration::from_secs(3600)).await;
+        let a = pattern(CHUNK_BYTES + 5000, 1);
+        let b = pattern(CHUNK_BYTES + 5000, 2);
+        let engine = Arc::new(engine);
+        let writer = {
+            let (engine, reg, a, b) = (engine.clone(), reg.clone(), a.clone(), b.clone());
+            tokio::spawn(async move {
+                for i in 0..6 {
+                    let data = if i % 2 == 0 { &a } else { &b };
+                    engine
+                        .put_object(
+                            &reg,
+                            "b",
+                            "k",
+                            ObjectMeta::default(),
+                            body(data, 1 << 20),
+                            None,
+                        )
+                        .await
+                        .unwrap();
+                }
+            })
+        };
+        let mut reads = 0;
+        while !writer.is_finished() || reads == 0 {
+            if let Ok(m) = engine.manifest(reg.as_ref(), "b", "k").await {
+                let got = read_all(&engine, &reg, &m, 0..m.size).await.unwrap();
+                assert!(got == a || got == b, "a read mixed two versions");
+                reads += 1;
+            }
+            tokio::task::yield_now().await;
+        }
+        writer.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn overwrite_and_delete_retire_the_old_chunks() {
+        let (engine, reg) = setup(Duration::ZERO).await;
+        let data = pattern(CHUNK_BYTES + 1, 3);
+        engine
+            .put_object(
+                &reg,
+                "b",
+                "k",
+                ObjectMeta::default(),
+                body(&data, 1 << 20),
+                None,
+            )
+            .await
+            .unwrap();
+        assert_eq!(chunk_registers(&reg), 2);
+        engine
+            .put_object(
+                &reg,
+                "b",
+                "k",
+                ObjectMeta::default(),
+                body(&data, 1 << 20),
+                None,
+            )
+            .await
+            .unwrap();
+        // Same bytes, new write: the new chunks are distinct registers and survive.
+        for _ in 0..100 {
+            if chunk_registers(&reg) == 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(chunk_registers(&reg), 2);
+        let m = engine.manifest(reg.as_ref(), "b", "k").await.unwrap();
+        assert_eq!(read_all(&engine, &reg, &m, 0..m.size).await.unwrap(), data);
+        engine.delete_object(&reg, "b", "k").await.unwrap();
+        for _ in 0..100 {
+            if chunk_registers(&reg) == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(chunk_registers(&reg), 0);
+        let e = engine.manifest(reg.as_ref(), "b", "k").await.unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::NoSuchKey);
+    }
+
+    #[tokio::test]
+    async fn the_index_reflects_every_completed_put_and_delete() {
+        let (engine, reg) = setup(Duration::ZERO).await;
+        let all = Query {
+            max_keys: 1000,
+            ..Query::default()
+        };
+        for i in 0..40 {
+            engine
+                .put_object(
+                    &reg,
+                    "b",
+                    &format!("k{i:02}"),
+                    ObjectMeta::default(),
+                    body(b"x", 1),
+                    None,
+                )
+                .await
+                .unwrap();
+        }
+        let page = engine.list(reg.as_ref(), "b", &all).await.unwrap();
+        assert_eq!(page.objects.len(), 40);
+        assert!(page.objects.windows(2).all(|w| w[0].0 < w[1].0));
+        for i in (0..40).step_by(2) {
+            engine
+                .delete_object(&reg, "b", &format!("k{i:02}"))
+                .await
+                .unwrap();
+        }
+        let page = engine.list(reg.as_ref(), "b", &all).await.unwrap();
+        assert_eq!(page.objects.len(), 20);
+        assert!(
+            page.objects
+                .iter()
+                .all(|(k, e)| k.ends_with(['1', '3', '5', '7', '9']) && e.size == 1)
+        );
+        let e = engine.delete_bucket(reg.as_ref(), "b").await.unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::BucketNotEmpty);
+        let e = engine.list(reg.as_ref(), "nope", &all).await.unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::NoSuchBucket);
+    }
+
+    #[tokio::test]
+    async fn buckets_are_created_listed_and_deleted_when_empty() {
+        let (engine, reg) = setup(Duration::ZERO).await;
+        let e = engine.create_bucket(reg.as_ref(), "b").await.unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::BucketAlreadyOwnedByYou);
+        engine.create_bucket(reg.as_ref(), "c").await.unwrap();
+        let list = engine.list_buckets(reg.as_ref()).await.unwrap();
+        assert_eq!(list.keys().collect::<Vec<_>>(), ["b", "c"]);
+        engine.delete_bucket(reg.as_ref(), "c").await.unwrap();
+        assert!(engine.require_bucket(reg.as_ref(), "c").await.is_err());
+        let e = engine
+            .put_object(&reg, "c", "k", ObjectMeta::default(), body(b"x", 1), None)
+            .await
+            .unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::NoSuchBucket);
+    }
+
+    #[tokio::test]
+    async fn bounds_are_enforced_and_leave_nothing_behind() {
+        let (engine, reg) = setup(Duration::ZERO).await;
+        let too_big = vec![0u8; (20 << 20) + 1];
+        let e = engine
+            .put_object(
+                &reg,
+                "b",
+                "k",
+                ObjectMeta::default(),
+                body(&too_big, 1 << 20),
+                None,
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::EntityTooLarge);
+        for _ in 0..100 {
+            if chunk_registers(&reg) == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(chunk_registers(&reg), 0);
+        let long = "k".repeat(1025);
+        let e = engine
+            .put_object(&reg, "b", &long, ObjectMeta::default(), body(b"x", 1), None)
+            .await
+            .unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::KeyTooLongError);
+        let meta = ObjectMeta {
+            content_type: None,
+            metadata: vec![("m".into(), "v".repeat(3000))],
+        };
+        let e = engine
+            .put_object(&reg, "b", "k", meta, body(b"x", 1), None)
+            .await
+            .unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::MetadataTooLarge);
+        let e = engine
+            .put_object(
+                &reg,
+                "b",
+                "k",
+                ObjectMeta::default(),
+                body(b"x", 1),
+                Some([0; 16]),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::BadDigest);
+        let broken = stream::iter(vec![
+            Ok(Bytes::from_static(b"abc")),
+            Err(s3_error!(IncompleteBody)),
+        ]);
+        let e = engine
+            .put_object(&reg, "b", "k", ObjectMeta::default(), broken, None)
+            .await
+            .unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::IncompleteBody);
+        assert!(engine.manifest(reg.as_ref(), "b", "k").await.is_err());
+    }
+
+    #[tokio::test]
+    async fn multipart_uploads_concatenate_parts_with_s3_etags() {
+        let (engine, reg) = setup(Duration::ZERO).await;
+        let id = engine
+            .create_upload(reg.as_ref(), "b", "mp", ObjectMeta::default())
+            .await
+            .unwrap();
+        let p1 = pattern(CHUNK_BYTES + 3, 1);
+        let p2 = pattern(1000, 2);
+        let (listed, _) = engine
+            .list_uploads(reg.as_ref(), "b", "", None, 10)
+            .await
+            .unwrap();
+        assert_eq!(listed, [("mp".to_owned(), id.clone(), listed[0].2)]);
+        let e = engine.delete_bucket(reg.as_ref(), "b").await.unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::BucketNotEmpty);
+        let md1 = engine
+            .upload_part(&reg, "b", "mp", &id, 1, body(&p1, 1 << 20))
+            .await
+            .unwrap();
+        // A part uploaded twice: the second one counts.
+        engine
+            .upload_part(&reg, "b", "mp", &id, 2, body(b"old", 1))
+            .await
+            .unwrap();
+        let md2 = engine
+            .upload_part(&reg, "b", "mp", &id, 2, body(&p2, 100))
+            .await
+            .unwrap();
+        for bad in [0, 10_001, -1] {
+            let e = engine
+                .upload_part(&reg, "b", "mp", &id, bad, body(b"x", 1))
+                .await
+                .unwrap_err();
+            assert_eq!(*e.code(), S3ErrorCode::InvalidArgument);
+        }
+        let (_, parts, truncated) = engine
+            .list_parts(reg.as_ref(), "b", "mp", &id, 0, 1)
+            .await
+            .unwrap();
+        assert_eq!((parts.len(), truncated), (1, true));
+        let e = engine
+            .complete_upload(&reg, "b", "mp", &id, &[(2, None), (1, None)])
+            .await
+            .unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::InvalidPartOrder);
+        let e = engine
+            .complete_upload(&reg, "b", "mp", &id, &[(1, Some("\"00\"".into()))])
+            .await
+            .unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::InvalidPart);
+        let listed = [
+            (1, Some(format!("\"{}\"", hex::encode(md1)))),
+            (2, Some(hex::encode(md2))),
+        ];
+        let m = engine
+            .complete_upload(&reg, "b", "mp", &id, &listed)
+            .await
+            .unwrap();
+        assert_eq!(m.etag, layout::multipart_etag(&[md1, md2]));
+        assert!(m.etag.ends_with("-2"));
+        let got = read_all(&engine, &reg, &m, 0..m.size).await.unwrap();
+        assert_eq!(got, [p1, p2].concat());
+        let (listed, _) = engine
+            .list_uploads(reg.as_ref(), "b", "", None, 10)
+            .await
+            .unwrap();
+        assert!(listed.is_empty());
+        let e = engine.abort_upload(&reg, "b", "mp", &id).await.unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::NoSuchUpload);
+        let e = engine
+            .upload_part(&reg, "b", "mp", "zz", 1, body(b"x", 1))
+            .await
+            .unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::NoSuchUpload);
+    }
+
+    #[tokio::test]
+    async fn parts_below_the_minimum_are_refused_except_the_last() {
+        let engine = Engine::new(Limits {
+            part_bytes_min: 10,
+            ..Limits::default()
+        });
+        let reg = Arc::new(MemRegisters::default());
+        engine.create_bucket(reg.as_ref(), "b").await.unwrap();
+        let id = engine
+            .create_upload(reg.as_ref(), "b", "k", ObjectMeta::default())
+            .await
+            .unwrap();
+        engine
+            .upload_part(&reg, "b", "k", &id, 1, body(b"short", 1))
+            .await
+            .unwrap();
+        engine
+            .upload_part(&reg, "b", "k", &id, 2, body(b"short", 1))
+            .await
+            .unwrap();
+        let e = engine
+            .complete_upload(&reg, "b", "k", &id, &[(1, None), (2, None)])
+            .await
+            .unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::EntityTooSmall);
+        engine
+            .complete_upload(&reg, "b", "k", &id, &[(2, None)])
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn copies_own_their_chunks() {
+        let (engine, reg) = setup(Duration::ZERO).await;
+        let data = pattern(CHUNK_BYTES + 9, 4);
+        let meta = ObjectMeta {
+            content_type: Some("text/x".into()),
+            metadata: vec![("a".into(), "1".into())],
+        };
+        let src = engine
+            .put_object(&reg, "b", "src", meta, body(&data, 1 << 20), None)
+            .await
+            .unwrap();
+        let copy = engine
+            .copy_object(&reg, ("b", "src"), ("b", "dst"), None, |_| Ok(()))
+            .await
+            .unwrap();
+        assert_eq!(copy.etag, src.etag);
+        assert_eq!(copy.content_type.as_deref(), Some("text/x"));
+        assert_eq!(copy.metadata, src.metadata);
+        engine.delete_object(&reg, "b", "src").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let m = engine.manifest(reg.as_ref(), "b", "dst").await.unwrap();
+        assert_eq!(read_all(&engine, &reg, &m, 0..m.size).await.unwrap(), data);
+    }
+
+    #[tokio::test]
+    async fn a_failed_index_write_never_costs_the_object_its_chunks() {
+        let (engine, reg) = setup(Duration::ZERO).await;
+        let data = pattern(CHUNK_BYTES + 77, 5);
+        *reg.fail_puts.lock().unwrap() = Some(b"s3/i/".to_vec());
+        let e = engine
+            .put_object(
+                &reg,
+                "b",
+                "k",
+                ObjectMeta::default(),
+                body(&data, 1 << 20),
+                None,
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::ServiceUnavailable);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // The manifest was written, so its chunks must still be there.
+        let m = engine.manifest(reg.as_ref(), "b", "k").await.unwrap();
+        assert_eq!(read_all(&engine, &reg, &m, 0..m.size).await.unwrap(), data);
+        // A manifest write that fails may still take effect later: its chunks stay too.
+        *reg.fail_puts.lock().unwrap() = Some(b"s3/o/".to_vec());
+        let before = chunk_registers(&reg);
+        engine
+            .put_object(
+                &reg,
+                "b",
+                "k2",
+                ObjectMeta::default(),
+                body(&data, 1 << 20),
+                None,
+            )
+            .await
+            .unwrap_err();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(chunk_registers(&reg), before + 2);
+    }
+
+    #[test]
+    fn cluster_failures_map_to_s3_errors_naming_the_cause() {
+        let unavailable = bulwark_client::ClientError::Unavailable {
+            deadline: Duration::from_secs(30),
+            answered: 2,
+            quorum: 3,
+            n: 4,
+            unreachable: vec![],
+        };
+        let e = store_error(StoreError::from(unavailable));
+        assert_eq!(*e.code(), S3ErrorCode::ServiceUnavailable);
+        assert!(
+            e.message().unwrap().contains("2 of 4 nodes answered"),
+            "{e}"
+        );
+        let denied = bulwark_client::ClientError::NotWriter {
+            name: "reader".into(),
+        };
+        let e = store_error(StoreError::from(denied));
+        assert_eq!(*e.code(), S3ErrorCode::AccessDenied);
+        assert!(e.message().unwrap().contains("reader"), "{e}");
+        let bug = bulwark_client::ClientError::Protocol("oops".into());
+        assert_eq!(
+            *store_error(StoreError::from(bug)).code(),
+            S3ErrorCode::InternalError
+        );
+        let e = layout_error(LayoutError::ChunkMismatch {
+            write: [0; 16],
+            hash: [1; 32],
+        });
+        assert_eq!(*e.code(), S3ErrorCode::InternalError);
+    }
+
+    #[tokio::test]
+    async fn reads_stream_through_a_single_buffer() {
+        let engine = Engine::new(Limits {
+            read_buffers: 1,
+            chunk_buffers: 1,
+            ..Limits::default()
+        });
+        let reg = Arc::new(MemRegisters::default());
+        engine.create_bucket(reg.as_ref(), "b").await.unwrap();
+        let data = pattern(3 * CHUNK_BYTES + 1, 6);
+        let m = engine
+            .put_object(
+                &reg,
+                "b",
+                "k",
+                ObjectMeta::default(),
+                body(&data, 1 << 20),
+                None,
+            )
+            .await
+            .unwrap();
+        let (a, b) = tokio::join!(
+            read_all(&engine, &reg, &m, 0..m.size),
+            read_all(&engine, &reg, &m, 1..m.size - 1)
+        );
+        assert_eq!(a.unwrap(), data);
+        assert_eq!(b.unwrap(), &data[1..data.len() - 1]);
+    }
+}

@@ -1,0 +1,463 @@
+//! How S3 state maps onto Bulwark registers.
+//!
+//! Every piece of gateway state is one register value, so each is read and replaced atomically:
+//!
+//! | register key | value |
+//! |---|---|
+//! | `s3/buckets` | [`BucketList`]: every bucket's name and creation time |
+//! | `s3/b/<bucket>` | [`BucketRecord`]: the bucket exists |
+//! | `s3/o/<bucket>/<hex BLAKE3(object key)>` | [`Manifest`]: the object's current version |
+//! | `s3/c/<hex write id>/<hex BLAKE3(chunk)>` | one chunk of object data, at most [`CHUNK_BYTES`] |
+//! | `s3/i/<bucket>/<shard>` | [`IndexShard`]: the listing index, one of [`INDEX_SHARDS`] |
+//! | `s3/u/<upload id>` | [`UploadRecord`]: a multipart upload in progress and its parts |
+//! | `s3/ul/<bucket>` | [`UploadList`]: the bucket's uploads in progress, for listing them |
+//!
+//! Object keys are hashed into the register key because S3 allows 1024-byte keys and a register
+//! key is bounded by the same number; the manifest repeats the full object key and a reader
+//! checks it.
+//!
+//! Data is written before the manifest that names it: a chunk is immutable once written and
+//! named by its content hash, so a reader re-hashes every chunk against the manifest and a node
+//! (or anyone) cannot substitute one. The manifest is one register write, so a reader sees the
+//! old object or the new one, never a mix. Chunk keys carry the id of the body write that created
+//! them (a fresh random id per PUT, per uploaded part, per copy), so two objects never share a
+//! chunk and deleting one object's chunks cannot touch another's, even for identical content.
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Object data is cut into chunks of this size (the last may be shorter); well below the
+/// register's 16 MiB limit so erasure coding and retransmission stay cheap.
+pub const CHUNK_BYTES: usize = 4 * 1024 * 1024;
+/// Objects up to this size are stored inside their manifest: one register write per PUT.
+pub const INLINE_BYTES_MAX: usize = 1024 * 1024;
+/// The listing index of a bucket is split into this many registers, by hash of the object key.
+pub const INDEX_SHARDS: u8 = 16;
+/// S3's limit on an object key, in bytes.
+pub const OBJECT_KEY_BYTES_MAX: usize = 1024;
+/// S3's limit on user metadata (names and values together), in bytes.
+pub const METADATA_BYTES_MAX: usize = 2048;
+/// A manifest, upload record or index shard must fit in one register, with room for framing.
+pub const RECORD_BYTES_MAX: usize = bulwark_core::OBJECT_BYTES_MAX - 64 * 1024;
+
+/// Identifies one body write (a PUT, an uploaded part, a copy); scopes the chunks it created.
+pub type WriteId = [u8; 16];
+
+/// A fresh random write id.
+pub fn new_write_id() -> WriteId {
+    rand::random()
+}
+
+/// The register holding the list of buckets.
+pub fn bucket_list_key() -> Vec<u8> {
+    b"s3/buckets".to_vec()
+}
+
+/// The register saying that `bucket` exists.
+pub fn bucket_key(bucket: &str) -> Vec<u8> {
+    [b"s3/b/", bucket.as_bytes()].concat()
+}
+
+/// The register holding the manifest of `key` in `bucket`.
+pub fn object_key(bucket: &str, key: &str) -> Vec<u8> {
+    let hash = blake3::hash(key.as_bytes());
+    [b"s3/o/", bucket.as_bytes(), b"/", hash.to_hex().as_bytes()].concat()
+}
+
+/// The register holding one chunk.
+pub fn chunk_key(chunk: &ChunkRef) -> Vec<u8> {
+    [
+        b"s3/c/".as_slice(),
+        hex::encode(chunk.write).as_bytes(),
+        b"/",
+        hex::encode(chunk.hash).as_bytes(),
+    ]
+    .concat()
+}
+
+/// Which index shard lists `key`.
+pub fn shard_of(key: &str) -> u8 {
+    blake3::hash(key.as_bytes()).as_bytes()[0] % INDEX_SHARDS
+}
+
+/// The register holding index shard `shard` of `bucket`.
+pub fn shard_key(bucket: &str, shard: u8) -> Vec<u8> {
+    [
+        b"s3/i/",
+        bucket.as_bytes(),
+        b"/",
+        shard.to_string().as_bytes(),
+    ]
+    .concat()
+}
+
+/// The register holding multipart upload `upload_id`.
+pub fn upload_key(upload_id: &str) -> Vec<u8> {
+    [b"s3/u/", upload_id.as_bytes()].concat()
+}
+
+/// The register listing `bucket`'s multipart uploads in progress.
+pub fn upload_list_key(bucket: &str) -> Vec<u8> {
+    [b"s3/ul/", bucket.as_bytes()].concat()
+}
+
+/// A bucket's uploads in progress: (object key, upload id) → when started, in ms since the epoch.
+pub type UploadList = BTreeMap<(String, String), u64>;
+
+/// One chunk of an object: who wrote it, its BLAKE3 hash and length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ChunkRef {
+    /// The body write that created it.
+    pub write: WriteId,
+    /// BLAKE3 of its bytes.
+    pub hash: [u8; 32],
+    /// Its length in bytes.
+    pub len: u32,
+}
+
+impl ChunkRef {
+    /// Describes `data` as a chunk of write `write`.
+    pub fn of(write: WriteId, data: &[u8]) -> ChunkRef {
+        ChunkRef {
+            write,
+            hash: *blake3::hash(data).as_bytes(),
+            len: u32::try_from(data.len()).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// Whether `data` is exactly this chunk.
+    pub fn verify(&self, data: &[u8]) -> bool {
+        u32::try_from(data.len()) == Ok(self.len) && *blake3::hash(data).as_bytes() == self.hash
+    }
+}
+
+/// Where an object's bytes are.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Data {
+    /// In the manifest itself.
+    Inline(Bytes),
+    /// In chunk registers, in order.
+    Chunks(Vec<ChunkRef>),
+}
+
+impl Data {
+    /// The chunks this data owns (none when inline).
+    pub fn chunks(&self) -> &[ChunkRef] {
+        match self {
+            Data::Inline(_) => &[],
+            Data::Chunks(chunks) => chunks,
+        }
+    }
+}
+
+/// An object's current version: everything but its chunks.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// The full object key (the register key holds only its hash).
+    pub key: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// The S3 ETag, without quotes.
+    pub etag: String,
+    /// `Content-Type` as given at upload.
+    pub content_type: Option<String>,
+    /// User metadata (`x-amz-meta-*`), sorted by name.
+    pub metadata: Vec<(String, String)>,
+    /// Milliseconds since the Unix epoch.
+    pub last_modified_ms: u64,
+    /// Number of multipart parts, 0 for a single-part object.
+    pub parts: u32,
+    /// The bytes.
+    pub data: Data,
+}
+
+/// A version tag in front of every record, so the format can change without guessing.
+const FORMAT: u8 = 1;
+
+/// Why a stored record could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum LayoutError {
+    /// The bytes are not a record of this format.
+    #[error("malformed {what} record: {problem}")]
+    Malformed {
+        /// The kind of record.
+        what: &'static str,
+        /// What was wrong.
+        problem: String,
+    },
+    /// The record would not fit in a register.
+    #[error("{what} record would be {len} bytes; a register holds at most {max}")]
+    TooLarge {
+        /// The kind of record.
+        what: &'static str,
+        /// Its encoded size.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A chunk's bytes do not hash to what the manifest says.
+    #[error("chunk {} of write {} failed verification", hex::encode(.hash), hex::encode(.write))]
+    ChunkMismatch {
+        /// The write that created it.
+        write: WriteId,
+        /// Its expected hash.
+        hash: [u8; 32],
+    },
+    /// A manifest for a different object key sits in this object's register.
+    #[error("manifest names key {found:?}, expected {expected:?}")]
+    WrongKey {
+        /// The key asked for.
+        expected: String,
+        /// The key in the manifest.
+        found: String,
+    },
+}
+
+/// Encodes a record with its format tag, refusing anything a register cannot hold.
+pub fn encode<T: Serialize>(what: &'static str, value: &T) -> Result<Bytes, LayoutError> {
+    let mut out = vec![FORMAT];
+    postcard::to_io(value, &mut out).map_err(|e| LayoutError::Malformed {
+        what,
+        problem: e.to_string(),
+    })?;
+    if out.len() > RECORD_BYTES_MAX {
+        return Err(LayoutError::TooLarge {
+            what,
+            len: out.len(),
+            max: RECORD_BYTES_MAX,
+        });
+    }
+    Ok(Bytes::from(out))
+}
+
+/// Decodes a record written by [`encode`].
+pub fn decode<T: for<'de> Deserialize<'de>>(
+    what: &'static str,
+    bytes: &[u8],
+) -> Result<T, LayoutError> {
+    match bytes.split_first() {
+        Some((&FORMAT, rest)) => postcard::from_bytes(rest).map_err(|e| LayoutError::Malformed {
+            what,
+            problem: e.to_string(),
+        }),
+        Some((tag, _)) => Err(LayoutError::Malformed {
+            what,
+            problem: format!("unknown format {tag}"),
+        }),
+        None => Err(LayoutError::Malformed {
+            what,
+            problem: "empty".into(),
+        }),
+    }
+}
+
+/// Decodes the manifest in `key`'s register and checks it is `key`'s.
+pub fn decode_manifest(key: &str, bytes: &[u8]) -> Result<Manifest, LayoutError> {
+    let manifest: Manifest = decode("manifest", bytes)?;
+    if manifest.key != key {
+        return Err(LayoutError::WrongKey {
+            expected: key.to_owned(),
+            found: manifest.key,
+        });
+    }
+    let total: u64 = match &manifest.data {
+        Data::Inline(bytes) => bytes.len() as u64,
+        Data::Chunks(chunks) => chunks.iter().map(|c| u64::from(c.len)).sum(),
+    };
+    if total != manifest.size {
+        return Err(LayoutError::Malformed {
+            what: "manifest",
+            problem: format!("size {} but data holds {total} bytes", manifest.size),
+        });
+    }
+    Ok(manifest)
+}
+
+/// Checks a fetched chunk against its reference.
+pub fn verify_chunk(chunk: &ChunkRef, data: &[u8]) -> Result<(), LayoutError> {
+    if chunk.verify(data) {
+        Ok(())
+    } else {
+        Err(LayoutError::ChunkMismatch {
+            write: chunk.write,
+            hash: chunk.hash,
+        })
+    }
+}
+
+/// A bucket's existence.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BucketRecord {
+    /// Milliseconds since the Unix epoch.
+    pub created_ms: u64,
+}
+
+/// Every bucket, by name, with its creation time.
+pub type BucketList = BTreeMap<String, u64>;
+
+/// What a listing shows of an object, kept in the index so listing reads no manifest.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IndexEntry {
+    /// Size in bytes.
+    pub size: u64,
+    /// ETag without quotes.
+    pub etag: String,
+    /// Milliseconds since the Unix epoch.
+    pub last_modified_ms: u64,
+}
+
+/// One shard of a bucket's listing index: the objects whose keys hash into it.
+pub type IndexShard = BTreeMap<String, IndexEntry>;
+
+/// One uploaded part of a multipart upload.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartRecord {
+    /// Size in bytes.
+    pub size: u64,
+    /// MD5 of the part's bytes.
+    pub md5: [u8; 16],
+    /// Milliseconds since the Unix epoch.
+    pub last_modified_ms: u64,
+    /// Its chunks.
+    pub chunks: Vec<ChunkRef>,
+}
+
+/// A multipart upload in progress.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UploadRecord {
+    /// Target bucket.
+    pub bucket: String,
+    /// Target object key.
+    pub key: String,
+    /// Content type for the final object.
+    pub content_type: Option<String>,
+    /// User metadata for the final object.
+    pub metadata: Vec<(String, String)>,
+    /// Milliseconds since the Unix epoch.
+    pub created_ms: u64,
+    /// Parts uploaded so far, by part number.
+    pub parts: BTreeMap<u32, PartRecord>,
+}
+
+/// Hex MD5 of a single-part object: the ETag S3 clients compare with their own MD5.
+pub fn single_part_etag(md5: &[u8; 16]) -> String {
+    hex::encode(md5)
+}
+
+/// S3's multipart ETag: hex MD5 of the concatenated binary MD5s of the parts, `-`, part count.
+pub fn multipart_etag(part_md5s: &[[u8; 16]]) -> String {
+    use md5::Digest;
+    let mut hasher = md5::Md5::new();
+    for md5 in part_md5s {
+        hasher.update(md5);
+    }
+    format!("{}-{}", hex::encode(hasher.finalize()), part_md5s.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest(key: &str, data: Data, size: u64) -> Manifest {
+        Manifest {
+            key: key.into(),
+            size,
+            etag: "e".into(),
+            content_type: Some("text/plain".into()),
+            metadata: vec![("a".into(), "b".into())],
+            last_modified_ms: 1,
+            parts: 0,
+            data,
+        }
+    }
+
+    #[test]
+    fn a_substituted_chunk_is_detected() {
+        let write = new_write_id();
+        let chunk = ChunkRef::of(write, b"the real bytes");
+        assert!(verify_chunk(&chunk, b"the real bytes").is_ok());
+        assert!(matches!(
+            verify_chunk(&chunk, b"the fake bytes"),
+            Err(LayoutError::ChunkMismatch { .. })
+        ));
+        assert!(verify_chunk(&chunk, b"the real byte").is_err());
+        assert!(verify_chunk(&chunk, b"").is_err());
+    }
+
+    #[test]
+    fn manifests_round_trip_and_are_bound_to_their_key() {
+        let write = new_write_id();
+        let chunks = vec![ChunkRef::of(write, &[1; 10]), ChunkRef::of(write, &[2; 5])];
+        let m = manifest("a/b", Data::Chunks(chunks), 15);
+        let bytes = encode("manifest", &m).unwrap();
+        assert_eq!(decode_manifest("a/b", &bytes).unwrap(), m);
+        assert!(matches!(
+            decode_manifest("a/c", &bytes),
+            Err(LayoutError::WrongKey { .. })
+        ));
+        let lying = manifest("a/b", Data::Inline(Bytes::from_static(b"abc")), 4);
+        let bytes = encode("manifest", &lying).unwrap();
+        assert!(decode_manifest("a/b", &bytes).is_err());
+    }
+
+    #[test]
+    fn garbage_records_are_errors_not_panics() {
+        for bytes in [
+            &[][..],
+            &[0],
+            &[1],
+            &[1, 255, 255, 255, 255, 15],
+            &[9, 1, 2],
+        ] {
+            assert!(decode::<Manifest>("manifest", bytes).is_err());
+            assert!(decode::<UploadRecord>("upload", bytes).is_err());
+        }
+    }
+
+    #[test]
+    fn chunks_of_different_writes_never_share_a_register() {
+        let a = ChunkRef::of(new_write_id(), b"same");
+        let b = ChunkRef::of(new_write_id(), b"same");
+        assert_eq!(a.hash, b.hash);
+        assert_ne!(chunk_key(&a), chunk_key(&b));
+    }
+
+    #[test]
+    fn register_keys_fit_the_register_bound() {
+        let long_bucket = "b".repeat(63);
+        let long_key = "k".repeat(OBJECT_KEY_BYTES_MAX);
+        assert!(object_key(&long_bucket, &long_key).len() <= bulwark_core::Key::BYTES_MAX);
+        assert!(shard_key(&long_bucket, INDEX_SHARDS - 1).len() <= bulwark_core::Key::BYTES_MAX);
+        assert!(chunk_key(&ChunkRef::of([0; 16], b"")).len() <= bulwark_core::Key::BYTES_MAX);
+    }
+
+    #[test]
+    fn etags_match_what_s3_clients_compute() {
+        use md5::Digest;
+        // Any S3 client checks a single-part ETag against its own MD5 of the body.
+        let md5: [u8; 16] = md5::Md5::digest(b"hello").into();
+        assert_eq!(single_part_etag(&md5), "5d41402abc4b2a76b9719d911017c592");
+        // Two parts "a" and "b": MD5 of the two binary digests, then the part count.
+        let a: [u8; 16] = md5::Md5::digest(b"a").into();
+        let b: [u8; 16] = md5::Md5::digest(b"b").into();
+        let joined: [u8; 16] = md5::Md5::digest([a, b].concat()).into();
+        assert_eq!(
+            multipart_etag(&[a, b]),
+            format!("{}-2", hex::encode(joined))
+        );
+    }
+
+    #[test]
+    fn oversized_records_are_refused() {
+        let m = manifest(
+            "k",
+            Data::Inline(Bytes::from(vec![0; RECORD_BYTES_MAX])),
+            RECORD_BYTES_MAX as u64,
+        );
+        assert!(matches!(
+            encode("manifest", &m),
+            Err(LayoutError::TooLarge { .. })
+        ));
+    }
+}

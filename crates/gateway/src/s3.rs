@@ -1,0 +1,826 @@
+//! The S3 operations, on top of [`Engine`]: request fields in, response fields out. Everything
+//! not listed here answers NotImplemented (s3s's default).
+
+use crate::engine::{Engine, ObjectMeta};
+use crate::index::{self, Page, Query};
+use crate::layout::Manifest;
+use crate::store::Registers;
+use base64::Engine as _;
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use s3s::dto::*;
+use s3s::{S3, S3Error, S3Request, S3Response, S3Result, s3_error};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+/// The S3 service: each access key acts through its own Bulwark client.
+pub struct BulwarkS3<R> {
+    engine: Arc<Engine>,
+    /// Access key → the registers (client) it acts through.
+    clients: HashMap<String, Arc<R>>,
+}
+
+impl<R: Registers> BulwarkS3<R> {
+    /// A service over `engine`, with one client per access key.
+    pub fn new(engine: Arc<Engine>, clients: HashMap<String, Arc<R>>) -> Self {
+        BulwarkS3 { engine, clients }
+    }
+
+    fn client<T>(&self, req: &S3Request<T>) -> S3Result<Arc<R>> {
+        let credentials = req
+            .credentials
+            .as_ref()
+            .ok_or_else(|| s3_error!(AccessDenied, "anonymous requests are not served"))?;
+        self.clients
+            .get(&credentials.access_key)
+            .cloned()
+            .ok_or_else(|| s3_error!(InvalidAccessKeyId))
+    }
+}
+
+fn timestamp(ms: u64) -> Timestamp {
+    Timestamp::from(UNIX_EPOCH + Duration::from_millis(ms))
+}
+
+fn etag(value: &str) -> ETag {
+    ETag::Strong(value.to_owned())
+}
+
+fn meta(content_type: Option<String>, metadata: Option<Metadata>) -> ObjectMeta {
+    ObjectMeta {
+        content_type,
+        metadata: metadata.unwrap_or_default().into_iter().collect(),
+    }
+}
+
+fn user_metadata(manifest: &Manifest) -> Option<Metadata> {
+    (!manifest.metadata.is_empty()).then(|| manifest.metadata.iter().cloned().collect())
+}
+
+/// A request body as the engine takes it: an error from the HTTP or signature layer stays an
+/// S3 error (e.g. a payload that does not match its signed SHA-256).
+///
+/// The first piece is awaited at once: hyper answers `Expect: 100-continue` only when the body
+/// is first read, and clients send the body anyway after waiting about a second, so a handler
+/// that first spends a slow cluster round trip would race the client's own fallback.
+async fn body(blob: Option<StreamingBlob>) -> impl Stream<Item = S3Result<Bytes>> + Unpin {
+    let mut stream: futures::stream::BoxStream<'static, S3Result<Bytes>> = match blob {
+        Some(blob) => blob
+            .map(|piece| {
+                piece.map_err(|error| match error.downcast::<S3Error>() {
+                    Ok(error) => *error,
+                    Err(error) => s3_error!(IncompleteBody, "request body: {error}"),
+                })
+            })
+            .boxed(),
+        None => futures::stream::empty().boxed(),
+    };
+    let first = stream.next().await;
+    futures::stream::iter(first).chain(stream)
+}
+
+fn content_md5(value: Option<&str>) -> S3Result<Option<[u8; 16]>> {
+    let Some(value) = value else { return Ok(None) };
+    base64::engine::general_purpose::STANDARD
+        .decode(value)
+        .ok()
+        .and_then(|bytes| <[u8; 16]>::try_from(bytes).ok())
+        .map(Some)
+        .ok_or_else(|| s3_error!(InvalidDigest, "Content-MD5 is not a base64 MD5"))
+}
+
+fn max_keys(value: Option<i32>) -> S3Result<usize> {
+    match value {
+        None => Ok(index::MAX_KEYS_DEFAULT),
+        Some(n) if n < 0 => Err(s3_error!(InvalidArgument, "max-keys must not be negative")),
+        Some(n) => Ok((n as usize).min(index::MAX_KEYS_DEFAULT)),
+    }
+}
+
+fn url_encoded(encoding: &Option<EncodingType>) -> S3Result<bool> {
+    match encoding {
+        None => Ok(false),
+        Some(e) if e.as_str() == EncodingType::URL => Ok(true),
+        Some(e) => Err(s3_error!(
+            InvalidArgument,
+            "unknown encoding-type {:?}",
+            e.as_str()
+        )),
+    }
+}
+
+/// The listing's objects and prefixes as S3 returns them, URL-encoded when asked.
+fn render(page: &Page, encode: bool) -> (ObjectList, CommonPrefixList) {
+    let enc = |s: &str| {
+        if encode {
+            index::url_encode(s)
+        } else {
+            s.to_owned()
+        }
+    };
+    let objects = page
+        .objects
+        .iter()
+        .map(|(key, entry)| Object {
+            key: Some(enc(key)),
+            size: Some(entry.size as i64),
+            e_tag: Some(etag(&entry.etag)),
+            last_modified: Some(timestamp(entry.last_modified_ms)),
+            storage_class: Some(ObjectStorageClass::from_static(
+                ObjectStorageClass::STANDARD,
+            )),
+            ..Object::default()
+        })
+        .collect();
+    let prefixes = page
+        .prefixes
+        .iter()
+        .map(|p| CommonPrefix {
+            prefix: Some(enc(p)),
+        })
+        .collect();
+    (objects, prefixes)
+}
+
+/// GET and HEAD preconditions on the ETag (If-Match, If-None-Match).
+fn check_conditions(
+    manifest: &Manifest,
+    if_match: Option<&ETagCondition>,
+    if_none_match: Option<&ETagCondition>,
+) -> S3Result<()> {
+    let matches = |condition: &ETagCondition| match condition {
+        ETagCondition::Any => true,
+        ETagCondition::ETag(etag) => etag.value() == manifest.etag,
+    };
+    if let Some(condition) = if_match
+        && !matches(condition)
+    {
+        return Err(s3_error!(
+            PreconditionFailed,
+            "If-Match does not match the ETag"
+        ));
+    }
+    if let Some(condition) = if_none_match
+        && matches(condition)
+    {
+        return Err(s3_error!(NotModified));
+    }
+    Ok(())
+}
+
+/// Conditional writes would need compare-and-swap, which registers do not have: refused
+/// rather than ignored, so no client believes its write was conditional.
+fn refuse_conditional_write(
+    if_match: Option<&ETagCondition>,
+    if_none_match: Option<&ETagCondition>,
+) -> S3Result<()> {
+    if if_match.is_some() || if_none_match.is_some() {
+        return Err(s3_error!(
+            NotImplemented,
+            "conditional writes (If-Match, If-None-Match) are not supported"
+        ));
+    }
+    Ok(())
+}
+
+fn check_bucket_name(bucket: &str) -> S3Result<()> {
+    let ok = (3..=63).contains(&bucket.len())
+        && bucket
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && bucket.as_bytes()[0].is_ascii_alphanumeric()
+        && bucket.as_bytes()[bucket.len() - 1].is_ascii_alphanumeric();
+    if ok {
+        Ok(())
+    } else {
+        Err(s3_error!(
+            InvalidBucketName,
+            "{bucket:?} is not a valid bucket name"
+        ))
+    }
+}
+
+#[async_trait::async_trait]
+impl<R: Registers> S3 for BulwarkS3<R> {
+    async fn create_bucket(
+        &self,
+        req: S3Request<CreateBucketInput>,
+    ) -> S3Result<S3Response<CreateBucketOutput>> {
+        let reg = self.client(&req)?;
+        let bucket = &req.input.bucket;
+        check_bucket_name(bucket)?;
+        self.engine.create_bucket(reg.as_ref(), bucket).await?;
+        Ok(S3Response::new(CreateBucketOutput {
+            location: Some(format!("/{bucket}")),
+        }))
+    }
+
+    async fn list_buckets(
+        &self,
+        req: S3Request<ListBucketsInput>,
+    ) -> S3Result<S3Response<ListBucketsOutput>> {
+        let reg = self.client(&req)?;
+        let list = self.engine.list_buckets(reg.as_ref()).await?;
+        let buckets = list
+            .into_iter()
+            .map(|(name, created_ms)| Bucket {
+                name: Some(name),
+                creation_date: Some(timestamp(created_ms)),
+                ..Bucket::default()
+            })
+            .collect();
+        Ok(S3Response::new(ListBucketsOutput {
+            buckets: Some(buckets),
+            owner: Some(Owner {
+                display_name: Some("bulwark".into()),
+                id: Some("bulwark".into()),
+            }),
+            ..ListBucketsOutput::default()
+        }))
+    }
+
+    async fn head_bucket(
+        &self,
+        req: S3Request<HeadBucketInput>,
+    ) -> S3Result<S3Response<HeadBucketOutput>> {
+        let reg = self.client(&req)?;
+        self.engine
+            .require_bucket(reg.as_ref(), &req.input.bucket)
+            .await?;
+        Ok(S3Response::new(HeadBucketOutput::default()))
+    }
+
+    async fn get_bucket_location(
+        &self,
+        req: S3Request<GetBucketLocationInput>,
+    ) -> S3Result<S3Response<GetBucketLocationOutput>> {
+        let reg = self.client(&req)?;
+        self.engine
+            .require_bucket(reg.as_ref(), &req.input.bucket)
+            .await?;
+        Ok(S3Response::new(GetBucketLocationOutput::default()))
+    }
+
+    async fn delete_bucket(
+        &self,
+        req: S3Request<DeleteBucketInput>,
+    ) -> S3Result<S3Response<DeleteBucketOutput>> {
+        let reg = self.client(&req)?;
+        self.engine
+            .delete_bucket(reg.as_ref(), &req.input.bucket)
+            .await?;
+        Ok(S3Response::new(DeleteBucketOutput::default()))
+    }
+
+    async fn put_object(
+        &self,
+        req: S3Request<PutObjectInput>,
+    ) -> S3Result<S3Response<PutObjectOutput>> {
+        let reg = self.client(&req)?;
+        let input = req.input;
+        if let Some(len) = input.content_length
+            && u64::try_from(len).unwrap_or(u64::MAX) > self.engine.limits().object_bytes_max
+        {
+            return Err(s3_error!(
+                EntityTooLarge,
+                "{len} bytes; a single PUT is limited to {} bytes (use a multipart upload)",
+                self.engine.limits().object_bytes_max
+            ));
+        }
+        refuse_conditional_write(input.if_match.as_ref(), input.if_none_match.as_ref())?;
+        let md5 = content_md5(input.content_md5.as_deref())?;
+        let manifest = self
+            .engine
+            .put_object(
+                &reg,
+                &input.bucket,
+                &input.key,
+                meta(input.content_type, input.metadata),
+                body(input.body).await,
+                md5,
+            )
+            .await?;
+        Ok(S3Response::new(PutObjectOutput {
+            e_tag: Some(etag(&manifest.etag)),
+            ..PutObjectOutput::default()
+        }))
+    }
+
+    async fn get_object(
+        &self,
+        req: S3Request<GetObjectInput>,
+    ) -> S3Result<S3Response<GetObjectOutput>> {
+        let reg = self.client(&req)?;
+        let input = req.input;
+        let manifest = self
+            .engine
+            .manifest(reg.as_ref(), &input.bucket, &input.key)
+            .await?;
+        check_conditions(
+            &manifest,
+            input.if_match.as_ref(),
+            input.if_none_match.as_ref(),
+        )?;
+        let (range, content_range) = match input.range {
+            None => (0..manifest.size, None),
+            Some(range) => {
+                let r = range.check(manifest.size).map_err(|_| {
+                    s3_error!(
+                        InvalidRange,
+                        "the object is {} bytes; the range is outside it",
+                        manifest.size
+                    )
+                })?;
+                let content_range = format!("bytes {}-{}/{}", r.start, r.end - 1, manifest.size);
+                (r, Some(content_range))
+            }
+        };
+        let length = range.end - range.start;
+        let stream = self.engine.read(&reg, &manifest, range).await?;
+        let output = GetObjectOutput {
+            body: Some(StreamingBlob::wrap(stream)),
+            content_length: Some(length as i64),
+            content_range,
+            accept_ranges: Some("bytes".into()),
+            content_type: manifest.content_type.clone(),
+            e_tag: Some(etag(&manifest.etag)),
+            last_modified: Some(timestamp(manifest.last_modified_ms)),
+            metadata: user_metadata(&manifest),
+            parts_count: (manifest.parts > 0).then_some(manifest.parts as i32),
+            ..GetObjectOutput::default()
+        };
+        let mut response = S3Response::new(output);
+        if response.output.content_range.is_some() {
+            response.status = Some(http::StatusCode::PARTIAL_CONTENT);
+        }
+        Ok(response)
+    }
+
+    async fn head_object(
+        &self,
+        req: S3Request<HeadObjectInput>,
+    ) -> S3Result<S3Response<HeadObjectOutput>> {
+        let reg = self.client(&req)?;
+        let input = req.input;
+        let manifest = self
+            .engine
+            .manifest(reg.as_ref(), &input.bucket, &input.key)
+            .await?;
+        check_conditions(
+            &manifest,
+            input.if_match.as_ref(),
+            input.if_none_match.as_ref(),
+        )?;
+        Ok(S3Response::new(HeadObjectOutput {
+            content_length: Some(manifest.size as i64),
+            accept_ranges: Some("bytes".into()),
+            content_type: manifest.content_type.clone(),
+            e_tag: Some(etag(&manifest.etag)),
+            last_modified: Some(timestamp(manifest.last_modified_ms)),
+            metadata: user_metadata(&manifest),
+            parts_count: (manifest.parts > 0).then_some(manifest.parts as i32),
+            ..HeadObjectOutput::default()
+        }))
+    }
+
+    async fn delete_object(
+        &self,
+        req: S3Request<DeleteObjectInput>,
+    ) -> S3Result<S3Response<DeleteObjectOutput>> {
+        let reg = self.client(&req)?;
+        self.engine
+            .delete_object(&reg, &req.input.bucket, &req.input.key)
+            .await?;
+        Ok(S3Response::new(DeleteObjectOutput::default()))
+    }
+
+    async fn delete_objects(
+        &self,
+        req: S3Request<DeleteObjectsInput>,
+    ) -> S3Result<S3Response<DeleteObjectsOutput>> {
+        let reg = self.client(&req)?;
+        let input = req.input;
+        if input.delete.objects.len() > 1000 {
+            return Err(s3_error!(MalformedXML, "at most 1000 keys per request"));
+        }
+        self.engine
+            .require_bucket(reg.as_ref(), &input.bucket)
+            .await?;
+        let quiet = input.delete.quiet.unwrap_or(false);
+        let engine = &self.engine;
+        let bucket = &input.bucket;
+        let reg = &reg;
+        let outcomes: Vec<(String, S3Result<()>)> = futures::stream::iter(input.delete.objects)
+            .map(|object| async move {
+                let result = engine.delete_object(reg, bucket, &object.key).await;
+                (object.key, result)
+            })
+            .buffered(4)
+            .collect()
+            .await;
+        let mut deleted = Vec::new();
+        let mut errors = Vec::new();
+        for (key, result) in outcomes {
+            match result {
+                Ok(()) if !quiet => deleted.push(DeletedObject {
+                    key: Some(key),
+                    ..DeletedObject::default()
+                }),
+                Ok(()) => {}
+                Err(e) => errors.push(Error {
+                    code: Some(e.code().as_str().to_owned()),
+                    key: Some(key),
+                    message: e.message().map(str::to_owned),
+                    ..Error::default()
+                }),
+            }
+        }
+        Ok(S3Response::new(DeleteObjectsOutput {
+            deleted: Some(deleted),
+            errors: (!errors.is_empty()).then_some(errors),
+            ..DeleteObjectsOutput::default()
+        }))
+    }
+
+    async fn copy_object(
+        &self,
+        req: S3Request<CopyObjectInput>,
+    ) -> S3Result<S3Response<CopyObjectOutput>> {
+        let reg = self.client(&req)?;
+        let input = req.input;
+        let CopySource::Bucket {
+            bucket: src_bucket,
+            key: src_key,
+            ..
+        } = &input.copy_source
+        else {
+            return Err(s3_error!(NotImplemented, "copy sources must be bucket/key"));
+        };
+        if input.copy_source_if_modified_since.is_some()
+            || input.copy_source_if_unmodified_since.is_some()
+        {
+            return Err(s3_error!(
+                NotImplemented,
+                "date conditions on copies (x-amz-copy-source-if-[un]modified-since) are not supported"
+            ));
+        }
+        let replace = input
+            .metadata_directive
+            .as_ref()
+            .is_some_and(|d| d.as_str() == MetadataDirective::REPLACE);
+        if !replace && **src_bucket == *input.bucket && **src_key == *input.key {
+            return Err(s3_error!(
+                InvalidRequest,
+                "copying an object onto itself needs the REPLACE metadata directive"
+            ));
+        }
+        let new_meta = replace.then(|| meta(input.content_type, input.metadata));
+        let manifest = self
+            .engine
+            .copy_object(
+                &reg,
+                (src_bucket, src_key),
+                (&input.bucket, &input.key),
+                new_meta,
+                |src| {
+                    // A failed source precondition on a copy is 412 either way.
+                    check_conditions(
+                        src,
+                        input.copy_source_if_match.as_ref(),
+                        input.copy_source_if_none_match.as_ref(),
+                    )
+                    .map_err(|e| {
+                        if *e.code() == s3s::S3ErrorCode::NotModified {
+                            s3_error!(
+                                PreconditionFailed,
+                                "x-amz-copy-source-if-none-match matched"
+                            )
+                        } else {
+                            e
+                        }
+                    })
+                },
+            )
+            .await?;
+        Ok(S3Response::new(CopyObjectOutput {
+            copy_object_result: Some(CopyObjectResult {
+                e_tag: Some(etag(&manifest.etag)),
+                last_modified: Some(timestamp(manifest.last_modified_ms)),
+                ..CopyObjectResult::default()
+            }),
+            ..CopyObjectOutput::default()
+        }))
+    }
+
+    async fn list_objects(
+        &self,
+        req: S3Request<ListObjectsInput>,
+    ) -> S3Result<S3Response<ListObjectsOutput>> {
+        let reg = self.client(&req)?;
+        let input = req.input;
+        let encode = url_encoded(&input.encoding_type)?;
+        let max_keys = max_keys(input.max_keys)?;
+        let query = Query {
+            prefix: input.prefix.as_deref().unwrap_or(""),
+            delimiter: input.delimiter.as_deref(),
+            marker: input.marker.as_deref().filter(|m| !m.is_empty()),
+            max_keys,
+        };
+        let page = self
+            .engine
+            .list(reg.as_ref(), &input.bucket, &query)
+            .await?;
+        let (contents, prefixes) = render(&page, encode);
+        let enc = |s: String| if encode { index::url_encode(&s) } else { s };
+        Ok(S3Response::new(ListObjectsOutput {
+            name: Some(input.bucket.clone()),
+            prefix: Some(enc(query.prefix.to_owned())),
+            marker: input.marker.clone().map(enc),
+            delimiter: input.delimiter.clone().map(enc),
+            max_keys: Some(max_keys as i32),
+            is_truncated: Some(page.truncated),
+            next_marker: page.next_marker.clone().map(enc),
+            contents: Some(contents),
+            common_prefixes: Some(prefixes),
+            encoding_type: input.encoding_type.clone(),
+            ..ListObjectsOutput::default()
+        }))
+    }
+
+    async fn list_objects_v2(
+        &self,
+        req: S3Request<ListObjectsV2Input>,
+    ) -> S3Result<S3Response<ListObjectsV2Output>> {
+        let reg = self.client(&req)?;
+        let input = req.input;
+        let encode = url_encoded(&input.encoding_type)?;
+        let max_keys = max_keys(input.max_keys)?;
+        let token = match input.continuation_token.as_deref() {
+            None => None,
+            Some(token) => Some(
+                hex::decode(token)
+                    .ok()
+                    .and_then(|bytes| String::from_utf8(bytes).ok())
+                    .ok_or_else(|| s3_error!(InvalidArgument, "invalid continuation token"))?,
+            ),
+        };
+        // The token, when given, supersedes start-after (it is always later).
+        let marker = token
+            .as_deref()
+            .or(input.start_after.as_deref())
+            .filter(|m| !m.is_empty());
+        let query = Query {
+            prefix: input.prefix.as_deref().unwrap_or(""),
+            delimiter: input.delimiter.as_deref(),
+            marker,
+            max_keys,
+        };
+        let page = self
+            .engine
+            .list(reg.as_ref(), &input.bucket, &query)
+            .await?;
+        let (contents, prefixes) = render(&page, encode);
+        let enc = |s: String| if encode { index::url_encode(&s) } else { s };
+        let key_count = (contents.len() + prefixes.len()) as i32;
+        Ok(S3Response::new(ListObjectsV2Output {
+            name: Some(input.bucket.clone()),
+            prefix: Some(enc(query.prefix.to_owned())),
+            delimiter: input.delimiter.clone().map(enc),
+            start_after: input.start_after.clone().map(enc),
+            max_keys: Some(max_keys as i32),
+            key_count: Some(key_count),
+            continuation_token: input.continuation_token.clone(),
+            next_continuation_token: page
+                .truncated
+                .then(|| page.next_marker.as_ref().map(hex::encode))
+                .flatten(),
+            is_truncated: Some(page.truncated),
+            contents: Some(contents),
+            common_prefixes: Some(prefixes),
+            encoding_type: input.encoding_type.clone(),
+            ..ListObjectsV2Output::default()
+        }))
+    }
+
+    async fn create_multipart_upload(
+        &self,
+        req: S3Request<CreateMultipartUploadInput>,
+    ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
+        let reg = self.client(&req)?;
+        let input = req.input;
+        let upload_id = self
+            .engine
+            .create_upload(
+                reg.as_ref(),
+                &input.bucket,
+                &input.key,
+                meta(input.content_type, input.metadata),
+            )
+            .await?;
+        Ok(S3Response::new(CreateMultipartUploadOutput {
+            bucket: Some(input.bucket),
+            key: Some(input.key),
+            upload_id: Some(upload_id),
+            ..CreateMultipartUploadOutput::default()
+        }))
+    }
+
+    async fn upload_part(
+        &self,
+        req: S3Request<UploadPartInput>,
+    ) -> S3Result<S3Response<UploadPartOutput>> {
+        let reg = self.client(&req)?;
+        let input = req.input;
+        if let Some(len) = input.content_length
+            && u64::try_from(len).unwrap_or(u64::MAX) > self.engine.limits().part_bytes_max
+        {
+            return Err(s3_error!(
+                EntityTooLarge,
+                "{len} bytes; a part is limited to {} bytes",
+                self.engine.limits().part_bytes_max
+            ));
+        }
+        let expected = content_md5(input.content_md5.as_deref())?;
+        let md5 = self
+            .engine
+            .upload_part(
+                &reg,
+                &input.bucket,
+                &input.key,
+                &input.upload_id,
+                input.part_number,
+                body(input.body).await,
+            )
+            .await?;
+        if let Some(expected) = expected
+            && expected != md5
+        {
+            return Err(s3_error!(BadDigest, "Content-MD5 does not match the part"));
+        }
+        Ok(S3Response::new(UploadPartOutput {
+            e_tag: Some(etag(&hex::encode(md5))),
+            ..UploadPartOutput::default()
+        }))
+    }
+
+    async fn list_parts(
+        &self,
+        req: S3Request<ListPartsInput>,
+    ) -> S3Result<S3Response<ListPartsOutput>> {
+        let reg = self.client(&req)?;
+        let input = req.input;
+        let marker = match input.part_number_marker {
+            None => 0,
+            Some(m) => u32::try_from(m)
+                .map_err(|_| s3_error!(InvalidArgument, "invalid part-number-marker"))?,
+        };
+        let max = match input.max_parts {
+            None => 1000,
+            Some(n) if n < 0 => {
+                return Err(s3_error!(InvalidArgument, "max-parts must not be negative"));
+            }
+            Some(n) => (n as usize).min(1000),
+        };
+        let (_, parts, truncated) = self
+            .engine
+            .list_parts(
+                reg.as_ref(),
+                &input.bucket,
+                &input.key,
+                &input.upload_id,
+                marker,
+                max,
+            )
+            .await?;
+        let next = parts.last().map(|(n, _)| *n as i32);
+        let parts = parts
+            .into_iter()
+            .map(|(number, part)| Part {
+                part_number: Some(number as i32),
+                size: Some(part.size as i64),
+                e_tag: Some(etag(&hex::encode(part.md5))),
+                last_modified: Some(timestamp(part.last_modified_ms)),
+                ..Part::default()
+            })
+            .collect();
+        Ok(S3Response::new(ListPartsOutput {
+            bucket: Some(input.bucket),
+            key: Some(input.key),
+            upload_id: Some(input.upload_id),
+            max_parts: Some(max as i32),
+            part_number_marker: input.part_number_marker,
+            next_part_number_marker: next,
+            is_truncated: Some(truncated),
+            parts: Some(parts),
+            ..ListPartsOutput::default()
+        }))
+    }
+
+    async fn complete_multipart_upload(
+        &self,
+        req: S3Request<CompleteMultipartUploadInput>,
+    ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+        let reg = self.client(&req)?;
+        let input = req.input;
+        refuse_conditional_write(input.if_match.as_ref(), input.if_none_match.as_ref())?;
+        let listed: Vec<(i32, Option<String>)> = input
+            .multipart_upload
+            .and_then(|m| m.parts)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|p| {
+                (
+                    p.part_number.unwrap_or(0),
+                    p.e_tag.map(|e| e.value().to_owned()),
+                )
+            })
+            .collect();
+        let manifest = self
+            .engine
+            .complete_upload(&reg, &input.bucket, &input.key, &input.upload_id, &listed)
+            .await?;
+        Ok(S3Response::new(CompleteMultipartUploadOutput {
+            bucket: Some(input.bucket.clone()),
+            key: Some(input.key.clone()),
+            location: Some(format!("/{}/{}", input.bucket, input.key)),
+            e_tag: Some(etag(&manifest.etag)),
+            ..CompleteMultipartUploadOutput::default()
+        }))
+    }
+
+    async fn list_multipart_uploads(
+        &self,
+        req: S3Request<ListMultipartUploadsInput>,
+    ) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
+        let reg = self.client(&req)?;
+        let input = req.input;
+        if input.delimiter.as_deref().is_some_and(|d| !d.is_empty()) {
+            return Err(s3_error!(
+                NotImplemented,
+                "listing multipart uploads with a delimiter is not supported"
+            ));
+        }
+        let encode = url_encoded(&input.encoding_type)?;
+        let max = max_keys(input.max_uploads)?;
+        let key_marker = input.key_marker.as_deref().filter(|m| !m.is_empty());
+        // Without an upload-id marker, every upload of the marker key is skipped too.
+        let after = key_marker.map(|k| {
+            (
+                k,
+                input
+                    .upload_id_marker
+                    .as_deref()
+                    .filter(|m| !m.is_empty())
+                    .unwrap_or("~"),
+            )
+        });
+        let prefix = input.prefix.clone().unwrap_or_default();
+        let (uploads, truncated) = self
+            .engine
+            .list_uploads(reg.as_ref(), &input.bucket, &prefix, after, max)
+            .await?;
+        let enc = |s: &str| {
+            if encode {
+                index::url_encode(s)
+            } else {
+                s.to_owned()
+            }
+        };
+        let next = truncated.then(|| uploads.last().cloned()).flatten();
+        let uploads = uploads
+            .into_iter()
+            .map(|(key, upload_id, ms)| MultipartUpload {
+                key: Some(enc(&key)),
+                upload_id: Some(upload_id),
+                initiated: Some(timestamp(ms)),
+                ..MultipartUpload::default()
+            })
+            .collect();
+        Ok(S3Response::new(ListMultipartUploadsOutput {
+            bucket: Some(input.bucket),
+            prefix: Some(enc(&prefix)),
+            key_marker: input.key_marker,
+            upload_id_marker: input.upload_id_marker,
+            max_uploads: Some(max as i32),
+            is_truncated: Some(truncated),
+            next_key_marker: next.as_ref().map(|(k, _, _)| enc(k)),
+            next_upload_id_marker: next.map(|(_, id, _)| id),
+            uploads: Some(uploads),
+            encoding_type: input.encoding_type,
+            ..ListMultipartUploadsOutput::default()
+        }))
+    }
+
+    async fn abort_multipart_upload(
+        &self,
+        req: S3Request<AbortMultipartUploadInput>,
+    ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
+        let reg = self.client(&req)?;
+        let input = req.input;
+        self.engine
+            .abort_upload(&reg, &input.bucket, &input.key, &input.upload_id)
+            .await?;
+        Ok(S3Response::new(AbortMultipartUploadOutput::default()))
+    }
+}

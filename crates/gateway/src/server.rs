@@ -1,0 +1,120 @@
+//! The HTTP front end: SigV4 against the configured keys, bounded headers and bodies, a bounded
+//! number of connections, and one Bulwark client per configured client name.
+
+use crate::config::GatewayConfig;
+use crate::engine::{Engine, Limits};
+use crate::s3::BulwarkS3;
+use bulwark_client::Client;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use s3s::auth::{S3Auth, SecretKey};
+use s3s::config::{S3Config, StaticConfigProvider};
+use s3s::service::S3ServiceBuilder;
+use s3s::{S3Result, s3_error};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+/// Request headers together may not exceed this (hyper's read buffer; a larger head is refused
+/// with 431 and the connection closed).
+pub const HEADER_BYTES_MAX: usize = 64 * 1024;
+/// Most header fields in one request.
+pub const HEADERS_MAX: usize = 100;
+/// XML request bodies (multi-object delete, complete-multipart) are read whole; this bounds them.
+/// 10 000 parts or 1000 keys of 1024 bytes fit.
+pub const XML_BODY_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// A client that has not sent its whole request head by then is disconnected.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+struct KeyAuth(HashMap<String, String>);
+
+#[async_trait::async_trait]
+impl S3Auth for KeyAuth {
+    async fn get_secret_key(&self, access_key: &str) -> S3Result<SecretKey> {
+        self.0
+            .get(access_key)
+            .map(|secret| SecretKey::from(secret.as_str()))
+            .ok_or_else(|| s3_error!(InvalidAccessKeyId, "the access key is not configured"))
+    }
+}
+
+/// Connects to the cluster and serves S3 until Ctrl-C; `ready` learns the bound address.
+pub async fn run(config: GatewayConfig, ready: impl FnOnce(SocketAddr)) -> anyhow::Result<()> {
+    let mut by_name: HashMap<String, Arc<Client>> = HashMap::new();
+    let mut clients = HashMap::new();
+    let mut secrets = HashMap::new();
+    for key in &config.access_keys {
+        let client = match by_name.get(&key.client) {
+            Some(client) => client.clone(),
+            None => {
+                let client = Arc::new(
+                    Client::connect(&config.cluster, &key.client)
+                        .await
+                        .map_err(|e| anyhow::anyhow!("client {:?}: {e}", key.client))?,
+                );
+                by_name.insert(key.client.clone(), client.clone());
+                client
+            }
+        };
+        clients.insert(key.access_key.clone(), client);
+        secrets.insert(key.access_key.clone(), key.secret_key.clone());
+    }
+    let limits = Limits {
+        object_bytes_max: config.object_bytes_max,
+        chunk_buffers: config.chunk_buffers,
+        chunk_grace: Duration::from_secs(config.chunk_grace_secs),
+        ..Limits::default()
+    };
+    let engine = Arc::new(Engine::new(limits));
+    let mut builder = S3ServiceBuilder::new(BulwarkS3::new(engine, clients));
+    builder.set_auth(KeyAuth(secrets));
+    let mut s3_config = S3Config::default();
+    s3_config.xml_max_body_size = XML_BODY_BYTES_MAX;
+    // Browser-form POST uploads are not served; keep what s3s would buffer for them small.
+    s3_config.post_object_max_file_size = 0;
+    s3_config.form_max_field_size = 64 * 1024;
+    s3_config.form_max_fields_size = 256 * 1024;
+    s3_config.form_max_parts = 100;
+    builder.set_config(Arc::new(StaticConfigProvider::new(Arc::new(s3_config))));
+    let service = builder.build();
+
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.listen))?;
+    ready(listener.local_addr()?);
+    let connections = Arc::new(Semaphore::new(config.max_connections));
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .max_buf_size(HEADER_BYTES_MAX)
+        .max_header_size(HEADER_BYTES_MAX)
+        .max_headers(HEADERS_MAX)
+        .keep_alive(true);
+    let shutdown = tokio::signal::ctrl_c();
+    tokio::pin!(shutdown);
+    loop {
+        // Waiting for a free slot before accepting leaves excess connections in the backlog.
+        let permit = connections.clone().acquire_owned().await?;
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => return Ok(()),
+        };
+        let service = service.clone();
+        let http = http.clone();
+        tokio::spawn(async move {
+            if let Err(error) = http.serve_connection(TokioIo::new(stream), service).await {
+                tracing::debug!(%peer, %error, "connection ended with an error");
+            }
+            drop(permit);
+        });
+    }
+}
