@@ -109,6 +109,10 @@ pub async fn run(config: GatewayConfig, ready: impl FnOnce(SocketAddr)) -> anyho
             _ = &mut shutdown => return Ok(()),
         };
         let service = service.clone();
+        let service = hyper::service::service_fn(move |request| {
+            let service = service.clone();
+            closing_after_continue(request, service)
+        });
         let http = http.clone();
         tokio::spawn(async move {
             if let Err(error) = http.serve_connection(TokioIo::new(stream), service).await {
@@ -117,4 +121,27 @@ pub async fn run(config: GatewayConfig, ready: impl FnOnce(SocketAddr)) -> anyho
             drop(permit);
         });
     }
+}
+
+/// Serves one request, and ends the connection after any request that asked for `100 Continue`.
+///
+/// Such a client may give up waiting for the interim response and send its body anyway (botocore
+/// waits one second), so a late `100 Continue` can reach it after it has already read the final
+/// response; on a kept-alive connection it is then taken as the start of the next reply, and the
+/// next upload sees a response with no headers (seen as aws-cli's "upload failed: 'ETag'" on a
+/// loaded machine). A fresh connection per such upload costs one handshake next to a body of
+/// MiBs, and leaves nothing from one exchange to be misread in the next.
+async fn closing_after_continue(
+    request: hyper::Request<hyper::body::Incoming>,
+    service: s3s::service::S3Service,
+) -> Result<s3s::HttpResponse, s3s::HttpError> {
+    let expects_continue = request.headers().contains_key(hyper::header::EXPECT);
+    let mut response = service.call(request.map(s3s::Body::from)).await?;
+    if expects_continue {
+        response.headers_mut().insert(
+            hyper::header::CONNECTION,
+            hyper::header::HeaderValue::from_static("close"),
+        );
+    }
+    Ok(response)
 }

@@ -23,8 +23,14 @@ fn the_same_seed_gives_the_same_history_trace_and_counters() {
                 format!("{:?}", second.history),
                 "history of seed {seed}, {protocol} f={f}"
             );
-            assert_eq!(first.trace, second.trace, "trace of seed {seed}, {protocol} f={f}");
-            assert_eq!(first.stats, second.stats, "counters of seed {seed}, {protocol} f={f}");
+            assert_eq!(
+                first.trace, second.trace,
+                "trace of seed {seed}, {protocol} f={f}"
+            );
+            assert_eq!(
+                first.stats, second.stats,
+                "counters of seed {seed}, {protocol} f={f}"
+            );
             assert_eq!(first.swarm, second.swarm);
         }
     }
