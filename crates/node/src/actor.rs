@@ -230,7 +230,8 @@ impl Fragments for StorageView<'_> {
                 return None;
             }
         };
-        match wire::decode::<(Key, StoredEntry)>(&value, usize::MAX) {
+        // The fragment is served as a slice of the record read from disk: no second copy.
+        match wire::decode_shared::<(Key, StoredEntry)>(&value, usize::MAX) {
             Ok((_, entry)) => Some(entry.fragment),
             Err(error) => {
                 tracing::error!(%error, "a stored fragment record does not decode");

@@ -109,6 +109,7 @@ pub struct StoredEntry {
     /// The full timestamp, tag included (§4.8(b)).
     pub ts: Timestamp,
     /// This server's fragment.
+    #[serde(with = "bulwark_core::wire::shared_bytes")]
     pub fragment: Bytes,
     /// The cross-checksum.
     pub cc: CrossChecksum,
