@@ -251,6 +251,11 @@ impl Fragments for StorageView<'_> {
         if let Some(fragment) = self.verified.borrow().get(&record, digest) {
             return Some(fragment);
         }
+        // Not yet durable: a slice of the STORE's receive buffer, which may be larger than the
+        // fragment, so it is not kept; it is about to be on disk anyway.
+        if let Some((_, fragment)) = self.unsynced.get(&record) {
+            return Some(fragment.clone()).filter(|f| fragment_digest(f) == *digest);
+        }
         let fragment = self.fragment(key, ts)?;
         if fragment_digest(&fragment) != *digest {
             return None;
