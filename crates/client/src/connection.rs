@@ -228,7 +228,9 @@ impl LinkTask {
                         Ok(bytes) => bytes,
                         Err(error) => return format!("receive: {error}"),
                     };
-                    match wire::decode::<NodeFrame>(&bytes, FRAME_BYTES_MAX) {
+                    // A FILTER reply's fragment stays in the frame's buffer, not copied out of it.
+                    let bytes = bytes.freeze();
+                    match wire::decode_shared::<NodeFrame>(&bytes, FRAME_BYTES_MAX) {
                         Ok(NodeFrame::PowerStore(response)) => {
                             self.router.deliver(self.node, Reply::PowerStore(response))
                         }

@@ -2,14 +2,18 @@
 //! requests in a single order, which is also the order their changes reach the disk.
 
 use crate::Rejections;
+use crate::verified::{VERIFIED_BYTES_MAX, Verified};
+use bulwark_core::Digest;
 use bulwark_core::{ClientId, Key, NodeId, Time, wire};
 use bulwark_protocol::powerstore::{
     Access, Change, Fragments, Request, ServerLogic, ServerStats, StoredEntry, Timestamp,
+    fragment_digest,
 };
 use bulwark_protocol::service::{NodeFrame, NodeStatus};
 use bulwark_protocol::{abd, phalanx};
 use bulwark_storage::{Committer, StorageOp, Store, Table};
 use bytes::Bytes;
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -215,6 +219,8 @@ struct StorageView<'a> {
     /// `Hist` records queued for commit, with the sequence number of the batch carrying them.
     unsynced: &'a HashMap<Vec<u8>, (u64, Bytes)>,
     store: &'a Store,
+    /// Fragments already found intact: served again without a disk read or a re-hash.
+    verified: &'a RefCell<Verified>,
 }
 
 impl Fragments for StorageView<'_> {
@@ -230,7 +236,8 @@ impl Fragments for StorageView<'_> {
                 return None;
             }
         };
-        match wire::decode::<(Key, StoredEntry)>(&value, usize::MAX) {
+        // The fragment is served as a slice of the record read from disk: no second copy.
+        match wire::decode_shared::<(Key, StoredEntry)>(&value, usize::MAX) {
             Ok((_, entry)) => Some(entry.fragment),
             Err(error) => {
                 tracing::error!(%error, "a stored fragment record does not decode");
@@ -238,24 +245,46 @@ impl Fragments for StorageView<'_> {
             }
         }
     }
+
+    fn intact_fragment(&self, key: &Key, ts: &Timestamp, digest: &Digest) -> Option<Bytes> {
+        let record = hist_record(key, ts);
+        if let Some(fragment) = self.verified.borrow().get(&record, digest) {
+            return Some(fragment);
+        }
+        // Not yet durable: a slice of the STORE's receive buffer, which may be larger than the
+        // fragment, so it is not kept; it is about to be on disk anyway.
+        if let Some((_, fragment)) = self.unsynced.get(&record) {
+            return Some(fragment.clone()).filter(|f| fragment_digest(f) == *digest);
+        }
+        let fragment = self.fragment(key, ts)?;
+        if fragment_digest(&fragment) != *digest {
+            return None;
+        }
+        self.verified
+            .borrow_mut()
+            .insert(record, *digest, fragment.clone());
+        Some(fragment)
+    }
 }
 
 /// Remembers the fragments of `changes` until batch `sequence` is durable.
 fn track_unsynced(
     unsynced: &mut HashMap<Vec<u8>, (u64, Bytes)>,
+    verified: &RefCell<Verified>,
     changes: &[Change],
     sequence: u64,
 ) {
     for change in changes {
         match change {
             Change::PutHist { key, entry } => {
-                unsynced.insert(
-                    hist_record(key, &entry.ts),
-                    (sequence, entry.fragment.clone()),
-                );
+                let record = hist_record(key, &entry.ts);
+                verified.borrow_mut().remove(&record);
+                unsynced.insert(record, (sequence, entry.fragment.clone()));
             }
             Change::DeleteHist { key, ts } => {
-                unsynced.remove(&hist_record(key, ts));
+                let record = hist_record(key, ts);
+                verified.borrow_mut().remove(&record);
+                unsynced.remove(&record);
             }
             Change::SetLc { .. } => {}
         }
@@ -327,6 +356,7 @@ async fn run(
         rejections,
     } = context;
     let mut unsynced: HashMap<Vec<u8>, (u64, Bytes)> = HashMap::new();
+    let verified = RefCell::new(Verified::new(VERIFIED_BYTES_MAX));
     let (durable, _) = watch::channel(0u64);
     let mut durability = Durability {
         committer,
@@ -351,9 +381,9 @@ async fn run(
                             (Machine::PowerStore(server), ProtocolRequest::PowerStore(request)) => {
                                 let durable = *durability.durable.borrow();
                                 unsynced.retain(|_, (sequence, _)| *sequence > durable);
-                                let view = StorageView { unsynced: &unsynced, store: &store };
+                                let view = StorageView { unsynced: &unsynced, store: &store, verified: &verified };
                                 let handled = server.handle(now(started), from, access, request, &view);
-                                track_unsynced(&mut unsynced, &handled.changes, durability.submit_next());
+                                track_unsynced(&mut unsynced, &verified, &handled.changes, durability.submit_next());
                                 let ops = handled.changes.into_iter().map(storage_op).collect();
                                 let frame = handled.reply.map(NodeFrame::PowerStore);
                                 (ops, frame, handled.refused.map(|r| r.to_string()))
@@ -404,7 +434,7 @@ async fn run(
             _ = tick.tick() => {
                 if let Machine::PowerStore(server) = &mut server {
                     let changes = server.tick(now(started));
-                    track_unsynced(&mut unsynced, &changes, durability.submit_next());
+                    track_unsynced(&mut unsynced, &verified, &changes, durability.submit_next());
                     durability.submit(changes.into_iter().map(storage_op).collect());
                 }
                 let stats = server.stats();
@@ -413,6 +443,7 @@ async fn run(
                 metrics::gauge!("bulwark_node_fragment_bytes").set(stats.fragment_bytes as f64);
                 metrics::gauge!("bulwark_node_collected_total").set(stats.collected as f64);
                 metrics::gauge!("bulwark_node_damaged_fragments_total").set(stats.damaged_fragments as f64);
+                metrics::gauge!("bulwark_node_verified_fragment_bytes").set(verified.borrow().bytes() as f64);
             }
         }
     }

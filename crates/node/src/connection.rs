@@ -83,7 +83,9 @@ pub async fn serve(context: ConnectionContext, tcp: TcpStream, address: SocketAd
             received: Instant::now(),
             reply: replies.clone(),
         };
-        let job = match wire::decode::<ClientFrame>(&bytes, FRAME_BYTES_MAX) {
+        // A STORE's fragment stays in the frame's buffer rather than being copied out of it.
+        let bytes = bytes.freeze();
+        let job = match wire::decode_shared::<ClientFrame>(&bytes, FRAME_BYTES_MAX) {
             Ok(ClientFrame::PowerStore(r)) => request(ProtocolRequest::PowerStore(r)),
             Ok(ClientFrame::Abd(r)) => request(ProtocolRequest::Abd(r)),
             Ok(ClientFrame::Phalanx(r)) => request(ProtocolRequest::Phalanx(r)),

@@ -12,6 +12,7 @@
 mod actor;
 mod connection;
 mod rejections;
+mod verified;
 
 pub use rejections::Rejections;
 

@@ -217,23 +217,32 @@ impl Store {
         txn.set_durability(redb::Durability::Immediate)
             .map_err(StorageError::from("durability"))?;
         {
-            let mut tables = Vec::new();
-            for table in Table::ALL {
-                tables.push(
-                    txn.open_table(table.definition())
-                        .map_err(StorageError::from("open table"))?,
-                );
-            }
+            // Only the tables a group touches are opened: every opened table's root is flushed
+            // at commit, and most groups touch one table (a STORE's `hist`, a COMPLETE's `lc`).
+            let mut tables: [Option<redb::Table<&[u8], &[u8]>>; Table::ALL.len()] =
+                Default::default();
             for batch in batches {
                 for op in batch {
+                    let (table, key) = match op {
+                        StorageOp::Put { table, key, .. } | StorageOp::Delete { table, key } => {
+                            (*table, key)
+                        }
+                    };
+                    let opened = match &mut tables[table.index()] {
+                        Some(opened) => opened,
+                        slot => slot.insert(
+                            txn.open_table(table.definition())
+                                .map_err(StorageError::from("open table"))?,
+                        ),
+                    };
                     match op {
-                        StorageOp::Put { table, key, value } => {
-                            tables[table.index()]
+                        StorageOp::Put { value, .. } => {
+                            opened
                                 .insert(key.as_slice(), value.as_ref())
                                 .map_err(StorageError::from("insert"))?;
                         }
-                        StorageOp::Delete { table, key } => {
-                            tables[table.index()]
+                        StorageOp::Delete { .. } => {
+                            opened
                                 .remove(key.as_slice())
                                 .map_err(StorageError::from("remove"))?;
                         }

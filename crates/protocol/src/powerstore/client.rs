@@ -465,6 +465,9 @@ enum ReadPhase {
         /// Newer candidates "superseded" replies offered, not yet shown valid.
         offers: Vec<Offer>,
         replies: Replies<FilterAck>,
+        /// Per node: its reply is an entry whose fragment hashes to the entry's own `cc` slot.
+        /// Hashed once when the reply arrives; judging and restoring only read it.
+        intact: Vec<bool>,
     },
     Repair {
         candidate: Candidate,
@@ -686,13 +689,17 @@ impl ReadOp {
             candidates: candidates.clone(),
             offers: Vec::new(),
             replies: Replies::new(n),
+            intact: vec![false; n],
         };
         Step::Continue(self.broadcast(RequestBody::Filter { candidates }))
     }
 
     fn on_filter(&mut self, from: NodeId, ack: FilterAck) -> Step<ReadOutcome> {
         let n = self.config.n;
-        let ReadPhase::Filter { replies, .. } = &mut self.phase else {
+        let ReadPhase::Filter {
+            replies, intact, ..
+        } = &mut self.phase
+        else {
             return Step::Continue(Vec::new());
         };
         let well_formed = match &ack {
@@ -716,8 +723,20 @@ impl ReadOp {
             }
             other => other,
         };
+        // Only a first reply is hashed: a retransmitted one is dropped by `record` anyway.
+        let fragment_intact = replies.missing().any(|node| node == from)
+            && match &ack {
+                FilterAck::Entry { fragment, cc, .. } => cc
+                    .hashes
+                    .get(from.index())
+                    .is_some_and(|slot| fragment_digest(fragment) == *slot),
+                _ => false,
+            };
         if !replies.record(from, ack) {
             return Step::Continue(Vec::new());
+        }
+        if let Some(slot) = intact.get_mut(from.index()) {
+            *slot = fragment_intact;
         }
         if !well_formed {
             self.blame(from, EvidenceKind::MalformedReply);
@@ -731,6 +750,7 @@ impl ReadOp {
             candidates,
             offers,
             replies,
+            intact,
         } = &mut self.phase
         else {
             return Step::Continue(Vec::new());
@@ -751,6 +771,7 @@ impl ReadOp {
             &filter_set(candidates, offers),
             offers,
             replies,
+            intact,
             &self.suspects,
             &convicted,
             &self.config,
@@ -768,6 +789,7 @@ impl ReadOp {
                     candidates,
                     offers,
                     replies,
+                    ..
                 } = &mut self.phase
                 else {
                     return Step::Continue(Vec::new());
@@ -784,6 +806,7 @@ impl ReadOp {
                     candidates,
                     offers,
                     replies: Replies::new(n),
+                    intact: vec![false; n],
                 };
                 Step::Continue(self.broadcast(RequestBody::Filter {
                     candidates: request,
@@ -811,7 +834,10 @@ impl ReadOp {
         agreed: Agreed,
     ) -> Step<ReadOutcome> {
         let n = self.config.n;
-        let ReadPhase::Filter { replies, .. } = &self.phase else {
+        let ReadPhase::Filter {
+            replies, intact, ..
+        } = &self.phase
+        else {
             return Step::Continue(Vec::new());
         };
         let mut fragments = Vec::new();
@@ -832,7 +858,8 @@ impl ReadOp {
             }
             if *cc != agreed.cc || *vec != agreed.vec || *nonce_hash != agreed.nonce_hash {
                 blamed.push((node, EvidenceKind::ConflictingMetadata));
-            } else if fragment_digest(fragment) != agreed.cc.hashes[node.index()] {
+            } else if !intact[node.index()] {
+                // `cc` is the agreed one, so this is the agreed slot the fragment missed.
                 blamed.push((node, EvidenceKind::CorruptFragment));
             } else {
                 fragments.push((node.index(), fragment.clone()));
@@ -909,6 +936,7 @@ fn judge(
     set: &[Candidate],
     offers: &[Offer],
     replies: &Replies<FilterAck>,
+    intact: &[bool],
     suspects: &[NodeId],
     convicted: &[NodeId],
     config: &ClientConfig,
@@ -920,7 +948,7 @@ fn judge(
     if set.is_empty() {
         return Verdict::Empty;
     }
-    if let Some(selected) = select(set, replies, n, f, config.mutations.any_twin) {
+    if let Some(selected) = select(set, replies, intact, n, f, config.mutations.any_twin) {
         return selected;
     }
     let undecided: Vec<&Offer> = offers
@@ -985,6 +1013,7 @@ fn filter_set(candidates: &[Candidate], offers: &[Offer]) -> Vec<Candidate> {
 fn select(
     candidates: &[Candidate],
     replies: &Replies<FilterAck>,
+    intact: &[bool],
     n: usize,
     f: usize,
     any_twin: bool,
@@ -1002,10 +1031,10 @@ fn select(
     for (node, ack) in replies.present() {
         let FilterAck::Entry {
             ts,
-            fragment,
             cc,
             nonce_hash,
             vec,
+            ..
         } = ack
         else {
             continue;
@@ -1013,7 +1042,7 @@ fn select(
         if ts.cmp_order(highest) != Ordering::Equal || cc.hashes.len() != n {
             continue;
         }
-        if fragment_digest(fragment) != cc.hashes[node.index()] {
+        if !intact[node.index()] {
             continue;
         }
         match groups.iter_mut().find(|(g, _)| {

@@ -35,6 +35,7 @@ pub enum RequestBody {
         /// The write's timestamp.
         ts: Timestamp,
         /// This server's fragment.
+        #[serde(with = "bulwark_core::wire::shared_bytes")]
         fragment: Bytes,
         /// The cross-checksum.
         cc: CrossChecksum,
@@ -132,6 +133,7 @@ pub enum FilterAck {
         /// `c_hv.ts`.
         ts: Timestamp,
         /// This server's fragment.
+        #[serde(with = "bulwark_core::wire::shared_bytes")]
         fragment: Bytes,
         /// The cross-checksum stored with it.
         cc: CrossChecksum,

@@ -109,6 +109,7 @@ pub struct StoredEntry {
     /// The full timestamp, tag included (§4.8(b)).
     pub ts: Timestamp,
     /// This server's fragment.
+    #[serde(with = "bulwark_core::wire::shared_bytes")]
     pub fragment: Bytes,
     /// The cross-checksum.
     pub cc: CrossChecksum,
@@ -160,6 +161,16 @@ pub struct Handled {
 pub trait Fragments {
     /// The fragment stored with `Hist[ts]` of `key`, if the storage holds one.
     fn fragment(&self, key: &Key, ts: &Timestamp) -> Option<Bytes>;
+
+    /// The fragment of `Hist[ts]` of `key` only if it hashes to `digest` (this server's slot of
+    /// the entry's `cc`): what a FILTER reply may serve. By default every call re-hashes what
+    /// [`Fragments::fragment`] returns. A driver may answer from fragments it has already checked
+    /// against the same digest since they left its disk, but must check anything it reads from
+    /// the disk: that is where damage enters.
+    fn intact_fragment(&self, key: &Key, ts: &Timestamp, digest: &Digest) -> Option<Bytes> {
+        self.fragment(key, ts)
+            .filter(|fragment| fragment_digest(fragment) == *digest)
+    }
 }
 
 /// [`Fragments`] kept in memory, for tests: apply every change the server emits.
@@ -594,9 +605,7 @@ impl Server {
             .as_ref()
             .and_then(|b| state.and_then(|s| s.hist.get(&b.ts)))
             .and_then(|entry| {
-                let fragment = fragments
-                    .fragment(key, &entry.ts)
-                    .filter(|f| fragment_digest(f) == entry.cc.hashes[me]);
+                let fragment = fragments.intact_fragment(key, &entry.ts, &entry.cc.hashes[me]);
                 damaged = fragment.is_none();
                 fragment.map(|fragment| (entry, fragment))
             });
