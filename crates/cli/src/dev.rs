@@ -139,8 +139,9 @@ pub async fn run(dir: &Path, demo: bool) -> Result<()> {
         "Cluster files: {}. Press Ctrl-C to stop.",
         relative.display()
     );
-    tokio::signal::ctrl_c().await?;
-    eprintln!("stopping nodes");
+    // SIGTERM too (a `kill`, a service manager): returning drops `Nodes`, which stops them.
+    let signal = bulwark_node::stop_signal().await;
+    eprintln!("{signal}: stopping nodes");
     Ok(())
 }
 

@@ -332,7 +332,7 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
 }
 
 /// Resolves on SIGTERM or SIGINT, naming it; never when no handler can be installed.
-async fn stop_signal() -> &'static str {
+pub async fn stop_signal() -> &'static str {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
