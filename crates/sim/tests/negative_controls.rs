@@ -93,20 +93,31 @@ fn reads_that_never_take_offers_are_caught() {
 #[test]
 fn f_plus_one_colluders_are_caught() {
     for f in [1, 2] {
-        let mut faults = FaultSet::all();
-        faults.behaviours = ["colluding".parse().unwrap()].into_iter().collect();
-        let reference = SimConfig {
-            f,
-            faults,
-            byzantine_servers: Some(f),
-            ..SimConfig::default()
-        };
-        let broken = SimConfig {
-            byzantine_servers: Some(f + 1),
-            ..reference.clone()
-        };
-        caught_within(&format!("f+1 colluders (f={f})"), &broken, &reference, 50);
+        colluders_one_too_many_are_caught(Protocol::PowerStore, f, 50);
     }
+}
+
+/// `f+1` colluding servers where the protocol tolerates `f`, caught within `bound` seeds.
+fn colluders_one_too_many_are_caught(protocol: Protocol, f: usize, bound: u64) {
+    let mut faults = FaultSet::all();
+    faults.behaviours = ["colluding".parse().unwrap()].into_iter().collect();
+    let reference = SimConfig {
+        protocol,
+        f,
+        faults,
+        byzantine_servers: Some(f),
+        ..SimConfig::default()
+    };
+    let broken = SimConfig {
+        byzantine_servers: Some(f + 1),
+        ..reference.clone()
+    };
+    caught_within(
+        &format!("f+1 colluders ({protocol}, f={f})"),
+        &broken,
+        &reference,
+        bound,
+    );
 }
 
 // (f) The paper's literal line 143 (`any_twin`) is NOT caught by the swarm within a bounded number
@@ -198,26 +209,6 @@ fn phalanx_reads_that_skip_signatures_are_caught() {
 // servers must freeze before a write and then make up most of a read's quorum).
 #[test]
 fn phalanx_f_plus_one_colluders_are_caught() {
-    for f in [1, 2] {
-        let mut faults = FaultSet::all();
-        faults.behaviours = ["colluding".parse().unwrap()].into_iter().collect();
-        let reference = SimConfig {
-            protocol: Protocol::Phalanx,
-            f,
-            faults,
-            byzantine_servers: Some(f),
-            ..SimConfig::default()
-        };
-        let broken = SimConfig {
-            byzantine_servers: Some(f + 1),
-            ..reference.clone()
-        };
-        let bound = if f == 1 { 50 } else { 200 };
-        caught_within(
-            &format!("phalanx f+1 colluders (f={f})"),
-            &broken,
-            &reference,
-            bound,
-        );
-    }
+    colluders_one_too_many_are_caught(Protocol::Phalanx, 1, 50);
+    colluders_one_too_many_are_caught(Protocol::Phalanx, 2, 200);
 }

@@ -80,34 +80,27 @@ fn a_reliable_network_with_honest_servers_is_clean_and_busy() {
 // it is not built for.
 #[test]
 fn abd_under_crashes_partitions_and_loss_is_linearizable_and_wait_free() {
-    for f in [1, 2] {
-        let config = SimConfig {
-            protocol: Protocol::Abd,
-            f,
-            faults: FaultSet::all(),
-            ..SimConfig::default()
-        };
-        let summary = sweep(0..500, &config, THREADS);
-        report(&format!("ABD f={f} sweep"), &config, &summary);
-        assert!(summary.violations.is_empty(), "{}", summary.render(&config));
-        assert_eq!(summary.inconclusive, 0);
-        assert!(summary.ops_checked > 500 * 50, "{}", summary.ops_checked);
-    }
+    baseline_sweeps(Protocol::Abd);
 }
 
 // Phalanx with up to f of the Byzantine catalogue's servers (silent, equivocating, stale,
 // amnesiac, corrupting, forging, colluding) among 3f+1.
 #[test]
 fn phalanx_with_byzantine_servers_is_linearizable_and_wait_free() {
+    baseline_sweeps(Protocol::Phalanx);
+}
+
+/// 500 seeds of `protocol` under every fault it is built to survive, for f = 1 and f = 2.
+fn baseline_sweeps(protocol: Protocol) {
     for f in [1, 2] {
         let config = SimConfig {
-            protocol: Protocol::Phalanx,
+            protocol,
             f,
             faults: FaultSet::all(),
             ..SimConfig::default()
         };
         let summary = sweep(0..500, &config, THREADS);
-        report(&format!("Phalanx f={f} sweep"), &config, &summary);
+        report(&format!("{protocol} f={f} sweep"), &config, &summary);
         assert!(summary.violations.is_empty(), "{}", summary.render(&config));
         assert_eq!(summary.inconclusive, 0);
         assert!(summary.ops_checked > 500 * 50, "{}", summary.ops_checked);
