@@ -55,9 +55,19 @@ pub struct InitCommand {
     pub protocol: Protocol,
 }
 
-fn free_port(host: IpAddr) -> Result<u16> {
-    let listener = std::net::TcpListener::bind((host, 0)).context("finding a free port")?;
-    Ok(listener.local_addr()?.port())
+/// `count` distinct free ports on `host`. Every probe stays bound until all are chosen: a port
+/// probed and released at once can be handed out again by the next probe, which once gave a node
+/// the same port for its clients and its metrics.
+fn free_ports(host: IpAddr, count: usize) -> Result<std::vec::IntoIter<u16>> {
+    let probes = (0..count)
+        .map(|_| std::net::TcpListener::bind((host, 0)))
+        .collect::<Result<Vec<_>, _>>()
+        .context("finding free ports")?;
+    let ports = probes
+        .iter()
+        .map(|probe| Ok(probe.local_addr()?.port()))
+        .collect::<Result<Vec<u16>>>()?;
+    Ok(ports.into_iter())
 }
 
 fn write_private(path: &Path, text: &str) -> Result<()> {
@@ -97,11 +107,18 @@ pub fn run_protocol(args: &InitArgs, protocol: Protocol) -> Result<ClusterConfig
     }
     std::fs::create_dir_all(&args.dir)
         .with_context(|| format!("creating {}", args.dir.display()))?;
+    let picked_nodes = args.addresses.is_empty() && args.base_port == 0;
+    let picked_metrics = !args.no_metrics && args.metrics_base_port == 0;
+    let mut free = free_ports(
+        args.host,
+        n * (usize::from(picked_nodes) + usize::from(picked_metrics)),
+    )?;
+    let mut next_free = move || free.next().context("finding free ports");
     let addresses: Vec<SocketAddr> = if args.addresses.is_empty() {
         (0..n)
             .map(|i| {
                 let port = if args.base_port == 0 {
-                    free_port(args.host)?
+                    next_free()?
                 } else {
                     args.base_port + i as u16
                 };
@@ -132,7 +149,7 @@ pub fn run_protocol(args: &InitArgs, protocol: Protocol) -> Result<ClusterConfig
         let metrics = if args.no_metrics {
             None
         } else if args.metrics_base_port == 0 {
-            Some(SocketAddr::new(args.host, free_port(args.host)?))
+            Some(SocketAddr::new(args.host, next_free()?))
         } else {
             Some(SocketAddr::new(
                 args.host,
@@ -200,4 +217,38 @@ pub fn run_protocol(args: &InitArgs, protocol: Protocol) -> Result<ClusterConfig
 
 fn toml_text<T: serde::Serialize>(value: &T) -> Result<String> {
     toml::to_string_pretty(value).context("serialising secrets")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn picked_ports_are_distinct_across_nodes_and_metrics() {
+        for _ in 0..5 {
+            let dir = tempfile::tempdir().unwrap();
+            let config = run(&InitArgs {
+                dir: dir.path().to_path_buf(),
+                f: 3,
+                host: "127.0.0.1".parse().unwrap(),
+                base_port: 0,
+                addresses: Vec::new(),
+                metrics_base_port: 0,
+                no_metrics: false,
+                clients: vec!["admin:rw".into()],
+                force: false,
+            })
+            .unwrap();
+            let mut ports: Vec<u16> = config
+                .nodes
+                .iter()
+                .flat_map(|node| [Some(node.address.port()), node.metrics.map(|m| m.port())])
+                .flatten()
+                .collect();
+            assert_eq!(ports.len(), 20);
+            ports.sort_unstable();
+            ports.dedup();
+            assert_eq!(ports.len(), 20, "a port was picked twice");
+        }
+    }
 }
