@@ -25,6 +25,36 @@ impl fmt::Display for NodeId {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct ClientId(pub u32);
 
+/// A node's position in one replica group for one epoch, `0..n`: what protocol machines index
+/// fragments, MAC slots and quorums by. A node has a slot in every group it belongs to, and the
+/// slots change with the groups; drivers translate slots to nodes through the group's view.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Slot(pub u32);
+
+impl Slot {
+    /// The position as a `usize`, for slices of per-slot values.
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl fmt::Display for Slot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "slot{}", self.0)
+    }
+}
+
+/// Which service a frame, a replica or a storage namespace belongs to: one per protocol a node
+/// runs (registers of each kind, later the configuration service, causal volumes, tables).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ServiceId(pub u16);
+
+impl fmt::Display for ServiceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "service{}", self.0)
+    }
+}
+
 impl fmt::Display for ClientId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "client{}", self.0)

@@ -13,7 +13,7 @@ pub mod ids;
 pub mod wire;
 
 pub use crypto::{Digest, MacKey, Tag};
-pub use ids::{ClientId, Epoch, GroupId, Key, NodeId, Time};
+pub use ids::{ClientId, Epoch, GroupId, Key, NodeId, ServiceId, Slot, Time};
 
 /// The largest object the linearizable register stores in one piece.
 /// Larger objects are refused before any node sees them (chunking comes with the gateway).
