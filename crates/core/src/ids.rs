@@ -49,6 +49,17 @@ impl fmt::Display for Slot {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct ServiceId(pub u16);
 
+impl ServiceId {
+    /// The node itself: status and administration.
+    pub const SYSTEM: ServiceId = ServiceId(0);
+    /// M-PoWerStore registers.
+    pub const POWERSTORE: ServiceId = ServiceId(1);
+    /// Multi-writer ABD registers (the crash-tolerant baseline).
+    pub const ABD: ServiceId = ServiceId(2);
+    /// Phalanx-style registers (the Byzantine baseline with signed versions).
+    pub const PHALANX: ServiceId = ServiceId(3);
+}
+
 impl fmt::Display for ServiceId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "service{}", self.0)

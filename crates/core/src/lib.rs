@@ -8,6 +8,7 @@
 
 pub mod config;
 pub mod crypto;
+pub mod envelope;
 pub mod erasure;
 pub mod ids;
 pub mod wire;

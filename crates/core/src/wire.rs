@@ -30,13 +30,21 @@ pub enum WireError {
 
 /// Encodes `value`.
 pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    encode_after(&[], value)
+}
+
+/// `prefix` followed by the encoding of `value`, in one buffer of the final size (a frame's
+/// header and body).
+pub fn encode_after<T: Serialize>(prefix: &[u8], value: &T) -> Vec<u8> {
     // Sized first: growing the buffer while encoding a frame that carries a fragment would copy
     // the fragment once per doubling (a profile of 1 MiB gets showed as many bytes moved by those
     // reallocations as by the encoding itself). Counting is cheap: no bytes are written.
     // postcard fails only for types serde cannot describe, never for our message types.
     let size = postcard::serialize_with_flavor(value, postcard::ser_flavors::Size::default())
         .unwrap_or_else(|e| unreachable!("postcard size: {e}"));
-    postcard::serialize_with_flavor(value, Presized(Vec::with_capacity(size)))
+    let mut buffer = Vec::with_capacity(prefix.len() + size);
+    buffer.extend_from_slice(prefix);
+    postcard::serialize_with_flavor(value, Presized(buffer))
         .unwrap_or_else(|e| unreachable!("postcard encode: {e}"))
 }
 
