@@ -9,8 +9,9 @@
 #![warn(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::panic))]
 
-pub mod abd;
-pub mod phalanx;
 pub mod powerstore;
+pub mod register;
 pub mod round;
 pub mod service;
+
+pub use register::{abd, phalanx};

@@ -1,23 +1,29 @@
-//! Multi-writer ABD (Attiya, Bar-Noy, Dolev; the multi-writer form of Lynch and Shvartsman): the
-//! crash-tolerant linearizable register PoWerStore's evaluation compares against (spec §6.1,
-//! "M-ABD"). `n = 2f+1` servers, every quorum a majority `f+1`; servers may crash, never lie.
+//! The two-round quorum register both baselines share: multi-writer ABD ([`abd`]) and the
+//! Phalanx-style Byzantine register with writer signatures ([`phalanx`]) are one algorithm with
+//! two [`Policy`]s, which differ only in the group size, how a stored version is made and checked,
+//! and what CLOCK reveals of it.
 //!
-//! - A write asks a majority for their timestamps (CLOCK), then stores `(max.num + 1, writer,
-//!   seq)` with the whole value at a majority (STORE).
-//! - A read asks a majority for their `(ts, value)` (GET), takes the highest, writes it back to a
-//!   majority (WRITE-BACK) unless every reply of the quorum already carried that timestamp, and
-//!   returns it.
+//! - A write asks `n - f` servers for their timestamps (CLOCK), then stores `(max.num + 1, writer,
+//!   seq)` with the whole value at `n - f` servers (STORE).
+//! - A read asks `n - f` servers for their version (GET), takes the highest valid one, writes it
+//!   back to `n - f` servers (WRITE-BACK) unless every reply of the quorum already carried it,
+//!   and returns it.
 //!
-//! A server keeps the highest-timestamped value per key and acknowledges a STORE only once that
-//! value is durable (the driver persists [`Change`]s before the reply leaves). Deletes are
+//! A server keeps the highest-timestamped version per key and acknowledges a STORE only once that
+//! version is durable (the driver persists [`Change`]s before the reply leaves). Deletes are
 //! tombstone writes (`value: None`). `seq` makes timestamps unique per write operation, so two
 //! concurrent writes of one client never share a timestamp.
 
+pub mod abd;
+pub mod phalanx;
+
 use crate::round::{Refusals, RegisterMutations, Replies};
-use bulwark_core::{ClientId, Epoch, GroupId, Key, NodeId, OBJECT_BYTES_MAX};
+use bulwark_core::wire::{DeserializeOwned, Serialize};
+use bulwark_core::{ClientId, Epoch, GroupId, Key, NodeId};
 use bytes::Bytes;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use std::collections::HashMap;
+use std::fmt::Debug;
 
 pub use crate::round::OpId;
 
@@ -26,35 +32,99 @@ pub use crate::round::OpId;
 pub struct Timestamp {
     /// The logical clock; at least 1 for any real write.
     pub num: u64,
-    /// The writer's client index.
+    /// The writer's client index (in Phalanx, the key that must have signed).
     pub writer: ClientId,
     /// Unique per write operation of this writer.
     pub seq: u64,
 }
 
-/// A stored version: its timestamp and value (`None`: a delete).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Entry {
-    /// The version's timestamp.
-    pub ts: Timestamp,
-    /// The whole value; `None` is a tombstone.
-    pub value: Option<Bytes>,
+/// How a reader or writer judges a version a server offered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Judged {
+    /// A version a correct party could have made: it counts.
+    Valid,
+    /// Not even well-formed: the reply is ignored, as if it never came.
+    Ignored,
+    /// Well-formed but provably not what any writer made: the reply counts as "nothing", and the
+    /// server that sent it is named.
+    Forged,
 }
 
-impl Entry {
-    /// Whether a correct party could have made it: a real timestamp, a value within the limit.
-    pub fn is_well_formed(&self) -> bool {
-        self.ts.num >= 1
-            && self
-                .value
-                .as_ref()
-                .is_none_or(|v| v.len() <= OBJECT_BYTES_MAX)
-    }
+/// What a writer makes of a CLOCK reply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Clocked {
+    /// The reply counts, vouching for this timestamp (`None`: nothing stored, or nothing a writer
+    /// made).
+    Counted(Option<Timestamp>),
+    /// No correct server sends this: the reply is ignored, as if it never came.
+    Ignored,
+}
+
+/// What distinguishes one register protocol from the other.
+pub trait Policy: Clone + Debug + PartialEq + Send + Sync + 'static {
+    /// The names of CLOCK, STORE, GET and WRITE-BACK in logs and metrics.
+    const ROUND_NAMES: [&'static str; 4];
+
+    /// A stored version.
+    type Entry: Clone + Debug + PartialEq + Eq + Serialize + DeserializeOwned + Send + Sync;
+    /// What CLOCK returns for a stored version.
+    type Clock: Clone + Debug + PartialEq + Eq + Serialize + DeserializeOwned + Send + Sync;
+    /// What servers and clients need to check versions (the writers' keys).
+    type Context: Clone + Debug + Send + Sync;
+    /// What a writer needs to make a version (its signing key).
+    type Signer: Clone + Send + Sync;
+
+    /// The group size for `f` faults.
+    fn n(f: usize) -> usize;
+
+    /// A version's timestamp.
+    fn ts(entry: &Self::Entry) -> Timestamp;
+
+    /// A version's value (`None`: a delete).
+    fn value(entry: &Self::Entry) -> Option<&Bytes>;
+
+    /// Takes a version's value.
+    fn into_value(entry: Self::Entry) -> Option<Bytes>;
+
+    /// A writer's new version.
+    fn make(
+        signer: &Self::Signer,
+        group: GroupId,
+        key: &Key,
+        ts: Timestamp,
+        value: Option<Bytes>,
+    ) -> Self::Entry;
+
+    /// What CLOCK reveals of a stored version.
+    fn clock(entry: &Self::Entry) -> Self::Clock;
+
+    /// What a writer makes of a CLOCK reply.
+    fn clock_ts(
+        context: &Self::Context,
+        group: GroupId,
+        key: &Key,
+        clock: Option<Self::Clock>,
+    ) -> Clocked;
+
+    /// Whether a server may store `entry` (from a STORE when `store`, else a WRITE-BACK) for
+    /// client `from`; `None` when it may.
+    fn admit(
+        context: &Self::Context,
+        group: GroupId,
+        key: &Key,
+        from: ClientId,
+        store: bool,
+        entry: &Self::Entry,
+    ) -> Option<Refusal>;
+
+    /// How a reader judges a version a server offered.
+    fn judge(context: &Self::Context, group: GroupId, key: &Key, entry: &Self::Entry) -> Judged;
 }
 
 /// A client-to-server message.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Request {
+#[serde(bound = "")]
+pub struct Request<P: Policy> {
     /// The operation.
     pub op: OpId,
     /// The configuration the client believes in.
@@ -64,50 +134,54 @@ pub struct Request {
     /// The register.
     pub key: Key,
     /// The round's payload.
-    pub body: RequestBody,
+    pub body: RequestBody<P>,
 }
 
 /// The rounds.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub enum RequestBody {
+#[serde(bound = "")]
+pub enum RequestBody<P: Policy> {
     /// A writer asks for the stored timestamp.
     Clock,
     /// A writer stores a new version.
-    Store(Entry),
+    Store(P::Entry),
     /// A reader asks for the stored version.
     Get,
     /// A reader writes the version it selected back.
-    WriteBack(Entry),
+    WriteBack(P::Entry),
 }
 
-impl RequestBody {
+impl<P: Policy> RequestBody<P> {
     /// A short name for logs and metrics.
     pub fn name(&self) -> &'static str {
+        let [clock, store, get, write_back] = P::ROUND_NAMES;
         match self {
-            RequestBody::Clock => "abd_clock",
-            RequestBody::Store(_) => "abd_store",
-            RequestBody::Get => "abd_get",
-            RequestBody::WriteBack(_) => "abd_write_back",
+            RequestBody::Clock => clock,
+            RequestBody::Store(_) => store,
+            RequestBody::Get => get,
+            RequestBody::WriteBack(_) => write_back,
         }
     }
 }
 
 /// A server-to-client message.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Response {
+#[serde(bound = "")]
+pub struct Response<P: Policy> {
     /// Echoes the request's operation.
     pub op: OpId,
     /// The round's payload.
-    pub body: ResponseBody,
+    pub body: ResponseBody<P>,
 }
 
 /// Replies.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub enum ResponseBody {
-    /// The stored timestamp; `None` for a key never written here.
-    ClockAck(Option<Timestamp>),
+#[serde(bound = "")]
+pub enum ResponseBody<P: Policy> {
+    /// What the stored version reveals to a writer; `None` for a key never written here.
+    ClockAck(Option<P::Clock>),
     /// The stored version.
-    Value(Option<Entry>),
+    Value(Option<P::Entry>),
     /// The version `ts` (or a newer one) is durable here.
     StoreAck(Timestamp),
     /// The server will not serve this request.
@@ -117,7 +191,7 @@ pub enum ResponseBody {
 /// Why a server refused a request.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum Refusal {
-    /// The client may not write.
+    /// The client may not write, or stored a version made for another writer.
     #[error("not a writer")]
     NotWriter,
     /// The client may not read.
@@ -132,6 +206,9 @@ pub enum Refusal {
     /// The request was malformed; the text says how.
     #[error("malformed request: {0}")]
     Malformed(String),
+    /// The signature does not verify under the writer's registered key.
+    #[error("bad signature")]
+    BadSignature,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -139,23 +216,23 @@ pub enum Refusal {
 
 /// A state change the driver makes durable before sending the reply that came with it.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Change {
+pub enum Change<P: Policy> {
     /// The stored version of `key` is now `entry`.
     Put {
         /// The register.
         key: Key,
         /// The new version.
-        entry: Entry,
+        entry: P::Entry,
     },
 }
 
 /// The outcome of one request: persist `changes`, then send `reply`.
 #[derive(Debug)]
-pub struct Handled {
+pub struct Handled<P: Policy> {
     /// Durable before the reply leaves.
-    pub changes: Vec<Change>,
+    pub changes: Vec<Change<P>>,
     /// The reply.
-    pub reply: Response,
+    pub reply: Response<P>,
     /// Set when the request was refused, for metrics and logs.
     pub refused: Option<Refusal>,
 }
@@ -171,21 +248,23 @@ pub struct ServerStats {
     pub value_bytes: u64,
 }
 
-/// An ABD server: the highest-timestamped version of every key.
-pub struct Server {
+/// A register server: the highest-timestamped valid version of every key.
+pub struct Server<P: Policy> {
     node: NodeId,
     epoch: Epoch,
     group: GroupId,
-    stored: HashMap<Key, Entry>,
+    context: P::Context,
+    stored: HashMap<Key, P::Entry>,
 }
 
-impl Server {
-    /// A server with empty state.
-    pub fn new(node: NodeId, epoch: Epoch, group: GroupId) -> Server {
+impl<P: Policy> Server<P> {
+    /// A server with empty state that checks versions with `context`.
+    pub fn with_context(node: NodeId, epoch: Epoch, group: GroupId, context: P::Context) -> Self {
         Server {
             node,
             epoch,
             group,
+            context,
             stored: HashMap::new(),
         }
     }
@@ -195,20 +274,25 @@ impl Server {
         self.node
     }
 
-    /// Reloads one durable version at start-up; keeps the higher one if called twice.
-    pub fn restore(&mut self, key: Key, entry: Entry) {
+    /// Reloads one durable version at start-up, keeping the higher one if called twice; `false`
+    /// (and nothing kept) when no correct server could have stored it, as after damage on disk.
+    pub fn restore(&mut self, key: Key, entry: P::Entry) -> bool {
+        if P::judge(&self.context, self.group, &key, &entry) != Judged::Valid {
+            return false;
+        }
         self.adopt(key, entry);
+        true
     }
 
     /// The stored version of `key`.
-    pub fn stored(&self, key: &Key) -> Option<&Entry> {
+    pub fn stored(&self, key: &Key) -> Option<&P::Entry> {
         self.stored.get(key)
     }
 
     /// Stores `entry` if it is newer; returns whether it was.
-    fn adopt(&mut self, key: Key, entry: Entry) -> bool {
+    fn adopt(&mut self, key: Key, entry: P::Entry) -> bool {
         match self.stored.get(&key) {
-            Some(current) if current.ts >= entry.ts => false,
+            Some(current) if P::ts(current) >= P::ts(&entry) => false,
             _ => {
                 self.stored.insert(key, entry);
                 true
@@ -216,8 +300,14 @@ impl Server {
         }
     }
 
-    /// Handles one authenticated request from a client with the given rights.
-    pub fn handle(&mut self, may_write: bool, may_read: bool, request: Request) -> Handled {
+    /// Handles one authenticated request from client `from` with the given rights.
+    pub fn serve(
+        &mut self,
+        from: ClientId,
+        may_write: bool,
+        may_read: bool,
+        request: Request<P>,
+    ) -> Handled<P> {
         let refuse = |refusal: Refusal| Handled {
             changes: Vec::new(),
             reply: Response {
@@ -245,12 +335,15 @@ impl Server {
         let mut changes = Vec::new();
         let body = match &request.body {
             RequestBody::Clock => {
-                ResponseBody::ClockAck(self.stored.get(&request.key).map(|e| e.ts))
+                ResponseBody::ClockAck(self.stored.get(&request.key).map(P::clock))
             }
             RequestBody::Get => ResponseBody::Value(self.stored.get(&request.key).cloned()),
             RequestBody::Store(entry) | RequestBody::WriteBack(entry) => {
-                if !entry.is_well_formed() {
-                    return refuse(Refusal::Malformed("timestamp 0 or value too large".into()));
+                let store = matches!(request.body, RequestBody::Store(_));
+                if let Some(refusal) =
+                    P::admit(&self.context, self.group, &request.key, from, store, entry)
+                {
+                    return refuse(refusal);
                 }
                 // A retransmitted or older version is acknowledged without rewriting: what is
                 // stored is at least as new, and durable before this reply leaves.
@@ -260,7 +353,7 @@ impl Server {
                         entry: entry.clone(),
                     });
                 }
-                ResponseBody::StoreAck(entry.ts)
+                ResponseBody::StoreAck(P::ts(entry))
             }
         };
         Handled {
@@ -278,7 +371,7 @@ impl Server {
         let mut stats = ServerStats::default();
         for entry in self.stored.values() {
             stats.keys += 1;
-            if let Some(value) = &entry.value {
+            if let Some(value) = P::value(entry) {
                 stats.objects += 1;
                 stats.value_bytes += value.len() as u64;
             }
@@ -292,10 +385,10 @@ impl Server {
 
 /// What every client operation needs to know about the group.
 #[derive(Clone, Debug)]
-pub struct ClientConfig {
-    /// Group size `2f+1`.
+pub struct ClientConfig<P: Policy> {
+    /// Group size.
     pub n: usize,
-    /// Crashes tolerated.
+    /// Faults tolerated.
     pub f: usize,
     /// Configuration believed in.
     pub epoch: Epoch,
@@ -303,26 +396,29 @@ pub struct ClientConfig {
     pub group: GroupId,
     /// Deliberate breakage for the simulator's negative controls; none in real clients.
     pub mutations: RegisterMutations,
+    /// What checks versions (the writers' keys).
+    pub context: P::Context,
 }
 
-impl ClientConfig {
-    /// A group of `2f+1` in epoch 0, group 0.
-    pub fn new(f: usize) -> ClientConfig {
+impl<P: Policy> ClientConfig<P> {
+    /// A group for `f` faults in epoch 0, group 0.
+    pub fn with_context(f: usize, context: P::Context) -> Self {
         ClientConfig {
-            n: 2 * f + 1,
+            n: P::n(f),
             f,
             epoch: Epoch(0),
             group: GroupId(0),
             mutations: RegisterMutations::default(),
+            context,
         }
     }
 
-    /// A majority: every round's quorum.
+    /// `n - f`: every round's quorum (a majority when `n = 2f+1`).
     pub fn quorum(&self) -> usize {
         self.mutations.quorum(self.n - self.f)
     }
 
-    fn request(&self, op: OpId, key: &Key, body: RequestBody) -> Request {
+    fn request(&self, op: OpId, key: &Key, body: RequestBody<P>) -> Request<P> {
         Request {
             op,
             epoch: self.epoch,
@@ -331,18 +427,25 @@ impl ClientConfig {
             body,
         }
     }
+
+    fn judge(&self, key: &Key, entry: &P::Entry) -> Judged {
+        if self.mutations.unverified {
+            return Judged::Valid;
+        }
+        P::judge(&self.context, self.group, key, entry)
+    }
 }
 
 /// A message to send.
-pub type Outbound = (NodeId, Request);
+pub type Outbound<P> = (NodeId, Request<P>);
 
 /// What a machine says after an input.
-pub type Step<T> = crate::round::Step<T, Request, ProtocolError>;
+pub type Step<P, T> = crate::round::Step<T, Request<P>, ProtocolError>;
 
 /// Why an operation ended without a result.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ProtocolError {
-    /// `f+1` nodes refused.
+    /// `f+1` nodes refused, so at least one correct node did.
     #[error("refused by {} nodes: {refusal}", nodes.len())]
     Refused {
         /// The first refusal.
@@ -366,12 +469,14 @@ pub struct WriteOutcome {
 pub struct ReadOutcome {
     /// The value; `None` when never written or deleted.
     pub value: Option<Bytes>,
-    /// The selected version; `None` when no node held one.
+    /// The selected version; `None` when no node held a valid one.
     pub ts: Option<Timestamp>,
     /// Nodes whose replies completed the last round.
     pub answered_by: Vec<NodeId>,
     /// Whether the read wrote its version back.
     pub wrote_back: bool,
+    /// Nodes that served a version no writer made: provably faulty.
+    pub forgers: Vec<NodeId>,
 }
 
 /// `f+1` refusals end an operation.
@@ -385,34 +490,37 @@ fn refused(
     Some(ProtocolError::Refused { refusal, nodes })
 }
 
-enum WritePhase {
+enum WritePhase<P: Policy> {
     Clock(Replies<Option<Timestamp>>),
-    Store(Replies<()>, Entry),
+    Store(Replies<()>, P::Entry),
     Done,
 }
 
 /// One write (or delete) of one key.
-pub struct WriteOp {
-    config: ClientConfig,
+pub struct WriteOp<P: Policy> {
+    config: ClientConfig<P>,
     key: Key,
     op: OpId,
     writer: ClientId,
     seq: u64,
+    signer: P::Signer,
     value: Option<Bytes>,
-    phase: WritePhase,
+    phase: WritePhase<P>,
     refusals: Refusals<Refusal>,
 }
 
-impl WriteOp {
-    /// A write of `value` (`None` deletes) by `writer`; `seq` must be unique among its writes.
-    pub fn new(
-        config: ClientConfig,
+impl<P: Policy> WriteOp<P> {
+    /// A write of `value` (`None` deletes) by `writer`, made with `signer`; `seq` must be unique
+    /// among its writes.
+    pub fn with_signer(
+        config: ClientConfig<P>,
         key: Key,
         op: OpId,
         writer: ClientId,
         seq: u64,
+        signer: P::Signer,
         value: Option<Bytes>,
-    ) -> WriteOp {
+    ) -> Self {
         let n = config.n;
         WriteOp {
             config,
@@ -420,6 +528,7 @@ impl WriteOp {
             op,
             writer,
             seq,
+            signer,
             value,
             phase: WritePhase::Clock(Replies::new(n)),
             refusals: Refusals::new(n),
@@ -427,13 +536,13 @@ impl WriteOp {
     }
 
     /// The first round: CLOCK to every node.
-    pub fn start(&mut self) -> Vec<Outbound> {
+    pub fn start(&mut self) -> Vec<Outbound<P>> {
         self.retransmit()
     }
 
     /// The current round to every node that has not answered it.
-    pub fn retransmit(&self) -> Vec<Outbound> {
-        let (missing, body): (Vec<NodeId>, RequestBody) = match &self.phase {
+    pub fn retransmit(&self) -> Vec<Outbound<P>> {
+        let (missing, body): (Vec<NodeId>, RequestBody<P>) = match &self.phase {
             WritePhase::Clock(replies) => (replies.missing().collect(), RequestBody::Clock),
             WritePhase::Store(replies, entry) => (
                 replies.missing().collect(),
@@ -457,7 +566,7 @@ impl WriteOp {
     }
 
     /// Feeds one reply.
-    pub fn on_response(&mut self, from: NodeId, response: Response) -> Step<WriteOutcome> {
+    pub fn on_response(&mut self, from: NodeId, response: Response<P>) -> Step<P, WriteOutcome> {
         if response.op != self.op || from.index() >= self.config.n {
             return Step::Continue(Vec::new());
         }
@@ -473,32 +582,39 @@ impl WriteOp {
                     None => Step::Continue(Vec::new()),
                 }
             }
-            (WritePhase::Clock(replies), ResponseBody::ClockAck(ts)) => {
-                if ts.is_some_and(|ts| ts.num == 0) || !replies.record(from, ts) {
+            (WritePhase::Clock(replies), ResponseBody::ClockAck(clock)) => {
+                let config = &self.config;
+                let Clocked::Counted(ts) =
+                    P::clock_ts(&config.context, config.group, &self.key, clock)
+                else {
                     return Step::Continue(Vec::new());
-                }
-                if replies.count() < quorum {
+                };
+                if !replies.record(from, ts) || replies.count() < quorum {
                     return Step::Continue(Vec::new());
                 }
                 let highest = replies.present().filter_map(|(_, ts)| *ts).max();
-                let entry = Entry {
-                    ts: Timestamp {
-                        num: highest.map_or(0, |ts| ts.num).saturating_add(1),
-                        writer: self.writer,
-                        seq: self.seq,
-                    },
-                    value: self.value.take(),
+                let ts = Timestamp {
+                    num: highest.map_or(0, |ts| ts.num).saturating_add(1),
+                    writer: self.writer,
+                    seq: self.seq,
                 };
+                let entry = P::make(
+                    &self.signer,
+                    self.config.group,
+                    &self.key,
+                    ts,
+                    self.value.take(),
+                );
                 self.phase = WritePhase::Store(Replies::new(self.config.n), entry);
                 self.refusals = Refusals::new(self.config.n);
                 Step::Continue(self.retransmit())
             }
             (WritePhase::Store(replies, entry), ResponseBody::StoreAck(ts)) => {
-                if ts != entry.ts || !replies.record(from, ()) || replies.count() < quorum {
+                if ts != P::ts(entry) || !replies.record(from, ()) || replies.count() < quorum {
                     return Step::Continue(Vec::new());
                 }
                 let outcome = WriteOutcome {
-                    ts: entry.ts,
+                    ts,
                     acknowledged_by: replies.nodes(),
                 };
                 self.phase = WritePhase::Done;
@@ -510,24 +626,25 @@ impl WriteOp {
     }
 }
 
-enum ReadPhase {
-    Get(Replies<Option<Entry>>),
-    WriteBack(Replies<()>, Entry),
+enum ReadPhase<P: Policy> {
+    Get(Replies<Option<P::Entry>>),
+    WriteBack(Replies<()>, P::Entry),
     Done,
 }
 
 /// One read of one key.
-pub struct ReadOp {
-    config: ClientConfig,
+pub struct ReadOp<P: Policy> {
+    config: ClientConfig<P>,
     key: Key,
     op: OpId,
-    phase: ReadPhase,
+    phase: ReadPhase<P>,
     refusals: Refusals<Refusal>,
+    forgers: Vec<NodeId>,
 }
 
-impl ReadOp {
+impl<P: Policy> ReadOp<P> {
     /// A read of `key`.
-    pub fn new(config: ClientConfig, key: Key, op: OpId) -> ReadOp {
+    pub fn new(config: ClientConfig<P>, key: Key, op: OpId) -> Self {
         let n = config.n;
         ReadOp {
             config,
@@ -535,17 +652,18 @@ impl ReadOp {
             op,
             phase: ReadPhase::Get(Replies::new(n)),
             refusals: Refusals::new(n),
+            forgers: Vec::new(),
         }
     }
 
     /// The first round: GET to every node.
-    pub fn start(&mut self) -> Vec<Outbound> {
+    pub fn start(&mut self) -> Vec<Outbound<P>> {
         self.retransmit()
     }
 
     /// The current round to every node that has not answered it.
-    pub fn retransmit(&self) -> Vec<Outbound> {
-        let (missing, body): (Vec<NodeId>, RequestBody) = match &self.phase {
+    pub fn retransmit(&self) -> Vec<Outbound<P>> {
+        let (missing, body): (Vec<NodeId>, RequestBody<P>) = match &self.phase {
             ReadPhase::Get(replies) => (replies.missing().collect(), RequestBody::Get),
             ReadPhase::WriteBack(replies, entry) => (
                 replies.missing().collect(),
@@ -569,7 +687,7 @@ impl ReadOp {
     }
 
     /// Feeds one reply.
-    pub fn on_response(&mut self, from: NodeId, response: Response) -> Step<ReadOutcome> {
+    pub fn on_response(&mut self, from: NodeId, response: Response<P>) -> Step<P, ReadOutcome> {
         if response.op != self.op || from.index() >= self.config.n {
             return Step::Continue(Vec::new());
         }
@@ -586,29 +704,42 @@ impl ReadOp {
                 }
             }
             (ReadPhase::Get(replies), ResponseBody::Value(entry)) => {
-                if entry.as_ref().is_some_and(|e| !e.is_well_formed())
-                    || !replies.record(from, entry)
-                    || replies.count() < quorum
-                {
+                let judged = entry
+                    .as_ref()
+                    .map_or(Judged::Valid, |e| self.config.judge(&self.key, e));
+                // A malformed version is no answer at all; a forged one counts as "nothing" and
+                // names the forger.
+                let entry = match judged {
+                    Judged::Ignored => return Step::Continue(Vec::new()),
+                    Judged::Forged => None,
+                    Judged::Valid => entry,
+                };
+                if !replies.record(from, entry) {
+                    return Step::Continue(Vec::new());
+                }
+                if judged == Judged::Forged {
+                    self.forgers.push(from);
+                }
+                if replies.count() < quorum {
                     return Step::Continue(Vec::new());
                 }
                 let highest = replies
                     .present()
                     .filter_map(|(_, e)| e.as_ref())
-                    .max_by_key(|e| e.ts)
+                    .max_by_key(|e| P::ts(e))
                     .cloned();
+                let nodes = replies.nodes();
                 let Some(highest) = highest else {
-                    // No node of a majority holds anything: no write has completed, and no read
-                    // returned a value (both leave a majority holding it).
-                    let nodes = replies.nodes();
+                    // No valid version among n - f: no write completed (it would leave a correct
+                    // holder in every quorum) and no read returned one.
                     return self.finish(None, nodes, false);
                 };
-                // Every reply already holds the version: a majority stores it, no write-back.
+                // Every reply of the quorum holds it: every later quorum meets a correct holder,
+                // so no write-back is needed.
                 let everywhere = replies
                     .present()
-                    .all(|(_, e)| e.as_ref().is_some_and(|e| e.ts == highest.ts));
+                    .all(|(_, e)| e.as_ref().is_some_and(|e| P::ts(e) == P::ts(&highest)));
                 if everywhere || self.config.mutations.no_write_back {
-                    let nodes = replies.nodes();
                     return self.finish(Some(highest), nodes, false);
                 }
                 self.phase = ReadPhase::WriteBack(Replies::new(self.config.n), highest);
@@ -616,7 +747,7 @@ impl ReadOp {
                 Step::Continue(self.retransmit())
             }
             (ReadPhase::WriteBack(replies, entry), ResponseBody::StoreAck(ts)) => {
-                if ts != entry.ts || !replies.record(from, ()) || replies.count() < quorum {
+                if ts != P::ts(entry) || !replies.record(from, ()) || replies.count() < quorum {
                     return Step::Continue(Vec::new());
                 }
                 let entry = entry.clone();
@@ -629,20 +760,18 @@ impl ReadOp {
 
     fn finish(
         &mut self,
-        entry: Option<Entry>,
+        entry: Option<P::Entry>,
         answered_by: Vec<NodeId>,
         wrote_back: bool,
-    ) -> Step<ReadOutcome> {
+    ) -> Step<P, ReadOutcome> {
         self.phase = ReadPhase::Done;
-        let ts = entry.as_ref().map(|e| e.ts);
+        let ts = entry.as_ref().map(P::ts);
         Step::Done(Ok(ReadOutcome {
-            value: entry.and_then(|e| e.value),
+            value: entry.and_then(P::into_value),
             ts,
             answered_by,
             wrote_back,
+            forgers: std::mem::take(&mut self.forgers),
         }))
     }
 }
-
-#[cfg(test)]
-mod tests;
