@@ -10,6 +10,7 @@ pub mod config;
 pub mod crypto;
 pub mod erasure;
 pub mod ids;
+pub mod sign;
 pub mod wire;
 
 pub use crypto::{Digest, MacKey, Tag};
