@@ -9,6 +9,7 @@
 pub mod config;
 pub mod crypto;
 pub mod erasure;
+pub mod evidence;
 pub mod ids;
 pub mod sign;
 pub mod wire;
