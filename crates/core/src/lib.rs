@@ -11,6 +11,7 @@ pub mod crypto;
 pub mod erasure;
 pub mod evidence;
 pub mod ids;
+pub mod membership;
 pub mod sign;
 pub mod wire;
 
