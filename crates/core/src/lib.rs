@@ -1,5 +1,6 @@
 //! Vocabulary shared by every Bulwark crate: identities, object keys, time as a value, hashes and
-//! MACs, the erasure-code trait and the bounded wire codec.
+//! MACs, signatures, evidence of misbehaviour, membership and placement, the erasure-code trait
+//! and the bounded wire codec.
 //!
 //! Nothing here does I/O or reads a clock, so the protocol machines that build on it stay
 //! deterministic (DESIGN.md §2).
