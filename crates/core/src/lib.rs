@@ -1,5 +1,6 @@
 //! Vocabulary shared by every Bulwark crate: identities, object keys, time as a value, hashes and
-//! MACs, the erasure-code trait and the bounded wire codec.
+//! MACs, signatures, evidence of misbehaviour, membership and placement, the erasure-code trait
+//! and the bounded wire codec.
 //!
 //! Nothing here does I/O or reads a clock, so the protocol machines that build on it stay
 //! deterministic (DESIGN.md §2).
@@ -10,7 +11,10 @@ pub mod config;
 pub mod crypto;
 pub mod envelope;
 pub mod erasure;
+pub mod evidence;
 pub mod ids;
+pub mod membership;
+pub mod sign;
 pub mod wire;
 
 pub use crypto::{Digest, MacKey, Tag};

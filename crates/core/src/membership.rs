@@ -1,0 +1,680 @@
+//! Who the members are, apart from where they sit: identities ([`Member`]) and the placement of
+//! keys on replica groups by consistent hashing (Rosebud §2.3).
+//!
+//! Every member has a position on a ring of 2^256 points, and so does every key. A key is stored
+//! by the first `3f+1` members whose positions are equal to or follow the key's point, clockwise
+//! and wrapping around, as in Chord. The members between two neighbours on the ring therefore
+//! serve the same keys: each member starts exactly one group, so a placement of `N` members has
+//! `N` groups, and each member belongs to `3f+1` of them.
+//!
+//! Positions are SHA-256 (Rosebud spec §8.18: SHA-1 is broken, so m = 256) of a domain string and
+//! the member's [`NodeId`]. Node ids are assigned by whoever writes the configuration, never by
+//! the node, so a node cannot pick its place on the ring (Rosebud §3.2). Everything here is a
+//! pure function of the member list and the parameters, so every node and client that holds the
+//! same configuration computes the same groups.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+use sha2::Digest as _;
+
+use crate::config::Fingerprint;
+use crate::ids::{Epoch, GroupId, NodeId, Slot};
+use crate::sign::PublicKey;
+
+/// The domain a member's ring position is hashed under. Changing it moves every key.
+const NODE_DOMAIN: &[u8] = b"bulwark.placement.node.v1";
+/// The domain a key's ring point is hashed under. Changing it moves every key.
+const KEY_DOMAIN: &[u8] = b"bulwark.placement.key.v1";
+
+/// A storage node as the configuration lists it: its stable identity, where to reach it, the TLS
+/// certificate it must present, and the key it signs with.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    /// Its id, stable for as long as it is a member, whatever groups it is in.
+    pub id: NodeId,
+    /// Where clients and peers reach it.
+    pub address: SocketAddr,
+    /// Its pinned TLS certificate.
+    pub fingerprint: Fingerprint,
+    /// The key its transferable statements (and proofs against it) verify under.
+    pub signing_key: PublicKey,
+}
+
+/// A point on the ring: 256 bits, compared as a big-endian number.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RingPoint(pub [u8; 32]);
+
+impl RingPoint {
+    /// The position of the member `node`: `SHA-256("bulwark.placement.node.v1" || id as u32 BE)`.
+    pub fn of_node(node: NodeId) -> RingPoint {
+        RingPoint::hash(NODE_DOMAIN, &node.0.to_be_bytes())
+    }
+
+    /// The point of `key`: `SHA-256("bulwark.placement.key.v1" || key)`. Hashing spreads keys
+    /// evenly whatever their names, and one fixed domain per use keeps key points and node
+    /// positions from being computed from the same input.
+    pub fn of_key(key: &[u8]) -> RingPoint {
+        RingPoint::hash(KEY_DOMAIN, key)
+    }
+
+    fn hash(domain: &[u8], data: &[u8]) -> RingPoint {
+        let mut hasher = sha2::Sha256::new();
+        hasher.update(domain);
+        hasher.update(data);
+        RingPoint(hasher.finalize().into())
+    }
+}
+
+impl fmt::Debug for RingPoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RingPoint({})", &hex::encode(self.0)[..12])
+    }
+}
+
+/// How large the groups are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct PlacementParams {
+    /// Faults tolerated per group: groups have `3f+1` members.
+    pub f: usize,
+}
+
+impl PlacementParams {
+    /// Groups of `3f+1` tolerating `f` Byzantine members each.
+    pub fn new(f: usize) -> PlacementParams {
+        PlacementParams { f }
+    }
+
+    /// Members per group. Saturates, so an absurd `f` asks for more members than any list has
+    /// and is refused as such.
+    pub fn group_size(&self) -> usize {
+        self.f.saturating_mul(3).saturating_add(1)
+    }
+}
+
+/// Why a member list or a group cannot be used.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PlacementError {
+    /// A group needs `3f+1` distinct members, so the ring must have at least that many.
+    #[error("{members} members cannot form groups of {needed}")]
+    TooFewMembers {
+        /// Members offered.
+        members: usize,
+        /// The group size.
+        needed: usize,
+    },
+    /// Two members with one id.
+    #[error("{0} is listed twice")]
+    DuplicateId(NodeId),
+    /// Two members claim one identity (address, certificate or signing key). One principal in two
+    /// places would count twice towards a group's `3f+1`, so a single fault could be two.
+    #[error("{first} and {second} share {what}")]
+    SharedIdentity {
+        /// The lower id.
+        first: NodeId,
+        /// The higher id.
+        second: NodeId,
+        /// Which field they share.
+        what: &'static str,
+    },
+    /// A group must have members.
+    #[error("a group needs members")]
+    EmptyGroup,
+    /// A node listed twice in one group would hold two slots.
+    #[error("{0} appears twice in the group")]
+    DuplicateInGroup(NodeId),
+}
+
+/// One replica group in one epoch: its members in slot order.
+///
+/// Protocol machines work in slots (`0..n`); drivers translate slots to nodes and back through
+/// this view.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct GroupView {
+    id: GroupId,
+    epoch: Epoch,
+    members: Vec<NodeId>,
+}
+
+impl GroupView {
+    /// A group with `members` in slot order, refusing an empty list or a node listed twice.
+    pub fn new(
+        id: GroupId,
+        epoch: Epoch,
+        members: Vec<NodeId>,
+    ) -> Result<GroupView, PlacementError> {
+        if members.is_empty() {
+            return Err(PlacementError::EmptyGroup);
+        }
+        for (i, node) in members.iter().enumerate() {
+            if members[..i].contains(node) {
+                return Err(PlacementError::DuplicateInGroup(*node));
+            }
+        }
+        Ok(GroupView { id, epoch, members })
+    }
+
+    /// Which group.
+    pub fn id(&self) -> GroupId {
+        self.id
+    }
+
+    /// The epoch of the configuration the view comes from.
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    /// The members, slot 0 first.
+    pub fn members(&self) -> &[NodeId] {
+        &self.members
+    }
+
+    /// `n`, the number of members.
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Never true: a view always has members. (For clippy's `len_without_is_empty`.)
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// Whether `node` is a member.
+    pub fn contains(&self, node: NodeId) -> bool {
+        self.members.contains(&node)
+    }
+
+    /// `node`'s slot, if it is a member.
+    pub fn slot_of(&self, node: NodeId) -> Option<Slot> {
+        let index = self.members.iter().position(|&member| member == node)?;
+        u32::try_from(index).ok().map(Slot)
+    }
+
+    /// The node in `slot`, if the slot exists.
+    pub fn node(&self, slot: Slot) -> Option<NodeId> {
+        self.members.get(slot.index()).copied()
+    }
+}
+
+/// The groups of one configuration: members on the ring, and which of them serve each key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placement {
+    epoch: Epoch,
+    params: PlacementParams,
+    /// Members in ring order: by position, then id (two ids on one position would need a SHA-256
+    /// collision, but the order must be total for every node to agree).
+    ring: Vec<(RingPoint, Member)>,
+    /// Each member's index in `ring`.
+    index: BTreeMap<NodeId, usize>,
+}
+
+impl Placement {
+    /// Places `members` (in any order) for `epoch`.
+    ///
+    /// Refuses fewer than `3f+1` members, repeated ids, and two members sharing an address, a
+    /// certificate or a signing key. Errors name the lowest offending ids, so every node reports
+    /// the same problem for the same list.
+    pub fn new(
+        epoch: Epoch,
+        params: PlacementParams,
+        members: Vec<Member>,
+    ) -> Result<Placement, PlacementError> {
+        let needed = params.group_size();
+        if members.len() < needed {
+            return Err(PlacementError::TooFewMembers {
+                members: members.len(),
+                needed,
+            });
+        }
+        let mut by_id = members;
+        by_id.sort_by_key(|member| member.id);
+        let mut addresses = BTreeMap::new();
+        let mut fingerprints = BTreeMap::new();
+        let mut keys = BTreeMap::new();
+        for (i, member) in by_id.iter().enumerate() {
+            if i > 0 && by_id[i - 1].id == member.id {
+                return Err(PlacementError::DuplicateId(member.id));
+            }
+            let shared = |first, what| PlacementError::SharedIdentity {
+                first,
+                second: member.id,
+                what,
+            };
+            if let Some(first) = addresses.insert(member.address, member.id) {
+                return Err(shared(first, "an address"));
+            }
+            if let Some(first) = fingerprints.insert(member.fingerprint, member.id) {
+                return Err(shared(first, "a certificate fingerprint"));
+            }
+            if let Some(first) = keys.insert(member.signing_key, member.id) {
+                return Err(shared(first, "a signing key"));
+            }
+        }
+        let mut ring: Vec<(RingPoint, Member)> = by_id
+            .into_iter()
+            .map(|member| (RingPoint::of_node(member.id), member))
+            .collect();
+        ring.sort_by(|(a, x), (b, y)| a.cmp(b).then(x.id.cmp(&y.id)));
+        let index = ring
+            .iter()
+            .enumerate()
+            .map(|(i, (_, member))| (member.id, i))
+            .collect();
+        Ok(Placement {
+            epoch,
+            params,
+            ring,
+            index,
+        })
+    }
+
+    /// The epoch whose configuration this is.
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    /// The group parameters.
+    pub fn params(&self) -> PlacementParams {
+        self.params
+    }
+
+    /// How many members.
+    pub fn len(&self) -> usize {
+        self.ring.len()
+    }
+
+    /// Never true: a placement has at least `3f+1` members. (For clippy's
+    /// `len_without_is_empty`.)
+    pub fn is_empty(&self) -> bool {
+        self.ring.is_empty()
+    }
+
+    /// The members in ring order.
+    pub fn members(&self) -> impl Iterator<Item = &Member> {
+        self.ring.iter().map(|(_, member)| member)
+    }
+
+    /// The member `node`, if it is one.
+    pub fn member(&self, node: NodeId) -> Option<&Member> {
+        self.index.get(&node).map(|&i| &self.ring[i].1)
+    }
+
+    /// The group that serves `key`.
+    pub fn group_of(&self, key: &[u8]) -> GroupView {
+        self.group_at(RingPoint::of_key(key))
+    }
+
+    /// The group that serves `point`: the first `3f+1` members at or after it, clockwise.
+    pub fn group_at(&self, point: RingPoint) -> GroupView {
+        let first = self.ring.partition_point(|(position, _)| *position < point);
+        // Past the last member the ring wraps to the first.
+        self.group_starting_at(if first == self.ring.len() { 0 } else { first })
+    }
+
+    /// Every group, in ring order of their first members: one per member, because the keys
+    /// between a member and its predecessor are exactly the keys whose group starts there.
+    pub fn groups(&self) -> Vec<GroupView> {
+        (0..self.ring.len())
+            .map(|start| self.group_starting_at(start))
+            .collect()
+    }
+
+    /// The group with `id`, if this placement has it.
+    pub fn group(&self, id: GroupId) -> Option<GroupView> {
+        self.index
+            .get(&NodeId(id.0))
+            .map(|&start| self.group_starting_at(start))
+    }
+
+    /// The groups `node` is a member of, in ring order of their first members: `3f+1` of them
+    /// for a member (those starting at it and at each of its `3f` predecessors), none otherwise.
+    pub fn groups_of(&self, node: NodeId) -> Vec<GroupView> {
+        let Some(&at) = self.index.get(&node) else {
+            return Vec::new();
+        };
+        let ring = self.ring.len();
+        let mut starts: Vec<usize> = (0..self.params.group_size())
+            .map(|back| (at + ring - back) % ring)
+            .collect();
+        starts.sort_unstable();
+        starts
+            .into_iter()
+            .map(|start| self.group_starting_at(start))
+            .collect()
+    }
+
+    /// The group whose slot 0 is `ring[start]`.
+    ///
+    /// Its id is its first member's [`NodeId`]: unique within a placement (each member starts one
+    /// group), computable by anyone from the configuration, and unchanged across epochs for as
+    /// long as that member stays, even as members elsewhere on the ring come and go. The group's
+    /// members may still change between epochs; `(id, epoch)` names one membership.
+    fn group_starting_at(&self, start: usize) -> GroupView {
+        let ring = self.ring.len();
+        let members = (0..self.params.group_size())
+            .map(|offset| self.ring[(start + offset) % ring].1.id)
+            .collect();
+        GroupView {
+            id: GroupId(self.ring[start].1.id.0),
+            epoch: self.epoch,
+            members,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sign::SecretKey;
+    use proptest::prelude::*;
+    use std::collections::BTreeSet;
+    use std::net::Ipv4Addr;
+    use std::sync::LazyLock;
+
+    /// Distinct public keys, made once: deriving one costs a scalar multiplication.
+    static KEYS: LazyLock<Vec<PublicKey>> = LazyLock::new(|| {
+        (0..64u8)
+            .map(|i| SecretKey::from_seed(&[i; 32]).public_key())
+            .collect()
+    });
+
+    fn member(id: u32, key: usize) -> Member {
+        Member {
+            id: NodeId(id),
+            address: SocketAddr::from((Ipv4Addr::from(id), 7000)),
+            fingerprint: Fingerprint(blake3::hash(&id.to_be_bytes()).into()),
+            signing_key: KEYS[key],
+        }
+    }
+
+    fn members(ids: impl IntoIterator<Item = u32>) -> Vec<Member> {
+        ids.into_iter()
+            .enumerate()
+            .map(|(i, id)| member(id, i))
+            .collect()
+    }
+
+    fn placement(f: usize, ids: impl IntoIterator<Item = u32>) -> Placement {
+        Placement::new(Epoch(3), PlacementParams::new(f), members(ids)).unwrap()
+    }
+
+    /// The successors of `point` computed the slow, obvious way.
+    fn successors(ids: &[u32], n: usize, point: RingPoint) -> Vec<NodeId> {
+        let mut ring: Vec<(RingPoint, NodeId)> = ids
+            .iter()
+            .map(|&id| (RingPoint::of_node(NodeId(id)), NodeId(id)))
+            .collect();
+        ring.sort();
+        let after: Vec<NodeId> = ring
+            .iter()
+            .filter(|(position, _)| *position >= point)
+            .chain(ring.iter().filter(|(position, _)| *position < point))
+            .map(|&(_, id)| id)
+            .collect();
+        after[..n].to_vec()
+    }
+
+    #[test]
+    fn positions_are_pinned() {
+        // Changing the derivation moves every key in every deployed cluster: do it on purpose.
+        assert_eq!(
+            hex::encode(RingPoint::of_node(NodeId(0)).0),
+            "7bbbbb9ae4b13f8a325439318e08d0e5e1f218dfec51ba3719e7fcc401d014d0"
+        );
+        assert_eq!(
+            hex::encode(RingPoint::of_node(NodeId(7)).0),
+            "7f465b0bee46c5984d89cfb777066fddc2a741ecb619b769c85d705faac06dca"
+        );
+        assert_eq!(
+            hex::encode(RingPoint::of_key(b"hello").0),
+            "c98985cdd4770b2a109039d368df5c46b9cd3b2706916bf252d0cc689255d128"
+        );
+    }
+
+    #[test]
+    fn with_seven_members_and_f_1_every_member_is_in_four_groups() {
+        let placement = placement(1, 0..7);
+        let groups = placement.groups();
+        assert_eq!(groups.len(), 7);
+        for node in (0..7).map(NodeId) {
+            let of = placement.groups_of(node);
+            assert_eq!(of.len(), 4, "{node}");
+            assert_eq!(
+                of,
+                groups
+                    .iter()
+                    .filter(|g| g.contains(node))
+                    .cloned()
+                    .collect::<Vec<_>>()
+            );
+            // One of them starts at the node, where it has slot 0; in the others it is further
+            // round.
+            let mut slots: Vec<Slot> = of.iter().map(|g| g.slot_of(node).unwrap()).collect();
+            slots.sort();
+            assert_eq!(slots, (0..4).map(Slot).collect::<Vec<_>>());
+        }
+        assert!(placement.groups_of(NodeId(99)).is_empty());
+    }
+
+    #[test]
+    fn a_key_goes_to_the_members_at_or_after_its_point_wrapping_round() {
+        let placement = placement(1, 0..7);
+        let ring: Vec<NodeId> = placement.members().map(|m| m.id).collect();
+        let ids: Vec<u32> = (0..7).collect();
+
+        // After the last position: wraps to the first members.
+        let top = placement.group_at(RingPoint([0xff; 32]));
+        assert_eq!(top.members(), &ring[..4]);
+        assert_eq!(top.members(), successors(&ids, 4, RingPoint([0xff; 32])));
+        // Before the first position: the same group, without wrapping.
+        assert_eq!(placement.group_at(RingPoint([0; 32])), top);
+
+        // Exactly on a member's position: that member is first ("equal to or follow").
+        for (i, &node) in ring.iter().enumerate() {
+            let at = RingPoint::of_node(node);
+            let group = placement.group_at(at);
+            assert_eq!(group.node(Slot(0)), Some(node));
+            assert_eq!(group.id(), GroupId(node.0));
+            let expected: Vec<NodeId> = (0..4).map(|k| ring[(i + k) % 7]).collect();
+            assert_eq!(group.members(), expected);
+            // One past the previous member's position lands on the same group; for the first
+            // member that point lies past the last member, and wraps.
+            let mut after_previous = RingPoint::of_node(ring[(i + 6) % 7]).0;
+            increment(&mut after_previous);
+            assert_eq!(placement.group_at(RingPoint(after_previous)), group);
+        }
+        // The groups starting at the last three members wrap round the top of the ring.
+        let last = placement.group(GroupId(ring[6].0)).unwrap();
+        assert_eq!(last.members(), &[ring[6], ring[0], ring[1], ring[2]]);
+    }
+
+    fn increment(point: &mut [u8; 32]) {
+        for byte in point.iter_mut().rev() {
+            let (sum, carry) = byte.overflowing_add(1);
+            *byte = sum;
+            if !carry {
+                return;
+            }
+        }
+    }
+
+    #[test]
+    fn with_exactly_3f_plus_1_members_every_group_is_everyone_in_a_rotated_order() {
+        let placement = placement(1, [10, 20, 30, 40]);
+        let groups = placement.groups();
+        assert_eq!(groups.len(), 4);
+        for group in &groups {
+            let set: BTreeSet<NodeId> = group.members().iter().copied().collect();
+            assert_eq!(set.len(), 4);
+            assert_eq!(group.epoch(), Epoch(3));
+        }
+        let firsts: BTreeSet<NodeId> = groups.iter().map(|g| g.node(Slot(0)).unwrap()).collect();
+        assert_eq!(firsts.len(), 4);
+    }
+
+    #[test]
+    fn unusable_member_lists_are_refused() {
+        let params = PlacementParams::new(1);
+        assert_eq!(
+            Placement::new(Epoch(0), params, members(0..3)),
+            Err(PlacementError::TooFewMembers {
+                members: 3,
+                needed: 4
+            })
+        );
+        assert!(matches!(
+            Placement::new(Epoch(0), PlacementParams::new(usize::MAX), members(0..4)),
+            Err(PlacementError::TooFewMembers { .. })
+        ));
+
+        let mut twice = members(0..5);
+        twice[4].id = NodeId(2);
+        twice[4].address = SocketAddr::from(([10, 9, 9, 9], 1));
+        assert_eq!(
+            Placement::new(Epoch(0), params, twice),
+            Err(PlacementError::DuplicateId(NodeId(2)))
+        );
+
+        let mut shared = members(0..5);
+        shared[1].address = shared[3].address;
+        assert_eq!(
+            Placement::new(Epoch(0), params, shared),
+            Err(PlacementError::SharedIdentity {
+                first: NodeId(1),
+                second: NodeId(3),
+                what: "an address"
+            })
+        );
+        let mut shared = members(0..5);
+        shared[4].fingerprint = shared[0].fingerprint;
+        assert!(matches!(
+            Placement::new(Epoch(0), params, shared),
+            Err(PlacementError::SharedIdentity {
+                what: "a certificate fingerprint",
+                ..
+            })
+        ));
+        let mut shared = members(0..5);
+        shared[2].signing_key = shared[0].signing_key;
+        assert!(matches!(
+            Placement::new(Epoch(0), params, shared),
+            Err(PlacementError::SharedIdentity {
+                what: "a signing key",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn group_views_translate_slots_and_nodes() {
+        let view =
+            GroupView::new(GroupId(5), Epoch(1), vec![NodeId(5), NodeId(9), NodeId(2)]).unwrap();
+        assert_eq!(view.slot_of(NodeId(9)), Some(Slot(1)));
+        assert_eq!(view.node(Slot(2)), Some(NodeId(2)));
+        assert_eq!(view.slot_of(NodeId(4)), None);
+        assert_eq!(view.node(Slot(3)), None);
+        assert_eq!(view.len(), 3);
+        assert!(!view.is_empty());
+        assert_eq!(
+            GroupView::new(GroupId(5), Epoch(1), vec![]),
+            Err(PlacementError::EmptyGroup)
+        );
+        assert_eq!(
+            GroupView::new(GroupId(5), Epoch(1), vec![NodeId(1), NodeId(2), NodeId(1)]),
+            Err(PlacementError::DuplicateInGroup(NodeId(1)))
+        );
+    }
+
+    #[test]
+    fn members_round_trip_through_the_wire_and_toml() {
+        let member = member(3, 3);
+        assert_eq!(
+            crate::wire::decode::<Member>(&crate::wire::encode(&member), 1024).unwrap(),
+            member
+        );
+        let text = toml::to_string(&member).unwrap();
+        assert_eq!(toml::from_str::<Member>(&text).unwrap(), member);
+    }
+
+    /// A member list of 1 to 40 distinct ids and an `f` it can serve.
+    fn ring() -> impl Strategy<Value = (Vec<u32>, usize)> {
+        prop::collection::btree_set(any::<u32>(), 1..40).prop_flat_map(|ids| {
+            let max_f = (ids.len() - 1) / 3;
+            (Just(ids.into_iter().collect::<Vec<u32>>()), 0..=max_f)
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn every_key_maps_to_its_3f_plus_1_successors(
+            (ids, f) in ring(),
+            keys in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..48), 1..16),
+        ) {
+            let placement = placement(f, ids.iter().copied());
+            let groups = placement.groups();
+            prop_assert_eq!(groups.len(), ids.len());
+            for key in &keys {
+                let group = placement.group_of(key);
+                prop_assert_eq!(group.len(), 3 * f + 1);
+                let distinct: BTreeSet<NodeId> = group.members().iter().copied().collect();
+                prop_assert_eq!(distinct.len(), 3 * f + 1);
+                prop_assert!(distinct.iter().all(|&node| placement.member(node).is_some()));
+                prop_assert_eq!(
+                    group.members(),
+                    successors(&ids, 3 * f + 1, RingPoint::of_key(key))
+                );
+                prop_assert!(groups.contains(&group));
+                prop_assert_eq!(placement.group(group.id()), Some(group.clone()));
+                prop_assert_eq!(group.epoch(), Epoch(3));
+            }
+        }
+
+        #[test]
+        fn every_member_is_in_exactly_3f_plus_1_groups((ids, f) in ring()) {
+            let placement = placement(f, ids.iter().copied());
+            let groups = placement.groups();
+            let group_ids: BTreeSet<GroupId> = groups.iter().map(|g| g.id()).collect();
+            prop_assert_eq!(group_ids.len(), groups.len());
+            for &id in &ids {
+                let node = NodeId(id);
+                let of = placement.groups_of(node);
+                prop_assert_eq!(of.len(), 3 * f + 1);
+                let expected: Vec<GroupView> =
+                    groups.iter().filter(|g| g.contains(node)).cloned().collect();
+                prop_assert_eq!(&of, &expected);
+                for group in &of {
+                    let slot = group.slot_of(node).unwrap();
+                    prop_assert_eq!(group.node(slot), Some(node));
+                }
+            }
+        }
+
+        #[test]
+        fn placement_depends_on_the_members_not_their_order(
+            ((ids, f), shuffled) in ring().prop_flat_map(|(ids, f)| {
+                let shuffled = Just(ids.clone()).prop_shuffle();
+                (Just((ids, f)), shuffled)
+            }),
+            key in prop::collection::vec(any::<u8>(), 0..48),
+        ) {
+            // The same members, with the same keys and addresses, listed in another order.
+            let listed = members(ids.iter().copied());
+            let mut reordered: Vec<Member> = shuffled
+                .iter()
+                .map(|id| listed.iter().find(|m| m.id.0 == *id).cloned().unwrap())
+                .collect();
+            let a = Placement::new(Epoch(3), PlacementParams::new(f), listed).unwrap();
+            let b = Placement::new(Epoch(3), PlacementParams::new(f), reordered.clone()).unwrap();
+            prop_assert_eq!(&a, &b);
+            prop_assert_eq!(a.group_of(&key), b.group_of(&key));
+            prop_assert_eq!(a.groups(), b.groups());
+            prop_assert_eq!(a.group_of(&key), a.group_of(&key));
+            reordered.reverse();
+            let c = Placement::new(Epoch(3), PlacementParams::new(f), reordered).unwrap();
+            prop_assert_eq!(a.groups(), c.groups());
+        }
+    }
+}
