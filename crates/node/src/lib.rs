@@ -76,6 +76,15 @@ pub enum NodeError {
         /// What the store said.
         reason: String,
     },
+    /// The store is intact but in a format this release does not read: a copy would not help,
+    /// so the store's own advice is all there is to say.
+    #[error("cannot open the store in {path}: {reason}")]
+    StoreFormat {
+        /// The data directory.
+        path: PathBuf,
+        /// Which formats, and what to do.
+        reason: StorageError,
+    },
     /// The durable store failed.
     #[error("storage: {0}")]
     Storage(StorageError),
@@ -197,12 +206,7 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
     }
 
     let started = Instant::now();
-    let store = Arc::new(
-        Store::open(&options.data_dir).map_err(|e| NodeError::OpenStore {
-            path: options.data_dir.clone(),
-            reason: e.to_string(),
-        })?,
-    );
+    let store = Arc::new(open_store(&options.data_dir)?);
     let rejections = Rejections::default();
     // One group per node until Rosebud places many.
     let group = bulwark_core::GroupId(0);
@@ -336,6 +340,20 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
     }
     tracing::info!(node = id.0, "stopped");
     Ok(())
+}
+
+/// Opens the store in `data_dir`, saying what to do about a store this release cannot open.
+fn open_store(data_dir: &Path) -> Result<Store, NodeError> {
+    Store::open(data_dir).map_err(|error| match error {
+        StorageError::Format { .. } => NodeError::StoreFormat {
+            path: data_dir.to_path_buf(),
+            reason: error,
+        },
+        error => NodeError::OpenStore {
+            path: data_dir.to_path_buf(),
+            reason: error.to_string(),
+        },
+    })
 }
 
 /// Resolves on SIGTERM or SIGINT, naming it; never when no handler can be installed.
@@ -638,16 +656,47 @@ mod tests {
     fn a_store_that_cannot_be_opened_is_a_clear_error() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("state.redb"), vec![0x5a; 8192]).unwrap();
-        let error = Store::open(dir.path())
-            .map_err(|e| NodeError::OpenStore {
-                path: dir.path().to_path_buf(),
-                reason: e.to_string(),
-            })
+        let error = open_store(dir.path())
             .err()
             .expect("garbage is not a store");
         let text = error.to_string();
         assert!(text.contains("cannot open the store in"), "{text}");
         assert!(text.contains(&dir.path().display().to_string()), "{text}");
+        assert!(
+            text.contains("restore the data directory from a copy"),
+            "{text}"
+        );
+    }
+
+    /// `testdata/format1-state.redb` is what the release before storage format versions wrote:
+    /// `Store::open` and `apply` of commit ab8a8dc, with one `register` and one `hist` record.
+    #[test]
+    fn a_store_of_the_older_format_stops_the_start_saying_so() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("state.redb"),
+            include_bytes!("../testdata/format1-state.redb"),
+        )
+        .unwrap();
+        let error = open_store(dir.path())
+            .err()
+            .expect("a store of the older format opened");
+        assert!(matches!(error, NodeError::StoreFormat { .. }), "{error:?}");
+        let text = error.to_string();
+        for needed in [
+            "cannot open the store in",
+            &dir.path().display().to_string(),
+            "older Bulwark storage format",
+            "format 1",
+            "format 2",
+            "empty data directory",
+        ] {
+            assert!(text.contains(needed), "{needed:?} missing: {text}");
+        }
+        assert!(
+            !text.contains("from a copy"),
+            "a copy of an old store is just as old: {text}"
+        );
     }
 
     #[test]
