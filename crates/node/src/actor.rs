@@ -4,14 +4,14 @@
 use crate::Rejections;
 use crate::verified::{VERIFIED_BYTES_MAX, Verified};
 use bulwark_core::Digest;
-use bulwark_core::{ClientId, Key, NodeId, Time, wire};
+use bulwark_core::{ClientId, Key, NodeId, ServiceId, Time, wire};
 use bulwark_protocol::powerstore::{
     Access, Change, Fragments, Request, ServerLogic, ServerStats, StoredEntry, Timestamp,
     fragment_digest,
 };
 use bulwark_protocol::service::{NodeFrame, NodeStatus};
 use bulwark_protocol::{abd, phalanx};
-use bulwark_storage::{Committer, StorageOp, Store, Table};
+use bulwark_storage::{Committer, Namespace, StorageOp, Store, Table};
 use bytes::Bytes;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -24,6 +24,13 @@ const JOBS_QUEUED_MAX: usize = 4096;
 /// How often superseded versions are garbage-collected and gauges refreshed.
 const TICK_INTERVAL: Duration = Duration::from_millis(500);
 
+/// PoWerStore's `Hist` entries: fragments and their metadata, one record per version.
+pub const HIST: &str = "hist";
+/// PoWerStore's `lc`: one candidate per key.
+pub const LC: &str = "lc";
+/// The baselines' (ABD, Phalanx) stored version: one record per key.
+pub const REGISTER: &str = "register";
+
 /// The server of the protocol the cluster runs: the one thing in the node that differs between
 /// protocols. A request for another protocol is refused and counted.
 pub enum Machine {
@@ -33,6 +40,16 @@ pub enum Machine {
 }
 
 impl Machine {
+    // Provisional: the service each protocol's state is stored under until the configuration
+    // assigns services to groups (DESIGN.md §3, step 2). They name the storage namespace a
+    // node's state lives in, so changing one orphans every store written with it.
+    /// PoWerStore's service.
+    pub const POWERSTORE: ServiceId = ServiceId(0);
+    /// ABD's service.
+    pub const ABD: ServiceId = ServiceId(1);
+    /// Phalanx's service.
+    pub const PHALANX: ServiceId = ServiceId(2);
+
     fn protocol(&self) -> &'static str {
         match self {
             Machine::PowerStore(_) => "powerstore",
@@ -88,6 +105,8 @@ impl ProtocolRequest {
 pub struct ActorContext {
     pub node: NodeId,
     pub server: Machine,
+    /// Where `server`'s state is stored.
+    pub namespace: Namespace,
     /// Read by FILTER replies; written only through `committer`.
     pub store: Arc<Store>,
     pub committer: Committer,
@@ -219,6 +238,7 @@ struct StorageView<'a> {
     /// `Hist` records queued for commit, with the sequence number of the batch carrying them.
     unsynced: &'a HashMap<Vec<u8>, (u64, Bytes)>,
     store: &'a Store,
+    hist: Table,
     /// Fragments already found intact: served again without a disk read or a re-hash.
     verified: &'a RefCell<Verified>,
 }
@@ -229,7 +249,7 @@ impl Fragments for StorageView<'_> {
         if let Some((_, fragment)) = self.unsynced.get(&record) {
             return Some(fragment.clone());
         }
-        let value = match self.store.get(Table::Hist, &record) {
+        let value = match self.store.get(self.hist, &record) {
             Ok(value) => value?,
             Err(error) => {
                 tracing::error!(%error, "reading a fragment failed");
@@ -303,39 +323,43 @@ pub fn hist_record(key: &Key, ts: &Timestamp) -> Vec<u8> {
 
 /// The storage record of a baseline's stored version: the key's bytes, the value `(key, entry)`
 /// encoded.
-pub fn register_op(key: &Key, encoded: Vec<u8>) -> StorageOp {
+pub fn register_op(namespace: Namespace, key: &Key, encoded: Vec<u8>) -> StorageOp {
     StorageOp::Put {
-        table: Table::Register,
+        table: namespace.table(REGISTER),
         key: key.as_bytes().to_vec(),
         value: Bytes::from(encoded),
     }
 }
 
-fn abd_op(change: abd::Change) -> StorageOp {
+fn abd_op(namespace: Namespace, change: abd::Change) -> StorageOp {
     match change {
-        abd::Change::Put { key, entry } => register_op(&key, wire::encode(&(&key, &entry))),
+        abd::Change::Put { key, entry } => {
+            register_op(namespace, &key, wire::encode(&(&key, &entry)))
+        }
     }
 }
 
-fn phalanx_op(change: phalanx::Change) -> StorageOp {
+fn phalanx_op(namespace: Namespace, change: phalanx::Change) -> StorageOp {
     match change {
-        phalanx::Change::Put { key, entry } => register_op(&key, wire::encode(&(&key, &entry))),
+        phalanx::Change::Put { key, entry } => {
+            register_op(namespace, &key, wire::encode(&(&key, &entry)))
+        }
     }
 }
 
-fn storage_op(change: Change) -> StorageOp {
+fn storage_op(namespace: Namespace, change: Change) -> StorageOp {
     match change {
         Change::PutHist { key, entry } => StorageOp::Put {
-            table: Table::Hist,
+            table: namespace.table(HIST),
             key: hist_record(&key, &entry.ts),
             value: Bytes::from(wire::encode(&(&key, &entry))),
         },
         Change::DeleteHist { key, ts } => StorageOp::Delete {
-            table: Table::Hist,
+            table: namespace.table(HIST),
             key: hist_record(&key, &ts),
         },
         Change::SetLc { key, candidate } => StorageOp::Put {
-            table: Table::Lc,
+            table: namespace.table(LC),
             key: key.as_bytes().to_vec(),
             value: Bytes::from(wire::encode(&(&key, &candidate))),
         },
@@ -350,6 +374,7 @@ async fn run(
     let ActorContext {
         node,
         mut server,
+        namespace,
         store,
         committer,
         started,
@@ -381,21 +406,21 @@ async fn run(
                             (Machine::PowerStore(server), ProtocolRequest::PowerStore(request)) => {
                                 let durable = *durability.durable.borrow();
                                 unsynced.retain(|_, (sequence, _)| *sequence > durable);
-                                let view = StorageView { unsynced: &unsynced, store: &store, verified: &verified };
+                                let view = StorageView { unsynced: &unsynced, store: &store, hist: namespace.table(HIST), verified: &verified };
                                 let handled = server.handle(now(started), from, access, request, &view);
                                 track_unsynced(&mut unsynced, &verified, &handled.changes, durability.submit_next());
-                                let ops = handled.changes.into_iter().map(storage_op).collect();
+                                let ops = handled.changes.into_iter().map(|c| storage_op(namespace, c)).collect();
                                 let frame = handled.reply.map(NodeFrame::PowerStore);
                                 (ops, frame, handled.refused.map(|r| r.to_string()))
                             }
                             (Machine::Abd(server), ProtocolRequest::Abd(request)) => {
                                 let handled = server.handle(access.write, access.read, request);
-                                let ops = handled.changes.into_iter().map(abd_op).collect();
+                                let ops = handled.changes.into_iter().map(|c| abd_op(namespace, c)).collect();
                                 (ops, Some(NodeFrame::Abd(handled.reply)), handled.refused.map(|r| r.to_string()))
                             }
                             (Machine::Phalanx(server), ProtocolRequest::Phalanx(request)) => {
                                 let handled = server.handle(from, access.write, access.read, request);
-                                let ops = handled.changes.into_iter().map(phalanx_op).collect();
+                                let ops = handled.changes.into_iter().map(|c| phalanx_op(namespace, c)).collect();
                                 (ops, Some(NodeFrame::Phalanx(handled.reply)), handled.refused.map(|r| r.to_string()))
                             }
                             (server, _) => {
@@ -435,7 +460,7 @@ async fn run(
                 if let Machine::PowerStore(server) = &mut server {
                     let changes = server.tick(now(started));
                     track_unsynced(&mut unsynced, &verified, &changes, durability.submit_next());
-                    durability.submit(changes.into_iter().map(storage_op).collect());
+                    durability.submit(changes.into_iter().map(|c| storage_op(namespace, c)).collect());
                 }
                 let stats = server.stats();
                 metrics::gauge!("bulwark_node_objects").set(stats.objects as f64);

@@ -23,7 +23,7 @@ use bulwark_protocol::powerstore::{
     Server, ServerConfig, ServerLogic, StoredEntry, fragment_digest,
 };
 use bulwark_protocol::{abd, phalanx};
-use bulwark_storage::{Committer, Store, Table};
+use bulwark_storage::{Committer, Namespace, StorageError, Store};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -76,9 +76,18 @@ pub enum NodeError {
         /// What the store said.
         reason: String,
     },
+    /// The store is intact but in a format this release does not read: a copy would not help,
+    /// so the store's own advice is all there is to say.
+    #[error("cannot open the store in {path}: {reason}")]
+    StoreFormat {
+        /// The data directory.
+        path: PathBuf,
+        /// Which formats, and what to do.
+        reason: StorageError,
+    },
     /// The durable store failed.
     #[error("storage: {0}")]
-    Storage(bulwark_storage::StorageError),
+    Storage(StorageError),
     /// TLS set-up failed.
     #[error("transport: {0}")]
     Transport(bulwark_transport::TransportError),
@@ -104,8 +113,8 @@ pub enum NodeError {
 }
 
 // By hand rather than `#[from]`: a `#[from]` source would print its message twice in a chain.
-impl From<bulwark_storage::StorageError> for NodeError {
-    fn from(error: bulwark_storage::StorageError) -> Self {
+impl From<StorageError> for NodeError {
+    fn from(error: StorageError) -> Self {
         NodeError::Storage(error)
     }
 }
@@ -197,21 +206,21 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
     }
 
     let started = Instant::now();
-    let store = Arc::new(
-        Store::open(&options.data_dir).map_err(|e| NodeError::OpenStore {
-            path: options.data_dir.clone(),
-            reason: e.to_string(),
-        })?,
-    );
+    let store = Arc::new(open_store(&options.data_dir)?);
     let rejections = Rejections::default();
-    let server = match options.cluster.protocol {
+    // One group per node until Rosebud places many.
+    let group = bulwark_core::GroupId(0);
+    let (server, namespace) = match options.cluster.protocol {
         Protocol::PowerStore => {
             let mut config = ServerConfig::new(id, options.cluster.f);
             config.epoch = bulwark_core::Epoch(options.cluster.epoch);
             config.grace_millis = options.grace_millis;
+            config.group = group;
+            let namespace = Namespace::new(actor::Machine::POWERSTORE, group);
             let mut server = Server::new(config.clone(), options.secrets.mac_key.clone());
             let restored = restore(
                 &store,
+                namespace,
                 &mut server,
                 &config,
                 &options.secrets.mac_key,
@@ -225,12 +234,13 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
                 data = %options.data_dir.display(),
                 "state restored"
             );
-            actor::Machine::PowerStore(wrap(server))
+            (actor::Machine::PowerStore(wrap(server)), namespace)
         }
         Protocol::Abd => {
             let epoch = bulwark_core::Epoch(options.cluster.epoch);
-            let mut server = abd::Server::new(id, epoch, bulwark_core::GroupId(0));
-            let keys = restore_register(&store, |record, value| {
+            let namespace = Namespace::new(actor::Machine::ABD, group);
+            let mut server = abd::Server::new(id, epoch, group);
+            let keys = restore_register(&store, namespace, |record, value| {
                 let (key, entry) = decode_register::<abd::Entry>(record, value)?;
                 if !entry.is_well_formed() {
                     return Err("a stored version is malformed".into());
@@ -239,14 +249,14 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
                 Ok(())
             })?;
             tracing::info!(node = id.0, keys, data = %options.data_dir.display(), "ABD state restored");
-            actor::Machine::Abd(server)
+            (actor::Machine::Abd(server), namespace)
         }
         Protocol::Phalanx => {
             let epoch = bulwark_core::Epoch(options.cluster.epoch);
+            let namespace = Namespace::new(actor::Machine::PHALANX, group);
             let writers = phalanx::Writers::from_config(&options.cluster, "cluster.toml")?;
-            let mut server =
-                phalanx::Server::new(id, epoch, bulwark_core::GroupId(0), Arc::new(writers));
-            let keys = restore_register(&store, |record, value| {
+            let mut server = phalanx::Server::new(id, epoch, group, Arc::new(writers));
+            let keys = restore_register(&store, namespace, |record, value| {
                 let (key, entry) = decode_register::<phalanx::Entry>(record, value)?;
                 if !server.restore(key, entry) {
                     return Err("a stored version's signature does not verify".into());
@@ -254,7 +264,7 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
                 Ok(())
             })?;
             tracing::info!(node = id.0, keys, data = %options.data_dir.display(), "Phalanx state restored");
-            actor::Machine::Phalanx(server)
+            (actor::Machine::Phalanx(server), namespace)
         }
     };
 
@@ -262,6 +272,7 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
     let (actor, stopper) = actor::spawn(actor::ActorContext {
         node: id,
         server,
+        namespace,
         store: store.clone(),
         committer,
         started,
@@ -331,6 +342,20 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
     Ok(())
 }
 
+/// Opens the store in `data_dir`, saying what to do about a store this release cannot open.
+fn open_store(data_dir: &Path) -> Result<Store, NodeError> {
+    Store::open(data_dir).map_err(|error| match error {
+        StorageError::Format { .. } => NodeError::StoreFormat {
+            path: data_dir.to_path_buf(),
+            reason: error,
+        },
+        error => NodeError::OpenStore {
+            path: data_dir.to_path_buf(),
+            reason: error.to_string(),
+        },
+    })
+}
+
 /// Resolves on SIGTERM or SIGINT, naming it; never when no handler can be installed.
 pub async fn stop_signal() -> &'static str {
     #[cfg(unix)]
@@ -359,18 +384,19 @@ pub async fn stop_signal() -> &'static str {
     }
 }
 
-/// Replays a baseline's stored versions (table `register`) through `adopt`, which returns `None`
-/// for a version no correct server would have stored. Returns how many were restored. A record
-/// that does not decode or fails that check stops the start: a baseline keeps one version per
-/// key, so dropping it could lose an acknowledged write.
+/// Replays a baseline's stored versions (table `register` of `namespace`) through `adopt`, which
+/// returns `None` for a version no correct server would have stored. Returns how many were
+/// restored. A record that does not decode or fails that check stops the start: a baseline keeps
+/// one version per key, so dropping it could lose an acknowledged write.
 fn restore_register(
     store: &Store,
+    namespace: Namespace,
     mut adopt: impl FnMut(&[u8], &[u8]) -> Result<(), String>,
 ) -> Result<usize, NodeError> {
     let mut restored = 0;
-    for (record, value) in store.load(Table::Register)? {
+    for (record, value) in store.load(namespace.table(actor::REGISTER))? {
         adopt(&record, &value).map_err(|problem| NodeError::CorruptState {
-            table: "register",
+            table: actor::REGISTER,
             problem,
         })?;
         restored += 1;
@@ -427,13 +453,14 @@ fn damaged(
     }
 }
 
-/// Replays the durable state into `server`. A `Hist` entry that fails verification (bytes
-/// flipped on disk) is logged, counted as rejected from `disk`, and deleted before the node
-/// serves, as if it had never been stored: a node may always lack a version (it may have missed
-/// the STORE), but it must never serve a fragment it did not accept. A record that does not even
-/// decode, or a damaged `lc`, stops the start with an error instead.
+/// Replays the durable state of `namespace` into `server`. A `Hist` entry that fails verification
+/// (bytes flipped on disk) is logged, counted as rejected from `disk`, and deleted before the
+/// node serves, as if it had never been stored: a node may always lack a version (it may have
+/// missed the STORE), but it must never serve a fragment it did not accept. A record that does
+/// not even decode, or a damaged `lc`, stops the start with an error instead.
 fn restore(
     store: &Store,
+    namespace: Namespace,
     server: &mut Server,
     config: &ServerConfig,
     own_key: &bulwark_core::MacKey,
@@ -445,14 +472,15 @@ fn restore(
     let mut reasons: std::collections::BTreeMap<&'static str, u64> = Default::default();
     let mut corrupt = None;
     // One record at a time: the server keeps metadata only, so a store larger than memory restores.
-    let scanned = store.scan(Table::Hist, |record, value| {
+    let hist = namespace.table(actor::HIST);
+    let scanned = store.scan(hist, |record, value| {
         let (key, entry) =
             match bulwark_core::wire::decode::<(bulwark_core::Key, StoredEntry)>(value, usize::MAX)
             {
                 Ok(decoded) => decoded,
                 Err(e) => {
                     corrupt = Some(format!("{e} (record {} bytes)", record.len()));
-                    return Err(bulwark_storage::StorageError::other("corrupt record"));
+                    return Err(StorageError::other("corrupt record"));
                 }
             };
         if let Some(problem) = damaged(record, &key, &entry, config, own_key) {
@@ -464,7 +492,7 @@ fn restore(
             );
             *reasons.entry(problem).or_insert(0) += 1;
             dropped.push(bulwark_storage::StorageOp::Delete {
-                table: Table::Hist,
+                table: hist,
                 key: record.to_vec(),
             });
             return Ok(());
@@ -475,16 +503,16 @@ fn restore(
     });
     if let Some(problem) = corrupt {
         return Err(NodeError::CorruptState {
-            table: "hist",
+            table: actor::HIST,
             problem,
         });
     }
     scanned?;
-    for (_, value) in store.load(Table::Lc)? {
+    for (_, value) in store.load(namespace.table(actor::LC))? {
         let (key, candidate): (bulwark_core::Key, Candidate) =
             bulwark_core::wire::decode(&value, usize::MAX).map_err(|e| {
                 NodeError::CorruptState {
-                    table: "lc",
+                    table: actor::LC,
                     problem: e.to_string(),
                 }
             })?;
@@ -514,8 +542,11 @@ mod tests {
     use bulwark_core::erasure::Layout;
     use bulwark_core::{ClientId, Digest, GroupId, Key, MacKey};
     use bulwark_protocol::powerstore::{CrossChecksum, MacVec, Pid, Timestamp};
-    use bulwark_storage::StorageOp;
+    use bulwark_storage::{StorageOp, Table};
     use bytes::Bytes;
+
+    const POWERSTORE: Namespace = Namespace::new(actor::Machine::POWERSTORE, GroupId(0));
+    const HIST: Table = POWERSTORE.table(actor::HIST);
 
     /// A `Hist` entry exactly as node 1 of 4 accepts it, for a replicated value.
     fn entry(key: &Key, value: &[u8], num: u64, keys: &[MacKey]) -> StoredEntry {
@@ -542,7 +573,7 @@ mod tests {
 
     fn put(key: &Key, entry: &StoredEntry) -> StorageOp {
         StorageOp::Put {
-            table: Table::Hist,
+            table: HIST,
             key: actor::hist_record(key, &entry.ts),
             value: Bytes::from(bulwark_core::wire::encode(&(key, entry))),
         }
@@ -564,7 +595,7 @@ mod tests {
         let misfiled = entry(&key, b"a value under the wrong record", 4, &keys);
         let elsewhere = entry(&key, b"x", 1, &keys).ts;
         let misfiled = StorageOp::Put {
-            table: Table::Hist,
+            table: HIST,
             key: actor::hist_record(&key, &elsewhere),
             value: Bytes::from(bulwark_core::wire::encode(&(&key, &misfiled))),
         };
@@ -582,13 +613,21 @@ mod tests {
 
         let rejections = Rejections::default();
         let mut server = Server::new(config.clone(), keys[1].clone());
-        let restored = restore(&store, &mut server, &config, &keys[1], &rejections).unwrap();
+        let restored = restore(
+            &store,
+            POWERSTORE,
+            &mut server,
+            &config,
+            &keys[1],
+            &rejections,
+        )
+        .unwrap();
         assert_eq!(restored.versions, 1, "only the intact entry is served");
         assert_eq!(restored.dropped, 3);
         assert_eq!(server.versions(&other), 1);
         assert_eq!(server.versions(&key), 0);
         assert_eq!(
-            store.count(Table::Hist).unwrap(),
+            store.count(HIST).unwrap(),
             1,
             "dropped entries are deleted, not kept to be dropped again"
         );
@@ -608,7 +647,7 @@ mod tests {
         // The next start finds nothing more to drop.
         let again = Rejections::default();
         let mut server = Server::new(config.clone(), keys[1].clone());
-        let restored = restore(&store, &mut server, &config, &keys[1], &again).unwrap();
+        let restored = restore(&store, POWERSTORE, &mut server, &config, &keys[1], &again).unwrap();
         assert_eq!((restored.versions, restored.dropped), (1, 0));
         assert!(again.snapshot().is_empty());
     }
@@ -617,21 +656,53 @@ mod tests {
     fn a_store_that_cannot_be_opened_is_a_clear_error() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("state.redb"), vec![0x5a; 8192]).unwrap();
-        let error = Store::open(dir.path())
-            .map_err(|e| NodeError::OpenStore {
-                path: dir.path().to_path_buf(),
-                reason: e.to_string(),
-            })
+        let error = open_store(dir.path())
             .err()
             .expect("garbage is not a store");
         let text = error.to_string();
         assert!(text.contains("cannot open the store in"), "{text}");
         assert!(text.contains(&dir.path().display().to_string()), "{text}");
+        assert!(
+            text.contains("restore the data directory from a copy"),
+            "{text}"
+        );
+    }
+
+    /// `testdata/format1-state.redb` is what the release before storage format versions wrote:
+    /// `Store::open` and `apply` of commit ab8a8dc, with one `register` and one `hist` record.
+    #[test]
+    fn a_store_of_the_older_format_stops_the_start_saying_so() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("state.redb"),
+            include_bytes!("../testdata/format1-state.redb"),
+        )
+        .unwrap();
+        let error = open_store(dir.path())
+            .err()
+            .expect("a store of the older format opened");
+        assert!(matches!(error, NodeError::StoreFormat { .. }), "{error:?}");
+        let text = error.to_string();
+        for needed in [
+            "cannot open the store in",
+            &dir.path().display().to_string(),
+            "older Bulwark storage format",
+            "format 1",
+            "format 2",
+            "empty data directory",
+        ] {
+            assert!(text.contains(needed), "{needed:?} missing: {text}");
+        }
+        assert!(
+            !text.contains("from a copy"),
+            "a copy of an old store is just as old: {text}"
+        );
     }
 
     #[test]
     fn baseline_versions_survive_a_restart_and_a_misfiled_one_stops_the_start() {
         use bulwark_protocol::abd;
+        let abd = Namespace::new(actor::Machine::ABD, GroupId(0));
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
         let key = Key::new(b"k".to_vec()).unwrap();
@@ -645,13 +716,14 @@ mod tests {
         };
         store
             .apply(&[actor::register_op(
+                abd,
                 &key,
                 bulwark_core::wire::encode(&(&key, &entry)),
             )])
             .unwrap();
         let load = |store: &Store| {
             let mut server = abd::Server::new(NodeId(0), bulwark_core::Epoch(0), GroupId(0));
-            restore_register(store, |record, value| {
+            restore_register(store, abd, |record, value| {
                 let (key, entry) = decode_register::<abd::Entry>(record, value)?;
                 server.restore(key, entry);
                 Ok(())
@@ -665,6 +737,7 @@ mod tests {
         let other = Key::new(b"other".to_vec()).unwrap();
         store
             .apply(&[actor::register_op(
+                abd,
                 &other,
                 bulwark_core::wire::encode(&(&key, &entry)),
             )])

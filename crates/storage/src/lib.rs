@@ -13,12 +13,24 @@
 //! every later batch gets the error and nothing more is written, so a later success can never
 //! cover an earlier loss.
 //!
+//! One store holds the state of many replicas: every [`Table`] lives in a [`Namespace`], one per
+//! (service, group) a node hosts, and is one redb table of its own, so replicas never see one
+//! another's records and a replica's state can be scanned without reading anyone else's.
+//!
+//! The file says which format it has ([`FORMAT_VERSION`], checked by [`Store::open`]), and every
+//! record says which record format it has ([`RECORD_VERSION`], checked on every read), so a
+//! release never misreads what another release wrote: it refuses it, saying why.
+//!
 //! This crate knows nothing of protocols: the node encodes protocol changes as records.
 #![warn(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::panic))]
 
+use bulwark_core::{GroupId, ServiceId};
 use bytes::Bytes;
-use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
+use redb::{ReadableDatabase, ReadableTableMetadata, TableDefinition, TableHandle};
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+use std::ops::Bound;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,39 +47,124 @@ const BYTES_PER_COMMIT_MAX: usize = 64 * 1024 * 1024;
 /// keeps what it serves in memory already, so the cache only has to speed up commits.
 const CACHE_BYTES: usize = 64 * 1024 * 1024;
 
-/// The tables a node keeps.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Table {
-    /// PoWerStore `Hist` entries: fragments and their metadata.
-    Hist,
-    /// PoWerStore `lc`: one candidate per key.
-    Lc,
-    /// Node metadata.
-    Meta,
-    /// The baselines' (ABD, Phalanx) stored version: one record per key.
-    Register,
+/// The layout of the file this release reads and writes: which tables exist and how they are
+/// named. Version 1 is the layout from before versions were recorded (tables `hist`, `lc`,
+/// `meta`, `register`, one replica per store); version 2 namespaces tables per replica and
+/// prefixes every record with [`RECORD_VERSION`].
+pub const FORMAT_VERSION: u32 = 2;
+/// What a file that records no format version but holds tables was written in.
+const FORMAT_UNVERSIONED: u32 = 1;
+/// The first byte of every record value: the encoding of what follows, so that a record written
+/// by another release is refused rather than misread.
+pub const RECORD_VERSION: u8 = 1;
+
+/// The table outside every namespace that says which format the file has. Every format keeps it
+/// `&[u8] -> &[u8]` with `format_version` a 4-byte big-endian `u32`, so that any release can tell
+/// which format a file has, even one it cannot read.
+const META: TableDefinition<'static, &'static [u8], &'static [u8]> = TableDefinition::new("meta");
+const FORMAT_VERSION_KEY: &[u8] = b"format_version";
+/// A table name's length in bytes at most; it is part of every redb table name.
+pub const TABLE_NAME_BYTES_MAX: usize = 32;
+/// Key bytes an error message shows at most.
+const KEY_SHOWN_BYTES_MAX: usize = 32;
+
+/// One replica's share of the store: the service it runs and the group it belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Namespace {
+    /// The service (protocol) the replica runs.
+    pub service: ServiceId,
+    /// The replica group.
+    pub group: GroupId,
+}
+
+impl Namespace {
+    /// The namespace of `service` in `group`.
+    pub const fn new(service: ServiceId, group: GroupId) -> Namespace {
+        Namespace { service, group }
+    }
+
+    /// The table called `name` in this namespace.
+    pub const fn table(self, name: &'static str) -> Table {
+        Table {
+            namespace: self,
+            name,
+        }
+    }
+}
+
+impl fmt::Display for Namespace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/group{}", self.service, self.group.0)
+    }
+}
+
+/// A table of records: a name within a namespace. The name is 1 to [`TABLE_NAME_BYTES_MAX`]
+/// bytes of `a-z`, `0-9`, `_` and `-`; reads and writes of any other name fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Table {
+    /// The replica it belongs to.
+    pub namespace: Namespace,
+    /// Its name within the namespace, such as `hist`.
+    pub name: &'static str,
 }
 
 impl Table {
-    /// Every table, in [`Table::index`] order.
-    const ALL: [Table; 4] = [Table::Hist, Table::Lc, Table::Meta, Table::Register];
-
-    fn index(self) -> usize {
-        match self {
-            Table::Hist => 0,
-            Table::Lc => 1,
-            Table::Meta => 2,
-            Table::Register => 3,
-        }
+    /// The redb table holding it.
+    fn redb_name(&self) -> Result<String, StorageError> {
+        redb_table_name(self.namespace, self.name)
     }
+}
 
-    fn definition(self) -> TableDefinition<'static, &'static [u8], &'static [u8]> {
-        match self {
-            Table::Hist => TableDefinition::new("hist"),
-            Table::Lc => TableDefinition::new("lc"),
-            Table::Meta => TableDefinition::new("meta"),
-            Table::Register => TableDefinition::new("register"),
-        }
+/// The redb table holding table `name` of `namespace`: `v2/<service>/<group>/<name>`, in decimal.
+/// A valid name has no `/`, so every redb name maps back to one table ([`parse_table_name`]).
+fn redb_table_name(namespace: Namespace, name: &str) -> Result<String, StorageError> {
+    let valid = (1..=TABLE_NAME_BYTES_MAX).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+    if !valid {
+        return Err(StorageError::Failed(format!(
+            "table name {name:.80?} is not 1 to {TABLE_NAME_BYTES_MAX} bytes of a-z, 0-9, _ and -"
+        )));
+    }
+    Ok(format!(
+        "v{FORMAT_VERSION}/{}/{}/{name}",
+        namespace.service.0, namespace.group.0
+    ))
+}
+
+impl fmt::Display for Table {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// The namespace of a redb table named by [`redb_table_name`], or `None` for `meta`. Only a name
+/// [`redb_table_name`] could have written is accepted: anything else was not written by this
+/// format.
+fn parse_table_name(name: &str) -> Result<Option<Namespace>, StorageError> {
+    if name == META.name() {
+        return Ok(None);
+    }
+    let unknown = || {
+        StorageError::Failed(format!(
+            "the store holds a table {name:.80?} that format {FORMAT_VERSION} does not have"
+        ))
+    };
+    let mut parts = name.splitn(4, '/');
+    let (Some(_), Some(service), Some(group), Some(table)) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(unknown());
+    };
+    let (Ok(service), Ok(group)) = (service.parse(), group.parse()) else {
+        return Err(unknown());
+    };
+    let namespace = Namespace::new(ServiceId(service), GroupId(group));
+    // Round-tripping rejects another version's prefix, leading zeros and invalid names at once.
+    match redb_table_name(namespace, table) {
+        Ok(expected) if expected == name => Ok(Some(namespace)),
+        _ => Err(unknown()),
     }
 }
 
@@ -103,19 +200,95 @@ impl StorageOp {
 
 /// A storage failure. Cloneable so that every batch of a failed commit gets it.
 #[derive(Clone, Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct StorageError(String);
+pub enum StorageError {
+    /// redb or the file system failed, or a visitor did (see [`Store::scan`]).
+    #[error("{0}")]
+    Failed(String),
+    /// The file is in a format this release does not read. Nothing in it was read.
+    #[error("{}", format_mismatch(*found, *expected))]
+    Format {
+        /// The format the file has.
+        found: u32,
+        /// [`FORMAT_VERSION`].
+        expected: u32,
+    },
+    /// A record does not start with a [`RECORD_VERSION`] this release reads: it was written by
+    /// another release, or damaged. Its bytes were not handed over.
+    #[error(
+        "record version {} of key {key} in table {table} is not one this release reads (it reads \
+         record version {RECORD_VERSION})",
+        found.map_or_else(|| "(none: the record is empty)".to_string(), |v| v.to_string())
+    )]
+    RecordVersion {
+        /// The table.
+        table: String,
+        /// The record's key, in hex, shortened.
+        key: String,
+        /// The version byte, if the record has one.
+        found: Option<u8>,
+    },
+}
+
+fn format_mismatch(found: u32, expected: u32) -> String {
+    let (age, other_release) = if found < expected {
+        ("an older", "the release that wrote it".to_string())
+    } else {
+        ("a newer", format!("a release that reads format {found}"))
+    };
+    format!(
+        "the store was written in {age} Bulwark storage format (format {found}; this release \
+         reads only format {expected}) and this release cannot read it. Either run \
+         {other_release}, or start this node on an empty data directory (move this one aside) \
+         and let its group serve what it held: a node started empty counts against the faults \
+         its group tolerates"
+    )
+}
 
 impl StorageError {
     /// An error of the caller's while it visits records (see [`Store::scan`]).
-    pub fn other(message: impl std::fmt::Display) -> StorageError {
-        StorageError(message.to_string())
+    pub fn other(message: impl fmt::Display) -> StorageError {
+        StorageError::Failed(message.to_string())
     }
 
-    fn from<E: std::fmt::Display>(context: &str) -> impl FnOnce(E) -> StorageError + '_ {
-        move |e| StorageError(format!("{context}: {e}"))
+    fn from<E: fmt::Display>(context: &str) -> impl FnOnce(E) -> StorageError + '_ {
+        move |e| StorageError::Failed(format!("{context}: {e}"))
     }
 }
+
+/// `key` in hex, at most [`KEY_SHOWN_BYTES_MAX`] bytes of it.
+fn key_text(key: &[u8]) -> String {
+    let shown = key.get(..KEY_SHOWN_BYTES_MAX).unwrap_or(key);
+    let mut text: String = shown.iter().map(|b| format!("{b:02x}")).collect();
+    if shown.len() < key.len() {
+        text.push_str(&format!("... ({} bytes)", key.len()));
+    }
+    text
+}
+
+/// The payload of a stored record, after its [`RECORD_VERSION`] byte.
+fn payload<'a>(table: &Table, key: &[u8], record: &'a [u8]) -> Result<&'a [u8], StorageError> {
+    match record.split_first() {
+        Some((&RECORD_VERSION, payload)) => Ok(payload),
+        found => Err(StorageError::RecordVersion {
+            table: table.to_string(),
+            key: key_text(key),
+            found: found.map(|(version, _)| *version),
+        }),
+    }
+}
+
+/// The keys from `prefix` on that do not start with it: `prefix` with its trailing `0xff` bytes
+/// dropped and its last byte raised. `None` when every key from `prefix` on starts with it.
+fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let last = prefix.iter().rposition(|&b| b != 0xff)?;
+    let mut end = prefix.get(..=last)?.to_vec();
+    if let Some(byte) = end.last_mut() {
+        *byte += 1;
+    }
+    Some(end)
+}
+
+type ReadTable = redb::ReadOnlyTable<&'static [u8], &'static [u8]>;
 
 /// The node's database.
 pub struct Store {
@@ -123,7 +296,8 @@ pub struct Store {
 }
 
 impl Store {
-    /// Opens (creating if needed) `dir/state.redb`.
+    /// Opens (creating if needed) `dir/state.redb`. A file in another format than
+    /// [`FORMAT_VERSION`] is refused with [`StorageError::Format`] before anything in it is read.
     pub fn open(dir: &Path) -> Result<Store, StorageError> {
         std::fs::create_dir_all(dir).map_err(StorageError::from("creating the data directory"))?;
         let path = dir.join("state.redb");
@@ -132,17 +306,109 @@ impl Store {
             .create(&path)
             .map_err(StorageError::from("opening state.redb"))?;
         let store = Store { database };
-        // Create every table once, so readers never meet a missing one.
-        let txn = store
+        store.check_format()?;
+        Ok(store)
+    }
+
+    /// Refuses a file in another format; stamps a file with no tables yet with this one.
+    fn check_format(&self) -> Result<(), StorageError> {
+        let txn = self
+            .database
+            .begin_read()
+            .map_err(StorageError::from("begin read"))?;
+        let found = match txn.open_table(META) {
+            Ok(meta) => match meta
+                .get(FORMAT_VERSION_KEY)
+                .map_err(StorageError::from("reading the format version"))?
+            {
+                Some(value) => Some(
+                    <[u8; 4]>::try_from(value.value())
+                        .map(u32::from_be_bytes)
+                        .map_err(|_| {
+                            StorageError::Failed(format!(
+                                "the format version record is {} bytes, not 4: the file is damaged",
+                                value.value().len()
+                            ))
+                        })?,
+                ),
+                None => None,
+            },
+            Err(redb::TableError::TableDoesNotExist(_)) => None,
+            Err(error) => return Err(StorageError::from("opening the meta table")(error)),
+        };
+        let found = match found {
+            Some(found) => found,
+            None => {
+                let tables = txn
+                    .list_tables()
+                    .map_err(StorageError::from("listing tables"))?
+                    .count();
+                let multimap = txn
+                    .list_multimap_tables()
+                    .map_err(StorageError::from("listing tables"))?
+                    .count();
+                if tables + multimap > 0 {
+                    FORMAT_UNVERSIONED
+                } else {
+                    drop(txn);
+                    return self.stamp_format();
+                }
+            }
+        };
+        if found != FORMAT_VERSION {
+            return Err(StorageError::Format {
+                found,
+                expected: FORMAT_VERSION,
+            });
+        }
+        Ok(())
+    }
+
+    fn stamp_format(&self) -> Result<(), StorageError> {
+        let mut txn = self
             .database
             .begin_write()
             .map_err(StorageError::from("begin"))?;
-        for table in Table::ALL {
-            txn.open_table(table.definition())
-                .map_err(StorageError::from("creating a table"))?;
+        txn.set_durability(redb::Durability::Immediate)
+            .map_err(StorageError::from("durability"))?;
+        txn.open_table(META)
+            .map_err(StorageError::from("creating the meta table"))?
+            .insert(FORMAT_VERSION_KEY, FORMAT_VERSION.to_be_bytes().as_slice())
+            .map_err(StorageError::from("writing the format version"))?;
+        txn.commit().map_err(StorageError::from("commit"))
+    }
+
+    /// Every namespace with a table, in order: the replicas this store holds state for. A table
+    /// exists from its first write on (a delete included), even once emptied.
+    pub fn namespaces(&self) -> Result<Vec<Namespace>, StorageError> {
+        let txn = self
+            .database
+            .begin_read()
+            .map_err(StorageError::from("begin read"))?;
+        let mut namespaces = BTreeSet::new();
+        for handle in txn
+            .list_tables()
+            .map_err(StorageError::from("listing tables"))?
+        {
+            if let Some(namespace) = parse_table_name(handle.name())? {
+                namespaces.insert(namespace);
+            }
         }
-        txn.commit().map_err(StorageError::from("commit"))?;
-        Ok(store)
+        Ok(namespaces.into_iter().collect())
+    }
+
+    /// `table` for reading, or `None` if nothing was ever written to it.
+    fn read_table(&self, table: &Table) -> Result<Option<ReadTable>, StorageError> {
+        let name = table.redb_name()?;
+        let txn = self
+            .database
+            .begin_read()
+            .map_err(StorageError::from("begin read"))?;
+        match txn.open_table(TableDefinition::new(&name)) {
+            Ok(opened) => Ok(Some(opened)),
+            Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+            Err(error) => Err(StorageError::from("open table")(error)),
+        }
     }
 
     /// Every record of `table`, for restart.
@@ -156,49 +422,88 @@ impl Store {
     }
 
     /// Visits every record of `table` in key order without holding them all in memory: a restart
-    /// reads a store far larger than the node's memory this way.
+    /// reads a store far larger than the node's memory this way. A record of an unknown
+    /// [`RECORD_VERSION`] stops the scan with [`StorageError::RecordVersion`].
     pub fn scan(
         &self,
         table: Table,
+        visit: impl FnMut(&[u8], &[u8]) -> Result<(), StorageError>,
+    ) -> Result<(), StorageError> {
+        self.scan_bounds(table, (Bound::Unbounded, Bound::Unbounded), visit)
+    }
+
+    /// Visits the records of `table` whose keys start with `prefix`, in key order, as
+    /// [`Store::scan`] does.
+    pub fn scan_prefix(
+        &self,
+        table: Table,
+        prefix: &[u8],
+        visit: impl FnMut(&[u8], &[u8]) -> Result<(), StorageError>,
+    ) -> Result<(), StorageError> {
+        let end = prefix_end(prefix);
+        let upper = end.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
+        self.scan_bounds(table, (Bound::Included(prefix), upper), visit)
+    }
+
+    /// Visits the records of `table` with keys in `keys` (from `start`, up to but not including
+    /// `end`), in key order, as [`Store::scan`] does. An empty or reversed range visits nothing.
+    pub fn scan_range(
+        &self,
+        table: Table,
+        keys: std::ops::Range<&[u8]>,
+        visit: impl FnMut(&[u8], &[u8]) -> Result<(), StorageError>,
+    ) -> Result<(), StorageError> {
+        if keys.start >= keys.end {
+            return Ok(());
+        }
+        self.scan_bounds(
+            table,
+            (Bound::Included(keys.start), Bound::Excluded(keys.end)),
+            visit,
+        )
+    }
+
+    fn scan_bounds(
+        &self,
+        table: Table,
+        bounds: (Bound<&[u8]>, Bound<&[u8]>),
         mut visit: impl FnMut(&[u8], &[u8]) -> Result<(), StorageError>,
     ) -> Result<(), StorageError> {
-        let txn = self
-            .database
-            .begin_read()
-            .map_err(StorageError::from("begin read"))?;
-        let opened = txn
-            .open_table(table.definition())
-            .map_err(StorageError::from("open table"))?;
-        for entry in opened.iter().map_err(StorageError::from("scan"))? {
+        let Some(opened) = self.read_table(&table)? else {
+            return Ok(());
+        };
+        for entry in opened
+            .range::<&[u8]>(bounds)
+            .map_err(StorageError::from("scan"))?
+        {
             let (key, value) = entry.map_err(StorageError::from("scan"))?;
-            visit(key.value(), value.value())?;
+            visit(key.value(), payload(&table, key.value(), value.value())?)?;
         }
         Ok(())
     }
 
-    /// One committed record.
+    /// One committed record. Its payload is copied once out of redb's page: sharing the page
+    /// would keep the read transaction, and every page it pins, alive as long as the record.
     pub fn get(&self, table: Table, key: &[u8]) -> Result<Option<Bytes>, StorageError> {
-        let txn = self
-            .database
-            .begin_read()
-            .map_err(StorageError::from("begin read"))?;
-        let opened = txn
-            .open_table(table.definition())
-            .map_err(StorageError::from("open table"))?;
-        let value = opened.get(key).map_err(StorageError::from("get"))?;
-        Ok(value.map(|v| Bytes::copy_from_slice(v.value())))
+        let Some(opened) = self.read_table(&table)? else {
+            return Ok(None);
+        };
+        let Some(value) = opened.get(key).map_err(StorageError::from("get"))? else {
+            return Ok(None);
+        };
+        Ok(Some(Bytes::copy_from_slice(payload(
+            &table,
+            key,
+            value.value(),
+        )?)))
     }
 
     /// Number of records in `table`.
     pub fn count(&self, table: Table) -> Result<u64, StorageError> {
-        let txn = self
-            .database
-            .begin_read()
-            .map_err(StorageError::from("begin read"))?;
-        let opened = txn
-            .open_table(table.definition())
-            .map_err(StorageError::from("open table"))?;
-        opened.len().map_err(StorageError::from("count"))
+        match self.read_table(&table)? {
+            Some(opened) => opened.len().map_err(StorageError::from("count")),
+            None => Ok(0),
+        }
     }
 
     /// Applies `ops` in one durable transaction.
@@ -219,8 +524,10 @@ impl Store {
         {
             // Only the tables a group touches are opened: every opened table's root is flushed
             // at commit, and most groups touch one table (a STORE's `hist`, a COMPLETE's `lc`).
-            let mut tables: [Option<redb::Table<&[u8], &[u8]>>; Table::ALL.len()] =
-                Default::default();
+            let mut tables: HashMap<Table, redb::Table<&[u8], &[u8]>> = HashMap::new();
+            // One buffer for every record of the group: redb copies the value it is given, and
+            // the version byte has to precede the caller's bytes in it.
+            let mut record = Vec::new();
             for batch in batches {
                 for op in batch {
                     let (table, key) = match op {
@@ -228,17 +535,20 @@ impl Store {
                             (*table, key)
                         }
                     };
-                    let opened = match &mut tables[table.index()] {
-                        Some(opened) => opened,
-                        slot => slot.insert(
-                            txn.open_table(table.definition())
+                    let opened = match tables.entry(table) {
+                        std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
+                        std::collections::hash_map::Entry::Vacant(entry) => entry.insert(
+                            txn.open_table(TableDefinition::new(&table.redb_name()?))
                                 .map_err(StorageError::from("open table"))?,
                         ),
                     };
                     match op {
                         StorageOp::Put { value, .. } => {
+                            record.clear();
+                            record.push(RECORD_VERSION);
+                            record.extend_from_slice(value);
                             opened
-                                .insert(key.as_slice(), value.as_ref())
+                                .insert(key.as_slice(), record.as_slice())
                                 .map_err(StorageError::from("insert"))?;
                         }
                         StorageOp::Delete { .. } => {
@@ -313,7 +623,9 @@ impl Committer {
             None => return receiver,
         };
         if let Err(mpsc::SendError((_, done))) = sent {
-            let _ = done.send(Err(StorageError("the committer has stopped".into())));
+            let _ = done.send(Err(StorageError::Failed(
+                "the committer has stopped".into(),
+            )));
         }
         receiver
     }
@@ -377,7 +689,7 @@ fn commit_loop(
     while let Some(group) = next_group(receiver, &mut carried) {
         let (batches, waiting): (Vec<_>, Vec<_>) = group.into_iter().unzip();
         let result = match &failed {
-            Some(error) => Err(StorageError(format!(
+            Some(error) => Err(StorageError::Failed(format!(
                 "not written: an earlier commit failed ({error})"
             ))),
             None => {
@@ -405,6 +717,11 @@ fn commit_loop(
 mod tests {
     use super::*;
 
+    const NS: Namespace = Namespace::new(ServiceId(0), GroupId(0));
+    const HIST: Table = NS.table("hist");
+    const LC: Table = NS.table("lc");
+    const REGISTER: Table = NS.table("register");
+
     fn put(table: Table, key: &str, value: &str) -> StorageOp {
         StorageOp::Put {
             table,
@@ -419,24 +736,20 @@ mod tests {
         {
             let store = Store::open(dir.path()).unwrap();
             store
-                .apply(&[
-                    put(Table::Hist, "a", "1"),
-                    put(Table::Lc, "a", "x"),
-                    put(Table::Hist, "b", "2"),
-                ])
+                .apply(&[put(HIST, "a", "1"), put(LC, "a", "x"), put(HIST, "b", "2")])
                 .unwrap();
             store
                 .apply(&[
                     StorageOp::Delete {
-                        table: Table::Hist,
+                        table: HIST,
                         key: b"b".to_vec(),
                     },
-                    put(Table::Hist, "c", "3"),
+                    put(HIST, "c", "3"),
                 ])
                 .unwrap();
         }
         let store = Store::open(dir.path()).unwrap();
-        let hist = store.load(Table::Hist).unwrap();
+        let hist = store.load(HIST).unwrap();
         assert_eq!(
             hist,
             vec![
@@ -444,8 +757,8 @@ mod tests {
                 (b"c".to_vec(), Bytes::from("3"))
             ]
         );
-        assert_eq!(store.load(Table::Lc).unwrap().len(), 1);
-        assert_eq!(store.count(Table::Meta).unwrap(), 0);
+        assert_eq!(store.load(LC).unwrap().len(), 1);
+        assert_eq!(store.count(REGISTER).unwrap(), 0);
     }
 
     #[test]
@@ -454,14 +767,14 @@ mod tests {
         let store = Store::open(dir.path()).unwrap();
         store
             .apply(&[
-                put(Table::Hist, "k", "1"),
+                put(HIST, "k", "1"),
                 StorageOp::Delete {
-                    table: Table::Hist,
+                    table: HIST,
                     key: b"k".to_vec(),
                 },
             ])
             .unwrap();
-        assert!(store.load(Table::Hist).unwrap().is_empty());
+        assert!(store.load(HIST).unwrap().is_empty());
     }
 
     #[test]
@@ -475,7 +788,7 @@ mod tests {
                 let committer = committer.clone();
                 std::thread::spawn(move || {
                     (0..50)
-                        .map(|i| committer.submit(vec![put(Table::Hist, &format!("{t}-{i}"), "v")]))
+                        .map(|i| committer.submit(vec![put(HIST, &format!("{t}-{i}"), "v")]))
                         .collect::<Vec<_>>()
                 })
             })
@@ -484,14 +797,14 @@ mod tests {
             waits.extend(thread.join().unwrap());
         }
         // Later batches overwrite earlier ones of the same key.
-        waits.push(committer.submit(vec![put(Table::Lc, "same", "first")]));
-        waits.push(committer.submit(vec![put(Table::Lc, "same", "second")]));
+        waits.push(committer.submit(vec![put(LC, "same", "first")]));
+        waits.push(committer.submit(vec![put(LC, "same", "second")]));
         for wait in waits {
             wait.blocking_recv().unwrap().unwrap();
         }
-        assert_eq!(store.count(Table::Hist).unwrap(), 200);
+        assert_eq!(store.count(HIST).unwrap(), 200);
         assert_eq!(
-            store.load(Table::Lc).unwrap(),
+            store.load(LC).unwrap(),
             vec![(b"same".to_vec(), Bytes::from("second"))]
         );
         let commits = committer.commits();
@@ -506,50 +819,439 @@ mod tests {
         let value = Bytes::from(vec![0xabu8; 8 * 1024 * 1024]);
         store
             .apply(&[StorageOp::Put {
-                table: Table::Hist,
+                table: HIST,
                 key: b"big".to_vec(),
                 value: value.clone(),
             }])
             .unwrap();
-        assert_eq!(store.load(Table::Hist).unwrap()[0].1, value);
+        assert_eq!(store.load(HIST).unwrap()[0].1, value);
     }
 
     #[test]
     fn every_table_round_trips_on_its_own() {
+        let tables = [
+            HIST,
+            LC,
+            REGISTER,
+            Namespace::new(ServiceId(1), GroupId(0)).table("hist"),
+            Namespace::new(ServiceId(0), GroupId(7)).table("hist"),
+            Namespace::new(ServiceId(u16::MAX), GroupId(u32::MAX)).table("a-b_9"),
+        ];
         let dir = tempfile::tempdir().unwrap();
         {
             let store = Store::open(dir.path()).unwrap();
-            for table in Table::ALL {
-                let name = format!("{table:?}");
+            for table in tables {
+                let name = table.to_string();
                 store
                     .apply(&[put(table, "shared", &name), put(table, &name, "own")])
                     .unwrap();
             }
         }
         let store = Store::open(dir.path()).unwrap();
-        for (i, table) in Table::ALL.into_iter().enumerate() {
-            assert_eq!(table.index(), i);
-            let name = format!("{table:?}");
+        for table in tables {
+            let name = table.to_string();
             let mut expected = vec![
                 (b"shared".to_vec(), Bytes::from(name.clone())),
                 (name.into_bytes(), Bytes::from("own")),
             ];
             expected.sort();
-            assert_eq!(store.load(table).unwrap(), expected, "{table:?}");
+            assert_eq!(store.load(table).unwrap(), expected, "{table}");
             assert_eq!(store.count(table).unwrap(), 2);
+            assert_eq!(
+                store.get(table, b"shared").unwrap(),
+                Some(Bytes::from(table.to_string()))
+            );
         }
         store
             .apply(&[StorageOp::Delete {
-                table: Table::Meta,
+                table: REGISTER,
                 key: b"shared".to_vec(),
             }])
             .unwrap();
-        assert_eq!(store.count(Table::Meta).unwrap(), 1);
+        assert_eq!(store.count(REGISTER).unwrap(), 1);
+        for table in tables.into_iter().filter(|t| *t != REGISTER) {
+            assert_eq!(store.count(table).unwrap(), 2, "a delete touched {table}");
+        }
         assert_eq!(
-            store.count(Table::Lc).unwrap(),
-            2,
-            "a delete touched another table"
+            store.namespaces().unwrap(),
+            vec![
+                NS,
+                Namespace::new(ServiceId(0), GroupId(7)),
+                Namespace::new(ServiceId(1), GroupId(0)),
+                Namespace::new(ServiceId(u16::MAX), GroupId(u32::MAX)),
+            ]
         );
+    }
+
+    #[test]
+    fn tables_never_written_read_as_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        assert!(store.namespaces().unwrap().is_empty());
+        store.apply(&[put(HIST, "k", "v")]).unwrap();
+        let never = Namespace::new(ServiceId(3), GroupId(3)).table("hist");
+        for table in [LC, never] {
+            assert_eq!(store.get(table, b"k").unwrap(), None);
+            assert_eq!(store.count(table).unwrap(), 0);
+            assert!(store.load(table).unwrap().is_empty());
+            let mut visited = 0;
+            let mut count = |_: &[u8], _: &[u8]| {
+                visited += 1;
+                Ok(())
+            };
+            store.scan(table, &mut count).unwrap();
+            store.scan_prefix(table, b"k", &mut count).unwrap();
+            store
+                .scan_range(table, b"a".as_slice()..b"z", &mut count)
+                .unwrap();
+            assert_eq!(visited, 0);
+        }
+        assert_eq!(
+            store.namespaces().unwrap(),
+            vec![NS],
+            "reads created a table"
+        );
+    }
+
+    #[test]
+    fn tables_with_invalid_names_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let long: &'static str = "a".repeat(TABLE_NAME_BYTES_MAX + 1).leak();
+        for name in ["", "a/b", "Hist", "h\u{e9}", long] {
+            let table = NS.table(name);
+            let error = store.apply(&[put(table, "k", "v")]).unwrap_err();
+            assert!(
+                error.to_string().contains("table name"),
+                "{name:?}: {error}"
+            );
+            assert!(store.get(table, b"k").is_err());
+        }
+        let longest: &'static str = "a".repeat(TABLE_NAME_BYTES_MAX).leak();
+        store.apply(&[put(NS.table(longest), "k", "v")]).unwrap();
+        assert_eq!(store.namespaces().unwrap(), vec![NS]);
+    }
+
+    /// Keys around the edges of prefixes: empty-suffix matches, `0xff` runs, and neighbours
+    /// just past a prefix.
+    fn edge_keys() -> Vec<Vec<u8>> {
+        let keys: [&[u8]; 14] = [
+            b"\x00",
+            b"\x01\xff",
+            b"\x01\xff\xff",
+            b"\x02",
+            b"a",
+            b"ab",
+            b"ab\x00",
+            b"ab\xff",
+            b"abc",
+            b"ac",
+            b"\xff",
+            b"\xff\x00",
+            b"\xff\xff",
+            b"\xff\xff\x01",
+        ];
+        let mut keys: Vec<_> = keys.iter().map(|k| k.to_vec()).collect();
+        keys.sort();
+        keys
+    }
+
+    fn store_with(keys: &[Vec<u8>]) -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let ops: Vec<_> = keys
+            .iter()
+            .map(|key| StorageOp::Put {
+                table: HIST,
+                key: key.clone(),
+                value: Bytes::from(key.clone()),
+            })
+            .collect();
+        store.apply(&ops).unwrap();
+        (dir, store)
+    }
+
+    /// The keys a scan visited, checking each record is the one filed under its key.
+    fn visited(
+        scan: impl FnOnce(&mut dyn FnMut(&[u8], &[u8]) -> Result<(), StorageError>),
+    ) -> Vec<Vec<u8>> {
+        let mut keys = Vec::new();
+        scan(&mut |key, value| {
+            assert_eq!(key, value);
+            keys.push(key.to_vec());
+            Ok(())
+        });
+        keys
+    }
+
+    #[test]
+    fn prefix_scans_visit_exactly_the_keys_with_the_prefix_in_order() {
+        let keys = edge_keys();
+        let (_dir, store) = store_with(&keys);
+        let prefixes: [&[u8]; 11] = [
+            b"",
+            b"a",
+            b"ab",
+            b"abc",
+            b"abd",
+            b"\x01",
+            b"\x01\xff",
+            b"\xff",
+            b"\xff\xff",
+            b"\xff\xff\xff",
+            b"\x00",
+        ];
+        for prefix in prefixes {
+            let expected: Vec<_> = keys
+                .iter()
+                .filter(|k| k.starts_with(prefix))
+                .cloned()
+                .collect();
+            let got = visited(|visit| store.scan_prefix(HIST, prefix, visit).unwrap());
+            assert_eq!(got, expected, "prefix {prefix:x?}");
+        }
+        assert_eq!(prefix_end(b"ab\xff\xff"), Some(b"ac".to_vec()));
+        assert_eq!(prefix_end(b"\xff\xff"), None);
+        assert_eq!(prefix_end(b""), None);
+    }
+
+    #[test]
+    fn range_scans_are_half_open_and_in_order() {
+        let keys = edge_keys();
+        let (_dir, store) = store_with(&keys);
+        let mut bounds = keys.clone();
+        bounds.extend([b"".to_vec(), b"aa".to_vec(), vec![0xff; 4]]);
+        for start in &bounds {
+            for end in &bounds {
+                let expected: Vec<_> = keys
+                    .iter()
+                    .filter(|k| start.as_slice() <= k.as_slice() && k.as_slice() < end.as_slice())
+                    .cloned()
+                    .collect();
+                let got = visited(|visit| {
+                    store
+                        .scan_range(HIST, start.as_slice()..end.as_slice(), visit)
+                        .unwrap()
+                });
+                assert_eq!(got, expected, "{start:x?}..{end:x?}");
+            }
+        }
+        let all = visited(|visit| store.scan(HIST, visit).unwrap());
+        assert_eq!(all, keys, "a full scan is in key order");
+    }
+
+    #[test]
+    fn records_carry_their_version_on_disk_and_reads_strip_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        store.apply(&[put(HIST, "k", "value")]).unwrap();
+        let txn = store.database.begin_read().unwrap();
+        let name = HIST.redb_name().unwrap();
+        let raw = txn
+            .open_table(TableDefinition::<&[u8], &[u8]>::new(&name))
+            .unwrap();
+        assert_eq!(
+            raw.get(b"k".as_slice()).unwrap().unwrap().value(),
+            b"\x01value"
+        );
+        assert_eq!(store.get(HIST, b"k").unwrap(), Some(Bytes::from("value")));
+    }
+
+    #[test]
+    fn a_record_of_another_version_is_an_error_not_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        store.apply(&[put(HIST, "a", "fine")]).unwrap();
+        let name = HIST.redb_name().unwrap();
+        let txn = store.database.begin_write().unwrap();
+        {
+            let mut raw = txn
+                .open_table(TableDefinition::<&[u8], &[u8]>::new(&name))
+                .unwrap();
+            raw.insert(b"b".as_slice(), b"\x02from the future".as_slice())
+                .unwrap();
+            raw.insert(b"c".as_slice(), b"".as_slice()).unwrap();
+        }
+        txn.commit().unwrap();
+
+        assert_eq!(store.get(HIST, b"a").unwrap(), Some(Bytes::from("fine")));
+        let error = store.get(HIST, b"b").unwrap_err();
+        assert!(
+            matches!(&error, StorageError::RecordVersion { found: Some(2), key, .. } if key == "62"),
+            "{error:?}"
+        );
+        let text = error.to_string();
+        assert!(text.contains("record version 2"), "{text}");
+        assert!(text.contains("service0/group0/hist"), "{text}");
+        let empty = store.get(HIST, b"c").unwrap_err();
+        assert!(
+            matches!(empty, StorageError::RecordVersion { found: None, .. }),
+            "{empty:?}"
+        );
+        assert!(empty.to_string().contains("record version"), "{empty}");
+
+        let mut handed = Vec::new();
+        let scanned = store.scan(HIST, |key, _| {
+            handed.push(key.to_vec());
+            Ok(())
+        });
+        assert!(matches!(scanned, Err(StorageError::RecordVersion { .. })));
+        assert_eq!(
+            handed,
+            [b"a".to_vec()],
+            "the unknown record was handed over"
+        );
+        assert!(store.load(HIST).is_err());
+    }
+
+    /// Writes `tables` (name, key, value) with plain redb, as a release with another layout would.
+    fn write_raw(dir: &Path, tables: &[(&str, &[u8], &[u8])]) {
+        let database = redb::Database::create(dir.join("state.redb")).unwrap();
+        let txn = database.begin_write().unwrap();
+        for (name, key, value) in tables {
+            txn.open_table(TableDefinition::<&[u8], &[u8]>::new(name))
+                .unwrap()
+                .insert(*key, *value)
+                .unwrap();
+        }
+        txn.commit().unwrap();
+    }
+
+    #[test]
+    fn a_store_of_the_unversioned_layout_is_refused_not_misread() {
+        let dir = tempfile::tempdir().unwrap();
+        // What the release before format versions wrote: four tables, values without a version.
+        write_raw(
+            dir.path(),
+            &[
+                ("hist", b"h", b"\x01looks like a version byte"),
+                ("lc", b"k", b"candidate"),
+                ("register", b"k", b"entry"),
+            ],
+        );
+        let database = redb::Database::create(dir.path().join("state.redb")).unwrap();
+        let txn = database.begin_write().unwrap();
+        txn.open_table(META).unwrap();
+        txn.commit().unwrap();
+        drop(database);
+
+        for _ in 0..2 {
+            let error = Store::open(dir.path()).err().expect("an old store opened");
+            assert!(
+                matches!(
+                    error,
+                    StorageError::Format {
+                        found: 1,
+                        expected: 2
+                    }
+                ),
+                "{error:?}"
+            );
+            let text = error.to_string();
+            for needed in [
+                "older",
+                "format 1",
+                "format 2",
+                "cannot read",
+                "empty data directory",
+                "the release that wrote it",
+            ] {
+                assert!(text.contains(needed), "{needed:?} missing: {text}");
+            }
+        }
+        // Refusing wrote nothing: the file still has only the old tables.
+        let database = redb::Database::create(dir.path().join("state.redb")).unwrap();
+        let txn = database.begin_read().unwrap();
+        let mut names: Vec<_> = txn
+            .list_tables()
+            .unwrap()
+            .map(|t| t.name().to_string())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["hist", "lc", "meta", "register"]);
+        assert!(txn.open_table(META).unwrap().is_empty().unwrap());
+    }
+
+    #[test]
+    fn a_store_of_a_newer_format_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        write_raw(
+            dir.path(),
+            &[
+                ("meta", FORMAT_VERSION_KEY, &3u32.to_be_bytes()),
+                ("v3/0/0/hist", b"k", b"\x07v"),
+            ],
+        );
+        let error = Store::open(dir.path()).err().expect("a newer store opened");
+        assert!(
+            matches!(
+                error,
+                StorageError::Format {
+                    found: 3,
+                    expected: 2
+                }
+            ),
+            "{error:?}"
+        );
+        let text = error.to_string();
+        for needed in [
+            "newer",
+            "format 3",
+            "format 2",
+            "cannot read",
+            "empty data directory",
+        ] {
+            assert!(text.contains(needed), "{needed:?} missing: {text}");
+        }
+    }
+
+    #[test]
+    fn a_fresh_store_records_its_format_and_reopens() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(Store::open(dir.path()).unwrap());
+        let store = Store::open(dir.path()).unwrap();
+        let txn = store.database.begin_read().unwrap();
+        let meta = txn.open_table(META).unwrap();
+        assert_eq!(
+            meta.get(FORMAT_VERSION_KEY).unwrap().unwrap().value(),
+            FORMAT_VERSION.to_be_bytes()
+        );
+        assert!(store.namespaces().unwrap().is_empty());
+
+        let damaged = tempfile::tempdir().unwrap();
+        write_raw(damaged.path(), &[("meta", FORMAT_VERSION_KEY, b"\x00\x02")]);
+        let error = Store::open(damaged.path())
+            .err()
+            .expect("a damaged version opened");
+        assert!(matches!(error, StorageError::Failed(_)), "{error:?}");
+        assert!(error.to_string().contains("format version"), "{error}");
+    }
+
+    #[test]
+    fn tables_this_format_does_not_have_are_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let txn = store.database.begin_write().unwrap();
+        txn.open_table(TableDefinition::<&[u8], &[u8]>::new("v2/00/0/hist"))
+            .unwrap();
+        txn.commit().unwrap();
+        let error = store.namespaces().unwrap_err();
+        assert!(error.to_string().contains("v2/00/0/hist"), "{error}");
+        for name in [
+            "v2/0/0",
+            "v2/0/0/a/b",
+            "v1/0/0/hist",
+            "v2/0/-1/hist",
+            "v2/65536/0/x",
+            "hist",
+        ] {
+            assert!(parse_table_name(name).is_err(), "{name}");
+        }
+        assert_eq!(
+            parse_table_name("v2/4/5/lc").unwrap(),
+            Some(Namespace::new(ServiceId(4), GroupId(5)))
+        );
+        assert_eq!(parse_table_name("meta").unwrap(), None);
     }
 
     #[test]
@@ -558,13 +1260,13 @@ mod tests {
         let store = Arc::new(Store::open(dir.path()).unwrap());
         let committer = Committer::start(store.clone());
         let waits: Vec<_> = (0..100)
-            .map(|i| committer.submit(vec![put(Table::Meta, &format!("{i:03}"), "v")]))
+            .map(|i| committer.submit(vec![put(REGISTER, &format!("{i:03}"), "v")]))
             .collect();
         drop(committer);
         for wait in waits {
             wait.blocking_recv().unwrap().unwrap();
         }
-        assert_eq!(store.count(Table::Meta).unwrap(), 100);
+        assert_eq!(store.count(REGISTER).unwrap(), 100);
     }
 
     /// Queues `batches`, closes the channel, and runs the commit loop over them with `apply`.
@@ -595,7 +1297,7 @@ mod tests {
     fn groups_respect_the_batch_and_byte_bounds() {
         let mut sizes = Vec::new();
         let tiny: Vec<_> = (0..2 * BATCHES_PER_COMMIT_MAX + 5)
-            .map(|i| vec![put(Table::Hist, &i.to_string(), "v")])
+            .map(|i| vec![put(HIST, &i.to_string(), "v")])
             .collect();
         let (commits, results) = run_loop(tiny, |batches| {
             sizes.push(batches.len());
@@ -612,18 +1314,18 @@ mod tests {
         let mut batches: Vec<_> = (0..5)
             .map(|i| {
                 vec![StorageOp::Put {
-                    table: Table::Hist,
+                    table: HIST,
                     key: vec![i],
                     value: twenty.clone(),
                 }]
             })
             .collect();
         batches.push(vec![StorageOp::Put {
-            table: Table::Hist,
+            table: HIST,
             key: vec![9],
             value: value(70),
         }]);
-        batches.push(vec![put(Table::Hist, "small", "v")]);
+        batches.push(vec![put(HIST, "small", "v")]);
         let mut shapes = Vec::new();
         run_loop(batches, |group| {
             shapes.push(
@@ -640,13 +1342,13 @@ mod tests {
     #[test]
     fn a_failed_commit_fails_its_batches_and_every_later_one() {
         let batches: Vec<_> = (0..2 * BATCHES_PER_COMMIT_MAX + 1)
-            .map(|i| vec![put(Table::Hist, &i.to_string(), "v")])
+            .map(|i| vec![put(HIST, &i.to_string(), "v")])
             .collect();
         let mut calls = 0;
         let (commits, results) = run_loop(batches, |_| {
             calls += 1;
             if calls == 2 {
-                Err(StorageError("disk on fire".into()))
+                Err(StorageError::Failed("disk on fire".into()))
             } else {
                 Ok(())
             }
@@ -701,7 +1403,7 @@ mod tests {
                     sequence += 1;
                     (
                         sequence,
-                        committer.submit(vec![put(Table::Hist, &format!("{sequence:08}"), "v")]),
+                        committer.submit(vec![put(HIST, &format!("{sequence:08}"), "v")]),
                     )
                 })
                 .collect();
@@ -777,7 +1479,7 @@ mod tests {
         );
         let store = Store::open(dir.path()).unwrap();
         let present: std::collections::HashSet<Vec<u8>> = store
-            .load(Table::Hist)
+            .load(HIST)
             .unwrap()
             .into_iter()
             .map(|(k, _)| k)
