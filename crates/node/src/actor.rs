@@ -4,7 +4,7 @@
 use crate::Rejections;
 use crate::verified::{VERIFIED_BYTES_MAX, Verified};
 use bulwark_core::Digest;
-use bulwark_core::{ClientId, Key, NodeId, ServiceId, Time, wire};
+use bulwark_core::{ClientId, Key, NodeId, Time, wire};
 use bulwark_protocol::powerstore::{
     Access, Change, Fragments, Request, ServerLogic, ServerStats, StoredEntry, Timestamp,
     fragment_digest,
@@ -40,16 +40,6 @@ pub enum Machine {
 }
 
 impl Machine {
-    // Provisional: the service each protocol's state is stored under until the configuration
-    // assigns services to groups (DESIGN.md §3, step 2). They name the storage namespace a
-    // node's state lives in, so changing one orphans every store written with it.
-    /// PoWerStore's service.
-    pub const POWERSTORE: ServiceId = ServiceId(0);
-    /// ABD's service.
-    pub const ABD: ServiceId = ServiceId(1);
-    /// Phalanx's service.
-    pub const PHALANX: ServiceId = ServiceId(2);
-
     fn protocol(&self) -> &'static str {
         match self {
             Machine::PowerStore(_) => "powerstore",

@@ -18,7 +18,7 @@ pub use rejections::Rejections;
 
 use bulwark_core::config::Protocol;
 use bulwark_core::config::{ClusterConfig, NodeSecrets, parse_secrets};
-use bulwark_core::{NodeId, Time};
+use bulwark_core::{NodeId, ServiceId, Time};
 use bulwark_protocol::powerstore::{
     Server, ServerConfig, ServerLogic, StoredEntry, fragment_digest,
 };
@@ -216,7 +216,7 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
             config.epoch = bulwark_core::Epoch(options.cluster.epoch);
             config.grace_millis = options.grace_millis;
             config.group = group;
-            let namespace = Namespace::new(actor::Machine::POWERSTORE, group);
+            let namespace = Namespace::new(ServiceId::POWERSTORE, group);
             let mut server = Server::new(config.clone(), options.secrets.mac_key.clone());
             let restored = restore(
                 &store,
@@ -238,7 +238,7 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
         }
         Protocol::Abd => {
             let epoch = bulwark_core::Epoch(options.cluster.epoch);
-            let namespace = Namespace::new(actor::Machine::ABD, group);
+            let namespace = Namespace::new(ServiceId::ABD, group);
             let mut server = abd::Server::new(id, epoch, group);
             let keys = restore_register(&store, namespace, |record, value| {
                 let (key, entry) = decode_register::<abd::Entry>(record, value)?;
@@ -253,7 +253,7 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
         }
         Protocol::Phalanx => {
             let epoch = bulwark_core::Epoch(options.cluster.epoch);
-            let namespace = Namespace::new(actor::Machine::PHALANX, group);
+            let namespace = Namespace::new(ServiceId::PHALANX, group);
             let writers = phalanx::Writers::from_config(&options.cluster, "cluster.toml")?;
             let mut server = phalanx::Server::new(id, epoch, group, Arc::new(writers));
             let keys = restore_register(&store, namespace, |record, value| {
@@ -545,7 +545,7 @@ mod tests {
     use bulwark_storage::{StorageOp, Table};
     use bytes::Bytes;
 
-    const POWERSTORE: Namespace = Namespace::new(actor::Machine::POWERSTORE, GroupId(0));
+    const POWERSTORE: Namespace = Namespace::new(ServiceId::POWERSTORE, GroupId(0));
     const HIST: Table = POWERSTORE.table(actor::HIST);
 
     /// A `Hist` entry exactly as node 1 of 4 accepts it, for a replicated value.
@@ -702,7 +702,7 @@ mod tests {
     #[test]
     fn baseline_versions_survive_a_restart_and_a_misfiled_one_stops_the_start() {
         use bulwark_protocol::abd;
-        let abd = Namespace::new(actor::Machine::ABD, GroupId(0));
+        let abd = Namespace::new(ServiceId::ABD, GroupId(0));
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
         let key = Key::new(b"k".to_vec()).unwrap();
