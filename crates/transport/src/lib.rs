@@ -15,6 +15,8 @@
 //! Note that with TLS 1.3 the client finishes its side of the handshake before the node has
 //! checked the client's certificate: a client the node refuses sees [`Connector::connect`] succeed
 //! and learns of the refusal only on its first read (an error or end of stream).
+#![warn(missing_docs)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::panic))]
 
 mod identity;
 mod pin;
@@ -30,6 +32,7 @@ use rustls::server::NoServerSessionStorage;
 use rustls::sign::{CertifiedKey, SingleCertAndKey};
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
@@ -115,10 +118,12 @@ fn server_config(
     provider: Arc<CryptoProvider>,
     certified: Arc<CertifiedKey>,
     allowed_clients: Vec<Fingerprint>,
+    unlisted: Arc<AtomicU64>,
 ) -> Result<rustls::ServerConfig, TransportError> {
     let verifier = pin::PinnedClients {
         allowed: allowed_clients.into_iter().collect(),
         algorithms: provider.signature_verification_algorithms,
+        unlisted,
     };
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])?
@@ -209,11 +214,12 @@ impl std::fmt::Debug for Connector {
     }
 }
 
-/// The node side: completes handshakes with configured clients only.
+/// The node side: completes handshakes with configured peers (clients or nodes) only.
 pub struct Acceptor {
     acceptor: tokio_rustls::TlsAcceptor,
     max_frame_bytes: usize,
     handshake_timeout: Duration,
+    unlisted: Arc<AtomicU64>,
 }
 
 impl Acceptor {
@@ -231,12 +237,19 @@ impl Acceptor {
         certified: Arc<CertifiedKey>,
         allowed_clients: Vec<Fingerprint>,
     ) -> Result<Acceptor, TransportError> {
-        let config = server_config(provider(), certified, allowed_clients)?;
+        let unlisted = Arc::new(AtomicU64::new(0));
+        let config = server_config(provider(), certified, allowed_clients, unlisted.clone())?;
         Ok(Acceptor {
             acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
             max_frame_bytes: FRAME_BYTES_MAX,
             handshake_timeout: HANDSHAKE_TIMEOUT,
+            unlisted,
         })
+    }
+
+    /// Handshakes refused so far because the peer's certificate is not listed.
+    pub fn unlisted(&self) -> u64 {
+        self.unlisted.load(Ordering::Relaxed)
     }
 
     /// Bounds the frames of connections accepted from now on to `max_frame_bytes`.
