@@ -20,10 +20,12 @@
 
 mod identity;
 mod pin;
+mod router;
 
 pub use bulwark_core::config::Fingerprint;
 pub use bulwark_core::wire::FRAME_BYTES_MAX;
 pub use identity::Identity;
+pub use router::{Delivery, OpTaken, Registration, RouteSender, Router, RouterStats};
 
 use rustls::client::Resumption;
 use rustls::crypto::CryptoProvider;
