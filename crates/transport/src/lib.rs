@@ -19,12 +19,16 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::panic))]
 
 mod identity;
+mod link;
 mod pin;
+mod queue;
 mod router;
 
 pub use bulwark_core::config::Fingerprint;
 pub use bulwark_core::wire::FRAME_BYTES_MAX;
 pub use identity::Identity;
+pub use link::{Link, LinkLimits, LinkStats, MALFORMED_MAX, QUEUED_BYTES_MAX};
+pub use queue::SendError;
 pub use router::{Delivery, OpTaken, Registration, RouteSender, Router, RouterStats};
 
 use rustls::client::Resumption;
