@@ -328,4 +328,6 @@ impl std::fmt::Debug for Acceptor {
 }
 
 #[cfg(test)]
+mod link_tests;
+#[cfg(test)]
 mod tests;
