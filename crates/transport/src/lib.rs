@@ -1,27 +1,51 @@
-//! Authenticated, encrypted channels between clients and storage nodes.
+//! Authenticated, encrypted channels between clients and storage nodes, and between nodes, with
+//! the links and routing both sides build on.
 //!
 //! Both ends present self-signed certificates and each accepts exactly the certificates whose
-//! fingerprints the cluster configuration lists: no certificate authority, no host names. A client
-//! dials a node expecting that node's fingerprint; a node accepts only configured clients and
-//! learns which one it is talking to. The TLS 1.3 handshake signatures are still verified, so
-//! presenting a pinned certificate requires holding its private key. Session resumption is off, so
-//! every connection is verified afresh.
+//! fingerprints the cluster configuration lists: no certificate authority, no host names. A dialler
+//! expects the fingerprint of the node it dials; a node accepts only configured peers and learns
+//! which one it is talking to. The TLS 1.3 handshake signatures are still verified, so presenting a
+//! pinned certificate requires holding its private key. Session resumption is off, so every
+//! connection is verified afresh.
 //!
 //! Frames are a big-endian `u32` length followed by that many bytes, bounded (by default) by
 //! [`FRAME_BYTES_MAX`]. The bound is checked on the length prefix before anything is allocated, so
 //! a peer claiming a larger frame gets an error on the receiving side, never a buffer that size;
 //! the caller should then drop the connection.
 //!
+//! Every frame is a [`bulwark_core::envelope::Envelope`]. Above the raw channels:
+//!
+//! - a [`Link`] keeps one node dialled, queues frames (bounded in bytes) while it is down, and
+//!   hands what the node sends to a [`Router`];
+//! - a [`Router`] routes replies to the operation registered for their op and requests to one
+//!   request handler, reading the header alone;
+//! - an [`Inbound`] serves accepted connections, naming each peer as a [`Peer`] by its pinned
+//!   certificate and handing its envelopes to a [`Handler`] with a way to answer on the same
+//!   connection.
+//!
 //! Note that with TLS 1.3 the client finishes its side of the handshake before the node has
 //! checked the client's certificate: a client the node refuses sees [`Connector::connect`] succeed
 //! and learns of the refusal only on its first read (an error or end of stream).
+#![warn(missing_docs)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::panic))]
 
 mod identity;
+mod inbound;
+mod link;
 mod pin;
+mod queue;
+mod router;
 
 pub use bulwark_core::config::Fingerprint;
 pub use bulwark_core::wire::FRAME_BYTES_MAX;
 pub use identity::Identity;
+pub use inbound::{
+    EndReason, Ended, Handler, Inbound, InboundError, InboundLimits, InboundStats, Incoming,
+    LINGER, Peer, REPLIES_QUEUED_BYTES_MAX, Replies,
+};
+pub use link::{Link, LinkLimits, LinkStats, MALFORMED_MAX, QUEUED_BYTES_MAX};
+pub use queue::SendError;
+pub use router::{Delivery, OpTaken, Registration, RouteSender, Router, RouterStats};
 
 use rustls::client::Resumption;
 use rustls::crypto::CryptoProvider;
@@ -30,6 +54,7 @@ use rustls::server::NoServerSessionStorage;
 use rustls::sign::{CertifiedKey, SingleCertAndKey};
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
@@ -115,10 +140,12 @@ fn server_config(
     provider: Arc<CryptoProvider>,
     certified: Arc<CertifiedKey>,
     allowed_clients: Vec<Fingerprint>,
+    unlisted: Arc<AtomicU64>,
 ) -> Result<rustls::ServerConfig, TransportError> {
     let verifier = pin::PinnedClients {
         allowed: allowed_clients.into_iter().collect(),
         algorithms: provider.signature_verification_algorithms,
+        unlisted,
     };
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])?
@@ -209,11 +236,12 @@ impl std::fmt::Debug for Connector {
     }
 }
 
-/// The node side: completes handshakes with configured clients only.
+/// The node side: completes handshakes with configured peers (clients or nodes) only.
 pub struct Acceptor {
     acceptor: tokio_rustls::TlsAcceptor,
     max_frame_bytes: usize,
     handshake_timeout: Duration,
+    unlisted: Arc<AtomicU64>,
 }
 
 impl Acceptor {
@@ -231,12 +259,19 @@ impl Acceptor {
         certified: Arc<CertifiedKey>,
         allowed_clients: Vec<Fingerprint>,
     ) -> Result<Acceptor, TransportError> {
-        let config = server_config(provider(), certified, allowed_clients)?;
+        let unlisted = Arc::new(AtomicU64::new(0));
+        let config = server_config(provider(), certified, allowed_clients, unlisted.clone())?;
         Ok(Acceptor {
             acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
             max_frame_bytes: FRAME_BYTES_MAX,
             handshake_timeout: HANDSHAKE_TIMEOUT,
+            unlisted,
         })
+    }
+
+    /// Handshakes refused so far because the peer's certificate is not listed.
+    pub fn unlisted(&self) -> u64 {
+        self.unlisted.load(Ordering::Relaxed)
     }
 
     /// Bounds the frames of connections accepted from now on to `max_frame_bytes`.
@@ -292,5 +327,7 @@ impl std::fmt::Debug for Acceptor {
     }
 }
 
+#[cfg(test)]
+mod link_tests;
 #[cfg(test)]
 mod tests;

@@ -11,6 +11,8 @@ use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The client side: accepts a node's certificate only if it is the one pinned for the node being
 /// dialled. The server name is ignored.
@@ -69,6 +71,8 @@ impl ServerCertVerifier for PinnedNode {
 pub(crate) struct PinnedClients {
     pub(crate) allowed: HashSet<Fingerprint>,
     pub(crate) algorithms: WebPkiSupportedAlgorithms,
+    /// Counts refusals of unlisted certificates, told apart here from other handshake failures.
+    pub(crate) unlisted: Arc<AtomicU64>,
 }
 
 impl ClientCertVerifier for PinnedClients {
@@ -94,6 +98,7 @@ impl ClientCertVerifier for PinnedClients {
         if self.allowed.contains(&presented) {
             Ok(ClientCertVerified::assertion())
         } else {
+            self.unlisted.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(%presented, "client certificate not listed");
             Err(rustls::Error::General(format!(
                 "client certificate {presented} is not listed in the configuration"
