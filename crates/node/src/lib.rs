@@ -212,7 +212,7 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
     let group = bulwark_core::GroupId(0);
     let (server, namespace) = match options.cluster.protocol {
         Protocol::PowerStore => {
-            let mut config = ServerConfig::new(id, options.cluster.f);
+            let mut config = ServerConfig::new(bulwark_core::Slot(id.0), options.cluster.f);
             config.epoch = bulwark_core::Epoch(options.cluster.epoch);
             config.grace_millis = options.grace_millis;
             config.group = group;
@@ -239,7 +239,7 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
         Protocol::Abd => {
             let epoch = bulwark_core::Epoch(options.cluster.epoch);
             let namespace = Namespace::new(ServiceId::ABD, group);
-            let mut server = abd::Server::new(id, epoch, group);
+            let mut server = abd::Server::new(bulwark_core::Slot(id.0), epoch, group);
             let keys = restore_register(&store, namespace, |record, value| {
                 let (key, entry) = decode_register::<abd::Entry>(record, value)?;
                 if !entry.is_well_formed() {
@@ -255,7 +255,8 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
             let epoch = bulwark_core::Epoch(options.cluster.epoch);
             let namespace = Namespace::new(ServiceId::PHALANX, group);
             let writers = phalanx::Writers::from_config(&options.cluster, "cluster.toml")?;
-            let mut server = phalanx::Server::new(id, epoch, group, Arc::new(writers));
+            let mut server =
+                phalanx::Server::new(bulwark_core::Slot(id.0), epoch, group, Arc::new(writers));
             let keys = restore_register(&store, namespace, |record, value| {
                 let (key, entry) = decode_register::<phalanx::Entry>(record, value)?;
                 if !server.restore(key, entry) {
@@ -583,7 +584,7 @@ mod tests {
     fn entries_damaged_on_disk_are_dropped_counted_and_deleted() {
         let dir = tempfile::tempdir().unwrap();
         let keys: Vec<MacKey> = (0..4).map(|i| MacKey([i; 32])).collect();
-        let config = ServerConfig::new(NodeId(1), 1);
+        let config = ServerConfig::new(bulwark_core::Slot(1), 1);
         let key = Key::new(b"k".to_vec()).unwrap();
         let mut flipped = entry(&key, b"a value whose bytes rot away", 2, &keys);
         let mut rotten = flipped.fragment.to_vec();
@@ -722,7 +723,8 @@ mod tests {
             )])
             .unwrap();
         let load = |store: &Store| {
-            let mut server = abd::Server::new(NodeId(0), bulwark_core::Epoch(0), GroupId(0));
+            let mut server =
+                abd::Server::new(bulwark_core::Slot(0), bulwark_core::Epoch(0), GroupId(0));
             restore_register(store, abd, |record, value| {
                 let (key, entry) = decode_register::<abd::Entry>(record, value)?;
                 server.restore(key, entry);

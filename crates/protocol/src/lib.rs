@@ -9,6 +9,7 @@
 #![warn(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::panic))]
 
+pub mod machine;
 pub mod powerstore;
 pub mod register;
 pub mod round;

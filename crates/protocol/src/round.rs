@@ -2,7 +2,7 @@
 //! each input, counting one reply per node per round, and the rule that `f+1` refusals end an
 //! operation (fewer could all come from faulty nodes).
 
-use bulwark_core::NodeId;
+use bulwark_core::Slot;
 use serde::{Deserialize, Serialize};
 
 /// Matches replies to the operation that asked. Chosen by the client, unique per client session.
@@ -13,7 +13,7 @@ pub struct OpId(pub u64);
 #[derive(Debug)]
 pub enum Step<T, Req, E> {
     /// Send these (possibly none) and keep feeding replies.
-    Continue(Vec<(NodeId, Req)>),
+    Continue(Vec<(Slot, Req)>),
     /// The operation is over.
     Done(Result<T, E>),
 }
@@ -29,7 +29,7 @@ impl<T> Replies<T> {
     }
 
     /// Records `value` unless `node` already answered or is out of range. Returns whether it counted.
-    pub(crate) fn record(&mut self, node: NodeId, value: T) -> bool {
+    pub(crate) fn record(&mut self, node: Slot, value: T) -> bool {
         match self.0.get_mut(node.index()) {
             Some(slot @ None) => {
                 *slot = Some(value);
@@ -44,23 +44,23 @@ impl<T> Replies<T> {
     }
 
     /// The nodes that answered, in node order.
-    pub(crate) fn nodes(&self) -> Vec<NodeId> {
+    pub(crate) fn nodes(&self) -> Vec<Slot> {
         self.present().map(|(n, _)| n).collect()
     }
 
-    pub(crate) fn missing(&self) -> impl Iterator<Item = NodeId> + '_ {
+    pub(crate) fn missing(&self) -> impl Iterator<Item = Slot> + '_ {
         self.0
             .iter()
             .enumerate()
             .filter(|(_, s)| s.is_none())
-            .map(|(i, _)| NodeId(i as u32))
+            .map(|(i, _)| Slot(i as u32))
     }
 
-    pub(crate) fn present(&self) -> impl Iterator<Item = (NodeId, &T)> {
+    pub(crate) fn present(&self) -> impl Iterator<Item = (Slot, &T)> {
         self.0
             .iter()
             .enumerate()
-            .filter_map(|(i, s)| s.as_ref().map(|v| (NodeId(i as u32), v)))
+            .filter_map(|(i, s)| s.as_ref().map(|v| (Slot(i as u32), v)))
     }
 }
 
@@ -74,12 +74,7 @@ impl<R: Clone> Refusals<R> {
     }
 
     /// Records one refusal; once `f+1` nodes refused, the first refusal and who refused.
-    pub(crate) fn record(
-        &mut self,
-        node: NodeId,
-        refusal: R,
-        f: usize,
-    ) -> Option<(R, Vec<NodeId>)> {
+    pub(crate) fn record(&mut self, node: Slot, refusal: R, f: usize) -> Option<(R, Vec<Slot>)> {
         self.0.record(node, refusal);
         if self.0.count() <= f {
             return None;
@@ -96,32 +91,29 @@ mod tests {
     #[test]
     fn a_node_counts_once_and_out_of_range_nodes_not_at_all() {
         let mut replies = Replies::new(3);
-        assert!(replies.record(NodeId(1), "a"));
-        assert!(!replies.record(NodeId(1), "b"), "a second reply is ignored");
-        assert!(!replies.record(NodeId(7), "c"));
+        assert!(replies.record(Slot(1), "a"));
+        assert!(!replies.record(Slot(1), "b"), "a second reply is ignored");
+        assert!(!replies.record(Slot(7), "c"));
         assert_eq!(replies.count(), 1);
-        assert_eq!(
-            replies.present().collect::<Vec<_>>(),
-            vec![(NodeId(1), &"a")]
-        );
+        assert_eq!(replies.present().collect::<Vec<_>>(), vec![(Slot(1), &"a")]);
         assert_eq!(
             replies.missing().collect::<Vec<_>>(),
-            vec![NodeId(0), NodeId(2)]
+            vec![Slot(0), Slot(2)]
         );
     }
 
     #[test]
     fn f_plus_one_refusals_end_an_operation() {
         let mut refusals = Refusals::new(4);
-        assert_eq!(refusals.record(NodeId(2), "no", 1), None);
+        assert_eq!(refusals.record(Slot(2), "no", 1), None);
         assert_eq!(
-            refusals.record(NodeId(2), "again", 1),
+            refusals.record(Slot(2), "again", 1),
             None,
             "one node, one vote"
         );
         assert_eq!(
-            refusals.record(NodeId(0), "nope", 1),
-            Some(("nope", vec![NodeId(0), NodeId(2)]))
+            refusals.record(Slot(0), "nope", 1),
+            Some(("nope", vec![Slot(0), Slot(2)]))
         );
     }
 }

@@ -906,7 +906,7 @@ impl ServerLogic for Colluding {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bulwark_core::NodeId;
+    use bulwark_core::Slot;
 
     #[test]
     fn behaviour_names_round_trip() {
@@ -925,12 +925,12 @@ mod tests {
         let a = Colluding {
             story_seed: 7,
             previous_lc: BTreeMap::new(),
-            inner: Server::new(ServerConfig::new(NodeId(1), f), MacKey([1; 32])),
+            inner: Server::new(ServerConfig::new(Slot(1), f), MacKey([1; 32])),
         };
         let b = Colluding {
             story_seed: 7,
             previous_lc: BTreeMap::new(),
-            inner: Server::new(ServerConfig::new(NodeId(2), f), MacKey([2; 32])),
+            inner: Server::new(ServerConfig::new(Slot(2), f), MacKey([2; 32])),
         };
         let (ca, va) = a.story(&key).unwrap();
         let (cb, vb) = b.story(&key).unwrap();

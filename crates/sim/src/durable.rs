@@ -123,7 +123,7 @@ impl Fragments for StorageView<'_> {
 mod tests {
     use super::*;
     use bulwark_core::erasure::{ErasureCodec, Layout, ReedSolomonSimd};
-    use bulwark_core::{ClientId, GroupId, NodeId, Tag};
+    use bulwark_core::{ClientId, GroupId, Slot, Tag};
     use bulwark_protocol::powerstore::{
         CrossChecksum, MacVec, Nonce, Pid, Timestamp, fragment_digest,
     };
@@ -181,7 +181,7 @@ mod tests {
         });
         assert_eq!(disk.versions(), 2);
         assert_eq!(disk.applied(), 6);
-        let server = disk.restore(ServerConfig::new(NodeId(0), 1), MacKey([1; 32]), Time(0));
+        let server = disk.restore(ServerConfig::new(Slot(0), 1), MacKey([1; 32]), Time(0));
         assert_eq!(server.versions(&key), 2);
         assert_eq!(server.lc(&key), Some(&lc(3)));
         assert_eq!(server.config().group, GroupId(0));

@@ -11,7 +11,7 @@ use super::{
 };
 use crate::round::{Refusals, Replies};
 use bulwark_core::erasure::{ErasureCodec, Layout};
-use bulwark_core::{Digest, Epoch, GroupId, Key, NodeId};
+use bulwark_core::{Digest, Epoch, GroupId, Key, Slot};
 use bytes::Bytes;
 use std::cmp::Ordering;
 
@@ -78,7 +78,7 @@ impl ClientConfig {
 }
 
 /// A message to send.
-pub type Outbound = (NodeId, Request);
+pub type Outbound = (Slot, Request);
 
 /// What a machine says after an input.
 pub type Step<T> = crate::round::Step<T, Request, ProtocolError>;
@@ -92,7 +92,7 @@ pub enum ProtocolError {
         /// The refusal most nodes gave.
         refusal: Refusal,
         /// Who refused.
-        nodes: Vec<NodeId>,
+        nodes: Vec<Slot>,
     },
     /// The value could not be encoded or decoded (a bug: agreed fragments always decode).
     #[error("erasure coding failed: {0}")]
@@ -103,7 +103,7 @@ pub enum ProtocolError {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Evidence {
     /// The node.
-    pub node: NodeId,
+    pub node: Slot,
     /// What it did.
     pub kind: EvidenceKind,
 }
@@ -130,7 +130,7 @@ pub struct WriteOutcome {
     /// The write's timestamp.
     pub ts: Timestamp,
     /// Nodes whose COMPLETE_ACK counted.
-    pub acknowledged_by: Vec<NodeId>,
+    pub acknowledged_by: Vec<Slot>,
 }
 
 /// A completed read.
@@ -141,7 +141,7 @@ pub struct ReadOutcome {
     /// The selected version; `None` for `ts_0`.
     pub ts: Option<Timestamp>,
     /// Nodes whose FILTER replies counted in the final attempt.
-    pub answered_by: Vec<NodeId>,
+    pub answered_by: Vec<Slot>,
     /// Whether REPAIR ran.
     pub repaired: bool,
     /// FILTER rounds beyond the first: each added newer candidates that "superseded" replies
@@ -155,7 +155,7 @@ pub struct ReadOutcome {
 /// `f+1` refusals end an operation.
 fn refused(
     refusals: &mut Refusals<Refusal>,
-    from: NodeId,
+    from: Slot,
     refusal: Refusal,
     f: usize,
 ) -> Option<ProtocolError> {
@@ -248,14 +248,14 @@ impl WriteOp {
         (0..self.config.n)
             .map(|i| {
                 (
-                    NodeId(i as u32),
+                    Slot(i as u32),
                     self.config.request(self.op, 0, &self.key, body.clone()),
                 )
             })
             .collect()
     }
 
-    fn store_for(&self, node: NodeId) -> Option<Request> {
+    fn store_for(&self, node: Slot) -> Option<Request> {
         let p = self.prepared.as_ref()?;
         let body = RequestBody::Store {
             ts: p.ts,
@@ -305,7 +305,7 @@ impl WriteOp {
     }
 
     /// Nodes that have answered the current round.
-    pub fn answered(&self) -> Vec<NodeId> {
+    pub fn answered(&self) -> Vec<Slot> {
         match &self.phase {
             WritePhase::Clock { replies, .. }
             | WritePhase::Store { replies }
@@ -315,7 +315,7 @@ impl WriteOp {
     }
 
     /// Feeds one reply.
-    pub fn on_response(&mut self, from: NodeId, response: Response) -> Step<WriteOutcome> {
+    pub fn on_response(&mut self, from: Slot, response: Response) -> Step<WriteOutcome> {
         if response.op != self.op || from.index() >= self.config.n {
             return Step::Continue(Vec::new());
         }
@@ -351,9 +351,7 @@ impl WriteOp {
                             replies: Replies::new(self.config.n),
                         };
                         let sends = (0..self.config.n)
-                            .filter_map(|i| {
-                                Some((NodeId(i as u32), self.store_for(NodeId(i as u32))?))
-                            })
+                            .filter_map(|i| Some((Slot(i as u32), self.store_for(Slot(i as u32))?)))
                             .collect();
                         Step::Continue(sends)
                     }
@@ -488,14 +486,14 @@ pub struct ReadOp {
     refusals: Refusals<Refusal>,
     evidence: Vec<Evidence>,
     /// Nodes whose offers were excluded: their "superseded" replies offer nothing any more.
-    suspects: Vec<NodeId>,
+    suspects: Vec<Slot>,
 }
 
 /// A candidate some nodes offered in "superseded" replies, carried into the next FILTER round.
 #[derive(Clone, Debug)]
 struct Offer {
     candidate: Candidate,
-    by: Vec<NodeId>,
+    by: Vec<Slot>,
 }
 
 /// The verdict on a FILTER round so far.
@@ -555,7 +553,7 @@ impl ReadOp {
         (0..self.config.n)
             .map(|i| {
                 (
-                    NodeId(i as u32),
+                    Slot(i as u32),
                     self.config
                         .request(self.op, self.attempt, &self.key, body.clone()),
                 )
@@ -583,7 +581,7 @@ impl ReadOp {
         let Some(body) = self.body() else {
             return Vec::new();
         };
-        let missing: Vec<NodeId> = match &self.phase {
+        let missing: Vec<Slot> = match &self.phase {
             ReadPhase::Collect { replies, .. } | ReadPhase::Repair { replies, .. } => {
                 replies.missing().collect()
             }
@@ -603,7 +601,7 @@ impl ReadOp {
     }
 
     /// Nodes that have answered the current round.
-    pub fn answered(&self) -> Vec<NodeId> {
+    pub fn answered(&self) -> Vec<Slot> {
         match &self.phase {
             ReadPhase::Collect { replies, .. } | ReadPhase::Repair { replies, .. } => {
                 replies.present().map(|(n, _)| n).collect()
@@ -613,7 +611,7 @@ impl ReadOp {
         }
     }
 
-    fn blame(&mut self, node: NodeId, kind: EvidenceKind) {
+    fn blame(&mut self, node: Slot, kind: EvidenceKind) {
         let evidence = Evidence { node, kind };
         if !self.evidence.contains(&evidence) {
             self.evidence.push(evidence);
@@ -621,7 +619,7 @@ impl ReadOp {
     }
 
     /// Feeds one reply.
-    pub fn on_response(&mut self, from: NodeId, response: Response) -> Step<ReadOutcome> {
+    pub fn on_response(&mut self, from: Slot, response: Response) -> Step<ReadOutcome> {
         if response.op != self.op
             || response.attempt != self.attempt
             || from.index() >= self.config.n
@@ -645,7 +643,7 @@ impl ReadOp {
         }
     }
 
-    fn on_collect(&mut self, from: NodeId, lc: Option<Candidate>) -> Step<ReadOutcome> {
+    fn on_collect(&mut self, from: Slot, lc: Option<Candidate>) -> Step<ReadOutcome> {
         let n = self.config.n;
         let quorum = self.config.quorum();
         let ReadPhase::Collect {
@@ -694,7 +692,7 @@ impl ReadOp {
         Step::Continue(self.broadcast(RequestBody::Filter { candidates }))
     }
 
-    fn on_filter(&mut self, from: NodeId, ack: FilterAck) -> Step<ReadOutcome> {
+    fn on_filter(&mut self, from: Slot, ack: FilterAck) -> Step<ReadOutcome> {
         let n = self.config.n;
         let ReadPhase::Filter {
             replies, intact, ..
@@ -865,7 +863,7 @@ impl ReadOp {
                 fragments.push((node.index(), fragment.clone()));
             }
         }
-        let answered_by: Vec<NodeId> = replies.present().map(|(n, _)| n).collect();
+        let answered_by: Vec<Slot> = replies.present().map(|(n, _)| n).collect();
         for (node, kind) in blamed {
             self.blame(node, kind);
         }
@@ -901,7 +899,7 @@ impl ReadOp {
         Step::Continue(self.broadcast(RequestBody::Repair { candidate }))
     }
 
-    fn on_repair(&mut self, from: NodeId) -> Step<ReadOutcome> {
+    fn on_repair(&mut self, from: Slot) -> Step<ReadOutcome> {
         let quorum = self.config.quorum();
         let ReadPhase::Repair {
             replies, outcome, ..
@@ -937,8 +935,8 @@ fn judge(
     offers: &[Offer],
     replies: &Replies<FilterAck>,
     intact: &[bool],
-    suspects: &[NodeId],
-    convicted: &[NodeId],
+    suspects: &[Slot],
+    convicted: &[Slot],
     config: &ClientConfig,
 ) -> Verdict {
     let (n, f, quorum) = (config.n, config.f, config.quorum());
@@ -1086,3 +1084,65 @@ fn select(
     }
     fallback
 }
+
+impl From<ProtocolError> for crate::machine::OpError {
+    fn from(error: ProtocolError) -> Self {
+        match error {
+            ProtocolError::Refused { refusal, nodes } => crate::machine::OpError::Refused {
+                reason: refusal.to_string(),
+                by: nodes,
+            },
+            ProtocolError::Coding(text) => crate::machine::OpError::Failed(text),
+        }
+    }
+}
+
+fn progress<O, T>(step: Step<T>) -> crate::machine::Progress<O>
+where
+    O: crate::machine::Operation<Request = Request, Output = T>,
+{
+    match step {
+        Step::Continue(sends) => crate::machine::Progress::Send(sends),
+        Step::Done(result) => crate::machine::Progress::Done(result.map_err(Into::into)),
+    }
+}
+
+/// Both PoWerStore operations keep the one operation contract; their inherent methods are that
+/// contract under the paper's names.
+macro_rules! powerstore_operation {
+    ($op:ty, $output:ty) => {
+        impl crate::machine::Operation for $op {
+            const SERVICE: bulwark_core::ServiceId = bulwark_core::ServiceId::POWERSTORE;
+            type Request = Request;
+            type Reply = Response;
+            type Output = $output;
+
+            fn op(&self) -> u64 {
+                self.op.0
+            }
+
+            fn start(&mut self) -> Vec<Outbound> {
+                <$op>::start(self)
+            }
+
+            fn on_reply(&mut self, from: Slot, reply: Response) -> crate::machine::Progress<Self> {
+                progress(self.on_response(from, reply))
+            }
+
+            fn on_timeout(&mut self) -> Vec<Outbound> {
+                self.retransmit()
+            }
+
+            fn answered(&self) -> Vec<Slot> {
+                <$op>::answered(self)
+            }
+
+            fn quorum(&self) -> usize {
+                self.config.quorum()
+            }
+        }
+    };
+}
+
+powerstore_operation!(WriteOp, WriteOutcome);
+powerstore_operation!(ReadOp, ReadOutcome);

@@ -36,7 +36,7 @@
 
 use super::msg::{FilterAck, Refusal, Request, RequestBody, Response, ResponseBody};
 use super::{Candidate, CrossChecksum, MacVec, Timestamp, cmp_ts, fragment_digest};
-use bulwark_core::{ClientId, Digest, Epoch, GroupId, Key, MacKey, NodeId, Time};
+use bulwark_core::{ClientId, Digest, Epoch, GroupId, Key, MacKey, Slot, Time};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use std::cmp::Ordering;
@@ -46,7 +46,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
     /// This server's index `i`.
-    pub node: NodeId,
+    pub node: Slot,
     /// Group size `n = 3f+1`.
     pub n: usize,
     /// Faults tolerated.
@@ -80,7 +80,7 @@ pub struct ServerMutations {
 
 impl ServerConfig {
     /// Defaults for node `node` of a group tolerating `f` faults.
-    pub fn new(node: NodeId, f: usize) -> ServerConfig {
+    pub fn new(node: Slot, f: usize) -> ServerConfig {
         ServerConfig {
             node,
             n: 3 * f + 1,
@@ -94,14 +94,7 @@ impl ServerConfig {
     }
 }
 
-/// What an authenticated client may do, from the configuration's access list.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Access {
-    /// May run CLOCK, STORE, COMPLETE.
-    pub write: bool,
-    /// May run COLLECT, FILTER, REPAIR.
-    pub read: bool,
-}
+pub use crate::machine::Access;
 
 /// One `Hist` entry as stored: `(fr, cc, N̄, vec)` under its full timestamp.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -751,6 +744,53 @@ impl KeyState {
             lc: None,
             hist: HashMap::new(),
             superseded: VecDeque::new(),
+        }
+    }
+}
+
+/// The node and the simulator drive every PoWerStore server (honest or, in tests, Byzantine)
+/// through the one replica contract.
+impl crate::machine::Replica for Box<dyn ServerLogic> {
+    const SERVICE: bulwark_core::ServiceId = bulwark_core::ServiceId::POWERSTORE;
+    type Request = Request;
+    type Reply = Response;
+    type Message = crate::machine::Never;
+    type Change = Change;
+    type View = dyn Fragments;
+
+    fn on_request(
+        &mut self,
+        now: Time,
+        client: ClientId,
+        access: Access,
+        request: Request,
+        fragments: &dyn Fragments,
+    ) -> crate::machine::Output<Self> {
+        let handled = self.handle(now, client, access, request, fragments);
+        crate::machine::Output {
+            changes: handled.changes,
+            reply: handled.reply,
+            refused: handled.refused.map(|refusal| refusal.to_string()),
+            ..crate::machine::Output::none()
+        }
+    }
+
+    fn on_tick(&mut self, now: Time) -> crate::machine::Output<Self> {
+        crate::machine::Output {
+            changes: self.tick(now),
+            ..crate::machine::Output::none()
+        }
+    }
+
+    fn stats(&self) -> crate::machine::ReplicaStats {
+        let stats = ServerLogic::stats(self.as_ref());
+        crate::machine::ReplicaStats {
+            objects: stats.objects,
+            keys: stats.keys,
+            versions: stats.versions,
+            bytes: stats.fragment_bytes,
+            collected: stats.collected,
+            damaged: stats.damaged_fragments,
         }
     }
 }

@@ -4,7 +4,7 @@
 use super::*;
 use bulwark_core::Epoch;
 use bulwark_core::erasure::{ErasureCodec, ReedSolomonSimd};
-use bulwark_core::{ClientId, NodeId, Time};
+use bulwark_core::{ClientId, Slot, Time};
 use bytes::Bytes;
 use std::sync::Arc;
 
@@ -34,12 +34,7 @@ impl Harness {
         let n = 3 * f + 1;
         let server_keys: Vec<MacKey> = (0..n).map(|i| MacKey([i as u8 + 1; 32])).collect();
         let servers = (0..n)
-            .map(|i| {
-                Server::new(
-                    ServerConfig::new(NodeId(i as u32), f),
-                    server_keys[i].clone(),
-                )
-            })
+            .map(|i| Server::new(ServerConfig::new(Slot(i as u32), f), server_keys[i].clone()))
             .collect();
         let keys = Arc::new(WriterKeys {
             timestamp: MacKey([99; 32]),
@@ -61,7 +56,7 @@ impl Harness {
         OpId(self.next_op)
     }
 
-    fn deliver(&mut self, access: Access, to: NodeId, request: Request) -> Option<Response> {
+    fn deliver(&mut self, access: Access, to: Slot, request: Request) -> Option<Response> {
         if self.down[to.index()] {
             return None;
         }
@@ -69,7 +64,7 @@ impl Harness {
     }
 
     /// Hands `request` to server `to` and applies its changes to that server's disk.
-    fn handle(&mut self, to: NodeId, access: Access, request: Request) -> Handled {
+    fn handle(&mut self, to: Slot, access: Access, request: Request) -> Handled {
         let i = to.index();
         let handled =
             self.servers[i].handle(self.now, ClientId(0), access, request, &self.disks[i]);
@@ -109,7 +104,7 @@ impl Harness {
         &mut self,
         key: &Key,
         value: Option<&[u8]>,
-        mut reaches: impl FnMut(NodeId, &RequestBody) -> bool,
+        mut reaches: impl FnMut(Slot, &RequestBody) -> bool,
     ) -> Option<WriteOutcome> {
         let mut write = self.write_op(key, value);
         let mut queue: std::collections::VecDeque<Outbound> = write.start().into();
@@ -134,7 +129,7 @@ impl Harness {
     fn read_with(
         &mut self,
         key: &Key,
-        respond: impl FnMut(&mut Harness, NodeId, Request) -> Option<Response>,
+        respond: impl FnMut(&mut Harness, Slot, Request) -> Option<Response>,
     ) -> ReadOutcome {
         self.try_read_with(key, respond)
             .expect("read did not complete")
@@ -145,7 +140,7 @@ impl Harness {
     fn try_read_with(
         &mut self,
         key: &Key,
-        mut respond: impl FnMut(&mut Harness, NodeId, Request) -> Option<Response>,
+        mut respond: impl FnMut(&mut Harness, Slot, Request) -> Option<Response>,
     ) -> Option<ReadOutcome> {
         let op = self.op();
         let mut read = ReadOp::new(
@@ -260,7 +255,7 @@ fn a_corrupted_fragment_is_blamed_and_the_value_still_returned() {
     h.write(&key("k"), Some(&value));
     let outcome = h.read_with(&key("k"), |h, to, request| {
         let mut response = h.deliver(READER, to, request)?;
-        if to == NodeId(0)
+        if to == Slot(0)
             && let ResponseBody::FilterAck(FilterAck::Entry { fragment, .. }) = &mut response.body
         {
             let mut bytes = fragment.to_vec();
@@ -273,7 +268,7 @@ fn a_corrupted_fragment_is_blamed_and_the_value_still_returned() {
     assert_eq!(
         outcome.evidence,
         vec![Evidence {
-            node: NodeId(0),
+            node: Slot(0),
             kind: EvidenceKind::CorruptFragment
         }]
     );
@@ -287,7 +282,7 @@ fn a_forged_cross_checksum_cannot_gather_f_plus_one_vouchers() {
     let forged_value = vec![6u8; 10_000];
     let outcome = h.read_with(&key("k"), |h, to, request| {
         let mut response = h.deliver(READER, to, request)?;
-        if to == NodeId(2)
+        if to == Slot(2)
             && let ResponseBody::FilterAck(FilterAck::Entry { fragment, cc, .. }) =
                 &mut response.body
         {
@@ -304,7 +299,7 @@ fn a_forged_cross_checksum_cannot_gather_f_plus_one_vouchers() {
         outcome
             .evidence
             .iter()
-            .any(|e| e.node == NodeId(2) && e.kind == EvidenceKind::ConflictingMetadata)
+            .any(|e| e.node == Slot(2) && e.kind == EvidenceKind::ConflictingMetadata)
     );
 }
 
@@ -322,7 +317,7 @@ fn a_fabricated_high_candidate_is_excluded() {
     };
     let outcome = h.read_with(&key("k"), |h, to, request| {
         let mut response = h.deliver(READER, to, request)?;
-        if to == NodeId(3) {
+        if to == Slot(3) {
             match &mut response.body {
                 ResponseBody::CollectAck { lc } => {
                     *lc = Some(Candidate {
@@ -371,7 +366,7 @@ fn the_twin_with_a_garbage_nonce_is_never_selected() {
         }
         let mut response = h.deliver(READER, to, request)?;
         if let ResponseBody::CollectAck { lc } = &mut response.body {
-            *lc = Some(if to == NodeId(0) {
+            *lc = Some(if to == Slot(0) {
                 twin.clone()
             } else {
                 corrupted.clone()
@@ -427,7 +422,7 @@ fn a_malicious_reader_cannot_plant_fabricated_or_replayed_candidates() {
                 candidates: attacks.clone(),
             },
         };
-        h.deliver(READER, NodeId(node), request);
+        h.deliver(READER, Slot(node), request);
         for candidate in &attacks {
             let request = Request {
                 op: OpId(2),
@@ -439,7 +434,7 @@ fn a_malicious_reader_cannot_plant_fabricated_or_replayed_candidates() {
                     candidate: candidate.clone(),
                 },
             };
-            h.deliver(READER, NodeId(node), request);
+            h.deliver(READER, Slot(node), request);
         }
     }
     for server in &h.servers {
@@ -483,7 +478,7 @@ fn a_single_refusal_does_not_end_an_operation() {
     let mut h = Harness::new(1);
     h.write(&key("k"), Some(b"x"));
     let outcome = h.read_with(&key("k"), |h, to, request| {
-        if to == NodeId(1) {
+        if to == Slot(1) {
             return Some(Response {
                 op: request.op,
                 attempt: request.attempt,
@@ -544,7 +539,7 @@ fn server_refuses_malformed_store_and_oversized_filter() {
         body: RequestBody::Filter { candidates },
     };
     assert!(matches!(
-        h.handle(NodeId(0), READER, request).refused,
+        h.handle(Slot(0), READER, request).refused,
         Some(Refusal::Malformed(_))
     ));
 }
@@ -674,7 +669,7 @@ fn restored_state_serves_the_same_reads() {
     // Rebuild every server from its durable changes alone.
     for (i, list) in changes.into_iter().enumerate() {
         let mut fresh = Server::new(
-            ServerConfig::new(NodeId(i as u32), 1),
+            ServerConfig::new(Slot(i as u32), 1),
             h.keys.servers[i].clone(),
         );
         for change in list {
@@ -715,7 +710,7 @@ fn a_damaged_fragment_on_disk_is_never_served() {
 fn read_across_a_collected_version(h: &mut Harness) -> Option<ReadOutcome> {
     let k = key("k");
     h.write_where(&k, Some(b"v1"), |to, body| {
-        !(to == NodeId(2) && matches!(body, RequestBody::Store { .. }))
+        !(to == Slot(2) && matches!(body, RequestBody::Store { .. }))
     })
     .expect("v1 completes without s2's STORE");
     let mut interleaved = false;
@@ -725,8 +720,8 @@ fn read_across_a_collected_version(h: &mut Harness) -> Option<ReadOutcome> {
             // Between COLLECT and FILTER: v2 is stored on s0, s1, s3 and completed on s1 only
             // (its writer crashes), the grace period passes, and s3 falls silent.
             let v2 = h.write_where(&k, Some(b"v2"), |to, body| match body {
-                RequestBody::Store { .. } => to != NodeId(2),
-                RequestBody::Complete { .. } => to == NodeId(1),
+                RequestBody::Store { .. } => to != Slot(2),
+                RequestBody::Complete { .. } => to == Slot(1),
                 _ => true,
             });
             assert!(v2.is_none(), "v2's writer crashed during COMPLETE");
@@ -780,7 +775,7 @@ fn a_server_never_answers_lower_than_a_collected_version_it_cannot_validate() {
             candidates: vec![bigmac],
         },
     };
-    let reply = h.deliver(READER, NodeId(0), request).unwrap();
+    let reply = h.deliver(READER, Slot(0), request).unwrap();
     assert_eq!(
         reply.body,
         ResponseBody::FilterAck(FilterAck::Superseded {
@@ -797,18 +792,18 @@ fn a_false_offer_is_excluded_and_its_maker_blamed() {
     let k = key("k");
     // s2 misses v1's STORE, so the first FILTER round has one voucher when s1 is slow.
     h.write_where(&k, Some(b"v1"), |to, body| {
-        !(to == NodeId(2) && matches!(body, RequestBody::Store { .. }))
+        !(to == Slot(2) && matches!(body, RequestBody::Store { .. }))
     })
     .unwrap();
     let outcome = h.read_with(&k, |h, to, request| {
         let first_filter =
             matches!(request.body, RequestBody::Filter { .. }) && request.attempt == 0;
-        if first_filter && to == NodeId(1) {
+        if first_filter && to == Slot(1) {
             return None;
         }
         let (op, attempt) = (request.op, request.attempt);
         let mut reply = h.deliver(READER, to, request)?;
-        if to == NodeId(3) && matches!(reply.body, ResponseBody::FilterAck(_)) {
+        if to == Slot(3) && matches!(reply.body, ResponseBody::FilterAck(_)) {
             // Byzantine s3 claims a newer version nobody wrote, in every round.
             let mut fake = h.servers[3].lc(&key("k")).cloned().unwrap();
             fake.ts.num += 1_000;
@@ -828,7 +823,7 @@ fn a_false_offer_is_excluded_and_its_maker_blamed() {
     assert_eq!(
         outcome.evidence,
         vec![Evidence {
-            node: NodeId(3),
+            node: Slot(3),
             kind: EvidenceKind::FalseSupersession
         }]
     );
@@ -843,7 +838,7 @@ fn twin_trace(server: ServerMutations, client: ClientMutations) -> (Bytes, Bytes
     let mut h = Harness::new(1);
     h.config.mutations = client;
     for (i, slot) in h.servers.iter_mut().enumerate() {
-        let mut config = ServerConfig::new(NodeId(i as u32), 1);
+        let mut config = ServerConfig::new(Slot(i as u32), 1);
         config.mutations = server;
         *slot = Server::new(config, h.keys.servers[i].clone());
     }
@@ -851,8 +846,8 @@ fn twin_trace(server: ServerMutations, client: ClientMutations) -> (Bytes, Bytes
     h.write(&k, Some(b"v4"));
     let v4 = h.servers[3].lc(&k).cloned().unwrap();
     let v5 = h.write_where(&k, Some(b"v5"), |to, body| match body {
-        RequestBody::Store { .. } => to != NodeId(2),
-        RequestBody::Complete { .. } => to == NodeId(3),
+        RequestBody::Store { .. } => to != Slot(2),
+        RequestBody::Complete { .. } => to == Slot(3),
         _ => true,
     });
     assert!(v5.is_none(), "v5's writer crashed during COMPLETE");
@@ -871,7 +866,7 @@ fn twin_trace(server: ServerMutations, client: ClientMutations) -> (Bytes, Bytes
             candidates: vec![bigmac],
         },
     };
-    h.deliver(READER, NodeId(1), write_back).unwrap();
+    h.deliver(READER, Slot(1), write_back).unwrap();
     let twin = Candidate {
         ts: genuine.ts,
         nonce: Nonce([0x66; 32]),
@@ -882,21 +877,21 @@ fn twin_trace(server: ServerMutations, client: ClientMutations) -> (Bytes, Bytes
             request.body,
             RequestBody::Collect | RequestBody::Filter { .. }
         );
-        if round && to == NodeId(0) {
+        if round && to == Slot(0) {
             return None;
         }
         let mut response = h.deliver(READER, to, request)?;
-        if let (NodeId(3), ResponseBody::CollectAck { lc }) = (to, &mut response.body) {
+        if let (Slot(3), ResponseBody::CollectAck { lc }) = (to, &mut response.body) {
             *lc = Some(twin.clone());
         }
         Some(response)
     });
     let rd2 = h.read_with(&k, |h, to, request| {
-        if to == NodeId(1) {
+        if to == Slot(1) {
             return None;
         }
         let mut response = h.deliver(READER, to, request)?;
-        if let (NodeId(3), ResponseBody::CollectAck { lc }) = (to, &mut response.body) {
+        if let (Slot(3), ResponseBody::CollectAck { lc }) = (to, &mut response.body) {
             *lc = Some(v4.clone());
         }
         Some(response)

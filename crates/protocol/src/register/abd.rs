@@ -4,7 +4,7 @@
 //! a version is just a timestamp and a value and CLOCK returns the timestamp.
 
 use super::{Clocked, Judged, Policy};
-use bulwark_core::{ClientId, Epoch, GroupId, Key, NodeId, OBJECT_BYTES_MAX};
+use bulwark_core::{ClientId, Epoch, GroupId, Key, OBJECT_BYTES_MAX, Slot};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
@@ -35,6 +35,7 @@ impl Entry {
 }
 
 impl Policy for Abd {
+    const SERVICE: bulwark_core::ServiceId = bulwark_core::ServiceId::ABD;
     const ROUND_NAMES: [&'static str; 4] = ["abd_clock", "abd_store", "abd_get", "abd_write_back"];
     type Entry = Entry;
     type Clock = Timestamp;
@@ -114,7 +115,7 @@ pub type Step<T> = super::Step<Abd, T>;
 
 impl Server {
     /// A server with empty state.
-    pub fn new(node: NodeId, epoch: Epoch, group: GroupId) -> Server {
+    pub fn new(node: Slot, epoch: Epoch, group: GroupId) -> Server {
         Server::with_context(node, epoch, group, ())
     }
 

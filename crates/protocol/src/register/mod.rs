@@ -17,9 +17,10 @@
 pub mod abd;
 pub mod phalanx;
 
+use crate::machine::{Access, OpError, Operation, Output, Progress, Replica, ReplicaStats};
 use crate::round::{Refusals, RegisterMutations, Replies};
 use bulwark_core::wire::{DeserializeOwned, Serialize};
-use bulwark_core::{ClientId, Epoch, GroupId, Key, NodeId};
+use bulwark_core::{ClientId, Epoch, GroupId, Key, ServiceId, Slot, Time};
 use bytes::Bytes;
 use serde::Deserialize;
 use std::collections::HashMap;
@@ -62,6 +63,8 @@ pub enum Clocked {
 
 /// What distinguishes one register protocol from the other.
 pub trait Policy: Clone + Debug + PartialEq + Send + Sync + 'static {
+    /// The service registers of this kind are served as.
+    const SERVICE: ServiceId;
     /// The names of CLOCK, STORE, GET and WRITE-BACK in logs and metrics.
     const ROUND_NAMES: [&'static str; 4];
 
@@ -250,7 +253,7 @@ pub struct ServerStats {
 
 /// A register server: the highest-timestamped valid version of every key.
 pub struct Server<P: Policy> {
-    node: NodeId,
+    node: Slot,
     epoch: Epoch,
     group: GroupId,
     context: P::Context,
@@ -259,7 +262,7 @@ pub struct Server<P: Policy> {
 
 impl<P: Policy> Server<P> {
     /// A server with empty state that checks versions with `context`.
-    pub fn with_context(node: NodeId, epoch: Epoch, group: GroupId, context: P::Context) -> Self {
+    pub fn with_context(node: Slot, epoch: Epoch, group: GroupId, context: P::Context) -> Self {
         Server {
             node,
             epoch,
@@ -270,7 +273,7 @@ impl<P: Policy> Server<P> {
     }
 
     /// This server's index.
-    pub fn node(&self) -> NodeId {
+    pub fn node(&self) -> Slot {
         self.node
     }
 
@@ -437,7 +440,7 @@ impl<P: Policy> ClientConfig<P> {
 }
 
 /// A message to send.
-pub type Outbound<P> = (NodeId, Request<P>);
+pub type Outbound<P> = (Slot, Request<P>);
 
 /// What a machine says after an input.
 pub type Step<P, T> = crate::round::Step<T, Request<P>, ProtocolError>;
@@ -451,7 +454,7 @@ pub enum ProtocolError {
         /// The first refusal.
         refusal: Refusal,
         /// Who refused.
-        nodes: Vec<NodeId>,
+        nodes: Vec<Slot>,
     },
 }
 
@@ -461,7 +464,7 @@ pub struct WriteOutcome {
     /// The write's timestamp.
     pub ts: Timestamp,
     /// Nodes whose STORE acks counted.
-    pub acknowledged_by: Vec<NodeId>,
+    pub acknowledged_by: Vec<Slot>,
 }
 
 /// A completed read.
@@ -472,17 +475,17 @@ pub struct ReadOutcome {
     /// The selected version; `None` when no node held a valid one.
     pub ts: Option<Timestamp>,
     /// Nodes whose replies completed the last round.
-    pub answered_by: Vec<NodeId>,
+    pub answered_by: Vec<Slot>,
     /// Whether the read wrote its version back.
     pub wrote_back: bool,
     /// Nodes that served a version no writer made: provably faulty.
-    pub forgers: Vec<NodeId>,
+    pub forgers: Vec<Slot>,
 }
 
 /// `f+1` refusals end an operation.
 fn refused(
     refusals: &mut Refusals<Refusal>,
-    from: NodeId,
+    from: Slot,
     refusal: Refusal,
     f: usize,
 ) -> Option<ProtocolError> {
@@ -542,7 +545,7 @@ impl<P: Policy> WriteOp<P> {
 
     /// The current round to every node that has not answered it.
     pub fn retransmit(&self) -> Vec<Outbound<P>> {
-        let (missing, body): (Vec<NodeId>, RequestBody<P>) = match &self.phase {
+        let (missing, body): (Vec<Slot>, RequestBody<P>) = match &self.phase {
             WritePhase::Clock(replies) => (replies.missing().collect(), RequestBody::Clock),
             WritePhase::Store(replies, entry) => (
                 replies.missing().collect(),
@@ -557,7 +560,7 @@ impl<P: Policy> WriteOp<P> {
     }
 
     /// Nodes that have answered the current round.
-    pub fn answered(&self) -> Vec<NodeId> {
+    pub fn answered(&self) -> Vec<Slot> {
         match &self.phase {
             WritePhase::Clock(replies) => replies.nodes(),
             WritePhase::Store(replies, _) => replies.nodes(),
@@ -566,7 +569,7 @@ impl<P: Policy> WriteOp<P> {
     }
 
     /// Feeds one reply.
-    pub fn on_response(&mut self, from: NodeId, response: Response<P>) -> Step<P, WriteOutcome> {
+    pub fn on_response(&mut self, from: Slot, response: Response<P>) -> Step<P, WriteOutcome> {
         if response.op != self.op || from.index() >= self.config.n {
             return Step::Continue(Vec::new());
         }
@@ -639,7 +642,7 @@ pub struct ReadOp<P: Policy> {
     op: OpId,
     phase: ReadPhase<P>,
     refusals: Refusals<Refusal>,
-    forgers: Vec<NodeId>,
+    forgers: Vec<Slot>,
 }
 
 impl<P: Policy> ReadOp<P> {
@@ -663,7 +666,7 @@ impl<P: Policy> ReadOp<P> {
 
     /// The current round to every node that has not answered it.
     pub fn retransmit(&self) -> Vec<Outbound<P>> {
-        let (missing, body): (Vec<NodeId>, RequestBody<P>) = match &self.phase {
+        let (missing, body): (Vec<Slot>, RequestBody<P>) = match &self.phase {
             ReadPhase::Get(replies) => (replies.missing().collect(), RequestBody::Get),
             ReadPhase::WriteBack(replies, entry) => (
                 replies.missing().collect(),
@@ -678,7 +681,7 @@ impl<P: Policy> ReadOp<P> {
     }
 
     /// Nodes that have answered the current round.
-    pub fn answered(&self) -> Vec<NodeId> {
+    pub fn answered(&self) -> Vec<Slot> {
         match &self.phase {
             ReadPhase::Get(replies) => replies.nodes(),
             ReadPhase::WriteBack(replies, _) => replies.nodes(),
@@ -687,7 +690,7 @@ impl<P: Policy> ReadOp<P> {
     }
 
     /// Feeds one reply.
-    pub fn on_response(&mut self, from: NodeId, response: Response<P>) -> Step<P, ReadOutcome> {
+    pub fn on_response(&mut self, from: Slot, response: Response<P>) -> Step<P, ReadOutcome> {
         if response.op != self.op || from.index() >= self.config.n {
             return Step::Continue(Vec::new());
         }
@@ -761,7 +764,7 @@ impl<P: Policy> ReadOp<P> {
     fn finish(
         &mut self,
         entry: Option<P::Entry>,
-        answered_by: Vec<NodeId>,
+        answered_by: Vec<Slot>,
         wrote_back: bool,
     ) -> Step<P, ReadOutcome> {
         self.phase = ReadPhase::Done;
@@ -773,5 +776,124 @@ impl<P: Policy> ReadOp<P> {
             wrote_back,
             forgers: std::mem::take(&mut self.forgers),
         }))
+    }
+}
+
+impl<P: Policy> Replica for Server<P> {
+    const SERVICE: ServiceId = P::SERVICE;
+    type Request = Request<P>;
+    type Reply = Response<P>;
+    type Message = crate::machine::Never;
+    type Change = Change<P>;
+    type View = ();
+
+    fn on_request(
+        &mut self,
+        _now: Time,
+        client: ClientId,
+        access: Access,
+        request: Request<P>,
+        _view: &(),
+    ) -> Output<Self> {
+        let handled = self.serve(client, access.write, access.read, request);
+        Output {
+            refused: handled.refused.map(|refusal| refusal.to_string()),
+            ..Output::reply(handled.changes, handled.reply)
+        }
+    }
+
+    fn stats(&self) -> ReplicaStats {
+        let stats = Server::stats(self);
+        // One whole version per key.
+        ReplicaStats {
+            objects: stats.objects,
+            keys: stats.keys,
+            versions: stats.keys,
+            bytes: stats.value_bytes,
+            ..ReplicaStats::default()
+        }
+    }
+}
+
+impl From<ProtocolError> for OpError {
+    fn from(error: ProtocolError) -> Self {
+        match error {
+            ProtocolError::Refused { refusal, nodes } => OpError::Refused {
+                reason: refusal.to_string(),
+                by: nodes,
+            },
+        }
+    }
+}
+
+fn progress<O, T, P: Policy>(step: Step<P, T>) -> Progress<O>
+where
+    O: Operation<Request = Request<P>, Output = T>,
+{
+    match step {
+        crate::round::Step::Continue(sends) => Progress::Send(sends),
+        crate::round::Step::Done(result) => Progress::Done(result.map_err(Into::into)),
+    }
+}
+
+impl<P: Policy> Operation for WriteOp<P> {
+    const SERVICE: ServiceId = P::SERVICE;
+    type Request = Request<P>;
+    type Reply = Response<P>;
+    type Output = WriteOutcome;
+
+    fn op(&self) -> u64 {
+        self.op.0
+    }
+
+    fn start(&mut self) -> Vec<Outbound<P>> {
+        WriteOp::start(self)
+    }
+
+    fn on_reply(&mut self, from: Slot, reply: Response<P>) -> Progress<Self> {
+        progress(self.on_response(from, reply))
+    }
+
+    fn on_timeout(&mut self) -> Vec<Outbound<P>> {
+        self.retransmit()
+    }
+
+    fn answered(&self) -> Vec<Slot> {
+        WriteOp::answered(self)
+    }
+
+    fn quorum(&self) -> usize {
+        self.config.quorum()
+    }
+}
+
+impl<P: Policy> Operation for ReadOp<P> {
+    const SERVICE: ServiceId = P::SERVICE;
+    type Request = Request<P>;
+    type Reply = Response<P>;
+    type Output = ReadOutcome;
+
+    fn op(&self) -> u64 {
+        self.op.0
+    }
+
+    fn start(&mut self) -> Vec<Outbound<P>> {
+        ReadOp::start(self)
+    }
+
+    fn on_reply(&mut self, from: Slot, reply: Response<P>) -> Progress<Self> {
+        progress(self.on_response(from, reply))
+    }
+
+    fn on_timeout(&mut self) -> Vec<Outbound<P>> {
+        self.retransmit()
+    }
+
+    fn answered(&self) -> Vec<Slot> {
+        ReadOp::answered(self)
+    }
+
+    fn quorum(&self) -> usize {
+        self.config.quorum()
     }
 }

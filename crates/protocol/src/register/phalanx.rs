@@ -13,7 +13,7 @@
 //! when they are registered. Deletes are signed tombstones (`value: None`).
 
 use super::{Clocked, Judged, Policy};
-use bulwark_core::{ClientId, Digest, Epoch, GroupId, Key, NodeId, OBJECT_BYTES_MAX};
+use bulwark_core::{ClientId, Digest, Epoch, GroupId, Key, OBJECT_BYTES_MAX, Slot};
 use bytes::Bytes;
 pub use ed25519_dalek::SigningKey;
 use ed25519_dalek::{Signature, Signer, VerifyingKey};
@@ -212,6 +212,7 @@ impl Entry {
 }
 
 impl Policy for Phalanx {
+    const SERVICE: bulwark_core::ServiceId = bulwark_core::ServiceId::PHALANX;
     const ROUND_NAMES: [&'static str; 4] = [
         "phalanx_clock",
         "phalanx_store",
@@ -324,7 +325,7 @@ pub type Step<T> = super::Step<Phalanx, T>;
 
 impl Server {
     /// A server with empty state that accepts versions signed by `writers`.
-    pub fn new(node: NodeId, epoch: Epoch, group: GroupId, writers: Arc<Writers>) -> Server {
+    pub fn new(node: Slot, epoch: Epoch, group: GroupId, writers: Arc<Writers>) -> Server {
         Server::with_context(node, epoch, group, writers)
     }
 

@@ -7,7 +7,7 @@
 //! virtual time and forge the same version for the same key, so their lies agree.
 
 use super::{Behaviour, honest_prefix};
-use bulwark_core::{ClientId, Digest, Epoch, GroupId, Key, NodeId, Time};
+use bulwark_core::{ClientId, Digest, Epoch, GroupId, Key, Slot, Time};
 use bulwark_protocol::phalanx::{
     Change, Entry, Request, RequestBody, Response, ResponseBody, Server, SignedTimestamp,
     Timestamp, Writers,
@@ -28,7 +28,7 @@ pub struct PhalanxLiar {
     /// What some clients are shown: the state at the moment it turned (equivocating, stale and
     /// colluding servers stop feeding it).
     shadow: Server,
-    node: NodeId,
+    node: Slot,
     writers: Arc<Writers>,
     rng: ChaCha8Rng,
     seed: u64,
@@ -41,7 +41,7 @@ pub struct PhalanxLiar {
 
 impl PhalanxLiar {
     /// A server of group 0, epoch 0, lying as `behaviour` from a seeded moment on.
-    pub fn new(behaviour: Behaviour, node: NodeId, writers: Arc<Writers>, seed: u64) -> Self {
+    pub fn new(behaviour: Behaviour, node: Slot, writers: Arc<Writers>, seed: u64) -> Self {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let honest_requests = honest_prefix(&mut rng);
         // Colluders share `seed`, so they freeze at the same moment.

@@ -13,7 +13,7 @@ use super::config::{FaultSet, SimConfig};
 use super::swarm::Swarm;
 use crate::byzantine::Behaviour;
 use bulwark_core::config::Protocol as ClusterProtocol;
-use bulwark_core::{Key, NodeId};
+use bulwark_core::{Key, Slot};
 use bulwark_protocol::round::OpId;
 use bytes::Bytes;
 use rand_chacha::ChaCha8Rng;
@@ -123,7 +123,7 @@ pub(super) trait SimServer<P: Protocol> {
 /// What a client operation says after an input.
 pub(super) enum OpStep<R> {
     /// Send these (possibly nothing) and keep waiting.
-    Continue(Vec<(NodeId, R)>),
+    Continue(Vec<(Slot, R)>),
     /// The operation ended.
     Done(Result<Finished, String>),
 }
@@ -135,7 +135,7 @@ pub(super) struct Finished {
     /// The version written or read, for the trace.
     pub version: String,
     /// Nodes the client convicted, with why.
-    pub evidence: Vec<(NodeId, String)>,
+    pub evidence: Vec<(Slot, String)>,
     /// The read repaired a version.
     pub repaired: bool,
     /// The read restarted (a version was collected under it).
@@ -145,11 +145,11 @@ pub(super) struct Finished {
 /// A correct client's operation as the world drives it.
 pub(super) trait SimOp<P: Protocol> {
     /// The first round.
-    fn start(&mut self) -> Vec<(NodeId, P::Request)>;
+    fn start(&mut self) -> Vec<(Slot, P::Request)>;
     /// The current round again, to every server that has not answered it.
-    fn retransmit(&self) -> Vec<(NodeId, P::Request)>;
+    fn retransmit(&self) -> Vec<(Slot, P::Request)>;
     /// Feeds one response.
-    fn on_response(&mut self, from: NodeId, response: P::Response) -> OpStep<P::Request>;
+    fn on_response(&mut self, from: Slot, response: P::Response) -> OpStep<P::Request>;
 }
 
 /// A Byzantine reader: makes up requests and learns from the replies it gets.

@@ -21,7 +21,7 @@ use super::protocol::{Attacker, Finished, OpStep, Protocol, SimOp, SimServer};
 use super::swarm::Swarm;
 use crate::byzantine::Behaviour;
 use crate::checker::{History, Op, OpKind, Outcome as OpOutcome};
-use bulwark_core::{Key, NodeId};
+use bulwark_core::{Key, Slot};
 use bulwark_protocol::round::OpId;
 use bytes::Bytes;
 use rand::{Rng, SeedableRng};
@@ -482,7 +482,7 @@ impl<'a, P: Protocol> World<'a, P> {
         self.schedule(delay, Event::Deliver(Box::new(packet)));
     }
 
-    fn send_requests(&mut self, client: usize, sends: Vec<(NodeId, P::Request)>) {
+    fn send_requests(&mut self, client: usize, sends: Vec<(Slot, P::Request)>) {
         for (node, request) in sends {
             let server = node.index();
             self.transmit(Packet::ToServer {
@@ -617,7 +617,7 @@ impl<'a, P: Protocol> World<'a, P> {
             }
             return;
         }
-        let node = NodeId(server as u32);
+        let node = Slot(server as u32);
         let Some(running) = self.clients[client].running.as_mut() else {
             return;
         };
@@ -633,7 +633,7 @@ impl<'a, P: Protocol> World<'a, P> {
 
     /// A new round begins: send it, unless the client crashes at this boundary, possibly in the
     /// middle of the broadcast (so, say, COMPLETE reaches a single server).
-    fn next_round(&mut self, client: usize, mut sends: Vec<(NodeId, P::Request)>) {
+    fn next_round(&mut self, client: usize, mut sends: Vec<(Slot, P::Request)>) {
         if let Some((_, request)) = sends.first() {
             P::count_round(request, &mut self.stats);
         }

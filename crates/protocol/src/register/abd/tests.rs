@@ -31,7 +31,7 @@ fn request(op: u64, body: RequestBody) -> Request {
 
 fn servers(n: usize) -> Vec<Server> {
     (0..n)
-        .map(|i| Server::new(NodeId(i as u32), Epoch(0), GroupId(0)))
+        .map(|i| Server::new(Slot(i as u32), Epoch(0), GroupId(0)))
         .collect()
 }
 
@@ -41,7 +41,7 @@ fn run<T>(
     servers: &mut [Server],
     down: &[usize],
     first: Vec<Outbound>,
-    mut feed: impl FnMut(NodeId, Response) -> Step<T>,
+    mut feed: impl FnMut(Slot, Response) -> Step<T>,
 ) -> T {
     let mut queue = first;
     while let Some((to, request)) = queue.pop() {
@@ -59,7 +59,7 @@ fn run<T>(
 
 #[test]
 fn store_keeps_only_the_highest_version_and_acks_either_way() {
-    let mut server = Server::new(NodeId(0), Epoch(0), GroupId(0));
+    let mut server = Server::new(Slot(0), Epoch(0), GroupId(0));
     let newer = server.handle(true, true, request(1, RequestBody::Store(entry(5, "new"))));
     assert_eq!(newer.changes.len(), 1, "a newer version is persisted");
     assert_eq!(newer.reply.body, ResponseBody::StoreAck(ts(5, 0)));
@@ -80,7 +80,7 @@ fn store_keeps_only_the_highest_version_and_acks_either_way() {
 
 #[test]
 fn server_refuses_what_it_must_not_serve() {
-    let mut server = Server::new(NodeId(0), Epoch(0), GroupId(0));
+    let mut server = Server::new(Slot(0), Epoch(0), GroupId(0));
     let refusal = |h: Handled| h.refused.unwrap();
     assert_eq!(
         refusal(server.handle(false, true, request(1, RequestBody::Store(entry(1, "v"))))),
@@ -151,19 +151,19 @@ fn write_takes_the_highest_majority_timestamp_plus_one() {
         body: ResponseBody::ClockAck(t),
     };
     assert!(
-        matches!(op.on_response(NodeId(0), ack(Some(ts(4, 1)))), Step::Continue(v) if v.is_empty())
+        matches!(op.on_response(Slot(0), ack(Some(ts(4, 1)))), Step::Continue(v) if v.is_empty())
     );
     // A duplicate from the same node does not make a quorum.
     assert!(
-        matches!(op.on_response(NodeId(0), ack(Some(ts(9, 1)))), Step::Continue(v) if v.is_empty())
+        matches!(op.on_response(Slot(0), ack(Some(ts(9, 1)))), Step::Continue(v) if v.is_empty())
     );
     // A reply to another operation is ignored.
     let other = Response {
         op: OpId(8),
         body: ResponseBody::ClockAck(Some(ts(50, 1))),
     };
-    assert!(matches!(op.on_response(NodeId(1), other), Step::Continue(v) if v.is_empty()));
-    let Step::Continue(stores) = op.on_response(NodeId(2), ack(Some(ts(6, 2)))) else {
+    assert!(matches!(op.on_response(Slot(1), other), Step::Continue(v) if v.is_empty()));
+    let Step::Continue(stores) = op.on_response(Slot(2), ack(Some(ts(6, 2)))) else {
         panic!("a majority answered");
     };
     assert_eq!(stores.len(), 3);
@@ -184,16 +184,16 @@ fn write_takes_the_highest_majority_timestamp_plus_one() {
     };
     // An ack for another version does not count.
     assert!(
-        matches!(op.on_response(NodeId(1), store_ack(ts(3, 0))), Step::Continue(v) if v.is_empty())
+        matches!(op.on_response(Slot(1), store_ack(ts(3, 0))), Step::Continue(v) if v.is_empty())
     );
     assert!(
-        matches!(op.on_response(NodeId(1), store_ack(entry.ts)), Step::Continue(v) if v.is_empty())
+        matches!(op.on_response(Slot(1), store_ack(entry.ts)), Step::Continue(v) if v.is_empty())
     );
     assert_eq!(op.retransmit().len(), 2, "only nodes that have not acked");
-    let Step::Done(Ok(outcome)) = op.on_response(NodeId(0), store_ack(entry.ts)) else {
+    let Step::Done(Ok(outcome)) = op.on_response(Slot(0), store_ack(entry.ts)) else {
         panic!("a majority acked");
     };
-    assert_eq!(outcome.acknowledged_by, vec![NodeId(0), NodeId(1)]);
+    assert_eq!(outcome.acknowledged_by, vec![Slot(0), Slot(1)]);
 }
 
 #[test]
@@ -206,10 +206,10 @@ fn read_writes_back_when_the_quorum_disagrees() {
         body: ResponseBody::Value(e),
     };
     assert!(matches!(
-        op.on_response(NodeId(0), value(Some(entry(2, "old")))),
+        op.on_response(Slot(0), value(Some(entry(2, "old")))),
         Step::Continue(_)
     ));
-    let Step::Continue(write_back) = op.on_response(NodeId(1), value(Some(entry(3, "new")))) else {
+    let Step::Continue(write_back) = op.on_response(Slot(1), value(Some(entry(3, "new")))) else {
         panic!("a majority answered with different versions: the read must write back");
     };
     assert_eq!(write_back.len(), 3);
@@ -222,8 +222,8 @@ fn read_writes_back_when_the_quorum_disagrees() {
         op: OpId(1),
         body: ResponseBody::StoreAck(ts(3, 0)),
     };
-    assert!(matches!(op.on_response(NodeId(0), ack.clone()), Step::Continue(v) if v.is_empty()));
-    let Step::Done(Ok(outcome)) = op.on_response(NodeId(2), ack) else {
+    assert!(matches!(op.on_response(Slot(0), ack.clone()), Step::Continue(v) if v.is_empty()));
+    let Step::Done(Ok(outcome)) = op.on_response(Slot(2), ack) else {
         panic!("a majority acked the write-back");
     };
     assert_eq!(outcome.value, Some(Bytes::from("new")));
@@ -239,8 +239,8 @@ fn read_skips_the_write_back_only_when_the_whole_quorum_holds_the_version() {
         op: OpId(1),
         body: ResponseBody::Value(e),
     };
-    op.on_response(NodeId(0), value(Some(entry(3, "v"))));
-    let Step::Done(Ok(outcome)) = op.on_response(NodeId(2), value(Some(entry(3, "v")))) else {
+    op.on_response(Slot(0), value(Some(entry(3, "v"))));
+    let Step::Done(Ok(outcome)) = op.on_response(Slot(2), value(Some(entry(3, "v")))) else {
         panic!("a majority agrees: done in one round");
     };
     assert_eq!(outcome.value, Some(Bytes::from("v")));
@@ -253,8 +253,8 @@ fn read_skips_the_write_back_only_when_the_whole_quorum_holds_the_version() {
         op: OpId(2),
         body: ResponseBody::Value(e),
     };
-    op.on_response(NodeId(0), value(Some(entry(3, "v"))));
-    assert!(matches!(op.on_response(NodeId(1), value(None)), Step::Continue(v) if v.len() == 3));
+    op.on_response(Slot(0), value(Some(entry(3, "v"))));
+    assert!(matches!(op.on_response(Slot(1), value(None)), Step::Continue(v) if v.len() == 3));
 
     // Nothing anywhere: absent at once.
     let mut op = ReadOp::new(config, key("k"), OpId(3));
@@ -263,8 +263,8 @@ fn read_skips_the_write_back_only_when_the_whole_quorum_holds_the_version() {
         op: OpId(3),
         body: ResponseBody::Value(e),
     };
-    op.on_response(NodeId(0), value(None));
-    let Step::Done(Ok(outcome)) = op.on_response(NodeId(1), value(None)) else {
+    op.on_response(Slot(0), value(None));
+    let Step::Done(Ok(outcome)) = op.on_response(Slot(1), value(None)) else {
         panic!("done");
     };
     assert_eq!((outcome.value, outcome.ts), (None, None));
@@ -337,11 +337,11 @@ fn f_plus_one_refusals_end_an_operation() {
         body: ResponseBody::Refused(Refusal::NotWriter),
     };
     assert!(matches!(
-        op.on_response(NodeId(0), refused.clone()),
+        op.on_response(Slot(0), refused.clone()),
         Step::Continue(_)
     ));
     let Step::Done(Err(ProtocolError::Refused { refusal, nodes })) =
-        op.on_response(NodeId(1), refused)
+        op.on_response(Slot(1), refused)
     else {
         panic!("f+1 refusals");
     };

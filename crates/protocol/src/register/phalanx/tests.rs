@@ -50,7 +50,7 @@ fn request(op: u64, body: RequestBody) -> Request {
 
 fn servers(n: usize) -> Vec<Server> {
     (0..n)
-        .map(|i| Server::new(NodeId(i as u32), Epoch(0), GROUP, writers()))
+        .map(|i| Server::new(Slot(i as u32), Epoch(0), GROUP, writers()))
         .collect()
 }
 
@@ -58,7 +58,7 @@ fn run<T>(
     servers: &mut [Server],
     down: &[usize],
     first: Vec<Outbound>,
-    mut feed: impl FnMut(NodeId, Response) -> Step<T>,
+    mut feed: impl FnMut(Slot, Response) -> Step<T>,
 ) -> T {
     let mut queue = first;
     while let Some((to, request)) = queue.pop() {
@@ -135,7 +135,7 @@ fn signatures_bind_group_key_timestamp_value_and_writer() {
 
 #[test]
 fn server_stores_only_verified_versions_and_keeps_the_highest() {
-    let mut server = Server::new(NodeId(0), Epoch(0), GROUP, writers());
+    let mut server = Server::new(Slot(0), Epoch(0), GROUP, writers());
     let stored = server.handle(
         ClientId(0),
         true,
@@ -221,7 +221,7 @@ fn server_stores_only_verified_versions_and_keeps_the_highest() {
     assert_eq!(get.reply.op, OpId(8));
 
     // Restoring a version damaged on disk keeps nothing.
-    let mut fresh = Server::new(NodeId(0), Epoch(0), GROUP, writers());
+    let mut fresh = Server::new(Slot(0), Epoch(0), GROUP, writers());
     let mut damaged = entry(2, "v");
     damaged.value = Some(Bytes::from("rotted"));
     assert!(!fresh.restore(key("k"), damaged));
@@ -243,10 +243,9 @@ fn read_ignores_forgeries_names_the_forger_and_writes_back_on_disagreement() {
     op.start();
     let mut forged = entry(50, "forged");
     forged.value = Some(Bytes::from("lie"));
-    op.on_response(NodeId(3), value_reply(1, Some(forged)));
-    op.on_response(NodeId(0), value_reply(1, Some(entry(4, "new"))));
-    let Step::Continue(write_back) =
-        op.on_response(NodeId(1), value_reply(1, Some(entry(4, "new"))))
+    op.on_response(Slot(3), value_reply(1, Some(forged)));
+    op.on_response(Slot(0), value_reply(1, Some(entry(4, "new"))));
+    let Step::Continue(write_back) = op.on_response(Slot(1), value_reply(1, Some(entry(4, "new"))))
     else {
         panic!("3 replies but one forged: must write back");
     };
@@ -261,14 +260,14 @@ fn read_ignores_forgeries_names_the_forger_and_writes_back_on_disagreement() {
         body: ResponseBody::StoreAck(ts(4, 0)),
     };
     for node in [0, 1] {
-        assert!(matches!(op.on_response(NodeId(node), ack(1)), Step::Continue(v) if v.is_empty()));
+        assert!(matches!(op.on_response(Slot(node), ack(1)), Step::Continue(v) if v.is_empty()));
     }
-    let Step::Done(Ok(outcome)) = op.on_response(NodeId(2), ack(1)) else {
+    let Step::Done(Ok(outcome)) = op.on_response(Slot(2), ack(1)) else {
         panic!("n - f acks");
     };
     assert_eq!(outcome.value, Some(Bytes::from("new")));
     assert!(outcome.wrote_back);
-    assert_eq!(outcome.forgers, vec![NodeId(3)]);
+    assert_eq!(outcome.forgers, vec![Slot(3)]);
 }
 
 #[test]
@@ -276,9 +275,9 @@ fn read_skips_the_write_back_only_when_n_minus_f_hold_the_version() {
     let config = ClientConfig::new(1, writers());
     let mut op = ReadOp::new(config.clone(), key("k"), OpId(1));
     op.start();
-    op.on_response(NodeId(0), value_reply(1, Some(entry(4, "v"))));
-    op.on_response(NodeId(1), value_reply(1, Some(entry(4, "v"))));
-    let Step::Done(Ok(outcome)) = op.on_response(NodeId(2), value_reply(1, Some(entry(4, "v"))))
+    op.on_response(Slot(0), value_reply(1, Some(entry(4, "v"))));
+    op.on_response(Slot(1), value_reply(1, Some(entry(4, "v"))));
+    let Step::Done(Ok(outcome)) = op.on_response(Slot(2), value_reply(1, Some(entry(4, "v"))))
     else {
         panic!("n - f agree: one round");
     };
@@ -288,10 +287,10 @@ fn read_skips_the_write_back_only_when_n_minus_f_hold_the_version() {
     // Two agree, one is behind: the version must be written back.
     let mut op = ReadOp::new(config, key("k"), OpId(2));
     op.start();
-    op.on_response(NodeId(0), value_reply(2, Some(entry(4, "v"))));
-    op.on_response(NodeId(1), value_reply(2, Some(entry(4, "v"))));
+    op.on_response(Slot(0), value_reply(2, Some(entry(4, "v"))));
+    op.on_response(Slot(1), value_reply(2, Some(entry(4, "v"))));
     assert!(matches!(
-        op.on_response(NodeId(2), value_reply(2, Some(entry(3, "old")))),
+        op.on_response(Slot(2), value_reply(2, Some(entry(3, "old")))),
         Step::Continue(v) if v.len() == 4
     ));
 }
@@ -315,9 +314,9 @@ fn writer_ignores_unsigned_timestamps() {
     };
     let mut inflated = entry(1_000_000, "x");
     inflated.signature = Bytes::from(vec![0u8; 64]);
-    op.on_response(NodeId(0), clock(Some(inflated)));
-    op.on_response(NodeId(1), clock(Some(entry(6, "v"))));
-    let Step::Continue(stores) = op.on_response(NodeId(2), clock(None)) else {
+    op.on_response(Slot(0), clock(Some(inflated)));
+    op.on_response(Slot(1), clock(Some(entry(6, "v"))));
+    let Step::Continue(stores) = op.on_response(Slot(2), clock(None)) else {
         panic!("n - f answered");
     };
     let RequestBody::Store(stored) = &stores[0].1.body else {

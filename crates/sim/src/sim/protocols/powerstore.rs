@@ -10,7 +10,7 @@ use crate::sim::protocol::{Attacker, Finished, OpStep, Protocol, Served, SimOp, 
 use crate::sim::swarm::Swarm;
 use bulwark_core::config::Protocol as ClusterProtocol;
 use bulwark_core::erasure::{ErasureCodec, ReedSolomonSimd};
-use bulwark_core::{ClientId, Key, MacKey, NodeId, Time};
+use bulwark_core::{ClientId, Key, MacKey, Slot, Time};
 use bulwark_protocol::powerstore::{
     Access, Candidate, Change, ClientConfig, FilterAck, OpId, Pid, ReadOp, Request, RequestBody,
     Response, ResponseBody, ServerConfig, ServerLogic, Step, Timestamp, WriteOp, WriterKeys,
@@ -55,7 +55,7 @@ impl Protocol for PowerStore {
         });
         let server_configs = (0..n)
             .map(|index| {
-                let mut server_config = ServerConfig::new(NodeId(index as u32), f);
+                let mut server_config = ServerConfig::new(Slot(index as u32), f);
                 server_config.grace_millis = swarm.grace_millis;
                 server_config.superseded_max = swarm.superseded_max;
                 server_config.mutations = config.mutations.server;
@@ -209,15 +209,15 @@ impl SimServer<PowerStore> for Node {
 }
 
 impl SimOp<PowerStore> for WriteOp {
-    fn start(&mut self) -> Vec<(NodeId, Request)> {
+    fn start(&mut self) -> Vec<(Slot, Request)> {
         WriteOp::start(self)
     }
 
-    fn retransmit(&self) -> Vec<(NodeId, Request)> {
+    fn retransmit(&self) -> Vec<(Slot, Request)> {
         WriteOp::retransmit(self)
     }
 
-    fn on_response(&mut self, from: NodeId, response: Response) -> OpStep<Request> {
+    fn on_response(&mut self, from: Slot, response: Response) -> OpStep<Request> {
         match WriteOp::on_response(self, from, response) {
             Step::Continue(sends) => OpStep::Continue(sends),
             Step::Done(result) => OpStep::Done(
@@ -236,15 +236,15 @@ impl SimOp<PowerStore> for WriteOp {
 }
 
 impl SimOp<PowerStore> for ReadOp {
-    fn start(&mut self) -> Vec<(NodeId, Request)> {
+    fn start(&mut self) -> Vec<(Slot, Request)> {
         ReadOp::start(self)
     }
 
-    fn retransmit(&self) -> Vec<(NodeId, Request)> {
+    fn retransmit(&self) -> Vec<(Slot, Request)> {
         ReadOp::retransmit(self)
     }
 
-    fn on_response(&mut self, from: NodeId, response: Response) -> OpStep<Request> {
+    fn on_response(&mut self, from: Slot, response: Response) -> OpStep<Request> {
         match ReadOp::on_response(self, from, response) {
             Step::Continue(sends) => OpStep::Continue(sends),
             Step::Done(result) => OpStep::Done(

@@ -8,7 +8,7 @@ use crate::sim::config::{FaultSet, Nemesis, SimConfig};
 use crate::sim::protocol::{Finished, OpStep, Protocol, Served, SimOp, SimServer};
 use crate::sim::swarm::Swarm;
 use bulwark_core::config::Protocol as ClusterProtocol;
-use bulwark_core::{ClientId, Epoch, GroupId, Key, NodeId, Time};
+use bulwark_core::{ClientId, Epoch, GroupId, Key, Slot, Time};
 use bulwark_protocol::round::{OpId, Step};
 use bulwark_protocol::{abd, phalanx};
 use bytes::Bytes;
@@ -98,17 +98,17 @@ macro_rules! register_messages {
             }
 
             impl SimOp<$protocol> for $module::WriteOp {
-                fn start(&mut self) -> Vec<(NodeId, $module::Request)> {
+                fn start(&mut self) -> Vec<(Slot, $module::Request)> {
                     $module::WriteOp::start(self)
                 }
 
-                fn retransmit(&self) -> Vec<(NodeId, $module::Request)> {
+                fn retransmit(&self) -> Vec<(Slot, $module::Request)> {
                     $module::WriteOp::retransmit(self)
                 }
 
                 fn on_response(
                     &mut self,
-                    from: NodeId,
+                    from: Slot,
                     response: $module::Response,
                 ) -> OpStep<$module::Request> {
                     step(
@@ -125,17 +125,17 @@ macro_rules! register_messages {
             }
 
             impl SimOp<$protocol> for $module::ReadOp {
-                fn start(&mut self) -> Vec<(NodeId, $module::Request)> {
+                fn start(&mut self) -> Vec<(Slot, $module::Request)> {
                     $module::ReadOp::start(self)
                 }
 
-                fn retransmit(&self) -> Vec<(NodeId, $module::Request)> {
+                fn retransmit(&self) -> Vec<(Slot, $module::Request)> {
                     $module::ReadOp::retransmit(self)
                 }
 
                 fn on_response(
                     &mut self,
-                    from: NodeId,
+                    from: Slot,
                     response: $module::Response,
                 ) -> OpStep<$module::Request> {
                     step(
@@ -185,11 +185,11 @@ impl Protocol for Abd {
     }
 
     fn server(&self, index: usize, _behaviour: Behaviour, _seed: u64) -> Box<dyn SimServer<Abd>> {
-        Box::new(abd::Server::new(NodeId(index as u32), Epoch(0), GroupId(0)))
+        Box::new(abd::Server::new(Slot(index as u32), Epoch(0), GroupId(0)))
     }
 
     fn restore(&self, index: usize, disk: &Self::Disk, _now: u64) -> Box<dyn SimServer<Abd>> {
-        let mut server = abd::Server::new(NodeId(index as u32), Epoch(0), GroupId(0));
+        let mut server = abd::Server::new(Slot(index as u32), Epoch(0), GroupId(0));
         for (key, entry) in &disk.0 {
             server.restore(key.clone(), entry.clone());
         }
@@ -325,14 +325,14 @@ impl Protocol for Phalanx {
     fn server(&self, index: usize, behaviour: Behaviour, seed: u64) -> Box<dyn SimServer<Self>> {
         Box::new(PhalanxLiar::new(
             behaviour,
-            NodeId(index as u32),
+            Slot(index as u32),
             self.writers.clone(),
             seed,
         ))
     }
 
     fn restore(&self, index: usize, disk: &Self::Disk, _now: u64) -> Box<dyn SimServer<Self>> {
-        let node = NodeId(index as u32);
+        let node = Slot(index as u32);
         let mut server = PhalanxLiar::new(Behaviour::Honest, node, self.writers.clone(), 0);
         for (key, entry) in &disk.0 {
             server.restore(key.clone(), entry.clone());

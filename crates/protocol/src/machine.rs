@@ -1,0 +1,317 @@
+//! The one contract every protocol's machines keep, so that the node, the client library and the
+//! simulator each drive all of them with one generic driver (DESIGN.md §2).
+//!
+//! - A [`Replica`] is one member of one replica group for one service. It takes a client's
+//!   request, a peer replica's message, or a timer, and answers with an [`Output`]: changes to make
+//!   durable, then a reply, messages to peers, timers to set, evidence to report.
+//! - An [`Operation`] is one client operation: it starts, takes replies and timeouts, and ends.
+//!
+//! Machines live in slot space: they know their group's members only by [`Slot`] and never see
+//! other groups. Drivers translate slots to nodes through the group's view. Nothing here does
+//! I/O; time comes in as [`Time`].
+//!
+//! The rule every driver keeps, and the simulator checks: a reply or message leaves only once
+//! every change the replica emitted before it (in the same output or an earlier one) is durable.
+//! [`Sequencer`] is that rule, written once for every driver.
+
+use bulwark_core::wire::{DeserializeOwned, Serialize};
+use bulwark_core::{ClientId, ServiceId, Slot, Time};
+use std::collections::VecDeque;
+
+/// What an authenticated client may do, from the configuration's access list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Access {
+    /// May write (and start any write round).
+    pub write: bool,
+    /// May read.
+    pub read: bool,
+}
+
+/// A timer a replica set; the replica names it, the driver only hands it back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TimerId(pub u64);
+
+/// A replica's counters, for `bulwark status` and metrics; services fill what applies to them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ReplicaStats {
+    /// Keys whose latest version is a value.
+    pub objects: u64,
+    /// Keys with any state.
+    pub keys: u64,
+    /// Versions held.
+    pub versions: u64,
+    /// Value or fragment bytes held.
+    pub bytes: u64,
+    /// Versions garbage-collected since start.
+    pub collected: u64,
+    /// Stored data found damaged when it was read back.
+    pub damaged: u64,
+}
+
+impl ReplicaStats {
+    /// Adds `other` into `self`, for a node's totals over its replicas.
+    pub fn add(&mut self, other: &ReplicaStats) {
+        self.objects += other.objects;
+        self.keys += other.keys;
+        self.versions += other.versions;
+        self.bytes += other.bytes;
+        self.collected += other.collected;
+        self.damaged += other.damaged;
+    }
+}
+
+/// What a replica asks of its driver after one input. Everything in `reply` and `sends` leaves
+/// only after `changes` (and every change before them) are durable.
+pub struct Output<R: Replica + ?Sized> {
+    /// To make durable, in order.
+    pub changes: Vec<R::Change>,
+    /// The answer to the request that caused this output, if any.
+    pub reply: Option<R::Reply>,
+    /// Messages to replicas of the same group.
+    pub sends: Vec<(Slot, R::Message)>,
+    /// Timers to set: `on_timer(id)` at or after the time. Setting an id again moves it.
+    pub timers: Vec<(TimerId, Time)>,
+    /// Why the input was refused, for metrics and the node's rejection counts.
+    pub refused: Option<String>,
+}
+
+impl<R: Replica + ?Sized> Output<R> {
+    /// Nothing to do.
+    pub fn none() -> Self {
+        Output {
+            changes: Vec::new(),
+            reply: None,
+            sends: Vec::new(),
+            timers: Vec::new(),
+            refused: None,
+        }
+    }
+
+    /// Persist `changes`, then send `reply`.
+    pub fn reply(changes: Vec<R::Change>, reply: R::Reply) -> Self {
+        Output {
+            changes,
+            reply: Some(reply),
+            ..Output::none()
+        }
+    }
+}
+
+/// One member of one replica group for one service.
+pub trait Replica {
+    /// The service this replica serves: what frames for it say in their header.
+    const SERVICE: ServiceId;
+    /// A client's request.
+    type Request: DeserializeOwned;
+    /// The answer to a client.
+    type Reply: Serialize;
+    /// What replicas of one group send each other (`Never` for services that need none).
+    type Message: Serialize + DeserializeOwned;
+    /// A change to durable state.
+    type Change;
+    /// Read access to what this replica's changes put into the driver's storage, durable or
+    /// pending (a PoWerStore replica reads fragments back through it; most need nothing).
+    type View: ?Sized;
+
+    /// A client's request.
+    fn on_request(
+        &mut self,
+        now: Time,
+        client: ClientId,
+        access: Access,
+        request: Self::Request,
+        view: &Self::View,
+    ) -> Output<Self>;
+
+    /// A message from the replica in `from` of the same group.
+    fn on_message(
+        &mut self,
+        _now: Time,
+        _from: Slot,
+        _message: Self::Message,
+        _view: &Self::View,
+    ) -> Output<Self> {
+        Output::none()
+    }
+
+    /// A timer this replica set.
+    fn on_timer(&mut self, _now: Time, _timer: TimerId, _view: &Self::View) -> Output<Self> {
+        Output::none()
+    }
+
+    /// Periodic housekeeping (garbage collection); the driver calls it every few hundred ms.
+    fn on_tick(&mut self, _now: Time) -> Output<Self> {
+        Output::none()
+    }
+
+    /// Current counters.
+    fn stats(&self) -> ReplicaStats;
+}
+
+/// A message type with no values, for replicas that never talk to each other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Never {}
+
+/// Why an operation ended without a result. Timeouts are the driver's, not the protocol's.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum OpError {
+    /// `f+1` replicas refused, so at least one correct replica did.
+    #[error("refused by {} replicas: {reason}", by.len())]
+    Refused {
+        /// The first refusal.
+        reason: String,
+        /// Who refused.
+        by: Vec<Slot>,
+    },
+    /// The operation failed for a reason of its own; the text says which.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// What an operation says after an input.
+pub enum Progress<O: Operation + ?Sized> {
+    /// Send these (possibly none) and keep feeding replies.
+    Send(Vec<(Slot, O::Request)>),
+    /// The operation is over.
+    Done(Result<O::Output, OpError>),
+}
+
+/// One client operation on one group.
+pub trait Operation {
+    /// The service whose replicas it talks to.
+    const SERVICE: ServiceId;
+    /// What it sends.
+    type Request: Serialize;
+    /// What replicas answer.
+    type Reply: DeserializeOwned;
+    /// What it returns.
+    type Output;
+
+    /// The operation id replies must echo: what drivers route replies by.
+    fn op(&self) -> u64;
+
+    /// The first round.
+    fn start(&mut self) -> Vec<(Slot, Self::Request)>;
+
+    /// One reply from the replica in `from`.
+    fn on_reply(&mut self, from: Slot, reply: Self::Reply) -> Progress<Self>;
+
+    /// No progress for a while: the current round again, to every replica that has not answered.
+    fn on_timeout(&mut self) -> Vec<(Slot, Self::Request)>;
+
+    /// Replicas that have answered the current round, to name the others when a deadline passes.
+    fn answered(&self) -> Vec<Slot>;
+
+    /// The replies each round waits for.
+    fn quorum(&self) -> usize;
+}
+
+/// Persist-then-send, once for every driver: sends are held until every change submitted before
+/// them is durable. Batches are numbered in submission order and become durable in that order.
+#[derive(Debug)]
+pub struct Sequencer<T> {
+    /// The last batch number handed out; 0 before any.
+    submitted: u64,
+    /// Every batch up to this one is durable.
+    durable: u64,
+    /// Sends waiting, each with the batch it waits for, in order.
+    held: VecDeque<(u64, T)>,
+}
+
+impl<T> Default for Sequencer<T> {
+    fn default() -> Self {
+        Sequencer {
+            submitted: 0,
+            durable: 0,
+            held: VecDeque::new(),
+        }
+    }
+}
+
+impl<T> Sequencer<T> {
+    /// The number the next non-empty batch will get.
+    pub fn next_batch(&self) -> u64 {
+        self.submitted + 1
+    }
+
+    /// Records that a non-empty batch of changes goes to the disk now; returns its number.
+    pub fn submit(&mut self) -> u64 {
+        self.submitted += 1;
+        self.submitted
+    }
+
+    /// Queues `send` behind every batch submitted so far; returns it at once when they are all
+    /// durable already.
+    pub fn send(&mut self, send: T) -> Option<T> {
+        if self.durable >= self.submitted {
+            debug_assert!(self.held.is_empty(), "nothing waits once all is durable");
+            return Some(send);
+        }
+        self.held.push_back((self.submitted, send));
+        None
+    }
+
+    /// Batch `batch` (and so every batch before it) is durable: the sends this releases, in order.
+    pub fn durable(&mut self, batch: u64) -> Vec<T> {
+        assert!(
+            batch <= self.submitted,
+            "batch {batch} reported durable but only {} submitted",
+            self.submitted
+        );
+        self.durable = self.durable.max(batch);
+        let mut released = Vec::new();
+        while let Some((needed, _)) = self.held.front() {
+            if *needed > self.durable {
+                break;
+            }
+            if let Some((_, send)) = self.held.pop_front() {
+                released.push(send);
+            }
+        }
+        released
+    }
+
+    /// Every batch up to this one is durable.
+    pub fn durable_up_to(&self) -> u64 {
+        self.durable
+    }
+
+    /// Sends still waiting for the disk.
+    pub fn held(&self) -> usize {
+        self.held.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sends_wait_for_every_batch_before_them_and_leave_in_order() {
+        let mut sequencer = Sequencer::default();
+        assert_eq!(
+            sequencer.send("early"),
+            Some("early"),
+            "nothing to wait for"
+        );
+        let first = sequencer.submit();
+        assert_eq!(sequencer.send("a"), None);
+        let second = sequencer.submit();
+        assert_eq!(sequencer.send("b"), None);
+        assert_eq!(sequencer.send("c"), None);
+        assert_eq!(sequencer.durable(first), vec!["a"]);
+        assert_eq!(sequencer.held(), 2);
+        assert_eq!(sequencer.durable(second), vec!["b", "c"]);
+        assert_eq!(sequencer.send("d"), Some("d"));
+        // A late report of an older batch changes nothing.
+        assert!(sequencer.durable(first).is_empty());
+        assert_eq!(sequencer.durable_up_to(), second);
+    }
+
+    #[test]
+    #[should_panic(expected = "reported durable")]
+    fn a_batch_never_submitted_cannot_become_durable() {
+        let mut sequencer: Sequencer<()> = Sequencer::default();
+        sequencer.durable(1);
+    }
+}
