@@ -302,6 +302,7 @@ async fn run_sizes(args: &SizesArgs) -> Result<()> {
     cluster_init::run(&InitArgs {
         dir: dir.clone(),
         f: 1,
+        nodes: None,
         host: "127.0.0.1".parse()?,
         base_port: 0,
         addresses: Vec::new(),

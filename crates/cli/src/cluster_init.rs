@@ -15,9 +15,13 @@ pub struct InitArgs {
     /// The directory to write (created; must not already hold a cluster unless --force).
     #[arg(long)]
     pub dir: PathBuf,
-    /// Faults to tolerate; the cluster gets 3f+1 nodes (2f+1 with `--protocol abd`).
+    /// Faults to tolerate per replica group; each group has 3f+1 members.
     #[arg(long, default_value_t = 1)]
     pub f: usize,
+    /// Nodes in the cluster (at least 3f+1, the default); with more, keys spread over several
+    /// groups and each node serves several.
+    #[arg(long)]
+    pub nodes: Option<usize>,
     /// The address nodes listen on (one host, consecutive ports) ...
     #[arg(long, default_value = "127.0.0.1")]
     pub host: IpAddr,
@@ -48,9 +52,9 @@ pub struct InitCommand {
     /// Everything but the protocol.
     #[command(flatten)]
     pub args: InitArgs,
-    /// The register protocol the cluster runs: powerstore (Byzantine, 3f+1 nodes), abd (the
-    /// crash-tolerant baseline, 2f+1 nodes) or phalanx (the signature-based Byzantine baseline,
-    /// 3f+1 nodes).
+    /// The protocol of the default volume: powerstore (Byzantine), abd (the crash-tolerant
+    /// baseline, on 2f+1 of each group) or phalanx (the signature-based Byzantine baseline).
+    /// Every cluster serves all three; named volumes pick their own (`bulwark volume create`).
     #[arg(long, default_value = "powerstore")]
     pub protocol: Protocol,
 }
@@ -98,7 +102,14 @@ pub fn run_protocol(args: &InitArgs, protocol: Protocol) -> Result<ClusterConfig
     if args.f == 0 {
         bail!("--f must be at least 1");
     }
-    let n = protocol.nodes(args.f);
+    let group = 3 * args.f + 1;
+    let n = args.nodes.unwrap_or(group);
+    if n < group {
+        bail!(
+            "--nodes {n} is fewer than one replica group: f = {} needs {group}",
+            args.f
+        );
+    }
     if args.dir.join("cluster.toml").exists() && !args.force {
         bail!(
             "{} already holds a cluster (use --force to overwrite)",
@@ -129,9 +140,8 @@ pub fn run_protocol(args: &InitArgs, protocol: Protocol) -> Result<ClusterConfig
         args.addresses.clone()
     } else {
         bail!(
-            "--addresses lists {} nodes; {protocol} with f = {} needs {n}",
-            args.addresses.len(),
-            args.f
+            "--addresses lists {} nodes; the cluster has {n}",
+            args.addresses.len()
         );
     };
     let mut server_keys = Vec::new();
@@ -140,9 +150,11 @@ pub fn run_protocol(args: &InitArgs, protocol: Protocol) -> Result<ClusterConfig
         let dir = args.dir.join(format!("node-{i}"));
         std::fs::create_dir_all(&dir)?;
         let mac_key = MacKey(rand::random());
+        let signing_seed: [u8; 32] = rand::random();
         let secrets = NodeSecrets {
             id: i as u32,
             mac_key: mac_key.clone(),
+            signing_key: signing_seed,
         };
         write_private(&dir.join("node.toml"), &toml_text(&secrets)?)?;
         let fingerprint = write_identity(&dir, &format!("bulwark-node-{i}"))?;
@@ -162,11 +174,14 @@ pub fn run_protocol(args: &InitArgs, protocol: Protocol) -> Result<ClusterConfig
             address: *address,
             metrics,
             fingerprint,
+            signing_key: bulwark_core::sign::SecretKey::from_seed(&signing_seed)
+                .public_key()
+                .to_bytes(),
         });
     }
     let timestamp_key = MacKey(rand::random());
     let mut clients = Vec::new();
-    for spec in &args.clients {
+    for (id, spec) in args.clients.iter().enumerate() {
         let (name, roles) = spec.split_once(':').unwrap_or((spec.as_str(), "rw"));
         let (write, read) = match roles {
             "rw" | "wr" => (true, true),
@@ -180,10 +195,9 @@ pub fn run_protocol(args: &InitArgs, protocol: Protocol) -> Result<ClusterConfig
             timestamp_key: timestamp_key.clone(),
             server_keys: server_keys.clone(),
         });
-        // Phalanx writers sign their versions; nodes and readers check them against the public
-        // half in `cluster.toml`.
-        let signing_secret: Option<[u8; 32]> =
-            (write && protocol == Protocol::Phalanx).then(rand::random);
+        // Writers sign their Phalanx versions; nodes and readers check them against the public
+        // half in `cluster.toml`. Any cluster may hold Phalanx volumes, so every writer has one.
+        let signing_secret: Option<[u8; 32]> = write.then(rand::random);
         let secrets = ClientSecrets {
             name: name.to_string(),
             writer,
@@ -192,6 +206,7 @@ pub fn run_protocol(args: &InitArgs, protocol: Protocol) -> Result<ClusterConfig
         write_private(&dir.join("client.toml"), &toml_text(&secrets)?)?;
         let fingerprint = write_identity(&dir, &format!("bulwark-client-{name}"))?;
         clients.push(ClientEntry {
+            id: id as u32,
             name: name.to_string(),
             fingerprint,
             write,
@@ -230,6 +245,7 @@ mod tests {
             let config = run(&InitArgs {
                 dir: dir.path().to_path_buf(),
                 f: 3,
+                nodes: None,
                 host: "127.0.0.1".parse().unwrap(),
                 base_port: 0,
                 addresses: Vec::new(),

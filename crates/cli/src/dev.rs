@@ -71,11 +71,12 @@ fn sibling(name: &str) -> Result<PathBuf> {
     Ok(exe.with_file_name(name))
 }
 
-pub async fn run(dir: &Path, demo: bool) -> Result<()> {
+pub async fn run(dir: &Path, nodes: usize, demo: bool) -> Result<()> {
     if !dir.join("cluster.toml").exists() {
         cluster_init::run(&InitArgs {
             dir: dir.to_path_buf(),
             f: 1,
+            nodes: Some(nodes),
             host: "127.0.0.1".parse()?,
             base_port: 0,
             addresses: Vec::new(),
@@ -84,7 +85,10 @@ pub async fn run(dir: &Path, demo: bool) -> Result<()> {
             clients: vec!["admin:rw".into(), "reader:r".into()],
             force: false,
         })?;
-        eprintln!("created a 4-node cluster (f = 1) in {}", dir.display());
+        eprintln!(
+            "created a {nodes}-node cluster (f = 1) in {}",
+            dir.display()
+        );
     }
     let dir = std::fs::canonicalize(dir)?;
     let config = ClusterConfig::parse(
@@ -102,8 +106,9 @@ pub async fn run(dir: &Path, demo: bool) -> Result<()> {
     let client = Client::connect(&dir, "admin").await?;
     wait_until_up(&client, &dir, (0..config.n()).collect()).await?;
 
+    let groups = config.placement()?.groups().len();
     println!(
-        "Bulwark dev cluster: {} nodes, tolerating f = {} Byzantine node(s)",
+        "Bulwark dev cluster: {} nodes in {groups} replica group(s), tolerating f = {} Byzantine node(s) per group",
         config.n(),
         config.f
     );

@@ -36,6 +36,9 @@ pub struct ClientArgs {
     /// How long an operation may keep retrying, in seconds.
     #[arg(long, default_value_t = 30, global = true)]
     pub timeout: u64,
+    /// The volume to use (see `bulwark volume create`); the default volume when absent.
+    #[arg(long, global = true)]
+    pub volume: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -73,6 +76,13 @@ pub enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Volumes: named sets of objects, each served by the protocol chosen at creation.
+    Volume {
+        #[command(subcommand)]
+        command: VolumeCommand,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Shows every node: reachable, version, objects, rejected messages and from whom.
     Status {
         #[command(flatten)]
@@ -84,14 +94,31 @@ pub enum Command {
     Sim(sim::SimArgs),
     /// Serves the S3 API over the cluster (SigV4 against configured access keys).
     Gateway(gateway::GatewayArgs),
-    /// Starts a local 4-node cluster as separate processes and serves until Ctrl-C.
+    /// Starts a local cluster (4 nodes unless --nodes) as separate processes and serves until
+    /// Ctrl-C.
     Dev {
         /// Where the cluster lives.
         #[arg(long, default_value = dev::DEFAULT_DIR)]
         dir: PathBuf,
+        /// Nodes in a new cluster (at least 4); ignored when the directory holds one already.
+        #[arg(long, default_value_t = 4)]
+        nodes: usize,
         /// Also run a demonstration, including a lying node, and exit.
         #[arg(long)]
         demo: bool,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum VolumeCommand {
+    /// Creates a volume served by one protocol; its objects are then reached with `--volume`.
+    Create {
+        /// The volume's name: 1 to 63 characters of a-z, 0-9, '-', '_', '.'.
+        name: String,
+        /// powerstore (Byzantine, erasure-coded), abd (crash-tolerant baseline) or phalanx
+        /// (signature-based Byzantine baseline).
+        #[arg(long, default_value = "powerstore")]
+        protocol: bulwark_core::config::Protocol,
     },
 }
 
@@ -161,7 +188,11 @@ pub async fn run(cli: Cli) -> Result<std::process::ExitCode> {
         } => return objects::get(&client, &key, output).await,
         Command::Delete { key, client } => objects::delete(&client, &key).await?,
         Command::Status { client } => return objects::status(&client).await,
-        Command::Dev { dir, demo } => dev::run(&dir, demo).await?,
+        Command::Dev { dir, nodes, demo } => dev::run(&dir, nodes, demo).await?,
+        Command::Volume {
+            command: VolumeCommand::Create { name, protocol },
+            client,
+        } => objects::create_volume(&client, &name, protocol).await?,
         Command::Bench(args) => bench::run(&args).await?,
         Command::Gateway(args) => gateway::run(&args).await?,
         Command::Sim(args) => return sim::run(&args),

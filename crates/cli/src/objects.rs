@@ -2,7 +2,7 @@
 
 use crate::ClientArgs;
 use anyhow::{Context, Result};
-use bulwark_client::{Client, OpReport};
+use bulwark_client::{Client, OpReport, Volume};
 use bytes::Bytes;
 use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
@@ -10,97 +10,6 @@ use std::time::{Duration, Instant};
 
 /// Objects at least this large get a progress indicator on a terminal.
 const PROGRESS_BYTES_MIN: usize = 1024 * 1024;
-/// Where client commands record the misbehaviour they observed, in the cluster directory.
-const EVIDENCE_LOG: &str = "evidence.log";
-/// `bulwark status` reads at most this much of the end of the evidence log.
-const EVIDENCE_READ_BYTES_MAX: u64 = 4 * 1024 * 1024;
-
-/// Appends what `report` proves about nodes to the cluster's evidence log, one line per
-/// observation: seconds since the epoch, client, node, kind, key. Nodes never report on
-/// themselves, so this log (kept by the trusted client side) is what `bulwark status` shows.
-fn record_evidence(args: &ClientArgs, key: &str, report: &OpReport) {
-    if report.evidence.is_empty() {
-        return;
-    }
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let mut lines = String::new();
-    for evidence in &report.evidence {
-        lines.push_str(&format!(
-            "{now}\t{}\t{}\t{:?}\t{}\n",
-            args.client,
-            evidence.node.0,
-            evidence.kind,
-            key.escape_default()
-        ));
-    }
-    let path = args.cluster.join(EVIDENCE_LOG);
-    let written = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .and_then(|mut file| file.write_all(lines.as_bytes()));
-    if let Err(error) = written {
-        tracing::warn!(%error, path = %path.display(), "cannot record evidence");
-    }
-}
-
-/// What the evidence log says about one node.
-#[derive(Default)]
-struct NodeEvidence {
-    /// Observations by kind.
-    kinds: std::collections::BTreeMap<String, u64>,
-    /// The latest observation: time, client, key.
-    latest: (u64, String, String),
-}
-
-/// Per node: how often each kind of misbehaviour was observed, and the latest observation.
-fn evidence_summary(args: &ClientArgs) -> Vec<String> {
-    use std::io::{Seek, SeekFrom};
-    let path = args.cluster.join(EVIDENCE_LOG);
-    let Ok(mut file) = std::fs::File::open(&path) else {
-        return Vec::new();
-    };
-    let length = file.metadata().map_or(0, |m| m.len());
-    let skip = length.saturating_sub(EVIDENCE_READ_BYTES_MAX);
-    let mut text = String::new();
-    if file.seek(SeekFrom::Start(skip)).is_err() || file.read_to_string(&mut text).is_err() {
-        return Vec::new();
-    }
-    let mut nodes: std::collections::BTreeMap<u32, NodeEvidence> = Default::default();
-    // A partial first line after a skip does not parse and is ignored.
-    for line in text.lines() {
-        let fields: Vec<&str> = line.split('\t').collect();
-        let [time, client, node, kind, key] = fields[..] else {
-            continue;
-        };
-        let (Ok(time), Ok(node)) = (time.parse::<u64>(), node.parse::<u32>()) else {
-            continue;
-        };
-        let entry = nodes.entry(node).or_default();
-        *entry.kinds.entry(kind.to_string()).or_insert(0) += 1;
-        if time >= entry.latest.0 {
-            entry.latest = (time, client.to_string(), key.to_string());
-        }
-    }
-    nodes
-        .into_iter()
-        .map(|(node, NodeEvidence { kinds, latest: (time, client, key) })| {
-            let total: u64 = kinds.values().sum();
-            let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
-            format!(
-                "node {node} caught {total} {} ({}); latest by client {client} on key \"{key}\", {} s ago",
-                if total == 1 { "time" } else { "times" },
-                kinds.join(", "),
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_secs())
-                    .saturating_sub(time)
-            )
-        })
-        .collect()
-}
 
 pub async fn connect(args: &ClientArgs) -> Result<Client> {
     let mut client = Client::connect(&args.cluster, &args.client)
@@ -114,6 +23,31 @@ pub async fn connect(args: &ClientArgs) -> Result<Client> {
         })?;
     client.deadline = Duration::from_secs(args.timeout);
     Ok(client)
+}
+
+/// The volume `--volume` names, or the default volume.
+async fn volume(client: &Client, args: &ClientArgs) -> Result<Volume> {
+    Ok(match &args.volume {
+        Some(name) => client.volume(name).await?,
+        None => client.default_volume(),
+    })
+}
+
+/// `bulwark volume create`.
+pub async fn create_volume(
+    args: &ClientArgs,
+    name: &str,
+    protocol: bulwark_core::config::Protocol,
+) -> Result<()> {
+    let client = connect(args).await?;
+    let (volume, report) = client.create_volume(name, protocol).await?;
+    eprintln!(
+        "volume {:?} is served by {}: {}",
+        volume.name(),
+        volume.protocol,
+        summary(&report)
+    );
+    Ok(())
 }
 
 /// A spinner on standard error while a large transfer runs, only when a person is watching.
@@ -164,7 +98,7 @@ fn summary(report: &OpReport) -> String {
     );
     for evidence in &report.evidence {
         text.push_str(&format!(
-            "; node {} misbehaved: {:?}",
+            "; node {} misbehaved: {}",
             evidence.node.0, evidence.kind
         ));
     }
@@ -181,9 +115,11 @@ pub async fn put(args: &ClientArgs, key: &str, file: Option<PathBuf>) -> Result<
     let len = value.len();
     let started = Instant::now();
     let bar = progress("storing", len);
-    let report = client.put(key.as_bytes(), Bytes::from(value)).await?;
+    let volume = volume(&client, args).await?;
+    let report = client
+        .put_in(&volume, key.as_bytes(), Bytes::from(value))
+        .await?;
     finish(bar, len, started);
-    record_evidence(args, key, &report);
     eprintln!(
         "stored {key:?} ({}): {}",
         human_bytes(len as u64),
@@ -209,8 +145,8 @@ pub async fn get(
 ) -> Result<std::process::ExitCode> {
     let client = connect(args).await?;
     let started = Instant::now();
-    let (value, report) = client.get(key.as_bytes()).await?;
-    record_evidence(args, key, &report);
+    let volume = volume(&client, args).await?;
+    let (value, report) = client.get_in(&volume, key.as_bytes()).await?;
     let Some(value) = value else {
         eprintln!("not found: {key:?} ({})", summary(&report));
         return Ok(std::process::ExitCode::from(2));
@@ -234,8 +170,8 @@ pub async fn get(
 
 pub async fn delete(args: &ClientArgs, key: &str) -> Result<()> {
     let client = connect(args).await?;
-    let report = client.delete(key.as_bytes()).await?;
-    record_evidence(args, key, &report);
+    let volume = volume(&client, args).await?;
+    let report = client.delete_in(&volume, key.as_bytes()).await?;
     eprintln!("deleted {key:?}: {}", summary(&report));
     Ok(())
 }
@@ -270,10 +206,18 @@ pub async fn status(args: &ClientArgs) -> Result<std::process::ExitCode> {
                         r.count, r.peer, r.reason
                     );
                 }
-                if status.server.damaged_fragments > 0 {
+                let mut groups: Vec<String> = status
+                    .replicas
+                    .iter()
+                    .filter(|r| r.service == "powerstore")
+                    .map(|r| format!("{}@slot{}", r.group, r.slot))
+                    .collect();
+                groups.dedup();
+                println!("         groups {}", groups.join(" "));
+                if status.server.damaged > 0 {
                     println!(
                         "         damaged disk: {} reads found a stored fragment missing or not matching its checksum (withheld, not served)",
-                        status.server.damaged_fragments
+                        status.server.damaged
                     );
                 }
             }
@@ -285,11 +229,13 @@ pub async fn status(args: &ClientArgs) -> Result<std::process::ExitCode> {
             ),
         }
     }
-    let caught = evidence_summary(args);
+    let caught = bulwark_client::evidence::summary(&args.cluster);
     if !caught.is_empty() {
         println!(
             "misbehaviour observed by clients (from {}):",
-            args.cluster.join(EVIDENCE_LOG).display()
+            args.cluster
+                .join(bulwark_client::evidence::LOG_FILE)
+                .display()
         );
         for line in caught {
             println!("  {line}");
@@ -297,9 +243,11 @@ pub async fn status(args: &ClientArgs) -> Result<std::process::ExitCode> {
     }
     let n = statuses.len();
     let f = client.cluster().f;
+    let groups = client.placement().groups().len();
     println!(
-        "{reachable} of {n} nodes reachable; operations need {} (f = {f}, protocol {})",
-        n - f,
+        "{reachable} of {n} nodes reachable; {groups} replica group(s) of {}, each needing {} (f = {f}; default volume: {})",
+        3 * f + 1,
+        2 * f + 1,
         client.cluster().protocol
     );
     Ok(if reachable >= n - f {

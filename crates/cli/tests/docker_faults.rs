@@ -13,7 +13,7 @@ mod common;
 mod harness;
 
 use bulwark_core::NodeId;
-use bulwark_protocol::powerstore::Evidence;
+use bulwark_core::evidence::Evidence;
 use bulwark_sim::checker::{self, History, Op, OpKind, Outcome};
 use bytes::Bytes;
 use common::value_for;

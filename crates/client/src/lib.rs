@@ -1,34 +1,47 @@
 //! The Bulwark client library: the trusted side of the system.
 //!
-//! A [`Client`] keeps one authenticated connection per node (re-established in the background when
-//! it drops) and drives one protocol machine per operation: it sends each round, feeds replies
-//! back, retransmits to nodes that have not answered, and gives up at the deadline with an error
-//! that names the nodes it could not reach. Safety never depends on these timings; they only
-//! decide when to retry and when to stop waiting.
+//! A [`Client`] keeps one authenticated link per node (re-established in the background when it
+//! drops) and drives one protocol operation per request through ONE generic driver
+//! ([`Client::drive`]) over the protocols' common contract (`bulwark_protocol::machine`): it
+//! places the key on its replica group, sends each round in envelopes the nodes route by
+//! `(service, group, epoch)`, feeds replies back, retransmits to replicas that have not answered,
+//! and gives up at the deadline with an error that names the nodes it could not reach. Safety
+//! never depends on these timings; they only decide when to retry and when to stop waiting.
+//!
+//! A cluster serves every register protocol at once; a [`Volume`] names one. Objects written
+//! without a volume go to the default volume, whose protocol `cluster.toml` names.
 
-mod connection;
+pub mod evidence;
+mod volumes;
+
+pub use volumes::{VOLUME_NAME_BYTES_MAX, Volume};
 
 use bulwark_core::config::{ClientSecrets, ClusterConfig, Protocol, parse_secrets};
+use bulwark_core::envelope::{self, Header, Kind, Refusal as EnvelopeRefusal};
 use bulwark_core::erasure::{ErasureCodec, ReedSolomonSimd};
-use bulwark_core::{ClientId, Key, NodeId, OBJECT_BYTES_MAX};
-use bulwark_protocol::powerstore::{
-    ClientConfig, Evidence, OpId, Pid, ProtocolError, ReadOp, Refusal, Request, Response, Step,
-    WriteOp, WriterKeys,
-};
-use bulwark_protocol::service::{ClientFrame, NodeStatus};
+use bulwark_core::evidence::{Evidence, EvidenceKind};
+use bulwark_core::membership::{GroupView, Placement};
+use bulwark_core::wire::FRAME_BYTES_MAX;
+use bulwark_core::{ClientId, Epoch, Key, MacKey, NodeId, OBJECT_BYTES_MAX, ServiceId, Slot};
+use bulwark_protocol::machine::{OpError, Operation, Progress};
+use bulwark_protocol::powerstore::{self, OpId, Pid, WriterKeys};
+use bulwark_protocol::service::{NodeStatus, SystemReply, SystemRequest};
 use bulwark_protocol::{abd, phalanx};
+use bulwark_transport::{Link, Router};
 use bytes::Bytes;
-use connection::{NodeLink, Reply};
+use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
 
 /// How long an operation keeps trying by default.
 pub const DEADLINE_DEFAULT: Duration = Duration::from_secs(30);
-/// How long to wait for an answer before resending a round to the nodes that have not answered.
+/// How long to wait for an answer before resending a round to the replicas that have not
+/// answered. Links queue frames while a node is unreachable, so this only covers frames lost
+/// with a connection.
 const RETRANSMIT_AFTER: Duration = Duration::from_millis(1000);
 
 /// What went wrong with an operation.
@@ -59,23 +72,15 @@ pub enum ClientError {
         /// Limit.
         max: usize,
     },
-    /// This client holds no writer keys.
+    /// This client may not write (or holds no keys for this volume's protocol).
     #[error("client {name:?} is not a writer in this cluster")]
     NotWriter {
         /// The client's name.
         name: String,
     },
-    /// Enough nodes refused that at least one correct node did.
+    /// Enough replicas refused that at least one correct one did.
     #[error("refused by nodes {nodes:?}: {refusal}")]
     Refused {
-        /// Why.
-        refusal: Refusal,
-        /// Who.
-        nodes: Vec<NodeId>,
-    },
-    /// Enough nodes of a baseline cluster refused; the text says why.
-    #[error("refused by nodes {nodes:?}: {refusal}")]
-    RefusedBaseline {
         /// Why.
         refusal: String,
         /// Who.
@@ -97,6 +102,14 @@ pub enum ClientError {
         n: usize,
         /// Nodes that did not answer, with their addresses.
         unreachable: Vec<(NodeId, SocketAddr)>,
+    },
+    /// No such volume, or a volume record that does not parse.
+    #[error("volume {name:?}: {problem}")]
+    Volume {
+        /// The volume.
+        name: String,
+        /// What is wrong.
+        problem: String,
     },
     /// The protocol failed in a way that indicates a bug.
     #[error("protocol: {0}")]
@@ -122,25 +135,36 @@ pub struct OpReport {
     pub evidence: Vec<Evidence>,
     /// Read restarts caused by garbage-collected versions.
     pub restarts: u32,
-    /// Whether a read ran REPAIR.
+    /// Whether a read repaired (PoWerStore REPAIR, or a baseline's write-back).
     pub repaired: bool,
+}
+
+/// A writer's MAC keys, by node.
+struct WriterMacs {
+    timestamp: MacKey,
+    servers: HashMap<NodeId, MacKey>,
 }
 
 /// A connected client.
 pub struct Client {
     cluster: Arc<ClusterConfig>,
+    placement: Arc<Placement>,
     name: String,
-    protocol: ClientConfig,
-    abd: abd::ClientConfig,
-    phalanx: phalanx::ClientConfig,
-    /// A Phalanx writer's signing key.
+    id: ClientId,
+    may_write: bool,
+    /// A writer's signing key (Phalanx volumes).
     signing: Option<Arc<phalanx::SigningKey>>,
-    writer: Option<Arc<WriterKeys>>,
-    links: Vec<NodeLink>,
-    router: connection::Router,
+    /// A writer's MAC keys (PoWerStore volumes).
+    macs: Option<WriterMacs>,
+    /// The writers' public keys (Phalanx volumes).
+    writers: Arc<phalanx::Writers>,
+    links: HashMap<NodeId, Link>,
+    router: Router,
     next_op: AtomicU64,
     session: u64,
     codec: Arc<dyn ErasureCodec>,
+    volumes: Mutex<HashMap<String, Volume>>,
+    evidence_log: Option<PathBuf>,
     /// How long an operation keeps trying.
     pub deadline: Duration,
 }
@@ -166,8 +190,18 @@ fn read(path: &Path) -> Result<String, ClientError> {
     })
 }
 
+fn invalid(file: &str, field: &str, problem: String) -> ClientError {
+    bulwark_core::config::ConfigError::Invalid {
+        file: file.into(),
+        field: field.into(),
+        problem,
+    }
+    .into()
+}
+
 impl Client {
     /// Connects as client `name` using the files `bulwark cluster init` wrote into `cluster_dir`.
+    /// Misbehaviour it observes is appended to the cluster's evidence log ([`evidence`]).
     pub async fn connect(cluster_dir: &Path, name: &str) -> Result<Client, ClientError> {
         let cluster_file = cluster_dir.join("cluster.toml");
         let cluster =
@@ -180,7 +214,9 @@ impl Client {
             &read(&dir.join("tls.crt"))?,
             &read(&dir.join("tls.key"))?,
         )?;
-        Client::new(cluster, secrets, identity).await
+        let mut client = Client::new(cluster, secrets, identity).await?;
+        client.evidence_log = Some(cluster_dir.join(evidence::LOG_FILE));
+        Ok(client)
     }
 
     /// Connects with explicit configuration and secrets.
@@ -189,83 +225,81 @@ impl Client {
         secrets: ClientSecrets,
         identity: bulwark_transport::Identity,
     ) -> Result<Client, ClientError> {
-        if cluster.client(&secrets.name).is_none() {
-            return Err(bulwark_core::config::ConfigError::Invalid {
-                file: "cluster.toml".into(),
-                field: "clients".into(),
-                problem: format!("no client named {:?}", secrets.name),
-            }
-            .into());
-        }
-        let writer = match secrets.writer {
-            // Baselines use no MAC keys; a writer there is one the configuration lets write.
-            _ if cluster.protocol != Protocol::PowerStore => None,
-            Some(w) if w.server_keys.len() == cluster.n() => Some(Arc::new(WriterKeys {
+        let Some((id, entry)) = cluster.client(&secrets.name) else {
+            return Err(invalid(
+                "cluster.toml",
+                "clients",
+                format!("no client named {:?}", secrets.name),
+            ));
+        };
+        let may_write = entry.write;
+        let registered = entry.signing_key;
+        let macs = match secrets.writer {
+            Some(w) if w.server_keys.len() == cluster.n() => Some(WriterMacs {
                 timestamp: w.timestamp_key,
-                servers: w.server_keys,
-            })),
+                servers: cluster
+                    .nodes
+                    .iter()
+                    .map(|node| NodeId(node.id))
+                    .zip(w.server_keys)
+                    .collect(),
+            }),
             Some(w) => {
-                return Err(bulwark_core::config::ConfigError::Invalid {
-                    file: "client.toml".into(),
-                    field: "writer.server_keys".into(),
-                    problem: format!("{} keys for {} nodes", w.server_keys.len(), cluster.n()),
-                }
-                .into());
+                return Err(invalid(
+                    "client.toml",
+                    "writer.server_keys",
+                    format!("{} keys for {} nodes", w.server_keys.len(), cluster.n()),
+                ));
             }
             None => None,
         };
+        let signing = match secrets.signing_key {
+            Some(secret) if registered == Some(phalanx::public_key(&secret)) => {
+                Some(Arc::new(phalanx::signing_key(&secret)))
+            }
+            Some(_) => {
+                return Err(invalid(
+                    "client.toml",
+                    "signing_key",
+                    "does not match this client's public key in cluster.toml".into(),
+                ));
+            }
+            None => None,
+        };
+        let placement = cluster.placement()?;
+        let writers = phalanx::Writers::from_config(&cluster, "cluster.toml")?;
         let connector = Arc::new(bulwark_transport::Connector::new(&identity)?);
-        let router = connection::Router::default();
+        let router = Router::new();
         let links = cluster
             .nodes
             .iter()
             .map(|node| {
-                NodeLink::spawn(
+                let link = Link::spawn(
                     NodeId(node.id),
                     node.address,
                     node.fingerprint,
                     connector.clone(),
                     router.clone(),
-                )
+                );
+                (NodeId(node.id), link)
             })
             .collect();
-        let mut protocol = ClientConfig::new(cluster.f);
-        protocol.epoch = bulwark_core::Epoch(cluster.epoch);
-        let mut abd = abd::ClientConfig::new(cluster.f);
-        abd.epoch = protocol.epoch;
-        let writers = phalanx::Writers::from_config(&cluster, "cluster.toml")?;
-        let mut phalanx = phalanx::ClientConfig::new(cluster.f, Arc::new(writers));
-        phalanx.epoch = protocol.epoch;
-        let signing = match (cluster.protocol, secrets.signing_key) {
-            (Protocol::Phalanx, Some(secret)) => {
-                let registered = cluster
-                    .client(&secrets.name)
-                    .and_then(|(_, entry)| entry.signing_key);
-                if registered != Some(phalanx::public_key(&secret)) {
-                    return Err(bulwark_core::config::ConfigError::Invalid {
-                        file: "client.toml".into(),
-                        field: "signing_key".into(),
-                        problem: "does not match this client's public key in cluster.toml".into(),
-                    }
-                    .into());
-                }
-                Some(Arc::new(phalanx::signing_key(&secret)))
-            }
-            _ => None,
-        };
         Ok(Client {
             cluster: Arc::new(cluster),
+            placement: Arc::new(placement),
             name: secrets.name,
-            protocol,
-            abd,
-            phalanx,
+            id,
+            may_write,
             signing,
-            writer,
+            macs,
+            writers: Arc::new(writers),
             links,
             router,
             next_op: AtomicU64::new(1),
             session: rand::random::<u32>() as u64,
             codec: Arc::new(ReedSolomonSimd),
+            volumes: Mutex::new(HashMap::new()),
+            evidence_log: None,
             deadline: DEADLINE_DEFAULT,
         })
     }
@@ -275,11 +309,14 @@ impl Client {
         &self.cluster
     }
 
+    /// The placement of keys on replica groups.
+    pub fn placement(&self) -> &Placement {
+        &self.placement
+    }
+
     /// This client's id in the configuration.
     pub fn id(&self) -> ClientId {
-        self.cluster
-            .client(&self.name)
-            .map_or(ClientId(u32::MAX), |(id, _)| id)
+        self.id
     }
 
     fn op_id(&self) -> OpId {
@@ -288,18 +325,85 @@ impl Client {
         OpId((self.session << 32) | self.next_op.fetch_add(1, Ordering::Relaxed))
     }
 
-    /// Stores `value` under `key`.
+    fn epoch(&self) -> Epoch {
+        Epoch(self.cluster.epoch)
+    }
+
+    /// The default volume: objects written without naming a volume.
+    pub fn default_volume(&self) -> Volume {
+        Volume::default_of(self.cluster.protocol)
+    }
+
+    /// Stores `value` under `key` in the default volume.
     pub async fn put(&self, key: &[u8], value: Bytes) -> Result<OpReport, ClientError> {
-        self.write(key, Some(value)).await
+        self.write(&self.default_volume(), key, Some(value)).await
     }
 
-    /// Deletes `key`: a tombstone write, after which reads return `None`.
+    /// Deletes `key` from the default volume: a tombstone write, after which reads return `None`.
     pub async fn delete(&self, key: &[u8]) -> Result<OpReport, ClientError> {
-        self.write(key, None).await
+        self.write(&self.default_volume(), key, None).await
     }
 
-    async fn write(&self, key: &[u8], value: Option<Bytes>) -> Result<OpReport, ClientError> {
-        let key = Key::new(key.to_vec())?;
+    /// Reads `key` from the default volume: `None` when it was never written or was deleted.
+    pub async fn get(&self, key: &[u8]) -> Result<(Option<Bytes>, OpReport), ClientError> {
+        self.read(&self.default_volume(), key).await
+    }
+
+    /// Stores `value` under `key` in `volume`.
+    pub async fn put_in(
+        &self,
+        volume: &Volume,
+        key: &[u8],
+        value: Bytes,
+    ) -> Result<OpReport, ClientError> {
+        self.write(volume, key, Some(value)).await
+    }
+
+    /// Deletes `key` from `volume`.
+    pub async fn delete_in(&self, volume: &Volume, key: &[u8]) -> Result<OpReport, ClientError> {
+        self.write(volume, key, None).await
+    }
+
+    /// Reads `key` from `volume`.
+    pub async fn get_in(
+        &self,
+        volume: &Volume,
+        key: &[u8],
+    ) -> Result<(Option<Bytes>, OpReport), ClientError> {
+        self.read(volume, key).await
+    }
+
+    /// The replica group of `key` for `protocol`: its view, and the members the protocol uses
+    /// (an ABD register lives on the first `2f+1` of the group's `3f+1`).
+    fn group(&self, key: &Key, protocol: Protocol) -> (GroupView, usize) {
+        let view = self.placement.group_of(key.as_bytes());
+        (view, protocol.nodes(self.cluster.f))
+    }
+
+    /// A PoWerStore writer's keys for one group, by slot.
+    fn writer_keys(&self, view: &GroupView) -> Result<Arc<WriterKeys>, ClientError> {
+        let not_writer = || ClientError::NotWriter {
+            name: self.name.clone(),
+        };
+        let macs = self.macs.as_ref().ok_or_else(not_writer)?;
+        let servers = view
+            .members()
+            .iter()
+            .map(|node| macs.servers.get(node).cloned().ok_or_else(not_writer))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Arc::new(WriterKeys {
+            timestamp: macs.timestamp.clone(),
+            servers,
+        }))
+    }
+
+    async fn write(
+        &self,
+        volume: &Volume,
+        key: &[u8],
+        value: Option<Bytes>,
+    ) -> Result<OpReport, ClientError> {
+        let key = volume.register_key(key)?;
         if let Some(value) = &value
             && value.len() > OBJECT_BYTES_MAX
         {
@@ -308,191 +412,207 @@ impl Client {
                 max: OBJECT_BYTES_MAX,
             });
         }
-        let op = self.op_id();
-        let may_write = self
-            .cluster
-            .client(&self.name)
-            .is_some_and(|(_, entry)| entry.write);
         let not_writer = || ClientError::NotWriter {
             name: self.name.clone(),
         };
-        let answered = match self.cluster.protocol {
+        if !self.may_write {
+            return Err(not_writer());
+        }
+        let op = self.op_id();
+        let (view, n) = self.group(&key, volume.protocol);
+        let answered = match volume.protocol {
             Protocol::PowerStore => {
-                let keys = self.writer.clone().ok_or_else(not_writer)?;
+                let mut config = powerstore::ClientConfig::new(self.cluster.f);
+                config.epoch = self.epoch();
+                config.group = view.id();
                 let pid = Pid {
-                    writer: self.id(),
+                    writer: self.id,
                     seq: op.0,
                 };
                 let nonce: [u8; 32] = rand::random();
-                let mut machine = WriteOp::new(
-                    self.protocol.clone(),
-                    keys,
+                let mut machine = powerstore::WriteOp::new(
+                    config,
+                    self.writer_keys(&view)?,
                     self.codec.clone(),
-                    key,
+                    key.clone(),
                     op,
                     pid,
                     nonce,
                     value,
                 );
-                let first = machine.start();
-                self.drive(op.0, &mut machine, frames(first))
-                    .await?
-                    .acknowledged_by
+                self.drive(&view, &key, &mut machine).await?.acknowledged_by
             }
             Protocol::Abd => {
-                if !may_write {
-                    return Err(not_writer());
-                }
-                let op = abd::OpId(op.0);
-                let mut machine =
-                    abd::WriteOp::new(self.abd.clone(), key, op, self.id(), op.0, value);
-                let first = machine.start();
-                self.drive(op.0, &mut machine, abd_frames(first))
-                    .await?
-                    .acknowledged_by
+                let mut config = abd::ClientConfig::new(self.cluster.f);
+                config.epoch = self.epoch();
+                config.group = view.id();
+                let mut machine = abd::WriteOp::new(config, key.clone(), op, self.id, op.0, value);
+                self.drive(&view, &key, &mut machine).await?.acknowledged_by
             }
             Protocol::Phalanx => {
                 let signing = self.signing.clone().ok_or_else(not_writer)?;
-                let op = phalanx::OpId(op.0);
-                let mut machine = phalanx::WriteOp::new(
-                    self.phalanx.clone(),
-                    key,
-                    op,
-                    self.id(),
-                    op.0,
-                    signing,
-                    value,
-                );
-                let first = machine.start();
-                self.drive(op.0, &mut machine, phalanx_frames(first))
-                    .await?
-                    .acknowledged_by
+                let mut config = phalanx::ClientConfig::new(self.cluster.f, self.writers.clone());
+                config.epoch = self.epoch();
+                config.group = view.id();
+                let mut machine =
+                    phalanx::WriteOp::new(config, key.clone(), op, self.id, op.0, signing, value);
+                self.drive(&view, &key, &mut machine).await?.acknowledged_by
             }
         };
         Ok(OpReport {
-            answered,
-            n: self.cluster.n(),
+            answered: nodes(&view, &answered),
+            n,
             evidence: Vec::new(),
             restarts: 0,
             repaired: false,
         })
     }
 
-    /// Reads `key`: `None` when it was never written or was deleted.
-    pub async fn get(&self, key: &[u8]) -> Result<(Option<Bytes>, OpReport), ClientError> {
-        let key = Key::new(key.to_vec())?;
+    async fn read(
+        &self,
+        volume: &Volume,
+        key: &[u8],
+    ) -> Result<(Option<Bytes>, OpReport), ClientError> {
+        let key = volume.register_key(key)?;
         let op = self.op_id();
-        let n = self.cluster.n();
-        match self.cluster.protocol {
+        let (view, n) = self.group(&key, volume.protocol);
+        let (value, report) = match volume.protocol {
             Protocol::PowerStore => {
+                let mut config = powerstore::ClientConfig::new(self.cluster.f);
+                config.epoch = self.epoch();
+                config.group = view.id();
                 let mut machine =
-                    ReadOp::new(self.protocol.clone(), self.codec.clone(), key.clone(), op);
-                let first = machine.start();
-                let outcome = self.drive(op.0, &mut machine, frames(first)).await?;
-                for evidence in &outcome.evidence {
-                    tracing::warn!(node = %evidence.node, kind = ?evidence.kind, %key, "node misbehaved");
-                }
+                    powerstore::ReadOp::new(config, self.codec.clone(), key.clone(), op);
+                let outcome = self.drive(&view, &key, &mut machine).await?;
+                let evidence = outcome
+                    .evidence
+                    .iter()
+                    .filter_map(|e| {
+                        let node = view.node(e.node)?;
+                        Some(Evidence::new(node, e.kind.clone()).with_detail(format!("key {key}")))
+                    })
+                    .collect();
                 let report = OpReport {
-                    answered: outcome.answered_by,
+                    answered: nodes(&view, &outcome.answered_by),
                     n,
-                    evidence: outcome.evidence,
+                    evidence,
                     restarts: outcome.restarts,
                     repaired: outcome.repaired,
                 };
-                Ok((outcome.value, report))
+                (outcome.value, report)
             }
             Protocol::Abd => {
-                let mut machine = abd::ReadOp::new(self.abd.clone(), key, abd::OpId(op.0));
-                let first = machine.start();
-                let outcome = self.drive(op.0, &mut machine, abd_frames(first)).await?;
-                let report = OpReport {
-                    answered: outcome.answered_by,
-                    n,
-                    evidence: Vec::new(),
-                    restarts: 0,
-                    repaired: outcome.wrote_back,
-                };
-                Ok((outcome.value, report))
+                let mut config = abd::ClientConfig::new(self.cluster.f);
+                config.epoch = self.epoch();
+                config.group = view.id();
+                let mut machine = abd::ReadOp::new(config, key.clone(), op);
+                let outcome = self.drive(&view, &key, &mut machine).await?;
+                let report = register_report(&view, n, &key, &outcome);
+                (outcome.value, report)
             }
             Protocol::Phalanx => {
-                let mut machine =
-                    phalanx::ReadOp::new(self.phalanx.clone(), key.clone(), phalanx::OpId(op.0));
-                let first = machine.start();
-                let outcome = self
-                    .drive(op.0, &mut machine, phalanx_frames(first))
-                    .await?;
-                for node in &outcome.forgers {
-                    tracing::warn!(%node, %key, "node served a version no writer signed");
-                }
-                let report = OpReport {
-                    answered: outcome.answered_by,
-                    n,
-                    evidence: outcome
-                        .forgers
-                        .into_iter()
-                        .map(|node| Evidence {
-                            node,
-                            kind: bulwark_protocol::powerstore::EvidenceKind::MalformedReply,
-                        })
-                        .collect(),
-                    restarts: 0,
-                    repaired: outcome.wrote_back,
-                };
-                Ok((outcome.value, report))
+                let mut config = phalanx::ClientConfig::new(self.cluster.f, self.writers.clone());
+                config.epoch = self.epoch();
+                config.group = view.id();
+                let mut machine = phalanx::ReadOp::new(config, key.clone(), op);
+                let outcome = self.drive(&view, &key, &mut machine).await?;
+                let report = register_report(&view, n, &key, &outcome);
+                (outcome.value, report)
             }
+        };
+        self.record(&report.evidence);
+        Ok((value, report))
+    }
+
+    /// Logs, counts and (when connected through a cluster directory) records misbehaviour.
+    fn record(&self, observed: &[Evidence]) {
+        for evidence in observed {
+            tracing::warn!(node = %evidence.node, kind = %evidence.kind, detail = %evidence.detail, "node misbehaved");
+        }
+        if let Some(path) = &self.evidence_log {
+            evidence::append(path, &self.name, observed);
         }
     }
 
-    /// Every round's quorum in this cluster's protocol.
-    fn quorum(&self) -> usize {
-        match self.cluster.protocol {
-            Protocol::Abd => self.abd.quorum(),
-            Protocol::Phalanx => self.phalanx.quorum(),
-            Protocol::PowerStore => self.protocol.quorum(),
-        }
-    }
-
-    /// Drives one machine to completion or the deadline.
+    /// Drives one operation on one group to completion or the deadline: the one driver every
+    /// protocol's operations share.
     async fn drive<O: Operation>(
         &self,
-        op: u64,
+        view: &GroupView,
+        key: &Key,
         machine: &mut O,
-        first: Vec<(NodeId, ClientFrame)>,
     ) -> Result<O::Output, ClientError> {
-        let n = self.cluster.n();
-        let (sender, mut replies) = mpsc::channel(8 * n);
-        let _registration = self.router.register(op, sender);
-        self.send_all(first);
+        let n = view.len();
+        let (sender, mut replies) = mpsc::channel(8 * n.max(1));
+        let _registration = self
+            .router
+            .register(machine.op(), sender)
+            .map_err(|taken| ClientError::Protocol(format!("operation id {} reused", taken.0)))?;
+        let header = Header::request(O::SERVICE, view.id(), self.epoch(), machine.op());
+        let first = machine.start();
+        self.send_all(view, &header, first);
         let deadline = tokio::time::Instant::now() + self.deadline;
         let mut retransmit = tokio::time::interval_at(
             tokio::time::Instant::now() + RETRANSMIT_AFTER,
             RETRANSMIT_AFTER,
         );
+        // Refusals before any replica saw the request (wrong epoch or group): f+1 of them mean a
+        // correct node refused.
+        let mut refused: BTreeSet<NodeId> = BTreeSet::new();
         loop {
             tokio::select! {
                 reply = replies.recv() => {
-                    let Some((from, reply)) = reply else {
+                    let Some((from, envelope)) = reply else {
                         return Err(ClientError::Protocol("reply channel closed".into()));
                     };
-                    match machine.feed(from, reply) {
-                        Progress::Send(outbound) => self.send_all(outbound),
-                        Progress::Done(result) => return result,
+                    let Some(slot) = view.slot_of(from) else {
+                        continue;
+                    };
+                    match envelope.header.kind {
+                        Kind::Reply => match envelope.body::<O::Reply>(FRAME_BYTES_MAX) {
+                            Ok(reply) => match machine.on_reply(slot, reply) {
+                                Progress::Send(sends) => self.send_all(view, &header, sends),
+                                Progress::Done(result) => {
+                                    return result.map_err(|error| op_error(view, error));
+                                }
+                            },
+                            Err(error) => {
+                                let evidence = Evidence::new(from, EvidenceKind::MalformedReply)
+                                    .with_detail(format!("key {key}: {error}"));
+                                self.record(std::slice::from_ref(&evidence));
+                            }
+                        },
+                        Kind::Refused => {
+                            let refusal = envelope
+                                .body::<EnvelopeRefusal>(FRAME_BYTES_MAX)
+                                .map_or_else(|e| format!("undecodable refusal: {e}"), |r| r.to_string());
+                            refused.insert(from);
+                            if refused.len() > self.cluster.f {
+                                return Err(ClientError::Refused {
+                                    refusal,
+                                    nodes: refused.into_iter().collect(),
+                                });
+                            }
+                        }
+                        Kind::Request | Kind::Message => {}
                     }
                 }
-                _ = retransmit.tick() => self.send_all(machine.resend()),
+                _ = retransmit.tick() => {
+                    let sends = machine.on_timeout();
+                    self.send_all(view, &header, sends);
+                }
                 _ = tokio::time::sleep_until(deadline) => {
-                    let answered = machine.answered();
-                    let unreachable = self
-                        .cluster
-                        .nodes
+                    let answered = nodes(view, &machine.answered());
+                    let unreachable = view
+                        .members()
                         .iter()
-                        .filter(|node| !answered.contains(&NodeId(node.id)))
-                        .map(|node| (NodeId(node.id), node.address))
+                        .filter(|node| !answered.contains(node))
+                        .filter_map(|node| Some((*node, self.cluster.node(*node)?.address)))
                         .collect();
                     return Err(ClientError::Unavailable {
                         deadline: self.deadline,
                         answered: answered.len(),
-                        quorum: self.quorum(),
+                        quorum: machine.quorum(),
                         n,
                         unreachable,
                     });
@@ -501,226 +621,139 @@ impl Client {
         }
     }
 
-    fn send_all(&self, outbound: Vec<(NodeId, ClientFrame)>) {
-        for (to, frame) in outbound {
-            if let Some(link) = self.links.get(to.index()) {
-                link.send(&frame);
+    fn send_all<R: serde::Serialize>(
+        &self,
+        view: &GroupView,
+        header: &Header,
+        sends: Vec<(Slot, R)>,
+    ) {
+        for (slot, request) in sends {
+            let Some(link) = view.node(slot).and_then(|node| self.links.get(&node)) else {
+                continue;
+            };
+            if let Err(error) = link.send(envelope::frame(header, &request)) {
+                tracing::debug!(node = %link.node(), %error, "frame not queued; retransmission resends it");
             }
         }
     }
 
-    /// Sends one raw request to one node and returns its first reply: for tests that play a
-    /// malicious client. A correct client never needs this.
+    /// Sends one raw PoWerStore request to one node and returns its first reply: for tests that
+    /// play a malicious client. The request's group is the node's group for `key`. A correct
+    /// client never needs this.
     #[doc(hidden)]
     pub async fn raw_request(
         &self,
         to: NodeId,
-        request: Request,
+        mut request: powerstore::Request,
         wait: Duration,
-    ) -> Option<Response> {
+    ) -> Option<powerstore::Response> {
+        let view = self.placement.group_of(request.key.as_bytes());
+        request.group = view.id();
         let (sender, mut replies) = mpsc::channel(4);
-        let _registration = self.router.register(request.op.0, sender);
+        let _registration = self.router.register(request.op.0, sender).ok()?;
+        let header = Header::request(
+            ServiceId::POWERSTORE,
+            view.id(),
+            request.epoch,
+            request.op.0,
+        );
         self.links
-            .get(to.index())?
-            .send(&ClientFrame::PowerStore(request));
+            .get(&to)?
+            .send(envelope::frame(&header, &request))
+            .ok()?;
         match tokio::time::timeout(wait, replies.recv()).await {
-            Ok(Some((_, Reply::PowerStore(response)))) => Some(response),
+            Ok(Some((_, envelope))) if envelope.header.kind == Kind::Reply => {
+                envelope.body(FRAME_BYTES_MAX).ok()
+            }
             _ => None,
         }
     }
 
+    /// The slot `node` holds in the group of `key` (for tests that craft requests).
+    #[doc(hidden)]
+    pub fn slot_for(&self, key: &[u8], node: NodeId) -> Option<Slot> {
+        self.placement.group_of(key).slot_of(node)
+    }
+
     /// Asks one node for its status: one round trip on the authenticated channel.
     pub async fn status_of(&self, node: NodeId) -> Result<NodeStatus, String> {
-        match self.links.get(node.index()) {
-            Some(link) => link.status(self.deadline).await,
-            None => Err(format!("no {node}")),
+        self.status_within(node, self.deadline).await
+    }
+
+    async fn status_within(&self, node: NodeId, wait: Duration) -> Result<NodeStatus, String> {
+        let Some(link) = self.links.get(&node) else {
+            return Err(format!("no {node}"));
+        };
+        let op = self.op_id().0;
+        let (sender, mut replies) = mpsc::channel(1);
+        let _registration = self
+            .router
+            .register(op, sender)
+            .map_err(|_| "operation id reused".to_string())?;
+        let header = Header::request(ServiceId::SYSTEM, Default::default(), self.epoch(), op);
+        link.send(envelope::frame(&header, &SystemRequest::Status))
+            .map_err(|e| e.to_string())?;
+        let unreachable = || {
+            link.last_error()
+                .unwrap_or_else(|| "not connected yet".to_string())
+        };
+        match tokio::time::timeout(wait, replies.recv()).await {
+            Ok(Some((_, reply))) if reply.header.kind == Kind::Reply => {
+                match reply.body::<SystemReply>(FRAME_BYTES_MAX) {
+                    Ok(SystemReply::Status(status)) => Ok(status),
+                    Err(error) => Err(format!("malformed status: {error}")),
+                }
+            }
+            Ok(Some((_, reply))) => Err(format!("refused: {:?}", reply.header.kind)),
+            _ if !link.connected() => Err(unreachable()),
+            _ => Err("no status reply".to_string()),
         }
     }
 
     /// Asks every node for its status.
     pub async fn status(&self) -> Vec<(NodeId, SocketAddr, Result<NodeStatus, String>)> {
-        let mut results = Vec::new();
-        for (index, link) in self.links.iter().enumerate() {
-            let address = self.cluster.nodes[index].address;
-            let status = link.status(Duration::from_secs(3)).await;
-            results.push((NodeId(index as u32), address, status));
-        }
-        results
+        let asks = self.cluster.nodes.iter().map(|node| async move {
+            let id = NodeId(node.id);
+            let status = self.status_within(id, Duration::from_secs(3)).await;
+            (id, node.address, status)
+        });
+        futures::future::join_all(asks).await
     }
 }
 
-fn protocol_error(error: ProtocolError) -> ClientError {
+/// Slots to the nodes holding them in `view`.
+fn nodes(view: &GroupView, slots: &[Slot]) -> Vec<NodeId> {
+    slots.iter().filter_map(|slot| view.node(*slot)).collect()
+}
+
+fn op_error(view: &GroupView, error: OpError) -> ClientError {
     match error {
-        ProtocolError::Refused { refusal, nodes } => ClientError::Refused { refusal, nodes },
-        other => ClientError::Protocol(other.to_string()),
+        OpError::Refused { reason, by } => ClientError::Refused {
+            refusal: reason,
+            nodes: nodes(view, &by),
+        },
+        OpError::Failed(text) => ClientError::Protocol(text),
     }
 }
 
-fn frames(outbound: Vec<bulwark_protocol::powerstore::Outbound>) -> Vec<(NodeId, ClientFrame)> {
-    outbound
-        .into_iter()
-        .map(|(to, request)| (to, ClientFrame::PowerStore(request)))
-        .collect()
-}
-
-fn abd_frames(outbound: Vec<abd::Outbound>) -> Vec<(NodeId, ClientFrame)> {
-    outbound
-        .into_iter()
-        .map(|(to, request)| (to, ClientFrame::Abd(request)))
-        .collect()
-}
-
-fn phalanx_frames(outbound: Vec<phalanx::Outbound>) -> Vec<(NodeId, ClientFrame)> {
-    outbound
-        .into_iter()
-        .map(|(to, request)| (to, ClientFrame::Phalanx(request)))
-        .collect()
-}
-
-/// What [`Client::drive`] does after feeding a reply.
-enum Progress<T> {
-    Send(Vec<(NodeId, ClientFrame)>),
-    Done(Result<T, ClientError>),
-}
-
-impl<T> Progress<T> {
-    fn powerstore(step: Step<T>) -> Progress<T> {
-        match step {
-            Step::Continue(outbound) => Progress::Send(frames(outbound)),
-            Step::Done(result) => Progress::Done(result.map_err(protocol_error)),
-        }
-    }
-
-    fn abd(step: abd::Step<T>) -> Progress<T> {
-        match step {
-            abd::Step::Continue(outbound) => Progress::Send(abd_frames(outbound)),
-            abd::Step::Done(result) => Progress::Done(result.map_err(|error| match error {
-                abd::ProtocolError::Refused { refusal, nodes } => ClientError::RefusedBaseline {
-                    refusal: refusal.to_string(),
-                    nodes,
-                },
-            })),
-        }
-    }
-}
-
-impl<T> Progress<T> {
-    fn phalanx(step: phalanx::Step<T>) -> Progress<T> {
-        match step {
-            phalanx::Step::Continue(outbound) => Progress::Send(phalanx_frames(outbound)),
-            phalanx::Step::Done(result) => Progress::Done(result.map_err(|error| match error {
-                phalanx::ProtocolError::Refused { refusal, nodes } => {
-                    ClientError::RefusedBaseline {
-                        refusal: refusal.to_string(),
-                        nodes,
-                    }
-                }
-            })),
-        }
-    }
-}
-
-/// Every protocol's operation machines, seen alike by [`Client::drive`]. A reply of another
-/// protocol than the machine's is ignored.
-trait Operation {
-    type Output;
-    fn feed(&mut self, from: NodeId, reply: Reply) -> Progress<Self::Output>;
-    fn resend(&self) -> Vec<(NodeId, ClientFrame)>;
-    fn answered(&self) -> Vec<NodeId>;
-}
-
-impl Operation for WriteOp {
-    type Output = bulwark_protocol::powerstore::WriteOutcome;
-    fn feed(&mut self, from: NodeId, reply: Reply) -> Progress<Self::Output> {
-        match reply {
-            Reply::PowerStore(response) => Progress::powerstore(self.on_response(from, response)),
-            _ => Progress::Send(Vec::new()),
-        }
-    }
-    fn resend(&self) -> Vec<(NodeId, ClientFrame)> {
-        frames(self.retransmit())
-    }
-    fn answered(&self) -> Vec<NodeId> {
-        WriteOp::answered(self)
-    }
-}
-
-impl Operation for ReadOp {
-    type Output = bulwark_protocol::powerstore::ReadOutcome;
-    fn feed(&mut self, from: NodeId, reply: Reply) -> Progress<Self::Output> {
-        match reply {
-            Reply::PowerStore(response) => Progress::powerstore(self.on_response(from, response)),
-            _ => Progress::Send(Vec::new()),
-        }
-    }
-    fn resend(&self) -> Vec<(NodeId, ClientFrame)> {
-        frames(self.retransmit())
-    }
-    fn answered(&self) -> Vec<NodeId> {
-        ReadOp::answered(self)
-    }
-}
-
-impl Operation for abd::WriteOp {
-    type Output = abd::WriteOutcome;
-    fn feed(&mut self, from: NodeId, reply: Reply) -> Progress<Self::Output> {
-        match reply {
-            Reply::Abd(response) => Progress::abd(self.on_response(from, response)),
-            _ => Progress::Send(Vec::new()),
-        }
-    }
-    fn resend(&self) -> Vec<(NodeId, ClientFrame)> {
-        abd_frames(self.retransmit())
-    }
-    fn answered(&self) -> Vec<NodeId> {
-        abd::WriteOp::answered(self)
-    }
-}
-
-impl Operation for abd::ReadOp {
-    type Output = abd::ReadOutcome;
-    fn feed(&mut self, from: NodeId, reply: Reply) -> Progress<Self::Output> {
-        match reply {
-            Reply::Abd(response) => Progress::abd(self.on_response(from, response)),
-            _ => Progress::Send(Vec::new()),
-        }
-    }
-    fn resend(&self) -> Vec<(NodeId, ClientFrame)> {
-        abd_frames(self.retransmit())
-    }
-    fn answered(&self) -> Vec<NodeId> {
-        abd::ReadOp::answered(self)
-    }
-}
-
-impl Operation for phalanx::WriteOp {
-    type Output = phalanx::WriteOutcome;
-    fn feed(&mut self, from: NodeId, reply: Reply) -> Progress<Self::Output> {
-        match reply {
-            Reply::Phalanx(response) => Progress::phalanx(self.on_response(from, response)),
-            _ => Progress::Send(Vec::new()),
-        }
-    }
-    fn resend(&self) -> Vec<(NodeId, ClientFrame)> {
-        phalanx_frames(self.retransmit())
-    }
-    fn answered(&self) -> Vec<NodeId> {
-        phalanx::WriteOp::answered(self)
-    }
-}
-
-impl Operation for phalanx::ReadOp {
-    type Output = phalanx::ReadOutcome;
-    fn feed(&mut self, from: NodeId, reply: Reply) -> Progress<Self::Output> {
-        match reply {
-            Reply::Phalanx(response) => Progress::phalanx(self.on_response(from, response)),
-            _ => Progress::Send(Vec::new()),
-        }
-    }
-    fn resend(&self) -> Vec<(NodeId, ClientFrame)> {
-        phalanx_frames(self.retransmit())
-    }
-    fn answered(&self) -> Vec<NodeId> {
-        phalanx::ReadOp::answered(self)
+/// A baseline read's report: a Phalanx server that served a version no writer signed is a forger.
+fn register_report(
+    view: &GroupView,
+    n: usize,
+    key: &Key,
+    outcome: &bulwark_protocol::register::ReadOutcome,
+) -> OpReport {
+    OpReport {
+        answered: nodes(view, &outcome.answered_by),
+        n,
+        evidence: nodes(view, &outcome.forgers)
+            .into_iter()
+            .map(|node| {
+                Evidence::new(node, EvidenceKind::ForgedVersion)
+                    .with_detail(format!("key {key}: a version no writer signed"))
+            })
+            .collect(),
+        restarts: 0,
+        repaired: outcome.wrote_back,
     }
 }

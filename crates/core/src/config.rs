@@ -104,7 +104,8 @@ pub mod hex_keys {
     }
 }
 
-/// The register protocol a cluster runs; every node and client of the cluster uses the same one.
+/// A register protocol. A cluster serves all of them at once; each volume picks one, and the
+/// cluster's default volume uses the one `cluster.toml` names.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Protocol {
@@ -155,6 +156,24 @@ impl FromStr for Protocol {
     }
 }
 
+/// Serde helper for 32-byte keys as hex strings.
+pub mod hex32 {
+    use super::*;
+    /// Serialises as hex.
+    pub fn serialize<S: serde::Serializer>(
+        key: &[u8; 32],
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&hex::encode(key))
+    }
+    /// Parses hex.
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<[u8; 32], D::Error> {
+        parse_hex32(&String::deserialize(deserializer)?).map_err(serde::de::Error::custom)
+    }
+}
+
 /// Serde helper for optional 32-byte keys as hex strings.
 pub mod hex32_opt {
     use super::*;
@@ -178,14 +197,19 @@ pub mod hex32_opt {
     }
 }
 
+/// The most nodes one configuration may list.
+pub const NODES_MAX: usize = 1024;
+
 /// `cluster.toml`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterConfig {
-    /// The register protocol; PoWerStore when absent.
+    /// The protocol of the default volume (objects written without `--volume`); PoWerStore when
+    /// absent.
     #[serde(default)]
     pub protocol: Protocol,
-    /// Faults tolerated; the group has [`Protocol::nodes`] nodes.
+    /// Faults tolerated per replica group: each group has `3f+1` members (an ABD volume uses
+    /// the first `2f+1` of them), and a cluster of more nodes has more groups.
     pub f: usize,
     /// The configuration epoch (Rosebud); 0 for static membership.
     #[serde(default)]
@@ -200,7 +224,7 @@ pub struct ClusterConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodeEntry {
-    /// Index `0..n`.
+    /// The node's id: global and stable, whatever its position in any group.
     pub id: u32,
     /// Where clients reach it.
     pub address: SocketAddr,
@@ -209,12 +233,17 @@ pub struct NodeEntry {
     pub metrics: Option<SocketAddr>,
     /// Its pinned TLS certificate.
     pub fingerprint: Fingerprint,
+    /// The Ed25519 public key it signs with (proofs of what it said, configurations).
+    #[serde(with = "hex32")]
+    pub signing_key: [u8; 32],
 }
 
 /// One client in `cluster.toml`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClientEntry {
+    /// The client's id: global and stable (writers' timestamps are ordered by it).
+    pub id: u32,
     /// A unique name.
     pub name: String,
     /// Its pinned TLS certificate.
@@ -288,26 +317,37 @@ impl ClusterConfig {
                 format!("{} is more than this version supports (20)", self.f),
             ));
         }
-        let n = self.protocol.nodes(self.f);
-        if self.nodes.len() != n {
+        let group = 3 * self.f + 1;
+        if self.nodes.len() < group {
             return Err(invalid(
                 "nodes",
                 format!(
-                    "{} with f = {} needs exactly {n} nodes, found {}",
-                    self.protocol,
+                    "f = {} needs at least {group} nodes (one replica group), found {}",
                     self.f,
                     self.nodes.len()
                 ),
             ));
         }
+        if self.nodes.len() > NODES_MAX {
+            return Err(invalid(
+                "nodes",
+                format!(
+                    "{} is more than this version supports ({NODES_MAX})",
+                    self.nodes.len()
+                ),
+            ));
+        }
         for (index, node) in self.nodes.iter().enumerate() {
-            if node.id as usize != index {
+            if self.nodes[..index].iter().any(|other| other.id == node.id) {
                 return Err(invalid(
                     &format!("nodes[{index}].id"),
-                    format!(
-                        "expected {index}, found {} (ids are 0..n in order)",
-                        node.id
-                    ),
+                    format!("{} is used twice", node.id),
+                ));
+            }
+            if let Err(error) = crate::sign::PublicKey::from_bytes(&node.signing_key) {
+                return Err(invalid(
+                    &format!("nodes[{index}].signing_key"),
+                    error.to_string(),
                 ));
             }
         }
@@ -349,6 +389,12 @@ impl ClusterConfig {
                     "must be 1 to 64 characters".into(),
                 ));
             }
+            if self.clients[..i].iter().any(|c| c.id == client.id) {
+                return Err(invalid(
+                    &format!("clients[{i}].id"),
+                    format!("{} is used twice", client.id),
+                ));
+            }
             if self.clients[..i].iter().any(|c| c.name == client.name) {
                 return Err(invalid(
                     &format!("clients[{i}].name"),
@@ -377,9 +423,8 @@ impl ClusterConfig {
     pub fn client(&self, name: &str) -> Option<(ClientId, &ClientEntry)> {
         self.clients
             .iter()
-            .enumerate()
-            .find(|(_, c)| c.name == name)
-            .map(|(i, c)| (ClientId(i as u32), c))
+            .find(|c| c.name == name)
+            .map(|c| (ClientId(c.id), c))
     }
 
     /// The client with `fingerprint`, and its id.
@@ -389,14 +434,53 @@ impl ClusterConfig {
     ) -> Option<(ClientId, &ClientEntry)> {
         self.clients
             .iter()
-            .enumerate()
-            .find(|(_, c)| c.fingerprint == *fingerprint)
-            .map(|(i, c)| (ClientId(i as u32), c))
+            .find(|c| c.fingerprint == *fingerprint)
+            .map(|c| (ClientId(c.id), c))
     }
 
     /// The node with `id`.
     pub fn node(&self, id: NodeId) -> Option<&NodeEntry> {
-        self.nodes.get(id.index())
+        self.nodes.iter().find(|node| node.id == id.0)
+    }
+
+    /// The node with `id` and its position in [`ClusterConfig::nodes`] (which orders per-node
+    /// secrets such as a writer's MAC keys).
+    pub fn node_position(&self, id: NodeId) -> Option<usize> {
+        self.nodes.iter().position(|node| node.id == id.0)
+    }
+
+    /// Where every key is stored: the replica groups of this configuration, by consistent
+    /// hashing of the members.
+    pub fn placement(&self) -> Result<crate::membership::Placement, ConfigError> {
+        let members =
+            self.nodes
+                .iter()
+                .enumerate()
+                .map(|(index, node)| {
+                    let signing_key = crate::sign::PublicKey::from_bytes(&node.signing_key)
+                        .map_err(|error| ConfigError::Invalid {
+                            file: "cluster.toml".into(),
+                            field: format!("nodes[{index}].signing_key"),
+                            problem: error.to_string(),
+                        })?;
+                    Ok(crate::membership::Member {
+                        id: NodeId(node.id),
+                        address: node.address,
+                        fingerprint: node.fingerprint,
+                        signing_key,
+                    })
+                })
+                .collect::<Result<Vec<_>, ConfigError>>()?;
+        crate::membership::Placement::new(
+            crate::Epoch(self.epoch),
+            crate::membership::PlacementParams::new(self.f),
+            members,
+        )
+        .map_err(|error| ConfigError::Invalid {
+            file: "cluster.toml".into(),
+            field: "nodes".into(),
+            problem: error.to_string(),
+        })
     }
 }
 
@@ -409,6 +493,9 @@ pub struct NodeSecrets {
     /// `k_i`, shared with the writers.
     #[serde(with = "hex_key")]
     pub mac_key: MacKey,
+    /// The seed of the node's Ed25519 signing key (its public half is in `cluster.toml`).
+    #[serde(with = "hex32")]
+    pub signing_key: [u8; 32],
 }
 
 /// A client's secrets: `client.toml` in its own directory.
@@ -432,7 +519,7 @@ pub struct WriterSecrets {
     /// `k_W`.
     #[serde(with = "hex_key")]
     pub timestamp_key: MacKey,
-    /// `k_i` for every node, in id order.
+    /// `k_i` for every node, in the order of `cluster.toml`'s `nodes`.
     #[serde(with = "hex_keys")]
     pub server_keys: Vec<MacKey>,
 }
@@ -463,9 +550,13 @@ mod tests {
                     address: format!("127.0.0.1:{}", 7000 + i).parse().unwrap(),
                     metrics: None,
                     fingerprint: Fingerprint([i as u8; 32]),
+                    signing_key: crate::sign::SecretKey::from_seed(&[i as u8 + 1; 32])
+                        .public_key()
+                        .to_bytes(),
                 })
                 .collect(),
             clients: vec![ClientEntry {
+                id: 0,
                 name: "admin".into(),
                 fingerprint: Fingerprint([9; 32]),
                 write: true,
@@ -492,12 +583,12 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            error.contains("field `nodes`") && error.contains("needs exactly 4"),
+            error.contains("field `nodes`") && error.contains("needs at least 4"),
             "{error}"
         );
 
         let mut config = sample();
-        config.nodes[2].id = 7;
+        config.nodes[2].id = 0;
         let error = ClusterConfig::parse(&config.to_toml(), "cluster.toml")
             .unwrap_err()
             .to_string();
@@ -525,21 +616,21 @@ mod tests {
             "{error}"
         );
 
-        // ABD needs 2f+1 nodes, so the 4 of f = 1 are wrong for it.
-        let text = sample()
-            .to_toml()
-            .replace("protocol = \"powerstore\"", "protocol = \"abd\"");
-        let error = ClusterConfig::parse(&text, "cluster.toml")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            error.contains("field `nodes`") && error.contains("abd with f = 1 needs exactly 3"),
-            "{error}"
-        );
+        // Any protocol's default volume lives in groups of 3f+1 (ABD uses 2f+1 of each), and a
+        // cluster may have more nodes than one group: it then has more groups.
         let mut abd = sample();
         abd.protocol = Protocol::Abd;
-        abd.nodes.pop();
         assert_eq!(ClusterConfig::parse(&abd.to_toml(), "c").unwrap(), abd);
+        let mut seven = sample();
+        for i in 4..7 {
+            let mut node = seven.nodes[0].clone();
+            node.id = i;
+            node.address = format!("127.0.0.1:{}", 7000 + i).parse().unwrap();
+            node.fingerprint = Fingerprint([i as u8; 32]);
+            seven.nodes.push(node);
+        }
+        assert_eq!(ClusterConfig::parse(&seven.to_toml(), "c").unwrap(), seven);
+        assert!(seven.placement().is_err(), "two nodes share a signing key");
 
         // A Phalanx writer must have a public key.
         let mut phalanx = sample();

@@ -28,6 +28,8 @@ pub enum Kind {
     Reply,
     /// A refusal by the node before any replica saw the request; the body is a [`Refusal`].
     Refused,
+    /// A message from one replica to another of its group; nothing answers it by op.
+    Message,
 }
 
 impl Kind {
@@ -36,6 +38,7 @@ impl Kind {
             Kind::Request => 0,
             Kind::Reply => 1,
             Kind::Refused => 2,
+            Kind::Message => 3,
         }
     }
 
@@ -44,6 +47,7 @@ impl Kind {
             0 => Some(Kind::Request),
             1 => Some(Kind::Reply),
             2 => Some(Kind::Refused),
+            3 => Some(Kind::Message),
             _ => None,
         }
     }

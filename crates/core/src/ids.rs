@@ -3,13 +3,13 @@
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
-/// A storage node's index in its replica group, `0..n`. It is also the index of the erasure-code
-/// fragment the node holds and of its MAC slot (PoWerStore §3.1: `fr_i` always goes to `s_i`).
+/// A storage node's identity: global and stable, whatever groups it belongs to. Its position in
+/// one group is a [`Slot`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct NodeId(pub u32);
 
 impl NodeId {
-    /// The index as a `usize`, for slices of per-node values.
+    /// The id as a `usize`.
     pub fn index(self) -> usize {
         self.0 as usize
     }

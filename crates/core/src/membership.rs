@@ -317,6 +317,9 @@ impl Placement {
     /// Every group, in ring order of their first members: one per member, because the keys
     /// between a member and its predecessor are exactly the keys whose group starts there.
     pub fn groups(&self) -> Vec<GroupView> {
+        if self.is_one_group() {
+            return vec![self.group_starting_at(0)];
+        }
         (0..self.ring.len())
             .map(|start| self.group_starting_at(start))
             .collect()
@@ -324,6 +327,9 @@ impl Placement {
 
     /// The group with `id`, if this placement has it.
     pub fn group(&self, id: GroupId) -> Option<GroupView> {
+        if self.is_one_group() {
+            return Some(self.group_starting_at(0)).filter(|group| group.id == id);
+        }
         self.index
             .get(&NodeId(id.0))
             .map(|&start| self.group_starting_at(start))
@@ -335,6 +341,9 @@ impl Placement {
         let Some(&at) = self.index.get(&node) else {
             return Vec::new();
         };
+        if self.is_one_group() {
+            return vec![self.group_starting_at(0)];
+        }
         let ring = self.ring.len();
         let mut starts: Vec<usize> = (0..self.params.group_size())
             .map(|back| (at + ring - back) % ring)
@@ -346,6 +355,24 @@ impl Placement {
             .collect()
     }
 
+    /// With exactly `3f+1` members every rotation of the ring is the same set of nodes, so the
+    /// configuration has one group, not `3f+1` that differ only in slot order.
+    fn is_one_group(&self) -> bool {
+        self.ring.len() == self.params.group_size()
+    }
+
+    /// The one group of a configuration of exactly `3f+1` members: slots in id order, named by
+    /// the lowest id, as a single-group cluster always was (node `i` in slot `i`).
+    fn the_one_group(&self) -> GroupView {
+        let mut members: Vec<NodeId> = self.ring.iter().map(|(_, member)| member.id).collect();
+        members.sort_unstable();
+        GroupView {
+            id: GroupId(members.first().map_or(0, |id| id.0)),
+            epoch: self.epoch,
+            members,
+        }
+    }
+
     /// The group whose slot 0 is `ring[start]`.
     ///
     /// Its id is its first member's [`NodeId`]: unique within a placement (each member starts one
@@ -354,6 +381,9 @@ impl Placement {
     /// members may still change between epochs; `(id, epoch)` names one membership.
     fn group_starting_at(&self, start: usize) -> GroupView {
         let ring = self.ring.len();
+        if self.is_one_group() {
+            return self.the_one_group();
+        }
         let members = (0..self.params.group_size())
             .map(|offset| self.ring[(start + offset) % ring].1.id)
             .collect();
@@ -502,17 +532,23 @@ mod tests {
     }
 
     #[test]
-    fn with_exactly_3f_plus_1_members_every_group_is_everyone_in_a_rotated_order() {
-        let placement = placement(1, [10, 20, 30, 40]);
+    fn with_exactly_3f_plus_1_members_there_is_one_group_in_id_order() {
+        let placement = placement(1, [40, 10, 30, 20]);
         let groups = placement.groups();
-        assert_eq!(groups.len(), 4);
-        for group in &groups {
-            let set: BTreeSet<NodeId> = group.members().iter().copied().collect();
-            assert_eq!(set.len(), 4);
-            assert_eq!(group.epoch(), Epoch(3));
+        assert_eq!(groups.len(), 1);
+        let group = &groups[0];
+        assert_eq!(group.id(), GroupId(10));
+        assert_eq!(
+            group.members(),
+            &[NodeId(10), NodeId(20), NodeId(30), NodeId(40)]
+        );
+        assert_eq!(group.epoch(), Epoch(3));
+        for key in [&b"a"[..], b"b", b"another key"] {
+            assert_eq!(&placement.group_of(key), group);
         }
-        let firsts: BTreeSet<NodeId> = groups.iter().map(|g| g.node(Slot(0)).unwrap()).collect();
-        assert_eq!(firsts.len(), 4);
+        assert_eq!(placement.groups_of(NodeId(30)), groups);
+        assert_eq!(placement.group(GroupId(10)), Some(group.clone()));
+        assert_eq!(placement.group(GroupId(20)), None);
     }
 
     #[test]
@@ -613,6 +649,8 @@ mod tests {
             (ids, f) in ring(),
             keys in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..48), 1..16),
         ) {
+            // Exactly 3f+1 members make one group (its own test).
+            prop_assume!(ids.len() > 3 * f + 1);
             let placement = placement(f, ids.iter().copied());
             let groups = placement.groups();
             prop_assert_eq!(groups.len(), ids.len());
@@ -634,6 +672,7 @@ mod tests {
 
         #[test]
         fn every_member_is_in_exactly_3f_plus_1_groups((ids, f) in ring()) {
+            prop_assume!(ids.len() > 3 * f + 1);
             let placement = placement(f, ids.iter().copied());
             let groups = placement.groups();
             let group_ids: BTreeSet<GroupId> = groups.iter().map(|g| g.id()).collect();

@@ -1,34 +1,46 @@
 //! The Bulwark storage node.
 //!
-//! A node accepts mutually authenticated TLS connections from the clients listed in the cluster
-//! configuration, decodes each frame under a size limit, and hands protocol requests to one actor
-//! task that owns the protocol machine. The machine's state changes go to the group committer;
-//! a reply leaves only once every change handled before it is durable, so a crash never loses
-//! anything acknowledged and never un-says anything a client saw (DESIGN.md §2 "Rules").
+//! A node hosts one replica per service for every replica group the configuration's placement
+//! puts it in. It accepts mutually authenticated TLS connections from the clients and nodes listed
+//! in the configuration, routes each envelope by its header to the shard that hosts the replica
+//! (`dispatch`), and keeps links to the other nodes for replicas that talk to their group. Shards
+//! drive replicas through the protocols' one contract (`host`, `shard`); state changes go to the
+//! group committer, and a reply or message leaves only once every change handled before it is
+//! durable, so a crash never loses anything acknowledged and never un-says anything a client saw
+//! (DESIGN.md §2 "Rules").
 //!
-//! What it deliberately does not do: talk to other nodes (PoWerStore servers never do), or trust
-//! anything a peer sends before the protocol machine has checked it.
+//! What it deliberately does not do: trust anything a peer sends before the protocol machine has
+//! checked it.
 
-mod actor;
-mod connection;
+mod dispatch;
+pub mod host;
 mod rejections;
+mod shard;
 mod verified;
 
 pub use rejections::Rejections;
 
 use bulwark_core::config::Protocol;
 use bulwark_core::config::{ClusterConfig, NodeSecrets, parse_secrets};
-use bulwark_core::{NodeId, ServiceId, Time};
+use bulwark_core::envelope::Header;
+use bulwark_core::membership::GroupView;
+use bulwark_core::{ClientId, Epoch, NodeId, ServiceId, Time};
 use bulwark_protocol::powerstore::{
     Server, ServerConfig, ServerLogic, StoredEntry, fragment_digest,
 };
 use bulwark_protocol::{abd, phalanx};
 use bulwark_storage::{Committer, Namespace, StorageError, Store};
+use bulwark_transport::Peer;
+use host::Hosted;
+use shard::ReplicaKey;
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::time::Instant;
 use tokio::net::TcpListener;
+use verified::{VERIFIED_BYTES_MAX, Verified};
 
 /// Connections served at once; more wait in the listener's backlog.
 const CONNECTIONS_MAX: usize = 1024;
@@ -178,9 +190,9 @@ impl NodeOptions {
     }
 }
 
-/// Wraps the honest server before it serves: the identity for production, a Byzantine behaviour
-/// in test builds that link one.
-pub type Wrap = Box<dyn FnOnce(Server) -> Box<dyn ServerLogic> + Send>;
+/// Wraps each honest PoWerStore server before it serves: the identity for production, a
+/// Byzantine behaviour in test builds that link one.
+pub type Wrap = Box<dyn Fn(Server) -> Box<dyn ServerLogic> + Send + Sync>;
 
 /// Runs a node until the process is killed, or until SIGTERM or SIGINT, after which it stops
 /// accepting, makes everything queued durable and closes its store cleanly.
@@ -208,88 +220,86 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
     let started = Instant::now();
     let store = Arc::new(open_store(&options.data_dir)?);
     let rejections = Rejections::default();
-    // One group per node until Rosebud places many.
-    let group = bulwark_core::GroupId(0);
-    let (server, namespace) = match options.cluster.protocol {
-        Protocol::PowerStore => {
-            let mut config = ServerConfig::new(bulwark_core::Slot(id.0), options.cluster.f);
-            config.epoch = bulwark_core::Epoch(options.cluster.epoch);
-            config.grace_millis = options.grace_millis;
-            config.group = group;
-            let namespace = Namespace::new(ServiceId::POWERSTORE, group);
-            let mut server = Server::new(config.clone(), options.secrets.mac_key.clone());
-            let restored = restore(
-                &store,
-                namespace,
-                &mut server,
-                &config,
-                &options.secrets.mac_key,
-                &rejections,
-            )?;
-            server.finish_restore(Time(0));
-            tracing::info!(
-                node = id.0,
-                versions = restored.versions,
-                dropped = restored.dropped,
-                data = %options.data_dir.display(),
-                "state restored"
-            );
-            (actor::Machine::PowerStore(wrap(server)), namespace)
-        }
-        Protocol::Abd => {
-            let epoch = bulwark_core::Epoch(options.cluster.epoch);
-            let namespace = Namespace::new(ServiceId::ABD, group);
-            let mut server = abd::Server::new(bulwark_core::Slot(id.0), epoch, group);
-            let keys = restore_register(&store, namespace, |record, value| {
-                let (key, entry) = decode_register::<abd::Entry>(record, value)?;
-                if !entry.is_well_formed() {
-                    return Err("a stored version is malformed".into());
-                }
-                server.restore(key, entry);
-                Ok(())
-            })?;
-            tracing::info!(node = id.0, keys, data = %options.data_dir.display(), "ABD state restored");
-            (actor::Machine::Abd(server), namespace)
-        }
-        Protocol::Phalanx => {
-            let epoch = bulwark_core::Epoch(options.cluster.epoch);
-            let namespace = Namespace::new(ServiceId::PHALANX, group);
-            let writers = phalanx::Writers::from_config(&options.cluster, "cluster.toml")?;
-            let mut server =
-                phalanx::Server::new(bulwark_core::Slot(id.0), epoch, group, Arc::new(writers));
-            let keys = restore_register(&store, namespace, |record, value| {
-                let (key, entry) = decode_register::<phalanx::Entry>(record, value)?;
-                if !server.restore(key, entry) {
-                    return Err("a stored version's signature does not verify".into());
-                }
-                Ok(())
-            })?;
-            tracing::info!(node = id.0, keys, data = %options.data_dir.display(), "Phalanx state restored");
-            (actor::Machine::Phalanx(server), namespace)
-        }
-    };
+    let placement = options.cluster.placement()?;
+    let groups = placement.groups_of(id);
+    let verified = Arc::new(Mutex::new(Verified::new(VERIFIED_BYTES_MAX)));
+    let mut replicas: Vec<HostedReplica> = Vec::new();
+    for view in &groups {
+        replicas.extend(build_replicas(
+            &options,
+            view,
+            &store,
+            &verified,
+            &rejections,
+            &wrap,
+        )?);
+    }
+    tracing::info!(
+        node = id.0,
+        groups = groups.len(),
+        replicas = replicas.len(),
+        data = %options.data_dir.display(),
+        "state restored"
+    );
 
-    let committer = Committer::start(store.clone());
-    let (actor, stopper) = actor::spawn(actor::ActorContext {
-        node: id,
-        server,
-        namespace,
-        store: store.clone(),
-        committer,
-        started,
-        rejections: rejections.clone(),
-    });
+    // Node-to-node links: replicas that talk to their group reach its other members through
+    // these; replies to what this node asked come back through the router.
+    let connector = Arc::new(bulwark_transport::Connector::new(&options.identity)?);
+    let router = bulwark_transport::Router::new();
+    let peers: Arc<HashMap<NodeId, bulwark_transport::Link>> = Arc::new(
+        options
+            .cluster
+            .nodes
+            .iter()
+            .filter(|node| node.id != id.0)
+            .map(|node| {
+                let link = bulwark_transport::Link::spawn(
+                    NodeId(node.id),
+                    node.address,
+                    node.fingerprint,
+                    connector.clone(),
+                    router.clone(),
+                );
+                (NodeId(node.id), link)
+            })
+            .collect(),
+    );
 
-    let allowed = options
-        .cluster
-        .clients
-        .iter()
-        .map(|c| c.fingerprint)
-        .collect();
-    let acceptor = Arc::new(bulwark_transport::Acceptor::new(
-        &options.identity,
-        allowed,
-    )?);
+    let committer = Arc::new(Committer::start(store.clone()));
+    let shard_count = SHARDS.min(replicas.len()).max(1);
+    let mut routes = HashMap::new();
+    let mut per_shard: Vec<HashMap<ReplicaKey, Box<dyn Hosted>>> =
+        (0..shard_count).map(|_| HashMap::new()).collect();
+    for (index, (key, replica)) in replicas.into_iter().enumerate() {
+        // Round-robin in a fixed order: groups of one service spread over every shard.
+        let shard = index % shard_count;
+        routes.insert(key, shard);
+        per_shard[shard].insert(key, replica);
+    }
+    let mut shards = Vec::new();
+    let mut stoppers = Vec::new();
+    for (index, replicas) in per_shard.into_iter().enumerate() {
+        let (handle, stopper) = shard::spawn(shard::ShardContext {
+            index,
+            replicas,
+            committer: committer.clone(),
+            peers: peers.clone(),
+            started,
+            rejections: rejections.clone(),
+        });
+        shards.push(handle);
+        stoppers.push(stopper);
+    }
+    drop(committer);
+
+    let mut known = HashMap::new();
+    for client in &options.cluster.clients {
+        known.insert(client.fingerprint, Peer::Client(ClientId(client.id)));
+    }
+    for node in &options.cluster.nodes {
+        known.insert(node.fingerprint, Peer::Node(NodeId(node.id)));
+    }
+    let inbound = Arc::new(bulwark_transport::Inbound::new(&options.identity, known)?);
     let listener = TcpListener::bind(listen)
         .await
         .map_err(|source| NodeError::Listen {
@@ -297,7 +307,15 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
             source,
         })?;
     tracing::info!(node = id.0, %listen, "serving");
-    let cluster = Arc::new(options.cluster);
+    let dispatcher = Arc::new(dispatch::Dispatcher {
+        node: id.0,
+        epoch: Epoch(options.cluster.epoch),
+        cluster: Arc::new(options.cluster),
+        routes,
+        shards,
+        rejections: rejections.clone(),
+        started,
+    });
     let slots = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX));
     let stop = stop_signal();
     tokio::pin!(stop);
@@ -309,7 +327,7 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
                 break;
             }
         };
-        let (tcp, peer) = match accepted {
+        let (tcp, address) = match accepted {
             Ok(accepted) => accepted,
             Err(error) => {
                 tracing::warn!(%error, "accept failed");
@@ -320,19 +338,33 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
         let Ok(slot) = slots.clone().acquire_owned().await else {
             break;
         };
-        let context = connection::ConnectionContext {
-            cluster: cluster.clone(),
-            acceptor: acceptor.clone(),
-            actor: actor.clone(),
-            rejections: rejections.clone(),
-        };
+        let inbound = inbound.clone();
+        let connection = dispatch::Connection(dispatcher.clone());
+        let rejections = rejections.clone();
         tokio::spawn(async move {
-            connection::serve(context, tcp, peer).await;
+            match inbound.serve(tcp, connection).await {
+                Ok(ended) => {
+                    tracing::debug!(peer = %ended.peer, reason = ?ended.reason, "connection ended")
+                }
+                // A peer that hangs up mid-handshake (a CLI that got its quorum and exited) is
+                // not misbehaving; one that fails TLS or is not in the configuration is.
+                Err(bulwark_transport::InboundError::Handshake(
+                    bulwark_transport::TransportError::Io(error),
+                )) => tracing::debug!(%address, %error, "handshake abandoned"),
+                Err(error) => {
+                    rejections.record(&address.to_string(), "unauthenticated");
+                    tracing::debug!(%address, %error, "handshake refused");
+                }
+            }
             drop(slot);
         });
     }
     drop(listener);
-    stopper.stop().await;
+    drop(dispatcher);
+    for stopper in stoppers {
+        stopper.stop().await;
+    }
+    drop(peers);
     // The committer's thread has ended, so this is the last handle: closing it now marks the
     // file clean, and the next start skips redb's full repair scan.
     let closed = tokio::task::spawn_blocking(move || drop(store)).await;
@@ -341,6 +373,119 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
     }
     tracing::info!(node = id.0, "stopped");
     Ok(())
+}
+
+/// A replica and the key the dispatcher routes it by.
+type HostedReplica = (ReplicaKey, Box<dyn Hosted>);
+
+/// Shard tasks per node: enough that one busy group does not hold up the others, few enough that
+/// their group commits still fold many requests into one fsync.
+const SHARDS: usize = 4;
+
+/// This node's replicas of one group: one per service, restored from its namespace. An ABD
+/// register lives on the first `2f+1` members of each group, so a node in a later slot hosts no
+/// ABD replica of that group.
+fn build_replicas(
+    options: &NodeOptions,
+    view: &GroupView,
+    store: &Arc<Store>,
+    verified: &Arc<Mutex<Verified>>,
+    rejections: &Rejections,
+    wrap: &Wrap,
+) -> Result<Vec<HostedReplica>, NodeError> {
+    let id = options.id();
+    let Some(slot) = view.slot_of(id) else {
+        return Ok(Vec::new());
+    };
+    let f = options.cluster.f;
+    let epoch = Epoch(options.cluster.epoch);
+    let group = view.id();
+    let members = view.members().to_vec();
+    let header = |service| Header::request(service, group, epoch, 0);
+    let mut replicas: Vec<HostedReplica> = Vec::new();
+
+    let namespace = Namespace::new(ServiceId::POWERSTORE, group);
+    let mut config = ServerConfig::new(slot, f);
+    config.epoch = epoch;
+    config.group = group;
+    config.grace_millis = options.grace_millis;
+    let mut server = Server::new(config.clone(), options.secrets.mac_key.clone());
+    let restored = restore(
+        store,
+        namespace,
+        &mut server,
+        &config,
+        &options.secrets.mac_key,
+        rejections,
+    )?;
+    server.finish_restore(Time(0));
+    tracing::debug!(
+        node = id.0,
+        group = group.0,
+        slot = slot.0,
+        versions = restored.versions,
+        dropped = restored.dropped,
+        "powerstore replica restored"
+    );
+    replicas.push((
+        (ServiceId::POWERSTORE, group),
+        Box::new(host::Hosting {
+            replica: wrap(server),
+            adapter: host::PowerStoreStorage {
+                namespace,
+                store: store.clone(),
+                unsynced: HashMap::new(),
+                verified: verified.clone(),
+            },
+            members: members.clone(),
+            slot,
+            header: header(ServiceId::POWERSTORE),
+        }),
+    ));
+
+    if slot.index() < Protocol::Abd.nodes(f) {
+        let namespace = Namespace::new(ServiceId::ABD, group);
+        let mut server = abd::Server::new(slot, epoch, group);
+        restore_register(store, namespace, |record, value| {
+            let (key, entry) = decode_register::<abd::Entry>(record, value)?;
+            if !server.restore(key, entry) {
+                return Err("a stored version is malformed".into());
+            }
+            Ok(())
+        })?;
+        replicas.push((
+            (ServiceId::ABD, group),
+            Box::new(host::Hosting {
+                replica: server,
+                adapter: host::RegisterStorage { namespace },
+                members: members[..Protocol::Abd.nodes(f)].to_vec(),
+                slot,
+                header: header(ServiceId::ABD),
+            }),
+        ));
+    }
+
+    let namespace = Namespace::new(ServiceId::PHALANX, group);
+    let writers = phalanx::Writers::from_config(&options.cluster, "cluster.toml")?;
+    let mut server = phalanx::Server::new(slot, epoch, group, Arc::new(writers));
+    restore_register(store, namespace, |record, value| {
+        let (key, entry) = decode_register::<phalanx::Entry>(record, value)?;
+        if !server.restore(key, entry) {
+            return Err("a stored version's signature does not verify".into());
+        }
+        Ok(())
+    })?;
+    replicas.push((
+        (ServiceId::PHALANX, group),
+        Box::new(host::Hosting {
+            replica: server,
+            adapter: host::RegisterStorage { namespace },
+            members,
+            slot,
+            header: header(ServiceId::PHALANX),
+        }),
+    ));
+    Ok(replicas)
 }
 
 /// Opens the store in `data_dir`, saying what to do about a store this release cannot open.
@@ -395,9 +540,9 @@ fn restore_register(
     mut adopt: impl FnMut(&[u8], &[u8]) -> Result<(), String>,
 ) -> Result<usize, NodeError> {
     let mut restored = 0;
-    for (record, value) in store.load(namespace.table(actor::REGISTER))? {
+    for (record, value) in store.load(namespace.table(host::REGISTER))? {
         adopt(&record, &value).map_err(|problem| NodeError::CorruptState {
-            table: actor::REGISTER,
+            table: host::REGISTER,
             problem,
         })?;
         restored += 1;
@@ -436,7 +581,7 @@ fn damaged(
     own_key: &bulwark_core::MacKey,
 ) -> Option<&'static str> {
     let me = config.node.index();
-    if record != actor::hist_record(key, &entry.ts).as_slice() {
+    if record != host::hist_record(key, &entry.ts).as_slice() {
         Some("record id does not match its entry")
     } else if entry.ts.num == 0 || !entry.cc.is_well_formed(config.n) {
         Some("malformed timestamp or cross-checksum")
@@ -473,7 +618,7 @@ fn restore(
     let mut reasons: std::collections::BTreeMap<&'static str, u64> = Default::default();
     let mut corrupt = None;
     // One record at a time: the server keeps metadata only, so a store larger than memory restores.
-    let hist = namespace.table(actor::HIST);
+    let hist = namespace.table(host::HIST);
     let scanned = store.scan(hist, |record, value| {
         let (key, entry) =
             match bulwark_core::wire::decode::<(bulwark_core::Key, StoredEntry)>(value, usize::MAX)
@@ -504,16 +649,16 @@ fn restore(
     });
     if let Some(problem) = corrupt {
         return Err(NodeError::CorruptState {
-            table: actor::HIST,
+            table: host::HIST,
             problem,
         });
     }
     scanned?;
-    for (_, value) in store.load(namespace.table(actor::LC))? {
+    for (_, value) in store.load(namespace.table(host::LC))? {
         let (key, candidate): (bulwark_core::Key, Candidate) =
             bulwark_core::wire::decode(&value, usize::MAX).map_err(|e| {
                 NodeError::CorruptState {
-                    table: actor::LC,
+                    table: host::LC,
                     problem: e.to_string(),
                 }
             })?;
@@ -547,7 +692,7 @@ mod tests {
     use bytes::Bytes;
 
     const POWERSTORE: Namespace = Namespace::new(ServiceId::POWERSTORE, GroupId(0));
-    const HIST: Table = POWERSTORE.table(actor::HIST);
+    const HIST: Table = POWERSTORE.table(host::HIST);
 
     /// A `Hist` entry exactly as node 1 of 4 accepts it, for a replicated value.
     fn entry(key: &Key, value: &[u8], num: u64, keys: &[MacKey]) -> StoredEntry {
@@ -575,7 +720,7 @@ mod tests {
     fn put(key: &Key, entry: &StoredEntry) -> StorageOp {
         StorageOp::Put {
             table: HIST,
-            key: actor::hist_record(key, &entry.ts),
+            key: host::hist_record(key, &entry.ts),
             value: Bytes::from(bulwark_core::wire::encode(&(key, entry))),
         }
     }
@@ -597,7 +742,7 @@ mod tests {
         let elsewhere = entry(&key, b"x", 1, &keys).ts;
         let misfiled = StorageOp::Put {
             table: HIST,
-            key: actor::hist_record(&key, &elsewhere),
+            key: host::hist_record(&key, &elsewhere),
             value: Bytes::from(bulwark_core::wire::encode(&(&key, &misfiled))),
         };
         let other = Key::new(b"other".to_vec()).unwrap();
@@ -716,11 +861,11 @@ mod tests {
             value: Some(Bytes::from("v")),
         };
         store
-            .apply(&[actor::register_op(
-                abd,
-                &key,
-                bulwark_core::wire::encode(&(&key, &entry)),
-            )])
+            .apply(&[StorageOp::Put {
+                table: abd.table(host::REGISTER),
+                key: key.as_bytes().to_vec(),
+                value: Bytes::from(bulwark_core::wire::encode(&(&key, &entry))),
+            }])
             .unwrap();
         let load = |store: &Store| {
             let mut server =
@@ -738,11 +883,11 @@ mod tests {
 
         let other = Key::new(b"other".to_vec()).unwrap();
         store
-            .apply(&[actor::register_op(
-                abd,
-                &other,
-                bulwark_core::wire::encode(&(&key, &entry)),
-            )])
+            .apply(&[StorageOp::Put {
+                table: abd.table(host::REGISTER),
+                key: other.as_bytes().to_vec(),
+                value: Bytes::from(bulwark_core::wire::encode(&(&key, &entry))),
+            }])
             .unwrap();
         let error = load(&store)
             .err()

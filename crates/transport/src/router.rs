@@ -140,7 +140,7 @@ impl Router {
     /// node calls it for replies that reach it on connections other nodes dialled.
     pub async fn deliver(&self, from: NodeId, envelope: Envelope) -> Delivery {
         let delivery = match envelope.header.kind {
-            Kind::Request => match &self.0.requests {
+            Kind::Request | Kind::Message => match &self.0.requests {
                 Some(requests) => match requests.send((from, envelope)).await {
                     Ok(()) => Delivery::Delivered,
                     Err(_) => Delivery::UnroutedRequest,

@@ -322,6 +322,7 @@ impl DockerCluster {
         let config = bulwark_cli::cluster_init::run(&bulwark_cli::cluster_init::InitArgs {
             dir: dir.path().to_path_buf(),
             f: 1,
+            nodes: None,
             host: "127.0.0.1".parse().expect("ip"),
             base_port: 0,
             addresses: Vec::new(),

@@ -108,21 +108,7 @@ pub struct Evidence {
     pub kind: EvidenceKind,
 }
 
-/// Kinds of observed misbehaviour. Each is proven relative to `f+1` agreeing replies, at least one
-/// of them from a correct node.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum EvidenceKind {
-    /// Its fragment for the selected version does not hash to the agreed cross-checksum.
-    CorruptFragment,
-    /// It answered the selected timestamp with a different cross-checksum, `N̄` or MAC vector.
-    ConflictingMetadata,
-    /// Its reply could not be a correct server's (wrong vector lengths, impossible layout).
-    MalformedReply,
-    /// It answered "superseded" offering a newer `lc` that `n - f` nodes then answered strictly
-    /// lower than: no correct node holds that candidate, so a correct node could not have offered
-    /// it.
-    FalseSupersession,
-}
+pub use bulwark_core::evidence::EvidenceKind;
 
 /// A completed write.
 #[derive(Clone, Debug)]

@@ -58,7 +58,7 @@ impl Writers {
                 continue;
             };
             writers
-                .register(ClientId(i as u32), &public)
+                .register(ClientId(client.id), &public)
                 .map_err(|error| bulwark_core::config::ConfigError::Invalid {
                     file: file.to_string(),
                     field: format!("clients[{i}].signing_key"),

@@ -389,7 +389,8 @@ fn a_weak_key_in_the_configuration_is_refused_naming_its_field() {
     use bulwark_core::config::{ClientEntry, ClusterConfig, Fingerprint, Protocol};
     let mut identity = [0u8; 32];
     identity[0] = 1;
-    let client = |name: &str, write, signing_key| ClientEntry {
+    let client = |id, name: &str, write, signing_key| ClientEntry {
+        id,
         name: name.into(),
         fingerprint: Fingerprint([name.len() as u8; 32]),
         write,
@@ -402,9 +403,14 @@ fn a_weak_key_in_the_configuration_is_refused_naming_its_field() {
         epoch: 0,
         nodes: Vec::new(),
         clients: vec![
-            client("admin", true, Some(signing(0).verifying_key().to_bytes())),
-            client("reader", false, None),
-            client("mallory", true, Some(identity)),
+            client(
+                0,
+                "admin",
+                true,
+                Some(signing(0).verifying_key().to_bytes()),
+            ),
+            client(1, "reader", false, None),
+            client(2, "mallory", true, Some(identity)),
         ],
     };
     let error = Writers::from_config(&cluster, "cluster.toml")

@@ -1,0 +1,197 @@
+//! Routes every envelope a peer sends to the shard that hosts its replica, reading only the
+//! header: a frame for another epoch, a group this node does not serve or an unknown service is
+//! refused with what the sender needs to catch up, before any replica decodes a byte of it.
+//! Clients may send requests; nodes may send replica messages; each is counted against its peer
+//! when refused.
+
+use crate::Rejections;
+use crate::shard::{Job, ReplicaKey, ShardHandle, ShardStatus};
+use bulwark_core::config::ClusterConfig;
+use bulwark_core::envelope::{self, EnvelopeError, Header, Kind, Refusal};
+use bulwark_core::wire::FRAME_BYTES_MAX;
+use bulwark_core::{Epoch, ServiceId};
+use bulwark_protocol::machine::{Access, ReplicaStats};
+use bulwark_protocol::service::{NodeStatus, SystemReply, SystemRequest};
+use bulwark_transport::{Handler, Incoming, Peer, Replies};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::oneshot;
+
+/// What every connection of the node shares.
+pub struct Dispatcher {
+    pub node: u32,
+    pub epoch: Epoch,
+    pub cluster: Arc<ClusterConfig>,
+    /// Which shard hosts each replica.
+    pub routes: HashMap<ReplicaKey, usize>,
+    pub shards: Vec<ShardHandle>,
+    pub rejections: Rejections,
+    pub started: Instant,
+}
+
+impl Dispatcher {
+    fn refuse(&self, peer: &str, header: &Header, refusal: Refusal, replies: &Replies) {
+        self.rejections.record(peer, &format!("refused: {refusal}"));
+        let _ = replies.send(envelope::frame(&header.refused(), &refusal));
+    }
+
+    async fn status(&self) -> NodeStatus {
+        let mut status = NodeStatus {
+            node: self.node,
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            uptime_seconds: self.started.elapsed().as_secs(),
+            epoch: self.epoch.0,
+            server: ReplicaStats::default(),
+            replicas: Vec::new(),
+            requests: 0,
+            rejected: Vec::new(),
+        };
+        for shard in &self.shards {
+            let (answer, answered) = oneshot::channel();
+            if !shard.send(Job::Status(answer)).await {
+                continue;
+            }
+            if let Ok(ShardStatus { requests, replicas }) = answered.await {
+                status.requests += requests;
+                for replica in &replicas {
+                    status.server.add(&replica.stats);
+                }
+                status.replicas.extend(replicas);
+            }
+        }
+        status
+            .replicas
+            .sort_by(|a, b| (&a.service, a.group).cmp(&(&b.service, b.group)));
+        status.rejected = self.rejections.snapshot();
+        status
+    }
+
+    /// The shard of a replica, or the refusal to send instead.
+    fn route(&self, header: &Header) -> Result<&ShardHandle, Refusal> {
+        if header.epoch != self.epoch {
+            return Err(Refusal::WrongEpoch {
+                current: self.epoch,
+            });
+        }
+        match self.routes.get(&(header.service, header.group)) {
+            Some(&shard) => self.shards.get(shard).ok_or(Refusal::UnknownService {
+                service: header.service,
+            }),
+            None if self
+                .routes
+                .keys()
+                .any(|(service, _)| *service == header.service) =>
+            {
+                Err(Refusal::WrongGroup {
+                    service: header.service,
+                    group: header.group,
+                })
+            }
+            None => Err(Refusal::UnknownService {
+                service: header.service,
+            }),
+        }
+    }
+}
+
+/// One connection's view of the dispatcher: the handler transport drives per frame.
+#[derive(Clone)]
+pub struct Connection(pub Arc<Dispatcher>);
+
+impl Handler for Connection {
+    async fn handle(&self, incoming: Incoming) -> bool {
+        let dispatcher = &self.0;
+        let Incoming {
+            from,
+            envelope,
+            replies,
+        } = incoming;
+        let header = envelope.header;
+        metrics::counter!("bulwark_node_request_bytes_total")
+            .increment((envelope.body.len() + envelope::HEADER_BYTES) as u64);
+        match (from, header.kind) {
+            (Peer::Client(client), Kind::Request) => {
+                let Some(entry) = dispatcher.cluster.clients.iter().find(|c| c.id == client.0)
+                else {
+                    return false;
+                };
+                let peer: Arc<str> = Arc::from(entry.name.as_str());
+                if header.service == ServiceId::SYSTEM {
+                    match envelope.body::<SystemRequest>(FRAME_BYTES_MAX) {
+                        Ok(SystemRequest::Status) => {
+                            let status = dispatcher.status().await;
+                            let reply = SystemReply::Status(status);
+                            let _ = replies.send(envelope::frame(&header.reply(), &reply));
+                        }
+                        Err(error) => {
+                            dispatcher.rejections.record(&peer, "malformed frame");
+                            tracing::debug!(peer = %peer, %error, "malformed system request");
+                        }
+                    }
+                    return true;
+                }
+                let shard = match dispatcher.route(&header) {
+                    Ok(shard) => shard,
+                    Err(refusal) => {
+                        dispatcher.refuse(&peer, &header, refusal, &replies);
+                        return true;
+                    }
+                };
+                let access = Access {
+                    write: entry.write,
+                    read: entry.read,
+                };
+                shard
+                    .send(Job::Request {
+                        replica: (header.service, header.group),
+                        client,
+                        peer,
+                        access,
+                        envelope,
+                        received: Instant::now(),
+                        replies,
+                    })
+                    .await
+            }
+            (Peer::Node(node), Kind::Message) => match dispatcher.route(&header) {
+                Ok(shard) => {
+                    shard
+                        .send(Job::Message {
+                            replica: (header.service, header.group),
+                            from: node,
+                            envelope,
+                        })
+                        .await
+                }
+                Err(refusal) => {
+                    dispatcher
+                        .rejections
+                        .record(&node.to_string(), &format!("refused: {refusal}"));
+                    true
+                }
+            },
+            (peer, kind) => {
+                let name = peer.to_string();
+                let refusal = Refusal::NotAllowed(format!("a {kind:?} frame from {name}"));
+                dispatcher.refuse(&name, &header, refusal, &replies);
+                true
+            }
+        }
+    }
+
+    fn malformed(&self, from: Peer, error: &EnvelopeError) {
+        let peer = match from {
+            Peer::Client(client) => self
+                .0
+                .cluster
+                .clients
+                .iter()
+                .find(|c| c.id == client.0)
+                .map_or_else(|| client.to_string(), |c| c.name.clone()),
+            Peer::Node(node) => node.to_string(),
+        };
+        self.0.rejections.record(&peer, "malformed frame");
+        tracing::debug!(%peer, %error, "malformed frame");
+    }
+}

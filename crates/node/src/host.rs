@@ -1,0 +1,394 @@
+//! The replicas a node hosts, each seen alike by the shard that drives it: one generic
+//! [`Hosting`] over the protocols' [`Replica`] contract, plus one small [`Adapter`] per service
+//! that says how its changes become storage records and what the replica may read back.
+//! Adding a service is an adapter here and a line in [`crate::build_replicas`]; nothing in the
+//! shards, the dispatcher or the wire changes.
+
+use crate::verified::Verified;
+use bulwark_core::envelope::{self, Envelope, Header};
+use bulwark_core::wire::{self, FRAME_BYTES_MAX};
+use bulwark_core::{ClientId, Digest, Key, NodeId, Slot, Time};
+use bulwark_protocol::machine::{Access, Replica, ReplicaStats, TimerId};
+use bulwark_protocol::powerstore::{
+    Change, Fragments, ServerLogic, StoredEntry, Timestamp, fragment_digest,
+};
+use bulwark_protocol::register::{self, Policy};
+use bulwark_storage::{Namespace, StorageOp, Store, Table};
+use bytes::Bytes;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Table names within a replica's namespace.
+pub const HIST: &str = "hist";
+/// PoWerStore `lc`: one candidate per key.
+pub const LC: &str = "lc";
+/// A register baseline's one version per key.
+pub const REGISTER: &str = "register";
+
+/// What one input to a hosted replica asks of its shard.
+#[derive(Default)]
+pub struct Effects {
+    /// To make durable, as one batch.
+    pub ops: Vec<StorageOp>,
+    /// The encoded reply to the requester, sent once `ops` (and all before) are durable.
+    pub reply: Option<Bytes>,
+    /// Encoded messages to peer nodes, sent under the same rule.
+    pub sends: Vec<(NodeId, Bytes)>,
+    /// Timers to set.
+    pub timers: Vec<(TimerId, Time)>,
+    /// Why the input was refused.
+    pub refused: Option<String>,
+}
+
+/// A hosted replica, as a shard drives it: frames in, effects out.
+pub trait Hosted: Send {
+    /// The service's name, for status and metrics.
+    fn service_name(&self) -> &'static str;
+    /// This node's slot in the group.
+    fn slot(&self) -> Slot;
+    /// A client's request. `batch` is the number the shard will give the next batch of changes.
+    fn on_request(
+        &mut self,
+        now: Time,
+        client: ClientId,
+        access: Access,
+        envelope: &Envelope,
+        batch: u64,
+    ) -> Effects;
+    /// A message from a peer node of the group.
+    fn on_message(&mut self, now: Time, from: NodeId, envelope: &Envelope, batch: u64) -> Effects;
+    /// A timer the replica set.
+    fn on_timer(&mut self, now: Time, timer: TimerId, batch: u64) -> Effects;
+    /// Periodic housekeeping.
+    fn on_tick(&mut self, now: Time, batch: u64) -> Effects;
+    /// Every batch up to `batch` is durable.
+    fn durable(&mut self, batch: u64);
+    /// Counters.
+    fn stats(&self) -> ReplicaStats;
+}
+
+/// How one service's state meets the node's storage.
+pub trait Adapter<R: Replica + ?Sized>: Send {
+    /// The service's name.
+    const NAME: &'static str;
+    /// The storage record of one change, in batch `batch`.
+    fn record(&mut self, change: &R::Change, batch: u64) -> StorageOp;
+    /// What the replica reads back.
+    fn view(&self) -> &R::View;
+    /// Every batch up to `batch` is durable.
+    fn durable(&mut self, _batch: u64) {}
+}
+
+/// One replica of one group, with its adapter and the group's view.
+pub struct Hosting<R: Replica, A: Adapter<R>> {
+    pub replica: R,
+    pub adapter: A,
+    /// The group's members by slot, to address peer messages.
+    pub members: Vec<NodeId>,
+    pub slot: Slot,
+    /// The header this replica's own messages carry.
+    pub header: Header,
+}
+
+impl<R, A> Hosting<R, A>
+where
+    R: Replica + Send,
+    A: Adapter<R>,
+{
+    fn effects(
+        &mut self,
+        output: bulwark_protocol::machine::Output<R>,
+        reply_to: Option<&Header>,
+        batch: u64,
+    ) -> Effects {
+        let ops = output
+            .changes
+            .iter()
+            .map(|change| self.adapter.record(change, batch))
+            .collect();
+        let reply = match (output.reply, reply_to) {
+            (Some(reply), Some(header)) => Some(envelope::frame(&header.reply(), &reply)),
+            _ => None,
+        };
+        let sends = output
+            .sends
+            .into_iter()
+            .filter_map(|(slot, message)| {
+                let node = *self.members.get(slot.index())?;
+                let header = Header {
+                    kind: envelope::Kind::Message,
+                    ..self.header
+                };
+                Some((node, envelope::frame(&header, &message)))
+            })
+            .collect();
+        Effects {
+            ops,
+            reply,
+            sends,
+            timers: output.timers,
+            refused: output.refused,
+        }
+    }
+}
+
+impl<R, A> Hosted for Hosting<R, A>
+where
+    R: Replica + Send,
+    A: Adapter<R>,
+{
+    fn service_name(&self) -> &'static str {
+        A::NAME
+    }
+
+    fn slot(&self) -> Slot {
+        self.slot
+    }
+
+    fn on_request(
+        &mut self,
+        now: Time,
+        client: ClientId,
+        access: Access,
+        envelope: &Envelope,
+        batch: u64,
+    ) -> Effects {
+        let request = match envelope.body::<R::Request>(FRAME_BYTES_MAX) {
+            Ok(request) => request,
+            Err(error) => {
+                return Effects {
+                    refused: Some(format!("malformed request: {error}")),
+                    ..Effects::default()
+                };
+            }
+        };
+        let output = self
+            .replica
+            .on_request(now, client, access, request, self.adapter.view());
+        self.effects(output, Some(&envelope.header), batch)
+    }
+
+    fn on_message(&mut self, now: Time, from: NodeId, envelope: &Envelope, batch: u64) -> Effects {
+        let Some(slot) = self.members.iter().position(|m| *m == from) else {
+            return Effects {
+                refused: Some("a message from a node outside the group".into()),
+                ..Effects::default()
+            };
+        };
+        let message = match envelope.body::<R::Message>(FRAME_BYTES_MAX) {
+            Ok(message) => message,
+            Err(error) => {
+                return Effects {
+                    refused: Some(format!("malformed message: {error}")),
+                    ..Effects::default()
+                };
+            }
+        };
+        let output = self
+            .replica
+            .on_message(now, Slot(slot as u32), message, self.adapter.view());
+        self.effects(output, None, batch)
+    }
+
+    fn on_timer(&mut self, now: Time, timer: TimerId, batch: u64) -> Effects {
+        let output = self.replica.on_timer(now, timer, self.adapter.view());
+        self.effects(output, None, batch)
+    }
+
+    fn on_tick(&mut self, now: Time, batch: u64) -> Effects {
+        let output = self.replica.on_tick(now);
+        self.effects(output, None, batch)
+    }
+
+    fn durable(&mut self, batch: u64) {
+        self.adapter.durable(batch);
+    }
+
+    fn stats(&self) -> ReplicaStats {
+        self.replica.stats()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// PoWerStore
+
+/// The storage record id of `Hist[ts]` of `key`: length-prefixed key, then the fixed-width ts.
+pub fn hist_record(key: &Key, ts: &Timestamp) -> Vec<u8> {
+    let bytes = key.as_bytes();
+    let mut record = Vec::with_capacity(2 + bytes.len() + 52);
+    record.extend_from_slice(&(bytes.len() as u16).to_be_bytes());
+    record.extend_from_slice(bytes);
+    record.extend_from_slice(&ts.canonical());
+    record
+}
+
+/// The storage op of one PoWerStore change in `namespace`.
+pub fn powerstore_op(namespace: Namespace, change: &Change) -> StorageOp {
+    match change {
+        Change::PutHist { key, entry } => StorageOp::Put {
+            table: namespace.table(HIST),
+            key: hist_record(key, &entry.ts),
+            value: Bytes::from(wire::encode(&(key, entry))),
+        },
+        Change::DeleteHist { key, ts } => StorageOp::Delete {
+            table: namespace.table(HIST),
+            key: hist_record(key, ts),
+        },
+        Change::SetLc { key, candidate } => StorageOp::Put {
+            table: namespace.table(LC),
+            key: key.as_bytes().to_vec(),
+            value: Bytes::from(wire::encode(&(key, candidate))),
+        },
+    }
+}
+
+/// A PoWerStore replica's storage: the fragments it handled that are not yet durable, then the
+/// disk. Requests are handled in order, so a fragment a FILTER needs is either committed or here.
+pub struct PowerStoreStorage {
+    pub namespace: Namespace,
+    pub store: Arc<Store>,
+    /// `Hist` records queued for commit, with the batch carrying them.
+    pub unsynced: HashMap<Vec<u8>, (u64, Bytes)>,
+    /// Fragments already found intact: served again without a disk read or a re-hash. Shared
+    /// by the node's PoWerStore replicas (keys belong to one group each, so records never meet).
+    pub verified: Arc<Mutex<Verified>>,
+}
+
+impl PowerStoreStorage {
+    fn hist(&self) -> Table {
+        self.namespace.table(HIST)
+    }
+
+    fn forget_verified(&self, record: &[u8]) {
+        if let Ok(mut verified) = self.verified.lock() {
+            verified.remove(record);
+        }
+    }
+}
+
+impl Adapter<Box<dyn ServerLogic>> for PowerStoreStorage {
+    const NAME: &'static str = "powerstore";
+
+    fn record(&mut self, change: &Change, batch: u64) -> StorageOp {
+        match change {
+            Change::PutHist { key, entry } => {
+                let record = hist_record(key, &entry.ts);
+                self.forget_verified(&record);
+                self.unsynced
+                    .insert(record, (batch, entry.fragment.clone()));
+            }
+            Change::DeleteHist { key, ts } => {
+                let record = hist_record(key, ts);
+                self.forget_verified(&record);
+                self.unsynced.remove(&record);
+            }
+            Change::SetLc { .. } => {}
+        }
+        powerstore_op(self.namespace, change)
+    }
+
+    fn view(&self) -> &(dyn Fragments + 'static) {
+        self
+    }
+
+    fn durable(&mut self, batch: u64) {
+        self.unsynced
+            .retain(|_, (carried_by, _)| *carried_by > batch);
+    }
+}
+
+impl Fragments for PowerStoreStorage {
+    fn fragment(&self, key: &Key, ts: &Timestamp) -> Option<Bytes> {
+        let record = hist_record(key, ts);
+        if let Some((_, fragment)) = self.unsynced.get(&record) {
+            return Some(fragment.clone());
+        }
+        let value = match self.store.get(self.hist(), &record) {
+            Ok(value) => value?,
+            Err(error) => {
+                tracing::error!(%error, "reading a fragment failed");
+                return None;
+            }
+        };
+        // The fragment is served as a slice of the record read from disk: no second copy.
+        match wire::decode_shared::<(Key, StoredEntry)>(&value, usize::MAX) {
+            Ok((_, entry)) => Some(entry.fragment),
+            Err(error) => {
+                tracing::error!(%error, "a stored fragment record does not decode");
+                None
+            }
+        }
+    }
+
+    fn intact_fragment(&self, key: &Key, ts: &Timestamp, digest: &Digest) -> Option<Bytes> {
+        let record = hist_record(key, ts);
+        if let Some(fragment) = self
+            .verified
+            .lock()
+            .ok()
+            .and_then(|verified| verified.get(&record, digest))
+        {
+            return Some(fragment);
+        }
+        // Not yet durable: a slice of the STORE's receive buffer, which may be larger than the
+        // fragment, so it is not kept; it is about to be on disk anyway.
+        if let Some((_, fragment)) = self.unsynced.get(&record) {
+            return Some(fragment.clone()).filter(|f| fragment_digest(f) == *digest);
+        }
+        let fragment = self.fragment(key, ts)?;
+        if fragment_digest(&fragment) != *digest {
+            return None;
+        }
+        if let Ok(mut verified) = self.verified.lock() {
+            verified.insert(record, *digest, fragment.clone());
+        }
+        Some(fragment)
+    }
+}
+
+/// A PoWerStore replica as the node hosts it.
+pub type PowerStoreReplica = Hosting<Box<dyn ServerLogic>, PowerStoreStorage>;
+
+// ---------------------------------------------------------------------------------------------
+// Register baselines
+
+/// The storage op of a baseline's stored version: the key's bytes, the value `(key, entry)`
+/// encoded.
+pub fn register_op<P: Policy>(namespace: Namespace, change: &register::Change<P>) -> StorageOp {
+    match change {
+        register::Change::Put { key, entry } => StorageOp::Put {
+            table: namespace.table(REGISTER),
+            key: key.as_bytes().to_vec(),
+            value: Bytes::from(wire::encode(&(key, entry))),
+        },
+    }
+}
+
+/// A register baseline's storage: one record per key, nothing read back.
+pub struct RegisterStorage {
+    pub namespace: Namespace,
+}
+
+impl Adapter<register::Server<register::abd::Abd>> for RegisterStorage {
+    const NAME: &'static str = "abd";
+
+    fn record(&mut self, change: &register::abd::Change, _batch: u64) -> StorageOp {
+        register_op(self.namespace, change)
+    }
+
+    fn view(&self) -> &() {
+        &()
+    }
+}
+
+impl Adapter<register::Server<register::phalanx::Phalanx>> for RegisterStorage {
+    const NAME: &'static str = "phalanx";
+
+    fn record(&mut self, change: &register::phalanx::Change, _batch: u64) -> StorageOp {
+        register_op(self.namespace, change)
+    }
+
+    fn view(&self) -> &() {
+        &()
+    }
+}

@@ -1,0 +1,371 @@
+//! A shard: one task that owns some of the node's replicas and drives them, so a replica needs no
+//! locks and handles its inputs in a single order, which is also the order their changes reach
+//! the disk. A node runs several shards, so one busy group does not hold up the others.
+//!
+//! This is the node's one effect loop: every replica's output is persisted as one batch through
+//! the shared group committer, and its reply and messages leave only once that batch and every
+//! batch before it are durable ([`Sequencer`], the rule the simulator checks too).
+
+use crate::Rejections;
+use crate::host::{Effects, Hosted};
+use bulwark_core::envelope::Envelope;
+use bulwark_core::{ClientId, GroupId, NodeId, ServiceId, Time};
+use bulwark_protocol::machine::{Access, ReplicaStats, Sequencer, TimerId};
+use bulwark_protocol::service::ReplicaStatus;
+use bulwark_storage::{Committer, StorageOp};
+use bulwark_transport::{Link, Replies};
+use bytes::Bytes;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, oneshot};
+
+/// Inputs waiting for a shard; connections wait (back-pressure) beyond this.
+const JOBS_QUEUED_MAX: usize = 4096;
+/// How often superseded versions are garbage-collected and gauges refreshed.
+const TICK_INTERVAL: Duration = Duration::from_millis(500);
+
+/// Which replica: a service's replica of one group.
+pub type ReplicaKey = (ServiceId, GroupId);
+
+/// Work for a shard.
+pub enum Job {
+    /// A client's request.
+    Request {
+        replica: ReplicaKey,
+        client: ClientId,
+        peer: Arc<str>,
+        access: Access,
+        envelope: Envelope,
+        received: Instant,
+        replies: Replies,
+    },
+    /// A message from a peer node.
+    Message {
+        replica: ReplicaKey,
+        from: NodeId,
+        envelope: Envelope,
+    },
+    /// Asks for every replica's status.
+    Status(oneshot::Sender<ShardStatus>),
+}
+
+/// What a shard reports for `bulwark status`.
+pub struct ShardStatus {
+    pub requests: u64,
+    pub replicas: Vec<ReplicaStatus>,
+}
+
+/// A handle to send jobs.
+#[derive(Clone)]
+pub struct ShardHandle(mpsc::Sender<Job>);
+
+impl ShardHandle {
+    pub async fn send(&self, job: Job) -> bool {
+        self.0.send(job).await.is_ok()
+    }
+}
+
+/// Stops a shard on shutdown.
+pub struct Stopper {
+    stop: oneshot::Sender<()>,
+    done: tokio::task::JoinHandle<()>,
+}
+
+impl Stopper {
+    /// Asks the shard to stop after the job in hand and waits until everything it queued for the
+    /// disk is durable. Replies still waiting for a commit are sent only if that commit succeeds.
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.done.await;
+    }
+}
+
+/// What a shard is given at start.
+pub struct ShardContext {
+    pub index: usize,
+    pub replicas: HashMap<ReplicaKey, Box<dyn Hosted>>,
+    pub committer: Arc<Committer>,
+    pub peers: Arc<HashMap<NodeId, Link>>,
+    pub started: Instant,
+    pub rejections: Rejections,
+}
+
+pub fn spawn(context: ShardContext) -> (ShardHandle, Stopper) {
+    let (sender, receiver) = mpsc::channel(JOBS_QUEUED_MAX);
+    let (stop, stopped) = oneshot::channel();
+    let done = tokio::spawn(run(context, receiver, stopped));
+    (ShardHandle(sender), Stopper { stop, done })
+}
+
+/// A reply or message waiting for the disk.
+enum Outgoing {
+    Reply {
+        replies: Replies,
+        frame: Bytes,
+        name: &'static str,
+        received: Instant,
+    },
+    Peer {
+        to: NodeId,
+        frame: Bytes,
+    },
+}
+
+struct Shard {
+    replicas: HashMap<ReplicaKey, Box<dyn Hosted>>,
+    committer: Arc<Committer>,
+    peers: Arc<HashMap<NodeId, Link>>,
+    rejections: Rejections,
+    sequencer: Sequencer<Outgoing>,
+    /// Batches whose commit completed, reported by the tasks that wait for the committer.
+    durable: mpsc::UnboundedSender<u64>,
+    /// Timers set by replicas: when, then which.
+    timers: BTreeMap<(Time, ReplicaKey, TimerId), ()>,
+    requests: u64,
+}
+
+impl Shard {
+    /// Persists `effects.ops` as one batch, then queues the reply and messages behind it.
+    fn apply(
+        &mut self,
+        replica: ReplicaKey,
+        effects: Effects,
+        reply: Option<(Replies, &'static str, Instant)>,
+    ) {
+        let Effects {
+            ops,
+            reply: frame,
+            sends,
+            timers,
+            refused: _,
+        } = effects;
+        if !ops.is_empty() {
+            self.submit(ops);
+        }
+        if let (Some(frame), Some((replies, name, received))) = (frame, reply) {
+            metrics::counter!("bulwark_node_reply_bytes_total", "op" => name)
+                .increment(frame.len() as u64);
+            let outgoing = Outgoing::Reply {
+                replies,
+                frame,
+                name,
+                received,
+            };
+            if let Some(ready) = self.sequencer.send(outgoing) {
+                self.release(ready);
+            }
+        }
+        for (to, frame) in sends {
+            if let Some(ready) = self.sequencer.send(Outgoing::Peer { to, frame }) {
+                self.release(ready);
+            }
+        }
+        for (timer, at) in timers {
+            self.timers
+                .retain(|(_, key, id), _| !(*key == replica && *id == timer));
+            self.timers.insert((at, replica, timer), ());
+        }
+    }
+
+    fn submit(&mut self, ops: Vec<StorageOp>) {
+        let batch = self.sequencer.submit();
+        let done = self.committer.submit(ops);
+        let durable = self.durable.clone();
+        tokio::spawn(async move {
+            match done.await {
+                // Batches become durable in submission order, so this covers all before it.
+                Ok(Ok(())) => {
+                    let _ = durable.send(batch);
+                }
+                outcome => {
+                    // A failed fsync leaves the disk in an unknown state: acknowledging anything
+                    // more could lose it, and retrying could ack data that is not there. Stop.
+                    tracing::error!(?outcome, "durable commit failed; stopping the node");
+                    std::process::exit(70);
+                }
+            }
+        });
+    }
+
+    fn release(&self, outgoing: Outgoing) {
+        match outgoing {
+            Outgoing::Reply {
+                replies,
+                frame,
+                name,
+                received,
+            } => {
+                if replies.send(frame).is_ok() {
+                    metrics::histogram!("bulwark_node_request_seconds", "op" => name)
+                        .record(received.elapsed().as_secs_f64());
+                }
+            }
+            Outgoing::Peer { to, frame } => {
+                if let Some(link) = self.peers.get(&to)
+                    && let Err(error) = link.send(frame)
+                {
+                    tracing::debug!(%to, %error, "message to a peer not queued");
+                }
+            }
+        }
+    }
+
+    fn on_durable(&mut self, batch: u64) {
+        for replica in self.replicas.values_mut() {
+            replica.durable(batch);
+        }
+        for outgoing in self.sequencer.durable(batch) {
+            self.release(outgoing);
+        }
+    }
+
+    fn status(&self) -> ShardStatus {
+        ShardStatus {
+            requests: self.requests,
+            replicas: self
+                .replicas
+                .iter()
+                .map(|((_, group), replica)| ReplicaStatus {
+                    service: replica.service_name().to_string(),
+                    group: group.0,
+                    slot: replica.slot().0,
+                    stats: replica.stats(),
+                })
+                .collect(),
+        }
+    }
+
+    fn totals(&self) -> ReplicaStats {
+        let mut totals = ReplicaStats::default();
+        for replica in self.replicas.values() {
+            totals.add(&replica.stats());
+        }
+        totals
+    }
+}
+
+async fn run(
+    context: ShardContext,
+    mut jobs: mpsc::Receiver<Job>,
+    mut stopped: oneshot::Receiver<()>,
+) {
+    let ShardContext {
+        index,
+        replicas,
+        committer,
+        peers,
+        started,
+        rejections,
+    } = context;
+    let (durable, mut durable_batches) = mpsc::unbounded_channel();
+    let mut shard = Shard {
+        replicas,
+        committer,
+        peers,
+        rejections,
+        sequencer: Sequencer::default(),
+        durable,
+        timers: BTreeMap::new(),
+        requests: 0,
+    };
+    let mut tick = tokio::time::interval(TICK_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let now = || Time(started.elapsed().as_millis() as u64);
+    let shard_label = index.to_string();
+    loop {
+        let next_timer = shard.timers.keys().next().map(|(at, _, _)| *at);
+        let timer_due = async {
+            match next_timer {
+                Some(at) => {
+                    let wait = Duration::from_millis(at.0.saturating_sub(now().0));
+                    tokio::time::sleep(wait).await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = &mut stopped => break,
+            Some(batch) = durable_batches.recv() => shard.on_durable(batch),
+            job = jobs.recv() => {
+                let Some(job) = job else { break };
+                match job {
+                    Job::Request { replica, client, peer, access, envelope, received, replies } => {
+                        shard.requests += 1;
+                        let batch = shard.sequencer.next_batch();
+                        let Some(hosted) = shard.replicas.get_mut(&replica) else {
+                            continue;
+                        };
+                        let name = hosted.service_name();
+                        metrics::counter!("bulwark_node_requests_total", "op" => name).increment(1);
+                        let effects = hosted.on_request(now(), client, access, &envelope, batch);
+                        if let Some(refusal) = &effects.refused {
+                            shard.rejections.record(&peer, &format!("refused: {refusal}"));
+                        }
+                        shard.apply(replica, effects, Some((replies, name, received)));
+                    }
+                    Job::Message { replica, from, envelope } => {
+                        let batch = shard.sequencer.next_batch();
+                        let Some(hosted) = shard.replicas.get_mut(&replica) else {
+                            continue;
+                        };
+                        let effects = hosted.on_message(now(), from, &envelope, batch);
+                        if let Some(refusal) = &effects.refused {
+                            shard.rejections.record(&from.to_string(), &format!("refused: {refusal}"));
+                        }
+                        shard.apply(replica, effects, None);
+                    }
+                    Job::Status(answer) => {
+                        let _ = answer.send(shard.status());
+                    }
+                }
+            }
+            _ = timer_due => {
+                let due: Vec<(Time, ReplicaKey, TimerId)> = shard
+                    .timers
+                    .keys()
+                    .take_while(|(at, _, _)| *at <= now())
+                    .copied()
+                    .collect();
+                for (at, replica, timer) in due {
+                    shard.timers.remove(&(at, replica, timer));
+                    let batch = shard.sequencer.next_batch();
+                    if let Some(hosted) = shard.replicas.get_mut(&replica) {
+                        let effects = hosted.on_timer(now(), timer, batch);
+                        shard.apply(replica, effects, None);
+                    }
+                }
+            }
+            _ = tick.tick() => {
+                let keys: Vec<ReplicaKey> = shard.replicas.keys().copied().collect();
+                for replica in keys {
+                    let batch = shard.sequencer.next_batch();
+                    if let Some(hosted) = shard.replicas.get_mut(&replica) {
+                        let effects = hosted.on_tick(now(), batch);
+                        shard.apply(replica, effects, None);
+                    }
+                }
+                let stats = shard.totals();
+                let label = shard_label.clone();
+                metrics::gauge!("bulwark_node_objects", "shard" => label.clone()).set(stats.objects as f64);
+                metrics::gauge!("bulwark_node_versions", "shard" => label.clone()).set(stats.versions as f64);
+                metrics::gauge!("bulwark_node_fragment_bytes", "shard" => label.clone()).set(stats.bytes as f64);
+                metrics::gauge!("bulwark_node_collected_total", "shard" => label.clone()).set(stats.collected as f64);
+                metrics::gauge!("bulwark_node_damaged_fragments_total", "shard" => label).set(stats.damaged as f64);
+            }
+        }
+    }
+    // Replies and messages waiting for the disk go out once their batches are durable, as they
+    // would have without the stop; the committer keeps committing until its last handle goes.
+    while shard.sequencer.held() > 0 {
+        match tokio::time::timeout(Duration::from_secs(10), durable_batches.recv()).await {
+            Ok(Some(batch)) => shard.on_durable(batch),
+            _ => break,
+        }
+    }
+    // Dropping the last committer handle commits what is queued and joins its thread, off the
+    // runtime.
+    drop(shard.replicas);
+    let committer = shard.committer;
+    let _ = tokio::task::spawn_blocking(move || drop(committer)).await;
+}
