@@ -67,12 +67,12 @@ async fn cli_round_trip(protocol: &str, n: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abd_cli_round_trip() {
-    cli_round_trip("abd", 3).await;
+    cli_round_trip("abd", 4).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abd_survives_a_sigkilled_node_and_stays_linearizable() {
-    common::survives_a_sigkilled_node("abd", 3).await;
+    common::survives_a_sigkilled_node("abd", 4).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -32,7 +32,8 @@ pub fn append(path: &Path, client: &str, observed: &[Evidence]) {
             "{now}\t{client}\t{}\t{}\t{}\n",
             evidence.node.0,
             evidence.kind.name(),
-            evidence.detail.escape_default()
+            // Tabs and line breaks would split the record; nothing else needs escaping.
+            evidence.detail.replace(['\t', '\n', '\r'], " ")
         ));
     }
     let written = std::fs::OpenOptions::new()
@@ -89,7 +90,7 @@ pub fn summary(cluster_dir: &Path) -> Vec<String> {
             let total: u64 = kinds.values().sum();
             let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
             format!(
-                "node {node} caught {total} {} ({}); latest by client {client} ({detail}), {} s ago",
+                "node {node} caught {total} {} ({}); latest by client {client} on {detail}, {} s ago",
                 if total == 1 { "time" } else { "times" },
                 kinds.join(", "),
                 now.saturating_sub(time)

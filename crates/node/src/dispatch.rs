@@ -31,6 +31,19 @@ pub struct Dispatcher {
 }
 
 impl Dispatcher {
+    /// How rejections name a peer: a client by its configured name, a node by its id.
+    pub fn peer_name(&self, peer: Peer) -> String {
+        match peer {
+            Peer::Client(client) => self
+                .cluster
+                .clients
+                .iter()
+                .find(|c| c.id == client.0)
+                .map_or_else(|| client.to_string(), |c| c.name.clone()),
+            Peer::Node(node) => node.to_string(),
+        }
+    }
+
     fn refuse(&self, peer: &str, header: &Header, refusal: Refusal, replies: &Replies) {
         self.rejections.record(peer, &format!("refused: {refusal}"));
         let _ = replies.send(envelope::frame(&header.refused(), &refusal));
@@ -181,17 +194,15 @@ impl Handler for Connection {
     }
 
     fn malformed(&self, from: Peer, error: &EnvelopeError) {
-        let peer = match from {
-            Peer::Client(client) => self
-                .0
-                .cluster
-                .clients
-                .iter()
-                .find(|c| c.id == client.0)
-                .map_or_else(|| client.to_string(), |c| c.name.clone()),
-            Peer::Node(node) => node.to_string(),
-        };
+        let peer = self.0.peer_name(from);
         self.0.rejections.record(&peer, "malformed frame");
         tracing::debug!(%peer, %error, "malformed frame");
+    }
+
+    fn bad_frame(&self, from: Peer, _error: &std::io::Error) {
+        // An oversized or undecodable frame ends the stream: its framing can't be trusted.
+        self.0
+            .rejections
+            .record(&self.0.peer_name(from), "bad frame");
     }
 }

@@ -350,7 +350,9 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
                 // not misbehaving; one that fails TLS or is not in the configuration is.
                 Err(bulwark_transport::InboundError::Handshake(
                     bulwark_transport::TransportError::Io(error),
-                )) => tracing::debug!(%address, %error, "handshake abandoned"),
+                )) if is_disconnect(&error) => {
+                    tracing::debug!(%address, %error, "handshake abandoned");
+                }
                 Err(error) => {
                     rejections.record(&address.to_string(), "unauthenticated");
                     tracing::debug!(%address, %error, "handshake refused");
@@ -500,6 +502,18 @@ fn open_store(data_dir: &Path) -> Result<Store, NodeError> {
             reason: error.to_string(),
         },
     })
+}
+
+/// A peer going away (even without a TLS close) is not misbehaviour.
+fn is_disconnect(error: &std::io::Error) -> bool {
+    use std::io::ErrorKind;
+    matches!(
+        error.kind(),
+        ErrorKind::UnexpectedEof
+            | ErrorKind::ConnectionReset
+            | ErrorKind::ConnectionAborted
+            | ErrorKind::BrokenPipe
+    )
 }
 
 /// Resolves on SIGTERM or SIGINT, naming it; never when no handler can be installed.

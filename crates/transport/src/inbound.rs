@@ -100,6 +100,12 @@ pub trait Handler: Send + Sync + 'static {
     fn malformed(&self, from: Peer, error: &EnvelopeError) {
         let _ = (from, error);
     }
+
+    /// Told of a frame that broke the framing (oversized, or not decodable as a frame), just
+    /// before the connection closes; for recording misbehaviour against the peer.
+    fn bad_frame(&self, from: Peer, error: &std::io::Error) {
+        let _ = (from, error);
+    }
 }
 
 /// A channel is a handler: the connection waits for room in it and ends when it is closed.
@@ -298,6 +304,7 @@ impl Inbound {
                         self.counters.bad_frames.fetch_add(1, Ordering::Relaxed);
                         metrics::counter!("bulwark_transport_bad_frames_total").increment(1);
                         tracing::warn!(%peer, %error, "closing connection after a bad frame");
+                        handler.bad_frame(peer, &error);
                         return EndReason::BadFrame(error.to_string());
                     }
                 };
