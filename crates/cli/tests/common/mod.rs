@@ -30,6 +30,12 @@ impl TestCluster {
 
     /// Writes a fresh cluster running `protocol` and starts every node honestly.
     pub fn start_protocol(protocol: &str, f: usize, grace_ms: u64) -> TestCluster {
+        Self::start_nodes(protocol, f, 3 * f + 1, grace_ms)
+    }
+
+    /// Writes a fresh cluster of `n` nodes (several groups when `n > 3f+1`) whose default volume
+    /// runs `protocol`, and starts every node honestly.
+    pub fn start_nodes(protocol: &str, f: usize, n: usize, grace_ms: u64) -> TestCluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let status = Command::new(BULWARK)
             .args([
@@ -44,6 +50,8 @@ impl TestCluster {
                 "--f",
             ])
             .arg(f.to_string())
+            .arg("--nodes")
+            .arg(n.to_string())
             .arg("--clients")
             .arg("admin:rw,writer2:rw,reader:r,mallory:r")
             .arg("--dir")
@@ -51,8 +59,6 @@ impl TestCluster {
             .status()
             .expect("run cluster init");
         assert!(status.success(), "cluster init failed");
-        // Every cluster has a group of 3f+1, whatever its default volume's protocol.
-        let n = 3 * f + 1;
         let mut cluster = TestCluster {
             dir,
             n,
