@@ -8,12 +8,17 @@
 //! messages, with delays, losses, duplicates and partitions; persists servers' changes; crashes
 //! and restarts processes; and records what every correct client invoked and observed.
 //!
-//! Durability follows the node's rule, "persist, then reply": a handled request's changes and its
-//! reply wait in a per-server FIFO for a random persistence delay; the changes become durable
-//! exactly when the reply is released. Replies leave in handling order, because a later reply may
-//! reveal state an earlier request created (a COLLECT answered from an `lc` that a COMPLETE just
-//! raised): releasing it before that change is durable would let a crash take back what a client
-//! already saw. A crash drops every pending change and reply.
+//! Durability follows the node's rule, "persist, then reply", through the very
+//! [`Sequencer`] the node uses: every handled input's changes go to the simulated disk as one
+//! batch with a random commit delay (batches commit in order), and its reply waits in the
+//! sequencer until every batch submitted before it is durable. So replies leave in handling
+//! order, because a later reply may reveal state an earlier request created (a COLLECT answered
+//! from an `lc` that a COMPLETE just raised): releasing it before that change is durable would
+//! let a crash take back what a client already saw. A crash drops every pending batch and reply.
+//!
+//! Unlike the node, an input with no changes is a batch too: its reply waits for a commit delay
+//! of its own. That models the actor's queueing latency, and keeps schedules of fixed seeds as
+//! they were before the sequencer was shared.
 
 use super::RunStats;
 use super::config::SimConfig;
@@ -22,6 +27,7 @@ use super::swarm::Swarm;
 use crate::byzantine::Behaviour;
 use crate::checker::{History, Op, OpKind, Outcome as OpOutcome};
 use bulwark_core::{Key, Slot};
+use bulwark_protocol::machine::Sequencer;
 use bulwark_protocol::round::OpId;
 use bytes::Bytes;
 use rand::{Rng, SeedableRng};
@@ -163,11 +169,13 @@ impl<P: Protocol> Ord for Scheduled<P> {
     }
 }
 
-/// Changes and a reply waiting to become durable.
-struct Pending<P: Protocol> {
+/// A batch of changes on its way to a server's simulated disk.
+struct Commit<P: Protocol> {
+    /// The sequencer's number for it.
+    batch: u64,
+    /// When its commit completes.
     at: u64,
     changes: Vec<P::Change>,
-    reply: Option<(usize, P::Response)>,
 }
 
 struct ServerSlot<P: Protocol> {
@@ -177,8 +185,11 @@ struct ServerSlot<P: Protocol> {
     durable: P::Disk,
     /// Changes applied to `durable` so far, for statistics.
     applied: u64,
-    pending: VecDeque<Pending<P>>,
-    /// When the last queued reply is released; later ones never overtake it.
+    /// Batches not yet durable, oldest first.
+    committing: VecDeque<Commit<P>>,
+    /// What waits for `committing` to become durable before it leaves.
+    sequencer: Sequencer<Packet<P>>,
+    /// When the last submitted batch commits; later ones never overtake it.
     release_at: u64,
     incarnation: u32,
 }
@@ -274,7 +285,8 @@ impl<'a, P: Protocol> World<'a, P> {
                     logic: Some(logic),
                     durable: P::Disk::default(),
                     applied: 0,
-                    pending: VecDeque::new(),
+                    committing: VecDeque::new(),
+                    sequencer: Sequencer::default(),
                     release_at: 0,
                     incarnation: 0,
                 }
@@ -513,7 +525,7 @@ impl<'a, P: Protocol> World<'a, P> {
             return;
         };
         self.stats.delivered += 1;
-        let pending = slot.pending.iter().flat_map(|p| &p.changes).collect();
+        let pending = slot.committing.iter().flat_map(|c| &c.changes).collect();
         let handled = logic.handle(now, client, writer, request, &slot.durable, pending);
         if handled.refused {
             self.stats.refusals += 1;
@@ -526,22 +538,23 @@ impl<'a, P: Protocol> World<'a, P> {
                 if replied { "" } else { " (no reply)" }
             )
         });
-        let reply = handled.reply.map(|response| (client, response));
+        let reply = handled.reply.map(|response| Packet::ToClient {
+            client,
+            server,
+            response,
+        });
         self.enqueue(server, handled.changes, reply);
     }
 
-    /// Queues changes and a reply behind the server's earlier ones (see the module docs).
-    fn enqueue(
-        &mut self,
-        server: usize,
-        changes: Vec<P::Change>,
-        reply: Option<(usize, P::Response)>,
-    ) {
+    /// Submits changes as one batch and queues `reply` behind it (see the module docs).
+    fn enqueue(&mut self, server: usize, changes: Vec<P::Change>, reply: Option<Packet<P>>) {
         let persist = self.rng.random_range(0..=self.swarm.persist_max);
         let slot = &mut self.servers[server];
         let at = (self.now + persist).max(slot.release_at);
         slot.release_at = at;
-        slot.pending.push_back(Pending { at, changes, reply });
+        let batch = slot.sequencer.submit();
+        slot.committing.push_back(Commit { batch, at, changes });
+        let ready = reply.and_then(|packet| slot.sequencer.send(packet));
         let incarnation = slot.incarnation;
         self.schedule(
             at - self.now,
@@ -550,34 +563,31 @@ impl<'a, P: Protocol> World<'a, P> {
                 incarnation,
             },
         );
+        if let Some(packet) = ready {
+            self.transmit(packet);
+        }
     }
 
+    /// Completes every commit due by now, then sends what they were holding back.
     fn release(&mut self, server: usize, incarnation: u32) {
-        let mut replies = Vec::new();
-        {
-            let slot = &mut self.servers[server];
-            if slot.incarnation != incarnation || slot.logic.is_none() {
-                return;
-            }
-            while slot.pending.front().is_some_and(|p| p.at <= self.now) {
-                let Some(pending) = slot.pending.pop_front() else {
-                    break;
-                };
-                for change in &pending.changes {
-                    P::persist(&mut slot.durable, change);
-                }
-                slot.applied += pending.changes.len() as u64;
-                if let Some(reply) = pending.reply {
-                    replies.push(reply);
-                }
-            }
+        let slot = &mut self.servers[server];
+        if slot.incarnation != incarnation || slot.logic.is_none() {
+            return;
         }
-        for (client, response) in replies {
-            self.transmit(Packet::ToClient {
-                client,
-                server,
-                response,
-            });
+        let mut durable = None;
+        while let Some(commit) = slot.committing.pop_front_if(|c| c.at <= self.now) {
+            for change in &commit.changes {
+                P::persist(&mut slot.durable, change);
+            }
+            slot.applied += commit.changes.len() as u64;
+            durable = Some(commit.batch);
+        }
+        let Some(batch) = durable else {
+            return;
+        };
+        let released = slot.sequencer.durable(batch);
+        for packet in released {
+            self.transmit(packet);
         }
     }
 
@@ -1037,9 +1047,10 @@ impl<'a, P: Protocol> World<'a, P> {
         }
         let server = candidates[self.rng.random_range(0..candidates.len())];
         let slot = &mut self.servers[server];
-        let lost = slot.pending.len();
+        let lost = slot.committing.len();
         slot.logic = None;
-        slot.pending.clear();
+        slot.committing.clear();
+        slot.sequencer = Sequencer::default();
         slot.release_at = 0;
         slot.incarnation += 1;
         let incarnation = slot.incarnation;
