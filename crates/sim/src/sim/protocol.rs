@@ -3,10 +3,11 @@
 //!
 //! A [`Protocol`] is built once per run from the seed's generator (its keys and configuration),
 //! then builds servers (honest or Byzantine), restores them from their simulated disk after a
-//! crash, and starts client operations. The world knows nothing of rounds or messages beyond
-//! what this trait exposes: it carries requests and responses, persists changes in order,
-//! releases replies only once their changes are durable, and records what each operation returned.
-//! Each implementation lives in `protocols/`.
+//! crash, and starts client operations. Servers are [`Replica`]s and operations are
+//! [`Operation`]s, the contract the node and the client drive too; the world drives them
+//! generically. What stays here is what only the protocol knows: how to build its machines, what
+//! its disk holds, how to describe its messages for the trace, and what a finished operation
+//! means to the checker ([`Finish`]). Each implementation lives in `protocols/`.
 
 use super::RunStats;
 use super::config::{FaultSet, SimConfig};
@@ -14,9 +15,11 @@ use super::swarm::Swarm;
 use crate::byzantine::Behaviour;
 use bulwark_core::config::Protocol as ClusterProtocol;
 use bulwark_core::{Key, Slot};
+use bulwark_protocol::machine::{Operation, Replica};
 use bulwark_protocol::round::OpId;
 use bytes::Bytes;
 use rand_chacha::ChaCha8Rng;
+use std::collections::VecDeque;
 
 /// One protocol under simulation.
 pub(super) trait Protocol: Sized {
@@ -28,6 +31,12 @@ pub(super) trait Protocol: Sized {
     type Change;
     /// One server's simulated disk: the changes whose persistence completed.
     type Disk: Default;
+    /// A server, honest or Byzantine.
+    type Server: Replica<Request = Self::Request, Reply = Self::Response, Change = Self::Change>;
+    /// A correct client's write.
+    type Write: Operation<Request = Self::Request, Reply = Self::Response, Output: Finish>;
+    /// A correct client's read.
+    type Read: Operation<Request = Self::Request, Reply = Self::Response, Output: Finish>;
 
     /// Which protocol this is: names it, and says how many servers a group of `f` has.
     const KIND: ClusterProtocol;
@@ -40,10 +49,13 @@ pub(super) trait Protocol: Sized {
     fn new(rng: &mut ChaCha8Rng, config: &SimConfig, swarm: &Swarm) -> Self;
 
     /// A fresh server `index` with `behaviour`, seeded with `seed` (shared by colluders).
-    fn server(&self, index: usize, behaviour: Behaviour, seed: u64) -> Box<dyn SimServer<Self>>;
+    fn server(&self, index: usize, behaviour: Behaviour, seed: u64) -> Self::Server;
 
     /// An honest server `index` rebuilt from its disk alone, as a restarted node is.
-    fn restore(&self, index: usize, disk: &Self::Disk, now: u64) -> Box<dyn SimServer<Self>>;
+    fn restore(&self, index: usize, disk: &Self::Disk, now: u64) -> Self::Server;
+
+    /// What the server sees of `storage`, as the node's actor shows it redb and its queue.
+    fn view(storage: &Storage<Self>) -> &<Self::Server as Replica>::View;
 
     /// Applies one committed change to a disk, in commit order.
     fn persist(disk: &mut Self::Disk, change: &Self::Change);
@@ -60,10 +72,10 @@ pub(super) trait Protocol: Sized {
         op: OpId,
         value: Option<Bytes>,
         rng: &mut ChaCha8Rng,
-    ) -> Box<dyn SimOp<Self>>;
+    ) -> Self::Write;
 
     /// A read of `key`.
-    fn read(&self, key: Key, op: OpId) -> Box<dyn SimOp<Self>>;
+    fn read(&self, key: Key, op: OpId) -> Self::Read;
 
     /// The operation a response answers.
     fn response_op(response: &Self::Response) -> OpId;
@@ -90,42 +102,63 @@ pub(super) trait Protocol: Sized {
     }
 }
 
-/// What a server (honest or not) did with one request.
-pub(super) struct Served<P: Protocol> {
-    /// Durable before `reply` leaves.
-    pub changes: Vec<P::Change>,
-    /// The reply, if any.
-    pub reply: Option<P::Response>,
-    /// The server refused the request.
-    pub refused: bool,
+/// One server's simulated storage: its disk, and the batches on their way to it.
+pub(super) struct Storage<P: Protocol> {
+    /// What survives a crash.
+    pub durable: P::Disk,
+    /// Batches not yet durable, oldest first.
+    committing: VecDeque<Commit<P>>,
 }
 
-/// A server as the world drives it.
-pub(super) trait SimServer<P: Protocol> {
-    /// Handles one request from `client`. `disk` and `pending` (oldest first) are what the node's
-    /// storage would hold: committed changes, then those waiting for their commit.
-    fn handle(
-        &mut self,
-        now: u64,
-        client: usize,
-        writer: bool,
-        request: P::Request,
-        disk: &P::Disk,
-        pending: Vec<&P::Change>,
-    ) -> Served<P>;
+/// A batch of changes on its way to the disk.
+struct Commit<P: Protocol> {
+    /// The sequencer's number for it.
+    batch: u64,
+    /// When its commit completes.
+    at: u64,
+    changes: Vec<P::Change>,
+}
 
-    /// Periodic work (garbage collection); the changes are persisted like a request's.
-    fn tick(&mut self, _now: u64) -> Vec<P::Change> {
-        Vec::new()
+impl<P: Protocol> Default for Storage<P> {
+    fn default() -> Self {
+        Storage {
+            durable: P::Disk::default(),
+            committing: VecDeque::new(),
+        }
     }
 }
 
-/// What a client operation says after an input.
-pub(super) enum OpStep<R> {
-    /// Send these (possibly nothing) and keep waiting.
-    Continue(Vec<(Slot, R)>),
-    /// The operation ended.
-    Done(Result<Finished, String>),
+impl<P: Protocol> Storage<P> {
+    /// Changes handled but not yet durable, oldest first.
+    pub fn pending(&self) -> impl DoubleEndedIterator<Item = &P::Change> {
+        self.committing.iter().flat_map(|commit| &commit.changes)
+    }
+
+    /// Queues batch `batch` to commit at `at` (never before an earlier batch).
+    pub(super) fn submit(&mut self, batch: u64, at: u64, changes: Vec<P::Change>) {
+        self.committing.push_back(Commit { batch, at, changes });
+    }
+
+    /// Commits every batch due by `now`; returns the last one and the changes applied.
+    pub(super) fn commit_due(&mut self, now: u64) -> Option<(u64, u64)> {
+        let mut done = None;
+        let mut applied = 0;
+        while let Some(commit) = self.committing.pop_front_if(|c| c.at <= now) {
+            for change in &commit.changes {
+                P::persist(&mut self.durable, change);
+            }
+            applied += commit.changes.len() as u64;
+            done = Some(commit.batch);
+        }
+        done.map(|batch| (batch, applied))
+    }
+
+    /// A crash: every batch not yet durable is lost. Returns how many.
+    pub(super) fn crash(&mut self) -> usize {
+        let lost = self.committing.len();
+        self.committing.clear();
+        lost
+    }
 }
 
 /// A completed operation, as the history and the counters need it.
@@ -142,14 +175,10 @@ pub(super) struct Finished {
     pub restarts: u32,
 }
 
-/// A correct client's operation as the world drives it.
-pub(super) trait SimOp<P: Protocol> {
-    /// The first round.
-    fn start(&mut self) -> Vec<(Slot, P::Request)>;
-    /// The current round again, to every server that has not answered it.
-    fn retransmit(&self) -> Vec<(Slot, P::Request)>;
-    /// Feeds one response.
-    fn on_response(&mut self, from: Slot, response: P::Response) -> OpStep<P::Request>;
+/// What an operation's result means to the history and the counters.
+pub(super) trait Finish {
+    /// The result, in the world's terms.
+    fn finish(self) -> Finished;
 }
 
 /// A Byzantine reader: makes up requests and learns from the replies it gets.

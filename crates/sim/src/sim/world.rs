@@ -22,18 +22,18 @@
 
 use super::RunStats;
 use super::config::SimConfig;
-use super::protocol::{Attacker, Finished, OpStep, Protocol, SimOp, SimServer};
+use super::protocol::{Attacker, Finish, Finished, Protocol, Storage};
 use super::swarm::Swarm;
 use crate::byzantine::Behaviour;
 use crate::checker::{History, Op, OpKind, Outcome as OpOutcome};
-use bulwark_core::{Key, Slot};
-use bulwark_protocol::machine::Sequencer;
+use bulwark_core::{ClientId, Key, Slot, Time};
+use bulwark_protocol::machine::{Access, Operation, Progress, Replica, Sequencer};
 use bulwark_protocol::round::OpId;
 use bytes::Bytes;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::cmp::Ordering;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::BinaryHeap;
 
 /// How often the nemesis considers injecting a fault, and the watchdog checks deadlines.
 const NEMESIS_TICK_MILLIS: u64 = 20;
@@ -169,25 +169,14 @@ impl<P: Protocol> Ord for Scheduled<P> {
     }
 }
 
-/// A batch of changes on its way to a server's simulated disk.
-struct Commit<P: Protocol> {
-    /// The sequencer's number for it.
-    batch: u64,
-    /// When its commit completes.
-    at: u64,
-    changes: Vec<P::Change>,
-}
-
 struct ServerSlot<P: Protocol> {
     behaviour: Behaviour,
     /// `None` while crashed.
-    logic: Option<Box<dyn SimServer<P>>>,
-    durable: P::Disk,
-    /// Changes applied to `durable` so far, for statistics.
+    logic: Option<P::Server>,
+    storage: Storage<P>,
+    /// Changes that became durable so far, for statistics.
     applied: u64,
-    /// Batches not yet durable, oldest first.
-    committing: VecDeque<Commit<P>>,
-    /// What waits for `committing` to become durable before it leaves.
+    /// What waits for `storage` to become durable before it leaves.
     sequencer: Sequencer<Packet<P>>,
     /// When the last submitted batch commits; later ones never overtake it.
     release_at: u64,
@@ -201,8 +190,52 @@ enum Role {
     Attacker,
 }
 
+/// A correct client's operation: the world drives both kinds through [`Operation`].
+enum ClientOp<P: Protocol> {
+    Write(P::Write),
+    Read(P::Read),
+}
+
+/// What an operation says after a reply, in the world's terms.
+enum OpStep<R> {
+    Continue(Vec<(Slot, R)>),
+    Done(Result<Finished, String>),
+}
+
+impl<P: Protocol> ClientOp<P> {
+    fn start(&mut self) -> Vec<(Slot, P::Request)> {
+        match self {
+            ClientOp::Write(op) => op.start(),
+            ClientOp::Read(op) => op.start(),
+        }
+    }
+
+    fn on_timeout(&mut self) -> Vec<(Slot, P::Request)> {
+        match self {
+            ClientOp::Write(op) => op.on_timeout(),
+            ClientOp::Read(op) => op.on_timeout(),
+        }
+    }
+
+    fn on_reply(&mut self, from: Slot, reply: P::Response) -> OpStep<P::Request> {
+        match self {
+            ClientOp::Write(op) => step(op.on_reply(from, reply)),
+            ClientOp::Read(op) => step(op.on_reply(from, reply)),
+        }
+    }
+}
+
+fn step<O: Operation<Output: Finish>>(progress: Progress<O>) -> OpStep<O::Request> {
+    match progress {
+        Progress::Send(sends) => OpStep::Continue(sends),
+        Progress::Done(result) => {
+            OpStep::Done(result.map(Finish::finish).map_err(|e| e.to_string()))
+        }
+    }
+}
+
 struct Running<P: Protocol> {
-    machine: Box<dyn SimOp<P>>,
+    machine: ClientOp<P>,
     writes: bool,
     op: OpId,
     record: usize,
@@ -283,9 +316,8 @@ impl<'a, P: Protocol> World<'a, P> {
                 ServerSlot {
                     behaviour,
                     logic: Some(logic),
-                    durable: P::Disk::default(),
+                    storage: Storage::default(),
                     applied: 0,
-                    committing: VecDeque::new(),
                     sequencer: Sequencer::default(),
                     release_at: 0,
                     incarnation: 0,
@@ -525,9 +557,13 @@ impl<'a, P: Protocol> World<'a, P> {
             return;
         };
         self.stats.delivered += 1;
-        let pending = slot.committing.iter().flat_map(|c| &c.changes).collect();
-        let handled = logic.handle(now, client, writer, request, &slot.durable, pending);
-        if handled.refused {
+        let access = Access {
+            write: writer,
+            read: true,
+        };
+        let from = ClientId(client as u32);
+        let handled = logic.on_request(Time(now), from, access, request, P::view(&slot.storage));
+        if handled.refused.is_some() {
             self.stats.refusals += 1;
         }
         let replied = handled.reply.is_some();
@@ -553,7 +589,7 @@ impl<'a, P: Protocol> World<'a, P> {
         let at = (self.now + persist).max(slot.release_at);
         slot.release_at = at;
         let batch = slot.sequencer.submit();
-        slot.committing.push_back(Commit { batch, at, changes });
+        slot.storage.submit(batch, at, changes);
         let ready = reply.and_then(|packet| slot.sequencer.send(packet));
         let incarnation = slot.incarnation;
         self.schedule(
@@ -574,17 +610,10 @@ impl<'a, P: Protocol> World<'a, P> {
         if slot.incarnation != incarnation || slot.logic.is_none() {
             return;
         }
-        let mut durable = None;
-        while let Some(commit) = slot.committing.pop_front_if(|c| c.at <= self.now) {
-            for change in &commit.changes {
-                P::persist(&mut slot.durable, change);
-            }
-            slot.applied += commit.changes.len() as u64;
-            durable = Some(commit.batch);
-        }
-        let Some(batch) = durable else {
+        let Some((batch, applied)) = slot.storage.commit_due(self.now) else {
             return;
         };
+        slot.applied += applied;
         let released = slot.sequencer.durable(batch);
         for packet in released {
             self.transmit(packet);
@@ -594,7 +623,7 @@ impl<'a, P: Protocol> World<'a, P> {
     fn tick(&mut self, server: usize) {
         let now = self.now;
         if let Some(logic) = self.servers[server].logic.as_mut() {
-            let changes = logic.tick(now);
+            let changes = logic.on_tick(Time(now)).changes;
             if !changes.is_empty() {
                 self.log(|| format!("s{server} gc: {} changes", changes.len()));
                 self.enqueue(server, changes, None);
@@ -634,7 +663,7 @@ impl<'a, P: Protocol> World<'a, P> {
         if running.op != P::response_op(&response) {
             return;
         }
-        match running.machine.on_response(node, response) {
+        match running.machine.on_reply(node, response) {
             OpStep::Continue(sends) if sends.is_empty() => {}
             OpStep::Continue(sends) => self.next_round(client, sends),
             OpStep::Done(result) => self.completed(client, result),
@@ -806,9 +835,12 @@ impl<'a, P: Protocol> World<'a, P> {
             let write = self
                 .protocol
                 .write(client, key.clone(), op, value, &mut self.rng);
-            (write, kind)
+            (ClientOp::Write(write), kind)
         } else {
-            (self.protocol.read(key.clone(), op), OpKind::Read)
+            (
+                ClientOp::Read(self.protocol.read(key.clone(), op)),
+                OpKind::Read,
+            )
         };
         let sends = machine.start();
         self.stats.ops_invoked += 1;
@@ -890,10 +922,10 @@ impl<'a, P: Protocol> World<'a, P> {
         if !slot.up || slot.incarnation != incarnation {
             return;
         }
-        let Some(running) = slot.running.as_ref().filter(|r| r.op == op) else {
+        let Some(running) = self.clients[client].running.as_mut().filter(|r| r.op == op) else {
             return;
         };
-        let sends = running.machine.retransmit();
+        let sends = running.machine.on_timeout();
         self.stats.retransmitted += sends.len() as u64;
         self.send_requests(client, sends);
         let interval = self.retransmit_interval();
@@ -1047,9 +1079,8 @@ impl<'a, P: Protocol> World<'a, P> {
         }
         let server = candidates[self.rng.random_range(0..candidates.len())];
         let slot = &mut self.servers[server];
-        let lost = slot.committing.len();
+        let lost = slot.storage.crash();
         slot.logic = None;
-        slot.committing.clear();
         slot.sequencer = Sequencer::default();
         slot.release_at = 0;
         slot.incarnation += 1;
@@ -1072,8 +1103,8 @@ impl<'a, P: Protocol> World<'a, P> {
         if slot.logic.is_some() || slot.incarnation != incarnation {
             return;
         }
-        slot.logic = Some(self.protocol.restore(server, &slot.durable, now));
-        let versions = P::disk_versions(&slot.durable);
+        slot.logic = Some(self.protocol.restore(server, &slot.storage.durable, now));
+        let versions = P::disk_versions(&slot.storage.durable);
         self.log(|| format!("s{server} restarted with {versions} durable versions"));
     }
 
