@@ -32,7 +32,12 @@ pub(super) trait Protocol: Sized {
     /// One server's simulated disk: the changes whose persistence completed.
     type Disk: Default;
     /// A server, honest or Byzantine.
-    type Server: Replica<Request = Self::Request, Reply = Self::Response, Change = Self::Change>;
+    type Server: Replica<
+            Request = Self::Request,
+            Reply = Self::Response,
+            Change = Self::Change,
+            Message: Clone,
+        >;
     /// A correct client's write.
     type Write: Operation<Request = Self::Request, Reply = Self::Response, Output: Finish>;
     /// A correct client's read.
@@ -91,6 +96,11 @@ pub(super) trait Protocol: Sized {
 
     /// One line describing a response, for the trace.
     fn describe_response(response: &Self::Response) -> String;
+
+    /// One line describing a message between servers, for the trace.
+    fn describe_message(_message: &<Self::Server as Replica>::Message) -> String {
+        String::new()
+    }
 
     /// Counts what a new round of a correct client carries (PoWerStore counts §4.8(a) twins).
     fn count_round(_first: &Self::Request, _stats: &mut RunStats) {}

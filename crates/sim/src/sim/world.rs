@@ -27,13 +27,13 @@ use super::swarm::Swarm;
 use crate::byzantine::Behaviour;
 use crate::checker::{History, Op, OpKind, Outcome as OpOutcome};
 use bulwark_core::{ClientId, Key, Slot, Time};
-use bulwark_protocol::machine::{Access, Operation, Progress, Replica, Sequencer};
+use bulwark_protocol::machine::{Access, Operation, Output, Progress, Replica, Sequencer, TimerId};
 use bulwark_protocol::round::OpId;
 use bytes::Bytes;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::cmp::Ordering;
-use std::collections::BinaryHeap;
+use std::collections::{BTreeMap, BinaryHeap};
 
 /// How often the nemesis considers injecting a fault, and the watchdog checks deadlines.
 const NEMESIS_TICK_MILLIS: u64 = 20;
@@ -69,47 +69,83 @@ pub(super) fn simulate<P: Protocol>(seed: u64, config: &SimConfig) -> (Swarm, Ou
     (swarm, world.finish())
 }
 
+/// A process: servers and clients share one address space, so any may send to any.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Process {
+    Server(usize),
+    Client(usize),
+}
+
+impl std::fmt::Display for Process {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Process::Server(index) => write!(f, "s{index}"),
+            Process::Client(index) => write!(f, "c{index}"),
+        }
+    }
+}
+
+/// What a packet carries.
+enum Body<P: Protocol> {
+    /// A client's request to a server.
+    Request(P::Request),
+    /// A server's reply to a client.
+    Response(P::Response),
+    /// A message between servers of the group.
+    Message(Message<P>),
+}
+
+type Message<P> = <<P as Protocol>::Server as Replica>::Message;
+
 /// A message in flight.
-enum Packet<P: Protocol> {
-    ToServer {
-        server: usize,
-        client: usize,
-        request: P::Request,
-    },
-    ToClient {
-        client: usize,
-        server: usize,
-        response: P::Response,
-    },
+struct Packet<P: Protocol> {
+    from: Process,
+    to: Process,
+    body: Body<P>,
 }
 
 impl<P: Protocol> Clone for Packet<P> {
     fn clone(&self) -> Self {
-        match self {
-            Packet::ToServer {
-                server,
-                client,
-                request,
-            } => Packet::ToServer {
-                server: *server,
-                client: *client,
-                request: request.clone(),
-            },
-            Packet::ToClient {
-                client,
-                server,
-                response,
-            } => Packet::ToClient {
-                client: *client,
-                server: *server,
-                response: response.clone(),
-            },
+        let body = match &self.body {
+            Body::Request(request) => Body::Request(request.clone()),
+            Body::Response(response) => Body::Response(response.clone()),
+            Body::Message(message) => Body::Message(message.clone()),
+        };
+        Packet {
+            from: self.from,
+            to: self.to,
+            body,
+        }
+    }
+}
+
+impl<P: Protocol> Packet<P> {
+    fn to_server(client: usize, server: usize, request: P::Request) -> Self {
+        Packet {
+            from: Process::Client(client),
+            to: Process::Server(server),
+            body: Body::Request(request),
+        }
+    }
+
+    /// The server at one end (the sender when both are), whose behaviour may bend delays.
+    fn server(&self) -> Option<usize> {
+        match (self.from, self.to) {
+            (Process::Server(server), _) | (_, Process::Server(server)) => Some(server),
+            (Process::Client(_), Process::Client(_)) => None,
         }
     }
 }
 
 enum Event<P: Protocol> {
     Deliver(Box<Packet<P>>),
+    /// A timer a server set; `generation` tells a moved timer's stale event from its live one.
+    Timer {
+        server: usize,
+        incarnation: u32,
+        timer: TimerId,
+        generation: u64,
+    },
     /// The head of a server's persistence queue may be durable now.
     Release {
         server: usize,
@@ -180,6 +216,9 @@ struct ServerSlot<P: Protocol> {
     sequencer: Sequencer<Packet<P>>,
     /// When the last submitted batch commits; later ones never overtake it.
     release_at: u64,
+    /// Timers set and not yet fired, with the generation of their latest setting. A crash
+    /// clears them: a restarted replica starts with none.
+    timers: BTreeMap<TimerId, u64>,
     incarnation: u32,
 }
 
@@ -253,10 +292,25 @@ struct ClientSlot<P: Protocol> {
     attacker: Option<Box<dyn Attacker<P>>>,
 }
 
+/// `servers` are cut off from `clients` and from every server outside `servers`.
 struct Partition {
     id: u64,
     servers: Vec<bool>,
     clients: Vec<bool>,
+}
+
+impl Partition {
+    fn cuts(&self, a: Process, b: Process) -> bool {
+        let server = |i: usize| self.servers.get(i) == Some(&true);
+        let client = |i: usize| self.clients.get(i) == Some(&true);
+        match (a, b) {
+            (Process::Server(s), Process::Client(c)) | (Process::Client(c), Process::Server(s)) => {
+                server(s) && client(c)
+            }
+            (Process::Server(x), Process::Server(y)) => server(x) != server(y),
+            (Process::Client(_), Process::Client(_)) => false,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -320,6 +374,7 @@ impl<'a, P: Protocol> World<'a, P> {
                     applied: 0,
                     sequencer: Sequencer::default(),
                     release_at: 0,
+                    timers: BTreeMap::new(),
                     incarnation: 0,
                 }
             })
@@ -437,18 +492,13 @@ impl<'a, P: Protocol> World<'a, P> {
 
     fn dispatch(&mut self, event: Event<P>) {
         match event {
-            Event::Deliver(packet) => match *packet {
-                Packet::ToServer {
-                    server,
-                    client,
-                    request,
-                } => self.deliver_request(server, client, request),
-                Packet::ToClient {
-                    client,
-                    server,
-                    response,
-                } => self.deliver_response(client, server, response),
-            },
+            Event::Deliver(packet) => self.deliver(*packet),
+            Event::Timer {
+                server,
+                incarnation,
+                timer,
+                generation,
+            } => self.fire(server, incarnation, timer, generation),
             Event::Release {
                 server,
                 incarnation,
@@ -492,13 +542,13 @@ impl<'a, P: Protocol> World<'a, P> {
             return self.rng.random_range(1..=max.max(1));
         }
         let mut delay = self.rng.random_range(1..=self.swarm.delay_max.max(1));
-        let server = match packet {
-            Packet::ToServer { server, .. } | Packet::ToClient { server, .. } => *server,
-        };
-        let favoured = self.swarm.favour_byzantine && self.servers[server].behaviour.is_byzantine();
-        let tail = match (packet, self.swarm.tail_by_request) {
+        let favoured = self.swarm.favour_byzantine
+            && packet
+                .server()
+                .is_some_and(|server| self.servers[server].behaviour.is_byzantine());
+        let tail = match (&packet.body, self.swarm.tail_by_request) {
             _ if favoured => 0.0,
-            (Packet::ToServer { request, .. }, Some(tails)) => {
+            (Body::Request(request), Some(tails)) => {
                 tails[P::request_kind(request).min(tails.len() - 1)]
             }
             _ => self.swarm.tail_probability,
@@ -528,26 +578,35 @@ impl<'a, P: Protocol> World<'a, P> {
 
     fn send_requests(&mut self, client: usize, sends: Vec<(Slot, P::Request)>) {
         for (node, request) in sends {
-            let server = node.index();
-            self.transmit(Packet::ToServer {
-                server,
-                client,
-                request,
-            });
+            self.transmit(Packet::to_server(client, node.index(), request));
         }
     }
 
-    fn cut(&self, server: usize, client: usize) -> bool {
-        self.partitions
+    fn deliver(&mut self, packet: Packet<P>) {
+        if self
+            .partitions
             .iter()
-            .any(|p| p.servers.get(server) == Some(&true) && p.clients.get(client) == Some(&true))
-    }
-
-    fn deliver_request(&mut self, server: usize, client: usize, request: P::Request) {
-        if self.cut(server, client) {
+            .any(|p| p.cuts(packet.from, packet.to))
+        {
             self.stats.partitioned += 1;
             return;
         }
+        match (packet.from, packet.to, packet.body) {
+            (Process::Client(client), Process::Server(server), Body::Request(request)) => {
+                self.deliver_request(server, client, request)
+            }
+            (Process::Server(server), Process::Client(client), Body::Response(response)) => {
+                self.deliver_response(client, server, response)
+            }
+            (Process::Server(from), Process::Server(to), Body::Message(message)) => {
+                self.deliver_message(to, from, message)
+            }
+            // The world only builds the three shapes above.
+            _ => {}
+        }
+    }
+
+    fn deliver_request(&mut self, server: usize, client: usize, request: P::Request) {
         let writer = self.clients[client].role == Role::Writer;
         let now = self.now;
         let description = self.trace.is_some().then(|| P::describe_request(&request));
@@ -574,23 +633,106 @@ impl<'a, P: Protocol> World<'a, P> {
                 if replied { "" } else { " (no reply)" }
             )
         });
-        let reply = handled.reply.map(|response| Packet::ToClient {
-            client,
-            server,
-            response,
-        });
-        self.enqueue(server, handled.changes, reply);
+        // A request is always a batch, even one that changed and said nothing: the server
+        // took it in, and that takes the actor a commit's time.
+        self.effects(server, handled, Some(client), true);
     }
 
-    /// Submits changes as one batch and queues `reply` behind it (see the module docs).
-    fn enqueue(&mut self, server: usize, changes: Vec<P::Change>, reply: Option<Packet<P>>) {
+    fn deliver_message(&mut self, server: usize, from: usize, message: Message<P>) {
+        let now = self.now;
+        let description = self.trace.is_some().then(|| P::describe_message(&message));
+        let slot = &mut self.servers[server];
+        let Some(logic) = slot.logic.as_mut() else {
+            self.stats.to_crashed += 1;
+            return;
+        };
+        self.stats.delivered += 1;
+        let handled = logic.on_message(
+            Time(now),
+            Slot(from as u32),
+            message,
+            P::view(&slot.storage),
+        );
+        self.log(|| format!("s{from} -> s{server} {}", description.unwrap_or_default()));
+        self.effects(server, handled, None, false);
+    }
+
+    fn fire(&mut self, server: usize, incarnation: u32, timer: TimerId, generation: u64) {
+        let now = self.now;
+        let slot = &mut self.servers[server];
+        if slot.incarnation != incarnation || slot.timers.get(&timer) != Some(&generation) {
+            return;
+        }
+        slot.timers.remove(&timer);
+        let Some(logic) = slot.logic.as_mut() else {
+            return;
+        };
+        let handled = logic.on_timer(Time(now), timer, P::view(&slot.storage));
+        self.effects(server, handled, None, false);
+    }
+
+    /// Carries out what a server asked for after one input: timers at once; its changes as one
+    /// batch, with the reply (to `client`) and peer messages held until it is durable. An input
+    /// other than a request that has nothing to persist or send costs no batch.
+    fn effects(
+        &mut self,
+        server: usize,
+        output: Output<P::Server>,
+        client: Option<usize>,
+        request: bool,
+    ) {
+        let incarnation = self.servers[server].incarnation;
+        for (timer, at) in output.timers {
+            // The sequence number `schedule` is about to give the event: unique, so a timer set
+            // again makes its earlier event stale.
+            let generation = self.seq + 1;
+            self.servers[server].timers.insert(timer, generation);
+            self.schedule(
+                at.0.saturating_sub(self.now),
+                Event::Timer {
+                    server,
+                    incarnation,
+                    timer,
+                    generation,
+                },
+            );
+        }
+        let quiet = output.changes.is_empty() && output.reply.is_none() && output.sends.is_empty();
+        if quiet && !request {
+            return;
+        }
+        let reply = output.reply.zip(client).map(|(response, client)| Packet {
+            from: Process::Server(server),
+            to: Process::Client(client),
+            body: Body::Response(response),
+        });
+        let n = self.servers.len();
+        // A slot outside the group names nobody: the message goes nowhere.
+        let sends = output
+            .sends
+            .into_iter()
+            .filter(|(slot, _)| slot.index() < n)
+            .map(|(slot, message)| Packet {
+                from: Process::Server(server),
+                to: Process::Server(slot.index()),
+                body: Body::Message(message),
+            });
+        let packets: Vec<Packet<P>> = reply.into_iter().chain(sends).collect();
+        self.enqueue(server, output.changes, packets);
+    }
+
+    /// Submits changes as one batch and queues `packets` behind it (see the module docs).
+    fn enqueue(&mut self, server: usize, changes: Vec<P::Change>, packets: Vec<Packet<P>>) {
         let persist = self.rng.random_range(0..=self.swarm.persist_max);
         let slot = &mut self.servers[server];
         let at = (self.now + persist).max(slot.release_at);
         slot.release_at = at;
         let batch = slot.sequencer.submit();
         slot.storage.submit(batch, at, changes);
-        let ready = reply.and_then(|packet| slot.sequencer.send(packet));
+        let ready: Vec<Packet<P>> = packets
+            .into_iter()
+            .filter_map(|packet| slot.sequencer.send(packet))
+            .collect();
         let incarnation = slot.incarnation;
         self.schedule(
             at - self.now,
@@ -599,7 +741,7 @@ impl<'a, P: Protocol> World<'a, P> {
                 incarnation,
             },
         );
-        if let Some(packet) = ready {
+        for packet in ready {
             self.transmit(packet);
         }
     }
@@ -623,11 +765,12 @@ impl<'a, P: Protocol> World<'a, P> {
     fn tick(&mut self, server: usize) {
         let now = self.now;
         if let Some(logic) = self.servers[server].logic.as_mut() {
-            let changes = logic.on_tick(Time(now)).changes;
-            if !changes.is_empty() {
-                self.log(|| format!("s{server} gc: {} changes", changes.len()));
-                self.enqueue(server, changes, None);
+            let output = logic.on_tick(Time(now));
+            if !output.changes.is_empty() {
+                let changes = output.changes.len();
+                self.log(|| format!("s{server} gc: {changes} changes"));
             }
+            self.effects(server, output, None, false);
         }
         let interval = self.swarm.tick_millis.max(1);
         self.schedule(interval, Event::Tick { server });
@@ -637,10 +780,6 @@ impl<'a, P: Protocol> World<'a, P> {
     // Correct clients
 
     fn deliver_response(&mut self, client: usize, server: usize, response: P::Response) {
-        if self.cut(server, client) {
-            self.stats.partitioned += 1;
-            return;
-        }
         if !self.clients[client].up {
             self.stats.to_crashed += 1;
             return;
@@ -991,11 +1130,7 @@ impl<'a, P: Protocol> World<'a, P> {
         };
         self.stats.attacks += 1;
         for (server, request) in sends {
-            self.transmit(Packet::ToServer {
-                server,
-                client,
-                request,
-            });
+            self.transmit(Packet::to_server(client, server, request));
         }
         let pause = self.rng.random_range(5..=150);
         self.schedule(pause, Event::Attack { client });
@@ -1081,6 +1216,7 @@ impl<'a, P: Protocol> World<'a, P> {
         let slot = &mut self.servers[server];
         let lost = slot.storage.crash();
         slot.logic = None;
+        slot.timers.clear();
         slot.sequencer = Sequencer::default();
         slot.release_at = 0;
         slot.incarnation += 1;
@@ -1229,16 +1365,10 @@ fn indexes(members: &[bool], prefix: &str) -> String {
 }
 
 fn describe_packet<P: Protocol>(packet: &Packet<P>) -> String {
-    match packet {
-        Packet::ToServer {
-            server,
-            client,
-            request,
-        } => format!("c{client} -> s{server} {}", P::describe_request(request)),
-        Packet::ToClient {
-            client,
-            server,
-            response,
-        } => format!("s{server} -> c{client} {}", P::describe_response(response)),
-    }
+    let description = match &packet.body {
+        Body::Request(request) => P::describe_request(request),
+        Body::Response(response) => P::describe_response(response),
+        Body::Message(message) => P::describe_message(message),
+    };
+    format!("{} -> {} {description}", packet.from, packet.to)
 }
