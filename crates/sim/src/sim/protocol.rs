@@ -1,5 +1,8 @@
 //! What the world needs of a protocol, so that one scheduler, one nemesis and one checker drive
 //! every protocol Bulwark has (DESIGN.md §2): M-PoWerStore, and the ABD and Phalanx baselines.
+//! The trait is public so that a service written elsewhere (the gossip service of the tests) runs
+//! in the same world, with a checker of its own ([`Protocol::check`], through
+//! [`super::run_service`]).
 //!
 //! A [`Protocol`] is built once per run from the seed's generator (its keys and configuration),
 //! then builds servers (honest or Byzantine), restores them from their simulated disk after a
@@ -13,7 +16,7 @@ use super::RunStats;
 use super::config::{FaultSet, SimConfig};
 use super::swarm::Swarm;
 use crate::byzantine::Behaviour;
-use bulwark_core::config::Protocol as ClusterProtocol;
+use crate::checker::{self, History, Report};
 use bulwark_core::{Key, Slot};
 use bulwark_protocol::machine::{Operation, Replica};
 use bulwark_protocol::round::OpId;
@@ -22,7 +25,7 @@ use rand_chacha::ChaCha8Rng;
 use std::collections::VecDeque;
 
 /// One protocol under simulation.
-pub(super) trait Protocol: Sized {
+pub trait Protocol: Sized {
     /// A client-to-server message.
     type Request: Clone + std::fmt::Debug;
     /// A server-to-client message.
@@ -43,8 +46,12 @@ pub(super) trait Protocol: Sized {
     /// A correct client's read.
     type Read: Operation<Request = Self::Request, Reply = Self::Response, Output: Finish>;
 
-    /// Which protocol this is: names it, and says how many servers a group of `f` has.
-    const KIND: ClusterProtocol;
+    /// After the last operation, how long the world keeps running (timers, peer traffic) before
+    /// it is judged: services that converge in the background need the time.
+    const SETTLE_MILLIS: u64 = 0;
+
+    /// How many servers a group tolerating `f` faults has.
+    fn nodes(f: usize) -> usize;
 
     /// The faults of `wanted` this protocol is built to survive: the swarm never places others.
     /// A crash-only protocol drops every Byzantine behaviour and Byzantine readers.
@@ -105,6 +112,12 @@ pub(super) trait Protocol: Sized {
     /// Counts what a new round of a correct client carries (PoWerStore counts §4.8(a) twins).
     fn count_round(_first: &Self::Request, _stats: &mut RunStats) {}
 
+    /// Judges a finished run: the history of correct clients' operations, and every server that
+    /// is correct and up at the end (`None` for the others). Registers must be linearizable.
+    fn check(&self, history: &History, _servers: &[Option<&Self::Server>]) -> Report {
+        checker::check(history)
+    }
+
     /// A Byzantine reader, for protocols that have a catalogue of them; the world asks only when
     /// the swarm placed attackers, which it does only if [`Protocol::tolerated`] kept them.
     fn attacker(&self, _seed: u64) -> Option<Box<dyn Attacker<Self>>> {
@@ -113,7 +126,7 @@ pub(super) trait Protocol: Sized {
 }
 
 /// One server's simulated storage: its disk, and the batches on their way to it.
-pub(super) struct Storage<P: Protocol> {
+pub struct Storage<P: Protocol> {
     /// What survives a crash.
     pub durable: P::Disk,
     /// Batches not yet durable, oldest first.
@@ -145,12 +158,12 @@ impl<P: Protocol> Storage<P> {
     }
 
     /// Queues batch `batch` to commit at `at` (never before an earlier batch).
-    pub(super) fn submit(&mut self, batch: u64, at: u64, changes: Vec<P::Change>) {
+    pub(in crate::sim) fn submit(&mut self, batch: u64, at: u64, changes: Vec<P::Change>) {
         self.committing.push_back(Commit { batch, at, changes });
     }
 
     /// Commits every batch due by `now`; returns the last one and the changes applied.
-    pub(super) fn commit_due(&mut self, now: u64) -> Option<(u64, u64)> {
+    pub(in crate::sim) fn commit_due(&mut self, now: u64) -> Option<(u64, u64)> {
         let mut done = None;
         let mut applied = 0;
         while let Some(commit) = self.committing.pop_front_if(|c| c.at <= now) {
@@ -164,7 +177,7 @@ impl<P: Protocol> Storage<P> {
     }
 
     /// A crash: every batch not yet durable is lost. Returns how many.
-    pub(super) fn crash(&mut self) -> usize {
+    pub(in crate::sim) fn crash(&mut self) -> usize {
         let lost = self.committing.len();
         self.committing.clear();
         lost
@@ -172,7 +185,7 @@ impl<P: Protocol> Storage<P> {
 }
 
 /// A completed operation, as the history and the counters need it.
-pub(super) struct Finished {
+pub struct Finished {
     /// For a read, what it returned (`None`: not found); `None` for a write.
     pub read: Option<Option<Bytes>>,
     /// The version written or read, for the trace.
@@ -186,13 +199,13 @@ pub(super) struct Finished {
 }
 
 /// What an operation's result means to the history and the counters.
-pub(super) trait Finish {
+pub trait Finish {
     /// The result, in the world's terms.
     fn finish(self) -> Finished;
 }
 
 /// A Byzantine reader: makes up requests and learns from the replies it gets.
-pub(super) trait Attacker<P: Protocol> {
+pub trait Attacker<P: Protocol> {
     /// The next attack on `key`, as `op`: the servers to send to and the request for each.
     fn attack(&mut self, key: &Key, op: OpId, rng: &mut ChaCha8Rng) -> Vec<(usize, P::Request)>;
     /// A reply to one of its requests.

@@ -25,7 +25,7 @@ use super::config::SimConfig;
 use super::protocol::{Attacker, Finish, Finished, Protocol, Storage};
 use super::swarm::Swarm;
 use crate::byzantine::Behaviour;
-use crate::checker::{History, Op, OpKind, Outcome as OpOutcome};
+use crate::checker::{History, Op, OpKind, Outcome as OpOutcome, Report};
 use bulwark_core::{ClientId, Key, Slot, Time};
 use bulwark_protocol::machine::{Access, Operation, Output, Progress, Replica, Sequencer, TimerId};
 use bulwark_protocol::round::OpId;
@@ -48,6 +48,7 @@ const LARGE_VALUE_BYTES_MAX: usize = 12_000;
 /// What the world hands back to [`super::run`].
 pub(super) struct Outcome {
     pub history: History,
+    pub report: Report,
     pub liveness_violations: Vec<String>,
     pub other_violations: Vec<String>,
     pub stats: RunStats,
@@ -350,7 +351,7 @@ struct World<'a, P: Protocol> {
 impl<'a, P: Protocol> World<'a, P> {
     fn new(seed: u64, config: &'a SimConfig) -> World<'a, P> {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let n = P::KIND.nodes(config.f);
+        let n = P::nodes(config.f);
         let faults = P::tolerated(&config.faults);
         let swarm = Swarm::choose(&mut rng, config, n, &faults);
         let protocol = P::new(&mut rng, config, &swarm);
@@ -473,21 +474,27 @@ impl<'a, P: Protocol> World<'a, P> {
         self.schedule(cap, Event::Liveness);
     }
 
-    fn finished(&self) -> bool {
+    fn finished(&mut self) -> bool {
         if self.now >= self.hard_stop {
             return true;
         }
         let Phase::Liveness { .. } = self.phase else {
             return false;
         };
-        self.issued_liveness >= self.config.liveness_ops
+        let done = self.issued_liveness >= self.config.liveness_ops
             && self.clients.iter().all(|client| {
                 client.role == Role::Attacker
                     || client
                         .running
                         .as_ref()
                         .is_none_or(|running| running.flagged)
-            })
+            });
+        if done && P::SETTLE_MILLIS > 0 {
+            // Settle, then stop: the hard stop is the end either way.
+            self.hard_stop = self.hard_stop.min(self.now + P::SETTLE_MILLIS);
+            return false;
+        }
+        done
     }
 
     fn dispatch(&mut self, event: Event<P>) {
@@ -1339,8 +1346,19 @@ impl<'a, P: Protocol> World<'a, P> {
             self.stats.liveness_started_millis = since;
         }
         self.stats.durable_changes = self.servers.iter().map(|s| s.applied).sum();
+        let correct: Vec<Option<&P::Server>> = self
+            .servers
+            .iter()
+            .map(|s| {
+                s.logic
+                    .as_ref()
+                    .filter(|_| s.behaviour == Behaviour::Honest)
+            })
+            .collect();
+        let report = self.protocol.check(&self.history, &correct);
         Outcome {
             history: self.history,
+            report,
             liveness_violations: self.liveness_violations,
             other_violations: self.other_violations,
             stats: self.stats,
@@ -1371,4 +1389,27 @@ fn describe_packet<P: Protocol>(packet: &Packet<P>) -> String {
         Body::Message(message) => P::describe_message(message),
     };
     format!("{} -> {} {description}", packet.from, packet.to)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_partition_cuts_its_servers_from_its_clients_and_from_the_other_servers() {
+        let partition = Partition {
+            id: 0,
+            servers: vec![true, false, false],
+            clients: vec![true, false],
+        };
+        let (s, c) = (Process::Server, Process::Client);
+        assert!(partition.cuts(s(0), c(0)) && partition.cuts(c(0), s(0)));
+        assert!(
+            !partition.cuts(s(0), c(1)),
+            "a client outside the partition still reaches it"
+        );
+        assert!(!partition.cuts(s(1), c(0)));
+        assert!(partition.cuts(s(0), s(1)) && partition.cuts(s(2), s(0)));
+        assert!(!partition.cuts(s(1), s(2)), "servers on the same side talk");
+    }
 }

@@ -43,7 +43,9 @@ impl Protocol for PowerStore {
     type Write = WriteOp;
     type Read = ReadOp;
 
-    const KIND: ClusterProtocol = ClusterProtocol::PowerStore;
+    fn nodes(f: usize) -> usize {
+        ClusterProtocol::PowerStore.nodes(f)
+    }
 
     fn tolerated(wanted: &FaultSet) -> FaultSet {
         wanted.clone()
@@ -51,7 +53,7 @@ impl Protocol for PowerStore {
 
     fn new(rng: &mut ChaCha8Rng, config: &SimConfig, swarm: &Swarm) -> PowerStore {
         let f = config.f;
-        let n = Self::KIND.nodes(f);
+        let n = Self::nodes(f);
         let server_keys: Vec<MacKey> = (0..n).map(|_| MacKey(rng.random())).collect();
         let writer_keys = Arc::new(WriterKeys {
             timestamp: MacKey(rng.random()),

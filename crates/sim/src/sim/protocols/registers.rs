@@ -153,7 +153,9 @@ impl Protocol for Abd {
     type Write = abd::WriteOp;
     type Read = abd::ReadOp;
 
-    const KIND: ClusterProtocol = ClusterProtocol::Abd;
+    fn nodes(f: usize) -> usize {
+        ClusterProtocol::Abd.nodes(f)
+    }
 
     /// ABD tolerates crashes, not lies: no Byzantine servers or readers.
     fn tolerated(wanted: &FaultSet) -> FaultSet {
@@ -256,7 +258,9 @@ impl Protocol for Phalanx {
     type Write = phalanx::WriteOp;
     type Read = phalanx::ReadOp;
 
-    const KIND: ClusterProtocol = ClusterProtocol::Phalanx;
+    fn nodes(f: usize) -> usize {
+        ClusterProtocol::Phalanx.nodes(f)
+    }
 
     /// Byzantine servers, but no catalogue of Byzantine readers: a reader can only write back a
     /// version some writer signed, which any correct reader might also do.
