@@ -724,22 +724,27 @@ impl<'a, P: Protocol> World<'a, P> {
                 to: Process::Server(slot.index()),
                 body: Body::Message(message),
             });
-        let packets: Vec<Packet<P>> = reply.into_iter().chain(sends).collect();
-        self.enqueue(server, output.changes, packets);
+        self.enqueue(server, output.changes, reply.into_iter().chain(sends));
     }
 
     /// Submits changes as one batch and queues `packets` behind it (see the module docs).
-    fn enqueue(&mut self, server: usize, changes: Vec<P::Change>, packets: Vec<Packet<P>>) {
+    fn enqueue(
+        &mut self,
+        server: usize,
+        changes: Vec<P::Change>,
+        packets: impl Iterator<Item = Packet<P>>,
+    ) {
         let persist = self.rng.random_range(0..=self.swarm.persist_max);
         let slot = &mut self.servers[server];
         let at = (self.now + persist).max(slot.release_at);
         slot.release_at = at;
         let batch = slot.sequencer.submit();
         slot.storage.submit(batch, at, changes);
-        let ready: Vec<Packet<P>> = packets
-            .into_iter()
-            .filter_map(|packet| slot.sequencer.send(packet))
-            .collect();
+        for packet in packets {
+            // Never ready at once: the batch just submitted is not durable yet.
+            let ready = slot.sequencer.send(packet);
+            debug_assert!(ready.is_none(), "a send overtook its batch");
+        }
         let incarnation = slot.incarnation;
         self.schedule(
             at - self.now,
@@ -748,9 +753,6 @@ impl<'a, P: Protocol> World<'a, P> {
                 incarnation,
             },
         );
-        for packet in ready {
-            self.transmit(packet);
-        }
     }
 
     /// Completes every commit due by now, then sends what they were holding back.
