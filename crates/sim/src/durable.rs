@@ -10,7 +10,7 @@
 
 use bulwark_core::{Key, MacKey, Time};
 use bulwark_protocol::powerstore::{
-    Candidate, Change, Fragments, Server, ServerConfig, StoredEntry, Timestamp,
+    Candidate, Change, Server, ServerConfig, StoredEntry, Timestamp,
 };
 use bytes::Bytes;
 use std::collections::BTreeMap;
@@ -79,6 +79,26 @@ impl DurableState {
         Some(entry.fragment.clone())
     }
 
+    /// The fragment of `Hist[ts]` of `key` as the server sees it: the last of `pending` (changes
+    /// handled but not yet committed, oldest first) to touch it, else the committed one.
+    pub fn fragment_after<'a>(
+        &self,
+        pending: impl DoubleEndedIterator<Item = &'a Change>,
+        key: &Key,
+        ts: &Timestamp,
+    ) -> Option<Bytes> {
+        for change in pending.rev() {
+            match change {
+                Change::PutHist { key: k, entry } if k == key && entry.ts == *ts => {
+                    return Some(entry.fragment.clone());
+                }
+                Change::DeleteHist { key: k, ts: t } if k == key && t == ts => return None,
+                _ => {}
+            }
+        }
+        self.fragment(key, ts)
+    }
+
     /// A fresh server holding exactly this disk's state, as the node builds one at start-up.
     pub fn restore(&self, config: ServerConfig, own_key: MacKey, now: Time) -> Server {
         let mut server = Server::new(config, own_key);
@@ -92,30 +112,6 @@ impl DurableState {
         }
         server.finish_restore(now);
         server
-    }
-}
-
-/// What a server sees of its storage while handling a request: the committed disk overlaid with
-/// changes handled but not yet durable (newest last), as the node's actor sees redb and its queue.
-pub struct StorageView<'a> {
-    /// The committed state.
-    pub durable: &'a DurableState,
-    /// Changes not yet committed, oldest first.
-    pub pending: Vec<&'a Change>,
-}
-
-impl Fragments for StorageView<'_> {
-    fn fragment(&self, key: &Key, ts: &Timestamp) -> Option<Bytes> {
-        for change in self.pending.iter().rev() {
-            match change {
-                Change::PutHist { key: k, entry } if k == key && entry.ts == *ts => {
-                    return Some(entry.fragment.clone());
-                }
-                Change::DeleteHist { key: k, ts: t } if k == key && t == ts => return None,
-                _ => {}
-            }
-        }
-        self.durable.fragment(key, ts)
     }
 }
 

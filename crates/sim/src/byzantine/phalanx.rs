@@ -7,7 +7,8 @@
 //! virtual time and forge the same version for the same key, so their lies agree.
 
 use super::{Behaviour, honest_prefix};
-use bulwark_core::{ClientId, Digest, Epoch, GroupId, Key, Slot, Time};
+use bulwark_core::{ClientId, Digest, Epoch, GroupId, Key, ServiceId, Slot, Time};
+use bulwark_protocol::machine::{Access, Never, Output, Replica, ReplicaStats};
 use bulwark_protocol::phalanx::{
     Change, Entry, Request, RequestBody, Response, ResponseBody, Server, SignedTimestamp,
     Timestamp, Writers,
@@ -231,5 +232,41 @@ fn corrupt_signed(signed: &mut SignedTimestamp, rng: &mut ChaCha8Rng) {
         signed.ts.num = signed.ts.num.wrapping_add(rng.random_range(1..1_000));
     } else {
         signed.signature = flip(&signed.signature, rng);
+    }
+}
+
+/// The simulator drives liars, like honest servers, through the one replica contract.
+impl Replica for PhalanxLiar {
+    const SERVICE: ServiceId = ServiceId::PHALANX;
+    type Request = Request;
+    type Reply = Response;
+    type Message = Never;
+    type Change = Change;
+    type View = ();
+
+    fn on_request(
+        &mut self,
+        now: Time,
+        client: ClientId,
+        access: Access,
+        request: Request,
+        _view: &(),
+    ) -> Output<Self> {
+        let (changes, reply) = self.handle(now, client, access.write, request);
+        // A liar's refusal is a refusal as far as the counters go.
+        let refused = match reply.as_ref().map(|r| &r.body) {
+            Some(ResponseBody::Refused(refusal)) => Some(refusal.to_string()),
+            _ => None,
+        };
+        Output {
+            changes,
+            reply,
+            refused,
+            ..Output::none()
+        }
+    }
+
+    fn stats(&self) -> ReplicaStats {
+        Replica::stats(&self.real)
     }
 }

@@ -17,7 +17,7 @@
 //! the async node and client shells (that is turmoil's job) or model disk corruption.
 
 pub mod config;
-mod protocol;
+pub mod protocol;
 mod protocols;
 pub mod swarm;
 mod world;
@@ -182,19 +182,23 @@ impl RunResult {
     }
 }
 
-/// Runs one seed.
+/// Runs one seed of `config.protocol`.
 pub fn run(seed: u64, config: &SimConfig) -> RunResult {
-    let (swarm, outcome) = match config.protocol {
-        Protocol::PowerStore => world::simulate::<protocols::powerstore::PowerStore>(seed, config),
-        Protocol::Abd => world::simulate::<protocols::registers::Abd>(seed, config),
-        Protocol::Phalanx => world::simulate::<protocols::registers::Phalanx>(seed, config),
-    };
-    let report = checker::check(&outcome.history);
+    match config.protocol {
+        Protocol::PowerStore => run_service::<protocols::powerstore::PowerStore>(seed, config),
+        Protocol::Abd => run_service::<protocols::registers::Abd>(seed, config),
+        Protocol::Phalanx => run_service::<protocols::registers::Phalanx>(seed, config),
+    }
+}
+
+/// Runs one seed of service `S`, judged by its own checker (`config.protocol` is ignored).
+pub fn run_service<S: protocol::Protocol>(seed: u64, config: &SimConfig) -> RunResult {
+    let (swarm, outcome) = world::simulate::<S>(seed, config);
     RunResult {
         seed,
         swarm: swarm.describe(),
         history: outcome.history,
-        report,
+        report: outcome.report,
         liveness_violations: outcome.liveness_violations,
         other_violations: outcome.other_violations,
         stats: outcome.stats,
@@ -251,6 +255,19 @@ impl SweepSummary {
 /// Runs every seed in `seeds` over `threads` threads and summarises. A panic inside a run is a
 /// violation of that seed, not the end of the sweep.
 pub fn sweep(seeds: Range<u64>, config: &SimConfig, threads: usize) -> SweepSummary {
+    sweep_with(seeds, config, threads, run)
+}
+
+/// [`sweep`] for service `S`.
+pub fn sweep_service<S: protocol::Protocol>(
+    seeds: Range<u64>,
+    config: &SimConfig,
+    threads: usize,
+) -> SweepSummary {
+    sweep_with(seeds, config, threads, run_service::<S>)
+}
+
+fn sweep_with(seeds: Range<u64>, config: &SimConfig, threads: usize, run: Runner) -> SweepSummary {
     let started = Instant::now();
     let quiet = SimConfig {
         trace: false,
@@ -266,7 +283,7 @@ pub fn sweep(seeds: Range<u64>, config: &SimConfig, threads: usize) -> SweepSumm
                     if seed >= seeds.end {
                         break;
                     }
-                    let verdict = judge(seed, &quiet);
+                    let verdict = judge(seed, &quiet, run);
                     if let Ok(mut results) = results.lock() {
                         results.push(verdict);
                     }
@@ -310,6 +327,27 @@ pub struct FirstFailure {
 /// seed: workers only skip seeds above a failure already found, so the answer does not depend on
 /// thread timing.
 pub fn first_failure(seeds: Range<u64>, config: &SimConfig, threads: usize) -> FirstFailure {
+    first_failure_with(seeds, config, threads, run)
+}
+
+/// [`first_failure`] for service `S`.
+pub fn first_failure_service<S: protocol::Protocol>(
+    seeds: Range<u64>,
+    config: &SimConfig,
+    threads: usize,
+) -> FirstFailure {
+    first_failure_with(seeds, config, threads, run_service::<S>)
+}
+
+/// One seed's run, whichever service it is.
+type Runner = fn(u64, &SimConfig) -> RunResult;
+
+fn first_failure_with(
+    seeds: Range<u64>,
+    config: &SimConfig,
+    threads: usize,
+    run: Runner,
+) -> FirstFailure {
     let started = Instant::now();
     let quiet = SimConfig {
         trace: false,
@@ -326,7 +364,7 @@ pub fn first_failure(seeds: Range<u64>, config: &SimConfig, threads: usize) -> F
                     if seed >= seeds.end || seed > lowest_failure.load(Ordering::SeqCst) {
                         break;
                     }
-                    let verdict = judge(seed, &quiet);
+                    let verdict = judge(seed, &quiet, run);
                     if let Some(description) = verdict.failure {
                         lowest_failure.fetch_min(seed, Ordering::SeqCst);
                         if let Ok(mut failures) = failures.lock() {
@@ -362,7 +400,7 @@ struct SeedVerdict {
     failure: Option<String>,
 }
 
-fn judge(seed: u64, config: &SimConfig) -> SeedVerdict {
+fn judge(seed: u64, config: &SimConfig, run: Runner) -> SeedVerdict {
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(seed, config)));
     match outcome {
         Ok(result) => {

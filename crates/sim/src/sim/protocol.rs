@@ -1,25 +1,31 @@
 //! What the world needs of a protocol, so that one scheduler, one nemesis and one checker drive
 //! every protocol Bulwark has (DESIGN.md §2): M-PoWerStore, and the ABD and Phalanx baselines.
+//! The trait is public so that a service written elsewhere (the gossip service of the tests) runs
+//! in the same world, with a checker of its own ([`Protocol::check`], through
+//! [`super::run_service`]).
 //!
 //! A [`Protocol`] is built once per run from the seed's generator (its keys and configuration),
 //! then builds servers (honest or Byzantine), restores them from their simulated disk after a
-//! crash, and starts client operations. The world knows nothing of rounds or messages beyond
-//! what this trait exposes: it carries requests and responses, persists changes in order,
-//! releases replies only once their changes are durable, and records what each operation returned.
-//! Each implementation lives in `protocols/`.
+//! crash, and starts client operations. Servers are [`Replica`]s and operations are
+//! [`Operation`]s, the contract the node and the client drive too; the world drives them
+//! generically. What stays here is what only the protocol knows: how to build its machines, what
+//! its disk holds, how to describe its messages for the trace, and what a finished operation
+//! means to the checker ([`Finish`]). Each implementation lives in `protocols/`.
 
 use super::RunStats;
 use super::config::{FaultSet, SimConfig};
 use super::swarm::Swarm;
 use crate::byzantine::Behaviour;
-use bulwark_core::config::Protocol as ClusterProtocol;
+use crate::checker::{self, History, Report};
 use bulwark_core::{Key, Slot};
+use bulwark_protocol::machine::{Operation, Replica};
 use bulwark_protocol::round::OpId;
 use bytes::Bytes;
 use rand_chacha::ChaCha8Rng;
+use std::collections::VecDeque;
 
 /// One protocol under simulation.
-pub(super) trait Protocol: Sized {
+pub trait Protocol: Sized {
     /// A client-to-server message.
     type Request: Clone + std::fmt::Debug;
     /// A server-to-client message.
@@ -28,9 +34,24 @@ pub(super) trait Protocol: Sized {
     type Change;
     /// One server's simulated disk: the changes whose persistence completed.
     type Disk: Default;
+    /// A server, honest or Byzantine.
+    type Server: Replica<
+            Request = Self::Request,
+            Reply = Self::Response,
+            Change = Self::Change,
+            Message: Clone,
+        >;
+    /// A correct client's write.
+    type Write: Operation<Request = Self::Request, Reply = Self::Response, Output: Finish>;
+    /// A correct client's read.
+    type Read: Operation<Request = Self::Request, Reply = Self::Response, Output: Finish>;
 
-    /// Which protocol this is: names it, and says how many servers a group of `f` has.
-    const KIND: ClusterProtocol;
+    /// After the last operation, how long the world keeps running (timers, peer traffic) before
+    /// it is judged: services that converge in the background need the time.
+    const SETTLE_MILLIS: u64 = 0;
+
+    /// How many servers a group tolerating `f` faults has.
+    fn nodes(f: usize) -> usize;
 
     /// The faults of `wanted` this protocol is built to survive: the swarm never places others.
     /// A crash-only protocol drops every Byzantine behaviour and Byzantine readers.
@@ -40,10 +61,13 @@ pub(super) trait Protocol: Sized {
     fn new(rng: &mut ChaCha8Rng, config: &SimConfig, swarm: &Swarm) -> Self;
 
     /// A fresh server `index` with `behaviour`, seeded with `seed` (shared by colluders).
-    fn server(&self, index: usize, behaviour: Behaviour, seed: u64) -> Box<dyn SimServer<Self>>;
+    fn server(&self, index: usize, behaviour: Behaviour, seed: u64) -> Self::Server;
 
     /// An honest server `index` rebuilt from its disk alone, as a restarted node is.
-    fn restore(&self, index: usize, disk: &Self::Disk, now: u64) -> Box<dyn SimServer<Self>>;
+    fn restore(&self, index: usize, disk: &Self::Disk, now: u64) -> Self::Server;
+
+    /// What the server sees of `storage`, as the node's actor shows it redb and its queue.
+    fn view(storage: &Storage<Self>) -> &<Self::Server as Replica>::View;
 
     /// Applies one committed change to a disk, in commit order.
     fn persist(disk: &mut Self::Disk, change: &Self::Change);
@@ -60,10 +84,10 @@ pub(super) trait Protocol: Sized {
         op: OpId,
         value: Option<Bytes>,
         rng: &mut ChaCha8Rng,
-    ) -> Box<dyn SimOp<Self>>;
+    ) -> Self::Write;
 
     /// A read of `key`.
-    fn read(&self, key: Key, op: OpId) -> Box<dyn SimOp<Self>>;
+    fn read(&self, key: Key, op: OpId) -> Self::Read;
 
     /// The operation a response answers.
     fn response_op(response: &Self::Response) -> OpId;
@@ -80,8 +104,19 @@ pub(super) trait Protocol: Sized {
     /// One line describing a response, for the trace.
     fn describe_response(response: &Self::Response) -> String;
 
+    /// One line describing a message between servers, for the trace.
+    fn describe_message(_message: &<Self::Server as Replica>::Message) -> String {
+        String::new()
+    }
+
     /// Counts what a new round of a correct client carries (PoWerStore counts §4.8(a) twins).
     fn count_round(_first: &Self::Request, _stats: &mut RunStats) {}
+
+    /// Judges a finished run: the history of correct clients' operations, and every server that
+    /// is correct and up at the end (`None` for the others). Registers must be linearizable.
+    fn check(&self, history: &History, _servers: &[Option<&Self::Server>]) -> Report {
+        checker::check(history)
+    }
 
     /// A Byzantine reader, for protocols that have a catalogue of them; the world asks only when
     /// the swarm placed attackers, which it does only if [`Protocol::tolerated`] kept them.
@@ -90,46 +125,67 @@ pub(super) trait Protocol: Sized {
     }
 }
 
-/// What a server (honest or not) did with one request.
-pub(super) struct Served<P: Protocol> {
-    /// Durable before `reply` leaves.
-    pub changes: Vec<P::Change>,
-    /// The reply, if any.
-    pub reply: Option<P::Response>,
-    /// The server refused the request.
-    pub refused: bool,
+/// One server's simulated storage: its disk, and the batches on their way to it.
+pub struct Storage<P: Protocol> {
+    /// What survives a crash.
+    pub durable: P::Disk,
+    /// Batches not yet durable, oldest first.
+    committing: VecDeque<Commit<P>>,
 }
 
-/// A server as the world drives it.
-pub(super) trait SimServer<P: Protocol> {
-    /// Handles one request from `client`. `disk` and `pending` (oldest first) are what the node's
-    /// storage would hold: committed changes, then those waiting for their commit.
-    fn handle(
-        &mut self,
-        now: u64,
-        client: usize,
-        writer: bool,
-        request: P::Request,
-        disk: &P::Disk,
-        pending: Vec<&P::Change>,
-    ) -> Served<P>;
+/// A batch of changes on its way to the disk.
+struct Commit<P: Protocol> {
+    /// The sequencer's number for it.
+    batch: u64,
+    /// When its commit completes.
+    at: u64,
+    changes: Vec<P::Change>,
+}
 
-    /// Periodic work (garbage collection); the changes are persisted like a request's.
-    fn tick(&mut self, _now: u64) -> Vec<P::Change> {
-        Vec::new()
+impl<P: Protocol> Default for Storage<P> {
+    fn default() -> Self {
+        Storage {
+            durable: P::Disk::default(),
+            committing: VecDeque::new(),
+        }
     }
 }
 
-/// What a client operation says after an input.
-pub(super) enum OpStep<R> {
-    /// Send these (possibly nothing) and keep waiting.
-    Continue(Vec<(Slot, R)>),
-    /// The operation ended.
-    Done(Result<Finished, String>),
+impl<P: Protocol> Storage<P> {
+    /// Changes handled but not yet durable, oldest first.
+    pub fn pending(&self) -> impl DoubleEndedIterator<Item = &P::Change> {
+        self.committing.iter().flat_map(|commit| &commit.changes)
+    }
+
+    /// Queues batch `batch` to commit at `at` (never before an earlier batch).
+    pub(in crate::sim) fn submit(&mut self, batch: u64, at: u64, changes: Vec<P::Change>) {
+        self.committing.push_back(Commit { batch, at, changes });
+    }
+
+    /// Commits every batch due by `now`; returns the last one and the changes applied.
+    pub(in crate::sim) fn commit_due(&mut self, now: u64) -> Option<(u64, u64)> {
+        let mut done = None;
+        let mut applied = 0;
+        while let Some(commit) = self.committing.pop_front_if(|c| c.at <= now) {
+            for change in &commit.changes {
+                P::persist(&mut self.durable, change);
+            }
+            applied += commit.changes.len() as u64;
+            done = Some(commit.batch);
+        }
+        done.map(|batch| (batch, applied))
+    }
+
+    /// A crash: every batch not yet durable is lost. Returns how many.
+    pub(in crate::sim) fn crash(&mut self) -> usize {
+        let lost = self.committing.len();
+        self.committing.clear();
+        lost
+    }
 }
 
 /// A completed operation, as the history and the counters need it.
-pub(super) struct Finished {
+pub struct Finished {
     /// For a read, what it returned (`None`: not found); `None` for a write.
     pub read: Option<Option<Bytes>>,
     /// The version written or read, for the trace.
@@ -142,18 +198,14 @@ pub(super) struct Finished {
     pub restarts: u32,
 }
 
-/// A correct client's operation as the world drives it.
-pub(super) trait SimOp<P: Protocol> {
-    /// The first round.
-    fn start(&mut self) -> Vec<(Slot, P::Request)>;
-    /// The current round again, to every server that has not answered it.
-    fn retransmit(&self) -> Vec<(Slot, P::Request)>;
-    /// Feeds one response.
-    fn on_response(&mut self, from: Slot, response: P::Response) -> OpStep<P::Request>;
+/// What an operation's result means to the history and the counters.
+pub trait Finish {
+    /// The result, in the world's terms.
+    fn finish(self) -> Finished;
 }
 
 /// A Byzantine reader: makes up requests and learns from the replies it gets.
-pub(super) trait Attacker<P: Protocol> {
+pub trait Attacker<P: Protocol> {
     /// The next attack on `key`, as `op`: the servers to send to and the request for each.
     fn attack(&mut self, key: &Key, op: OpId, rng: &mut ChaCha8Rng) -> Vec<(usize, P::Request)>;
     /// A reply to one of its requests.

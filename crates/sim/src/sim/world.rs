@@ -8,26 +8,32 @@
 //! messages, with delays, losses, duplicates and partitions; persists servers' changes; crashes
 //! and restarts processes; and records what every correct client invoked and observed.
 //!
-//! Durability follows the node's rule, "persist, then reply": a handled request's changes and its
-//! reply wait in a per-server FIFO for a random persistence delay; the changes become durable
-//! exactly when the reply is released. Replies leave in handling order, because a later reply may
-//! reveal state an earlier request created (a COLLECT answered from an `lc` that a COMPLETE just
-//! raised): releasing it before that change is durable would let a crash take back what a client
-//! already saw. A crash drops every pending change and reply.
+//! Durability follows the node's rule, "persist, then reply", through the very
+//! [`Sequencer`] the node uses: every handled input's changes go to the simulated disk as one
+//! batch with a random commit delay (batches commit in order), and its reply waits in the
+//! sequencer until every batch submitted before it is durable. So replies leave in handling
+//! order, because a later reply may reveal state an earlier request created (a COLLECT answered
+//! from an `lc` that a COMPLETE just raised): releasing it before that change is durable would
+//! let a crash take back what a client already saw. A crash drops every pending batch and reply.
+//!
+//! Unlike the node, an input with no changes is a batch too: its reply waits for a commit delay
+//! of its own. That models the actor's queueing latency, and keeps schedules of fixed seeds as
+//! they were before the sequencer was shared.
 
 use super::RunStats;
 use super::config::SimConfig;
-use super::protocol::{Attacker, Finished, OpStep, Protocol, SimOp, SimServer};
+use super::protocol::{Attacker, Finish, Finished, Protocol, Storage};
 use super::swarm::Swarm;
 use crate::byzantine::Behaviour;
-use crate::checker::{History, Op, OpKind, Outcome as OpOutcome};
-use bulwark_core::{Key, Slot};
+use crate::checker::{History, Op, OpKind, Outcome as OpOutcome, Report};
+use bulwark_core::{ClientId, Key, Slot, Time};
+use bulwark_protocol::machine::{Access, Operation, Output, Progress, Replica, Sequencer, TimerId};
 use bulwark_protocol::round::OpId;
 use bytes::Bytes;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::cmp::Ordering;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::{BTreeMap, BinaryHeap};
 
 /// How often the nemesis considers injecting a fault, and the watchdog checks deadlines.
 const NEMESIS_TICK_MILLIS: u64 = 20;
@@ -42,6 +48,7 @@ const LARGE_VALUE_BYTES_MAX: usize = 12_000;
 /// What the world hands back to [`super::run`].
 pub(super) struct Outcome {
     pub history: History,
+    pub report: Report,
     pub liveness_violations: Vec<String>,
     pub other_violations: Vec<String>,
     pub stats: RunStats,
@@ -63,47 +70,83 @@ pub(super) fn simulate<P: Protocol>(seed: u64, config: &SimConfig) -> (Swarm, Ou
     (swarm, world.finish())
 }
 
+/// A process: servers and clients share one address space, so any may send to any.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Process {
+    Server(usize),
+    Client(usize),
+}
+
+impl std::fmt::Display for Process {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Process::Server(index) => write!(f, "s{index}"),
+            Process::Client(index) => write!(f, "c{index}"),
+        }
+    }
+}
+
+/// What a packet carries.
+enum Body<P: Protocol> {
+    /// A client's request to a server.
+    Request(P::Request),
+    /// A server's reply to a client.
+    Response(P::Response),
+    /// A message between servers of the group.
+    Message(Message<P>),
+}
+
+type Message<P> = <<P as Protocol>::Server as Replica>::Message;
+
 /// A message in flight.
-enum Packet<P: Protocol> {
-    ToServer {
-        server: usize,
-        client: usize,
-        request: P::Request,
-    },
-    ToClient {
-        client: usize,
-        server: usize,
-        response: P::Response,
-    },
+struct Packet<P: Protocol> {
+    from: Process,
+    to: Process,
+    body: Body<P>,
 }
 
 impl<P: Protocol> Clone for Packet<P> {
     fn clone(&self) -> Self {
-        match self {
-            Packet::ToServer {
-                server,
-                client,
-                request,
-            } => Packet::ToServer {
-                server: *server,
-                client: *client,
-                request: request.clone(),
-            },
-            Packet::ToClient {
-                client,
-                server,
-                response,
-            } => Packet::ToClient {
-                client: *client,
-                server: *server,
-                response: response.clone(),
-            },
+        let body = match &self.body {
+            Body::Request(request) => Body::Request(request.clone()),
+            Body::Response(response) => Body::Response(response.clone()),
+            Body::Message(message) => Body::Message(message.clone()),
+        };
+        Packet {
+            from: self.from,
+            to: self.to,
+            body,
+        }
+    }
+}
+
+impl<P: Protocol> Packet<P> {
+    fn to_server(client: usize, server: usize, request: P::Request) -> Self {
+        Packet {
+            from: Process::Client(client),
+            to: Process::Server(server),
+            body: Body::Request(request),
+        }
+    }
+
+    /// The server at one end (the sender when both are), whose behaviour may bend delays.
+    fn server(&self) -> Option<usize> {
+        match (self.from, self.to) {
+            (Process::Server(server), _) | (_, Process::Server(server)) => Some(server),
+            (Process::Client(_), Process::Client(_)) => None,
         }
     }
 }
 
 enum Event<P: Protocol> {
     Deliver(Box<Packet<P>>),
+    /// A timer a server set; `generation` tells a moved timer's stale event from its live one.
+    Timer {
+        server: usize,
+        incarnation: u32,
+        timer: TimerId,
+        generation: u64,
+    },
     /// The head of a server's persistence queue may be durable now.
     Release {
         server: usize,
@@ -163,23 +206,20 @@ impl<P: Protocol> Ord for Scheduled<P> {
     }
 }
 
-/// Changes and a reply waiting to become durable.
-struct Pending<P: Protocol> {
-    at: u64,
-    changes: Vec<P::Change>,
-    reply: Option<(usize, P::Response)>,
-}
-
 struct ServerSlot<P: Protocol> {
     behaviour: Behaviour,
     /// `None` while crashed.
-    logic: Option<Box<dyn SimServer<P>>>,
-    durable: P::Disk,
-    /// Changes applied to `durable` so far, for statistics.
+    logic: Option<P::Server>,
+    storage: Storage<P>,
+    /// Changes that became durable so far, for statistics.
     applied: u64,
-    pending: VecDeque<Pending<P>>,
-    /// When the last queued reply is released; later ones never overtake it.
+    /// What waits for `storage` to become durable before it leaves.
+    sequencer: Sequencer<Packet<P>>,
+    /// When the last submitted batch commits; later ones never overtake it.
     release_at: u64,
+    /// Timers set and not yet fired, with the generation of their latest setting. A crash
+    /// clears them: a restarted replica starts with none.
+    timers: BTreeMap<TimerId, u64>,
     incarnation: u32,
 }
 
@@ -190,8 +230,52 @@ enum Role {
     Attacker,
 }
 
+/// A correct client's operation: the world drives both kinds through [`Operation`].
+enum ClientOp<P: Protocol> {
+    Write(P::Write),
+    Read(P::Read),
+}
+
+/// What an operation says after a reply, in the world's terms.
+enum OpStep<R> {
+    Continue(Vec<(Slot, R)>),
+    Done(Result<Finished, String>),
+}
+
+impl<P: Protocol> ClientOp<P> {
+    fn start(&mut self) -> Vec<(Slot, P::Request)> {
+        match self {
+            ClientOp::Write(op) => op.start(),
+            ClientOp::Read(op) => op.start(),
+        }
+    }
+
+    fn on_timeout(&mut self) -> Vec<(Slot, P::Request)> {
+        match self {
+            ClientOp::Write(op) => op.on_timeout(),
+            ClientOp::Read(op) => op.on_timeout(),
+        }
+    }
+
+    fn on_reply(&mut self, from: Slot, reply: P::Response) -> OpStep<P::Request> {
+        match self {
+            ClientOp::Write(op) => step(op.on_reply(from, reply)),
+            ClientOp::Read(op) => step(op.on_reply(from, reply)),
+        }
+    }
+}
+
+fn step<O: Operation<Output: Finish>>(progress: Progress<O>) -> OpStep<O::Request> {
+    match progress {
+        Progress::Send(sends) => OpStep::Continue(sends),
+        Progress::Done(result) => {
+            OpStep::Done(result.map(Finish::finish).map_err(|e| e.to_string()))
+        }
+    }
+}
+
 struct Running<P: Protocol> {
-    machine: Box<dyn SimOp<P>>,
+    machine: ClientOp<P>,
     writes: bool,
     op: OpId,
     record: usize,
@@ -209,10 +293,25 @@ struct ClientSlot<P: Protocol> {
     attacker: Option<Box<dyn Attacker<P>>>,
 }
 
+/// `servers` are cut off from `clients` and from every server outside `servers`.
 struct Partition {
     id: u64,
     servers: Vec<bool>,
     clients: Vec<bool>,
+}
+
+impl Partition {
+    fn cuts(&self, a: Process, b: Process) -> bool {
+        let server = |i: usize| self.servers.get(i) == Some(&true);
+        let client = |i: usize| self.clients.get(i) == Some(&true);
+        match (a, b) {
+            (Process::Server(s), Process::Client(c)) | (Process::Client(c), Process::Server(s)) => {
+                server(s) && client(c)
+            }
+            (Process::Server(x), Process::Server(y)) => server(x) != server(y),
+            (Process::Client(_), Process::Client(_)) => false,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -252,7 +351,7 @@ struct World<'a, P: Protocol> {
 impl<'a, P: Protocol> World<'a, P> {
     fn new(seed: u64, config: &'a SimConfig) -> World<'a, P> {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let n = P::KIND.nodes(config.f);
+        let n = P::nodes(config.f);
         let faults = P::tolerated(&config.faults);
         let swarm = Swarm::choose(&mut rng, config, n, &faults);
         let protocol = P::new(&mut rng, config, &swarm);
@@ -272,10 +371,11 @@ impl<'a, P: Protocol> World<'a, P> {
                 ServerSlot {
                     behaviour,
                     logic: Some(logic),
-                    durable: P::Disk::default(),
+                    storage: Storage::default(),
                     applied: 0,
-                    pending: VecDeque::new(),
+                    sequencer: Sequencer::default(),
                     release_at: 0,
+                    timers: BTreeMap::new(),
                     incarnation: 0,
                 }
             })
@@ -374,37 +474,38 @@ impl<'a, P: Protocol> World<'a, P> {
         self.schedule(cap, Event::Liveness);
     }
 
-    fn finished(&self) -> bool {
+    fn finished(&mut self) -> bool {
         if self.now >= self.hard_stop {
             return true;
         }
         let Phase::Liveness { .. } = self.phase else {
             return false;
         };
-        self.issued_liveness >= self.config.liveness_ops
+        let done = self.issued_liveness >= self.config.liveness_ops
             && self.clients.iter().all(|client| {
                 client.role == Role::Attacker
                     || client
                         .running
                         .as_ref()
                         .is_none_or(|running| running.flagged)
-            })
+            });
+        if done && P::SETTLE_MILLIS > 0 {
+            // Settle, then stop: the hard stop is the end either way.
+            self.hard_stop = self.hard_stop.min(self.now + P::SETTLE_MILLIS);
+            return false;
+        }
+        done
     }
 
     fn dispatch(&mut self, event: Event<P>) {
         match event {
-            Event::Deliver(packet) => match *packet {
-                Packet::ToServer {
-                    server,
-                    client,
-                    request,
-                } => self.deliver_request(server, client, request),
-                Packet::ToClient {
-                    client,
-                    server,
-                    response,
-                } => self.deliver_response(client, server, response),
-            },
+            Event::Deliver(packet) => self.deliver(*packet),
+            Event::Timer {
+                server,
+                incarnation,
+                timer,
+                generation,
+            } => self.fire(server, incarnation, timer, generation),
             Event::Release {
                 server,
                 incarnation,
@@ -448,13 +549,13 @@ impl<'a, P: Protocol> World<'a, P> {
             return self.rng.random_range(1..=max.max(1));
         }
         let mut delay = self.rng.random_range(1..=self.swarm.delay_max.max(1));
-        let server = match packet {
-            Packet::ToServer { server, .. } | Packet::ToClient { server, .. } => *server,
-        };
-        let favoured = self.swarm.favour_byzantine && self.servers[server].behaviour.is_byzantine();
-        let tail = match (packet, self.swarm.tail_by_request) {
+        let favoured = self.swarm.favour_byzantine
+            && packet
+                .server()
+                .is_some_and(|server| self.servers[server].behaviour.is_byzantine());
+        let tail = match (&packet.body, self.swarm.tail_by_request) {
             _ if favoured => 0.0,
-            (Packet::ToServer { request, .. }, Some(tails)) => {
+            (Body::Request(request), Some(tails)) => {
                 tails[P::request_kind(request).min(tails.len() - 1)]
             }
             _ => self.swarm.tail_probability,
@@ -484,26 +585,35 @@ impl<'a, P: Protocol> World<'a, P> {
 
     fn send_requests(&mut self, client: usize, sends: Vec<(Slot, P::Request)>) {
         for (node, request) in sends {
-            let server = node.index();
-            self.transmit(Packet::ToServer {
-                server,
-                client,
-                request,
-            });
+            self.transmit(Packet::to_server(client, node.index(), request));
         }
     }
 
-    fn cut(&self, server: usize, client: usize) -> bool {
-        self.partitions
+    fn deliver(&mut self, packet: Packet<P>) {
+        if self
+            .partitions
             .iter()
-            .any(|p| p.servers.get(server) == Some(&true) && p.clients.get(client) == Some(&true))
-    }
-
-    fn deliver_request(&mut self, server: usize, client: usize, request: P::Request) {
-        if self.cut(server, client) {
+            .any(|p| p.cuts(packet.from, packet.to))
+        {
             self.stats.partitioned += 1;
             return;
         }
+        match (packet.from, packet.to, packet.body) {
+            (Process::Client(client), Process::Server(server), Body::Request(request)) => {
+                self.deliver_request(server, client, request)
+            }
+            (Process::Server(server), Process::Client(client), Body::Response(response)) => {
+                self.deliver_response(client, server, response)
+            }
+            (Process::Server(from), Process::Server(to), Body::Message(message)) => {
+                self.deliver_message(to, from, message)
+            }
+            // The world only builds the three shapes above.
+            _ => {}
+        }
+    }
+
+    fn deliver_request(&mut self, server: usize, client: usize, request: P::Request) {
         let writer = self.clients[client].role == Role::Writer;
         let now = self.now;
         let description = self.trace.is_some().then(|| P::describe_request(&request));
@@ -513,9 +623,13 @@ impl<'a, P: Protocol> World<'a, P> {
             return;
         };
         self.stats.delivered += 1;
-        let pending = slot.pending.iter().flat_map(|p| &p.changes).collect();
-        let handled = logic.handle(now, client, writer, request, &slot.durable, pending);
-        if handled.refused {
+        let access = Access {
+            write: writer,
+            read: true,
+        };
+        let from = ClientId(client as u32);
+        let handled = logic.on_request(Time(now), from, access, request, P::view(&slot.storage));
+        if handled.refused.is_some() {
             self.stats.refusals += 1;
         }
         let replied = handled.reply.is_some();
@@ -526,22 +640,111 @@ impl<'a, P: Protocol> World<'a, P> {
                 if replied { "" } else { " (no reply)" }
             )
         });
-        let reply = handled.reply.map(|response| (client, response));
-        self.enqueue(server, handled.changes, reply);
+        // A request is always a batch, even one that changed and said nothing: the server
+        // took it in, and that takes the actor a commit's time.
+        self.effects(server, handled, Some(client), true);
     }
 
-    /// Queues changes and a reply behind the server's earlier ones (see the module docs).
+    fn deliver_message(&mut self, server: usize, from: usize, message: Message<P>) {
+        let now = self.now;
+        let description = self.trace.is_some().then(|| P::describe_message(&message));
+        let slot = &mut self.servers[server];
+        let Some(logic) = slot.logic.as_mut() else {
+            self.stats.to_crashed += 1;
+            return;
+        };
+        self.stats.delivered += 1;
+        let handled = logic.on_message(
+            Time(now),
+            Slot(from as u32),
+            message,
+            P::view(&slot.storage),
+        );
+        self.log(|| format!("s{from} -> s{server} {}", description.unwrap_or_default()));
+        self.effects(server, handled, None, false);
+    }
+
+    fn fire(&mut self, server: usize, incarnation: u32, timer: TimerId, generation: u64) {
+        let now = self.now;
+        let slot = &mut self.servers[server];
+        if slot.incarnation != incarnation || slot.timers.get(&timer) != Some(&generation) {
+            return;
+        }
+        slot.timers.remove(&timer);
+        let Some(logic) = slot.logic.as_mut() else {
+            return;
+        };
+        let handled = logic.on_timer(Time(now), timer, P::view(&slot.storage));
+        self.effects(server, handled, None, false);
+    }
+
+    /// Carries out what a server asked for after one input: timers at once; its changes as one
+    /// batch, with the reply (to `client`) and peer messages held until it is durable. An input
+    /// other than a request that has nothing to persist or send costs no batch.
+    fn effects(
+        &mut self,
+        server: usize,
+        output: Output<P::Server>,
+        client: Option<usize>,
+        request: bool,
+    ) {
+        let incarnation = self.servers[server].incarnation;
+        for (timer, at) in output.timers {
+            // The sequence number `schedule` is about to give the event: unique, so a timer set
+            // again makes its earlier event stale.
+            let generation = self.seq + 1;
+            self.servers[server].timers.insert(timer, generation);
+            self.schedule(
+                at.0.saturating_sub(self.now),
+                Event::Timer {
+                    server,
+                    incarnation,
+                    timer,
+                    generation,
+                },
+            );
+        }
+        let quiet = output.changes.is_empty() && output.reply.is_none() && output.sends.is_empty();
+        if quiet && !request {
+            return;
+        }
+        let reply = output.reply.zip(client).map(|(response, client)| Packet {
+            from: Process::Server(server),
+            to: Process::Client(client),
+            body: Body::Response(response),
+        });
+        let n = self.servers.len();
+        // A slot outside the group names nobody: the message goes nowhere.
+        let sends = output
+            .sends
+            .into_iter()
+            .filter(|(slot, _)| slot.index() < n)
+            .map(|(slot, message)| Packet {
+                from: Process::Server(server),
+                to: Process::Server(slot.index()),
+                body: Body::Message(message),
+            });
+        self.enqueue(server, output.changes, reply.into_iter().chain(sends));
+    }
+
+    /// Submits changes as one batch and queues `packets` behind it (see the module docs).
     fn enqueue(
         &mut self,
         server: usize,
         changes: Vec<P::Change>,
-        reply: Option<(usize, P::Response)>,
+        packets: impl Iterator<Item = Packet<P>>,
     ) {
         let persist = self.rng.random_range(0..=self.swarm.persist_max);
         let slot = &mut self.servers[server];
         let at = (self.now + persist).max(slot.release_at);
         slot.release_at = at;
-        slot.pending.push_back(Pending { at, changes, reply });
+        let batch = slot.sequencer.submit();
+        slot.storage.submit(batch, at, changes);
+        for packet in packets {
+            // Never ready at once: the batch just submitted is not durable yet.
+            let ready = slot.sequencer.send(packet);
+            debug_assert!(ready.is_none(), "a send overtook its batch");
+        }
         let incarnation = slot.incarnation;
         self.schedule(
             at - self.now,
@@ -552,43 +755,31 @@ impl<'a, P: Protocol> World<'a, P> {
         );
     }
 
+    /// Completes every commit due by now, then sends what they were holding back.
     fn release(&mut self, server: usize, incarnation: u32) {
-        let mut replies = Vec::new();
-        {
-            let slot = &mut self.servers[server];
-            if slot.incarnation != incarnation || slot.logic.is_none() {
-                return;
-            }
-            while slot.pending.front().is_some_and(|p| p.at <= self.now) {
-                let Some(pending) = slot.pending.pop_front() else {
-                    break;
-                };
-                for change in &pending.changes {
-                    P::persist(&mut slot.durable, change);
-                }
-                slot.applied += pending.changes.len() as u64;
-                if let Some(reply) = pending.reply {
-                    replies.push(reply);
-                }
-            }
+        let slot = &mut self.servers[server];
+        if slot.incarnation != incarnation || slot.logic.is_none() {
+            return;
         }
-        for (client, response) in replies {
-            self.transmit(Packet::ToClient {
-                client,
-                server,
-                response,
-            });
+        let Some((batch, applied)) = slot.storage.commit_due(self.now) else {
+            return;
+        };
+        slot.applied += applied;
+        let released = slot.sequencer.durable(batch);
+        for packet in released {
+            self.transmit(packet);
         }
     }
 
     fn tick(&mut self, server: usize) {
         let now = self.now;
         if let Some(logic) = self.servers[server].logic.as_mut() {
-            let changes = logic.tick(now);
-            if !changes.is_empty() {
-                self.log(|| format!("s{server} gc: {} changes", changes.len()));
-                self.enqueue(server, changes, None);
+            let output = logic.on_tick(Time(now));
+            if !output.changes.is_empty() {
+                let changes = output.changes.len();
+                self.log(|| format!("s{server} gc: {changes} changes"));
             }
+            self.effects(server, output, None, false);
         }
         let interval = self.swarm.tick_millis.max(1);
         self.schedule(interval, Event::Tick { server });
@@ -598,10 +789,6 @@ impl<'a, P: Protocol> World<'a, P> {
     // Correct clients
 
     fn deliver_response(&mut self, client: usize, server: usize, response: P::Response) {
-        if self.cut(server, client) {
-            self.stats.partitioned += 1;
-            return;
-        }
         if !self.clients[client].up {
             self.stats.to_crashed += 1;
             return;
@@ -624,7 +811,7 @@ impl<'a, P: Protocol> World<'a, P> {
         if running.op != P::response_op(&response) {
             return;
         }
-        match running.machine.on_response(node, response) {
+        match running.machine.on_reply(node, response) {
             OpStep::Continue(sends) if sends.is_empty() => {}
             OpStep::Continue(sends) => self.next_round(client, sends),
             OpStep::Done(result) => self.completed(client, result),
@@ -796,9 +983,12 @@ impl<'a, P: Protocol> World<'a, P> {
             let write = self
                 .protocol
                 .write(client, key.clone(), op, value, &mut self.rng);
-            (write, kind)
+            (ClientOp::Write(write), kind)
         } else {
-            (self.protocol.read(key.clone(), op), OpKind::Read)
+            (
+                ClientOp::Read(self.protocol.read(key.clone(), op)),
+                OpKind::Read,
+            )
         };
         let sends = machine.start();
         self.stats.ops_invoked += 1;
@@ -880,10 +1070,10 @@ impl<'a, P: Protocol> World<'a, P> {
         if !slot.up || slot.incarnation != incarnation {
             return;
         }
-        let Some(running) = slot.running.as_ref().filter(|r| r.op == op) else {
+        let Some(running) = self.clients[client].running.as_mut().filter(|r| r.op == op) else {
             return;
         };
-        let sends = running.machine.retransmit();
+        let sends = running.machine.on_timeout();
         self.stats.retransmitted += sends.len() as u64;
         self.send_requests(client, sends);
         let interval = self.retransmit_interval();
@@ -949,11 +1139,7 @@ impl<'a, P: Protocol> World<'a, P> {
         };
         self.stats.attacks += 1;
         for (server, request) in sends {
-            self.transmit(Packet::ToServer {
-                server,
-                client,
-                request,
-            });
+            self.transmit(Packet::to_server(client, server, request));
         }
         let pause = self.rng.random_range(5..=150);
         self.schedule(pause, Event::Attack { client });
@@ -1037,9 +1223,10 @@ impl<'a, P: Protocol> World<'a, P> {
         }
         let server = candidates[self.rng.random_range(0..candidates.len())];
         let slot = &mut self.servers[server];
-        let lost = slot.pending.len();
+        let lost = slot.storage.crash();
         slot.logic = None;
-        slot.pending.clear();
+        slot.timers.clear();
+        slot.sequencer = Sequencer::default();
         slot.release_at = 0;
         slot.incarnation += 1;
         let incarnation = slot.incarnation;
@@ -1061,8 +1248,8 @@ impl<'a, P: Protocol> World<'a, P> {
         if slot.logic.is_some() || slot.incarnation != incarnation {
             return;
         }
-        slot.logic = Some(self.protocol.restore(server, &slot.durable, now));
-        let versions = P::disk_versions(&slot.durable);
+        slot.logic = Some(self.protocol.restore(server, &slot.storage.durable, now));
+        let versions = P::disk_versions(&slot.storage.durable);
         self.log(|| format!("s{server} restarted with {versions} durable versions"));
     }
 
@@ -1161,8 +1348,19 @@ impl<'a, P: Protocol> World<'a, P> {
             self.stats.liveness_started_millis = since;
         }
         self.stats.durable_changes = self.servers.iter().map(|s| s.applied).sum();
+        let correct: Vec<Option<&P::Server>> = self
+            .servers
+            .iter()
+            .map(|s| {
+                s.logic
+                    .as_ref()
+                    .filter(|_| s.behaviour == Behaviour::Honest)
+            })
+            .collect();
+        let report = self.protocol.check(&self.history, &correct);
         Outcome {
             history: self.history,
+            report,
             liveness_violations: self.liveness_violations,
             other_violations: self.other_violations,
             stats: self.stats,
@@ -1187,16 +1385,33 @@ fn indexes(members: &[bool], prefix: &str) -> String {
 }
 
 fn describe_packet<P: Protocol>(packet: &Packet<P>) -> String {
-    match packet {
-        Packet::ToServer {
-            server,
-            client,
-            request,
-        } => format!("c{client} -> s{server} {}", P::describe_request(request)),
-        Packet::ToClient {
-            client,
-            server,
-            response,
-        } => format!("s{server} -> c{client} {}", P::describe_response(response)),
+    let description = match &packet.body {
+        Body::Request(request) => P::describe_request(request),
+        Body::Response(response) => P::describe_response(response),
+        Body::Message(message) => P::describe_message(message),
+    };
+    format!("{} -> {} {description}", packet.from, packet.to)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_partition_cuts_its_servers_from_its_clients_and_from_the_other_servers() {
+        let partition = Partition {
+            id: 0,
+            servers: vec![true, false, false],
+            clients: vec![true, false],
+        };
+        let (s, c) = (Process::Server, Process::Client);
+        assert!(partition.cuts(s(0), c(0)) && partition.cuts(c(0), s(0)));
+        assert!(
+            !partition.cuts(s(0), c(1)),
+            "a client outside the partition still reaches it"
+        );
+        assert!(!partition.cuts(s(1), c(0)));
+        assert!(partition.cuts(s(0), s(1)) && partition.cuts(s(2), s(0)));
+        assert!(!partition.cuts(s(1), s(2)), "servers on the same side talk");
     }
 }

@@ -3,17 +3,18 @@
 
 use crate::byzantine::reader::{Attack, ReaderAttacker};
 use crate::byzantine::{Behaviour, make_server};
-use crate::durable::{DurableState, StorageView};
+use crate::durable::DurableState;
 use crate::sim::RunStats;
 use crate::sim::config::{FaultSet, SimConfig};
-use crate::sim::protocol::{Attacker, Finished, OpStep, Protocol, Served, SimOp, SimServer};
+use crate::sim::protocol::{Attacker, Finish, Finished, Protocol, Storage};
 use crate::sim::swarm::Swarm;
 use bulwark_core::config::Protocol as ClusterProtocol;
 use bulwark_core::erasure::{ErasureCodec, ReedSolomonSimd};
 use bulwark_core::{ClientId, Key, MacKey, Slot, Time};
 use bulwark_protocol::powerstore::{
-    Access, Candidate, Change, ClientConfig, FilterAck, OpId, Pid, ReadOp, Request, RequestBody,
-    Response, ResponseBody, ServerConfig, ServerLogic, Step, Timestamp, WriteOp, WriterKeys,
+    Candidate, Change, ClientConfig, FilterAck, Fragments, OpId, Pid, ReadOp, ReadOutcome, Request,
+    RequestBody, Response, ResponseBody, ServerConfig, ServerLogic, Timestamp, WriteOp,
+    WriteOutcome, WriterKeys,
 };
 use bytes::Bytes;
 use rand::Rng;
@@ -38,8 +39,13 @@ impl Protocol for PowerStore {
     type Response = Response;
     type Change = Change;
     type Disk = DurableState;
+    type Server = Box<dyn ServerLogic>;
+    type Write = WriteOp;
+    type Read = ReadOp;
 
-    const KIND: ClusterProtocol = ClusterProtocol::PowerStore;
+    fn nodes(f: usize) -> usize {
+        ClusterProtocol::PowerStore.nodes(f)
+    }
 
     fn tolerated(wanted: &FaultSet) -> FaultSet {
         wanted.clone()
@@ -47,7 +53,7 @@ impl Protocol for PowerStore {
 
     fn new(rng: &mut ChaCha8Rng, config: &SimConfig, swarm: &Swarm) -> PowerStore {
         let f = config.f;
-        let n = Self::KIND.nodes(f);
+        let n = Self::nodes(f);
         let server_keys: Vec<MacKey> = (0..n).map(|_| MacKey(rng.random())).collect();
         let writer_keys = Arc::new(WriterKeys {
             timestamp: MacKey(rng.random()),
@@ -73,22 +79,25 @@ impl Protocol for PowerStore {
         }
     }
 
-    fn server(&self, index: usize, behaviour: Behaviour, seed: u64) -> Box<dyn SimServer<Self>> {
-        Box::new(Node(make_server(
+    fn server(&self, index: usize, behaviour: Behaviour, seed: u64) -> Box<dyn ServerLogic> {
+        make_server(
             behaviour,
             self.server_configs[index].clone(),
             self.server_keys[index].clone(),
             seed,
-        )))
+        )
     }
 
-    fn restore(&self, index: usize, disk: &DurableState, now: u64) -> Box<dyn SimServer<Self>> {
-        let restored = disk.restore(
+    fn restore(&self, index: usize, disk: &DurableState, now: u64) -> Box<dyn ServerLogic> {
+        Box::new(disk.restore(
             self.server_configs[index].clone(),
             self.server_keys[index].clone(),
             Time(now),
-        );
-        Box::new(Node(Box::new(restored)))
+        ))
+    }
+
+    fn view(storage: &Storage<Self>) -> &(dyn Fragments + 'static) {
+        storage
     }
 
     fn persist(disk: &mut DurableState, change: &Change) {
@@ -106,8 +115,8 @@ impl Protocol for PowerStore {
         op: OpId,
         value: Option<Bytes>,
         rng: &mut ChaCha8Rng,
-    ) -> Box<dyn SimOp<Self>> {
-        Box::new(WriteOp::new(
+    ) -> WriteOp {
+        WriteOp::new(
             self.client_config.clone(),
             self.writer_keys.clone(),
             self.codec.clone(),
@@ -119,16 +128,11 @@ impl Protocol for PowerStore {
             },
             rng.random(),
             value,
-        ))
+        )
     }
 
-    fn read(&self, key: Key, op: OpId) -> Box<dyn SimOp<Self>> {
-        Box::new(ReadOp::new(
-            self.client_config.clone(),
-            self.codec.clone(),
-            key,
-            op,
-        ))
+    fn read(&self, key: Key, op: OpId) -> ReadOp {
+        ReadOp::new(self.client_config.clone(), self.codec.clone(), key, op)
     }
 
     fn response_op(response: &Response) -> OpId {
@@ -168,100 +172,37 @@ impl Protocol for PowerStore {
     }
 }
 
-/// A server of the catalogue, driven through [`ServerLogic`] as the node drives it.
-struct Node(Box<dyn ServerLogic>);
-
-impl SimServer<PowerStore> for Node {
-    fn handle(
-        &mut self,
-        now: u64,
-        client: usize,
-        writer: bool,
-        request: Request,
-        disk: &DurableState,
-        pending: Vec<&Change>,
-    ) -> Served<PowerStore> {
-        let storage = StorageView {
-            durable: disk,
-            pending,
-        };
-        let access = Access {
-            write: writer,
-            read: true,
-        };
-        let handled = self.0.handle(
-            Time(now),
-            ClientId(client as u32),
-            access,
-            request,
-            &storage,
-        );
-        Served {
-            changes: handled.changes,
-            reply: handled.reply,
-            refused: handled.refused.is_some(),
-        }
-    }
-
-    fn tick(&mut self, now: u64) -> Vec<Change> {
-        self.0.tick(Time(now))
+/// A server reads fragments back from the disk, or from batches still on their way to it.
+impl Fragments for Storage<PowerStore> {
+    fn fragment(&self, key: &Key, ts: &Timestamp) -> Option<Bytes> {
+        self.durable.fragment_after(self.pending(), key, ts)
     }
 }
 
-impl SimOp<PowerStore> for WriteOp {
-    fn start(&mut self) -> Vec<(Slot, Request)> {
-        WriteOp::start(self)
-    }
-
-    fn retransmit(&self) -> Vec<(Slot, Request)> {
-        WriteOp::retransmit(self)
-    }
-
-    fn on_response(&mut self, from: Slot, response: Response) -> OpStep<Request> {
-        match WriteOp::on_response(self, from, response) {
-            Step::Continue(sends) => OpStep::Continue(sends),
-            Step::Done(result) => OpStep::Done(
-                result
-                    .map(|outcome| Finished {
-                        read: None,
-                        version: ts_label(&outcome.ts),
-                        evidence: Vec::new(),
-                        repaired: false,
-                        restarts: 0,
-                    })
-                    .map_err(|e| e.to_string()),
-            ),
+impl Finish for WriteOutcome {
+    fn finish(self) -> Finished {
+        Finished {
+            read: None,
+            version: ts_label(&self.ts),
+            evidence: Vec::new(),
+            repaired: false,
+            restarts: 0,
         }
     }
 }
 
-impl SimOp<PowerStore> for ReadOp {
-    fn start(&mut self) -> Vec<(Slot, Request)> {
-        ReadOp::start(self)
-    }
-
-    fn retransmit(&self) -> Vec<(Slot, Request)> {
-        ReadOp::retransmit(self)
-    }
-
-    fn on_response(&mut self, from: Slot, response: Response) -> OpStep<Request> {
-        match ReadOp::on_response(self, from, response) {
-            Step::Continue(sends) => OpStep::Continue(sends),
-            Step::Done(result) => OpStep::Done(
-                result
-                    .map(|outcome| Finished {
-                        version: outcome.ts.as_ref().map_or("ts0".to_string(), ts_label),
-                        read: Some(outcome.value),
-                        evidence: outcome
-                            .evidence
-                            .iter()
-                            .map(|e| (e.node, format!("{:?}", e.kind)))
-                            .collect(),
-                        repaired: outcome.repaired,
-                        restarts: outcome.restarts,
-                    })
-                    .map_err(|e| e.to_string()),
-            ),
+impl Finish for ReadOutcome {
+    fn finish(self) -> Finished {
+        Finished {
+            version: self.ts.as_ref().map_or("ts0".to_string(), ts_label),
+            evidence: self
+                .evidence
+                .iter()
+                .map(|e| (e.node, format!("{:?}", e.kind)))
+                .collect(),
+            read: Some(self.value),
+            repaired: self.repaired,
+            restarts: self.restarts,
         }
     }
 }

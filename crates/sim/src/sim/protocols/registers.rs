@@ -1,15 +1,19 @@
 //! The two register baselines in the simulator: multi-writer ABD (crash faults only, `2f+1`
 //! servers) and Phalanx (writer-signed versions, `3f+1` servers, the Byzantine catalogue of
-//! [`crate::byzantine::phalanx`]). Both keep one version per key on disk, so they share the disk.
+//! [`crate::byzantine::phalanx`]). Both keep one version per key on disk, so they share the disk,
+//! and both are one register core, so they share how their messages and results read.
 
 use crate::byzantine::Behaviour;
 use crate::byzantine::phalanx::PhalanxLiar;
 use crate::sim::config::{FaultSet, Nemesis, SimConfig};
-use crate::sim::protocol::{Finished, OpStep, Protocol, Served, SimOp, SimServer};
+use crate::sim::protocol::{Finish, Finished, Protocol, Storage};
 use crate::sim::swarm::Swarm;
 use bulwark_core::config::Protocol as ClusterProtocol;
-use bulwark_core::{ClientId, Epoch, GroupId, Key, Slot, Time};
-use bulwark_protocol::round::{OpId, Step};
+use bulwark_core::{ClientId, Epoch, GroupId, Key, Slot};
+use bulwark_protocol::register::{
+    Policy, ReadOutcome, Request, RequestBody, Response, ResponseBody, Timestamp, WriteOutcome,
+};
+use bulwark_protocol::round::OpId;
 use bulwark_protocol::{abd, phalanx};
 use bytes::Bytes;
 use rand::Rng;
@@ -27,131 +31,109 @@ impl<E> Default for RegisterDisk<E> {
     }
 }
 
-/// What the two baselines' adapters share, written once over the module (`abd` or `phalanx`):
-/// both have the same rounds (CLOCK, STORE, GET, WRITE-BACK), message shapes and machines. They
-/// differ in what CLOCK returns (`$clock_ts` finds the timestamp in it) and in the evidence a read
-/// reports (`$evidence`).
-macro_rules! register_messages {
-    ($name:ident, $module:ident, $protocol:ident, $clock_ts:expr, $evidence:expr) => {
-        mod $name {
-            use super::*;
+impl<E> RegisterDisk<E> {
+    fn put(&mut self, key: &Key, entry: &E)
+    where
+        E: Clone,
+    {
+        self.0.insert(key.clone(), entry.clone());
+    }
+}
 
-            fn label(ts: Option<&$module::Timestamp>) -> String {
-                ts.map_or("ts0".to_string(), |ts| {
-                    format!("{}.w{}.{}", ts.num, ts.writer.0, ts.seq)
-                })
-            }
+/// What the trace needs of a register policy beyond the shared core: the timestamp its CLOCK
+/// replies show.
+trait Traced: Policy {
+    fn clock_label(clock: &Self::Clock) -> Timestamp;
+}
 
-            /// The index of a round in the swarm's per-request tails: writes' rounds where
-            /// PoWerStore has CLOCK and STORE, reads' where it has COLLECT and REPAIR.
-            pub(super) fn kind(request: &$module::Request) -> usize {
-                match request.body {
-                    $module::RequestBody::Clock => 0,
-                    $module::RequestBody::Store(_) => 1,
-                    $module::RequestBody::Get => 3,
-                    $module::RequestBody::WriteBack(_) => 5,
-                }
-            }
+impl Traced for abd::Abd {
+    fn clock_label(ts: &Timestamp) -> Timestamp {
+        *ts
+    }
+}
 
-            pub(super) fn describe_request(request: &$module::Request) -> String {
-                let detail = match &request.body {
-                    $module::RequestBody::Store(entry) | $module::RequestBody::WriteBack(entry) => {
-                        format!(" ts={}", label(Some(&entry.ts)))
-                    }
-                    $module::RequestBody::Clock | $module::RequestBody::Get => String::new(),
-                };
-                format!(
-                    "{} key={} op{}{detail}",
-                    request.body.name(),
-                    request.key,
-                    request.op.0
-                )
-            }
+impl Traced for phalanx::Phalanx {
+    fn clock_label(signed: &phalanx::SignedTimestamp) -> Timestamp {
+        signed.ts
+    }
+}
 
-            pub(super) fn describe_response(response: &$module::Response) -> String {
-                let detail = match &response.body {
-                    $module::ResponseBody::ClockAck(clock) => {
-                        format!("clock-ack ts={}", label(($clock_ts)(clock).as_ref()))
-                    }
-                    $module::ResponseBody::Value(entry) => {
-                        format!("value ts={}", label(entry.as_ref().map(|entry| &entry.ts)))
-                    }
-                    $module::ResponseBody::StoreAck(ts) => {
-                        format!("store-ack ts={}", label(Some(ts)))
-                    }
-                    $module::ResponseBody::Refused(refusal) => format!("refused: {refusal}"),
-                };
-                format!("{detail} op{}", response.op.0)
-            }
+fn label(ts: Option<&Timestamp>) -> String {
+    ts.map_or("ts0".to_string(), |ts| {
+        format!("{}.w{}.{}", ts.num, ts.writer.0, ts.seq)
+    })
+}
 
-            /// How a round of the baseline's machine ended, in the world's terms.
-            fn step<T>(
-                step: $module::Step<T>,
-                finish: impl FnOnce(T) -> Finished,
-            ) -> OpStep<$module::Request> {
-                match step {
-                    Step::Continue(sends) => OpStep::Continue(sends),
-                    Step::Done(result) => {
-                        OpStep::Done(result.map(finish).map_err(|e| e.to_string()))
-                    }
-                }
-            }
+/// The index of a round in the swarm's per-request tails: writes' rounds where PoWerStore has
+/// CLOCK and STORE, reads' where it has COLLECT and REPAIR.
+fn kind<P: Policy>(request: &Request<P>) -> usize {
+    match request.body {
+        RequestBody::Clock => 0,
+        RequestBody::Store(_) => 1,
+        RequestBody::Get => 3,
+        RequestBody::WriteBack(_) => 5,
+    }
+}
 
-            impl SimOp<$protocol> for $module::WriteOp {
-                fn start(&mut self) -> Vec<(Slot, $module::Request)> {
-                    $module::WriteOp::start(self)
-                }
-
-                fn retransmit(&self) -> Vec<(Slot, $module::Request)> {
-                    $module::WriteOp::retransmit(self)
-                }
-
-                fn on_response(
-                    &mut self,
-                    from: Slot,
-                    response: $module::Response,
-                ) -> OpStep<$module::Request> {
-                    step(
-                        $module::WriteOp::on_response(self, from, response),
-                        |outcome| Finished {
-                            read: None,
-                            version: label(Some(&outcome.ts)),
-                            evidence: Vec::new(),
-                            repaired: false,
-                            restarts: 0,
-                        },
-                    )
-                }
-            }
-
-            impl SimOp<$protocol> for $module::ReadOp {
-                fn start(&mut self) -> Vec<(Slot, $module::Request)> {
-                    $module::ReadOp::start(self)
-                }
-
-                fn retransmit(&self) -> Vec<(Slot, $module::Request)> {
-                    $module::ReadOp::retransmit(self)
-                }
-
-                fn on_response(
-                    &mut self,
-                    from: Slot,
-                    response: $module::Response,
-                ) -> OpStep<$module::Request> {
-                    step(
-                        $module::ReadOp::on_response(self, from, response),
-                        |outcome| Finished {
-                            evidence: ($evidence)(&outcome),
-                            version: label(outcome.ts.as_ref()),
-                            read: Some(outcome.value),
-                            repaired: false,
-                            restarts: 0,
-                        },
-                    )
-                }
-            }
+fn describe_request<P: Policy>(request: &Request<P>) -> String {
+    let detail = match &request.body {
+        RequestBody::Store(entry) | RequestBody::WriteBack(entry) => {
+            format!(" ts={}", label(Some(&P::ts(entry))))
         }
+        RequestBody::Clock | RequestBody::Get => String::new(),
     };
+    format!(
+        "{} key={} op{}{detail}",
+        request.body.name(),
+        request.key,
+        request.op.0
+    )
+}
+
+fn describe_response<P: Traced>(response: &Response<P>) -> String {
+    let detail = match &response.body {
+        ResponseBody::ClockAck(clock) => {
+            format!(
+                "clock-ack ts={}",
+                label(clock.as_ref().map(P::clock_label).as_ref())
+            )
+        }
+        ResponseBody::Value(entry) => {
+            format!("value ts={}", label(entry.as_ref().map(P::ts).as_ref()))
+        }
+        ResponseBody::StoreAck(ts) => format!("store-ack ts={}", label(Some(ts))),
+        ResponseBody::Refused(refusal) => format!("refused: {refusal}"),
+    };
+    format!("{detail} op{}", response.op.0)
+}
+
+impl Finish for WriteOutcome {
+    fn finish(self) -> Finished {
+        Finished {
+            read: None,
+            version: label(Some(&self.ts)),
+            evidence: Vec::new(),
+            repaired: false,
+            restarts: 0,
+        }
+    }
+}
+
+impl Finish for ReadOutcome {
+    fn finish(self) -> Finished {
+        Finished {
+            // Only Phalanx readers name forgers; an ABD read has none.
+            evidence: self
+                .forgers
+                .iter()
+                .map(|node| (*node, "ForgedSignature".to_string()))
+                .collect(),
+            version: label(self.ts.as_ref()),
+            read: Some(self.value),
+            repaired: false,
+            restarts: 0,
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -167,8 +149,13 @@ impl Protocol for Abd {
     type Response = abd::Response;
     type Change = abd::Change;
     type Disk = RegisterDisk<abd::Entry>;
+    type Server = abd::Server;
+    type Write = abd::WriteOp;
+    type Read = abd::ReadOp;
 
-    const KIND: ClusterProtocol = ClusterProtocol::Abd;
+    fn nodes(f: usize) -> usize {
+        ClusterProtocol::Abd.nodes(f)
+    }
 
     /// ABD tolerates crashes, not lies: no Byzantine servers or readers.
     fn tolerated(wanted: &FaultSet) -> FaultSet {
@@ -184,21 +171,25 @@ impl Protocol for Abd {
         Abd { client_config }
     }
 
-    fn server(&self, index: usize, _behaviour: Behaviour, _seed: u64) -> Box<dyn SimServer<Abd>> {
-        Box::new(abd::Server::new(Slot(index as u32), Epoch(0), GroupId(0)))
+    fn server(&self, index: usize, _behaviour: Behaviour, _seed: u64) -> abd::Server {
+        abd::Server::new(Slot(index as u32), Epoch(0), GroupId(0))
     }
 
-    fn restore(&self, index: usize, disk: &Self::Disk, _now: u64) -> Box<dyn SimServer<Abd>> {
+    fn restore(&self, index: usize, disk: &Self::Disk, _now: u64) -> abd::Server {
         let mut server = abd::Server::new(Slot(index as u32), Epoch(0), GroupId(0));
         for (key, entry) in &disk.0 {
             server.restore(key.clone(), entry.clone());
         }
-        Box::new(server)
+        server
+    }
+
+    fn view(_: &Storage<Self>) -> &() {
+        &()
     }
 
     fn persist(disk: &mut Self::Disk, change: &abd::Change) {
         let abd::Change::Put { key, entry } = change;
-        disk.0.insert(key.clone(), entry.clone());
+        disk.put(key, entry);
     }
 
     fn disk_versions(disk: &Self::Disk) -> usize {
@@ -212,19 +203,19 @@ impl Protocol for Abd {
         op: OpId,
         value: Option<Bytes>,
         _rng: &mut ChaCha8Rng,
-    ) -> Box<dyn SimOp<Abd>> {
-        Box::new(abd::WriteOp::new(
+    ) -> abd::WriteOp {
+        abd::WriteOp::new(
             self.client_config.clone(),
             key,
             op,
             ClientId(client as u32),
             op.0,
             value,
-        ))
+        )
     }
 
-    fn read(&self, key: Key, op: OpId) -> Box<dyn SimOp<Abd>> {
-        Box::new(abd::ReadOp::new(self.client_config.clone(), key, op))
+    fn read(&self, key: Key, op: OpId) -> abd::ReadOp {
+        abd::ReadOp::new(self.client_config.clone(), key, op)
     }
 
     fn response_op(response: &abd::Response) -> OpId {
@@ -236,44 +227,17 @@ impl Protocol for Abd {
     }
 
     fn request_kind(request: &abd::Request) -> usize {
-        abd_messages::kind(request)
+        kind(request)
     }
 
     fn describe_request(request: &abd::Request) -> String {
-        abd_messages::describe_request(request)
+        describe_request(request)
     }
 
     fn describe_response(response: &abd::Response) -> String {
-        abd_messages::describe_response(response)
+        describe_response(response)
     }
 }
-
-impl SimServer<Abd> for abd::Server {
-    fn handle(
-        &mut self,
-        _now: u64,
-        _client: usize,
-        writer: bool,
-        request: abd::Request,
-        _disk: &RegisterDisk<abd::Entry>,
-        _pending: Vec<&abd::Change>,
-    ) -> Served<Abd> {
-        let handled = abd::Server::handle(self, writer, true, request);
-        Served {
-            changes: handled.changes,
-            reply: Some(handled.reply),
-            refused: handled.refused.is_some(),
-        }
-    }
-}
-
-register_messages!(
-    abd_messages,
-    abd,
-    Abd,
-    |ts: &Option<abd::Timestamp>| *ts,
-    |_outcome: &abd::ReadOutcome| Vec::new()
-);
 
 // ---------------------------------------------------------------------------------------------
 // Phalanx
@@ -290,8 +254,13 @@ impl Protocol for Phalanx {
     type Response = phalanx::Response;
     type Change = phalanx::Change;
     type Disk = RegisterDisk<phalanx::Entry>;
+    type Server = PhalanxLiar;
+    type Write = phalanx::WriteOp;
+    type Read = phalanx::ReadOp;
 
-    const KIND: ClusterProtocol = ClusterProtocol::Phalanx;
+    fn nodes(f: usize) -> usize {
+        ClusterProtocol::Phalanx.nodes(f)
+    }
 
     /// Byzantine servers, but no catalogue of Byzantine readers: a reader can only write back a
     /// version some writer signed, which any correct reader might also do.
@@ -322,27 +291,26 @@ impl Protocol for Phalanx {
         }
     }
 
-    fn server(&self, index: usize, behaviour: Behaviour, seed: u64) -> Box<dyn SimServer<Self>> {
-        Box::new(PhalanxLiar::new(
-            behaviour,
-            Slot(index as u32),
-            self.writers.clone(),
-            seed,
-        ))
+    fn server(&self, index: usize, behaviour: Behaviour, seed: u64) -> PhalanxLiar {
+        PhalanxLiar::new(behaviour, Slot(index as u32), self.writers.clone(), seed)
     }
 
-    fn restore(&self, index: usize, disk: &Self::Disk, _now: u64) -> Box<dyn SimServer<Self>> {
+    fn restore(&self, index: usize, disk: &Self::Disk, _now: u64) -> PhalanxLiar {
         let node = Slot(index as u32);
         let mut server = PhalanxLiar::new(Behaviour::Honest, node, self.writers.clone(), 0);
         for (key, entry) in &disk.0 {
             server.restore(key.clone(), entry.clone());
         }
-        Box::new(server)
+        server
+    }
+
+    fn view(_: &Storage<Self>) -> &() {
+        &()
     }
 
     fn persist(disk: &mut Self::Disk, change: &phalanx::Change) {
         let phalanx::Change::Put { key, entry } = change;
-        disk.0.insert(key.clone(), entry.clone());
+        disk.put(key, entry);
     }
 
     fn disk_versions(disk: &Self::Disk) -> usize {
@@ -356,8 +324,8 @@ impl Protocol for Phalanx {
         op: OpId,
         value: Option<Bytes>,
         _rng: &mut ChaCha8Rng,
-    ) -> Box<dyn SimOp<Self>> {
-        Box::new(phalanx::WriteOp::new(
+    ) -> phalanx::WriteOp {
+        phalanx::WriteOp::new(
             self.client_config.clone(),
             key,
             op,
@@ -365,11 +333,11 @@ impl Protocol for Phalanx {
             op.0,
             self.signing[client].clone(),
             value,
-        ))
+        )
     }
 
-    fn read(&self, key: Key, op: OpId) -> Box<dyn SimOp<Self>> {
-        Box::new(phalanx::ReadOp::new(self.client_config.clone(), key, op))
+    fn read(&self, key: Key, op: OpId) -> phalanx::ReadOp {
+        phalanx::ReadOp::new(self.client_config.clone(), key, op)
     }
 
     fn response_op(response: &phalanx::Response) -> OpId {
@@ -381,50 +349,14 @@ impl Protocol for Phalanx {
     }
 
     fn request_kind(request: &phalanx::Request) -> usize {
-        phalanx_messages::kind(request)
+        kind(request)
     }
 
     fn describe_request(request: &phalanx::Request) -> String {
-        phalanx_messages::describe_request(request)
+        describe_request(request)
     }
 
     fn describe_response(response: &phalanx::Response) -> String {
-        phalanx_messages::describe_response(response)
+        describe_response(response)
     }
 }
-
-impl SimServer<Phalanx> for PhalanxLiar {
-    fn handle(
-        &mut self,
-        now: u64,
-        client: usize,
-        writer: bool,
-        request: phalanx::Request,
-        _disk: &RegisterDisk<phalanx::Entry>,
-        _pending: Vec<&phalanx::Change>,
-    ) -> Served<Phalanx> {
-        let (changes, reply) =
-            PhalanxLiar::handle(self, Time(now), ClientId(client as u32), writer, request);
-        let refused = matches!(
-            reply.as_ref().map(|r| &r.body),
-            Some(phalanx::ResponseBody::Refused(_))
-        );
-        Served {
-            changes,
-            reply,
-            refused,
-        }
-    }
-}
-
-register_messages!(
-    phalanx_messages,
-    phalanx,
-    Phalanx,
-    |signed: &Option<phalanx::SignedTimestamp>| signed.as_ref().map(|s| s.ts),
-    |outcome: &phalanx::ReadOutcome| outcome
-        .forgers
-        .iter()
-        .map(|node| (*node, "ForgedSignature".to_string()))
-        .collect()
-);
