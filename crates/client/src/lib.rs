@@ -528,7 +528,7 @@ impl Client {
     /// Logs, counts and (when connected through a cluster directory) records misbehaviour.
     fn record(&self, observed: &[Evidence]) {
         for evidence in observed {
-            tracing::warn!(node = %evidence.node, kind = %evidence.kind, detail = %evidence.detail, "node misbehaved");
+            tracing::info!(node = %evidence.node, kind = %evidence.kind, detail = %evidence.detail, "node misbehaved");
         }
         if let Some(path) = &self.evidence_log {
             evidence::append(path, &self.name, observed);

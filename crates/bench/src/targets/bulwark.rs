@@ -5,7 +5,7 @@ use crate::driver::Target;
 use crate::http;
 use anyhow::{Context, Result, bail};
 use bulwark_client::Client;
-use bulwark_core::config::ClusterConfig;
+use bulwark_core::config::{ClusterConfig, Protocol};
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use std::net::SocketAddr;
@@ -83,8 +83,20 @@ impl BulwarkTarget {
             &std::fs::read_to_string(&config_path)?,
             &config_path.display().to_string(),
         )?;
+        // An ABD register lives on the first 2f+1 members of its group: the nodes that hold none
+        // are not started, so the comparison counts only the servers each protocol needs.
+        let serving: std::collections::BTreeSet<u32> = match config.protocol {
+            Protocol::Abd => config
+                .placement()?
+                .groups()
+                .iter()
+                .flat_map(|group| group.members()[..Protocol::Abd.nodes(config.f)].to_vec())
+                .map(|node| node.0)
+                .collect(),
+            _ => config.nodes.iter().map(|node| node.id).collect(),
+        };
         let mut nodes = Nodes(Vec::new());
-        for node in &config.nodes {
+        for node in config.nodes.iter().filter(|node| serving.contains(&node.id)) {
             let log = std::fs::File::create(options.dir.join(format!("node-{}.log", node.id)))?;
             nodes.0.push(
                 Command::new(&options.program)
@@ -99,22 +111,34 @@ impl BulwarkTarget {
             );
         }
         let client = Client::connect(&options.dir, "admin").await?;
-        wait_until_up(&client, &options.dir).await?;
+        wait_until_up(&client, &options.dir, &serving).await?;
         Ok(BulwarkTarget {
             name: options.protocol.clone().unwrap_or("powerstore".into()),
             client,
-            metrics: config.nodes.iter().filter_map(|n| n.metrics).collect(),
+            metrics: config
+                .nodes
+                .iter()
+                .filter(|node| serving.contains(&node.id))
+                .filter_map(|n| n.metrics)
+                .collect(),
             nodes,
             dir: options.dir.clone(),
         })
     }
 }
 
-async fn wait_until_up(client: &Client, dir: &Path) -> Result<()> {
+async fn wait_until_up(
+    client: &Client,
+    dir: &Path,
+    serving: &std::collections::BTreeSet<u32>,
+) -> Result<()> {
     let started = Instant::now();
     loop {
         let statuses = client.status().await;
-        if statuses.iter().all(|(_, _, s)| s.is_ok()) {
+        if statuses
+            .iter()
+            .all(|(id, _, s)| s.is_ok() || !serving.contains(&id.0))
+        {
             return Ok(());
         }
         if started.elapsed() > READY_TIMEOUT {
