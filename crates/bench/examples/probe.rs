@@ -2,7 +2,8 @@
 //! client, so that a profiler attached to a node (or to this process) sees a known number of
 //! operations: `probe CLUSTER_DIR SIZE_BYTES PUTS GETS [CLIENT]`.
 //!
-//! `PROBE_PAUSE_MS` pauses after each put. Puts cycle through four keys, so a gets-only run needs an earlier run with at least four puts
+//! `PROBE_PAUSE_MS` pauses after each put; `PROBE_LINGER_MS` waits before exiting, so a node under a
+//! profiler reads every request before the connection closes. Puts cycle through four keys, so a gets-only run needs an earlier run with at least four puts
 //! of the same size. The times it prints are per operation; a profile's instruction count divided
 //! by the operations gives the cost of one.
 
@@ -57,6 +58,14 @@ async fn main() -> Result<()> {
         }
     }
     let get_elapsed = started.elapsed();
+    // A node slowed by a profiler may still be reading requests the operations no longer
+    // needed; exiting would reset the connection and take them with it.
+    if let Some(linger) = std::env::var("PROBE_LINGER_MS")
+        .ok()
+        .and_then(|ms| ms.parse().ok())
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(linger)).await;
+    }
     println!(
         "size {size}: {puts} puts {:.3} ms each, {gets} gets {:.3} ms each",
         put_elapsed.as_secs_f64() * 1e3 / puts.max(1) as f64,
