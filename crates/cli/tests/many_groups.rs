@@ -38,7 +38,9 @@ fn workload(
                 let key = &keys[((writer * 7 + sequence) % keys.len() as u64) as usize];
                 let value = value_for(writer, sequence);
                 let invoke = recorder.now();
-                let outcome = match client.put_in(&volume, key, Bytes::from(value.clone())).await
+                let outcome = match client
+                    .put_in(&volume, key, Bytes::from(value.clone()))
+                    .await
                 {
                     Ok(_) => Outcome::Ok,
                     Err(_) => Outcome::Unknown,
@@ -159,7 +161,10 @@ async fn seven_nodes_serve_many_groups_linearizably_through_a_restart() {
         "7 nodes: checked {} operations ({acknowledged} acknowledged writes) on {} keys",
         report.ops_checked, report.keys_checked
     );
-    assert!(acknowledged >= 60, "too few writes completed ({acknowledged})");
+    assert!(
+        acknowledged >= 60,
+        "too few writes completed ({acknowledged})"
+    );
 
     // Node 1 serves every group it is in again, from what it restored: for each of its groups,
     // with another member down, a quorum needs node 1, and the group's keys still read.
@@ -174,7 +179,11 @@ async fn seven_nodes_serve_many_groups_linearizably_through_a_restart() {
         cluster.kill(victim.0 as usize);
         for key in &by_group[&group.id().0] {
             let (value, report) = reader.get(key).await.expect("read with a member down");
-            assert!(value.is_some(), "key {key:?} of group {:?} lost", group.id());
+            assert!(
+                value.is_some(),
+                "key {key:?} of group {:?} lost",
+                group.id()
+            );
             assert!(
                 report.answered.contains(&NodeId(1)),
                 "group {:?} was served without node 1",
@@ -209,7 +218,10 @@ async fn volumes_of_two_protocols_are_served_at_the_same_time() {
     assert_eq!(reader.volume("signed").await.expect("found"), signed);
     assert!(reader.volume("absent").await.is_err());
     assert!(
-        admin.create_volume("crash", Protocol::PowerStore).await.is_err(),
+        admin
+            .create_volume("crash", Protocol::PowerStore)
+            .await
+            .is_err(),
         "a volume keeps its protocol"
     );
 
@@ -246,7 +258,10 @@ async fn volumes_of_two_protocols_are_served_at_the_same_time() {
             .iter()
             .filter(|op| op.key.starts_with(label.as_bytes()) && op.outcome == Outcome::Ok)
             .count();
-        assert!(acknowledged >= 10, "{label}: only {acknowledged} writes completed");
+        assert!(
+            acknowledged >= 10,
+            "{label}: only {acknowledged} writes completed"
+        );
     }
     eprintln!(
         "three volumes: checked {} operations on {} keys",

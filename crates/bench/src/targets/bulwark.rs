@@ -96,7 +96,11 @@ impl BulwarkTarget {
             _ => config.nodes.iter().map(|node| node.id).collect(),
         };
         let mut nodes = Nodes(Vec::new());
-        for node in config.nodes.iter().filter(|node| serving.contains(&node.id)) {
+        for node in config
+            .nodes
+            .iter()
+            .filter(|node| serving.contains(&node.id))
+        {
             let log = std::fs::File::create(options.dir.join(format!("node-{}.log", node.id)))?;
             nodes.0.push(
                 Command::new(&options.program)

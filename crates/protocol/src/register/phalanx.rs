@@ -13,10 +13,9 @@
 //! when they are registered. Deletes are signed tombstones (`value: None`).
 
 use super::{Clocked, Judged, Policy};
+use bulwark_core::sign::{Context, PublicKey, SecretKey, SignError, Signature};
 use bulwark_core::{ClientId, Digest, Epoch, GroupId, Key, OBJECT_BYTES_MAX, Slot};
 use bytes::Bytes;
-pub use ed25519_dalek::SigningKey;
-use ed25519_dalek::{Signature, Signer, VerifyingKey};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -24,7 +23,11 @@ use std::sync::Arc;
 pub use super::{OpId, ProtocolError, ReadOutcome, Refusal, ServerStats, Timestamp, WriteOutcome};
 
 const DOMAIN_VALUE: &str = "bulwark.phalanx.value";
-const DOMAIN_SIGNED: &[u8] = b"bulwark.phalanx.signed-version.v1";
+/// What a writer signs: a version of one register (`signed_bytes`), never anything else.
+const SIGNED_VERSION: Context = Context::new("bulwark.phalanx.signed-version.v1");
+
+/// A writer's signing key.
+pub type SigningKey = SecretKey;
 
 /// The Phalanx policy: `3f+1` servers, versions signed by their writers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -32,18 +35,7 @@ pub struct Phalanx;
 
 /// The writers' public keys, by client index, from the cluster configuration.
 #[derive(Clone, Debug, Default)]
-pub struct Writers(HashMap<ClientId, VerifyingKey>);
-
-/// Why a public key cannot be registered.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum KeyError {
-    /// Not the encoding of a curve point.
-    #[error("not an Ed25519 public key")]
-    Invalid,
-    /// A small-order key, for which signatures prove nothing.
-    #[error("a weak (small-order) Ed25519 public key")]
-    Weak,
-}
+pub struct Writers(HashMap<ClientId, PublicKey>);
 
 impl Writers {
     /// Every writer's key from `cluster.toml`, refusing malformed and weak keys with an error
@@ -68,13 +60,9 @@ impl Writers {
         Ok(writers)
     }
 
-    /// Registers `writer`'s public key, refusing malformed and weak keys.
-    pub fn register(&mut self, writer: ClientId, public: &[u8; 32]) -> Result<(), KeyError> {
-        let key = VerifyingKey::from_bytes(public).map_err(|_| KeyError::Invalid)?;
-        if key.is_weak() {
-            return Err(KeyError::Weak);
-        }
-        self.0.insert(writer, key);
+    /// Registers `writer`'s public key, refusing malformed, non-canonical and weak keys.
+    pub fn register(&mut self, writer: ClientId, public: &[u8; 32]) -> Result<(), SignError> {
+        self.0.insert(writer, PublicKey::from_bytes(public)?);
         Ok(())
     }
 
@@ -93,7 +81,8 @@ impl Writers {
         };
         signed.ts.num >= 1
             && public
-                .verify_strict(
+                .verify(
+                    SIGNED_VERSION,
                     &signed_bytes(
                         group,
                         key,
@@ -101,7 +90,7 @@ impl Writers {
                         signed.tombstone,
                         &signed.value_digest,
                     ),
-                    &Signature::from_bytes(&signature),
+                    &Signature(signature),
                 )
                 .is_ok()
     }
@@ -130,12 +119,12 @@ fn value_digest(value: Option<&[u8]>) -> Digest {
 
 /// The signing key made from a 32-byte secret, as `cluster init` draws it.
 pub fn signing_key(secret: &[u8; 32]) -> SigningKey {
-    SigningKey::from_bytes(secret)
+    SecretKey::from_seed(secret)
 }
 
 /// The public half of a signing key's secret, as registered in `cluster.toml`.
 pub fn public_key(secret: &[u8; 32]) -> [u8; 32] {
-    signing_key(secret).verifying_key().to_bytes()
+    signing_key(secret).public_key().to_bytes()
 }
 
 /// The exact bytes a writer signs: domain, group, key, timestamp, whether it is a delete, and the
@@ -147,9 +136,7 @@ fn signed_bytes(
     tombstone: bool,
     digest: &Digest,
 ) -> Vec<u8> {
-    let mut bytes =
-        Vec::with_capacity(DOMAIN_SIGNED.len() + 8 + 2 + key.as_bytes().len() + 20 + 33);
-    bytes.extend_from_slice(DOMAIN_SIGNED);
+    let mut bytes = Vec::with_capacity(4 + 2 + key.as_bytes().len() + 20 + 33);
     bytes.extend_from_slice(&group.0.to_be_bytes());
     bytes.extend_from_slice(&(key.as_bytes().len() as u16).to_be_bytes());
     bytes.extend_from_slice(key.as_bytes());
@@ -182,11 +169,12 @@ impl Entry {
         signing: &SigningKey,
     ) -> Entry {
         let digest = value_digest(value.as_deref());
-        let signature = signing.sign(&signed_bytes(group, key, &ts, value.is_none(), &digest));
+        let bytes = signed_bytes(group, key, &ts, value.is_none(), &digest);
+        let signature = signing.sign(SIGNED_VERSION, &bytes);
         Entry {
             ts,
             value,
-            signature: Bytes::copy_from_slice(&signature.to_bytes()),
+            signature: Bytes::copy_from_slice(&signature.0),
         }
     }
 
