@@ -270,20 +270,7 @@ impl Client {
         let writers = phalanx::Writers::from_config(&cluster, "cluster.toml")?;
         let connector = Arc::new(bulwark_transport::Connector::new(&identity)?);
         let router = Router::new();
-        let links = cluster
-            .nodes
-            .iter()
-            .map(|node| {
-                let link = Link::spawn(
-                    NodeId(node.id),
-                    node.address,
-                    node.fingerprint,
-                    connector.clone(),
-                    router.clone(),
-                );
-                (NodeId(node.id), link)
-            })
-            .collect();
+        let links = bulwark_transport::links_to(&cluster.nodes, &connector, &router);
         Ok(Client {
             cluster: Arc::new(cluster),
             placement: Arc::new(placement),

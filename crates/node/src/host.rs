@@ -40,6 +40,16 @@ pub struct Effects {
     pub refused: Option<String>,
 }
 
+impl Effects {
+    /// Nothing to do but count a refusal.
+    fn refused(why: String) -> Effects {
+        Effects {
+            refused: Some(why),
+            ..Effects::default()
+        }
+    }
+}
+
 /// A hosted replica, as a shard drives it: frames in, effects out.
 pub trait Hosted: Send {
     /// The service's name, for status and metrics.
@@ -156,10 +166,7 @@ where
         let request = match envelope.body::<R::Request>(FRAME_BYTES_MAX) {
             Ok(request) => request,
             Err(error) => {
-                return Effects {
-                    refused: Some(format!("malformed request: {error}")),
-                    ..Effects::default()
-                };
+                return Effects::refused(format!("malformed request: {error}"));
             }
         };
         let output = self
@@ -170,18 +177,12 @@ where
 
     fn on_message(&mut self, now: Time, from: NodeId, envelope: &Envelope, batch: u64) -> Effects {
         let Some(slot) = self.members.iter().position(|m| *m == from) else {
-            return Effects {
-                refused: Some("a message from a node outside the group".into()),
-                ..Effects::default()
-            };
+            return Effects::refused("a message from a node outside the group".to_string());
         };
         let message = match envelope.body::<R::Message>(FRAME_BYTES_MAX) {
             Ok(message) => message,
             Err(error) => {
-                return Effects {
-                    refused: Some(format!("malformed message: {error}")),
-                    ..Effects::default()
-                };
+                return Effects::refused(format!("malformed message: {error}"));
             }
         };
         let output = self

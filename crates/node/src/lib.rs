@@ -246,24 +246,12 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
     // these; replies to what this node asked come back through the router.
     let connector = Arc::new(bulwark_transport::Connector::new(&options.identity)?);
     let router = bulwark_transport::Router::new();
-    let peers: Arc<HashMap<NodeId, bulwark_transport::Link>> = Arc::new(
-        options
-            .cluster
-            .nodes
-            .iter()
-            .filter(|node| node.id != id.0)
-            .map(|node| {
-                let link = bulwark_transport::Link::spawn(
-                    NodeId(node.id),
-                    node.address,
-                    node.fingerprint,
-                    connector.clone(),
-                    router.clone(),
-                );
-                (NodeId(node.id), link)
-            })
-            .collect(),
-    );
+    let peers: Arc<HashMap<NodeId, bulwark_transport::Link>> =
+        Arc::new(bulwark_transport::links_to(
+            options.cluster.nodes.iter().filter(|node| node.id != id.0),
+            &connector,
+            &router,
+        ));
 
     let committer = Arc::new(Committer::start(store.clone()));
     let shard_count = SHARDS.min(replicas.len()).max(1);
@@ -350,7 +338,7 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
                 // not misbehaving; one that fails TLS or is not in the configuration is.
                 Err(bulwark_transport::InboundError::Handshake(
                     bulwark_transport::TransportError::Io(error),
-                )) if is_disconnect(&error) => {
+                )) if bulwark_transport::is_disconnect(&error) => {
                     tracing::debug!(%address, %error, "handshake abandoned");
                 }
                 Err(error) => {
@@ -502,18 +490,6 @@ fn open_store(data_dir: &Path) -> Result<Store, NodeError> {
             reason: error.to_string(),
         },
     })
-}
-
-/// A peer going away (even without a TLS close) is not misbehaviour.
-fn is_disconnect(error: &std::io::Error) -> bool {
-    use std::io::ErrorKind;
-    matches!(
-        error.kind(),
-        ErrorKind::UnexpectedEof
-            | ErrorKind::ConnectionReset
-            | ErrorKind::ConnectionAborted
-            | ErrorKind::BrokenPipe
-    )
 }
 
 /// Resolves on SIGTERM or SIGINT, naming it; never when no handler can be installed.

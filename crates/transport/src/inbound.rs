@@ -375,7 +375,7 @@ impl fmt::Debug for Inbound {
 }
 
 /// A peer going away (even without a TLS close) is not misbehaviour.
-fn is_disconnect(error: &std::io::Error) -> bool {
+pub fn is_disconnect(error: &std::io::Error) -> bool {
     use std::io::ErrorKind;
     matches!(
         error.kind(),

@@ -41,9 +41,9 @@ pub use bulwark_core::wire::FRAME_BYTES_MAX;
 pub use identity::Identity;
 pub use inbound::{
     EndReason, Ended, Handler, Inbound, InboundError, InboundLimits, InboundStats, Incoming,
-    LINGER, Peer, REPLIES_QUEUED_BYTES_MAX, Replies,
+    LINGER, Peer, REPLIES_QUEUED_BYTES_MAX, Replies, is_disconnect,
 };
-pub use link::{Link, LinkLimits, LinkStats, MALFORMED_MAX, QUEUED_BYTES_MAX};
+pub use link::{Link, LinkLimits, LinkStats, MALFORMED_MAX, QUEUED_BYTES_MAX, links_to};
 pub use queue::SendError;
 pub use router::{Delivery, OpTaken, Registration, RouteSender, Router, RouterStats};
 

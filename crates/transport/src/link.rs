@@ -370,3 +370,26 @@ impl LinkTask {
             .unwrap_or_else(PoisonError::into_inner) = Some(reason);
     }
 }
+
+/// A link to each of `nodes`, all delivering to `router`: what a client, or a node talking to its
+/// peers, keeps for the nodes of a configuration.
+pub fn links_to<'a>(
+    nodes: impl IntoIterator<Item = &'a bulwark_core::config::NodeEntry>,
+    connector: &Arc<Connector>,
+    router: &Router,
+) -> std::collections::HashMap<NodeId, Link> {
+    nodes
+        .into_iter()
+        .map(|node| {
+            let id = NodeId(node.id);
+            let link = Link::spawn(
+                id,
+                node.address,
+                node.fingerprint,
+                connector.clone(),
+                router.clone(),
+            );
+            (id, link)
+        })
+        .collect()
+}

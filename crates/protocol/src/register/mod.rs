@@ -421,14 +421,20 @@ impl<P: Policy> ClientConfig<P> {
         self.mutations.quorum(self.n - self.f)
     }
 
-    fn request(&self, op: OpId, key: &Key, body: RequestBody<P>) -> Request<P> {
-        Request {
-            op,
-            epoch: self.epoch,
-            group: self.group,
-            key: key.clone(),
-            body,
-        }
+    /// One round's request to each of `to`.
+    fn round(&self, op: OpId, key: &Key, to: Vec<Slot>, body: RequestBody<P>) -> Vec<Outbound<P>> {
+        to.into_iter()
+            .map(|slot| {
+                let request = Request {
+                    op,
+                    epoch: self.epoch,
+                    group: self.group,
+                    key: key.clone(),
+                    body: body.clone(),
+                };
+                (slot, request)
+            })
+            .collect()
     }
 
     fn judge(&self, key: &Key, entry: &P::Entry) -> Judged {
@@ -482,15 +488,17 @@ pub struct ReadOutcome {
     pub forgers: Vec<Slot>,
 }
 
-/// `f+1` refusals end an operation.
-fn refused(
+/// `f+1` refusals end an operation; fewer change nothing.
+fn refused<P: Policy, T>(
     refusals: &mut Refusals<Refusal>,
     from: Slot,
     refusal: Refusal,
     f: usize,
-) -> Option<ProtocolError> {
-    let (refusal, nodes) = refusals.record(from, refusal, f)?;
-    Some(ProtocolError::Refused { refusal, nodes })
+) -> Step<P, T> {
+    match refusals.record(from, refusal, f) {
+        Some((refusal, nodes)) => Step::Done(Err(ProtocolError::Refused { refusal, nodes })),
+        None => Step::Continue(Vec::new()),
+    }
 }
 
 enum WritePhase<P: Policy> {
@@ -553,10 +561,7 @@ impl<P: Policy> WriteOp<P> {
             ),
             WritePhase::Done => return Vec::new(),
         };
-        missing
-            .into_iter()
-            .map(|n| (n, self.config.request(self.op, &self.key, body.clone())))
-            .collect()
+        self.config.round(self.op, &self.key, missing, body)
     }
 
     /// Nodes that have answered the current round.
@@ -577,13 +582,11 @@ impl<P: Policy> WriteOp<P> {
         match (&mut self.phase, response.body) {
             (WritePhase::Done, _) => Step::Continue(Vec::new()),
             (_, ResponseBody::Refused(refusal)) => {
-                match refused(&mut self.refusals, from, refusal, self.config.f) {
-                    Some(error) => {
-                        self.phase = WritePhase::Done;
-                        Step::Done(Err(error))
-                    }
-                    None => Step::Continue(Vec::new()),
+                let step = refused(&mut self.refusals, from, refusal, self.config.f);
+                if matches!(step, Step::Done(_)) {
+                    self.phase = WritePhase::Done;
                 }
+                step
             }
             (WritePhase::Clock(replies), ResponseBody::ClockAck(clock)) => {
                 let config = &self.config;
@@ -674,10 +677,7 @@ impl<P: Policy> ReadOp<P> {
             ),
             ReadPhase::Done => return Vec::new(),
         };
-        missing
-            .into_iter()
-            .map(|n| (n, self.config.request(self.op, &self.key, body.clone())))
-            .collect()
+        self.config.round(self.op, &self.key, missing, body)
     }
 
     /// Nodes that have answered the current round.
@@ -698,13 +698,11 @@ impl<P: Policy> ReadOp<P> {
         match (&mut self.phase, response.body) {
             (ReadPhase::Done, _) => Step::Continue(Vec::new()),
             (_, ResponseBody::Refused(refusal)) => {
-                match refused(&mut self.refusals, from, refusal, self.config.f) {
-                    Some(error) => {
-                        self.phase = ReadPhase::Done;
-                        Step::Done(Err(error))
-                    }
-                    None => Step::Continue(Vec::new()),
+                let step = refused(&mut self.refusals, from, refusal, self.config.f);
+                if matches!(step, Step::Done(_)) {
+                    self.phase = ReadPhase::Done;
                 }
+                step
             }
             (ReadPhase::Get(replies), ResponseBody::Value(entry)) => {
                 let judged = entry
