@@ -72,7 +72,7 @@ async fn abd_cli_round_trip() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abd_survives_a_sigkilled_node_and_stays_linearizable() {
-    common::survives_a_sigkilled_node("abd", 4).await;
+    common::survives_a_sigkilled_node("abd", 3).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

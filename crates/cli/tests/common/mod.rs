@@ -213,7 +213,8 @@ pub fn value_for(writer: u64, sequence: u64) -> Vec<u8> {
     value
 }
 
-/// Concurrent writers and readers on three keys; one node SIGKILLed and restarted mid-run.
+/// Concurrent writers and readers on three keys; one node SIGKILLed and restarted mid-run. `n` is
+/// how many of the group's members hold the protocol's registers (ABD: the first `2f+1`).
 pub async fn survives_a_sigkilled_node(protocol: &str, n: usize) {
     const OPS_PER_CLIENT_MAX: u64 = 1_500;
     let mut cluster = TestCluster::start_protocol(protocol, 1, 1_000);
