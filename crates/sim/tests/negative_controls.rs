@@ -212,3 +212,22 @@ fn phalanx_f_plus_one_colluders_are_caught() {
     colluders_one_too_many_are_caught(Protocol::Phalanx, 1, 50);
     colluders_one_too_many_are_caught(Protocol::Phalanx, 2, 200);
 }
+
+// (l) A driver that lets replies out before their changes are durable: a server acknowledges a
+// STORE, crashes before the commit, and comes back without the version it acknowledged, so a
+// completed write can vanish. The node and the simulator share the rule (`machine::Sequencer`);
+// this is what breaking it costs. It takes a rare schedule (the write's third server must miss
+// the STORE too), so the control runs ABD with crashes alone, where seed 2807 catches it.
+#[test]
+fn sends_before_durability_are_caught() {
+    let reference = SimConfig {
+        protocol: Protocol::Abd,
+        faults: "crashes".parse::<FaultSet>().unwrap(),
+        ..SimConfig::default()
+    };
+    let broken = SimConfig {
+        mutations: "send-before-durable".parse::<Mutations>().unwrap(),
+        ..reference.clone()
+    };
+    caught_within("send-before-durable (abd)", &broken, &reference, 3_000);
+}

@@ -162,6 +162,17 @@ pub struct Mutations {
     pub server: ServerMutations,
     /// Breakage of the ABD and Phalanx clients.
     pub register: RegisterMutations,
+    /// Breakage of the effect driver every protocol shares.
+    pub driver: DriverMutations,
+}
+
+/// Breakage of the driver's persist-then-send rule, which every protocol's safety argument
+/// assumes of its servers (a reply is a promise about durable state).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DriverMutations {
+    /// Replies and messages leave at once instead of waiting for their batch to be durable: a
+    /// crash can then take back what a client was already told.
+    pub send_before_durable: bool,
 }
 
 impl Mutations {
@@ -170,7 +181,7 @@ impl Mutations {
         *self != Mutations::default()
     }
 
-    fn flags(&self) -> [(&'static str, bool); 10] {
+    fn flags(&self) -> [(&'static str, bool); 11] {
         [
             ("quorum-f-plus-one", self.client.quorum_f_plus_one),
             ("any-twin", self.client.any_twin),
@@ -182,6 +193,7 @@ impl Mutations {
             ("register-small-quorum", self.register.quorum_minus_one),
             ("register-no-write-back", self.register.no_write_back),
             ("register-unverified", self.register.unverified),
+            ("send-before-durable", self.driver.send_before_durable),
         ]
     }
 }
@@ -189,7 +201,7 @@ impl Mutations {
 /// A mutation name that does not exist.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown mutation {0:?}; expected quorum-f-plus-one, any-twin, no-offers, no-write-back, accept-unproven, naive-gc, candidate-vec-in-lc (PoWerStore), register-small-quorum, register-no-write-back or register-unverified (ABD, Phalanx)"
+    "unknown mutation {0:?}; expected quorum-f-plus-one, any-twin, no-offers, no-write-back, accept-unproven, naive-gc, candidate-vec-in-lc (PoWerStore), register-small-quorum, register-no-write-back or register-unverified (ABD, Phalanx), send-before-durable (any)"
 )]
 pub struct UnknownMutation(pub String);
 
@@ -211,6 +223,7 @@ impl FromStr for Mutations {
                 "register-small-quorum" => mutations.register.quorum_minus_one = true,
                 "register-no-write-back" => mutations.register.no_write_back = true,
                 "register-unverified" => mutations.register.unverified = true,
+                "send-before-durable" => mutations.driver.send_before_durable = true,
                 _ => return Err(UnknownMutation(word.to_string())),
             }
         }

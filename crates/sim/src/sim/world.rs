@@ -740,11 +740,18 @@ impl<'a, P: Protocol> World<'a, P> {
         slot.release_at = at;
         let batch = slot.sequencer.submit();
         slot.storage.submit(batch, at, changes);
-        for packet in packets {
-            // Never ready at once: the batch just submitted is not durable yet.
-            let ready = slot.sequencer.send(packet);
-            debug_assert!(ready.is_none(), "a send overtook its batch");
+        if self.config.mutations.driver.send_before_durable {
+            for packet in packets {
+                self.transmit(packet);
+            }
+        } else {
+            for packet in packets {
+                // Never ready at once: the batch just submitted is not durable yet.
+                let ready = slot.sequencer.send(packet);
+                debug_assert!(ready.is_none(), "a send overtook its batch");
+            }
         }
+        let slot = &self.servers[server];
         let incarnation = slot.incarnation;
         self.schedule(
             at - self.now,
