@@ -62,17 +62,41 @@ pub struct InitCommand {
 /// `count` distinct free ports on `host`. Every probe stays bound until all are chosen: a port
 /// probed and released at once can be handed out again by the next probe, which once gave a node
 /// the same port for its clients and its metrics.
+///
+/// Ports come from below the kernel's ephemeral range where it can: a port the kernel handed to a
+/// probe is one it may hand to any outgoing connection (a client dialling a node that is not up
+/// yet) before the node that was given it binds it, which once stopped a node of a test cluster
+/// with "address already in use".
 fn free_ports(host: IpAddr, count: usize) -> Result<std::vec::IntoIter<u16>> {
-    let probes = (0..count)
-        .map(|_| std::net::TcpListener::bind((host, 0)))
-        .collect::<Result<Vec<_>, _>>()
-        .context("finding free ports")?;
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|text| text.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let below = PORTS_BELOW_EPHEMERAL_MIN..ephemeral_low;
+    let mut probes = Vec::with_capacity(count);
+    // Random starting points, so concurrent inits rarely try the same ports; a taken port is
+    // simply skipped. Bounded: a crowded range falls back to the kernel's choice.
+    for _ in 0..count * 20 {
+        if probes.len() == count || below.is_empty() {
+            break;
+        }
+        let port = rand::random_range(below.clone());
+        if let Ok(probe) = std::net::TcpListener::bind((host, port)) {
+            probes.push(probe);
+        }
+    }
+    while probes.len() < count {
+        probes.push(std::net::TcpListener::bind((host, 0)).context("finding free ports")?);
+    }
     let ports = probes
         .iter()
         .map(|probe| Ok(probe.local_addr()?.port()))
         .collect::<Result<Vec<u16>>>()?;
     Ok(ports.into_iter())
 }
+
+/// The lowest port `free_ports` picks itself: above the well-known and most registered services.
+const PORTS_BELOW_EPHEMERAL_MIN: u16 = 20_000;
 
 fn write_private(path: &Path, text: &str) -> Result<()> {
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;

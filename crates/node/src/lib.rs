@@ -14,6 +14,7 @@
 
 mod dispatch;
 pub mod host;
+mod peers;
 mod rejections;
 mod shard;
 mod verified;
@@ -245,13 +246,11 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
     // Node-to-node links: replicas that talk to their group reach its other members through
     // these; replies to what this node asked come back through the router.
     let connector = Arc::new(bulwark_transport::Connector::new(&options.identity)?);
-    let router = bulwark_transport::Router::new();
-    let peers: Arc<HashMap<NodeId, bulwark_transport::Link>> =
-        Arc::new(bulwark_transport::links_to(
-            options.cluster.nodes.iter().filter(|node| node.id != id.0),
-            &connector,
-            &router,
-        ));
+    let peers = Arc::new(peers::Peers::new(
+        options.cluster.nodes.iter().filter(|node| node.id != id.0),
+        connector,
+        bulwark_transport::Router::new(),
+    ));
 
     let committer = Arc::new(Committer::start(store.clone()));
     let shard_count = SHARDS.min(replicas.len()).max(1);

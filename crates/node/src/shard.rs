@@ -8,12 +8,13 @@
 
 use crate::Rejections;
 use crate::host::{Effects, Hosted};
+use crate::peers::Peers;
 use bulwark_core::envelope::Envelope;
 use bulwark_core::{ClientId, GroupId, NodeId, ServiceId, Time};
 use bulwark_protocol::machine::{Access, ReplicaStats, Sequencer, TimerId};
 use bulwark_protocol::service::ReplicaStatus;
 use bulwark_storage::{Committer, StorageOp};
-use bulwark_transport::{Link, Replies};
+use bulwark_transport::Replies;
 use bytes::Bytes;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -86,7 +87,7 @@ pub struct ShardContext {
     pub index: usize,
     pub replicas: HashMap<ReplicaKey, Box<dyn Hosted>>,
     pub committer: Arc<Committer>,
-    pub peers: Arc<HashMap<NodeId, Link>>,
+    pub peers: Arc<Peers>,
     pub started: Instant,
     pub rejections: Rejections,
 }
@@ -115,7 +116,7 @@ enum Outgoing {
 struct Shard {
     replicas: HashMap<ReplicaKey, Box<dyn Hosted>>,
     committer: Arc<Committer>,
-    peers: Arc<HashMap<NodeId, Link>>,
+    peers: Arc<Peers>,
     rejections: Rejections,
     sequencer: Sequencer<Outgoing>,
     /// Batches whose commit completed, reported by the tasks that wait for the committer.
@@ -202,9 +203,7 @@ impl Shard {
                 }
             }
             Outgoing::Peer { to, frame } => {
-                if let Some(link) = self.peers.get(&to)
-                    && let Err(error) = link.send(frame)
-                {
+                if let Err(error) = self.peers.send(to, frame) {
                     tracing::debug!(%to, %error, "message to a peer not queued");
                 }
             }
