@@ -370,22 +370,10 @@ pub struct RegisterStorage {
     pub namespace: Namespace,
 }
 
-impl Adapter<register::Server<register::abd::Abd>> for RegisterStorage {
-    const NAME: &'static str = "abd";
+impl<P: Policy> Adapter<register::Server<P>> for RegisterStorage {
+    const NAME: &'static str = P::NAME;
 
-    fn record(&mut self, change: &register::abd::Change, _batch: u64) -> StorageOp {
-        register_op(self.namespace, change)
-    }
-
-    fn view(&self) -> &() {
-        &()
-    }
-}
-
-impl Adapter<register::Server<register::phalanx::Phalanx>> for RegisterStorage {
-    const NAME: &'static str = "phalanx";
-
-    fn record(&mut self, change: &register::phalanx::Change, _batch: u64) -> StorageOp {
+    fn record(&mut self, change: &register::Change<P>, _batch: u64) -> StorageOp {
         register_op(self.namespace, change)
     }
 

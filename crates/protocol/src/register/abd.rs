@@ -36,6 +36,7 @@ impl Entry {
 
 impl Policy for Abd {
     const SERVICE: bulwark_core::ServiceId = bulwark_core::ServiceId::ABD;
+    const NAME: &'static str = "abd";
     const ROUND_NAMES: [&'static str; 4] = ["abd_clock", "abd_store", "abd_get", "abd_write_back"];
     type Entry = Entry;
     type Clock = Timestamp;

@@ -65,6 +65,8 @@ pub enum Clocked {
 pub trait Policy: Clone + Debug + PartialEq + Send + Sync + 'static {
     /// The service registers of this kind are served as.
     const SERVICE: ServiceId;
+    /// The protocol's name in status and metrics.
+    const NAME: &'static str;
     /// The names of CLOCK, STORE, GET and WRITE-BACK in logs and metrics.
     const ROUND_NAMES: [&'static str; 4];
 

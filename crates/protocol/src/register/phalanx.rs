@@ -201,6 +201,7 @@ impl Entry {
 
 impl Policy for Phalanx {
     const SERVICE: bulwark_core::ServiceId = bulwark_core::ServiceId::PHALANX;
+    const NAME: &'static str = "phalanx";
     const ROUND_NAMES: [&'static str; 4] = [
         "phalanx_clock",
         "phalanx_store",
