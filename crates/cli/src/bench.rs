@@ -1,7 +1,8 @@
 //! `bulwark bench`: `compare` runs the side-by-side comparison of the `bulwark-bench` crate (YCSB
 //! A-F and object sizes, Bulwark against etcd, report with plots); `sizes` measures put and get
 //! on a fresh local 4-node cluster beside the transport's own round trip; `memory` watches node
-//! memory under endless overwrites (garbage collection must keep it flat).
+//! memory under endless overwrites (garbage collection must keep it flat); `cs` measures the
+//! configuration service (`bench_cs.rs`).
 //!
 //! `sizes` and `memory` use closed-loop clients: each issues its next operation when the previous
 //! one returns, so there is no coordinated omission to correct for.
@@ -16,6 +17,9 @@ use bytes::Bytes;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+#[path = "bench_cs.rs"]
+pub mod cs;
 
 /// `bulwark bench`.
 #[derive(clap::Args)]
@@ -33,6 +37,9 @@ pub enum BenchCommand {
     Sizes(SizesArgs),
     /// Node memory under endless overwrites of the same keys.
     Memory(MemoryArgs),
+    /// The configuration service (PBFT, f_cs = 1): no-op and ADD requests per second and their
+    /// latency on 4 nodes, and the time to certify and disseminate a configuration to 16.
+    Cs(cs::CsArgs),
 }
 
 /// `bulwark bench compare`.
@@ -227,6 +234,7 @@ pub async fn run(args: &BenchArgs) -> Result<()> {
     match &args.command {
         BenchCommand::Compare(compare) => run_compare(compare).await,
         BenchCommand::Sizes(sizes) => run_sizes(sizes).await,
+        BenchCommand::Cs(args) => cs::run(args).await,
         BenchCommand::Memory(memory) => {
             run_sizes(&SizesArgs {
                 sizes: Vec::new(),
@@ -310,6 +318,13 @@ async fn run_sizes(args: &SizesArgs) -> Result<()> {
         no_metrics: true,
         clients: vec!["admin:rw".into()],
         force: true,
+        no_configuration_service: true,
+        f_cs: 1,
+        epoch_ms: 3_600_000,
+        stop_tolerance_ms: 5_000,
+        ping_cycle_ms: 60_000,
+        contact_ms: 86_400_000,
+        contact_grace_ms: 60_000,
     })?;
     let mut nodes = Nodes {
         dir: dir.clone(),

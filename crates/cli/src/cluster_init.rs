@@ -44,6 +44,30 @@ pub struct InitArgs {
     /// Overwrite an existing cluster directory.
     #[arg(long)]
     pub force: bool,
+    /// Faults the configuration service tolerates: it runs on 3f_cs+1 of the nodes.
+    #[arg(long, default_value_t = 1)]
+    pub f_cs: u32,
+    /// How long an epoch lasts, in milliseconds: membership changes take effect when it ends.
+    #[arg(long, default_value_t = 3_600_000)]
+    pub epoch_ms: u64,
+    /// How far the configuration service's clocks may disagree on when an epoch ends, in
+    /// milliseconds.
+    #[arg(long, default_value_t = 5_000)]
+    pub stop_tolerance_ms: u64,
+    /// A fixed membership: no configuration service.
+    #[arg(long)]
+    pub no_configuration_service: bool,
+    /// How often each CS replica pings every member, in milliseconds; a member that misses 5
+    /// pings in a row is evicted (once 2f_cs+1 CS replicas agree) when the epoch ends.
+    #[arg(long, default_value_t = 60_000)]
+    pub ping_cycle_ms: u64,
+    /// How often clients confirm with the configuration service that their configuration is
+    /// current, in milliseconds; a client that cannot for a further --contact-grace-ms stops.
+    #[arg(long, default_value_t = 24 * 60 * 60 * 1000)]
+    pub contact_ms: u64,
+    /// See --contact-ms.
+    #[arg(long, default_value_t = 60_000)]
+    pub contact_grace_ms: u64,
 }
 
 /// `bulwark cluster init`, with the protocol choice.
@@ -204,6 +228,21 @@ pub fn run_protocol(args: &InitArgs, protocol: Protocol) -> Result<ClusterConfig
         });
     }
     let timestamp_key = MacKey(rand::random());
+    // The trusted authority (Rosebud §3.1) signs ADD and REVOKE; the administrator holds it: the
+    // client named `admin`, or else the first writer.
+    let authority_seed: [u8; 32] = rand::random();
+    let administrator = args
+        .clients
+        .iter()
+        .map(|spec| spec.split_once(':').unwrap_or((spec.as_str(), "rw")))
+        .find(|(name, _)| *name == "admin")
+        .or_else(|| {
+            args.clients
+                .iter()
+                .map(|spec| spec.split_once(':').unwrap_or((spec.as_str(), "rw")))
+                .find(|(_, roles)| roles.contains('w'))
+        })
+        .map(|(name, _)| name.to_string());
     let mut clients = Vec::new();
     for (id, spec) in args.clients.iter().enumerate() {
         let (name, roles) = spec.split_once(':').unwrap_or((spec.as_str(), "rw"));
@@ -222,10 +261,13 @@ pub fn run_protocol(args: &InitArgs, protocol: Protocol) -> Result<ClusterConfig
         // Writers sign their Phalanx versions; nodes and readers check them against the public
         // half in `cluster.toml`. Any cluster may hold Phalanx volumes, so every writer has one.
         let signing_secret: Option<[u8; 32]> = write.then(rand::random);
+        let with_cs = !args.no_configuration_service;
         let secrets = ClientSecrets {
             name: name.to_string(),
             writer,
             signing_key: signing_secret,
+            authority_key: (with_cs && administrator.as_deref() == Some(name))
+                .then_some(authority_seed),
         };
         write_private(&dir.join("client.toml"), &toml_text(&secrets)?)?;
         let fingerprint = write_identity(&dir, &format!("bulwark-client-{name}"))?;
@@ -240,12 +282,30 @@ pub fn run_protocol(args: &InitArgs, protocol: Protocol) -> Result<ClusterConfig
                 .map(bulwark_protocol::phalanx::public_key),
         });
     }
+    let configuration_service =
+        (!args.no_configuration_service).then(|| bulwark_core::config::ConfigurationService {
+            f_cs: args.f_cs,
+            authority: bulwark_core::sign::SecretKey::from_seed(&authority_seed)
+                .public_key()
+                .to_bytes(),
+            epoch_ms: args.epoch_ms,
+            stop_tolerance_ms: args.stop_tolerance_ms,
+            genesis_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |since| since.as_millis() as u64),
+            ping_cycle_ms: args.ping_cycle_ms,
+            evict_after: 5,
+            agree_after: 3,
+            contact_ms: args.contact_ms,
+            contact_grace_ms: args.contact_grace_ms,
+        });
     let config = ClusterConfig {
         protocol,
         f: args.f,
         epoch: 0,
         nodes,
         clients,
+        configuration_service,
     };
     let text = config.to_toml();
     // Validate what we wrote exactly as a node will read it.
@@ -277,6 +337,13 @@ mod tests {
                 no_metrics: false,
                 clients: vec!["admin:rw".into()],
                 force: false,
+                no_configuration_service: false,
+                f_cs: 1,
+                epoch_ms: 3_600_000,
+                stop_tolerance_ms: 5_000,
+                ping_cycle_ms: 60_000,
+                contact_ms: 86_400_000,
+                contact_grace_ms: 60_000,
             })
             .unwrap();
             let mut ports: Vec<u16> = config

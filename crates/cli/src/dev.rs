@@ -84,6 +84,13 @@ pub async fn run(dir: &Path, nodes: usize, demo: bool) -> Result<()> {
             no_metrics: false,
             clients: vec!["admin:rw".into(), "reader:r".into()],
             force: false,
+            no_configuration_service: false,
+            f_cs: 1,
+            epoch_ms: 60_000,
+            stop_tolerance_ms: 2_000,
+            ping_cycle_ms: 60_000,
+            contact_ms: 86_400_000,
+            contact_grace_ms: 60_000,
         })?;
         eprintln!(
             "created a {nodes}-node cluster (f = 1) in {}",
@@ -140,6 +147,7 @@ pub async fn run(dir: &Path, nodes: usize, demo: bool) -> Result<()> {
     println!("  echo hello | bulwark put greeting");
     println!("  bulwark get greeting");
     println!("  bulwark status");
+    println!("  bulwark config show        # the certified membership (epochs of a minute here)");
     println!(
         "Cluster files: {}. Press Ctrl-C to stop.",
         relative.display()

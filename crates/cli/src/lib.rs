@@ -4,12 +4,13 @@
 
 pub mod bench;
 pub mod cluster_init;
+pub mod configure;
 pub mod dev;
 pub mod gateway;
 pub mod objects;
 pub mod sim;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
 pub use clap;
@@ -48,8 +49,18 @@ pub enum Command {
         #[command(subcommand)]
         command: ClusterCommand,
     },
-    /// Runs a storage node.
-    Node(NodeArgs),
+    /// Runs a storage node; `node add` and `node revoke` change the membership instead.
+    Node(NodeCommand),
+    /// The configuration: `config show` prints the newest certified one.
+    Config {
+        #[command(subcommand)]
+        command: configure::ConfigCommand,
+    },
+    /// Epochs: `epoch end` ends the current one once it has lasted its length.
+    Epoch {
+        #[command(subcommand)]
+        command: configure::EpochCommand,
+    },
     /// Stores an object: from FILE, or from standard input when FILE is `-` or absent.
     Put {
         /// The object's key.
@@ -128,15 +139,25 @@ pub enum ClusterCommand {
     Init(cluster_init::InitCommand),
 }
 
-/// `bulwark node`.
+/// `bulwark node`: run one, or change the membership.
+#[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct NodeCommand {
+    #[command(subcommand)]
+    pub change: Option<configure::MembershipCommand>,
+    #[command(flatten)]
+    pub run: NodeArgs,
+}
+
+/// `bulwark node` (running one).
 #[derive(clap::Args)]
 pub struct NodeArgs {
     /// The cluster directory.
     #[arg(long, env = "BULWARK_CLUSTER", default_value = dev::DEFAULT_DIR)]
     pub cluster: PathBuf,
     /// This node's id.
-    #[arg(long)]
-    pub id: u32,
+    #[arg(long, required = true)]
+    pub id: Option<u32>,
     /// Where to keep durable state (default: <cluster>/node-<id>/data).
     #[arg(long)]
     pub data: Option<PathBuf>,
@@ -149,6 +170,22 @@ pub struct NodeArgs {
     /// Milliseconds a superseded version stays readable before garbage collection.
     #[arg(long, default_value_t = 10_000)]
     pub grace_ms: u64,
+    /// Dial node ID at HOST:PORT instead of its configured address, as ID=HOST:PORT (repeat or
+    /// separate with commas): containers reach each other by name. The node must still present
+    /// the certificate pinned in cluster.toml.
+    #[arg(long = "peer", value_delimiter = ',', value_parser = parse_peer)]
+    pub peers: Vec<(u32, String)>,
+}
+
+fn parse_peer(text: &str) -> Result<(u32, String), String> {
+    let (id, address) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?} is not ID=HOST:PORT"))?;
+    let id = id.parse().map_err(|e| format!("node id {id:?}: {e}"))?;
+    if !address.contains(':') {
+        return Err(format!("{address:?} has no port"));
+    }
+    Ok((id, address.to_string()))
 }
 
 /// Logs go to standard error; nodes log at info, client commands only warnings.
@@ -179,7 +216,15 @@ pub async fn run(cli: Cli) -> Result<std::process::ExitCode> {
         } => {
             cluster_init::run_protocol(&init.args, init.protocol)?;
         }
-        Command::Node(args) => run_node(args, Box::new(|server| Box::new(server))).await?,
+        Command::Node(NodeCommand {
+            change: Some(change),
+            ..
+        }) => configure::membership(&change).await?,
+        Command::Node(NodeCommand { run, .. }) => {
+            run_node(run, Box::new(|server| Box::new(server))).await?
+        }
+        Command::Config { command } => configure::config(&command).await?,
+        Command::Epoch { command } => configure::epoch(&command).await?,
         Command::Put { key, file, client } => objects::put(&client, &key, file).await?,
         Command::Get {
             key,
@@ -202,10 +247,16 @@ pub async fn run(cli: Cli) -> Result<std::process::ExitCode> {
 
 /// Starts a node; `wrap` turns the honest server into what this binary serves.
 pub async fn run_node(args: NodeArgs, wrap: bulwark_node::Wrap) -> Result<()> {
-    let mut options = bulwark_node::NodeOptions::load(&args.cluster, args.id, args.data)?;
+    let id = args.id.context("--id is required to run a node")?;
+    let mut options = bulwark_node::NodeOptions::load(&args.cluster, id, args.data)?;
     options.listen = args.listen;
     options.metrics = args.metrics;
     options.grace_millis = args.grace_ms;
+    options.peer_addresses = args
+        .peers
+        .into_iter()
+        .map(|(id, address)| (bulwark_core::NodeId(id), address))
+        .collect();
     bulwark_node::run(options, wrap).await?;
     Ok(())
 }

@@ -214,6 +214,21 @@ pub async fn status(args: &ClientArgs) -> Result<std::process::ExitCode> {
                     .collect();
                 groups.dedup();
                 println!("         groups {}", groups.join(" "));
+                if status.config_epoch > 0 {
+                    match &status.cs {
+                        Some(cs) => println!(
+                            "         configuration epoch {}; CS replica (slot {}), view {}{} with primary node {}, {} batches executed, {} waiting",
+                            status.config_epoch,
+                            cs.slot,
+                            cs.view,
+                            if cs.active { "" } else { " (changing)" },
+                            cs.primary,
+                            cs.executed,
+                            cs.waiting
+                        ),
+                        None => println!("         configuration epoch {}", status.config_epoch),
+                    }
+                }
                 if status.server.damaged > 0 {
                     println!(
                         "         damaged disk: {} reads found a stored fragment missing or not matching its checksum (withheld, not served)",

@@ -18,7 +18,8 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 0)]
     pub start: u64,
     /// The protocol under test: powerstore, abd (crash faults only: Byzantine behaviours and
-    /// readers are left out) or phalanx.
+    /// readers are left out), phalanx, or cs (the configuration service: PBFT with 3f+1
+    /// replicas ordering membership changes and epoch ends).
     #[arg(long, default_value = "powerstore")]
     pub protocol: String,
     /// Faults tolerated; the group has 3f+1 servers (2f+1 for abd).
@@ -63,8 +64,13 @@ impl SimArgs {
             bail!("--f must be at least 1");
         }
         let defaults = SimConfig::default();
+        let protocol = if self.is_cs() {
+            defaults.protocol
+        } else {
+            self.protocol.parse().map_err(anyhow::Error::msg)?
+        };
         Ok(SimConfig {
-            protocol: self.protocol.parse().map_err(anyhow::Error::msg)?,
+            protocol,
             f: self.f,
             clients: self.clients.unwrap_or(defaults.clients).max(1),
             keys: self.keys.unwrap_or(defaults.keys).max(1),
@@ -79,13 +85,23 @@ impl SimArgs {
             trace: self.trace,
         })
     }
+
+    /// The configuration service runs in the same world but has its own workload and checker.
+    fn is_cs(&self) -> bool {
+        self.protocol == "cs"
+    }
 }
 
 /// Runs `bulwark sim`; the exit code is 1 when any seed broke a promise.
 pub fn run(args: &SimArgs) -> Result<ExitCode> {
     let config = args.config()?;
+    let cs = args.is_cs();
     if let Some(seed) = args.seed {
-        let result = sim::run(seed, &config);
+        let result = if cs {
+            sim::protocols::cs::run(seed, &config)
+        } else {
+            sim::run(seed, &config)
+        };
         print!("{}", result.render());
         return Ok(if result.passed() {
             ExitCode::SUCCESS
@@ -99,10 +115,25 @@ pub fn run(args: &SimArgs) -> Result<ExitCode> {
     let end = args.start.saturating_add(args.seeds);
     eprintln!(
         "sweeping seeds {}..{end} on {threads} threads: protocol={} f={} faults={} mutations={}",
-        args.start, config.protocol, config.f, config.faults, config.mutations
+        args.start, args.protocol, config.f, config.faults, config.mutations
     );
-    let summary = sim::sweep(args.start..end, &config, threads);
-    print!("{}", summary.render(&config));
+    let summary = if cs {
+        sim::protocols::cs::sweep(args.start..end, &config, threads)
+    } else {
+        sim::sweep(args.start..end, &config, threads)
+    };
+    if cs {
+        // Replay lines must name the configuration service, which SimConfig cannot.
+        for (seed, description) in &summary.violations {
+            println!(
+                "seed {seed}: {description}\n  replay: {}",
+                sim::protocols::cs::replay_command(&config, *seed)
+            );
+        }
+        println!("violations: {}", summary.violations.len());
+    } else {
+        print!("{}", summary.render(&config));
+    }
     println!(
         "operations invoked: {}\nliveness failures: {}\nelapsed: {:.1?} ({:.0} seeds/s)",
         summary.ops_invoked,

@@ -907,3 +907,118 @@ async fn corrupted_fragments_on_disk_are_dropped_and_reported() {
         ),
     );
 }
+
+/// A node identity the authority adds; no container runs it.
+fn newcomer(seed: u8) -> bulwark_core::configuration::NewMember {
+    bulwark_core::configuration::NewMember {
+        address: format!("127.0.0.1:{}", 1000 + u16::from(seed))
+            .parse()
+            .unwrap(),
+        fingerprint: bulwark_core::config::Fingerprint([0xB0 + seed; 32]),
+        signing_key: bulwark_core::sign::SecretKey::from_seed(&[0x70 + seed; 32]).public_key(),
+    }
+}
+
+/// Every node's own certified configurations, once each holds at least `epoch`.
+async fn chains_at(
+    cluster: &DockerCluster,
+    client: &bulwark_client::Client,
+    epoch: u64,
+) -> Vec<Vec<bulwark_core::configuration::ConfigCert>> {
+    let genesis = client.genesis().expect("a configuration service");
+    let started = std::time::Instant::now();
+    let mut chains = Vec::new();
+    for node in 0..cluster.n as u32 {
+        loop {
+            let mut certs = Vec::new();
+            let mut after = genesis.epoch.0;
+            while let Ok(page) = client.certificates_from(NodeId(node), after).await {
+                if page.is_empty() {
+                    break;
+                }
+                after += page.len() as u64;
+                certs.extend(page);
+            }
+            if after >= epoch {
+                bulwark_core::configuration::verify_chain(&genesis, &certs)
+                    .unwrap_or_else(|e| panic!("node {node}'s chain: {e}"));
+                chains.push(certs);
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "node {node} holds epoch {after}, not {epoch}"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+    chains
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cs_primary_cut_off_during_reconfiguration() {
+    use bulwark_client::{ConfigAction, ConfigOutcome};
+    let Some(mut cluster) = DockerCluster::start_with_epochs("cs-cut-off", &[], 5_000).await else {
+        return;
+    };
+    let admin = cluster.client("admin", Duration::from_secs(60)).await;
+    let status = admin.status_of(NodeId(0)).await.expect("node 0 answers");
+    let primary = status.cs.expect("every node is a CS replica").primary as usize;
+    cluster.disconnect(primary).await;
+
+    // With the primary gone, the other three CS replicas change view, order the ADD, end the
+    // epoch and certify the next with three signatures.
+    let (config, outcome) = admin
+        .order(ConfigAction::Add(newcomer(1)))
+        .await
+        .expect("an ADD while the CS primary is cut off");
+    let ConfigOutcome::Accepted { epoch, node } = outcome else {
+        panic!("add: {outcome:?}");
+    };
+    let node = node.expect("the id it gets");
+    let joined = admin
+        .await_epoch(epoch.0)
+        .await
+        .expect("the next epoch is certified");
+    assert!(joined.member(node).is_some());
+    cluster.fault(format!(
+        "CS primary node{primary} cut off in epoch {}; ADD ordered and epoch {} certified without it",
+        config.epoch.0, joined.epoch.0
+    ));
+
+    // The newcomer never runs; with it in the CS as well as the cut-off node, the CS may stall
+    // until the network heals, and must then go on.
+    let revoke = {
+        let admin = cluster.client("admin", Duration::from_secs(90)).await;
+        tokio::spawn(async move { admin.order(ConfigAction::Revoke(node)).await })
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    cluster.connect(primary).await;
+    cluster.wait_up(&[primary]).await;
+    let (_, outcome) = revoke
+        .await
+        .expect("task")
+        .expect("the REVOKE completes once healed");
+    let ConfigOutcome::Accepted { epoch, .. } = outcome else {
+        panic!("revoke: {outcome:?}");
+    };
+    let left = admin.await_epoch(epoch.0).await.expect("certified");
+    assert!(left.member(node).is_none());
+
+    let chains = chains_at(&cluster, &admin, left.epoch.0).await;
+    for epoch in 0..(left.epoch.0 - 1) as usize {
+        for (other, chain) in chains.iter().enumerate() {
+            assert_eq!(
+                chain[epoch].bytes,
+                chains[0][epoch].bytes,
+                "node {other} holds another configuration for epoch {}",
+                epoch + 2
+            );
+        }
+    }
+    println!(
+        "docker_faults[cs-cut-off]: {} epochs certified, identical on all 4 nodes; faults: {}",
+        left.epoch.0,
+        cluster.faults.join("; ")
+    );
+}

@@ -11,8 +11,11 @@
 //! A cluster serves every register protocol at once; a [`Volume`] names one. Objects written
 //! without a volume go to the default volume, whose protocol `cluster.toml` names.
 
+mod configuration;
 pub mod evidence;
 mod volumes;
+
+pub use configuration::{ConfigAction, ConfigOutcome};
 
 pub use volumes::{VOLUME_NAME_BYTES_MAX, Volume};
 
@@ -114,6 +117,16 @@ pub enum ClientError {
     /// The protocol failed in a way that indicates a bug.
     #[error("protocol: {0}")]
     Protocol(String),
+    /// The configuration service has not confirmed this client's configuration for longer than
+    /// the cluster allows: serving on may mean trusting groups whose fault bound no longer holds
+    /// (Rosebud §3.8).
+    #[error("stopped: the configuration could not be confirmed as current for {} s: {reason}", since.as_secs())]
+    Stale {
+        /// How long since the last confirmation (or since the first attempt).
+        since: Duration,
+        /// What the last attempt found.
+        reason: String,
+    },
 }
 
 fn describe(nodes: &[(NodeId, SocketAddr)]) -> String {
@@ -165,6 +178,11 @@ pub struct Client {
     codec: Arc<dyn ErasureCodec>,
     volumes: Mutex<HashMap<String, Volume>>,
     evidence_log: Option<PathBuf>,
+    /// The trusted authority's key seed: the administrator's, to order ADD and REVOKE.
+    authority: Option<[u8; 32]>,
+    /// When the configuration service last confirmed this client's configuration as current,
+    /// and that configuration's epoch.
+    confirmed: Mutex<Option<(std::time::Instant, Epoch)>>,
     /// How long an operation keeps trying.
     pub deadline: Duration,
 }
@@ -287,6 +305,8 @@ impl Client {
             codec: Arc::new(ReedSolomonSimd),
             volumes: Mutex::new(HashMap::new()),
             evidence_log: None,
+            authority: secrets.authority_key,
+            confirmed: Mutex::new(None),
             deadline: DEADLINE_DEFAULT,
         })
     }
@@ -402,6 +422,7 @@ impl Client {
         let not_writer = || ClientError::NotWriter {
             name: self.name.clone(),
         };
+        self.fresh().await?;
         let op = self.op_id();
         let (view, n) = self.group(&key, volume.protocol);
         let answered = match volume.protocol {
@@ -424,7 +445,9 @@ impl Client {
                     nonce,
                     value,
                 );
-                self.drive(&view, &key, &mut machine).await?.acknowledged_by
+                self.drive(&view, &key, self.cluster.f, &mut machine)
+                    .await?
+                    .acknowledged_by
             }
             Protocol::Abd => {
                 // ABD writers hold no keys: the configuration's access list is all there is.
@@ -435,7 +458,9 @@ impl Client {
                 config.epoch = self.epoch();
                 config.group = view.id();
                 let mut machine = abd::WriteOp::new(config, key.clone(), op, self.id, op.0, value);
-                self.drive(&view, &key, &mut machine).await?.acknowledged_by
+                self.drive(&view, &key, self.cluster.f, &mut machine)
+                    .await?
+                    .acknowledged_by
             }
             Protocol::Phalanx => {
                 let signing = self.signing.clone().ok_or_else(not_writer)?;
@@ -444,7 +469,9 @@ impl Client {
                 config.group = view.id();
                 let mut machine =
                     phalanx::WriteOp::new(config, key.clone(), op, self.id, op.0, signing, value);
-                self.drive(&view, &key, &mut machine).await?.acknowledged_by
+                self.drive(&view, &key, self.cluster.f, &mut machine)
+                    .await?
+                    .acknowledged_by
             }
         };
         Ok(OpReport {
@@ -462,6 +489,7 @@ impl Client {
         key: &[u8],
     ) -> Result<(Option<Bytes>, OpReport), ClientError> {
         let key = volume.register_key(key)?;
+        self.fresh().await?;
         let op = self.op_id();
         let (view, n) = self.group(&key, volume.protocol);
         let (value, report) = match volume.protocol {
@@ -471,7 +499,9 @@ impl Client {
                 config.group = view.id();
                 let mut machine =
                     powerstore::ReadOp::new(config, self.codec.clone(), key.clone(), op);
-                let outcome = self.drive(&view, &key, &mut machine).await?;
+                let outcome = self
+                    .drive(&view, &key, self.cluster.f, &mut machine)
+                    .await?;
                 let evidence = outcome
                     .evidence
                     .iter()
@@ -494,7 +524,9 @@ impl Client {
                 config.epoch = self.epoch();
                 config.group = view.id();
                 let mut machine = abd::ReadOp::new(config, key.clone(), op);
-                let outcome = self.drive(&view, &key, &mut machine).await?;
+                let outcome = self
+                    .drive(&view, &key, self.cluster.f, &mut machine)
+                    .await?;
                 let report = register_report(&view, n, &key, &outcome);
                 (outcome.value, report)
             }
@@ -503,7 +535,9 @@ impl Client {
                 config.epoch = self.epoch();
                 config.group = view.id();
                 let mut machine = phalanx::ReadOp::new(config, key.clone(), op);
-                let outcome = self.drive(&view, &key, &mut machine).await?;
+                let outcome = self
+                    .drive(&view, &key, self.cluster.f, &mut machine)
+                    .await?;
                 let report = register_report(&view, n, &key, &outcome);
                 (outcome.value, report)
             }
@@ -527,7 +561,8 @@ impl Client {
     async fn drive<O: Operation>(
         &self,
         view: &GroupView,
-        key: &Key,
+        key: &(dyn std::fmt::Display + Sync),
+        faults: usize,
         machine: &mut O,
     ) -> Result<O::Output, ClientError> {
         let n = view.len();
@@ -536,7 +571,7 @@ impl Client {
             .router
             .register(machine.op(), sender)
             .map_err(|taken| ClientError::Protocol(format!("operation id {} reused", taken.0)))?;
-        let header = Header::request(O::SERVICE, view.id(), self.epoch(), machine.op());
+        let header = Header::request(O::SERVICE, view.id(), view.epoch(), machine.op());
         let first = machine.start();
         self.send_all(view, &header, first);
         let deadline = tokio::time::Instant::now() + self.deadline;
@@ -575,7 +610,7 @@ impl Client {
                                 .body::<EnvelopeRefusal>(FRAME_BYTES_MAX)
                                 .map_or_else(|e| format!("undecodable refusal: {e}"), |r| r.to_string());
                             refused.insert(from);
-                            if refused.len() > self.cluster.f {
+                            if refused.len() > faults {
                                 return Err(ClientError::Refused {
                                     refusal,
                                     nodes: refused.into_iter().collect(),
@@ -689,6 +724,7 @@ impl Client {
             Ok(Some((_, reply))) if reply.header.kind == Kind::Reply => {
                 match reply.body::<SystemReply>(FRAME_BYTES_MAX) {
                     Ok(SystemReply::Status(status)) => Ok(status),
+                    Ok(_) => Err("an answer to another question".into()),
                     Err(error) => Err(format!("malformed status: {error}")),
                 }
             }

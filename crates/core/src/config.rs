@@ -218,6 +218,67 @@ pub struct ClusterConfig {
     pub nodes: Vec<NodeEntry>,
     /// The clients allowed to connect.
     pub clients: Vec<ClientEntry>,
+    /// The configuration service and the genesis configuration it starts from; absent in a
+    /// cluster with a fixed membership.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub configuration_service: Option<ConfigurationService>,
+}
+
+/// `[configuration_service]`: what the genesis configuration (epoch 1) holds beyond the nodes
+/// (Rosebud §3): the CS's fault bound, the trusted authority, and the epoch's timing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigurationService {
+    /// Faults the configuration service tolerates: it runs on `3 f_cs + 1` of the nodes.
+    pub f_cs: u32,
+    /// The Ed25519 public key of the trusted authority that signs ADD and REVOKE orders.
+    #[serde(with = "hex32")]
+    pub authority: [u8; 32],
+    /// How long an epoch lasts, in milliseconds (`t_epoch`).
+    pub epoch_ms: u64,
+    /// How far CS replicas' clocks may disagree on when an epoch ends, in milliseconds (the STOP
+    /// tolerance).
+    pub stop_tolerance_ms: u64,
+    /// When epoch 1 began, in milliseconds since the Unix epoch.
+    pub genesis_ms: u64,
+    /// How often each CS replica pings every member, in milliseconds (Rosebud §3.3).
+    #[serde(default = "ping_cycle_default")]
+    pub ping_cycle_ms: u64,
+    /// Missed pings in a row before a CS replica proposes to evict a member.
+    #[serde(default = "evict_after_default")]
+    pub evict_after: u32,
+    /// Missed pings in a row before a CS replica agrees to another's proposal (fewer than
+    /// `evict_after`), and answered ones before a suspect is cleared.
+    #[serde(default = "agree_after_default")]
+    pub agree_after: u32,
+    /// How often a client confirms with the CS that its configuration is current (`T_contact`),
+    /// in milliseconds.
+    #[serde(default = "contact_default")]
+    pub contact_ms: u64,
+    /// How long past that a client keeps trying before it stops serving operations
+    /// (`δ_contact`), in milliseconds.
+    #[serde(default = "contact_grace_default")]
+    pub contact_grace_ms: u64,
+}
+
+fn contact_default() -> u64 {
+    24 * 60 * 60 * 1000
+}
+
+fn contact_grace_default() -> u64 {
+    60_000
+}
+
+fn ping_cycle_default() -> u64 {
+    60_000
+}
+
+fn evict_after_default() -> u32 {
+    5
+}
+
+fn agree_after_default() -> u32 {
+    3
 }
 
 /// One node in `cluster.toml`.
@@ -382,6 +443,18 @@ impl ClusterConfig {
                 ));
             }
         }
+        if let Some(cs) = &self.configuration_service {
+            self.genesis()?;
+            if cs.agree_after == 0 || cs.agree_after >= cs.evict_after || cs.ping_cycle_ms == 0 {
+                return Err(invalid(
+                    "configuration_service.agree_after",
+                    format!(
+                        "must be at least 1 and below evict_after ({}), with a positive ping_cycle_ms",
+                        cs.evict_after
+                    ),
+                ));
+            }
+        }
         for (i, client) in self.clients.iter().enumerate() {
             if client.name.is_empty() || client.name.len() > 64 {
                 return Err(invalid(
@@ -449,32 +522,64 @@ impl ClusterConfig {
         self.nodes.iter().position(|node| node.id == id.0)
     }
 
-    /// Where every key is stored: the replica groups of this configuration, by consistent
-    /// hashing of the members.
-    pub fn placement(&self) -> Result<crate::membership::Placement, ConfigError> {
-        let members =
-            self.nodes
-                .iter()
-                .enumerate()
-                .map(|(index, node)| {
-                    let signing_key = crate::sign::PublicKey::from_bytes(&node.signing_key)
-                        .map_err(|error| ConfigError::Invalid {
+    /// The nodes as members: identity, address, certificate and signing key.
+    pub fn members(&self) -> Result<Vec<crate::membership::Member>, ConfigError> {
+        self.nodes
+            .iter()
+            .enumerate()
+            .map(|(index, node)| {
+                let signing_key =
+                    crate::sign::PublicKey::from_bytes(&node.signing_key).map_err(|error| {
+                        ConfigError::Invalid {
                             file: "cluster.toml".into(),
                             field: format!("nodes[{index}].signing_key"),
                             problem: error.to_string(),
-                        })?;
-                    Ok(crate::membership::Member {
-                        id: NodeId(node.id),
-                        address: node.address,
-                        fingerprint: node.fingerprint,
-                        signing_key,
-                    })
+                        }
+                    })?;
+                Ok(crate::membership::Member {
+                    id: NodeId(node.id),
+                    address: node.address,
+                    fingerprint: node.fingerprint,
+                    signing_key,
                 })
-                .collect::<Result<Vec<_>, ConfigError>>()?;
+            })
+            .collect()
+    }
+
+    /// The genesis configuration (epoch 1) the configuration service starts from: every node,
+    /// with `[configuration_service]`'s parameters. `None` for a fixed membership.
+    pub fn genesis(&self) -> Result<Option<crate::configuration::Configuration>, ConfigError> {
+        let Some(cs) = &self.configuration_service else {
+            return Ok(None);
+        };
+        let invalid = |field: &str, problem: String| ConfigError::Invalid {
+            file: "cluster.toml".into(),
+            field: format!("configuration_service.{field}"),
+            problem,
+        };
+        let authority = crate::sign::PublicKey::from_bytes(&cs.authority)
+            .map_err(|error| invalid("authority", error.to_string()))?;
+        let f = u32::try_from(self.f).map_err(|_| invalid("f", "too large".into()))?;
+        crate::configuration::Configuration::genesis(
+            self.members()?,
+            f,
+            cs.f_cs,
+            authority,
+            cs.epoch_ms,
+            cs.stop_tolerance_ms,
+            cs.genesis_ms,
+        )
+        .map(Some)
+        .map_err(|error| invalid("f_cs", error.to_string()))
+    }
+
+    /// Where every key is stored: the replica groups of this configuration, by consistent
+    /// hashing of the members.
+    pub fn placement(&self) -> Result<crate::membership::Placement, ConfigError> {
         crate::membership::Placement::new(
             crate::Epoch(self.epoch),
             crate::membership::PlacementParams::new(self.f),
-            members,
+            self.members()?,
         )
         .map_err(|error| ConfigError::Invalid {
             file: "cluster.toml".into(),
@@ -510,6 +615,10 @@ pub struct ClientSecrets {
     /// The Ed25519 secret key of a Phalanx writer; its public half is in `cluster.toml`.
     #[serde(default, skip_serializing_if = "Option::is_none", with = "hex32_opt")]
     pub signing_key: Option<[u8; 32]>,
+    /// The seed of the trusted authority's key, for the administrator who orders ADD and REVOKE;
+    /// its public half is `configuration_service.authority` in `cluster.toml`.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "hex32_opt")]
+    pub authority_key: Option<[u8; 32]>,
 }
 
 /// The MAC keys a writer holds.
@@ -563,7 +672,51 @@ mod tests {
                 read: true,
                 signing_key: None,
             }],
+            configuration_service: Some(ConfigurationService {
+                f_cs: 1,
+                authority: crate::sign::SecretKey::from_seed(&[42; 32])
+                    .public_key()
+                    .to_bytes(),
+                epoch_ms: 60_000,
+                stop_tolerance_ms: 1_000,
+                genesis_ms: 1_700_000_000_000,
+                ping_cycle_ms: 1_000,
+                evict_after: 5,
+                agree_after: 3,
+                contact_ms: 60_000,
+                contact_grace_ms: 5_000,
+            }),
         }
+    }
+
+    #[test]
+    fn the_configuration_service_section_gives_the_genesis_and_is_checked() {
+        let config = sample();
+        let genesis = config.genesis().unwrap().expect("a configuration service");
+        assert_eq!(genesis.epoch, crate::configuration::GENESIS_EPOCH);
+        assert_eq!(genesis.members.len(), 4);
+        assert_eq!(genesis.cs().len(), 4);
+        assert_eq!(genesis.started_at_ms, 1_700_000_000_000);
+
+        let mut too_many = sample();
+        too_many.configuration_service.as_mut().unwrap().f_cs = 2;
+        let error = ClusterConfig::parse(&too_many.to_toml(), "c").unwrap_err();
+        assert!(
+            error.to_string().contains("configuration_service.f_cs"),
+            "{error}"
+        );
+
+        let mut short = sample();
+        short.configuration_service.as_mut().unwrap().epoch_ms = 1_500;
+        assert!(
+            ClusterConfig::parse(&short.to_toml(), "c").is_err(),
+            "an epoch within twice the tolerance"
+        );
+
+        let mut fixed = sample();
+        fixed.configuration_service = None;
+        assert!(fixed.genesis().unwrap().is_none());
+        assert!(!fixed.to_toml().contains("configuration_service"));
     }
 
     #[test]
@@ -629,6 +782,14 @@ mod tests {
             node.fingerprint = Fingerprint([i as u8; 32]);
             seven.nodes.push(node);
         }
+        assert!(
+            ClusterConfig::parse(&seven.to_toml(), "c")
+                .unwrap_err()
+                .to_string()
+                .contains("signing key"),
+            "the genesis configuration refuses two nodes with one signing key"
+        );
+        seven.configuration_service = None;
         assert_eq!(ClusterConfig::parse(&seven.to_toml(), "c").unwrap(), seven);
         assert!(seven.placement().is_err(), "two nodes share a signing key");
 

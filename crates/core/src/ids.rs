@@ -58,6 +58,8 @@ impl ServiceId {
     pub const ABD: ServiceId = ServiceId(2);
     /// Phalanx-style registers (the Byzantine baseline with signed versions).
     pub const PHALANX: ServiceId = ServiceId(3);
+    /// The configuration service (Rosebud §3): PBFT among the epoch's CS replicas.
+    pub const CONFIG: ServiceId = ServiceId(4);
 }
 
 impl fmt::Display for ServiceId {

@@ -1,6 +1,6 @@
 //! Vocabulary shared by every Bulwark crate: identities, object keys, time as a value, hashes and
-//! MACs, signatures, evidence of misbehaviour, membership and placement, the erasure-code trait
-//! and the bounded wire codec.
+//! MACs, signatures, evidence of misbehaviour, membership and placement, the certified
+//! configuration of each epoch, the erasure-code trait and the bounded wire codec.
 //!
 //! Nothing here does I/O or reads a clock, so the protocol machines that build on it stay
 //! deterministic (DESIGN.md §2).
@@ -8,6 +8,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::panic))]
 
 pub mod config;
+pub mod configuration;
 pub mod crypto;
 pub mod envelope;
 pub mod erasure;

@@ -128,6 +128,38 @@ pub enum PlacementError {
     DuplicateInGroup(NodeId),
 }
 
+/// Checks that the members of `by_id`, sorted by id, are distinct principals: no id twice, and no
+/// address, certificate or signing key shared by two ids. Errors name the lowest offending ids,
+/// so every node reports the same problem for the same list.
+///
+/// [`Placement::new`] and the certified configuration (`configuration::Configuration`) share it,
+/// so both refuse the same lists with the same errors.
+pub(crate) fn check_identities(by_id: &[Member]) -> Result<(), PlacementError> {
+    let mut addresses = BTreeMap::new();
+    let mut fingerprints = BTreeMap::new();
+    let mut keys = BTreeMap::new();
+    for (i, member) in by_id.iter().enumerate() {
+        if i > 0 && by_id[i - 1].id == member.id {
+            return Err(PlacementError::DuplicateId(member.id));
+        }
+        let shared = |first, what| PlacementError::SharedIdentity {
+            first,
+            second: member.id,
+            what,
+        };
+        if let Some(first) = addresses.insert(member.address, member.id) {
+            return Err(shared(first, "an address"));
+        }
+        if let Some(first) = fingerprints.insert(member.fingerprint, member.id) {
+            return Err(shared(first, "a certificate fingerprint"));
+        }
+        if let Some(first) = keys.insert(member.signing_key, member.id) {
+            return Err(shared(first, "a signing key"));
+        }
+    }
+    Ok(())
+}
+
 /// One replica group in one epoch: its members in slot order.
 ///
 /// Protocol machines work in slots (`0..n`); drivers translate slots to nodes and back through
@@ -231,28 +263,7 @@ impl Placement {
         }
         let mut by_id = members;
         by_id.sort_by_key(|member| member.id);
-        let mut addresses = BTreeMap::new();
-        let mut fingerprints = BTreeMap::new();
-        let mut keys = BTreeMap::new();
-        for (i, member) in by_id.iter().enumerate() {
-            if i > 0 && by_id[i - 1].id == member.id {
-                return Err(PlacementError::DuplicateId(member.id));
-            }
-            let shared = |first, what| PlacementError::SharedIdentity {
-                first,
-                second: member.id,
-                what,
-            };
-            if let Some(first) = addresses.insert(member.address, member.id) {
-                return Err(shared(first, "an address"));
-            }
-            if let Some(first) = fingerprints.insert(member.fingerprint, member.id) {
-                return Err(shared(first, "a certificate fingerprint"));
-            }
-            if let Some(first) = keys.insert(member.signing_key, member.id) {
-                return Err(shared(first, "a signing key"));
-            }
-        }
+        check_identities(&by_id)?;
         let mut ring: Vec<(RingPoint, Member)> = by_id
             .into_iter()
             .map(|member| (RingPoint::of_node(member.id), member))

@@ -161,7 +161,10 @@ pub enum SignError {
 /// An Ed25519 secret key.
 ///
 /// Built from a 32-byte seed (RFC 8032's secret key) that the caller drew, so that nothing in
-/// here needs a random number generator. It zeroises on drop and never prints its secret.
+/// here needs a random number generator. It zeroises on drop and never prints its secret. A
+/// node's key is cloned into each machine that signs for it (a CS replica signs votes in PBFT
+/// and shares in its application); every copy zeroises on drop alike.
+#[derive(Clone)]
 pub struct SecretKey(ed25519_dalek::SigningKey);
 
 impl SecretKey {

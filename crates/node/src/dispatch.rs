@@ -5,16 +5,18 @@
 //! when refused.
 
 use crate::Rejections;
+use crate::cs;
 use crate::shard::{Job, ReplicaKey, ShardHandle, ShardStatus};
 use bulwark_core::config::ClusterConfig;
 use bulwark_core::envelope::{self, EnvelopeError, Header, Kind, Refusal};
 use bulwark_core::wire::FRAME_BYTES_MAX;
-use bulwark_core::{Epoch, ServiceId};
+use bulwark_core::{Epoch, NodeId, ServiceId};
 use bulwark_protocol::machine::{Access, ReplicaStats};
-use bulwark_protocol::service::{NodeStatus, SystemReply, SystemRequest};
+use bulwark_protocol::service::{NodeMessage, NodeStatus, SystemReply, SystemRequest};
 use bulwark_transport::{Handler, Incoming, Peer, Replies};
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 use tokio::sync::oneshot;
 
@@ -28,6 +30,9 @@ pub struct Dispatcher {
     pub shards: Vec<ShardHandle>,
     pub rejections: Rejections,
     pub started: Instant,
+    /// The configuration service, when the cluster has one: the chain, and the shard that hosts
+    /// this node's CS replica.
+    pub cs: Option<(Arc<cs::Shared>, ShardHandle)>,
 }
 
 impl Dispatcher {
@@ -55,18 +60,29 @@ impl Dispatcher {
             version: env!("CARGO_PKG_VERSION").to_string(),
             uptime_seconds: self.started.elapsed().as_secs(),
             epoch: self.epoch.0,
+            config_epoch: self.cs.as_ref().map_or(0, |(shared, _)| shared.epoch().0),
+            cs: None,
             server: ReplicaStats::default(),
             replicas: Vec::new(),
             requests: 0,
             rejected: Vec::new(),
         };
-        for shard in &self.shards {
+        let cs_shard = self.cs.as_ref().map(|(_, shard)| shard);
+        for shard in self.shards.iter().chain(cs_shard) {
             let (answer, answered) = oneshot::channel();
             if !shard.send(Job::Status(answer)).await {
                 continue;
             }
-            if let Ok(ShardStatus { requests, replicas }) = answered.await {
+            if let Ok(ShardStatus {
+                requests,
+                replicas,
+                cs,
+            }) = answered.await
+            {
                 status.requests += requests;
+                if cs.is_some() {
+                    status.cs = cs;
+                }
                 for replica in &replicas {
                     status.server.add(&replica.stats);
                 }
@@ -78,6 +94,34 @@ impl Dispatcher {
             .sort_by(|a, b| (&a.service, a.group).cmp(&(&b.service, b.group)));
         status.rejected = self.rejections.snapshot();
         status
+    }
+
+    /// The configuration service's shard for a frame of epoch `header.epoch`, or the refusal:
+    /// a frame of another epoch than the node's latest names the epoch the node is at (a sender
+    /// behind fetches the configuration; one ahead makes the node pull it), and a node that is
+    /// not a CS replica this epoch says so.
+    fn route_cs(&self, header: &Header, from: Option<NodeId>) -> Result<&ShardHandle, Refusal> {
+        let Some((shared, shard)) = &self.cs else {
+            return Err(Refusal::UnknownService {
+                service: header.service,
+            });
+        };
+        let current = shared.epoch();
+        if header.epoch != current {
+            if header.epoch > current
+                && let Some(peer) = from
+            {
+                let _ = shared.events.send(cs::Event::Behind { peer });
+            }
+            return Err(Refusal::WrongEpoch { current });
+        }
+        if shared.hosted.load(Ordering::Acquire) != current.0 {
+            return Err(Refusal::NotAllowed(format!(
+                "node {} is not a configuration-service replica of epoch {}",
+                self.node, current.0
+            )));
+        }
+        Ok(shard)
     }
 
     /// The shard of a replica, or the refusal to send instead.
@@ -137,6 +181,25 @@ impl Handler for Connection {
                             let reply = SystemReply::Status(status);
                             let _ = replies.send(envelope::frame(&header.reply(), &reply));
                         }
+                        Ok(SystemRequest::Configuration { after }) => {
+                            let certs = dispatcher
+                                .cs
+                                .as_ref()
+                                .and_then(|(shared, _)| {
+                                    shared.chain.read().ok().map(|c| c.after(after))
+                                })
+                                .unwrap_or_default();
+                            let reply = SystemReply::Configuration(certs);
+                            let _ = replies.send(envelope::frame(&header.reply(), &reply));
+                        }
+                        Ok(SystemRequest::Fresh { nonce }) => {
+                            let fresh = dispatcher
+                                .cs
+                                .as_ref()
+                                .and_then(|(shared, _)| shared.fresh(nonce));
+                            let reply = SystemReply::Fresh(fresh);
+                            let _ = replies.send(envelope::frame(&header.reply(), &reply));
+                        }
                         Err(error) => {
                             dispatcher.rejections.record(&peer, "malformed frame");
                             tracing::debug!(peer = %peer, %error, "malformed system request");
@@ -144,7 +207,12 @@ impl Handler for Connection {
                     }
                     return true;
                 }
-                let shard = match dispatcher.route(&header) {
+                let routed = if header.service == ServiceId::CONFIG {
+                    dispatcher.route_cs(&header, None)
+                } else {
+                    dispatcher.route(&header)
+                };
+                let shard = match routed {
                     Ok(shard) => shard,
                     Err(refusal) => {
                         dispatcher.refuse(&peer, &header, refusal, &replies);
@@ -166,6 +234,51 @@ impl Handler for Connection {
                         replies,
                     })
                     .await
+            }
+            (Peer::Node(node), Kind::Message) if header.service == ServiceId::SYSTEM => {
+                match (
+                    envelope.body::<NodeMessage>(FRAME_BYTES_MAX),
+                    &dispatcher.cs,
+                ) {
+                    (Ok(message), Some((shared, _))) => {
+                        let event = match message {
+                            NodeMessage::Certified(certs) => cs::Event::Certified {
+                                certs,
+                                from: Some(node),
+                            },
+                            NodeMessage::Pull { after } => cs::Event::Pull { from: node, after },
+                            message => cs::Event::Peer {
+                                from: node,
+                                message,
+                            },
+                        };
+                        let _ = shared.events.send(event);
+                    }
+                    (Ok(_), None) => {}
+                    (Err(error), _) => {
+                        dispatcher
+                            .rejections
+                            .record(&node.to_string(), "malformed frame");
+                        tracing::debug!(%node, %error, "malformed node message");
+                    }
+                }
+                true
+            }
+            (Peer::Node(node), Kind::Message) if header.service == ServiceId::CONFIG => {
+                match dispatcher.route_cs(&header, Some(node)) {
+                    Ok(shard) => {
+                        shard
+                            .send(Job::Message {
+                                replica: (header.service, header.group),
+                                from: node,
+                                envelope,
+                            })
+                            .await
+                    }
+                    // A peer's CS instance of another epoch: behind, it learns from the pulls
+                    // and pushes of certificates; ahead, this node pulls (route_cs asked).
+                    Err(_) => true,
+                }
             }
             (Peer::Node(node), Kind::Message) => match dispatcher.route(&header) {
                 Ok(shard) => {

@@ -34,6 +34,9 @@ pub struct Effects {
     pub reply: Option<Bytes>,
     /// Encoded messages to peer nodes, sent under the same rule.
     pub sends: Vec<(NodeId, Bytes)>,
+    /// Encoded answers to clients' earlier requests (client, operation, frame), sent under the
+    /// same rule on the connection the request came in on.
+    pub notify: Vec<(ClientId, u64, Bytes)>,
     /// Timers to set.
     pub timers: Vec<(TimerId, Time)>,
     /// Why the input was refused.
@@ -75,14 +78,22 @@ pub trait Hosted: Send {
     fn durable(&mut self, batch: u64);
     /// Counters.
     fn stats(&self) -> ReplicaStats;
+    /// A configuration-service replica's view and primary, for status.
+    fn cs_status(&self) -> Option<bulwark_protocol::service::CsStatus> {
+        None
+    }
+    /// An operation this node submits to its own configuration-service replica (encoded).
+    fn submit_own(&mut self, _now: Time, _op: &[u8], _batch: u64) -> Effects {
+        Effects::refused("only a configuration-service replica takes its node's operations".into())
+    }
 }
 
 /// How one service's state meets the node's storage.
 pub trait Adapter<R: Replica + ?Sized>: Send {
     /// The service's name.
     const NAME: &'static str;
-    /// The storage record of one change, in batch `batch`.
-    fn record(&mut self, change: &R::Change, batch: u64) -> StorageOp;
+    /// The storage records of one change, in batch `batch`, appended to `ops`.
+    fn record(&mut self, change: &R::Change, batch: u64, ops: &mut Vec<StorageOp>);
     /// What the replica reads back.
     fn view(&self) -> &R::View;
     /// Every batch up to `batch` is durable.
@@ -105,21 +116,32 @@ where
     R: Replica + Send,
     A: Adapter<R>,
 {
-    fn effects(
+    pub(crate) fn effects(
         &mut self,
         output: bulwark_protocol::machine::Output<R>,
         reply_to: Option<&Header>,
         batch: u64,
     ) -> Effects {
-        let ops = output
-            .changes
-            .iter()
-            .map(|change| self.adapter.record(change, batch))
-            .collect();
+        let mut ops = Vec::with_capacity(output.changes.len());
+        for change in &output.changes {
+            self.adapter.record(change, batch, &mut ops);
+        }
         let reply = match (output.reply, reply_to) {
             (Some(reply), Some(header)) => Some(envelope::frame(&header.reply(), &reply)),
             _ => None,
         };
+        let notify = output
+            .notify
+            .into_iter()
+            .map(|(client, op, reply)| {
+                let header = Header {
+                    kind: envelope::Kind::Reply,
+                    op,
+                    ..self.header
+                };
+                (client, op, envelope::frame(&header, &reply))
+            })
+            .collect();
         let sends = output
             .sends
             .into_iter()
@@ -136,6 +158,7 @@ where
             ops,
             reply,
             sends,
+            notify,
             timers: output.timers,
             refused: output.refused,
         }
@@ -270,7 +293,7 @@ impl PowerStoreStorage {
 impl Adapter<Box<dyn ServerLogic>> for PowerStoreStorage {
     const NAME: &'static str = "powerstore";
 
-    fn record(&mut self, change: &Change, batch: u64) -> StorageOp {
+    fn record(&mut self, change: &Change, batch: u64, ops: &mut Vec<StorageOp>) {
         match change {
             Change::PutHist { key, entry } => {
                 let record = hist_record(key, &entry.ts);
@@ -285,7 +308,7 @@ impl Adapter<Box<dyn ServerLogic>> for PowerStoreStorage {
             }
             Change::SetLc { .. } => {}
         }
-        powerstore_op(self.namespace, change)
+        ops.push(powerstore_op(self.namespace, change));
     }
 
     fn view(&self) -> &(dyn Fragments + 'static) {
@@ -373,8 +396,8 @@ pub struct RegisterStorage {
 impl<P: Policy> Adapter<register::Server<P>> for RegisterStorage {
     const NAME: &'static str = P::NAME;
 
-    fn record(&mut self, change: &register::Change<P>, _batch: u64) -> StorageOp {
-        register_op(self.namespace, change)
+    fn record(&mut self, change: &register::Change<P>, _batch: u64, ops: &mut Vec<StorageOp>) {
+        ops.push(register_op(self.namespace, change));
     }
 
     fn view(&self) -> &() {

@@ -12,6 +12,7 @@
 //! What it deliberately does not do: trust anything a peer sends before the protocol machine has
 //! checked it.
 
+pub mod cs;
 mod dispatch;
 pub mod host;
 mod peers;
@@ -62,6 +63,9 @@ pub struct NodeOptions {
     pub metrics: Option<SocketAddr>,
     /// How long superseded versions stay readable.
     pub grace_millis: u64,
+    /// Where to dial some peers instead of their configured addresses (`host:port`, resolved at
+    /// every dial): containers reach each other by name. Their pinned certificates still apply.
+    pub peer_addresses: HashMap<NodeId, String>,
 }
 
 /// Why a node could not start or had to stop.
@@ -183,6 +187,7 @@ impl NodeOptions {
             listen: None,
             metrics: None,
             grace_millis: 10_000,
+            peer_addresses: HashMap::new(),
         })
     }
 
@@ -248,6 +253,7 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
     let connector = Arc::new(bulwark_transport::Connector::new(&options.identity)?);
     let peers = Arc::new(peers::Peers::new(
         options.cluster.nodes.iter().filter(|node| node.id != id.0),
+        options.peer_addresses.clone(),
         connector,
         bulwark_transport::Router::new(),
     ));
@@ -273,10 +279,71 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
             peers: peers.clone(),
             started,
             rejections: rejections.clone(),
+            clock: shard::Clock::Monotonic,
+            tick: shard::TICK_INTERVAL,
         });
         shards.push(handle);
         stoppers.push(stopper);
     }
+    let (cs, manager) = match options.cluster.genesis()? {
+        Some(genesis) => {
+            let chain = cs::Chain::load(&store, genesis)?;
+            tracing::info!(
+                node = id.0,
+                epoch = chain.current().epoch.0,
+                "configuration chain verified"
+            );
+            let (events, events_received) = tokio::sync::mpsc::unbounded_channel();
+            let shared = Arc::new(cs::Shared {
+                node: id,
+                secret: bulwark_core::sign::SecretKey::from_seed(&options.secrets.signing_key),
+                chain: std::sync::RwLock::new(chain),
+                hosted: std::sync::atomic::AtomicU64::new(0),
+                events,
+            });
+            // Its own shard, on the wall clock: a busy storage group does not delay agreement,
+            // and epochs are measured in the time every node shares.
+            let (handle, stopper) = shard::spawn(shard::ShardContext {
+                index: shards.len(),
+                replicas: HashMap::new(),
+                committer: committer.clone(),
+                peers: peers.clone(),
+                started,
+                rejections: rejections.clone(),
+                clock: shard::Clock::Wall,
+                // PBFT's deadlines (view changes, STATUS, the epoch's STOP) are checked on the
+                // tick: finer than the storage shards' garbage collection needs.
+                tick: std::time::Duration::from_millis(100),
+            });
+            stoppers.push(stopper);
+            let settings = options
+                .cluster
+                .configuration_service
+                .as_ref()
+                .map_or((60_000, 5, 3), |cs| {
+                    (cs.ping_cycle_ms, cs.evict_after, cs.agree_after)
+                });
+            let manager = cs::Manager {
+                monitoring: bulwark_protocol::cs::monitor::MonitorParams {
+                    cycle_ms: settings.0,
+                    timeout_ms: (settings.0 / 2).clamp(1, 5_000),
+                    n_evict: settings.1,
+                    n_accept: settings.2,
+                    signed_every: 20,
+                },
+                node: id,
+                secret: bulwark_core::sign::SecretKey::from_seed(&options.secrets.signing_key),
+                store: store.clone(),
+                shared: shared.clone(),
+                peers: peers.clone(),
+                shard: handle.clone(),
+                rejections: rejections.clone(),
+            };
+            let task = tokio::spawn(manager.run(events_received));
+            (Some((shared, handle)), Some(task))
+        }
+        None => (None, None),
+    };
     drop(committer);
 
     let mut known = HashMap::new();
@@ -302,6 +369,7 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
         shards,
         rejections: rejections.clone(),
         started,
+        cs,
     });
     let slots = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX));
     let stop = stop_signal();
@@ -350,6 +418,9 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
     }
     drop(listener);
     drop(dispatcher);
+    if let Some(manager) = manager {
+        manager.abort();
+    }
     for stopper in stoppers {
         stopper.stop().await;
     }

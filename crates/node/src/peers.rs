@@ -11,6 +11,8 @@ use std::sync::{Arc, Mutex};
 
 pub struct Peers {
     nodes: HashMap<NodeId, NodeEntry>,
+    /// Names to dial some nodes at instead of their configured addresses (containers).
+    via: HashMap<NodeId, String>,
     connector: Arc<Connector>,
     /// Where what peers send back on these links goes.
     router: Router,
@@ -20,6 +22,7 @@ pub struct Peers {
 impl Peers {
     pub fn new<'a>(
         nodes: impl IntoIterator<Item = &'a NodeEntry>,
+        via: HashMap<NodeId, String>,
         connector: Arc<Connector>,
         router: Router,
     ) -> Peers {
@@ -28,6 +31,7 @@ impl Peers {
                 .into_iter()
                 .map(|node| (NodeId(node.id), node.clone()))
                 .collect(),
+            via,
             connector,
             router,
             links: Mutex::new(HashMap::new()),
@@ -43,14 +47,22 @@ impl Peers {
         let Ok(mut links) = self.links.lock() else {
             return Err("peer links poisoned".into());
         };
-        let link = links.entry(to).or_insert_with(|| {
-            Link::spawn(
+        let link = links.entry(to).or_insert_with(|| match self.via.get(&to) {
+            Some(via) => Link::spawn_via(
+                to,
+                node.address,
+                via.clone(),
+                node.fingerprint,
+                self.connector.clone(),
+                self.router.clone(),
+            ),
+            None => Link::spawn(
                 to,
                 node.address,
                 node.fingerprint,
                 self.connector.clone(),
                 self.router.clone(),
-            )
+            ),
         });
         link.send(frame)
             .map_err(|error: SendError| error.to_string())

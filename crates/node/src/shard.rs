@@ -23,8 +23,6 @@ use tokio::sync::{mpsc, oneshot};
 
 /// Inputs waiting for a shard; connections wait (back-pressure) beyond this.
 const JOBS_QUEUED_MAX: usize = 4096;
-/// How often superseded versions are garbage-collected and gauges refreshed.
-const TICK_INTERVAL: Duration = Duration::from_millis(500);
 
 /// Which replica: a service's replica of one group.
 pub type ReplicaKey = (ServiceId, GroupId);
@@ -49,12 +47,32 @@ pub enum Job {
     },
     /// Asks for every replica's status.
     Status(oneshot::Sender<ShardStatus>),
+    /// Starts hosting a replica (the configuration service's of a new epoch).
+    Install {
+        replica: ReplicaKey,
+        hosted: Box<dyn Hosted>,
+    },
+    /// Stops hosting a replica; what it queued for the disk still commits.
+    Remove { replica: ReplicaKey },
+    /// An operation of the node's own for a replica (an eviction its monitoring proposes).
+    Submit { replica: ReplicaKey, op: Bytes },
 }
 
 /// What a shard reports for `bulwark status`.
 pub struct ShardStatus {
     pub requests: u64,
     pub replicas: Vec<ReplicaStatus>,
+    pub cs: Option<bulwark_protocol::service::CsStatus>,
+}
+
+/// The clock a shard's replicas are driven by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Clock {
+    /// Milliseconds since the node started: for protocols that only measure intervals.
+    Monotonic,
+    /// Milliseconds since the Unix epoch: the configuration service agrees on times with
+    /// other nodes (when an epoch began, when it may end).
+    Wall,
 }
 
 /// A handle to send jobs.
@@ -90,6 +108,10 @@ pub struct ShardContext {
     pub peers: Arc<Peers>,
     pub started: Instant,
     pub rejections: Rejections,
+    pub clock: Clock,
+    /// How often replicas get `on_tick` (garbage collection; the configuration service's
+    /// protocol timers).
+    pub tick: Duration,
 }
 
 pub fn spawn(context: ShardContext) -> (ShardHandle, Stopper) {
@@ -111,7 +133,19 @@ enum Outgoing {
         to: NodeId,
         frame: Bytes,
     },
+    Notify {
+        client: ClientId,
+        op: u64,
+        frame: Bytes,
+    },
 }
+
+/// Clients whose latest connection a shard remembers, to answer requests that complete later.
+const CLIENTS_REMEMBERED_MAX: usize = 4096;
+/// Requests awaiting a later answer whose connection a shard remembers.
+const UNANSWERED_MAX: usize = 4096;
+/// How often a storage shard's replicas get `on_tick`.
+pub const TICK_INTERVAL: Duration = Duration::from_millis(500);
 
 struct Shard {
     replicas: HashMap<ReplicaKey, Box<dyn Hosted>>,
@@ -124,6 +158,15 @@ struct Shard {
     /// Timers set by replicas: when, then which.
     timers: BTreeMap<(Time, ReplicaKey, TimerId), ()>,
     requests: u64,
+    /// Each client's latest connection, for answers that leave after the request's turn.
+    clients: HashMap<ClientId, Replies>,
+    /// The connection each unanswered request came in on: a client may run several sessions
+    /// under one name, and each must get its own answers.
+    unanswered: HashMap<(ClientId, u64), Replies>,
+    /// `unanswered`'s keys, oldest first, to bound it.
+    unanswered_order: std::collections::VecDeque<(ClientId, u64)>,
+    /// How often replicas get `on_tick`.
+    tick: Duration,
 }
 
 impl Shard {
@@ -138,6 +181,7 @@ impl Shard {
             ops,
             reply: frame,
             sends,
+            notify,
             timers,
             refused: _,
         } = effects;
@@ -159,6 +203,11 @@ impl Shard {
         }
         for (to, frame) in sends {
             if let Some(ready) = self.sequencer.send(Outgoing::Peer { to, frame }) {
+                self.release(ready);
+            }
+        }
+        for (client, op, frame) in notify {
+            if let Some(ready) = self.sequencer.send(Outgoing::Notify { client, op, frame }) {
                 self.release(ready);
             }
         }
@@ -189,7 +238,7 @@ impl Shard {
         });
     }
 
-    fn release(&self, outgoing: Outgoing) {
+    fn release(&mut self, outgoing: Outgoing) {
         match outgoing {
             Outgoing::Reply {
                 replies,
@@ -207,6 +256,16 @@ impl Shard {
                     tracing::debug!(%to, %error, "message to a peer not queued");
                 }
             }
+            Outgoing::Notify { client, op, frame } => {
+                // A client that left gets nothing; it asks again when it returns.
+                let replies = self
+                    .unanswered
+                    .remove(&(client, op))
+                    .or_else(|| self.clients.get(&client).cloned());
+                if let Some(replies) = replies {
+                    let _ = replies.send(frame);
+                }
+            }
         }
     }
 
@@ -216,6 +275,22 @@ impl Shard {
         }
         for outgoing in self.sequencer.durable(batch) {
             self.release(outgoing);
+        }
+    }
+
+    /// Remembers the connection of request `op` of `client` until it is answered.
+    fn remember(&mut self, client: ClientId, op: u64, replies: &Replies) {
+        if self
+            .unanswered
+            .insert((client, op), replies.clone())
+            .is_none()
+        {
+            self.unanswered_order.push_back((client, op));
+        }
+        while self.unanswered_order.len() > UNANSWERED_MAX {
+            if let Some(oldest) = self.unanswered_order.pop_front() {
+                self.unanswered.remove(&oldest);
+            }
         }
     }
 
@@ -232,6 +307,10 @@ impl Shard {
                     stats: replica.stats(),
                 })
                 .collect(),
+            cs: self
+                .replicas
+                .values()
+                .find_map(|replica| replica.cs_status()),
         }
     }
 
@@ -256,6 +335,8 @@ async fn run(
         peers,
         started,
         rejections,
+        clock,
+        tick: tick_interval,
     } = context;
     let (durable, mut durable_batches) = mpsc::unbounded_channel();
     let mut shard = Shard {
@@ -267,10 +348,17 @@ async fn run(
         durable,
         timers: BTreeMap::new(),
         requests: 0,
+        clients: HashMap::new(),
+        unanswered: HashMap::new(),
+        unanswered_order: std::collections::VecDeque::new(),
+        tick: tick_interval,
     };
-    let mut tick = tokio::time::interval(TICK_INTERVAL);
+    let mut tick = tokio::time::interval(shard.tick);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let now = || Time(started.elapsed().as_millis() as u64);
+    let now = || match clock {
+        Clock::Monotonic => Time(started.elapsed().as_millis() as u64),
+        Clock::Wall => crate::cs::wall_clock(),
+    };
     let shard_label = index.to_string();
     loop {
         let next_timer = shard.timers.keys().next().map(|(at, _, _)| *at);
@@ -295,9 +383,17 @@ async fn run(
                         let Some(hosted) = shard.replicas.get_mut(&replica) else {
                             continue;
                         };
+                        if shard.clients.len() < CLIENTS_REMEMBERED_MAX || shard.clients.contains_key(&client) {
+                            shard.clients.insert(client, replies.clone());
+                        }
                         let name = hosted.service_name();
                         metrics::counter!("bulwark_node_requests_total", "op" => name).increment(1);
+                        let op = envelope.header.op;
                         let effects = hosted.on_request(now(), client, access, &envelope, batch);
+                        if effects.reply.is_none() && effects.refused.is_none() {
+                            // Answered later, when it executes: on this connection.
+                            shard.remember(client, op, &replies);
+                        }
                         if let Some(refusal) = &effects.refused {
                             shard.rejections.record(&peer, &format!("refused: {refusal}"));
                         }
@@ -316,6 +412,20 @@ async fn run(
                     }
                     Job::Status(answer) => {
                         let _ = answer.send(shard.status());
+                    }
+                    Job::Install { replica, hosted } => {
+                        shard.replicas.insert(replica, hosted);
+                    }
+                    Job::Remove { replica } => {
+                        shard.replicas.remove(&replica);
+                        shard.timers.retain(|(_, key, _), _| *key != replica);
+                    }
+                    Job::Submit { replica, op } => {
+                        let batch = shard.sequencer.next_batch();
+                        if let Some(hosted) = shard.replicas.get_mut(&replica) {
+                            let effects = hosted.submit_own(now(), &op, batch);
+                            shard.apply(replica, effects, None);
+                        }
                     }
                 }
             }

@@ -9,7 +9,9 @@
 #![warn(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::panic))]
 
+pub mod cs;
 pub mod machine;
+pub mod pbft;
 pub mod powerstore;
 pub mod register;
 pub mod round;

@@ -67,6 +67,9 @@ pub struct Output<R: Replica + ?Sized> {
     pub changes: Vec<R::Change>,
     /// The answer to the request that caused this output, if any.
     pub reply: Option<R::Reply>,
+    /// Answers to earlier requests, each to its client with the request's operation id (a
+    /// replica that orders requests answers once they execute, not when they arrive).
+    pub notify: Vec<(ClientId, u64, R::Reply)>,
     /// Messages to replicas of the same group.
     pub sends: Vec<(Slot, R::Message)>,
     /// Timers to set: `on_timer(id)` at or after the time. Setting an id again moves it.
@@ -81,6 +84,7 @@ impl<R: Replica + ?Sized> Output<R> {
         Output {
             changes: Vec::new(),
             reply: None,
+            notify: Vec::new(),
             sends: Vec::new(),
             timers: Vec::new(),
             refused: None,

@@ -2,14 +2,32 @@
 //! asks a node about itself rather than about data. Protocol frames carry their own service in
 //! the envelope header; this module only holds the node's status.
 
+use crate::cs::EvictVote;
+use crate::cs::monitor::{Ping, Pong};
 use crate::machine::ReplicaStats;
+use bulwark_core::configuration::ConfigCert;
+use bulwark_core::sign::Unverified;
+use bulwark_core::{Epoch, NodeId};
 use serde::{Deserialize, Serialize};
+
+/// Certificates sent in one answer at most; a peer further behind asks again.
+pub const CERTS_PER_ANSWER: usize = 16;
 
 /// A request to the node itself.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SystemRequest {
     /// Asks for [`NodeStatus`].
     Status,
+    /// Asks for the certified configurations after epoch `after`, oldest first.
+    Configuration {
+        /// The last epoch the asker holds.
+        after: u64,
+    },
+    /// A freshness challenge for a CS replica of the current epoch (Rosebud §3.8).
+    Fresh {
+        /// The client's nonce.
+        nonce: u64,
+    },
 }
 
 /// The node's answer.
@@ -17,6 +35,57 @@ pub enum SystemRequest {
 pub enum SystemReply {
     /// The node's self-description.
     Status(NodeStatus),
+    /// Certificates, each of the epoch after the one before, starting after the asked epoch (at
+    /// most [`CERTS_PER_ANSWER`]); the asker verifies each from the genesis configuration.
+    Configuration(Vec<ConfigCert>),
+    /// The answer to a freshness challenge; `None` from a node that is not a CS replica of its
+    /// current epoch.
+    Fresh(Option<Unverified<bulwark_core::configuration::Fresh>>),
+}
+
+/// What nodes tell each other about configurations (Rosebud §3.6: a node that misses a new
+/// configuration pulls it from any node that has it).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum NodeMessage {
+    /// Newly certified configurations, oldest first.
+    Certified(Vec<ConfigCert>),
+    /// Asks for the certified configurations after epoch `after`.
+    Pull {
+        /// The last epoch the asker holds.
+        after: u64,
+    },
+    /// A CS replica checks that the node is alive (Rosebud §3.3).
+    Ping(Ping),
+    /// The answer.
+    Pong(Pong),
+    /// A CS replica proposes to evict `node` and asks the other CS replicas to agree.
+    EvictAsk {
+        /// The epoch.
+        epoch: Epoch,
+        /// The node.
+        node: NodeId,
+    },
+    /// A CS replica's signed agreement.
+    EvictAgree(Unverified<EvictVote>),
+}
+
+/// A node's configuration-service replica, for `bulwark status`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CsStatus {
+    /// The epoch whose CS it belongs to.
+    pub epoch: u64,
+    /// Its slot in the CS.
+    pub slot: u32,
+    /// Its PBFT view.
+    pub view: u64,
+    /// Whether the view has started (false during a view change).
+    pub active: bool,
+    /// The node that is the view's primary.
+    pub primary: u32,
+    /// The last batch executed.
+    pub executed: u64,
+    /// Requests waiting to execute.
+    pub waiting: u64,
 }
 
 /// What `bulwark status` shows for a node.
@@ -28,8 +97,14 @@ pub struct NodeStatus {
     pub version: String,
     /// Seconds since start.
     pub uptime_seconds: u64,
-    /// The configuration epoch the node serves.
+    /// The storage epoch the node serves (placement; 0 for the static membership).
     pub epoch: u64,
+    /// The latest certified configuration epoch the node holds (0: no configuration service).
+    #[serde(default)]
+    pub config_epoch: u64,
+    /// Its configuration-service replica, if it is one in the current epoch.
+    #[serde(default)]
+    pub cs: Option<CsStatus>,
     /// Totals over every replica the node hosts.
     pub server: ReplicaStats,
     /// Each replica: service, group and the node's slot in it.

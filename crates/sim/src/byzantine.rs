@@ -17,6 +17,7 @@
 //! servers share a story only through a common seed, which is enough to vouch for the same forged
 //! candidate, because the forgery is a deterministic function of that seed and the key.
 
+pub mod cs;
 pub mod phalanx;
 pub mod reader;
 
@@ -60,12 +61,54 @@ pub enum Behaviour {
     /// Like `Forging`, but every server built with the same seed tells the same story: the same
     /// forged candidate and value, and the same strategy for the same read.
     Colluding,
+    /// Configuration service only: as PBFT primary, sends different batches for one sequence
+    /// number to different backups ([`cs`]).
+    EquivocatingPrimary,
+    /// Configuration service only: VIEW-CHANGEs (and, as the new primary, NEW-VIEWs) whose
+    /// prepared certificates carry forged or re-targeted prepares ([`cs`]).
+    ForgedViewChange,
+    /// Configuration service only: as primary, proposes STOP with a clock reading far in the
+    /// future; as any replica, submits STOP long before the epoch is due ([`cs`]).
+    EarlyStop,
+    /// Configuration service only: submits EVICTs with `2f_cs` genuine agreements, or with forged,
+    /// duplicated or replayed ones ([`cs`]).
+    ForgedEvict,
 }
 
 impl Behaviour {
     /// Every behaviour, the honest one first.
-    pub const ALL: [Behaviour; 8] = [
+    pub const ALL: [Behaviour; 12] = [
         Behaviour::Honest,
+        Behaviour::Silent,
+        Behaviour::Equivocating,
+        Behaviour::Stale,
+        Behaviour::Amnesiac,
+        Behaviour::Corrupting,
+        Behaviour::Forging,
+        Behaviour::Colluding,
+        Behaviour::EquivocatingPrimary,
+        Behaviour::ForgedViewChange,
+        Behaviour::EarlyStop,
+        Behaviour::ForgedEvict,
+    ];
+
+    /// Every lying behaviour, of every catalogue.
+    pub const BYZANTINE: [Behaviour; 11] = [
+        Behaviour::Silent,
+        Behaviour::Equivocating,
+        Behaviour::Stale,
+        Behaviour::Amnesiac,
+        Behaviour::Corrupting,
+        Behaviour::Forging,
+        Behaviour::Colluding,
+        Behaviour::EquivocatingPrimary,
+        Behaviour::ForgedViewChange,
+        Behaviour::EarlyStop,
+        Behaviour::ForgedEvict,
+    ];
+
+    /// The storage servers' catalogue (M-PoWerStore and Phalanx).
+    pub const STORAGE: [Behaviour; 7] = [
         Behaviour::Silent,
         Behaviour::Equivocating,
         Behaviour::Stale,
@@ -75,15 +118,13 @@ impl Behaviour {
         Behaviour::Colluding,
     ];
 
-    /// Every lying behaviour.
-    pub const BYZANTINE: [Behaviour; 7] = [
+    /// The configuration service's catalogue (PBFT replicas, [`cs`]).
+    pub const CONFIG_SERVICE: [Behaviour; 5] = [
         Behaviour::Silent,
-        Behaviour::Equivocating,
-        Behaviour::Stale,
-        Behaviour::Amnesiac,
-        Behaviour::Corrupting,
-        Behaviour::Forging,
-        Behaviour::Colluding,
+        Behaviour::EquivocatingPrimary,
+        Behaviour::ForgedViewChange,
+        Behaviour::EarlyStop,
+        Behaviour::ForgedEvict,
     ];
 
     /// The name used on command lines.
@@ -97,7 +138,16 @@ impl Behaviour {
             Behaviour::Corrupting => "corrupting",
             Behaviour::Forging => "forging",
             Behaviour::Colluding => "colluding",
+            Behaviour::EquivocatingPrimary => "equivocating-primary",
+            Behaviour::ForgedViewChange => "forged-view-change",
+            Behaviour::EarlyStop => "early-stop",
+            Behaviour::ForgedEvict => "forged-evict",
         }
+    }
+
+    /// Whether the storage servers' catalogue has this behaviour (`Honest` included).
+    pub fn is_storage(self) -> bool {
+        self == Behaviour::Honest || Behaviour::STORAGE.contains(&self)
     }
 
     /// Whether this behaviour counts against `f`.
@@ -115,7 +165,7 @@ impl fmt::Display for Behaviour {
 /// A behaviour name that is not in the catalogue.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown behaviour {0:?}; expected one of honest, silent, equivocating, stale, amnesiac, corrupting, forging, colluding"
+    "unknown behaviour {0:?}; expected one of honest, silent, equivocating, stale, amnesiac, corrupting, forging, colluding (storage), equivocating-primary, forged-view-change, early-stop, forged-evict (configuration service)"
 )]
 pub struct UnknownBehaviour(pub String);
 
@@ -143,10 +193,17 @@ pub fn make_server(
 
 /// Wraps an existing (possibly restored) honest server in `behaviour`. Servers wrapped with
 /// `Colluding` and the same `seed` tell the same forged story.
+///
+/// The configuration service's behaviours have no storage counterpart: a storage server given
+/// one stays honest (the simulator never places them on storage servers).
 pub fn wrap(behaviour: Behaviour, server: Server, seed: u64) -> Box<dyn ServerLogic> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xb12a_47c0_5eed_0001);
     match behaviour {
-        Behaviour::Honest => Box::new(server),
+        Behaviour::Honest
+        | Behaviour::EquivocatingPrimary
+        | Behaviour::ForgedViewChange
+        | Behaviour::EarlyStop
+        | Behaviour::ForgedEvict => Box::new(server),
         Behaviour::Silent => Box::new(Silent {
             honest_requests: honest_prefix(&mut rng),
             handled: 0,

@@ -2,8 +2,9 @@
 //! it (or a real cluster) produces.
 //!
 //! - [`checker`]: the per-key linearizability checker for read/write/delete registers.
-//! - [`byzantine`]: the catalogue of Byzantine servers (wrappers around the real server) and
-//!   Byzantine readers; also linked by the `bulwark-byzantine` node binary.
+//! - [`byzantine`]: the catalogue of Byzantine servers (wrappers around the real server),
+//!   Byzantine readers, and Byzantine configuration-service replicas ([`byzantine::cs`]); also
+//!   linked by the `bulwark-byzantine` node binary.
 //! - [`sim`]: the seeded discrete-event simulator, its swarm of faults, and seed sweeps.
 //! - [`durable`]: a server's simulated disk, replayed on restart.
 pub mod byzantine;

@@ -353,7 +353,7 @@ impl<const PERSISTS: bool> Protocol for Gossip<PERSISTS> {
         }
     }
 
-    fn read(&self, _key: Key, op: OpId) -> Latest {
+    fn read(&self, _client: usize, _key: Key, op: OpId) -> Latest {
         Latest {
             op: op.0,
             at: Slot((op.0 % self.n as u64) as u32),

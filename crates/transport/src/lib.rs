@@ -52,7 +52,6 @@ use rustls::crypto::CryptoProvider;
 use rustls::pki_types::ServerName;
 use rustls::server::NoServerSessionStorage;
 use rustls::sign::{CertifiedKey, SingleCertAndKey};
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -202,7 +201,7 @@ impl Connector {
     /// handshake together take longer than the handshake timeout.
     pub async fn connect(
         &self,
-        address: SocketAddr,
+        address: impl tokio::net::ToSocketAddrs,
         expect: Fingerprint,
     ) -> Result<FramedStream, TransportError> {
         let config = client_config(self.provider.clone(), self.certified.clone(), expect)?;

@@ -117,10 +117,44 @@ impl Link {
         )
     }
 
+    /// Starts a link to `node` dialled at `via` (a `host:port` name resolved again at every
+    /// dial, as containers reach each other by name and may change address on restart) instead
+    /// of its configured `address`; the certificate must still have `fingerprint`.
+    pub fn spawn_via(
+        node: NodeId,
+        address: SocketAddr,
+        via: String,
+        fingerprint: Fingerprint,
+        connector: Arc<Connector>,
+        router: Router,
+    ) -> Link {
+        Link::spawn_inner(
+            node,
+            address,
+            Some(via),
+            fingerprint,
+            connector,
+            router,
+            LinkLimits::default(),
+        )
+    }
+
     /// Starts a link with the given limits.
     pub fn spawn_with(
         node: NodeId,
         address: SocketAddr,
+        fingerprint: Fingerprint,
+        connector: Arc<Connector>,
+        router: Router,
+        limits: LinkLimits,
+    ) -> Link {
+        Link::spawn_inner(node, address, None, fingerprint, connector, router, limits)
+    }
+
+    fn spawn_inner(
+        node: NodeId,
+        address: SocketAddr,
+        via: Option<String>,
         fingerprint: Fingerprint,
         connector: Arc<Connector>,
         router: Router,
@@ -140,6 +174,7 @@ impl Link {
         let task = LinkTask {
             node,
             address,
+            via,
             fingerprint,
             connector,
             router,
@@ -237,6 +272,8 @@ impl std::fmt::Debug for Link {
 struct LinkTask {
     node: NodeId,
     address: SocketAddr,
+    /// A name dialled instead of `address`, resolved at every dial.
+    via: Option<String>,
     fingerprint: Fingerprint,
     connector: Arc<Connector>,
     router: Router,
@@ -257,7 +294,15 @@ impl LinkTask {
         let mut unflushed = VecDeque::new();
         let mut backoff = self.limits.backoff_min;
         loop {
-            let framed = match self.connector.connect(self.address, self.fingerprint).await {
+            let dialled = match &self.via {
+                Some(name) => {
+                    self.connector
+                        .connect(name.as_str(), self.fingerprint)
+                        .await
+                }
+                None => self.connector.connect(self.address, self.fingerprint).await,
+            };
+            let framed = match dialled {
                 Ok(framed) => framed,
                 Err(error) => {
                     self.failed(error.to_string());

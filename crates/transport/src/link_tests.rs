@@ -5,6 +5,7 @@ use bulwark_core::envelope::{EnvelopeError, Header, Kind, frame_raw};
 use bulwark_core::{ClientId, Epoch, GroupId, NodeId, ServiceId};
 use bytes::Bytes;
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::mpsc;
 use tokio::task::{JoinHandle, JoinSet};

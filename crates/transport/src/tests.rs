@@ -2,6 +2,7 @@ use super::*;
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use std::io::ErrorKind;
+use std::net::SocketAddr;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;

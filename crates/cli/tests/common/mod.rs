@@ -36,6 +36,17 @@ impl TestCluster {
     /// Writes a fresh cluster of `n` nodes (several groups when `n > 3f+1`) whose default volume
     /// runs `protocol`, and starts every node honestly.
     pub fn start_nodes(protocol: &str, f: usize, n: usize, grace_ms: u64) -> TestCluster {
+        Self::start_with(protocol, f, n, grace_ms, &[])
+    }
+
+    /// [`TestCluster::start_nodes`] with more `cluster init` arguments.
+    pub fn start_with(
+        protocol: &str,
+        f: usize,
+        n: usize,
+        grace_ms: u64,
+        init: &[&str],
+    ) -> TestCluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let status = Command::new(BULWARK)
             .args([
@@ -56,6 +67,7 @@ impl TestCluster {
             .arg("admin:rw,writer2:rw,reader:r,mallory:r")
             .arg("--dir")
             .arg(dir.path())
+            .args(init)
             .status()
             .expect("run cluster init");
         assert!(status.success(), "cluster init failed");

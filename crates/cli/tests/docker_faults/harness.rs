@@ -301,8 +301,35 @@ pub struct DockerCluster {
     pub addresses: Vec<SocketAddr>,
     pub metrics: Vec<SocketAddr>,
     prefix: String,
+    /// The network's /24: containers have fixed addresses in it, so nodes dial each other by IP
+    /// (the static binary resolves no names) across restarts and reconnections.
+    subnet: [u8; 3],
     grace_ms: u64,
     _exclusive: std::fs::File,
+}
+
+/// Creates the scenario's network on a free private /24; returns its first three octets.
+fn create_network(name: &str) -> [u8; 3] {
+    let seed = std::process::id() as u64
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+    let mut last = String::new();
+    for attempt in 0..8u64 {
+        let mix = seed
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .wrapping_add(attempt * 7919);
+        let subnet = [10, 200 + (mix % 50) as u8, ((mix >> 8) % 250) as u8];
+        let cidr = format!("{}.{}.{}.0/24", subnet[0], subnet[1], subnet[2]);
+        match docker(&[
+            "network", "create", "--label", LABEL, "--subnet", &cidr, name,
+        ]) {
+            Ok(output) if output.ok => return subnet,
+            Ok(output) => last = output.stderr,
+            Err(error) => last = error,
+        }
+    }
+    panic!("no free subnet for {name}: {last}");
 }
 
 impl DockerCluster {
@@ -311,6 +338,15 @@ impl DockerCluster {
     pub async fn start(
         scenario: &'static str,
         byzantine: &[(usize, &str)],
+    ) -> Option<DockerCluster> {
+        Self::start_with_epochs(scenario, byzantine, 3_600_000).await
+    }
+
+    /// [`DockerCluster::start`] with configuration-service epochs of `epoch_ms`.
+    pub async fn start_with_epochs(
+        scenario: &'static str,
+        byzantine: &[(usize, &str)],
+        epoch_ms: u64,
     ) -> Option<DockerCluster> {
         if !have_engine() {
             return None;
@@ -330,13 +366,20 @@ impl DockerCluster {
             no_metrics: false,
             clients: vec!["admin:rw".into(), "writer2:rw".into(), "reader:r".into()],
             force: false,
+            no_configuration_service: false,
+            f_cs: 1,
+            epoch_ms,
+            stop_tolerance_ms: 1_000,
+            ping_cycle_ms: 60_000,
+            contact_ms: 86_400_000,
+            contact_grace_ms: 60_000,
         })
         .expect("cluster init");
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
         let prefix = format!("bwft-{}-{nanos:x}-{scenario}", std::process::id());
-        let cluster = DockerCluster {
+        let mut cluster = DockerCluster {
             scenario,
             dir,
             n: config.n(),
@@ -349,10 +392,11 @@ impl DockerCluster {
                 .map(|n| n.metrics.expect("metrics address"))
                 .collect(),
             prefix,
+            subnet: [0, 0, 0],
             grace_ms: 1_000,
             _exclusive: exclusive,
         };
-        docker_ok(&["network", "create", "--label", LABEL, &cluster.network()]);
+        cluster.subnet = create_network(&cluster.network());
         for id in 0..cluster.n {
             docker_ok(&["volume", "create", "--label", LABEL, &cluster.volume(id)]);
         }
@@ -374,6 +418,12 @@ impl DockerCluster {
 
     fn volume(&self, id: usize) -> String {
         format!("{}-data{id}", self.prefix)
+    }
+
+    /// Node `id`'s address on the scenario's network.
+    fn ip(&self, id: usize) -> String {
+        let [a, b, c] = self.subnet;
+        format!("{a}.{b}.{c}.{}", 10 + id)
     }
 
     pub fn container(&self, id: usize) -> String {
@@ -407,6 +457,8 @@ impl DockerCluster {
             LABEL,
             "--network",
             &self.network(),
+            "--ip",
+            &self.ip(id),
             "--publish",
             &format!("127.0.0.1:{}:{NODE_PORT}", self.addresses[id].port()),
             "--publish",
@@ -451,6 +503,11 @@ impl DockerCluster {
             .iter()
             .map(|s| s.to_string()),
         );
+        // Nodes reach each other at their fixed addresses on the scenario's network.
+        for peer in 0..self.n {
+            args.push("--peer".into());
+            args.push(format!("{peer}={}:{NODE_PORT}", self.ip(peer)));
+        }
         docker_async(args).await;
     }
 
@@ -486,7 +543,9 @@ impl DockerCluster {
 
     pub async fn connect(&mut self, id: usize) {
         let network = self.network();
-        self.on(&["network", "connect", &network], id).await;
+        let ip = self.ip(id);
+        self.on(&["network", "connect", "--ip", &ip, &network], id)
+            .await;
         self.fault(format!("reconnect node{id}"));
     }
 

@@ -76,7 +76,12 @@ impl PhalanxLiar {
             _ => self.handled > self.honest_requests,
         };
         match self.behaviour {
-            Behaviour::Honest => self.honest(from, may_write, request),
+            // The configuration service's behaviours have no Phalanx counterpart.
+            Behaviour::Honest
+            | Behaviour::EquivocatingPrimary
+            | Behaviour::ForgedViewChange
+            | Behaviour::EarlyStop
+            | Behaviour::ForgedEvict => self.honest(from, may_write, request),
             Behaviour::Silent if lying => (Vec::new(), None),
             Behaviour::Silent => self.honest(from, may_write, request),
             Behaviour::Amnesiac => {

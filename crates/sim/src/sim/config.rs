@@ -4,6 +4,7 @@
 
 use crate::byzantine::Behaviour;
 use bulwark_core::config::Protocol;
+use bulwark_protocol::pbft::Mutations as PbftMutations;
 use bulwark_protocol::powerstore::{ClientMutations, ServerMutations};
 use bulwark_protocol::round::RegisterMutations;
 use std::collections::BTreeSet;
@@ -164,6 +165,8 @@ pub struct Mutations {
     pub register: RegisterMutations,
     /// Breakage of the effect driver every protocol shares.
     pub driver: DriverMutations,
+    /// Breakage of PBFT, under the configuration service (applied to every replica).
+    pub pbft: PbftMutations,
 }
 
 /// Breakage of the driver's persist-then-send rule, which every protocol's safety argument
@@ -181,7 +184,7 @@ impl Mutations {
         *self != Mutations::default()
     }
 
-    fn flags(&self) -> [(&'static str, bool); 11] {
+    fn flags(&self) -> [(&'static str, bool); 13] {
         [
             ("quorum-f-plus-one", self.client.quorum_f_plus_one),
             ("any-twin", self.client.any_twin),
@@ -194,6 +197,8 @@ impl Mutations {
             ("register-no-write-back", self.register.no_write_back),
             ("register-unverified", self.register.unverified),
             ("send-before-durable", self.driver.send_before_durable),
+            ("pbft-quorum-2f", self.pbft.quorum_2f),
+            ("pbft-drop-prepared", self.pbft.drop_prepared),
         ]
     }
 }
@@ -201,7 +206,7 @@ impl Mutations {
 /// A mutation name that does not exist.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown mutation {0:?}; expected quorum-f-plus-one, any-twin, no-offers, no-write-back, accept-unproven, naive-gc, candidate-vec-in-lc (PoWerStore), register-small-quorum, register-no-write-back or register-unverified (ABD, Phalanx), send-before-durable (any)"
+    "unknown mutation {0:?}; expected quorum-f-plus-one, any-twin, no-offers, no-write-back, accept-unproven, naive-gc, candidate-vec-in-lc (PoWerStore), register-small-quorum, register-no-write-back or register-unverified (ABD, Phalanx), pbft-quorum-2f or pbft-drop-prepared (configuration service), send-before-durable (any)"
 )]
 pub struct UnknownMutation(pub String);
 
@@ -224,6 +229,8 @@ impl FromStr for Mutations {
                 "register-no-write-back" => mutations.register.no_write_back = true,
                 "register-unverified" => mutations.register.unverified = true,
                 "send-before-durable" => mutations.driver.send_before_durable = true,
+                "pbft-quorum-2f" => mutations.pbft.quorum_2f = true,
+                "pbft-drop-prepared" => mutations.pbft.drop_prepared = true,
                 _ => return Err(UnknownMutation(word.to_string())),
             }
         }
@@ -355,8 +362,9 @@ mod tests {
         assert_eq!(set.to_string(), "corrupting,forging");
         assert!("honest".parse::<FaultSet>().is_err());
         assert!("earthquake".parse::<FaultSet>().is_err());
-        let mutations: Mutations = "any-twin,naive-gc".parse().unwrap();
+        let mutations: Mutations = "any-twin,naive-gc,pbft-drop-prepared".parse().unwrap();
         assert!(mutations.client.any_twin && mutations.server.naive_gc);
+        assert!(mutations.pbft.drop_prepared && !mutations.pbft.quorum_2f);
         assert_eq!(
             mutations.to_string().parse::<Mutations>().unwrap(),
             mutations

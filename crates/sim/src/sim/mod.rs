@@ -1,6 +1,8 @@
 //! The deterministic simulator: seeded runs of the real protocol machines (M-PoWerStore, and the
 //! ABD and Phalanx baselines, each behind [`protocol::Protocol`]) under adversarial schedules,
-//! checked for linearizability and wait-freedom (DESIGN.md §9.4 step 4).
+//! checked for linearizability and wait-freedom (DESIGN.md §9.4 step 4); and, through
+//! [`run_service`], services with checkers of their own, such as the configuration service
+//! (PBFT, [`protocols::cs`]).
 //!
 //! A run ([`run`]) is a function of its seed and [`SimConfig`] alone. The swarm ([`swarm`])
 //! picks which faults the seed switches on; the world (`world.rs`) then plays a *safety phase* in
@@ -18,7 +20,7 @@
 
 pub mod config;
 pub mod protocol;
-mod protocols;
+pub mod protocols;
 pub mod swarm;
 mod world;
 

@@ -1,8 +1,11 @@
 //! What the world needs of a protocol, so that one scheduler, one nemesis and one checker drive
-//! every protocol Bulwark has (DESIGN.md §2): M-PoWerStore, and the ABD and Phalanx baselines.
-//! The trait is public so that a service written elsewhere (the gossip service of the tests) runs
-//! in the same world, with a checker of its own ([`Protocol::check`], through
-//! [`super::run_service`]).
+//! every protocol Bulwark has (DESIGN.md §2): M-PoWerStore, the ABD and Phalanx baselines, and
+//! the configuration service (`protocols::cs`, with a checker of its own). The trait is public so
+//! that a service written elsewhere (the gossip service of the tests) runs in the same world,
+//! with a checker of its own ([`Protocol::check`], through [`super::run_service`]). Replicas that
+//! order requests answer them when they execute, not when they arrive: the world routes those
+//! answers (`Output::notify`) to the client that sent the request, behind the same disk batch as
+//! a reply.
 //!
 //! A [`Protocol`] is built once per run from the seed's generator (its keys and configuration),
 //! then builds servers (honest or Byzantine), restores them from their simulated disk after a
@@ -86,8 +89,8 @@ pub trait Protocol: Sized {
         rng: &mut ChaCha8Rng,
     ) -> Self::Write;
 
-    /// A read of `key`.
-    fn read(&self, key: Key, op: OpId) -> Self::Read;
+    /// A read of `key` by `client`.
+    fn read(&self, client: usize, key: Key, op: OpId) -> Self::Read;
 
     /// The operation a response answers.
     fn response_op(response: &Self::Response) -> OpId;

@@ -1,4 +1,5 @@
 //! One [`super::protocol::Protocol`] implementation per protocol the simulator drives.
 
+pub mod cs;
 pub(super) mod powerstore;
 pub(super) mod registers;

@@ -679,8 +679,9 @@ impl<'a, P: Protocol> World<'a, P> {
     }
 
     /// Carries out what a server asked for after one input: timers at once; its changes as one
-    /// batch, with the reply (to `client`) and peer messages held until it is durable. An input
-    /// other than a request that has nothing to persist or send costs no batch.
+    /// batch, with the reply (to `client`), the answers to earlier requests (`notify`, each to the
+    /// client that sent the request) and peer messages held until it is durable. An input other
+    /// than a request that has nothing to persist or send costs no batch.
     fn effects(
         &mut self,
         server: usize,
@@ -704,7 +705,10 @@ impl<'a, P: Protocol> World<'a, P> {
                 },
             );
         }
-        let quiet = output.changes.is_empty() && output.reply.is_none() && output.sends.is_empty();
+        let quiet = output.changes.is_empty()
+            && output.reply.is_none()
+            && output.notify.is_empty()
+            && output.sends.is_empty();
         if quiet && !request {
             return;
         }
@@ -713,6 +717,19 @@ impl<'a, P: Protocol> World<'a, P> {
             to: Process::Client(client),
             body: Body::Response(response),
         });
+        // Answers to earlier requests go to the client process the request came from: the world
+        // names client `c` as `ClientId(c)` when it hands a request to `on_request`. A client id
+        // that names no process goes nowhere.
+        let clients = self.clients.len();
+        let notify = output
+            .notify
+            .into_iter()
+            .filter(|(client, _, _)| (client.0 as usize) < clients)
+            .map(|(client, _, response)| Packet {
+                from: Process::Server(server),
+                to: Process::Client(client.0 as usize),
+                body: Body::Response(response),
+            });
         let n = self.servers.len();
         // A slot outside the group names nobody: the message goes nowhere.
         let sends = output
@@ -724,7 +741,11 @@ impl<'a, P: Protocol> World<'a, P> {
                 to: Process::Server(slot.index()),
                 body: Body::Message(message),
             });
-        self.enqueue(server, output.changes, reply.into_iter().chain(sends));
+        self.enqueue(
+            server,
+            output.changes,
+            reply.into_iter().chain(notify).chain(sends),
+        );
     }
 
     /// Submits changes as one batch and queues `packets` behind it (see the module docs).
@@ -993,7 +1014,7 @@ impl<'a, P: Protocol> World<'a, P> {
             (ClientOp::Write(write), kind)
         } else {
             (
-                ClientOp::Read(self.protocol.read(key.clone(), op)),
+                ClientOp::Read(self.protocol.read(client, key.clone(), op)),
                 OpKind::Read,
             )
         };

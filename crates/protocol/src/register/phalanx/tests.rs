@@ -407,6 +407,7 @@ fn a_weak_key_in_the_configuration_is_refused_naming_its_field() {
             client(1, "reader", false, None),
             client(2, "mallory", true, Some(identity)),
         ],
+        configuration_service: None,
     };
     let error = Writers::from_config(&cluster, "cluster.toml")
         .unwrap_err()

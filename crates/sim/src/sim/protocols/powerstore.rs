@@ -47,8 +47,11 @@ impl Protocol for PowerStore {
         ClusterProtocol::PowerStore.nodes(f)
     }
 
+    /// Everything but the configuration service's Byzantine behaviours.
     fn tolerated(wanted: &FaultSet) -> FaultSet {
-        wanted.clone()
+        let mut faults = wanted.clone();
+        faults.behaviours.retain(|behaviour| behaviour.is_storage());
+        faults
     }
 
     fn new(rng: &mut ChaCha8Rng, config: &SimConfig, swarm: &Swarm) -> PowerStore {
@@ -131,7 +134,7 @@ impl Protocol for PowerStore {
         )
     }
 
-    fn read(&self, key: Key, op: OpId) -> ReadOp {
+    fn read(&self, _client: usize, key: Key, op: OpId) -> ReadOp {
         ReadOp::new(self.client_config.clone(), self.codec.clone(), key, op)
     }
 

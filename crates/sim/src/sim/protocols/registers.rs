@@ -214,7 +214,7 @@ impl Protocol for Abd {
         )
     }
 
-    fn read(&self, key: Key, op: OpId) -> abd::ReadOp {
+    fn read(&self, _client: usize, key: Key, op: OpId) -> abd::ReadOp {
         abd::ReadOp::new(self.client_config.clone(), key, op)
     }
 
@@ -262,10 +262,11 @@ impl Protocol for Phalanx {
         ClusterProtocol::Phalanx.nodes(f)
     }
 
-    /// Byzantine servers, but no catalogue of Byzantine readers: a reader can only write back a
-    /// version some writer signed, which any correct reader might also do.
+    /// The storage catalogue's Byzantine servers, but no catalogue of Byzantine readers: a reader
+    /// can only write back a version some writer signed, which any correct reader might also do.
     fn tolerated(wanted: &FaultSet) -> FaultSet {
         let mut faults = wanted.clone();
+        faults.behaviours.retain(|behaviour| behaviour.is_storage());
         faults.nemeses.remove(&Nemesis::ByzantineReaders);
         faults
     }
@@ -336,7 +337,7 @@ impl Protocol for Phalanx {
         )
     }
 
-    fn read(&self, key: Key, op: OpId) -> phalanx::ReadOp {
+    fn read(&self, _client: usize, key: Key, op: OpId) -> phalanx::ReadOp {
         phalanx::ReadOp::new(self.client_config.clone(), key, op)
     }
 

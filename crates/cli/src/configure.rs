@@ -1,0 +1,198 @@
+//! `bulwark config show`, `bulwark node add|revoke` and `bulwark epoch end`: the configuration
+//! service from the command line. Every configuration shown is verified from the genesis in
+//! `cluster.toml`, one certificate after another.
+
+use crate::ClientArgs;
+use crate::objects::connect;
+use anyhow::{Context, Result, bail};
+use bulwark_client::{ConfigAction, ConfigOutcome};
+use bulwark_core::NodeId;
+use bulwark_core::config::Fingerprint;
+use bulwark_core::configuration::{Configuration, NewMember};
+use bulwark_core::sign::PublicKey;
+use bulwark_protocol::cs::Op;
+use std::net::SocketAddr;
+
+/// `bulwark node add|revoke`.
+#[derive(clap::Subcommand)]
+pub enum MembershipCommand {
+    /// Orders, as the trusted authority, that a node joins in the next epoch.
+    Add {
+        /// Where clients and peers will reach it.
+        #[arg(long)]
+        address: SocketAddr,
+        /// Its TLS certificate's SHA-256 fingerprint (hex).
+        #[arg(long)]
+        fingerprint: String,
+        /// Its Ed25519 public key (hex).
+        #[arg(long)]
+        signing_key: String,
+        /// Wait until the epoch it joins in is certified.
+        #[arg(long)]
+        wait: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Orders, as the trusted authority, that a member leaves in the next epoch.
+    Revoke {
+        /// The member's id.
+        id: u32,
+        /// Wait until the epoch it leaves in is certified.
+        #[arg(long)]
+        wait: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+/// `bulwark config`.
+#[derive(clap::Subcommand)]
+pub enum ConfigCommand {
+    /// Prints the newest certified configuration: epoch, members and configuration service.
+    Show {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+/// `bulwark epoch`.
+#[derive(clap::Subcommand)]
+pub enum EpochCommand {
+    /// Asks the configuration service to end the current epoch (it agrees only once the epoch
+    /// has lasted its length, less the clock tolerance) and waits for the next to be certified.
+    End {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+pub async fn config(command: &ConfigCommand) -> Result<()> {
+    let ConfigCommand::Show { client } = command;
+    let client = connect(client).await?;
+    let config = client.configuration().await?;
+    print!("{}", describe(&config));
+    Ok(())
+}
+
+/// A configuration as `config show` prints it.
+pub fn describe(config: &Configuration) -> String {
+    let cs = config.cs();
+    let mut text = format!(
+        "epoch {} (began at {} ms after the Unix epoch; lasts {:.1} s; digest {:?})\n",
+        config.epoch.0,
+        config.started_at_ms,
+        config.t_epoch_ms as f64 / 1000.0,
+        config.digest()
+    );
+    text += &format!(
+        "f = {} (groups of {}), f_cs = {} (a configuration service of {})\n",
+        config.f,
+        3 * config.f + 1,
+        config.f_cs,
+        config.cs_size()
+    );
+    text += &format!(
+        "{:<6} {:<22} {:<4} {}\n",
+        "node", "address", "cs", "signing key"
+    );
+    for member in &config.members {
+        let slot = cs
+            .iter()
+            .position(|id| *id == member.id)
+            .map_or_else(String::new, |slot| slot.to_string());
+        text += &format!(
+            "{:<6} {:<22} {:<4} {}\n",
+            member.id.0,
+            member.address.to_string(),
+            slot,
+            member.signing_key
+        );
+    }
+    text += &format!(
+        "configuration service (slot order): {}\n",
+        cs.iter()
+            .map(|id| id.0.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    text
+}
+
+pub async fn membership(command: &MembershipCommand) -> Result<()> {
+    let (action, wait, args) = match command {
+        MembershipCommand::Add {
+            address,
+            fingerprint,
+            signing_key,
+            wait,
+            client,
+        } => {
+            let fingerprint = bulwark_core::config::parse_hex32(fingerprint)
+                .map(Fingerprint)
+                .map_err(anyhow::Error::msg)
+                .context("--fingerprint")?;
+            let signing_key: PublicKey = signing_key
+                .parse()
+                .map_err(|e| anyhow::anyhow!("--signing-key: {e}"))?;
+            let member = NewMember {
+                address: *address,
+                fingerprint,
+                signing_key,
+            };
+            (ConfigAction::Add(member), *wait, client)
+        }
+        MembershipCommand::Revoke { id, wait, client } => {
+            (ConfigAction::Revoke(NodeId(*id)), *wait, client)
+        }
+    };
+    let client = connect(args).await?;
+    let (config, outcome) = client.order(action.clone()).await?;
+    let (epoch, node) = match outcome {
+        ConfigOutcome::Accepted { epoch, node } => (epoch, node),
+        ConfigOutcome::Rejected(reason) => {
+            bail!(
+                "the configuration service of epoch {} refused: {reason}",
+                config.epoch.0
+            )
+        }
+        other => bail!("unexpected answer: {other:?}"),
+    };
+    let verb = match action {
+        ConfigAction::Add(_) => "joins",
+        ConfigAction::Revoke(_) => "leaves",
+    };
+    let who = node.map_or_else(|| "the node".to_string(), |n| format!("node {}", n.0));
+    println!(
+        "{who} {verb} in epoch {} (accepted by the configuration service of epoch {})",
+        epoch.0, config.epoch.0
+    );
+    if wait {
+        let next = client.await_epoch(epoch.0).await?;
+        println!(
+            "epoch {} certified: {} members",
+            next.epoch.0,
+            next.members.len()
+        );
+    }
+    Ok(())
+}
+
+pub async fn epoch(command: &EpochCommand) -> Result<()> {
+    let EpochCommand::End { client } = command;
+    let client = connect(client).await?;
+    let (config, outcome) = client.configure(|_| Ok(Op::Stop)).await?;
+    match outcome {
+        ConfigOutcome::Stopped { epoch, .. } => {
+            let next = client.await_epoch(epoch.0).await?;
+            println!(
+                "epoch {} ended; epoch {} certified with {} members",
+                config.epoch.0,
+                next.epoch.0,
+                next.members.len()
+            );
+            Ok(())
+        }
+        ConfigOutcome::Rejected(reason) => bail!("{reason}"),
+        other => bail!("unexpected answer: {other:?}"),
+    }
+}

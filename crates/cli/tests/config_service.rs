@@ -1,0 +1,254 @@
+//! The configuration service in real node processes: PBFT among the epoch's CS replicas over the
+//! nodes' pinned TLS, orders from the trusted authority, epochs that end on their own, and a CS
+//! primary killed with SIGKILL in the middle of it all. Every node must end holding the same
+//! certified configurations, each verified from the genesis.
+
+mod common;
+
+use bulwark_client::{ConfigAction, ConfigOutcome};
+use bulwark_core::NodeId;
+use bulwark_core::config::Fingerprint;
+use bulwark_core::configuration::{self, NewMember};
+use bulwark_core::sign::SecretKey;
+use common::TestCluster;
+use std::time::{Duration, Instant};
+
+/// A node identity the authority adds; no process ever runs it, so while it is a member it is
+/// one faulty (silent) node, within the CS's f_cs = 1 when it is picked for the CS.
+fn newcomer(round: u8) -> NewMember {
+    NewMember {
+        address: format!("127.0.0.1:{}", 1000 + u16::from(round))
+            .parse()
+            .unwrap(),
+        fingerprint: Fingerprint([0xA0 + round; 32]),
+        signing_key: SecretKey::from_seed(&[0x50 + round; 32]).public_key(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_node_ends_on_the_same_certified_configurations_after_a_killed_cs_primary() {
+    let mut cluster = TestCluster::start_with(
+        "powerstore",
+        1,
+        4,
+        10_000,
+        &["--epoch-ms", "4000", "--stop-tolerance-ms", "500"],
+    );
+    cluster.wait_up(&[0, 1, 2, 3]).await;
+    let admin = cluster.client("admin").await;
+    let genesis = admin.genesis().unwrap();
+
+    let mut expected_members = 4;
+    for round in 0..3u8 {
+        if round == 1 {
+            // The primary of the current CS, killed without warning while an order is pending.
+            let status = admin.status_of(NodeId(0)).await.expect("node 0 answers");
+            let primary = status.cs.expect("every node is a CS replica of 4").primary as usize;
+            eprintln!("killing the CS primary, node {primary}");
+            cluster.kill(primary);
+            let added = admin.order(ConfigAction::Add(newcomer(round))).await;
+            cluster.spawn(primary, None);
+            check_add(&admin, added, &mut expected_members).await;
+        } else {
+            let added = admin.order(ConfigAction::Add(newcomer(round))).await;
+            check_add(&admin, added, &mut expected_members).await;
+        }
+        // The newcomer leaves again, so that at most one silent member is ever in the CS.
+        let config = admin.configuration().await.unwrap();
+        let newcomer_id = config
+            .members
+            .iter()
+            .find(|m| m.signing_key == newcomer(round).signing_key)
+            .expect("the newcomer is a member")
+            .id;
+        let (_, outcome) = admin
+            .order(ConfigAction::Revoke(newcomer_id))
+            .await
+            .expect("revoke accepted");
+        let ConfigOutcome::Accepted { epoch, .. } = outcome else {
+            panic!("revoke: {outcome:?}");
+        };
+        let config = admin.await_epoch(epoch.0).await.unwrap();
+        assert!(
+            config.member(newcomer_id).is_none(),
+            "revoked in epoch {}",
+            epoch.0
+        );
+        expected_members -= 1;
+        assert_eq!(config.members.len(), expected_members);
+    }
+
+    // A revoke that would leave fewer members than a storage group needs is refused, and an
+    // order signed for another epoch is refused before it is ordered.
+    let (_, outcome) = admin.order(ConfigAction::Revoke(NodeId(3))).await.unwrap();
+    assert!(
+        matches!(&outcome, ConfigOutcome::Rejected(reason) if reason.contains("cannot form")),
+        "{outcome:?}"
+    );
+
+    // Every node, the restarted one included, ends on the same chain: fetch each node's own
+    // certificates and verify them from the genesis.
+    let newest = admin.configuration().await.unwrap().epoch.0;
+    let started = Instant::now();
+    let mut chains = Vec::new();
+    for node in 0..4u32 {
+        loop {
+            let mut certs = Vec::new();
+            let mut after = genesis.epoch.0;
+            while let Ok(page) = admin.certificates_from(NodeId(node), after).await {
+                if page.is_empty() {
+                    break;
+                }
+                after += page.len() as u64;
+                certs.extend(page);
+            }
+            if after >= newest {
+                let verified = configuration::verify_chain(&genesis, &certs)
+                    .unwrap_or_else(|e| panic!("node {node}'s chain: {e}"));
+                assert!(verified.epoch.0 >= newest);
+                chains.push(certs);
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "node {node} holds epoch {after}, not {newest}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    for epoch in 0..newest as usize - 1 {
+        let first = &chains[0][epoch].bytes;
+        for (node, chain) in chains.iter().enumerate() {
+            assert_eq!(
+                &chain[epoch].bytes,
+                first,
+                "node {node} certified another configuration for epoch {}",
+                epoch + 2
+            );
+        }
+    }
+    eprintln!("{newest} epochs, the same on every node");
+}
+
+async fn check_add(
+    admin: &bulwark_client::Client,
+    added: Result<(configuration::Configuration, ConfigOutcome), bulwark_client::ClientError>,
+    expected_members: &mut usize,
+) {
+    let (config, outcome) = added.expect("add accepted");
+    let ConfigOutcome::Accepted { epoch, node } = outcome else {
+        panic!("add: {outcome:?}");
+    };
+    assert_eq!(
+        epoch.0,
+        config.epoch.0 + 1,
+        "an ADD takes effect in the next epoch"
+    );
+    let next = admin.await_epoch(epoch.0).await.unwrap();
+    let node = node.expect("an ADD names the id the node gets");
+    assert!(
+        next.member(node).is_some(),
+        "node {node} is a member of epoch {}",
+        next.epoch.0
+    );
+    *expected_members += 1;
+    assert_eq!(next.members.len(), *expected_members);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_stops_answering_pings_is_evicted_and_no_other() {
+    let mut cluster = TestCluster::start_with(
+        "powerstore",
+        1,
+        5,
+        10_000,
+        &[
+            "--epoch-ms",
+            "4000",
+            "--stop-tolerance-ms",
+            "500",
+            "--ping-cycle-ms",
+            "300",
+        ],
+    );
+    cluster.wait_up(&[0, 1, 2, 3, 4]).await;
+    let admin = cluster.client("admin").await;
+    // Everyone answers for a while: nobody is evicted.
+    let before = admin.configuration().await.unwrap();
+    let later = admin.await_epoch(before.epoch.0 + 2).await.unwrap();
+    assert_eq!(
+        later.members.len(),
+        5,
+        "a member that answers is never evicted"
+    );
+
+    cluster.kill(4);
+    let started = Instant::now();
+    let evicted = loop {
+        let config = admin.configuration().await.unwrap();
+        if config.member(NodeId(4)).is_none() {
+            break config;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "node 4 is still a member in epoch {}",
+            config.epoch.0
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(
+        evicted.members.iter().map(|m| m.id.0).collect::<Vec<_>>(),
+        vec![0, 1, 2, 3],
+        "only the silent member leaves"
+    );
+    eprintln!(
+        "node 4 evicted in epoch {}, {:.1} s after it stopped",
+        evicted.epoch.0,
+        started.elapsed().as_secs_f64()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_cut_off_from_the_configuration_service_stops_and_says_why() {
+    let mut cluster = TestCluster::start_with(
+        "powerstore",
+        1,
+        4,
+        10_000,
+        &["--contact-ms", "1000", "--contact-grace-ms", "1500"],
+    );
+    cluster.wait_up(&[0, 1, 2, 3]).await;
+    let admin = cluster.client("admin").await;
+    admin
+        .put(b"k", bytes::Bytes::from_static(b"v"))
+        .await
+        .expect("a confirmed client writes");
+    // Past contact_ms the client confirms again, and goes on while the CS answers.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    admin
+        .put(b"k", bytes::Bytes::from_static(b"w"))
+        .await
+        .expect("confirmed again");
+
+    // Only one CS replica left: f_cs+1 = 2 cannot confirm the configuration any more.
+    for node in 1..4 {
+        cluster.kill(node);
+    }
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let started = Instant::now();
+    let error = admin
+        .get(b"k")
+        .await
+        .expect_err("a client that cannot confirm its configuration stops");
+    let text = error.to_string();
+    assert!(
+        matches!(error, bulwark_client::ClientError::Stale { .. }),
+        "{text}"
+    );
+    assert!(text.contains("could not be confirmed"), "{text}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "it stops after the grace period, not at the operation's deadline"
+    );
+    eprintln!("{text}");
+}

@@ -1,0 +1,326 @@
+//! The configuration service from the client's side: fetch the certified configurations from
+//! the nodes and verify them one epoch after another from the genesis in `cluster.toml` (no node
+//! is trusted for them: a node can withhold a certificate but not forge one), and submit
+//! operations to the current epoch's CS replicas through the one generic driver.
+
+use crate::{Client, ClientError};
+use bulwark_core::configuration::{self, Configuration, cs_group};
+use bulwark_core::envelope::{self, Header, Kind};
+use bulwark_core::membership::GroupView;
+use bulwark_core::sign::{SecretKey, Signed};
+use bulwark_core::wire::FRAME_BYTES_MAX;
+use bulwark_core::{NodeId, ServiceId};
+use bulwark_protocol::cs::{self, Action, ConfigService, Op, Order, Outcome};
+use bulwark_protocol::pbft::{Params, Submit};
+use bulwark_protocol::service::{SystemReply, SystemRequest};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// How long one node may take to answer a request for certificates.
+const FETCH_WAIT: Duration = Duration::from_secs(3);
+/// Times an operation is resubmitted after the CS moved to a newer epoch under it.
+const EPOCH_RETRIES: usize = 5;
+
+impl Client {
+    /// The genesis configuration of `cluster.toml`, if the cluster has a configuration service.
+    pub fn genesis(&self) -> Result<Configuration, ClientError> {
+        self.cluster.genesis()?.ok_or_else(|| {
+            ClientError::Protocol("this cluster has no configuration service".into())
+        })
+    }
+
+    /// The newest configuration any node can prove: certificates fetched from every node,
+    /// each verified against the configuration before it, starting from the genesis.
+    pub async fn configuration(&self) -> Result<Configuration, ClientError> {
+        use futures::StreamExt;
+        let mut current = self.genesis()?;
+        loop {
+            let after = current.epoch.0;
+            let mut asks: futures::stream::FuturesUnordered<_> = self
+                .cluster
+                .nodes
+                .iter()
+                .map(|node| async move {
+                    (
+                        node.id,
+                        self.certificates_from(NodeId(node.id), after).await,
+                    )
+                })
+                .collect();
+            // Answers from all but f nodes are enough: a node down or slow must not hold up
+            // every configuration change (a node can withhold, never forge, a certificate).
+            let enough = self.cluster.n().saturating_sub(self.cluster.f);
+            let mut answers = Vec::new();
+            while let Some((node, certs)) = asks.next().await {
+                if let Ok(certs) = certs {
+                    answers.push((node, certs));
+                }
+                if answers.len() >= enough {
+                    break;
+                }
+            }
+            let before = current.epoch;
+            for (node, certs) in answers {
+                for cert in certs {
+                    match configuration::verify_successor(&current, &cert) {
+                        Ok(next) => current = next,
+                        Err(configuration::CertError::WrongEpoch { got, .. })
+                            if got <= current.epoch => {}
+                        Err(error) => {
+                            tracing::warn!(node, %error, "a node offered a bad configuration certificate");
+                            break;
+                        }
+                    }
+                }
+            }
+            if current.epoch == before {
+                return Ok(current);
+            }
+        }
+    }
+
+    /// The certificates one node holds after epoch `after` (at most a page of them), unverified.
+    pub async fn certificates_from(
+        &self,
+        node: NodeId,
+        after: u64,
+    ) -> Result<Vec<configuration::ConfigCert>, String> {
+        match self
+            .ask(node, &SystemRequest::Configuration { after })
+            .await?
+        {
+            SystemReply::Configuration(certs) => Ok(certs),
+            _ => Err("an answer to another question".into()),
+        }
+    }
+
+    /// Submits `op` to the configuration service of the newest epoch, and again to a newer one
+    /// if the CS moved on before ordering it. Returns the epoch that answered and its outcome.
+    pub async fn configure(
+        &self,
+        op: impl Fn(&Configuration) -> Result<Op, ClientError>,
+    ) -> Result<(Configuration, Outcome), ClientError> {
+        let mut last = None;
+        for _ in 0..EPOCH_RETRIES {
+            let config = self.configuration().await?;
+            let op = op(&config)?;
+            match self.submit_to(&config, op).await {
+                Ok(Outcome::Ended { next }) => {
+                    last = Some(ClientError::Protocol(format!(
+                        "epoch {} ended before the operation was ordered, and so did the next \
+                         ones (now {})",
+                        config.epoch.0, next.0
+                    )));
+                }
+                Ok(outcome) => return Ok((config, outcome)),
+                // The CS of this epoch is gone (the epoch ended meanwhile): ask the next one.
+                Err(ClientError::Refused { refusal, nodes }) if refusal.contains("epoch") => {
+                    last = Some(ClientError::Refused { refusal, nodes });
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        Err(last.unwrap_or_else(|| ClientError::Protocol("no epoch answered".into())))
+    }
+
+    /// Submits `op` once to the CS replicas of `config` (a configuration already fetched and
+    /// verified), without fetching it again or moving to a newer epoch: what
+    /// [`Client::configure`] does each try, and what a benchmark of the CS itself measures.
+    pub async fn submit_to(&self, config: &Configuration, op: Op) -> Result<Outcome, ClientError> {
+        let view = GroupView::new(cs_group(config.epoch), config.epoch, config.cs())
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let params = Params::new(config.f_cs as usize);
+        let mut machine: Submit<ConfigService> = Submit::new(params, self.id, self.op_id().0, op);
+        self.drive(
+            &view,
+            &"the configuration service",
+            config.f_cs as usize,
+            &mut machine,
+        )
+        .await
+    }
+
+    /// Orders `action` as the trusted authority, signed for the epoch it is submitted in.
+    pub async fn order(&self, action: Action) -> Result<(Configuration, Outcome), ClientError> {
+        self.configure(|config| self.signed_order(config, &action))
+            .await
+    }
+
+    /// `action` as an operation for the CS of `config`, signed by the trusted authority (for
+    /// [`Client::submit_to`]).
+    pub fn signed_order(&self, config: &Configuration, action: &Action) -> Result<Op, ClientError> {
+        let Some(seed) = self.authority else {
+            return Err(ClientError::Protocol(format!(
+                "client {:?} holds no authority key (only the administrator does)",
+                self.name
+            )));
+        };
+        order_op(&SecretKey::from_seed(&seed), config, action)
+    }
+
+    /// Challenges the CS replicas of the newest configuration with a fresh nonce; `f_cs+1`
+    /// answers, each signed by a CS replica of that epoch for that configuration's digest,
+    /// confirm it as current (at least one of them is correct).
+    pub async fn confirm(&self) -> Result<Configuration, ClientError> {
+        use bulwark_core::configuration::Fresh;
+        let config = self.configuration().await?;
+        let nonce = rand::random::<u64>();
+        let cs = config.cs();
+        let asks = cs.iter().map(|node| async move {
+            let answer = self.ask(*node, &SystemRequest::Fresh { nonce }).await;
+            (*node, answer)
+        });
+        let mut confirmed = 0;
+        let mut problems = Vec::new();
+        for (node, answer) in futures::future::join_all(asks).await {
+            let fresh = match answer {
+                Ok(SystemReply::Fresh(Some(fresh))) => fresh,
+                Ok(SystemReply::Fresh(None)) => {
+                    problems.push(format!("{node} is not a CS replica of its current epoch"));
+                    continue;
+                }
+                Ok(_) => continue,
+                Err(error) => {
+                    problems.push(format!("{node}: {error}"));
+                    continue;
+                }
+            };
+            let Some(key) = config.member(node).map(|m| m.signing_key) else {
+                continue;
+            };
+            match fresh.verify(&key) {
+                Ok(signed) => {
+                    let Fresh {
+                        nonce: echoed,
+                        epoch,
+                        digest,
+                        node: signer,
+                    } = *signed.value();
+                    if echoed == nonce
+                        && signer == node
+                        && epoch == config.epoch
+                        && digest == config.digest()
+                    {
+                        confirmed += 1;
+                    } else {
+                        problems.push(format!("{node} holds epoch {} as current", epoch.0));
+                    }
+                }
+                Err(error) => problems.push(format!("{node}'s answer: {error}")),
+            }
+        }
+        let needed = config.f_cs as usize + 1;
+        if confirmed >= needed {
+            if let Ok(mut last) = self.confirmed.lock() {
+                *last = Some((std::time::Instant::now(), config.epoch));
+            }
+            return Ok(config);
+        }
+        Err(ClientError::Stale {
+            since: Duration::ZERO,
+            reason: format!(
+                "{confirmed} of the {} CS replicas of epoch {} confirmed it ({needed} needed): {}",
+                cs.len(),
+                config.epoch.0,
+                problems.join("; ")
+            ),
+        })
+    }
+
+    /// Stops operations once the configuration has gone unconfirmed for longer than the
+    /// cluster's `contact_ms`: confirms again then, and fails after a further `contact_grace_ms`
+    /// of trying (Rosebud §3.8: a client cut off from the CS must not go on with a configuration
+    /// that may no longer hold).
+    pub(crate) async fn fresh(&self) -> Result<(), ClientError> {
+        let Some(cs) = &self.cluster.configuration_service else {
+            return Ok(());
+        };
+        let contact = Duration::from_millis(cs.contact_ms);
+        let grace = Duration::from_millis(cs.contact_grace_ms);
+        let last = self.confirmed.lock().ok().and_then(|last| *last);
+        if last.is_some_and(|(at, _)| at.elapsed() < contact) {
+            return Ok(());
+        }
+        let started = std::time::Instant::now();
+        let stop_at = match last {
+            Some((at, _)) => (at + contact + grace).max(started),
+            None => started + grace,
+        };
+        loop {
+            match self.confirm().await {
+                Ok(_) => return Ok(()),
+                Err(ClientError::Stale { reason, .. }) if std::time::Instant::now() >= stop_at => {
+                    let since = last.map_or(started.elapsed(), |(at, _)| at.elapsed());
+                    return Err(ClientError::Stale { since, reason });
+                }
+                Err(error) if std::time::Instant::now() >= stop_at => {
+                    let since = last.map_or(started.elapsed(), |(at, _)| at.elapsed());
+                    return Err(ClientError::Stale {
+                        since,
+                        reason: error.to_string(),
+                    });
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+            }
+        }
+    }
+
+    /// Asks one node a question about itself.
+    async fn ask(&self, node: NodeId, request: &SystemRequest) -> Result<SystemReply, String> {
+        let Some(link) = self.links.get(&node) else {
+            return Err(format!("no {node}"));
+        };
+        let op = self.op_id().0;
+        let (sender, mut replies) = mpsc::channel(1);
+        let _registration = self
+            .router
+            .register(op, sender)
+            .map_err(|_| "operation id reused".to_string())?;
+        let header = Header::request(ServiceId::SYSTEM, Default::default(), self.epoch(), op);
+        link.send(envelope::frame(&header, request))
+            .map_err(|e| e.to_string())?;
+        match tokio::time::timeout(FETCH_WAIT, replies.recv()).await {
+            Ok(Some((_, reply))) if reply.header.kind == Kind::Reply => reply
+                .body::<SystemReply>(FRAME_BYTES_MAX)
+                .map_err(|error| format!("malformed answer: {error}")),
+            Ok(Some(_)) => Err("refused".into()),
+            _ => Err("no answer".into()),
+        }
+    }
+
+    /// Waits until a configuration of at least `epoch` is certified, polling the nodes.
+    pub async fn await_epoch(&self, epoch: u64) -> Result<Configuration, ClientError> {
+        let deadline = tokio::time::Instant::now() + self.deadline;
+        loop {
+            let config = self.configuration().await?;
+            if config.epoch.0 >= epoch {
+                return Ok(config);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(ClientError::Protocol(format!(
+                    "epoch {epoch} was not certified within {:?}; the newest is {}",
+                    self.deadline, config.epoch.0
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// `action` for the CS of `config`, signed with `authority`.
+fn order_op(
+    authority: &SecretKey,
+    config: &Configuration,
+    action: &Action,
+) -> Result<Op, ClientError> {
+    let order = Order {
+        epoch: config.epoch,
+        action: action.clone(),
+    };
+    let signed =
+        Signed::sign(authority, order).map_err(|e| ClientError::Protocol(e.to_string()))?;
+    Ok(Op::Order(signed.to_unverified()))
+}
+
+/// The configuration service's operations, re-exported for the command line.
+pub use cs::{Action as ConfigAction, Outcome as ConfigOutcome};

@@ -1,0 +1,839 @@
+//! The node's part in the configuration service (Rosebud §3): the chain of certified
+//! configurations it holds, its CS replica when the current configuration names it one, and the
+//! exchange of certificates with other nodes.
+//!
+//! - The **chain** starts at the genesis configuration (`cluster.toml`'s
+//!   `[configuration_service]`) and grows one verified certificate at a time; each certificate is
+//!   durable (table `certs` of the configuration service's namespace for group 0) before the
+//!   node acts on it, and the whole chain is verified again at start.
+//! - The **CS replica** of epoch `e` is a PBFT replica of [`ConfigService`], hosted like any other
+//!   replica in a shard of its own (one driven by the wall clock: the configuration service judges
+//!   STOP by it) and restored from its own namespace (the configuration service's, group `e`). Its
+//!   log is compacted at each stable checkpoint.
+//! - **Dissemination** (§3.6): a CS replica whose instance certifies the next configuration sends
+//!   the certificate to every node; a node that learns of a later epoch than its own, or that has
+//!   heard nothing for a while, pulls the certificates it lacks from a peer. Every certificate is
+//!   verified against the configuration before it, so a peer can withhold but never forge. (The
+//!   three-level multicast matters at thousands of nodes; this cluster sends directly.)
+//! - When a certificate is added, the node drops its replica of the old CS instance and starts
+//!   one for the new epoch if it is among the new CS (§3.7: no state passes between CS
+//!   generations).
+
+use crate::host::{Adapter, Effects, Hosted, Hosting};
+use crate::peers::Peers;
+use crate::shard::{Job, ReplicaKey, ShardHandle};
+use crate::{NodeError, Rejections};
+use bulwark_core::configuration::{self, ConfigCert, Configuration};
+use bulwark_core::envelope::{self, Envelope, Header, Kind};
+use bulwark_core::sign::SecretKey;
+use bulwark_core::wire;
+use bulwark_core::{ClientId, Epoch, GroupId, NodeId, ServiceId, Slot, Time};
+use bulwark_protocol::cs::monitor::{Monitor, MonitorParams, Pong};
+use bulwark_protocol::cs::{ConfigService, CsChange, EvictVote, Op};
+use bulwark_protocol::machine::{Access, ReplicaStats, TimerId};
+use bulwark_protocol::pbft::{Change, PbftReplica};
+use bulwark_protocol::service::{CERTS_PER_ANSWER, CsStatus, NodeMessage};
+use bulwark_storage::{Namespace, StorageOp, Store};
+use bytes::Bytes;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// The certified configurations, by epoch (namespace group 0; CS instances use their epoch).
+pub const CERTS: &str = "certs";
+/// A CS replica's PBFT records, in the order they were made.
+pub const LOG: &str = "log";
+/// The largest PBFT record read back from disk.
+const RECORD_BYTES_MAX: usize = 2 * bulwark_core::wire::FRAME_BYTES_MAX;
+/// How often a node asks a peer for configurations it may have missed.
+const PULL_EVERY: Duration = Duration::from_secs(3);
+
+/// The namespace certificates live in.
+fn certs_namespace() -> Namespace {
+    Namespace::new(ServiceId::CONFIG, GroupId(0))
+}
+
+/// The namespace of the CS instance of `epoch`.
+fn instance_namespace(epoch: Epoch) -> Namespace {
+    Namespace::new(ServiceId::CONFIG, group_of(epoch))
+}
+
+use bulwark_core::configuration::cs_group as group_of;
+
+/// The genesis configuration and every certified one after it.
+pub struct Chain {
+    genesis: Configuration,
+    certs: Vec<ConfigCert>,
+    current: Configuration,
+}
+
+impl Chain {
+    /// The chain stored in `store`, every certificate verified from `genesis` again.
+    pub fn load(store: &Store, genesis: Configuration) -> Result<Chain, NodeError> {
+        let mut chain = Chain {
+            current: genesis.clone(),
+            genesis,
+            certs: Vec::new(),
+        };
+        for (_, value) in store.load(certs_namespace().table(CERTS))? {
+            let cert: ConfigCert =
+                wire::decode(&value, configuration::CERT_BYTES_MAX).map_err(|e| {
+                    NodeError::CorruptState {
+                        table: CERTS,
+                        problem: e.to_string(),
+                    }
+                })?;
+            chain.extend(cert).map_err(|e| NodeError::CorruptState {
+                table: CERTS,
+                problem: e.to_string(),
+            })?;
+        }
+        Ok(chain)
+    }
+
+    /// The latest configuration.
+    pub fn current(&self) -> &Configuration {
+        &self.current
+    }
+
+    /// The genesis configuration.
+    pub fn genesis(&self) -> &Configuration {
+        &self.genesis
+    }
+
+    /// Certificates of epochs after `after`, oldest first, at most [`CERTS_PER_ANSWER`].
+    pub fn after(&self, after: u64) -> Vec<ConfigCert> {
+        // certs[i] certifies epoch genesis + 1 + i.
+        let first = after.saturating_sub(self.genesis.epoch.0) as usize;
+        self.certs
+            .iter()
+            .skip(first)
+            .take(CERTS_PER_ANSWER)
+            .cloned()
+            .collect()
+    }
+
+    /// Adds `cert` if it certifies the epoch after the current one.
+    pub fn extend(&mut self, cert: ConfigCert) -> Result<&Configuration, configuration::CertError> {
+        let next = configuration::verify_successor(&self.current, &cert)?;
+        self.certs.push(cert);
+        self.current = next;
+        Ok(&self.current)
+    }
+}
+
+/// What the chain's manager hears.
+pub enum Event {
+    /// Certificates from this node's CS replica (`from` = `None`) or a peer.
+    Certified {
+        certs: Vec<ConfigCert>,
+        from: Option<NodeId>,
+    },
+    /// A peer asks for certificates after `after`.
+    Pull { from: NodeId, after: u64 },
+    /// A peer spoke of an epoch after this node's: ask it.
+    Behind { peer: NodeId },
+    /// A node's message about liveness or an eviction.
+    Peer { from: NodeId, message: NodeMessage },
+}
+
+// ---------------------------------------------------------------------------------------------
+// The CS replica's storage
+
+/// What a record is about, for compaction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kept {
+    Seq(u64),
+    Checkpoint(u64),
+    View,
+    App,
+}
+
+fn kept(change: &Change<ConfigService>) -> Kept {
+    match change {
+        Change::Checkpoint(transfer) => Kept::Checkpoint(transfer.proof.seq),
+        Change::View { .. } => Kept::View,
+        Change::App(_) => Kept::App,
+        other => Kept::Seq(other.seq().unwrap_or(0)),
+    }
+}
+
+/// A CS replica's records: one per change, numbered in order; a stable checkpoint deletes the
+/// records it makes redundant.
+pub struct CsStorage {
+    namespace: Namespace,
+    next: u64,
+    records: BTreeMap<u64, Kept>,
+    events: mpsc::UnboundedSender<Event>,
+}
+
+impl Adapter<PbftReplica<ConfigService>> for CsStorage {
+    const NAME: &'static str = "config";
+
+    fn record(&mut self, change: &Change<ConfigService>, _batch: u64, ops: &mut Vec<StorageOp>) {
+        let table = self.namespace.table(LOG);
+        let what = kept(change);
+        let drop: Vec<u64> = match what {
+            Kept::Checkpoint(stable) => self
+                .records
+                .iter()
+                .filter(|(_, kept)| match kept {
+                    Kept::Seq(seq) => *seq <= stable,
+                    Kept::Checkpoint(older) => *older < stable,
+                    Kept::View | Kept::App => false,
+                })
+                .map(|(record, _)| *record)
+                .collect(),
+            Kept::View => self
+                .records
+                .iter()
+                .filter(|(_, kept)| **kept == Kept::View)
+                .map(|(record, _)| *record)
+                .collect(),
+            Kept::Seq(_) | Kept::App => Vec::new(),
+        };
+        for record in drop {
+            self.records.remove(&record);
+            ops.push(StorageOp::Delete {
+                table,
+                key: record.to_be_bytes().to_vec(),
+            });
+        }
+        let record = self.next;
+        self.next += 1;
+        self.records.insert(record, what);
+        ops.push(StorageOp::Put {
+            table,
+            key: record.to_be_bytes().to_vec(),
+            value: Bytes::from(wire::encode(change)),
+        });
+        if let Change::App(CsChange::Certified(cert)) = change {
+            // Valid whether or not it is durable yet: 2f_cs+1 replicas signed it.
+            let _ = self.events.send(Event::Certified {
+                certs: vec![cert.clone()],
+                from: None,
+            });
+        }
+    }
+
+    fn view(&self) -> &() {
+        &()
+    }
+}
+
+/// The CS replica as a shard hosts it, with what `bulwark status` shows of it.
+pub struct CsHosted {
+    inner: Hosting<PbftReplica<ConfigService>, CsStorage>,
+    epoch: Epoch,
+}
+
+impl Hosted for CsHosted {
+    fn service_name(&self) -> &'static str {
+        self.inner.service_name()
+    }
+
+    fn slot(&self) -> Slot {
+        self.inner.slot()
+    }
+
+    fn on_request(
+        &mut self,
+        now: Time,
+        client: ClientId,
+        access: Access,
+        envelope: &Envelope,
+        batch: u64,
+    ) -> Effects {
+        self.inner.on_request(now, client, access, envelope, batch)
+    }
+
+    fn on_message(&mut self, now: Time, from: NodeId, envelope: &Envelope, batch: u64) -> Effects {
+        self.inner.on_message(now, from, envelope, batch)
+    }
+
+    fn on_timer(&mut self, now: Time, timer: TimerId, batch: u64) -> Effects {
+        self.inner.on_timer(now, timer, batch)
+    }
+
+    fn on_tick(&mut self, now: Time, batch: u64) -> Effects {
+        self.inner.on_tick(now, batch)
+    }
+
+    fn durable(&mut self, batch: u64) {
+        self.inner.durable(batch);
+    }
+
+    fn stats(&self) -> ReplicaStats {
+        self.inner.stats()
+    }
+
+    fn submit_own(&mut self, now: Time, op: &[u8], batch: u64) -> Effects {
+        match wire::decode::<Op>(op, bulwark_core::wire::FRAME_BYTES_MAX) {
+            Ok(op) => {
+                let output = self.inner.replica.submit_own(now, op);
+                self.inner.effects(output, None, batch)
+            }
+            Err(error) => Effects {
+                refused: Some(format!("own operation: {error}")),
+                ..Effects::default()
+            },
+        }
+    }
+
+    fn cs_status(&self) -> Option<CsStatus> {
+        let replica = &self.inner.replica;
+        let (view, active) = replica.view();
+        Some(CsStatus {
+            epoch: self.epoch.0,
+            slot: self.inner.slot.0,
+            view,
+            active,
+            primary: self
+                .inner
+                .members
+                .get(replica.primary().index())
+                .map_or(u32::MAX, |node| node.0),
+            executed: replica.executed(),
+            waiting: replica.waiting() as u64,
+        })
+    }
+}
+
+/// This node's CS replica for `config`'s epoch, restored from its namespace.
+fn build_replica(
+    store: &Store,
+    config: &Configuration,
+    node: NodeId,
+    secret: &SecretKey,
+    events: &mpsc::UnboundedSender<Event>,
+) -> Result<Option<CsHosted>, NodeError> {
+    let cs = config.cs();
+    let Some(slot) = cs.iter().position(|id| *id == node) else {
+        return Ok(None);
+    };
+    let namespace = instance_namespace(config.epoch);
+    let corrupt = |problem: String| NodeError::CorruptState {
+        table: LOG,
+        problem,
+    };
+    let setup = ConfigService::setup(config, node, secret.clone()).map_err(corrupt)?;
+    let mut records = BTreeMap::new();
+    let mut changes = Vec::new();
+    let mut next = 0;
+    for (key, value) in store.load(namespace.table(LOG))? {
+        let record = <[u8; 8]>::try_from(key.as_slice())
+            .map(u64::from_be_bytes)
+            .map_err(|_| corrupt("a record id that is not a number".into()))?;
+        let change: Change<ConfigService> =
+            wire::decode(&value, RECORD_BYTES_MAX).map_err(|e| corrupt(e.to_string()))?;
+        records.insert(record, kept(&change));
+        changes.push(change);
+        next = record + 1;
+    }
+    let restored = changes.len();
+    let replica =
+        PbftReplica::restore(setup, changes, wall_clock()).map_err(|e| corrupt(e.to_string()))?;
+    tracing::info!(
+        node = node.0,
+        epoch = config.epoch.0,
+        slot,
+        records = restored,
+        executed = replica.executed(),
+        "configuration-service replica ready"
+    );
+    let group = group_of(config.epoch);
+    Ok(Some(CsHosted {
+        inner: Hosting {
+            replica,
+            adapter: CsStorage {
+                namespace,
+                next,
+                records,
+                events: events.clone(),
+            },
+            members: cs,
+            slot: Slot(slot as u32),
+            header: Header::request(ServiceId::CONFIG, group, config.epoch, 0),
+        },
+        epoch: config.epoch,
+    }))
+}
+
+/// Milliseconds since the Unix epoch: the clock the configuration service's epochs are measured
+/// by (the genesis time and every STOP are wall-clock readings).
+pub fn wall_clock() -> Time {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    Time(now.as_millis() as u64)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The manager
+
+/// What the dispatcher reads of the configuration service without waiting for the manager.
+pub struct Shared {
+    pub node: NodeId,
+    pub secret: SecretKey,
+    pub chain: RwLock<Chain>,
+    /// The epoch of the CS instance this node hosts; 0 when it hosts none.
+    pub hosted: AtomicU64,
+    pub events: mpsc::UnboundedSender<Event>,
+}
+
+impl Shared {
+    /// This node's answer to a freshness challenge: signed only while it is a CS replica of the
+    /// epoch it holds as current.
+    pub fn fresh(
+        &self,
+        nonce: u64,
+    ) -> Option<bulwark_core::sign::Unverified<configuration::Fresh>> {
+        let chain = self.chain.read().ok()?;
+        let current = chain.current();
+        if self.hosted.load(Ordering::Acquire) != current.epoch.0 {
+            return None;
+        }
+        let fresh = configuration::Fresh {
+            nonce,
+            epoch: current.epoch,
+            digest: current.digest(),
+            node: self.node,
+        };
+        bulwark_core::sign::Signed::sign(&self.secret, fresh)
+            .ok()
+            .map(|signed| signed.to_unverified())
+    }
+
+    /// The current epoch.
+    pub fn epoch(&self) -> Epoch {
+        self.chain
+            .read()
+            .map_or(Epoch(0), |chain| chain.current().epoch)
+    }
+}
+
+/// Keeps the chain: adds certificates, answers pulls, moves the CS replica; as a CS replica,
+/// monitors the members and proposes evictions.
+pub struct Manager {
+    pub node: NodeId,
+    pub secret: SecretKey,
+    pub store: Arc<Store>,
+    pub shared: Arc<Shared>,
+    pub peers: Arc<Peers>,
+    pub shard: ShardHandle,
+    pub rejections: Rejections,
+    pub monitoring: MonitorParams,
+}
+
+/// How often monitoring looks for pings to send and answers overdue.
+const MONITOR_EVERY: Duration = Duration::from_millis(100);
+
+/// What monitoring keeps for the CS instance this node serves.
+struct Watch {
+    epoch: Epoch,
+    monitor: Monitor,
+    /// Agreements gathered for each proposed eviction, by voter.
+    proposals: BTreeMap<NodeId, BTreeMap<NodeId, bulwark_core::sign::Unverified<EvictVote>>>,
+    /// Evictions already submitted.
+    submitted: std::collections::BTreeSet<NodeId>,
+}
+
+impl Manager {
+    /// Hosts this node's CS replica of the current epoch, if it has one, then serves events
+    /// until the event channel closes.
+    pub async fn run(self, mut events: mpsc::UnboundedReceiver<Event>) {
+        self.install().await;
+        let mut watch = self.watch();
+        let mut pull = tokio::time::interval(PULL_EVERY);
+        pull.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut monitor = tokio::time::interval(MONITOR_EVERY);
+        monitor.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut next_peer = 0usize;
+        loop {
+            tokio::select! {
+                event = events.recv() => {
+                    let Some(event) = event else { break };
+                    if let Event::Peer { from, message } = event {
+                        self.on_peer(&mut watch, from, message).await;
+                        continue;
+                    }
+                    if self.handle(event).await {
+                        watch = self.watch();
+                    }
+                }
+                _ = monitor.tick() => self.monitor(&mut watch).await,
+                _ = pull.tick() => {
+                    // Anti-entropy: one peer per period, in turn.
+                    let peers: Vec<NodeId> = self.members().into_iter().filter(|n| *n != self.node).collect();
+                    if !peers.is_empty() {
+                        let peer = peers[next_peer % peers.len()];
+                        next_peer = next_peer.wrapping_add(1);
+                        self.pull_from(peer);
+                    }
+                }
+            }
+        }
+    }
+
+    fn members(&self) -> Vec<NodeId> {
+        self.shared.chain.read().map_or_else(
+            |_| Vec::new(),
+            |chain| chain.current().members.iter().map(|m| m.id).collect(),
+        )
+    }
+
+    fn pull_from(&self, peer: NodeId) {
+        let after = self.shared.epoch().0;
+        self.send(peer, &NodeMessage::Pull { after });
+    }
+
+    fn send(&self, to: NodeId, message: &NodeMessage) {
+        let header = Header {
+            kind: Kind::Message,
+            ..Header::request(ServiceId::SYSTEM, GroupId(0), self.shared.epoch(), 0)
+        };
+        if let Err(error) = self.peers.send(to, envelope::frame(&header, message)) {
+            tracing::debug!(%to, %error, "configuration message not queued");
+        }
+    }
+
+    /// Monitoring for the current epoch, if this node is one of its CS replicas.
+    fn watch(&self) -> Option<Watch> {
+        let config = self.shared.chain.read().ok()?.current().clone();
+        if !config.cs().contains(&self.node) {
+            return None;
+        }
+        Some(Watch {
+            epoch: config.epoch,
+            monitor: Monitor::new(&config, self.node, self.monitoring),
+            proposals: BTreeMap::new(),
+            submitted: Default::default(),
+        })
+    }
+
+    async fn monitor(&self, watch: &mut Option<Watch>) {
+        let Some(watch) = watch.as_mut() else {
+            return;
+        };
+        let mut fresh = || rand::random::<u64>();
+        for (node, ping) in watch.monitor.tick(wall_clock(), &mut fresh) {
+            self.send(node, &NodeMessage::Ping(ping));
+        }
+        for suspect in watch.monitor.suspects() {
+            if watch.submitted.contains(&suspect) || watch.proposals.contains_key(&suspect) {
+                continue;
+            }
+            tracing::warn!(
+                node = self.node.0,
+                suspect = suspect.0,
+                epoch = watch.epoch.0,
+                "proposing to evict an unresponsive member"
+            );
+            let mut votes = BTreeMap::new();
+            if let Some(vote) = self.evict_vote(watch.epoch, suspect) {
+                votes.insert(self.node, vote);
+            }
+            watch.proposals.insert(suspect, votes);
+            let cs = self.cs_members();
+            for member in cs.into_iter().filter(|m| *m != self.node) {
+                self.send(
+                    member,
+                    &NodeMessage::EvictAsk {
+                        epoch: watch.epoch,
+                        node: suspect,
+                    },
+                );
+            }
+        }
+        self.submit_evictions(watch).await;
+    }
+
+    fn cs_members(&self) -> Vec<NodeId> {
+        self.shared
+            .chain
+            .read()
+            .map_or_else(|_| Vec::new(), |chain| chain.current().cs())
+    }
+
+    fn evict_vote(
+        &self,
+        epoch: Epoch,
+        node: NodeId,
+    ) -> Option<bulwark_core::sign::Unverified<EvictVote>> {
+        let vote = EvictVote {
+            epoch,
+            node,
+            voter: self.node,
+        };
+        bulwark_core::sign::Signed::sign(&self.secret, vote)
+            .ok()
+            .map(|signed| signed.to_unverified())
+    }
+
+    /// Submits each eviction with `2f_cs+1` agreements to this node's CS replica, once.
+    async fn submit_evictions(&self, watch: &mut Watch) {
+        let quorum = match self.shared.chain.read() {
+            Ok(chain) => chain.current().cs_quorum(),
+            Err(_) => return,
+        };
+        let ready: Vec<NodeId> = watch
+            .proposals
+            .iter()
+            .filter(|(node, votes)| votes.len() >= quorum && !watch.submitted.contains(node))
+            .map(|(node, _)| *node)
+            .collect();
+        for node in ready {
+            let Some(votes) = watch.proposals.get(&node) else {
+                continue;
+            };
+            let op = Op::Evict {
+                node,
+                votes: votes
+                    .iter()
+                    .map(|(voter, vote)| (*voter, vote.clone()))
+                    .collect(),
+            };
+            let key: ReplicaKey = (ServiceId::CONFIG, group_of(watch.epoch));
+            if self
+                .shard
+                .send(Job::Submit {
+                    replica: key,
+                    op: Bytes::from(wire::encode(&op)),
+                })
+                .await
+            {
+                tracing::warn!(
+                    node = self.node.0,
+                    evicted = node.0,
+                    epoch = watch.epoch.0,
+                    "eviction submitted with {} agreements",
+                    votes.len()
+                );
+                watch.submitted.insert(node);
+            }
+        }
+    }
+
+    async fn on_peer(&self, watch: &mut Option<Watch>, from: NodeId, message: NodeMessage) {
+        match message {
+            NodeMessage::Ping(ping) => {
+                self.send(
+                    from,
+                    &NodeMessage::Pong(Pong::answer(&ping, self.node, &self.secret)),
+                );
+            }
+            NodeMessage::Pong(pong) => {
+                if let Some(watch) = watch.as_mut()
+                    && let Err(reason) = watch.monitor.on_pong(from, pong)
+                {
+                    tracing::debug!(%from, %reason, "ping answer not counted");
+                }
+            }
+            NodeMessage::EvictAsk { epoch, node } => {
+                let agrees = watch
+                    .as_ref()
+                    .is_some_and(|watch| watch.epoch == epoch && watch.monitor.agrees(node));
+                if agrees && let Some(vote) = self.evict_vote(epoch, node) {
+                    self.send(from, &NodeMessage::EvictAgree(vote));
+                }
+            }
+            NodeMessage::EvictAgree(vote) => {
+                let Some(watch) = watch.as_mut() else {
+                    return;
+                };
+                // The CS checks every agreement before it orders the eviction; here only the
+                // voter's key, so that one bad vote does not spoil a proposal.
+                let key = self
+                    .shared
+                    .chain
+                    .read()
+                    .ok()
+                    .and_then(|chain| chain.current().member(from).map(|m| m.signing_key));
+                let Some(key) = key else {
+                    return;
+                };
+                match vote.clone().verify(&key) {
+                    Ok(signed) => {
+                        let agreed = signed.value();
+                        if agreed.epoch == watch.epoch
+                            && agreed.voter == from
+                            && let Some(votes) = watch.proposals.get_mut(&agreed.node)
+                        {
+                            votes.insert(from, vote);
+                        }
+                    }
+                    Err(error) => {
+                        self.rejections
+                            .record(&from.to_string(), "forged eviction agreement");
+                        tracing::warn!(%from, %error, "eviction agreement refused");
+                    }
+                }
+                self.submit_evictions(watch).await;
+            }
+            NodeMessage::Certified(certs) => {
+                let _ = self.shared.events.send(Event::Certified {
+                    certs,
+                    from: Some(from),
+                });
+            }
+            NodeMessage::Pull { after } => {
+                let _ = self.shared.events.send(Event::Pull { from, after });
+            }
+        }
+    }
+
+    /// Handles a chain event; true when a certificate was added (the epoch moved).
+    async fn handle(&self, event: Event) -> bool {
+        match event {
+            Event::Pull { from, after } => {
+                let certs = self
+                    .shared
+                    .chain
+                    .read()
+                    .map(|chain| chain.after(after))
+                    .unwrap_or_default();
+                if !certs.is_empty() {
+                    self.send(from, &NodeMessage::Certified(certs));
+                }
+                false
+            }
+            Event::Behind { peer } => {
+                self.pull_from(peer);
+                false
+            }
+            Event::Peer { .. } => false,
+            Event::Certified { certs, from } => {
+                let mut added = Vec::new();
+                for cert in certs {
+                    match self.add(cert.clone()).await {
+                        Ok(true) => added.push(cert),
+                        Ok(false) => {}
+                        Err(reason) => {
+                            let peer = from.map_or_else(|| "self".to_string(), |n| n.to_string());
+                            if reason.starts_with("ahead:") {
+                                if let Some(from) = from {
+                                    self.pull_from(from);
+                                }
+                            } else {
+                                self.rejections
+                                    .record(&peer, &format!("configuration certificate: {reason}"));
+                                tracing::warn!(%peer, %reason, "configuration certificate refused");
+                            }
+                            break;
+                        }
+                    }
+                }
+                if added.is_empty() {
+                    return false;
+                }
+                if from.is_none() {
+                    // This node's CS instance certified it: tell every node.
+                    for member in self.members() {
+                        if member != self.node {
+                            self.send(member, &NodeMessage::Certified(added.clone()));
+                        }
+                    }
+                }
+                self.install().await;
+                true
+            }
+        }
+    }
+
+    /// Verifies `cert` against the current configuration and makes it durable; `Ok(false)` for
+    /// an epoch this node already has, `Err("ahead: …")` for one it cannot verify yet.
+    async fn add(&self, cert: ConfigCert) -> Result<bool, String> {
+        let current = self.shared.epoch();
+        let next = {
+            let Ok(chain) = self.shared.chain.read() else {
+                return Err("the chain is poisoned".into());
+            };
+            match configuration::verify_successor(chain.current(), &cert) {
+                Ok(next) => next,
+                Err(configuration::CertError::WrongEpoch { got, .. }) if got <= current => {
+                    return Ok(false);
+                }
+                Err(configuration::CertError::WrongEpoch { got, .. }) => {
+                    return Err(format!("ahead: epoch {} after {}", got.0, current.0));
+                }
+                Err(error) => return Err(error.to_string()),
+            }
+        };
+        let op = StorageOp::Put {
+            table: certs_namespace().table(CERTS),
+            key: next.epoch.0.to_be_bytes().to_vec(),
+            value: Bytes::from(wire::encode(&cert)),
+        };
+        let store = self.store.clone();
+        let written = tokio::task::spawn_blocking(move || store.apply(&[op])).await;
+        if !matches!(written, Ok(Ok(()))) {
+            return Err("the certificate could not be made durable".into());
+        }
+        let Ok(mut chain) = self.shared.chain.write() else {
+            return Err("the chain is poisoned".into());
+        };
+        chain.extend(cert).map_err(|e| e.to_string())?;
+        tracing::info!(
+            node = self.node.0,
+            epoch = next.epoch.0,
+            members = next.members.len(),
+            "configuration certified"
+        );
+        metrics::gauge!("bulwark_node_config_epoch").set(next.epoch.0 as f64);
+        Ok(true)
+    }
+
+    /// Hosts the CS replica of the current epoch if this node is in its CS, dropping any older.
+    async fn install(&self) {
+        let current = match self.shared.chain.read() {
+            Ok(chain) => chain.current().clone(),
+            Err(_) => return,
+        };
+        let hosted = self.shared.hosted.load(Ordering::Acquire);
+        if hosted == current.epoch.0 {
+            return;
+        }
+        if hosted != 0 {
+            let key: ReplicaKey = (ServiceId::CONFIG, group_of(Epoch(hosted)));
+            self.shard.send(Job::Remove { replica: key }).await;
+            self.shared.hosted.store(0, Ordering::Release);
+        }
+        let store = self.store.clone();
+        let node = self.node;
+        let secret = self.secret.clone();
+        let events = self.shared.events.clone();
+        let config = current.clone();
+        let built = tokio::task::spawn_blocking(move || {
+            build_replica(&store, &config, node, &secret, &events)
+        })
+        .await;
+        match built {
+            Ok(Ok(Some(replica))) => {
+                let key: ReplicaKey = (ServiceId::CONFIG, group_of(current.epoch));
+                if self
+                    .shard
+                    .send(Job::Install {
+                        replica: key,
+                        hosted: Box::new(replica),
+                    })
+                    .await
+                {
+                    self.shared.hosted.store(current.epoch.0, Ordering::Release);
+                }
+            }
+            Ok(Ok(None)) => {
+                tracing::info!(
+                    node = node.0,
+                    epoch = current.epoch.0,
+                    "not a configuration-service replica this epoch"
+                );
+            }
+            Ok(Err(error)) => {
+                tracing::error!(node = node.0, epoch = current.epoch.0, %error, "configuration-service replica could not be restored");
+            }
+            Err(error) => tracing::error!(%error, "configuration-service restore panicked"),
+        }
+    }
+}
