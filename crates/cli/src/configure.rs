@@ -1,4 +1,4 @@
-//! `bulwark config show`, `bulwark node add|revoke` and `bulwark epoch end`: the configuration
+//! `bulwark config show`, `bulwark node add|revoke|evict` and `bulwark epoch end`: the configuration
 //! service from the command line. Every configuration shown is verified from the genesis in
 //! `cluster.toml`, one certificate after another.
 
@@ -13,7 +13,7 @@ use bulwark_core::sign::PublicKey;
 use bulwark_protocol::cs::Op;
 use std::net::SocketAddr;
 
-/// `bulwark node add|revoke`.
+/// `bulwark node add|revoke|evict`.
 #[derive(clap::Subcommand)]
 pub enum MembershipCommand {
     /// Orders, as the trusted authority, that a node joins in the next epoch.
@@ -35,6 +35,17 @@ pub enum MembershipCommand {
     },
     /// Orders, as the trusted authority, that a member leaves in the next epoch.
     Revoke {
+        /// The member's id.
+        id: u32,
+        /// Wait until the epoch it leaves in is certified.
+        #[arg(long)]
+        wait: bool,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Evicts an unresponsive member now: the CS replicas sign their agreement only if their
+    /// own pings have gone unanswered, and 2f_cs+1 agreements make the eviction.
+    Evict {
         /// The member's id.
         id: u32,
         /// Wait until the epoch it leaves in is certified.
@@ -139,14 +150,41 @@ pub async fn membership(command: &MembershipCommand) -> Result<()> {
                 fingerprint,
                 signing_key,
             };
-            (ConfigAction::Add(member), *wait, client)
+            (Some(ConfigAction::Add(member)), *wait, client)
         }
         MembershipCommand::Revoke { id, wait, client } => {
-            (ConfigAction::Revoke(NodeId(*id)), *wait, client)
+            (Some(ConfigAction::Revoke(NodeId(*id))), *wait, client)
         }
+        MembershipCommand::Evict { wait, client, .. } => (None, *wait, client),
     };
     let client = connect(args).await?;
-    let (config, outcome) = client.order(action.clone()).await?;
+    let (config, outcome, verb) = match (action, command) {
+        (Some(action), _) => {
+            let verb = match action {
+                ConfigAction::Add(_) => "joins",
+                ConfigAction::Revoke(_) => "leaves",
+            };
+            let (config, outcome) = client.order(action).await?;
+            (config, outcome, verb)
+        }
+        (None, MembershipCommand::Evict { id, .. }) => {
+            let (config, outcome) = client.evict(NodeId(*id)).await?;
+            (config, outcome, "is evicted; it leaves")
+        }
+        (None, _) => bail!("no membership change to make"),
+    };
+    accepted(&client, &config, outcome, verb, wait).await
+}
+
+/// Reports a membership change the CS of `config`'s epoch answered, and waits for the epoch it
+/// takes effect in if asked.
+async fn accepted(
+    client: &bulwark_client::Client,
+    config: &Configuration,
+    outcome: ConfigOutcome,
+    verb: &str,
+    wait: bool,
+) -> Result<()> {
     let (epoch, node) = match outcome {
         ConfigOutcome::Accepted { epoch, node } => (epoch, node),
         ConfigOutcome::Rejected(reason) => {
@@ -156,10 +194,6 @@ pub async fn membership(command: &MembershipCommand) -> Result<()> {
             )
         }
         other => bail!("unexpected answer: {other:?}"),
-    };
-    let verb = match action {
-        ConfigAction::Add(_) => "joins",
-        ConfigAction::Revoke(_) => "leaves",
     };
     let who = node.map_or_else(|| "the node".to_string(), |n| format!("node {}", n.0));
     println!(

@@ -182,8 +182,39 @@ async fn a_member_that_stops_answering_pings_is_evicted_and_no_other() {
         "a member that answers is never evicted"
     );
 
+    // An operator cannot evict a member that answers: no CS replica agrees.
+    let refusal = admin
+        .evict(NodeId(4))
+        .await
+        .expect_err("no replica agrees to evict a member that answers");
+    assert!(refusal.to_string().contains("agree"), "{refusal}");
+
     cluster.kill(4);
     let started = Instant::now();
+    // Once the replicas have missed its pings for n_accept cycles they agree, and the operator's
+    // EVICT may go in ahead of the one they would propose themselves.
+    let mut hurried = false;
+    while started.elapsed() < Duration::from_secs(30) {
+        match admin.evict(NodeId(4)).await {
+            Ok((_, ConfigOutcome::Accepted { node, .. })) => {
+                assert_eq!(node, Some(NodeId(4)));
+                hurried = true;
+                break;
+            }
+            Ok((_, ConfigOutcome::Rejected(reason))) => {
+                assert!(
+                    reason.contains("already leaving") || reason.contains("not a member"),
+                    "{reason}"
+                );
+                break;
+            }
+            Ok((_, other)) => panic!("unexpected answer to an eviction: {other:?}"),
+            // Not a member any more (its eviction was certified), or not enough agreement yet.
+            Err(error) if error.to_string().contains("not a member") => break,
+            Err(error) => assert!(error.to_string().contains("agree"), "{error}"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let evicted = loop {
         let config = admin.configuration().await.unwrap();
         if config.member(NodeId(4)).is_none() {
@@ -202,9 +233,14 @@ async fn a_member_that_stops_answering_pings_is_evicted_and_no_other() {
         "only the silent member leaves"
     );
     eprintln!(
-        "node 4 evicted in epoch {}, {:.1} s after it stopped",
+        "node 4 evicted in epoch {}, {:.1} s after it stopped ({})",
         evicted.epoch.0,
-        started.elapsed().as_secs_f64()
+        started.elapsed().as_secs_f64(),
+        if hurried {
+            "by the operator's EVICT"
+        } else {
+            "by the CS's own EVICT"
+        }
     );
 }
 

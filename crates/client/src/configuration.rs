@@ -103,24 +103,34 @@ impl Client {
         let mut last = None;
         for _ in 0..EPOCH_RETRIES {
             let config = self.configuration().await?;
-            let op = op(&config)?;
-            match self.submit_to(&config, op).await {
-                Ok(Outcome::Ended { next }) => {
-                    last = Some(ClientError::Protocol(format!(
-                        "epoch {} ended before the operation was ordered, and so did the next \
-                         ones (now {})",
-                        config.epoch.0, next.0
-                    )));
-                }
+            match self.try_epoch(&config, op(&config)?).await? {
                 Ok(outcome) => return Ok((config, outcome)),
-                // The CS of this epoch is gone (the epoch ended meanwhile): ask the next one.
-                Err(ClientError::Refused { refusal, nodes }) if refusal.contains("epoch") => {
-                    last = Some(ClientError::Refused { refusal, nodes });
-                }
-                Err(error) => return Err(error),
+                Err(moved_on) => last = Some(moved_on),
             }
         }
         Err(last.unwrap_or_else(|| ClientError::Protocol("no epoch answered".into())))
+    }
+
+    /// Submits `op` to the CS of `config`: its outcome, or (inside) why the next epoch's CS must
+    /// be asked instead.
+    async fn try_epoch(
+        &self,
+        config: &Configuration,
+        op: Op,
+    ) -> Result<Result<Outcome, ClientError>, ClientError> {
+        match self.submit_to(config, op).await {
+            Ok(Outcome::Ended { next }) => Ok(Err(ClientError::Protocol(format!(
+                "epoch {} ended before the operation was ordered, and so did the next ones \
+                 (now {})",
+                config.epoch.0, next.0
+            )))),
+            Ok(outcome) => Ok(Ok(outcome)),
+            // The CS of this epoch is gone (the epoch ended meanwhile): ask the next one.
+            Err(ClientError::Refused { refusal, nodes }) if refusal.contains("epoch") => {
+                Ok(Err(ClientError::Refused { refusal, nodes }))
+            }
+            Err(error) => Err(error),
+        }
     }
 
     /// Submits `op` once to the CS replicas of `config` (a configuration already fetched and
@@ -156,6 +166,71 @@ impl Client {
             )));
         };
         order_op(&SecretKey::from_seed(&seed), config, action)
+    }
+
+    /// Evicts `node` now, on the evidence of the CS replicas' own monitoring (Rosebud §3.3):
+    /// asks each CS replica of the newest epoch for its signed agreement, and submits the
+    /// eviction once `2f_cs+1` agree. A replica agrees only if `node` has stopped answering its
+    /// pings, so this hurries an eviction the CS would propose by itself; it cannot remove a
+    /// node that answers (that is a REVOKE, the authority's order).
+    pub async fn evict(&self, node: NodeId) -> Result<(Configuration, Outcome), ClientError> {
+        // Agreements are bound to their epoch: if it ends first, they are gathered anew from
+        // the next epoch's CS.
+        let mut last = None;
+        for _ in 0..EPOCH_RETRIES {
+            let config = self.configuration().await?;
+            let op = self.evict_op(&config, node).await?;
+            match self.try_epoch(&config, op).await? {
+                Ok(outcome) => return Ok((config, outcome)),
+                Err(moved_on) => last = Some(moved_on),
+            }
+        }
+        Err(last.unwrap_or_else(|| ClientError::Protocol("no epoch answered".into())))
+    }
+
+    /// The EVICT of `node` for the CS of `config`, with the agreements of `2f_cs+1` of its
+    /// replicas.
+    async fn evict_op(&self, config: &Configuration, node: NodeId) -> Result<Op, ClientError> {
+        if config.member(node).is_none() {
+            return Err(ClientError::Protocol(format!(
+                "{node} is not a member of epoch {}",
+                config.epoch.0
+            )));
+        }
+        let request = SystemRequest::Evict {
+            epoch: config.epoch,
+            node,
+        };
+        let cs = config.cs();
+        let asks = cs.iter().map(|replica| {
+            let request = &request;
+            async move { (*replica, self.ask(*replica, request).await) }
+        });
+        let mut votes = Vec::new();
+        let mut problems = Vec::new();
+        for (replica, answer) in futures::future::join_all(asks).await {
+            match answer {
+                Ok(SystemReply::Evict(Ok(vote))) => votes.push((replica, vote)),
+                Ok(SystemReply::Evict(Err(reason))) => {
+                    problems.push(format!("{replica}: {reason}"));
+                }
+                Ok(_) => problems.push(format!("{replica}: an answer to another question")),
+                Err(error) => problems.push(format!("{replica}: {error}")),
+            }
+        }
+        let needed = config.cs_quorum();
+        if votes.len() < needed {
+            return Err(ClientError::Protocol(format!(
+                "{} of the {} CS replicas of epoch {} agree that {node} is unresponsive \
+                 ({needed} needed): {}",
+                votes.len(),
+                cs.len(),
+                config.epoch.0,
+                problems.join("; ")
+            )));
+        }
+        // The replicas verify every agreement before ordering; a bad one is refused there.
+        Ok(Op::Evict { node, votes })
     }
 
     /// Challenges the CS replicas of the newest configuration with a fresh nonce; `f_cs+1`

@@ -25,7 +25,7 @@ use crate::shard::{Job, ReplicaKey, ShardHandle};
 use crate::{NodeError, Rejections};
 use bulwark_core::configuration::{self, ConfigCert, Configuration};
 use bulwark_core::envelope::{self, Envelope, Header, Kind};
-use bulwark_core::sign::SecretKey;
+use bulwark_core::sign::{SecretKey, Unverified};
 use bulwark_core::wire;
 use bulwark_core::{ClientId, Epoch, GroupId, NodeId, ServiceId, Slot, Time};
 use bulwark_protocol::cs::monitor::{Monitor, MonitorParams, Pong};
@@ -137,6 +137,12 @@ pub enum Event {
     Behind { peer: NodeId },
     /// A node's message about liveness or an eviction.
     Peer { from: NodeId, message: NodeMessage },
+    /// A client asks for this CS replica's agreement to evict `node` in `epoch`.
+    EvictAsked {
+        epoch: Epoch,
+        node: NodeId,
+        answer: tokio::sync::oneshot::Sender<Result<Unverified<EvictVote>, String>>,
+    },
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -435,7 +441,7 @@ struct Watch {
     epoch: Epoch,
     monitor: Monitor,
     /// Agreements gathered for each proposed eviction, by voter.
-    proposals: BTreeMap<NodeId, BTreeMap<NodeId, bulwark_core::sign::Unverified<EvictVote>>>,
+    proposals: BTreeMap<NodeId, BTreeMap<NodeId, Unverified<EvictVote>>>,
     /// Evictions already submitted.
     submitted: std::collections::BTreeSet<NodeId>,
 }
@@ -455,10 +461,17 @@ impl Manager {
             tokio::select! {
                 event = events.recv() => {
                     let Some(event) = event else { break };
-                    if let Event::Peer { from, message } = event {
-                        self.on_peer(&mut watch, from, message).await;
-                        continue;
-                    }
+                    let event = match event {
+                        Event::Peer { from, message } => {
+                            self.on_peer(&mut watch, from, message).await;
+                            continue;
+                        }
+                        Event::EvictAsked { epoch, node, answer } => {
+                            let _ = answer.send(self.agreement(watch.as_ref(), epoch, node));
+                            continue;
+                        }
+                        event => event,
+                    };
                     if self.handle(event).await {
                         watch = self.watch();
                     }
@@ -557,11 +570,7 @@ impl Manager {
             .map_or_else(|_| Vec::new(), |chain| chain.current().cs())
     }
 
-    fn evict_vote(
-        &self,
-        epoch: Epoch,
-        node: NodeId,
-    ) -> Option<bulwark_core::sign::Unverified<EvictVote>> {
+    fn evict_vote(&self, epoch: Epoch, node: NodeId) -> Option<Unverified<EvictVote>> {
         let vote = EvictVote {
             epoch,
             node,
@@ -570,6 +579,32 @@ impl Manager {
         bulwark_core::sign::Signed::sign(&self.secret, vote)
             .ok()
             .map(|signed| signed.to_unverified())
+    }
+
+    /// This replica's agreement to evict `node` in `epoch`, on its own monitoring's evidence.
+    fn agreement(
+        &self,
+        watch: Option<&Watch>,
+        epoch: Epoch,
+        node: NodeId,
+    ) -> Result<Unverified<EvictVote>, String> {
+        let Some(watch) = watch else {
+            return Err(format!(
+                "{} is not a CS replica of its current epoch",
+                self.node
+            ));
+        };
+        if watch.epoch != epoch {
+            return Err(format!(
+                "{} serves the CS of epoch {}, not {}",
+                self.node, watch.epoch.0, epoch.0
+            ));
+        }
+        if let Some(reason) = watch.monitor.disagreement(node) {
+            return Err(reason);
+        }
+        self.evict_vote(epoch, node)
+            .ok_or_else(|| "the agreement could not be signed".to_string())
     }
 
     /// Submits each eviction with `2f_cs+1` agreements to this node's CS replica, once.
@@ -703,7 +738,7 @@ impl Manager {
                 self.pull_from(peer);
                 false
             }
-            Event::Peer { .. } => false,
+            Event::Peer { .. } | Event::EvictAsked { .. } => false,
             Event::Certified { certs, from } => {
                 let mut added = Vec::new();
                 for cert in certs {

@@ -20,6 +20,9 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 use tokio::sync::oneshot;
 
+/// How long a client's request for an eviction agreement waits for the configuration manager.
+const EVICT_ANSWER: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// What every connection of the node shares.
 pub struct Dispatcher {
     pub node: u32,
@@ -198,6 +201,33 @@ impl Handler for Connection {
                                 .as_ref()
                                 .and_then(|(shared, _)| shared.fresh(nonce));
                             let reply = SystemReply::Fresh(fresh);
+                            let _ = replies.send(envelope::frame(&header.reply(), &reply));
+                        }
+                        Ok(SystemRequest::Evict { epoch, node }) => {
+                            let agreement = match &dispatcher.cs {
+                                Some((shared, _)) => {
+                                    let (answer, answered) = oneshot::channel();
+                                    let asked = cs::Event::EvictAsked {
+                                        epoch,
+                                        node,
+                                        answer,
+                                    };
+                                    if shared.events.send(asked).is_err() {
+                                        Err("the node is stopping".to_string())
+                                    } else {
+                                        tokio::time::timeout(EVICT_ANSWER, answered)
+                                            .await
+                                            .map_err(|_| "no answer in time".to_string())
+                                            .and_then(|answer| {
+                                                answer.unwrap_or_else(|_| {
+                                                    Err("the node is stopping".into())
+                                                })
+                                            })
+                                    }
+                                }
+                                None => Err("this node runs no configuration service".into()),
+                            };
+                            let reply = SystemReply::Evict(agreement);
                             let _ = replies.send(envelope::frame(&header.reply(), &reply));
                         }
                         Err(error) => {

@@ -28,6 +28,14 @@ pub enum SystemRequest {
         /// The client's nonce.
         nonce: u64,
     },
+    /// Asks a CS replica of `epoch` for its signed agreement to evict `node`: given only if its
+    /// own monitoring finds `node` unresponsive (Rosebud §3.3), so asking proves nothing.
+    Evict {
+        /// The epoch.
+        epoch: Epoch,
+        /// The member to evict.
+        node: NodeId,
+    },
 }
 
 /// The node's answer.
@@ -41,6 +49,8 @@ pub enum SystemReply {
     /// The answer to a freshness challenge; `None` from a node that is not a CS replica of its
     /// current epoch.
     Fresh(Option<Unverified<bulwark_core::configuration::Fresh>>),
+    /// The replica's signed agreement to evict, or why it does not agree.
+    Evict(Result<Unverified<EvictVote>, String>),
 }
 
 /// What nodes tell each other about configurations (Rosebud §3.6: a node that misses a new

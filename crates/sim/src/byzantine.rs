@@ -73,11 +73,14 @@ pub enum Behaviour {
     /// Configuration service only: submits EVICTs with `2f_cs` genuine agreements, or with forged,
     /// duplicated or replayed ones ([`cs`]).
     ForgedEvict,
+    /// Configuration service only: otherwise honest, with a clock off by more than the STOP
+    /// tolerance, fast or slow ([`cs`]).
+    SkewedClock,
 }
 
 impl Behaviour {
     /// Every behaviour, the honest one first.
-    pub const ALL: [Behaviour; 12] = [
+    pub const ALL: [Behaviour; 13] = [
         Behaviour::Honest,
         Behaviour::Silent,
         Behaviour::Equivocating,
@@ -90,10 +93,11 @@ impl Behaviour {
         Behaviour::ForgedViewChange,
         Behaviour::EarlyStop,
         Behaviour::ForgedEvict,
+        Behaviour::SkewedClock,
     ];
 
     /// Every lying behaviour, of every catalogue.
-    pub const BYZANTINE: [Behaviour; 11] = [
+    pub const BYZANTINE: [Behaviour; 12] = [
         Behaviour::Silent,
         Behaviour::Equivocating,
         Behaviour::Stale,
@@ -105,6 +109,7 @@ impl Behaviour {
         Behaviour::ForgedViewChange,
         Behaviour::EarlyStop,
         Behaviour::ForgedEvict,
+        Behaviour::SkewedClock,
     ];
 
     /// The storage servers' catalogue (M-PoWerStore and Phalanx).
@@ -119,12 +124,13 @@ impl Behaviour {
     ];
 
     /// The configuration service's catalogue (PBFT replicas, [`cs`]).
-    pub const CONFIG_SERVICE: [Behaviour; 5] = [
+    pub const CONFIG_SERVICE: [Behaviour; 6] = [
         Behaviour::Silent,
         Behaviour::EquivocatingPrimary,
         Behaviour::ForgedViewChange,
         Behaviour::EarlyStop,
         Behaviour::ForgedEvict,
+        Behaviour::SkewedClock,
     ];
 
     /// The name used on command lines.
@@ -142,6 +148,7 @@ impl Behaviour {
             Behaviour::ForgedViewChange => "forged-view-change",
             Behaviour::EarlyStop => "early-stop",
             Behaviour::ForgedEvict => "forged-evict",
+            Behaviour::SkewedClock => "skewed-clock",
         }
     }
 
@@ -165,7 +172,7 @@ impl fmt::Display for Behaviour {
 /// A behaviour name that is not in the catalogue.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown behaviour {0:?}; expected one of honest, silent, equivocating, stale, amnesiac, corrupting, forging, colluding (storage), equivocating-primary, forged-view-change, early-stop, forged-evict (configuration service)"
+    "unknown behaviour {0:?}; expected one of honest, silent, equivocating, stale, amnesiac, corrupting, forging, colluding (storage), equivocating-primary, forged-view-change, early-stop, forged-evict, skewed-clock (configuration service)"
 )]
 pub struct UnknownBehaviour(pub String);
 
@@ -203,7 +210,8 @@ pub fn wrap(behaviour: Behaviour, server: Server, seed: u64) -> Box<dyn ServerLo
         | Behaviour::EquivocatingPrimary
         | Behaviour::ForgedViewChange
         | Behaviour::EarlyStop
-        | Behaviour::ForgedEvict => Box::new(server),
+        | Behaviour::ForgedEvict
+        | Behaviour::SkewedClock => Box::new(server),
         Behaviour::Silent => Box::new(Silent {
             honest_requests: honest_prefix(&mut rng),
             handled: 0,

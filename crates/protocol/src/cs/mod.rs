@@ -635,3 +635,486 @@ impl ConfigService {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The configuration rules, one operation at a time against the state machine itself (the
+    //! agreement that orders them is PBFT's, tested in `pbft::tests` and by the simulator).
+
+    use super::*;
+    use bulwark_core::config::Fingerprint;
+    use bulwark_core::configuration::verify_successor;
+    use bulwark_core::membership::Member;
+
+    const T_EPOCH: u64 = 60_000;
+    const DELTA: u64 = 1_000;
+    const STARTED: u64 = 5_000;
+    const AUTHORITY: u32 = 99;
+
+    fn secret(i: u32) -> SecretKey {
+        SecretKey::from_seed(&[i as u8 + 1; 32])
+    }
+
+    /// Six members with f = f_cs = 1: the CS is four of them, and two more can be dropped.
+    fn genesis() -> Configuration {
+        let members = (0..6)
+            .map(|i| Member {
+                id: NodeId(i),
+                address: format!("127.0.0.1:{}", 7000 + i).parse().unwrap(),
+                fingerprint: Fingerprint([i as u8; 32]),
+                signing_key: secret(i).public_key(),
+            })
+            .collect();
+        let authority = secret(AUTHORITY).public_key();
+        Configuration::genesis(members, 1, 1, authority, T_EPOCH, DELTA, STARTED).unwrap()
+    }
+
+    fn service(config: &Configuration, node: NodeId) -> ConfigService {
+        ConfigService::new(config.clone(), node, secret(node.0)).unwrap()
+    }
+
+    /// The first CS replica of `config`.
+    fn replica(config: &Configuration) -> ConfigService {
+        service(config, config.cs()[0])
+    }
+
+    fn newcomer(n: u8) -> NewMember {
+        NewMember {
+            address: format!("127.0.0.2:{}", 8000 + n as u16).parse().unwrap(),
+            fingerprint: Fingerprint([0xa0 + n; 32]),
+            signing_key: secret(200 + n as u32).public_key(),
+        }
+    }
+
+    fn order_by(signer: u32, epoch: Epoch, action: Action) -> Op {
+        let signed = Signed::sign(&secret(signer), Order { epoch, action }).unwrap();
+        Op::Order(signed.to_unverified())
+    }
+
+    fn order(epoch: Epoch, action: Action) -> Op {
+        order_by(AUTHORITY, epoch, action)
+    }
+
+    fn vote_by(
+        signer: u32,
+        epoch: Epoch,
+        node: NodeId,
+        voter: NodeId,
+    ) -> (NodeId, Unverified<EvictVote>) {
+        let vote = EvictVote { epoch, node, voter };
+        (
+            voter,
+            Signed::sign(&secret(signer), vote).unwrap().to_unverified(),
+        )
+    }
+
+    /// Every CS replica's own agreement to evict `node` in `config`'s epoch.
+    fn votes(config: &Configuration, node: NodeId) -> Vec<(NodeId, Unverified<EvictVote>)> {
+        config
+            .cs()
+            .into_iter()
+            .map(|voter| vote_by(voter.0, config.epoch, node, voter))
+            .collect()
+    }
+
+    /// Checks `op` as a backup does, then executes it as the batch's `at`.
+    fn run(service: &mut ConfigService, op: &Op, at: u64) -> Result<Outcome, String> {
+        service.check_op(op)?;
+        Ok(service.execute(op, at, 1, &mut AppOutput::default()))
+    }
+
+    fn accepted(outcome: Result<Outcome, String>) -> Option<NodeId> {
+        match outcome {
+            Ok(Outcome::Accepted { epoch, node }) => {
+                assert_eq!(epoch, Epoch(2), "changes take effect in the next epoch");
+                node
+            }
+            other => panic!("expected Accepted, got {other:?}"),
+        }
+    }
+
+    fn rejected(outcome: Result<Outcome, String>) -> String {
+        match outcome {
+            Ok(Outcome::Rejected(reason)) => reason,
+            other => panic!("expected Rejected, got {other:?}"),
+        }
+    }
+
+    fn refused(outcome: Result<Outcome, String>) -> String {
+        match outcome {
+            Err(reason) => reason,
+            other => panic!("expected check_op to refuse, got {other:?}"),
+        }
+    }
+
+    fn due() -> u64 {
+        STARTED + T_EPOCH - DELTA
+    }
+
+    #[test]
+    fn an_add_takes_effect_in_the_next_epoch_under_the_next_unused_id() {
+        let config = genesis();
+        let mut cs = replica(&config);
+        let first = accepted(run(&mut cs, &order(Epoch(1), Action::Add(newcomer(1))), 0));
+        let second = accepted(run(&mut cs, &order(Epoch(1), Action::Add(newcomer(2))), 0));
+        assert_eq!(first, Some(NodeId(6)));
+        assert_eq!(second, Some(NodeId(7)));
+        assert_eq!(
+            cs.config(),
+            &config,
+            "the epoch's own configuration never changes"
+        );
+        assert_eq!(cs.pending().added, vec![newcomer(1), newcomer(2)]);
+
+        let reason = rejected(run(&mut cs, &order(Epoch(1), Action::Add(newcomer(1))), 0));
+        assert!(reason.contains("already being added"), "{reason}");
+        // The same principal under another address is still the same principal.
+        let mut again = newcomer(3);
+        again.signing_key = newcomer(1).signing_key;
+        rejected(run(&mut cs, &order(Epoch(1), Action::Add(again)), 0));
+        // A member's key cannot join a second time either.
+        let mut member = newcomer(4);
+        member.signing_key = secret(2).public_key();
+        rejected(run(&mut cs, &order(Epoch(1), Action::Add(member)), 0));
+
+        let Ok(Outcome::Stopped { epoch, digest }) = run(&mut cs, &Op::Stop, due()) else {
+            panic!("a due STOP ends the epoch");
+        };
+        let (next, _) = cs.next.clone().unwrap();
+        assert_eq!((epoch, digest), (Epoch(2), next.digest()));
+        assert_eq!(
+            next.member(NodeId(6)).unwrap().fingerprint,
+            newcomer(1).fingerprint
+        );
+        assert_eq!(
+            next.member(NodeId(7)).unwrap().fingerprint,
+            newcomer(2).fingerprint
+        );
+        assert_eq!(next.next_node_id, 8);
+    }
+
+    #[test]
+    fn orders_are_executed_only_if_the_authority_signed_them_for_this_epoch() {
+        let config = genesis();
+        let mut cs = replica(&config);
+        let forged = order_by(0, Epoch(1), Action::Revoke(NodeId(5)));
+        assert!(refused(run(&mut cs, &forged, 0)).contains("authority"));
+        let early = order(Epoch(2), Action::Revoke(NodeId(5)));
+        assert!(refused(run(&mut cs, &early, 0)).contains("for epoch 2"));
+
+        // An order of epoch 1, replayed to epoch 2's CS, is refused there.
+        let revoke = order(Epoch(1), Action::Revoke(NodeId(5)));
+        accepted(run(&mut cs, &revoke, 0));
+        run(&mut cs, &Op::Stop, due()).unwrap();
+        let (next, _) = cs.next.clone().unwrap();
+        assert!(next.member(NodeId(5)).is_none());
+        let mut later = replica(&next);
+        let replayed = order(Epoch(1), Action::Add(newcomer(1)));
+        assert!(refused(run(&mut later, &replayed, 0)).contains("for epoch 1"));
+        assert!(later.pending().added.is_empty());
+    }
+
+    #[test]
+    fn a_drop_must_name_a_member_once_and_leave_enough_members() {
+        let config = genesis();
+        let mut cs = replica(&config);
+        accepted(run(&mut cs, &order(Epoch(1), Action::Revoke(NodeId(4))), 0));
+        let twice = rejected(run(&mut cs, &order(Epoch(1), Action::Revoke(NodeId(4))), 0));
+        assert!(twice.contains("already leaving"), "{twice}");
+        let stranger = rejected(run(
+            &mut cs,
+            &order(Epoch(1), Action::Revoke(NodeId(40))),
+            0,
+        ));
+        assert!(stranger.contains("not a member"), "{stranger}");
+        accepted(run(&mut cs, &order(Epoch(1), Action::Revoke(NodeId(5))), 0));
+        // Four members left: a fifth drop would leave too few for a group and a CS.
+        rejected(run(&mut cs, &order(Epoch(1), Action::Revoke(NodeId(3))), 0));
+        assert_eq!(cs.pending().dropped, BTreeSet::from([NodeId(4), NodeId(5)]));
+        // An ADD makes room for the drop.
+        accepted(run(&mut cs, &order(Epoch(1), Action::Add(newcomer(1))), 0));
+        accepted(run(&mut cs, &order(Epoch(1), Action::Revoke(NodeId(3))), 0));
+    }
+
+    #[test]
+    fn an_evict_needs_2f_cs_plus_1_genuine_agreements_of_this_epoch() {
+        let config = genesis();
+        let cs_members = config.cs();
+        let outsider = (0..6)
+            .map(NodeId)
+            .find(|id| !cs_members.contains(id))
+            .unwrap();
+        let target = NodeId(5);
+        let mut cs = replica(&config);
+        let all = votes(&config, target);
+        let quorum = config.cs_quorum();
+        assert_eq!(quorum, 3);
+
+        let evict = |votes: Vec<(NodeId, Unverified<EvictVote>)>| Op::Evict {
+            node: target,
+            votes,
+        };
+        let short = refused(run(&mut cs, &evict(all[..quorum - 1].to_vec()), 0));
+        assert!(
+            short.contains("2 agreements") && short.contains("3 needed"),
+            "{short}"
+        );
+        let mut doubled = all[..quorum - 1].to_vec();
+        doubled.push(all[0].clone());
+        assert!(refused(run(&mut cs, &evict(doubled), 0)).contains("twice"));
+        let mut forged = all[..quorum - 1].to_vec();
+        let voter = cs_members[quorum - 1];
+        forged.push(vote_by(0xee, Epoch(1), target, voter));
+        assert!(refused(run(&mut cs, &evict(forged), 0)).contains("agreement to evict"));
+        let mut foreign = all[..quorum - 1].to_vec();
+        foreign.push(vote_by(outsider.0, Epoch(1), target, outsider));
+        assert!(refused(run(&mut cs, &evict(foreign), 0)).contains("not a CS replica"));
+        let mut replayed = all[..quorum - 1].to_vec();
+        replayed.push(vote_by(voter.0, Epoch(2), target, voter));
+        assert!(refused(run(&mut cs, &evict(replayed), 0)).contains("another eviction"));
+        let mut other_node = all[..quorum - 1].to_vec();
+        other_node.push(vote_by(voter.0, Epoch(1), NodeId(4), voter));
+        assert!(refused(run(&mut cs, &evict(other_node), 0)).contains("another eviction"));
+        // A genuine signature listed under a voter it does not name.
+        let mut lent = all[..quorum - 1].to_vec();
+        let (_, theirs) = vote_by(voter.0, Epoch(1), target, outsider);
+        lent.push((voter, theirs));
+        assert!(refused(run(&mut cs, &evict(lent), 0)).contains("another eviction"));
+        assert!(cs.pending().dropped.is_empty(), "nothing refused may apply");
+
+        assert_eq!(
+            accepted(run(&mut cs, &evict(all[..quorum].to_vec()), 0)),
+            Some(target)
+        );
+        assert!(cs.pending().dropped.contains(&target));
+        // The replica's own helper signs the same agreement.
+        assert_eq!(cs.evict_vote(target).unwrap().0, cs.node);
+    }
+
+    #[test]
+    fn an_early_stop_is_rejected_and_a_due_one_ends_the_epoch() {
+        let config = genesis();
+        let mut cs = replica(&config);
+        let reason = rejected(run(&mut cs, &Op::Stop, due() - 1));
+        assert!(reason.contains("cannot end for another 1 ms"), "{reason}");
+        assert!(cs.pending().stopped_at.is_none());
+
+        let mut out = AppOutput::default();
+        let outcome = cs.execute(&Op::Stop, due(), 1, &mut out);
+        assert!(matches!(
+            outcome,
+            Outcome::Stopped {
+                epoch: Epoch(2),
+                ..
+            }
+        ));
+        assert_eq!(cs.pending().stopped_at, Some(due()));
+        let (next, _) = cs.next.clone().unwrap();
+        assert_eq!(
+            next.started_at_ms,
+            due(),
+            "the next epoch starts at the agreed reading"
+        );
+        assert!(
+            matches!(
+                out.sends.as_slice(),
+                [(
+                    None,
+                    CsMessage::Share {
+                        epoch: Epoch(2),
+                        collecting: true,
+                        ..
+                    }
+                )]
+            ),
+            "the replica shares its signature with every other"
+        );
+        assert!(out.changes.is_empty(), "one share does not certify");
+    }
+
+    #[test]
+    fn after_stop_every_change_is_sent_to_the_next_epoch() {
+        let config = genesis();
+        let mut cs = replica(&config);
+        run(&mut cs, &Op::Stop, due()).unwrap();
+        let ended = Ok(Outcome::Ended { next: Epoch(2) });
+        assert_eq!(
+            run(&mut cs, &order(Epoch(1), Action::Add(newcomer(1))), 0),
+            ended
+        );
+        assert_eq!(
+            run(&mut cs, &order(Epoch(1), Action::Revoke(NodeId(5))), 0),
+            ended
+        );
+        let evict = Op::Evict {
+            node: NodeId(5),
+            votes: votes(&config, NodeId(5)),
+        };
+        assert_eq!(run(&mut cs, &evict, 0), ended);
+        assert_eq!(run(&mut cs, &Op::Stop, due() + 5), ended);
+        assert_eq!(run(&mut cs, &Op::Noop, 0), Ok(Outcome::Done));
+        let Ok(Outcome::State(state)) = run(&mut cs, &Op::Read, 0) else {
+            panic!("a read after STOP answers the state");
+        };
+        assert_eq!(state.stopped_at, Some(due()));
+        assert!(state.added.is_empty() && state.dropped.is_empty());
+    }
+
+    #[test]
+    fn a_stop_is_prepared_only_with_a_clock_reading_within_the_tolerance() {
+        let config = genesis();
+        let cs = replica(&config);
+        let stop = [&Op::Stop];
+        let now = Time(due() + 10_000);
+        assert!(cs.check_proposal(now, now.0 - DELTA, &stop).is_ok());
+        assert!(cs.check_proposal(now, now.0 + DELTA, &stop).is_ok());
+        // A slow primary's reading (or a fast backup's clock) delays STOP; it never passes.
+        assert!(cs.check_proposal(now, now.0 - DELTA - 1, &stop).is_err());
+        assert!(cs.check_proposal(now, now.0 + DELTA + 1, &stop).is_err());
+        // Batches without a STOP do not depend on clocks.
+        assert!(cs.check_proposal(now, 0, &[&Op::Noop, &Op::Read]).is_ok());
+        assert_eq!(cs.propose(now), now.0);
+    }
+
+    /// Every CS replica of `config`, each having executed STOP at `at`, with its own share out.
+    fn stopped(config: &Configuration, at: u64) -> Vec<(ConfigService, Signature)> {
+        config
+            .cs()
+            .into_iter()
+            .map(|node| {
+                let mut cs = service(config, node);
+                let mut out = AppOutput::default();
+                cs.execute(&Op::Stop, at, 1, &mut out);
+                let Some((_, CsMessage::Share { signature, .. })) = out.sends.pop() else {
+                    panic!("STOP shares a signature");
+                };
+                (cs, signature)
+            })
+            .collect()
+    }
+
+    fn share(signature: Signature, collecting: bool) -> CsMessage {
+        CsMessage::Share {
+            epoch: Epoch(2),
+            signature,
+            collecting,
+        }
+    }
+
+    #[test]
+    fn shares_of_2f_cs_plus_1_replicas_certify_and_forged_ones_do_not_count() {
+        let config = genesis();
+        let mut replicas = stopped(&config, due());
+        let signatures: Vec<Signature> = replicas.iter().map(|(_, s)| *s).collect();
+        let (cs, _) = &mut replicas[0];
+        let mut out = AppOutput::default();
+        // A forged share (slot 1's slot, another key) and a share for the wrong epoch.
+        let forged = ConfigCert::share(&secret(0xee), &cs.next.clone().unwrap().1);
+        cs.on_message(Time(0), Slot(1), share(forged, true), &mut out);
+        cs.on_message(
+            Time(0),
+            Slot(2),
+            CsMessage::Share {
+                epoch: Epoch(3),
+                signature: signatures[2],
+                collecting: true,
+            },
+            &mut out,
+        );
+        cs.on_message(Time(0), Slot(9), share(signatures[3], true), &mut out);
+        assert!(cs.certified().is_none() && out.changes.is_empty());
+
+        cs.on_message(Time(0), Slot(1), share(signatures[1], true), &mut out);
+        assert!(
+            cs.certified().is_none(),
+            "two genuine shares are not a quorum"
+        );
+        cs.on_message(Time(0), Slot(2), share(signatures[2], true), &mut out);
+        let cert = cs
+            .certified()
+            .cloned()
+            .expect("three genuine shares certify");
+        assert!(matches!(out.changes.as_slice(), [CsChange::Certified(c)] if *c == cert));
+        let next = verify_successor(&config, &cert).unwrap();
+        assert_eq!(next, cs.next.clone().unwrap().0);
+
+        // A replica still collecting gets this one's share in answer, once; answers are not
+        // answered.
+        let mut out = AppOutput::default();
+        cs.on_message(Time(0), Slot(3), share(signatures[3], true), &mut out);
+        assert!(matches!(
+            out.sends.as_slice(),
+            [(
+                Some(Slot(3)),
+                CsMessage::Share {
+                    collecting: false,
+                    ..
+                }
+            )]
+        ));
+        let mut out = AppOutput::default();
+        cs.on_message(Time(0), Slot(3), share(signatures[3], false), &mut out);
+        assert!(out.sends.is_empty());
+    }
+
+    #[test]
+    fn replicas_that_stopped_at_different_readings_never_certify_together() {
+        let config = genesis();
+        let early = stopped(&config, due());
+        let late = stopped(&config, due() + 1);
+        let (mut cs, _) = early.into_iter().next().unwrap();
+        let mut out = AppOutput::default();
+        for (slot, (_, signature)) in late.iter().enumerate().skip(1) {
+            cs.on_message(
+                Time(0),
+                Slot(slot as u32),
+                share(*signature, true),
+                &mut out,
+            );
+        }
+        assert!(
+            cs.certified().is_none(),
+            "shares over another configuration never count"
+        );
+    }
+
+    #[test]
+    fn a_stop_becomes_due_on_the_timer_and_is_repeated_until_certified() {
+        let config = genesis();
+        let mut cs = replica(&config);
+        let asks = |cs: &mut ConfigService, at: u64| {
+            let mut out = AppOutput::default();
+            cs.on_tick(Time(at), &mut out);
+            out.submit.iter().filter(|(_, op)| *op == Op::Stop).count()
+        };
+        assert_eq!(asks(&mut cs, STARTED + T_EPOCH - 1), 0);
+        assert_eq!(asks(&mut cs, STARTED + T_EPOCH), 1);
+        assert_eq!(asks(&mut cs, STARTED + T_EPOCH + 10), 0);
+        assert_eq!(asks(&mut cs, STARTED + T_EPOCH + REPEAT_MS), 1);
+        run(&mut cs, &Op::Stop, STARTED + T_EPOCH).unwrap();
+        assert_eq!(asks(&mut cs, STARTED + T_EPOCH + 5 * REPEAT_MS), 0);
+    }
+
+    #[test]
+    fn a_snapshot_restores_the_state_and_the_next_configuration() {
+        let config = genesis();
+        let mut cs = replica(&config);
+        accepted(run(&mut cs, &order(Epoch(1), Action::Add(newcomer(1))), 0));
+        run(&mut cs, &Op::Stop, due()).unwrap();
+        let mut fresh = replica(&config);
+        fresh.restore(&cs.snapshot()).unwrap();
+        assert_eq!(fresh.pending(), cs.pending());
+        assert_eq!(fresh.next, cs.next);
+        assert_eq!(fresh.snapshot(), cs.snapshot());
+
+        let (next, _) = cs.next.clone().unwrap();
+        let mut later = replica(&next);
+        assert!(
+            later
+                .restore(&cs.snapshot())
+                .unwrap_err()
+                .contains("epoch 1")
+        );
+        assert!(later.restore(&[0xff; 7]).is_err());
+    }
+}

@@ -258,6 +258,21 @@ impl Monitor {
             .is_some_and(|target| target.suspected || target.misses >= self.params.n_accept)
     }
 
+    /// Why this replica does not agree that `node` be evicted, or `None` if it agrees: for an
+    /// operator asking by hand (`bulwark node evict`), who needs to know what the CS saw.
+    pub fn disagreement(&self, node: NodeId) -> Option<String> {
+        if self.agrees(node) {
+            return None;
+        }
+        let Some(target) = self.targets.get(&node) else {
+            return Some(format!("{node} is not a member it monitors"));
+        };
+        Some(format!(
+            "{node} missed {} ping(s) in a row ({} needed) and answered {} since",
+            target.misses, self.params.n_accept, target.answers
+        ))
+    }
+
     /// Whether the next ping to `node` will ask for a signature.
     pub fn must_sign(&self, node: NodeId) -> bool {
         self.targets

@@ -27,6 +27,10 @@
 //! - [`Behaviour::ForgedEvict`]: submits EVICTs, and slips them into its batches as primary, with
 //!   `2f_cs` genuine agreements (correct replicas may have agreed, on evidence, short of a
 //!   quorum), or with a forged, duplicated, replayed or outsider's agreement added.
+//! - [`Behaviour::SkewedClock`]: honest in every message, but its clock runs a seeded 1.5 to 6
+//!   STOP tolerances fast or slow (Rosebud §7.2: "slow clocks delay STOP but stay safe"). As
+//!   primary its STOP readings are refused by correct backups, so the epoch ends only after a
+//!   view change; as a backup it refuses correct STOPs, which the other `2f_cs+1` carry alone.
 //!
 //! Correct replicas must refuse every one of these that breaks a rule (and survive the ones that
 //! do not), and the configuration service's checker (`sim::protocols::cs`) must stay green with
@@ -111,6 +115,8 @@ pub struct CsLiar {
     preprepares: VecDeque<(Cast<Vote>, Batch<Op>)>,
     /// The latest view change of every replica (its own honest one included), to build on.
     view_changes: BTreeMap<u32, Cast<ViewChange<Op>>>,
+    /// For [`Behaviour::SkewedClock`]: how far its clock is off, in milliseconds.
+    skew: i64,
 }
 
 impl CsLiar {
@@ -128,6 +134,13 @@ impl CsLiar {
             rng.random_range(0..10_000)
         };
         let attack_every = rng.random_range(300..2_000);
+        let skew = if behaviour == Behaviour::SkewedClock {
+            let tolerance = kit.config.stop_delta_ms as i64;
+            let off = rng.random_range(tolerance * 3 / 2..=tolerance * 6);
+            if rng.random_bool(0.5) { off } else { -off }
+        } else {
+            0
+        };
         CsLiar {
             behaviour,
             inner: replica,
@@ -140,7 +153,13 @@ impl CsLiar {
             prepares: VecDeque::new(),
             preprepares: VecDeque::new(),
             view_changes: BTreeMap::new(),
+            skew,
         }
+    }
+
+    /// What its own clock reads at virtual time `now`.
+    fn clock(&self, now: Time) -> Time {
+        Time(now.0.saturating_add_signed(self.skew))
     }
 
     /// The honest replica underneath.
@@ -891,6 +910,7 @@ impl Replica for CsLiar {
         request: Submitted<Op>,
         view: &(),
     ) -> Output<Self> {
+        let now = self.clock(now);
         let out = convert(self.inner.on_request(now, client, access, request, view));
         self.bend(now, out)
     }
@@ -903,16 +923,19 @@ impl Replica for CsLiar {
         view: &(),
     ) -> Output<Self> {
         self.snoop(&message);
+        let now = self.clock(now);
         let out = convert(self.inner.on_message(now, from, message, view));
         self.bend(now, out)
     }
 
     fn on_timer(&mut self, now: Time, timer: TimerId, view: &()) -> Output<Self> {
+        let now = self.clock(now);
         let out = convert(self.inner.on_timer(now, timer, view));
         self.bend(now, out)
     }
 
     fn on_tick(&mut self, now: Time) -> Output<Self> {
+        let now = self.clock(now);
         let out = convert(self.inner.on_tick(now));
         let mut out = self.bend(now, out);
         if self.behaviour.is_byzantine() && self.behaviour != Behaviour::Silent {

@@ -81,7 +81,8 @@ impl PhalanxLiar {
             | Behaviour::EquivocatingPrimary
             | Behaviour::ForgedViewChange
             | Behaviour::EarlyStop
-            | Behaviour::ForgedEvict => self.honest(from, may_write, request),
+            | Behaviour::ForgedEvict
+            | Behaviour::SkewedClock => self.honest(from, may_write, request),
             Behaviour::Silent if lying => (Vec::new(), None),
             Behaviour::Silent => self.honest(from, may_write, request),
             Behaviour::Amnesiac => {
