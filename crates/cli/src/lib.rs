@@ -87,6 +87,11 @@ pub enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Content-hash objects: immutable, named by their content (`content put` prints the id).
+    Content {
+        #[command(subcommand)]
+        command: ContentCommand,
+    },
     /// Volumes: named sets of objects, each served by the protocol chosen at creation.
     Volume {
         #[command(subcommand)]
@@ -117,6 +122,27 @@ pub enum Command {
         /// Also run a demonstration, including a lying node, and exit.
         #[arg(long)]
         demo: bool,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum ContentCommand {
+    /// Stores FILE (or standard input) and prints its id on standard output.
+    Put {
+        /// Where the bytes come from; standard input when `-` or absent.
+        file: Option<PathBuf>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Fetches the object with id ID (64 hex digits) to standard output or to `-o FILE`.
+    Get {
+        /// The object's id.
+        id: String,
+        /// Write here instead of standard output.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        #[command(flatten)]
+        client: ClientArgs,
     },
 }
 
@@ -232,6 +258,12 @@ pub async fn run(cli: Cli) -> Result<std::process::ExitCode> {
             client,
         } => return objects::get(&client, &key, output).await,
         Command::Delete { key, client } => objects::delete(&client, &key).await?,
+        Command::Content {
+            command: ContentCommand::Put { file, client },
+        } => objects::put_content(&client, file).await?,
+        Command::Content {
+            command: ContentCommand::Get { id, output, client },
+        } => return objects::get_content(&client, &id, output).await,
         Command::Status { client } => return objects::status(&client).await,
         Command::Dev { dir, nodes, demo } => dev::run(&dir, nodes, demo).await?,
         Command::Volume {

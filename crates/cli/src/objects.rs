@@ -105,12 +105,17 @@ fn summary(report: &OpReport) -> String {
     text
 }
 
-pub async fn put(args: &ClientArgs, key: &str, file: Option<PathBuf>) -> Result<()> {
-    let value = match file.as_deref() {
+/// The bytes of FILE, or of standard input when it is `-` or absent.
+fn read_input(file: Option<PathBuf>) -> Result<Vec<u8>> {
+    Ok(match file.as_deref() {
         None => read_stdin()?,
         Some(path) if path.as_os_str() == "-" => read_stdin()?,
         Some(path) => std::fs::read(path).with_context(|| format!("reading {}", path.display()))?,
-    };
+    })
+}
+
+pub async fn put(args: &ClientArgs, key: &str, file: Option<PathBuf>) -> Result<()> {
+    let value = read_input(file)?;
     let client = connect(args).await?;
     let len = value.len();
     let started = Instant::now();
@@ -147,8 +152,19 @@ pub async fn get(
     let started = Instant::now();
     let volume = volume(&client, args).await?;
     let (value, report) = client.get_in(&volume, key.as_bytes()).await?;
+    deliver(&format!("{key:?}"), value, &report, output, started)
+}
+
+/// Writes a fetched object out and says so, or says it was not found (exit code 2).
+fn deliver(
+    what: &str,
+    value: Option<Bytes>,
+    report: &OpReport,
+    output: Option<PathBuf>,
+    started: Instant,
+) -> Result<std::process::ExitCode> {
     let Some(value) = value else {
-        eprintln!("not found: {key:?} ({})", summary(&report));
+        eprintln!("not found: {what} ({})", summary(report));
         return Ok(std::process::ExitCode::from(2));
     };
     finish(progress("fetched", value.len()), value.len(), started);
@@ -161,11 +177,61 @@ pub async fn get(
             .context("writing standard output")?,
     }
     eprintln!(
-        "fetched {key:?} ({}): {}",
+        "fetched {what} ({}): {}",
         human_bytes(value.len() as u64),
-        summary(&report)
+        summary(report)
     );
     Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// Content-hash objects are named by their content alone; a volume would be silently ignored.
+fn no_volume(args: &ClientArgs) -> Result<()> {
+    if let Some(volume) = &args.volume {
+        anyhow::bail!("content-hash objects belong to no volume; drop --volume {volume}");
+    }
+    Ok(())
+}
+
+/// `bulwark content put`: prints the id on standard output, the rest on standard error.
+pub async fn put_content(args: &ClientArgs, file: Option<PathBuf>) -> Result<()> {
+    no_volume(args)?;
+    let value = read_input(file)?;
+    let client = connect(args).await?;
+    let len = value.len();
+    let started = Instant::now();
+    let bar = progress("storing", len);
+    let (id, report) = client.put_content(&value).await?;
+    finish(bar, len, started);
+    println!("{id}");
+    eprintln!(
+        "stored content {} ({}): {}",
+        &id.to_hex()[..16],
+        human_bytes(len as u64),
+        summary(&report)
+    );
+    Ok(())
+}
+
+/// `bulwark content get`.
+pub async fn get_content(
+    args: &ClientArgs,
+    id: &str,
+    output: Option<PathBuf>,
+) -> Result<std::process::ExitCode> {
+    no_volume(args)?;
+    let Some(id) = bulwark_protocol::content::ContentId::from_hex(id) else {
+        anyhow::bail!("{id:?} is not a content id (64 hex digits)");
+    };
+    let client = connect(args).await?;
+    let started = Instant::now();
+    let (value, report) = client.get_content(&id).await?;
+    deliver(
+        &format!("content {}", &id.to_hex()[..16]),
+        value,
+        &report,
+        output,
+        started,
+    )
 }
 
 pub async fn delete(args: &ClientArgs, key: &str) -> Result<()> {

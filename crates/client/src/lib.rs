@@ -12,6 +12,7 @@
 //! without a volume go to the default volume, whose protocol `cluster.toml` names.
 
 mod configuration;
+mod content;
 pub mod evidence;
 mod volumes;
 
@@ -502,18 +503,10 @@ impl Client {
                 let outcome = self
                     .drive(&view, &key, self.cluster.f, &mut machine)
                     .await?;
-                let evidence = outcome
-                    .evidence
-                    .iter()
-                    .filter_map(|e| {
-                        let node = view.node(e.node)?;
-                        Some(Evidence::new(node, e.kind.clone()).with_detail(format!("key {key}")))
-                    })
-                    .collect();
                 let report = OpReport {
                     answered: nodes(&view, &outcome.answered_by),
                     n,
-                    evidence,
+                    evidence: blame(&view, &format!("key {key}"), &outcome.evidence),
                     restarts: outcome.restarts,
                     repaired: outcome.repaired,
                 };
@@ -746,6 +739,20 @@ impl Client {
 }
 
 /// Slots to the nodes holding them in `view`.
+/// Misbehaviour a client machine saw, named by node; `what` says which object it was about.
+fn blame(
+    view: &GroupView,
+    what: &str,
+    seen: &[bulwark_protocol::round::Evidence],
+) -> Vec<Evidence> {
+    seen.iter()
+        .filter_map(|e| {
+            let node = view.node(e.node)?;
+            Some(Evidence::new(node, e.kind.clone()).with_detail(what.to_string()))
+        })
+        .collect()
+}
+
 fn nodes(view: &GroupView, slots: &[Slot]) -> Vec<NodeId> {
     slots.iter().filter_map(|slot| view.node(*slot)).collect()
 }

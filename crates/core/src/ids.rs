@@ -60,6 +60,8 @@ impl ServiceId {
     pub const PHALANX: ServiceId = ServiceId(3);
     /// The configuration service (Rosebud §3): PBFT among the epoch's CS replicas.
     pub const CONFIG: ServiceId = ServiceId(4);
+    /// Content-hash objects (Rosebud §4.3): immutable, named by the hash of their manifest.
+    pub const CONTENT: ServiceId = ServiceId(5);
 }
 
 impl fmt::Display for ServiceId {

@@ -8,6 +8,7 @@ use crate::verified::Verified;
 use bulwark_core::envelope::{self, Envelope, Header};
 use bulwark_core::wire::{self, FRAME_BYTES_MAX};
 use bulwark_core::{ClientId, Digest, Key, NodeId, Slot, Time};
+use bulwark_protocol::content;
 use bulwark_protocol::machine::{Access, Replica, ReplicaStats, TimerId};
 use bulwark_protocol::powerstore::{
     Change, Fragments, ServerLogic, StoredEntry, Timestamp, fragment_digest,
@@ -404,3 +405,75 @@ impl<P: Policy> Adapter<register::Server<P>> for RegisterStorage {
         &()
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Content-hash objects
+
+/// Content-hash objects: one record per object, its id's bytes, holding `(manifest, fragment)`.
+pub const CONTENT: &str = "content";
+
+/// The storage op of a content-hash change in `namespace`.
+pub fn content_op(namespace: Namespace, change: &content::Change) -> StorageOp {
+    match change {
+        content::Change::Put { id, held } => StorageOp::Put {
+            table: namespace.table(CONTENT),
+            key: id.as_bytes().to_vec(),
+            value: Bytes::from(wire::encode(held)),
+        },
+    }
+}
+
+/// A content-hash replica's storage: fragments not yet durable, then the disk. The replica keeps
+/// nothing per object in memory, so a node may hold any number of them.
+pub struct ContentStorage {
+    pub namespace: Namespace,
+    pub store: Arc<Store>,
+    /// Records queued for commit, with the batch carrying them.
+    pub unsynced: HashMap<content::ContentId, (u64, content::Held)>,
+}
+
+impl Adapter<content::Server> for ContentStorage {
+    const NAME: &'static str = "content";
+
+    fn record(&mut self, change: &content::Change, batch: u64, ops: &mut Vec<StorageOp>) {
+        let content::Change::Put { id, held } = change;
+        self.unsynced.insert(*id, (batch, held.clone()));
+        ops.push(content_op(self.namespace, change));
+    }
+
+    fn view(&self) -> &(dyn content::Fragments + 'static) {
+        self
+    }
+
+    fn durable(&mut self, batch: u64) {
+        self.unsynced
+            .retain(|_, (carried_by, _)| *carried_by > batch);
+    }
+}
+
+impl content::Fragments for ContentStorage {
+    fn fragment(&self, id: &content::ContentId) -> Option<content::Held> {
+        if let Some((_, held)) = self.unsynced.get(id) {
+            return Some(held.clone());
+        }
+        let value = match self.store.get(self.namespace.table(CONTENT), id.as_bytes()) {
+            Ok(value) => value?,
+            Err(error) => {
+                tracing::error!(%error, "reading a content fragment failed");
+                return None;
+            }
+        };
+        // A record that does not decode is damage: the replica answers "missing" and a reader
+        // rebuilds from the others. The fragment is a slice of the record, not a copy.
+        match wire::decode_shared::<content::Held>(&value, usize::MAX) {
+            Ok(held) => Some(held),
+            Err(error) => {
+                tracing::warn!(%error, id = %id, "a stored content record does not decode");
+                None
+            }
+        }
+    }
+}
+
+/// A content-hash replica as the node hosts it.
+pub type ContentReplica = Hosting<content::Server, ContentStorage>;

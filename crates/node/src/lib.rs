@@ -30,7 +30,7 @@ use bulwark_core::{ClientId, Epoch, NodeId, ServiceId, Time};
 use bulwark_protocol::powerstore::{
     Server, ServerConfig, ServerLogic, StoredEntry, fragment_digest,
 };
-use bulwark_protocol::{abd, phalanx};
+use bulwark_protocol::{abd, content, phalanx};
 use bulwark_storage::{Committer, Namespace, StorageError, Store};
 use bulwark_transport::Peer;
 use host::Hosted;
@@ -524,6 +524,33 @@ fn build_replicas(
             }),
         ));
     }
+
+    let namespace = Namespace::new(ServiceId::CONTENT, group);
+    let place = content::Place {
+        slot,
+        n: members.len(),
+        f,
+        epoch,
+        group,
+    };
+    // Objects are counted from the disk; their bytes would need every record read, so the
+    // replica counts only the bytes it stores from now on.
+    let objects = store.count(namespace.table(host::CONTENT))?;
+    let secret = bulwark_core::sign::SecretKey::from_seed(&options.secrets.signing_key);
+    replicas.push((
+        (ServiceId::CONTENT, group),
+        Box::new(host::Hosting {
+            replica: content::Server::new(place, secret, objects, 0),
+            adapter: host::ContentStorage {
+                namespace,
+                store: store.clone(),
+                unsynced: HashMap::new(),
+            },
+            members: members.clone(),
+            slot,
+            header: header(ServiceId::CONTENT),
+        }),
+    ));
 
     let namespace = Namespace::new(ServiceId::PHALANX, group);
     let writers = phalanx::Writers::from_config(&options.cluster, "cluster.toml")?;

@@ -5,6 +5,18 @@
 use bulwark_core::Slot;
 use serde::{Deserialize, Serialize};
 
+pub use bulwark_core::evidence::EvidenceKind;
+
+/// Misbehaviour a client machine observed, with the node to blame by its slot (the driver names
+/// the node through the group's view).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Evidence {
+    /// The node.
+    pub node: Slot,
+    /// What it did.
+    pub kind: EvidenceKind,
+}
+
 /// Matches replies to the operation that asked. Chosen by the client, unique per client session.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct OpId(pub u64);

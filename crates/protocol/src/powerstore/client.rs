@@ -99,16 +99,7 @@ pub enum ProtocolError {
     Coding(String),
 }
 
-/// Misbehaviour a client observed, with the node to blame.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Evidence {
-    /// The node.
-    pub node: Slot,
-    /// What it did.
-    pub kind: EvidenceKind,
-}
-
-pub use bulwark_core::evidence::EvidenceKind;
+pub use crate::round::{Evidence, EvidenceKind};
 
 /// A completed write.
 #[derive(Clone, Debug)]

@@ -1,0 +1,804 @@
+//! Content-hash objects (Rosebud §4.3): immutable objects named by a hash of what they hold,
+//! erasure-coded over the group their id falls in, and stored once `2f+1` replicas have signed
+//! that they hold their fragment.
+//!
+//! The paper names an object `H(content)` and stores it whole on every replica. Bulwark codes it
+//! instead (any `f+1` of the `3f+1` fragments rebuild it, as M-PoWerStore's values are), so a
+//! replica must be able to check its own fragment without seeing the rest. The id is therefore
+//! the hash of the object's [`Manifest`] (its length, its layout and the hash of every fragment),
+//! and the manifest travels with each fragment: a replica accepts a fragment only if the
+//! manifest hashes to the id and the fragment to its own entry in it.
+//!
+//! A reader decodes from `f+1` fragments that pass the same checks, then encodes the value again
+//! and returns it only if every fragment hash comes out as the manifest says. A faulty writer
+//! that stored fragments of different values under one id thus gets the same answer from every
+//! reader ("inconsistent"), and no two readers can be given different values for one id. The
+//! layout is fixed by the length, `n` and `f`, so an id is a function of the content: writing the
+//! same bytes again gives the same id, and the second write only collects acknowledgements.
+//!
+//! What the paper's figures leave out and this module adds (spec §4.2, §4.3 [R]): the epoch and
+//! group on every request, checked by the replica; acknowledgements that sign the id together
+//! with the epoch, the group and the replica's slot, so none can be replayed for another epoch or
+//! counted for another replica; "not found" only after `2f+1` denials (after a completed write at
+//! most `f` correct replicas that missed it and `f` faulty ones can deny).
+
+#[cfg(test)]
+mod tests;
+
+use crate::machine::{Access, OpError, Operation, Output, Progress, Replica, ReplicaStats};
+use crate::round::{Evidence, EvidenceKind, OpId, Refusals, Replies};
+use bulwark_core::erasure::{ErasureCodec, Layout};
+use bulwark_core::sign::{Context, PublicKey, SecretKey, Signable, Signed, Unverified};
+use bulwark_core::wire;
+use bulwark_core::{ClientId, Digest, Epoch, GroupId, ServiceId, Slot, Time};
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::sync::Arc;
+
+/// The largest object: the same bound as a register's value.
+pub const CONTENT_BYTES_MAX: usize = bulwark_core::OBJECT_BYTES_MAX;
+
+/// Hash domains.
+const DOMAIN_ID: &str = "bulwark/content/id/v1";
+const DOMAIN_FRAGMENT: &str = "bulwark/content/fragment/v1";
+
+/// The id of a content-hash object: the hash of its [`Manifest`], so it commits to every byte.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ContentId(pub Digest);
+
+impl ContentId {
+    /// The id of the object `manifest` describes.
+    pub fn of(manifest: &Manifest) -> ContentId {
+        ContentId(Digest::of(DOMAIN_ID, &wire::encode(manifest)))
+    }
+
+    /// The id as lowercase hex, as the CLI prints it.
+    pub fn to_hex(&self) -> String {
+        self.0.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Parses 64 hex digits.
+    pub fn from_hex(text: &str) -> Option<ContentId> {
+        let text = text.trim();
+        if text.len() != 64 || !text.is_ascii() {
+            return None;
+        }
+        let mut bytes = [0u8; 32];
+        for (i, byte) in bytes.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
+        }
+        Some(ContentId(Digest(bytes)))
+    }
+
+    /// The bytes the object is placed by.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0.0
+    }
+}
+
+impl fmt::Debug for ContentId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ContentId({})", &self.to_hex()[..16])
+    }
+}
+
+impl fmt::Display for ContentId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+/// What an object's id commits to: how it was cut and the hash of every fragment, by slot.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// The layout (the value's length and its scheme).
+    pub layout: Layout,
+    /// `H(fragment_i)` for every slot `i` of the group.
+    pub fragments: Vec<Digest>,
+}
+
+impl Manifest {
+    /// The manifest of a value cut into `fragments`.
+    pub fn of(layout: Layout, fragments: &[Bytes]) -> Manifest {
+        Manifest {
+            layout,
+            fragments: fragments.iter().map(|f| fragment_digest(f)).collect(),
+        }
+    }
+
+    /// Whether this is the one manifest a correct writer makes for a value of its length on a
+    /// group of `n` tolerating `f`: the layout [`Layout::for_value`] gives, one hash per slot.
+    pub fn is_canonical(&self, n: usize, f: usize) -> bool {
+        let len = self.layout.len;
+        len <= CONTENT_BYTES_MAX as u64
+            && self.layout == Layout::for_value(len as usize, n, f)
+            && self.layout.is_valid(CONTENT_BYTES_MAX)
+            && self.fragments.len() == n
+    }
+
+    /// Whether `fragment` is slot `slot`'s.
+    pub fn holds(&self, slot: Slot, fragment: &[u8]) -> bool {
+        fragment.len() == self.layout.fragment_len()
+            && self
+                .fragments
+                .get(slot.index())
+                .is_some_and(|digest| *digest == fragment_digest(fragment))
+    }
+}
+
+/// The hash of one fragment.
+pub fn fragment_digest(fragment: &[u8]) -> Digest {
+    Digest::of(DOMAIN_FRAGMENT, fragment)
+}
+
+/// A replica's signed statement that its fragment of `id` is durable (STORE_CH_ACK).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stored {
+    /// The object.
+    pub id: ContentId,
+    /// The epoch it was stored in.
+    pub epoch: Epoch,
+    /// The group.
+    pub group: GroupId,
+    /// The replica's slot in the group.
+    pub slot: Slot,
+}
+
+impl Signable for Stored {
+    const CONTEXT: Context = Context::new("bulwark/content/stored/v1");
+    const BYTES_MAX: usize = 128;
+}
+
+/// A client-to-replica message.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Request {
+    /// The operation.
+    pub op: OpId,
+    /// The configuration the client believes in.
+    pub epoch: Epoch,
+    /// The group addressed.
+    pub group: GroupId,
+    /// The object.
+    pub id: ContentId,
+    /// What to do.
+    pub body: RequestBody,
+}
+
+/// STORE_CH and FETCH_CH.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum RequestBody {
+    /// Stores this replica's fragment.
+    Store {
+        /// The object's manifest.
+        manifest: Manifest,
+        /// The addressed replica's fragment.
+        #[serde(with = "bulwark_core::wire::shared_bytes")]
+        fragment: Bytes,
+    },
+    /// Asks for this replica's fragment.
+    Fetch,
+}
+
+/// A replica-to-client message.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Response {
+    /// Echoes the request's operation.
+    pub op: OpId,
+    /// The answer.
+    pub body: ResponseBody,
+}
+
+/// Answers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum ResponseBody {
+    /// The fragment is durable here (signed [`Stored`]).
+    Stored(Unverified<Stored>),
+    /// This replica's fragment, with the manifest it was stored under.
+    Fragment {
+        /// The manifest.
+        manifest: Manifest,
+        /// The fragment.
+        #[serde(with = "bulwark_core::wire::shared_bytes")]
+        fragment: Bytes,
+    },
+    /// This replica holds no intact fragment of the object.
+    Missing,
+    /// The replica will not serve the request.
+    Refused(Refusal),
+}
+
+/// Why a replica refused a request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum Refusal {
+    /// The client may not write.
+    #[error("not a writer")]
+    NotWriter,
+    /// The client may not read.
+    #[error("not a reader")]
+    NotReader,
+    /// Another epoch.
+    #[error("wrong epoch")]
+    WrongEpoch,
+    /// A group this replica does not serve.
+    #[error("wrong replica group")]
+    WrongGroup,
+    /// The manifest is not one a correct writer makes, or does not hash to the id.
+    #[error("the manifest does not match the id")]
+    BadManifest,
+    /// The fragment does not hash to this replica's entry of the manifest.
+    #[error("the fragment does not match the manifest")]
+    BadFragment,
+}
+
+/// What a replica keeps of one object: its fragment and the manifest it was accepted under.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Held {
+    /// The manifest.
+    pub manifest: Manifest,
+    /// This replica's fragment.
+    #[serde(with = "bulwark_core::wire::shared_bytes")]
+    pub fragment: Bytes,
+}
+
+/// A change to a replica's durable state.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Change {
+    /// Stores this replica's fragment of `id`.
+    Put {
+        /// The object.
+        id: ContentId,
+        /// What to keep.
+        held: Held,
+    },
+}
+
+/// What a replica reads back from its driver's storage: what it stored of an object (durable
+/// or not yet). The replica checks it again before serving it.
+pub trait Fragments {
+    /// What is stored of `id`, if anything.
+    fn fragment(&self, id: &ContentId) -> Option<Held>;
+}
+
+/// One replica's place: its slot and group, the group's size and fault bound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Place {
+    /// This replica's slot, or the client's group for client machines.
+    pub slot: Slot,
+    /// Members of the group (`3f+1`).
+    pub n: usize,
+    /// Faults tolerated.
+    pub f: usize,
+    /// The epoch.
+    pub epoch: Epoch,
+    /// The group.
+    pub group: GroupId,
+}
+
+impl Place {
+    /// Acknowledgements a write needs, and denials that make "not found".
+    pub fn quorum(&self) -> usize {
+        2 * self.f + 1
+    }
+}
+
+/// A content-hash replica. It keeps no per-object state in memory: every object is on disk.
+pub struct Server {
+    place: Place,
+    secret: SecretKey,
+    stats: ReplicaStats,
+}
+
+impl Server {
+    /// A replica at `place` that signs its acknowledgements with `secret`, holding `objects`
+    /// fragments of `bytes` bytes from before a restart.
+    pub fn new(place: Place, secret: SecretKey, objects: u64, bytes: u64) -> Server {
+        assert!(place.slot.index() < place.n, "the slot is in the group");
+        assert!(place.n > 3 * place.f, "a group of n = 3f+1 at least");
+        Server {
+            place,
+            secret,
+            stats: ReplicaStats {
+                objects,
+                keys: objects,
+                versions: objects,
+                bytes,
+                ..ReplicaStats::default()
+            },
+        }
+    }
+
+    fn stored(&self, id: ContentId) -> Option<Unverified<Stored>> {
+        let stored = Stored {
+            id,
+            epoch: self.place.epoch,
+            group: self.place.group,
+            slot: self.place.slot,
+        };
+        Signed::sign(&self.secret, stored)
+            .ok()
+            .map(|signed| signed.to_unverified())
+    }
+
+    fn serve(
+        &mut self,
+        access: Access,
+        request: Request,
+        view: &(dyn Fragments + '_),
+    ) -> Result<(Vec<Change>, ResponseBody), Refusal> {
+        if request.epoch != self.place.epoch {
+            return Err(Refusal::WrongEpoch);
+        }
+        if request.group != self.place.group {
+            return Err(Refusal::WrongGroup);
+        }
+        let id = request.id;
+        match request.body {
+            RequestBody::Store { manifest, fragment } => {
+                if !access.write {
+                    return Err(Refusal::NotWriter);
+                }
+                if !manifest.is_canonical(self.place.n, self.place.f)
+                    || ContentId::of(&manifest) != id
+                {
+                    return Err(Refusal::BadManifest);
+                }
+                if !manifest.holds(self.place.slot, &fragment) {
+                    return Err(Refusal::BadFragment);
+                }
+                let held = view
+                    .fragment(&id)
+                    .is_some_and(|held| held.manifest.holds(self.place.slot, &held.fragment));
+                let changes = if held {
+                    // Written before (the same bytes name the same object): acknowledge again.
+                    Vec::new()
+                } else {
+                    self.stats.objects += 1;
+                    self.stats.keys += 1;
+                    self.stats.versions += 1;
+                    self.stats.bytes += fragment.len() as u64;
+                    vec![Change::Put {
+                        id,
+                        held: Held { manifest, fragment },
+                    }]
+                };
+                // Signing cannot fail for a value this small; a replica that cannot sign says
+                // nothing rather than something unverifiable.
+                match self.stored(id) {
+                    Some(ack) => Ok((changes, ResponseBody::Stored(ack))),
+                    None => Ok((changes, ResponseBody::Missing)),
+                }
+            }
+            RequestBody::Fetch => {
+                if !access.read {
+                    return Err(Refusal::NotReader);
+                }
+                match view.fragment(&id) {
+                    Some(Held { manifest, fragment })
+                        if ContentId::of(&manifest) == id
+                            && manifest.holds(self.place.slot, &fragment) =>
+                    {
+                        Ok((Vec::new(), ResponseBody::Fragment { manifest, fragment }))
+                    }
+                    Some(_) => {
+                        // The disk gave back something this replica never accepted.
+                        self.stats.damaged += 1;
+                        Ok((Vec::new(), ResponseBody::Missing))
+                    }
+                    None => Ok((Vec::new(), ResponseBody::Missing)),
+                }
+            }
+        }
+    }
+}
+
+impl Replica for Server {
+    const SERVICE: ServiceId = ServiceId::CONTENT;
+    type Request = Request;
+    type Reply = Response;
+    type Message = crate::machine::Never;
+    type Change = Change;
+    type View = dyn Fragments;
+
+    fn on_request(
+        &mut self,
+        _now: Time,
+        _client: ClientId,
+        access: Access,
+        request: Request,
+        view: &(dyn Fragments + 'static),
+    ) -> Output<Self> {
+        let op = request.op;
+        match self.serve(access, request, view) {
+            Ok((changes, body)) => Output::reply(changes, Response { op, body }),
+            Err(refusal) => Output {
+                refused: Some(refusal.to_string()),
+                ..Output::reply(
+                    Vec::new(),
+                    Response {
+                        op,
+                        body: ResponseBody::Refused(refusal),
+                    },
+                )
+            },
+        }
+    }
+
+    fn stats(&self) -> ReplicaStats {
+        self.stats.clone()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Client side
+
+/// A completed write: the id and the signed acknowledgements that prove it.
+#[derive(Clone, Debug)]
+pub struct WriteOutcome {
+    /// The object's id.
+    pub id: ContentId,
+    /// `2f+1` verified acknowledgements, by slot.
+    pub acks: Vec<(Slot, Signed<Stored>)>,
+    /// Misbehaviour seen along the way.
+    pub evidence: Vec<Evidence>,
+}
+
+/// CH_Write: every replica gets its fragment; done at `2f+1` valid signed acknowledgements.
+pub struct WriteOp {
+    place: Place,
+    /// The group's signing keys, by slot.
+    keys: Arc<[PublicKey]>,
+    op: OpId,
+    id: ContentId,
+    manifest: Manifest,
+    fragments: Vec<Bytes>,
+    acks: Replies<Signed<Stored>>,
+    refusals: Refusals<Refusal>,
+    evidence: Vec<Evidence>,
+}
+
+/// A value cut into fragments, with its manifest and id: what a write sends. Its id does not
+/// depend on the group, only on its size `n = 3f+1`, so a client computes the id first and then
+/// finds the group.
+#[derive(Clone, Debug)]
+pub struct Encoded {
+    /// The object's id.
+    pub id: ContentId,
+    /// Its manifest.
+    pub manifest: Manifest,
+    /// Its fragments, by slot.
+    pub fragments: Vec<Bytes>,
+}
+
+impl Encoded {
+    /// Cuts `value` for a group of `n` tolerating `f`.
+    pub fn new(
+        codec: &dyn ErasureCodec,
+        n: usize,
+        f: usize,
+        value: &[u8],
+    ) -> Result<Encoded, String> {
+        if value.len() > CONTENT_BYTES_MAX {
+            return Err(format!(
+                "an object of {} bytes exceeds the limit of {CONTENT_BYTES_MAX}",
+                value.len()
+            ));
+        }
+        let layout = Layout::for_value(value.len(), n, f);
+        let fragments = codec.encode(&layout, value).map_err(|e| e.to_string())?;
+        let manifest = Manifest::of(layout, &fragments);
+        debug_assert!(manifest.is_canonical(n, f));
+        Ok(Encoded {
+            id: ContentId::of(&manifest),
+            manifest,
+            fragments,
+        })
+    }
+}
+
+impl WriteOp {
+    /// A write of `encoded` to the group at `place` (whose `slot` is ignored), checking
+    /// acknowledgements against the group's `keys`, by slot.
+    pub fn new(
+        place: Place,
+        keys: Arc<[PublicKey]>,
+        op: OpId,
+        encoded: Encoded,
+    ) -> Result<WriteOp, String> {
+        if keys.len() != place.n || encoded.fragments.len() != place.n {
+            return Err(format!(
+                "{} keys and {} fragments for a group of {}",
+                keys.len(),
+                encoded.fragments.len(),
+                place.n
+            ));
+        }
+        Ok(WriteOp {
+            place,
+            keys,
+            op,
+            id: encoded.id,
+            manifest: encoded.manifest,
+            fragments: encoded.fragments,
+            acks: Replies::new(place.n),
+            refusals: Refusals::new(place.n),
+            evidence: Vec::new(),
+        })
+    }
+
+    /// The id the object will have.
+    pub fn id(&self) -> ContentId {
+        self.id
+    }
+
+    fn store(&self, slot: Slot) -> (Slot, Request) {
+        let request = Request {
+            op: self.op,
+            epoch: self.place.epoch,
+            group: self.place.group,
+            id: self.id,
+            body: RequestBody::Store {
+                manifest: self.manifest.clone(),
+                fragment: self.fragments[slot.index()].clone(),
+            },
+        };
+        (slot, request)
+    }
+
+    /// Checks a signed acknowledgement from `from`.
+    fn verify(&self, from: Slot, ack: Unverified<Stored>) -> Option<Signed<Stored>> {
+        let key = self.keys.get(from.index())?;
+        let signed = ack.verify(key).ok()?;
+        let expected = Stored {
+            id: self.id,
+            epoch: self.place.epoch,
+            group: self.place.group,
+            slot: from,
+        };
+        (*signed.value() == expected).then_some(signed)
+    }
+}
+
+impl Operation for WriteOp {
+    const SERVICE: ServiceId = ServiceId::CONTENT;
+    type Request = Request;
+    type Reply = Response;
+    type Output = WriteOutcome;
+
+    fn op(&self) -> u64 {
+        self.op.0
+    }
+
+    fn start(&mut self) -> Vec<(Slot, Request)> {
+        (0..self.place.n)
+            .map(|i| self.store(Slot(i as u32)))
+            .collect()
+    }
+
+    fn on_reply(&mut self, from: Slot, reply: Response) -> Progress<Self> {
+        if reply.op != self.op || from.index() >= self.place.n {
+            return Progress::Send(Vec::new());
+        }
+        match reply.body {
+            ResponseBody::Stored(ack) => match self.verify(from, ack) {
+                Some(signed) => {
+                    self.acks.record(from, signed);
+                }
+                None => self.evidence.push(Evidence {
+                    node: from,
+                    kind: EvidenceKind::MalformedReply,
+                }),
+            },
+            ResponseBody::Refused(refusal) => {
+                if let Some((reason, by)) = self.refusals.record(from, refusal, self.place.f) {
+                    return Progress::Done(Err(OpError::Refused {
+                        reason: reason.to_string(),
+                        by,
+                    }));
+                }
+            }
+            // A correct replica answers a STORE with an acknowledgement or a refusal.
+            ResponseBody::Fragment { .. } | ResponseBody::Missing => {}
+        }
+        if self.acks.count() >= self.place.quorum() {
+            let acks = self
+                .acks
+                .present()
+                .map(|(slot, ack)| (slot, ack.clone()))
+                .collect();
+            return Progress::Done(Ok(WriteOutcome {
+                id: self.id,
+                acks,
+                evidence: std::mem::take(&mut self.evidence),
+            }));
+        }
+        Progress::Send(Vec::new())
+    }
+
+    fn on_timeout(&mut self) -> Vec<(Slot, Request)> {
+        let missing: Vec<Slot> = self.acks.missing().collect();
+        missing.into_iter().map(|slot| self.store(slot)).collect()
+    }
+
+    fn answered(&self) -> Vec<Slot> {
+        self.acks.nodes()
+    }
+
+    fn quorum(&self) -> usize {
+        self.place.quorum()
+    }
+}
+
+/// A completed read.
+#[derive(Clone, Debug)]
+pub struct ReadOutcome {
+    /// The object; `None` after `2f+1` replicas said they hold none of it.
+    pub value: Option<Bytes>,
+    /// The replicas whose fragments (or denials) decided it.
+    pub answered_by: Vec<Slot>,
+    /// Misbehaviour seen along the way.
+    pub evidence: Vec<Evidence>,
+}
+
+/// CH_Read: asks every replica for its fragment, rebuilds from the first `f+1` that check against
+/// the id, and verifies the value by encoding it again.
+pub struct ReadOp {
+    place: Place,
+    codec: Arc<dyn ErasureCodec>,
+    op: OpId,
+    id: ContentId,
+    /// Fragments that check against the id, with the manifest they came with (all manifests that
+    /// hash to the id are the same).
+    fragments: Replies<(Manifest, Bytes)>,
+    denials: Replies<()>,
+    refusals: Refusals<Refusal>,
+    evidence: Vec<Evidence>,
+}
+
+impl ReadOp {
+    /// A read of `id` from the group at `place`.
+    pub fn new(place: Place, codec: Arc<dyn ErasureCodec>, op: OpId, id: ContentId) -> ReadOp {
+        ReadOp {
+            place,
+            codec,
+            op,
+            id,
+            fragments: Replies::new(place.n),
+            denials: Replies::new(place.n),
+            refusals: Refusals::new(place.n),
+            evidence: Vec::new(),
+        }
+    }
+
+    fn fetch(&self, slot: Slot) -> (Slot, Request) {
+        let request = Request {
+            op: self.op,
+            epoch: self.place.epoch,
+            group: self.place.group,
+            id: self.id,
+            body: RequestBody::Fetch,
+        };
+        (slot, request)
+    }
+
+    fn blame(&mut self, node: Slot, kind: EvidenceKind) {
+        self.evidence.push(Evidence { node, kind });
+    }
+
+    /// Rebuilds the value once enough fragments check, and verifies it.
+    fn rebuild(&mut self) -> Option<Result<ReadOutcome, OpError>> {
+        let (manifest, _) = self.fragments.present().next()?.1.clone();
+        if self.fragments.count() < manifest.layout.needed() {
+            return None;
+        }
+        let pieces: Vec<(usize, Bytes)> = self
+            .fragments
+            .present()
+            .map(|(slot, (_, fragment))| (slot.index(), fragment.clone()))
+            .collect();
+        let inconsistent = || {
+            OpError::Failed(format!(
+                "object {} is inconsistent: its writer stored fragments of different values",
+                self.id
+            ))
+        };
+        let value = match self.codec.decode(&manifest.layout, &pieces) {
+            Ok(value) => value,
+            Err(_) => return Some(Err(inconsistent())),
+        };
+        // Every reader must get the same value from any f+1 fragments: only a value whose every
+        // fragment is the manifest's is one.
+        let again = match self.codec.encode(&manifest.layout, &value) {
+            Ok(fragments) => Manifest::of(manifest.layout, &fragments),
+            Err(_) => return Some(Err(inconsistent())),
+        };
+        if again != manifest {
+            return Some(Err(inconsistent()));
+        }
+        Some(Ok(ReadOutcome {
+            value: Some(value),
+            answered_by: self.fragments.nodes(),
+            evidence: std::mem::take(&mut self.evidence),
+        }))
+    }
+}
+
+impl Operation for ReadOp {
+    const SERVICE: ServiceId = ServiceId::CONTENT;
+    type Request = Request;
+    type Reply = Response;
+    type Output = ReadOutcome;
+
+    fn op(&self) -> u64 {
+        self.op.0
+    }
+
+    fn start(&mut self) -> Vec<(Slot, Request)> {
+        (0..self.place.n)
+            .map(|i| self.fetch(Slot(i as u32)))
+            .collect()
+    }
+
+    fn on_reply(&mut self, from: Slot, reply: Response) -> Progress<Self> {
+        if reply.op != self.op || from.index() >= self.place.n {
+            return Progress::Send(Vec::new());
+        }
+        match reply.body {
+            ResponseBody::Fragment { manifest, fragment } => {
+                if !manifest.is_canonical(self.place.n, self.place.f)
+                    || ContentId::of(&manifest) != self.id
+                {
+                    self.blame(from, EvidenceKind::MalformedReply);
+                } else if !manifest.holds(from, &fragment) {
+                    self.blame(from, EvidenceKind::CorruptFragment);
+                } else if self.fragments.record(from, (manifest, fragment))
+                    && let Some(done) = self.rebuild()
+                {
+                    return Progress::Done(done);
+                }
+            }
+            ResponseBody::Missing => {
+                self.denials.record(from, ());
+                if self.denials.count() >= self.place.quorum() {
+                    return Progress::Done(Ok(ReadOutcome {
+                        value: None,
+                        answered_by: self.denials.nodes(),
+                        evidence: std::mem::take(&mut self.evidence),
+                    }));
+                }
+            }
+            ResponseBody::Refused(refusal) => {
+                if let Some((reason, by)) = self.refusals.record(from, refusal, self.place.f) {
+                    return Progress::Done(Err(OpError::Refused {
+                        reason: reason.to_string(),
+                        by,
+                    }));
+                }
+            }
+            ResponseBody::Stored(_) => self.blame(from, EvidenceKind::MalformedReply),
+        }
+        Progress::Send(Vec::new())
+    }
+
+    fn on_timeout(&mut self) -> Vec<(Slot, Request)> {
+        (0..self.place.n)
+            .map(|i| Slot(i as u32))
+            .filter(|slot| {
+                self.fragments.missing().any(|s| s == *slot)
+                    && self.denials.missing().any(|s| s == *slot)
+            })
+            .map(|slot| self.fetch(slot))
+            .collect()
+    }
+
+    fn answered(&self) -> Vec<Slot> {
+        let mut answered = self.fragments.nodes();
+        answered.extend(self.denials.nodes());
+        answered.sort();
+        answered
+    }
+
+    fn quorum(&self) -> usize {
+        self.place.quorum()
+    }
+}
