@@ -2,6 +2,7 @@
 //! readable trace. Every failing seed of a sweep is printed with the one command that replays it.
 
 use anyhow::{Result, bail};
+use bulwark_sim::sim::protocols::content::ContentSim;
 use bulwark_sim::sim::{self, FaultSet, Mutations, SimConfig};
 use std::process::ExitCode;
 
@@ -18,8 +19,8 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 0)]
     pub start: u64,
     /// The protocol under test: powerstore, abd (crash faults only: Byzantine behaviours and
-    /// readers are left out), phalanx, or cs (the configuration service: PBFT with 3f+1
-    /// replicas ordering membership changes and epoch ends).
+    /// readers are left out), phalanx, cs (the configuration service: PBFT with 3f+1 replicas
+    /// ordering membership changes and epoch ends), or content (content-hash objects).
     #[arg(long, default_value = "powerstore")]
     pub protocol: String,
     /// Faults tolerated; the group has 3f+1 servers (2f+1 for abd).
@@ -64,7 +65,7 @@ impl SimArgs {
             bail!("--f must be at least 1");
         }
         let defaults = SimConfig::default();
-        let protocol = if self.is_cs() {
+        let protocol = if self.service().is_some() {
             defaults.protocol
         } else {
             self.protocol.parse().map_err(anyhow::Error::msg)?
@@ -86,21 +87,26 @@ impl SimArgs {
         })
     }
 
-    /// The configuration service runs in the same world but has its own workload and checker.
-    fn is_cs(&self) -> bool {
-        self.protocol == "cs"
+    /// The configuration service and content-hash objects run in the same world but have their
+    /// own workloads and checkers.
+    fn service(&self) -> Option<&'static str> {
+        match self.protocol.as_str() {
+            "cs" => Some("cs"),
+            "content" => Some("content"),
+            _ => None,
+        }
     }
 }
 
 /// Runs `bulwark sim`; the exit code is 1 when any seed broke a promise.
 pub fn run(args: &SimArgs) -> Result<ExitCode> {
     let config = args.config()?;
-    let cs = args.is_cs();
+    let service = args.service();
     if let Some(seed) = args.seed {
-        let result = if cs {
-            sim::protocols::cs::run(seed, &config)
-        } else {
-            sim::run(seed, &config)
+        let result = match service {
+            Some("cs") => sim::protocols::cs::run(seed, &config),
+            Some(_) => sim::run_service::<ContentSim>(seed, &config),
+            None => sim::run(seed, &config),
         };
         print!("{}", result.render());
         return Ok(if result.passed() {
@@ -117,17 +123,18 @@ pub fn run(args: &SimArgs) -> Result<ExitCode> {
         "sweeping seeds {}..{end} on {threads} threads: protocol={} f={} faults={} mutations={}",
         args.start, args.protocol, config.f, config.faults, config.mutations
     );
-    let summary = if cs {
-        sim::protocols::cs::sweep(args.start..end, &config, threads)
-    } else {
-        sim::sweep(args.start..end, &config, threads)
+    let range = args.start..end;
+    let summary = match service {
+        Some("cs") => sim::protocols::cs::sweep(range, &config, threads),
+        Some(_) => sim::sweep_service::<ContentSim>(range, &config, threads),
+        None => sim::sweep(range, &config, threads),
     };
-    if cs {
-        // Replay lines must name the configuration service, which SimConfig cannot.
+    if let Some(service) = service {
+        // Replay lines must name the service, which SimConfig cannot.
         for (seed, description) in &summary.violations {
             println!(
                 "seed {seed}: {description}\n  replay: {}",
-                sim::protocols::cs::replay_command(&config, *seed)
+                config.service_replay_command(*seed, service)
             );
         }
         println!("violations: {}", summary.violations.len());

@@ -26,7 +26,7 @@
 mod tests;
 
 use crate::machine::{Access, OpError, Operation, Output, Progress, Replica, ReplicaStats};
-use crate::round::{Evidence, EvidenceKind, OpId, Refusals, Replies};
+use crate::round::{Evidence, EvidenceKind, OpId, Refusals, RegisterMutations, Replies};
 use bulwark_core::erasure::{ErasureCodec, Layout};
 use bulwark_core::sign::{Context, PublicKey, SecretKey, Signable, Signed, Unverified};
 use bulwark_core::wire;
@@ -455,6 +455,8 @@ pub struct WriteOp {
     acks: Replies<Signed<Stored>>,
     refusals: Refusals<Refusal>,
     evidence: Vec<Evidence>,
+    /// Acknowledgements that finish the write: `2f+1`.
+    quorum: usize,
 }
 
 /// A value cut into fragments, with its manifest and id: what a write sends. Its id does not
@@ -523,7 +525,14 @@ impl WriteOp {
             acks: Replies::new(place.n),
             refusals: Refusals::new(place.n),
             evidence: Vec::new(),
+            quorum: place.quorum(),
         })
+    }
+
+    /// Deliberate breakage for the simulator's negative controls; never in a real client.
+    pub fn with_mutations(mut self, mutations: RegisterMutations) -> WriteOp {
+        self.quorum = mutations.quorum(self.place.quorum());
+        self
     }
 
     /// The id the object will have.
@@ -600,7 +609,7 @@ impl Operation for WriteOp {
             // A correct replica answers a STORE with an acknowledgement or a refusal.
             ResponseBody::Fragment { .. } | ResponseBody::Missing => {}
         }
-        if self.acks.count() >= self.place.quorum() {
+        if self.acks.count() >= self.quorum {
             let acks = self
                 .acks
                 .present()
@@ -625,7 +634,7 @@ impl Operation for WriteOp {
     }
 
     fn quorum(&self) -> usize {
-        self.place.quorum()
+        self.quorum
     }
 }
 
@@ -653,6 +662,8 @@ pub struct ReadOp {
     denials: Replies<()>,
     refusals: Refusals<Refusal>,
     evidence: Vec<Evidence>,
+    /// Denials that make "not found": `2f+1`.
+    quorum: usize,
 }
 
 impl ReadOp {
@@ -667,7 +678,14 @@ impl ReadOp {
             denials: Replies::new(place.n),
             refusals: Refusals::new(place.n),
             evidence: Vec::new(),
+            quorum: place.quorum(),
         }
+    }
+
+    /// Deliberate breakage for the simulator's negative controls; never in a real client.
+    pub fn with_mutations(mut self, mutations: RegisterMutations) -> ReadOp {
+        self.quorum = mutations.quorum(self.place.quorum());
+        self
     }
 
     fn fetch(&self, slot: Slot) -> (Slot, Request) {
@@ -759,7 +777,7 @@ impl Operation for ReadOp {
             }
             ResponseBody::Missing => {
                 self.denials.record(from, ());
-                if self.denials.count() >= self.place.quorum() {
+                if self.denials.count() >= self.quorum {
                     return Progress::Done(Ok(ReadOutcome {
                         value: None,
                         answered_by: self.denials.nodes(),
@@ -780,15 +798,13 @@ impl Operation for ReadOp {
         Progress::Send(Vec::new())
     }
 
+    /// Every replica that has not given a fragment is asked again, those that denied too: one
+    /// that denied while the object's write was still on its way may hold it now. (A denial is
+    /// counted once; it stays counted, which is safe: a replica that held a fragment of a write
+    /// completed before this read began never denies.)
     fn on_timeout(&mut self) -> Vec<(Slot, Request)> {
-        (0..self.place.n)
-            .map(|i| Slot(i as u32))
-            .filter(|slot| {
-                self.fragments.missing().any(|s| s == *slot)
-                    && self.denials.missing().any(|s| s == *slot)
-            })
-            .map(|slot| self.fetch(slot))
-            .collect()
+        let missing: Vec<Slot> = self.fragments.missing().collect();
+        missing.into_iter().map(|slot| self.fetch(slot)).collect()
     }
 
     fn answered(&self) -> Vec<Slot> {
@@ -799,6 +815,6 @@ impl Operation for ReadOp {
     }
 
     fn quorum(&self) -> usize {
-        self.place.quorum()
+        self.quorum
     }
 }

@@ -206,7 +206,7 @@ impl Mutations {
 /// A mutation name that does not exist.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown mutation {0:?}; expected quorum-f-plus-one, any-twin, no-offers, no-write-back, accept-unproven, naive-gc, candidate-vec-in-lc (PoWerStore), register-small-quorum, register-no-write-back or register-unverified (ABD, Phalanx), pbft-quorum-2f or pbft-drop-prepared (configuration service), send-before-durable (any)"
+    "unknown mutation {0:?}; expected quorum-f-plus-one, any-twin, no-offers, no-write-back, accept-unproven, naive-gc, candidate-vec-in-lc (PoWerStore), register-small-quorum, register-no-write-back or register-unverified (ABD, Phalanx; the first also content-hash objects), pbft-quorum-2f or pbft-drop-prepared (configuration service), send-before-durable (any)"
 )]
 pub struct UnknownMutation(pub String);
 
@@ -303,6 +303,23 @@ impl Default for SimConfig {
 }
 
 impl SimConfig {
+    /// The command that replays `seed` of `service` (a service with its own workload and
+    /// checker, which `--protocol` names but this configuration cannot) under this configuration.
+    pub fn service_replay_command(&self, seed: u64, service: &str) -> String {
+        let command = self.replay_command(seed);
+        let command = match command.find(" --protocol ") {
+            Some(at) => {
+                let rest = &command[at + " --protocol ".len()..];
+                let end = rest
+                    .find(' ')
+                    .map_or(command.len(), |e| at + " --protocol ".len() + e);
+                format!("{}{}", &command[..at], &command[end..])
+            }
+            None => command,
+        };
+        command.replacen(" --faults ", &format!(" --protocol {service} --faults "), 1)
+    }
+
     /// The command that replays `seed` under this configuration, with a trace. Flags equal to
     /// the defaults are left out.
     pub fn replay_command(&self, seed: u64) -> String {

@@ -1,5 +1,6 @@
 //! One [`super::protocol::Protocol`] implementation per protocol the simulator drives.
 
+pub mod content;
 pub mod cs;
 pub(super) mod powerstore;
 pub(super) mod registers;

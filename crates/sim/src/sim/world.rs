@@ -1084,8 +1084,7 @@ impl<'a, P: Protocol> World<'a, P> {
                 return Some(value_name(id));
             }
         }
-        let prefix: String = value.iter().take(12).map(|b| format!("{b:02x}")).collect();
-        Some(format!("unwritten:{prefix}..:{}B", value.len()).into_bytes())
+        Some(unwritten_name(value))
     }
 
     fn retransmit_interval(&mut self) -> u64 {
@@ -1419,6 +1418,13 @@ fn describe_packet<P: Protocol>(packet: &Packet<P>) -> String {
         Body::Message(message) => P::describe_message(message),
     };
     format!("{} -> {} {description}", packet.from, packet.to)
+}
+
+/// How the history names a value read that no client of the workload wrote (a services' own
+/// values, such as content-hash objects, or a corrupted one): its first bytes and its length.
+pub(in crate::sim) fn unwritten_name(value: &[u8]) -> Vec<u8> {
+    let prefix: String = value.iter().take(12).map(|b| format!("{b:02x}")).collect();
+    format!("unwritten:{prefix}..:{}B", value.len()).into_bytes()
 }
 
 #[cfg(test)]

@@ -1477,16 +1477,5 @@ pub fn first_failure(
 
 /// The command that replays `seed` of the configuration service under `config`.
 pub fn replay_command(config: &SimConfig, seed: u64) -> String {
-    let command = config.replay_command(seed);
-    let command = match command.find(" --protocol ") {
-        Some(at) => {
-            let rest = &command[at + " --protocol ".len()..];
-            let end = rest
-                .find(' ')
-                .map_or(command.len(), |e| at + " --protocol ".len() + e);
-            format!("{}{}", &command[..at], &command[end..])
-        }
-        None => command,
-    };
-    command.replacen(" --faults ", " --protocol cs --faults ", 1)
+    config.service_replay_command(seed, "cs")
 }
