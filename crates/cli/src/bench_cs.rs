@@ -140,23 +140,13 @@ async fn start_cluster(
 ) -> Result<(Nodes, Arc<Client>)> {
     let _ = std::fs::remove_dir_all(dir);
     cluster_init::run(&InitArgs {
-        dir: dir.to_path_buf(),
-        f: 1,
         nodes: Some(n),
-        host: "127.0.0.1".parse()?,
-        base_port: 0,
-        addresses: Vec::new(),
-        metrics_base_port: 0,
         no_metrics: true,
         clients,
         force: true,
-        f_cs: 1,
         epoch_ms,
         stop_tolerance_ms,
-        ping_cycle_ms: 60_000,
-        contact_ms: 86_400_000,
-        contact_grace_ms: 60_000,
-        no_configuration_service: false,
+        ..InitArgs::local(dir.to_path_buf())
     })?;
     let mut nodes = Nodes {
         dir: dir.to_path_buf(),

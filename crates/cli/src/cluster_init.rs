@@ -70,6 +70,32 @@ pub struct InitArgs {
     pub contact_grace_ms: u64,
 }
 
+impl InitArgs {
+    /// `cluster init`'s defaults for a cluster on this machine: `dir`, free loopback ports for
+    /// nodes and metrics. Callers change what they need with `..InitArgs::local(dir)`.
+    pub fn local(dir: PathBuf) -> InitArgs {
+        InitArgs {
+            dir,
+            f: 1,
+            nodes: None,
+            host: IpAddr::from([127, 0, 0, 1]),
+            base_port: 0,
+            addresses: Vec::new(),
+            metrics_base_port: 0,
+            no_metrics: false,
+            clients: vec!["admin:rw".into(), "reader:r".into()],
+            force: false,
+            f_cs: 1,
+            epoch_ms: 3_600_000,
+            stop_tolerance_ms: 5_000,
+            no_configuration_service: false,
+            ping_cycle_ms: 60_000,
+            contact_ms: 24 * 60 * 60 * 1000,
+            contact_grace_ms: 60_000,
+        }
+    }
+}
+
 /// `bulwark cluster init`, with the protocol choice.
 #[derive(clap::Args)]
 pub struct InitCommand {
@@ -327,23 +353,9 @@ mod tests {
         for _ in 0..5 {
             let dir = tempfile::tempdir().unwrap();
             let config = run(&InitArgs {
-                dir: dir.path().to_path_buf(),
                 f: 3,
-                nodes: None,
-                host: "127.0.0.1".parse().unwrap(),
-                base_port: 0,
-                addresses: Vec::new(),
-                metrics_base_port: 0,
-                no_metrics: false,
                 clients: vec!["admin:rw".into()],
-                force: false,
-                no_configuration_service: false,
-                f_cs: 1,
-                epoch_ms: 3_600_000,
-                stop_tolerance_ms: 5_000,
-                ping_cycle_ms: 60_000,
-                contact_ms: 86_400_000,
-                contact_grace_ms: 60_000,
+                ..InitArgs::local(dir.path().to_path_buf())
             })
             .unwrap();
             let mut ports: Vec<u16> = config

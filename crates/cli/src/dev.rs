@@ -74,23 +74,10 @@ fn sibling(name: &str) -> Result<PathBuf> {
 pub async fn run(dir: &Path, nodes: usize, demo: bool) -> Result<()> {
     if !dir.join("cluster.toml").exists() {
         cluster_init::run(&InitArgs {
-            dir: dir.to_path_buf(),
-            f: 1,
             nodes: Some(nodes),
-            host: "127.0.0.1".parse()?,
-            base_port: 0,
-            addresses: Vec::new(),
-            metrics_base_port: 0,
-            no_metrics: false,
-            clients: vec!["admin:rw".into(), "reader:r".into()],
-            force: false,
-            no_configuration_service: false,
-            f_cs: 1,
             epoch_ms: 60_000,
             stop_tolerance_ms: 2_000,
-            ping_cycle_ms: 60_000,
-            contact_ms: 86_400_000,
-            contact_grace_ms: 60_000,
+            ..InitArgs::local(dir.to_path_buf())
         })?;
         eprintln!(
             "created a {nodes}-node cluster (f = 1) in {}",

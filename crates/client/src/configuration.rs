@@ -4,17 +4,14 @@
 //! operations to the current epoch's CS replicas through the one generic driver.
 
 use crate::{Client, ClientError};
+use bulwark_core::NodeId;
 use bulwark_core::configuration::{self, Configuration, cs_group};
-use bulwark_core::envelope::{self, Header, Kind};
 use bulwark_core::membership::GroupView;
 use bulwark_core::sign::{SecretKey, Signed};
-use bulwark_core::wire::FRAME_BYTES_MAX;
-use bulwark_core::{NodeId, ServiceId};
 use bulwark_protocol::cs::{self, Action, ConfigService, Op, Order, Outcome};
 use bulwark_protocol::pbft::{Params, Submit};
 use bulwark_protocol::service::{SystemReply, SystemRequest};
 use std::time::Duration;
-use tokio::sync::mpsc;
 
 /// How long one node may take to answer a request for certificates.
 const FETCH_WAIT: Duration = Duration::from_secs(3);
@@ -342,25 +339,7 @@ impl Client {
 
     /// Asks one node a question about itself.
     async fn ask(&self, node: NodeId, request: &SystemRequest) -> Result<SystemReply, String> {
-        let Some(link) = self.links.get(&node) else {
-            return Err(format!("no {node}"));
-        };
-        let op = self.op_id().0;
-        let (sender, mut replies) = mpsc::channel(1);
-        let _registration = self
-            .router
-            .register(op, sender)
-            .map_err(|_| "operation id reused".to_string())?;
-        let header = Header::request(ServiceId::SYSTEM, Default::default(), self.epoch(), op);
-        link.send(envelope::frame(&header, request))
-            .map_err(|e| e.to_string())?;
-        match tokio::time::timeout(FETCH_WAIT, replies.recv()).await {
-            Ok(Some((_, reply))) if reply.header.kind == Kind::Reply => reply
-                .body::<SystemReply>(FRAME_BYTES_MAX)
-                .map_err(|error| format!("malformed answer: {error}")),
-            Ok(Some(_)) => Err("refused".into()),
-            _ => Err("no answer".into()),
-        }
+        self.ask_within(node, request, FETCH_WAIT).await
     }
 
     /// Waits until a configuration of at least `epoch` is certified, polling the nodes.

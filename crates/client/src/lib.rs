@@ -697,6 +697,20 @@ impl Client {
     }
 
     async fn status_within(&self, node: NodeId, wait: Duration) -> Result<NodeStatus, String> {
+        match self.ask_within(node, &SystemRequest::Status, wait).await? {
+            SystemReply::Status(status) => Ok(status),
+            _ => Err("an answer to another question".into()),
+        }
+    }
+
+    /// Asks `node` itself (the system service) and waits up to `wait` for its answer; the error
+    /// says what went wrong, naming the link's last error when the node cannot be reached.
+    async fn ask_within(
+        &self,
+        node: NodeId,
+        request: &SystemRequest,
+        wait: Duration,
+    ) -> Result<SystemReply, String> {
         let Some(link) = self.links.get(&node) else {
             return Err(format!("no {node}"));
         };
@@ -707,23 +721,17 @@ impl Client {
             .register(op, sender)
             .map_err(|_| "operation id reused".to_string())?;
         let header = Header::request(ServiceId::SYSTEM, Default::default(), self.epoch(), op);
-        link.send(envelope::frame(&header, &SystemRequest::Status))
+        link.send(envelope::frame(&header, request))
             .map_err(|e| e.to_string())?;
-        let unreachable = || {
-            link.last_error()
-                .unwrap_or_else(|| "not connected yet".to_string())
-        };
         match tokio::time::timeout(wait, replies.recv()).await {
-            Ok(Some((_, reply))) if reply.header.kind == Kind::Reply => {
-                match reply.body::<SystemReply>(FRAME_BYTES_MAX) {
-                    Ok(SystemReply::Status(status)) => Ok(status),
-                    Ok(_) => Err("an answer to another question".into()),
-                    Err(error) => Err(format!("malformed status: {error}")),
-                }
-            }
+            Ok(Some((_, reply))) if reply.header.kind == Kind::Reply => reply
+                .body::<SystemReply>(FRAME_BYTES_MAX)
+                .map_err(|error| format!("malformed answer: {error}")),
             Ok(Some((_, reply))) => Err(format!("refused: {:?}", reply.header.kind)),
-            _ if !link.connected() => Err(unreachable()),
-            _ => Err("no status reply".to_string()),
+            _ if !link.connected() => Err(link
+                .last_error()
+                .unwrap_or_else(|| "not connected yet".to_string())),
+            _ => Err("no answer".to_string()),
         }
     }
 

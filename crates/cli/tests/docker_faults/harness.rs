@@ -356,23 +356,10 @@ impl DockerCluster {
         tokio::task::spawn_blocking(images).await.expect("build");
         let dir = tempfile::tempdir().expect("tempdir");
         let config = bulwark_cli::cluster_init::run(&bulwark_cli::cluster_init::InitArgs {
-            dir: dir.path().to_path_buf(),
-            f: 1,
-            nodes: None,
-            host: "127.0.0.1".parse().expect("ip"),
-            base_port: 0,
-            addresses: Vec::new(),
-            metrics_base_port: 0,
-            no_metrics: false,
             clients: vec!["admin:rw".into(), "writer2:rw".into(), "reader:r".into()],
-            force: false,
-            no_configuration_service: false,
-            f_cs: 1,
             epoch_ms,
             stop_tolerance_ms: 1_000,
-            ping_cycle_ms: 60_000,
-            contact_ms: 86_400_000,
-            contact_grace_ms: 60_000,
+            ..bulwark_cli::cluster_init::InitArgs::local(dir.path().to_path_buf())
         })
         .expect("cluster init");
         let nanos = std::time::SystemTime::now()
