@@ -308,23 +308,11 @@ async fn run_sizes(args: &SizesArgs) -> Result<()> {
     };
     let _ = std::fs::remove_dir_all(&dir);
     cluster_init::run(&InitArgs {
-        dir: dir.clone(),
-        f: 1,
-        nodes: None,
-        host: "127.0.0.1".parse()?,
-        base_port: 0,
-        addresses: Vec::new(),
-        metrics_base_port: 0,
         no_metrics: true,
         clients: vec!["admin:rw".into()],
         force: true,
         no_configuration_service: true,
-        f_cs: 1,
-        epoch_ms: 3_600_000,
-        stop_tolerance_ms: 5_000,
-        ping_cycle_ms: 60_000,
-        contact_ms: 86_400_000,
-        contact_grace_ms: 60_000,
+        ..InitArgs::local(dir.clone())
     })?;
     let mut nodes = Nodes {
         dir: dir.clone(),
@@ -400,18 +388,67 @@ async fn sizes_table(client: &Arc<Client>, args: &SizesArgs, sizes: &[usize]) {
             })
             .await
         };
+        let (content_put, content_get) = content_phases(client, args, &value).await;
         println!("{}", put.row("put", size));
         println!("{}", get.row("get", size));
-        let ratio = |phase: &Phase| {
-            phase.percentile(0.5).as_secs_f64() / floor.percentile(0.5).as_secs_f64().max(1e-9)
+        println!("{}", content_put.row("content put", size));
+        println!("{}", content_get.row("content get", size));
+        let ratio = |phase: &Phase, base: &Phase| {
+            phase.percentile(0.5).as_secs_f64() / base.percentile(0.5).as_secs_f64().max(1e-9)
         };
         eprintln!(
-            "  {}: put p50 = {:.1}x the round trip, get p50 = {:.1}x",
+            "  {}: put p50 = {:.1}x the round trip, get p50 = {:.1}x; content put p50 = {:.2}x \
+             the register put's, content get p50 = {:.2}x the register get's",
             human_bytes(size as u64),
-            ratio(&put),
-            ratio(&get)
+            ratio(&put, &floor),
+            ratio(&get, &floor),
+            ratio(&content_put, &put),
+            ratio(&content_get, &get)
         );
     }
+}
+
+/// Content-hash objects of `value`'s size beside the register rows: every put stores a distinct
+/// object (its first bytes are the operation's number), every get reads one of them back.
+async fn content_phases(client: &Arc<Client>, args: &SizesArgs, value: &Bytes) -> (Phase, Phase) {
+    let ids = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let put = {
+        let (client, value, ids) = (client.clone(), value.clone(), ids.clone());
+        closed_loop(args.ops, args.concurrency, move |i| {
+            let (client, ids) = (client.clone(), ids.clone());
+            let mut object = value.to_vec();
+            let mark = (i as u64).to_be_bytes();
+            let marked = object.len().min(mark.len());
+            object[..marked].copy_from_slice(&mark[..marked]);
+            async move {
+                match client.put_content(&object).await {
+                    Ok((id, _)) => {
+                        if let Ok(mut ids) = ids.lock() {
+                            ids.push(id);
+                        }
+                        true
+                    }
+                    Err(_) => false,
+                }
+            }
+        })
+        .await
+    };
+    let ids: Arc<Vec<_>> = Arc::new(ids.lock().map(|ids| ids.clone()).unwrap_or_default());
+    let get = {
+        let client = client.clone();
+        closed_loop(args.ops, args.concurrency, move |i| {
+            let (client, ids) = (client.clone(), ids.clone());
+            async move {
+                let Some(id) = ids.get(i % ids.len().max(1)) else {
+                    return false;
+                };
+                matches!(client.get_content(id).await, Ok((Some(_), _)))
+            }
+        })
+        .await
+    };
+    (put, get)
 }
 
 async fn memory_table(client: &Arc<Client>, nodes: &Nodes, args: &SizesArgs, sizes: &[usize]) {
