@@ -389,10 +389,13 @@ async fn sizes_table(client: &Arc<Client>, args: &SizesArgs, sizes: &[usize]) {
             .await
         };
         let (content_put, content_get) = content_phases(client, args, &value).await;
+        let (owned_put, owned_get) = owned_phases(client, args, &value).await;
         println!("{}", put.row("put", size));
         println!("{}", get.row("get", size));
         println!("{}", content_put.row("content put", size));
         println!("{}", content_get.row("content get", size));
+        println!("{}", owned_put.row("public-key put", size));
+        println!("{}", owned_get.row("public-key get", size));
         let ratio = |phase: &Phase, base: &Phase| {
             phase.percentile(0.5).as_secs_f64() / base.percentile(0.5).as_secs_f64().max(1e-9)
         };
@@ -405,7 +408,48 @@ async fn sizes_table(client: &Arc<Client>, args: &SizesArgs, sizes: &[usize]) {
             ratio(&content_put, &put),
             ratio(&content_get, &get)
         );
+        eprintln!(
+            "  {}: public-key put p50 = {:.2}x the register put's, get p50 = {:.2}x the register get's",
+            human_bytes(size as u64),
+            ratio(&owned_put, &put),
+            ratio(&owned_get, &get)
+        );
     }
+}
+
+/// Public-key objects of `value`'s size beside the register rows: 100 owners, as the register
+/// rows use 100 keys.
+async fn owned_phases(client: &Arc<Client>, args: &SizesArgs, value: &Bytes) -> (Phase, Phase) {
+    let owners: Arc<Vec<bulwark_core::sign::SecretKey>> = Arc::new(
+        (0..100u8)
+            .map(|i| bulwark_core::sign::SecretKey::from_seed(&[i; 32]))
+            .collect(),
+    );
+    let put = {
+        let (client, value, owners) = (client.clone(), value.clone(), owners.clone());
+        closed_loop(args.ops, args.concurrency, move |i| {
+            let (client, value, owners) = (client.clone(), value.clone(), owners.clone());
+            async move {
+                client
+                    .put_owned(&owners[i % owners.len()], Some(value))
+                    .await
+                    .is_ok()
+            }
+        })
+        .await
+    };
+    let get = {
+        let client = client.clone();
+        closed_loop(args.ops, args.concurrency, move |i| {
+            let (client, owners) = (client.clone(), owners.clone());
+            async move {
+                let owner = owners[i % owners.len()].public_key();
+                matches!(client.get_owned(&owner).await, Ok((Some(_), _)))
+            }
+        })
+        .await
+    };
+    (put, get)
 }
 
 /// Content-hash objects of `value`'s size beside the register rows: every put stores a distinct

@@ -92,6 +92,12 @@ pub enum Command {
         #[command(subcommand)]
         command: ContentCommand,
     },
+    /// Public-key objects: mutable, named by their owner's public key, written only with the
+    /// owner's key (`owned new-key` makes one).
+    Owned {
+        #[command(subcommand)]
+        command: OwnedCommand,
+    },
     /// Volumes: named sets of objects, each served by the protocol chosen at creation.
     Volume {
         #[command(subcommand)]
@@ -141,6 +147,44 @@ pub enum ContentCommand {
         /// Write here instead of standard output.
         #[arg(short, long)]
         output: Option<PathBuf>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum OwnedCommand {
+    /// Makes an owner key: writes its secret to FILE (readable by you alone) and prints the
+    /// public key, the object's name.
+    NewKey {
+        /// Where the secret goes; it must not exist yet.
+        file: PathBuf,
+    },
+    /// Writes FILE (or standard input) as the next version of the object KEY_FILE owns.
+    Put {
+        /// The owner's secret, as `owned new-key` wrote it.
+        #[arg(long)]
+        key: PathBuf,
+        /// Where the bytes come from; standard input when `-` or absent.
+        file: Option<PathBuf>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Fetches the object owned by PUBLIC (64 hex digits) to standard output or `-o FILE`.
+    Get {
+        /// The owner's public key.
+        public: String,
+        /// Write here instead of standard output.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Deletes the object KEY_FILE owns (a signed tombstone).
+    Delete {
+        /// The owner's secret.
+        #[arg(long)]
+        key: PathBuf,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -264,6 +308,18 @@ pub async fn run(cli: Cli) -> Result<std::process::ExitCode> {
         Command::Content {
             command: ContentCommand::Get { id, output, client },
         } => return objects::get_content(&client, &id, output).await,
+        Command::Owned { command } => match command {
+            OwnedCommand::NewKey { file } => objects::new_owner_key(&file)?,
+            OwnedCommand::Put { key, file, client } => {
+                objects::put_owned(&client, &key, Some(file)).await?
+            }
+            OwnedCommand::Delete { key, client } => objects::put_owned(&client, &key, None).await?,
+            OwnedCommand::Get {
+                public,
+                output,
+                client,
+            } => return objects::get_owned(&client, &public, output).await,
+        },
         Command::Status { client } => return objects::status(&client).await,
         Command::Dev { dir, nodes, demo } => dev::run(&dir, nodes, demo).await?,
         Command::Volume {

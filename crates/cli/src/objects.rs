@@ -337,3 +337,93 @@ pub async fn status(args: &ClientArgs) -> Result<std::process::ExitCode> {
         std::process::ExitCode::from(3)
     })
 }
+
+/// `bulwark owned new-key`: the secret to a file only its owner can read, the public key out.
+pub fn new_owner_key(file: &std::path::Path) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let seed: [u8; 32] = rand::random();
+    let mut out = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(file)
+        .with_context(|| format!("creating {}", file.display()))?;
+    writeln!(out, "{}", hex::encode(seed))
+        .with_context(|| format!("writing {}", file.display()))?;
+    let public = bulwark_core::sign::SecretKey::from_seed(&seed).public_key();
+    println!("{}", hex::encode(public.to_bytes()));
+    Ok(())
+}
+
+/// The owner's secret from a file `owned new-key` wrote.
+fn owner_key(file: &std::path::Path) -> Result<bulwark_core::sign::SecretKey> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let seed: [u8; 32] = hex::decode(text.trim())
+        .ok()
+        .and_then(|bytes| bytes.try_into().ok())
+        .with_context(|| {
+            format!(
+                "{} does not hold an owner key (64 hex digits)",
+                file.display()
+            )
+        })?;
+    Ok(bulwark_core::sign::SecretKey::from_seed(&seed))
+}
+
+/// `bulwark owned put` (`file` given, possibly `-`) and `owned delete` (`None`).
+pub async fn put_owned(
+    args: &ClientArgs,
+    key: &std::path::Path,
+    file: Option<Option<PathBuf>>,
+) -> Result<()> {
+    no_volume(args)?;
+    let owner = owner_key(key)?;
+    let value = match file {
+        Some(file) => Some(Bytes::from(read_input(file)?)),
+        None => None,
+    };
+    let client = connect(args).await?;
+    let public = hex::encode(owner.public_key().to_bytes());
+    let deleting = value.is_none();
+    let (_, report) = client.put_owned(&owner, value).await?;
+    if deleting {
+        eprintln!(
+            "deleted the object of {}: {}",
+            &public[..16],
+            summary(&report)
+        );
+    } else {
+        println!("{public}");
+        eprintln!(
+            "stored the object of {}: {}",
+            &public[..16],
+            summary(&report)
+        );
+    }
+    Ok(())
+}
+
+/// `bulwark owned get`.
+pub async fn get_owned(
+    args: &ClientArgs,
+    public: &str,
+    output: Option<PathBuf>,
+) -> Result<std::process::ExitCode> {
+    no_volume(args)?;
+    let owner = hex::decode(public.trim())
+        .ok()
+        .and_then(|bytes| <[u8; 32]>::try_from(bytes).ok())
+        .and_then(|bytes| bulwark_core::sign::PublicKey::from_bytes(&bytes).ok())
+        .with_context(|| format!("{public:?} is not an owner's public key (64 hex digits)"))?;
+    let client = connect(args).await?;
+    let started = Instant::now();
+    let (value, report) = client.get_owned(&owner).await?;
+    deliver(
+        &format!("the object of {}", &public.trim()[..16]),
+        value,
+        &report,
+        output,
+        started,
+    )
+}

@@ -3,6 +3,7 @@
 
 use anyhow::{Result, bail};
 use bulwark_sim::sim::protocols::content::ContentSim;
+use bulwark_sim::sim::protocols::registers::PubKeySim;
 use bulwark_sim::sim::{self, FaultSet, Mutations, SimConfig};
 use std::process::ExitCode;
 
@@ -20,7 +21,8 @@ pub struct SimArgs {
     pub start: u64,
     /// The protocol under test: powerstore, abd (crash faults only: Byzantine behaviours and
     /// readers are left out), phalanx, cs (the configuration service: PBFT with 3f+1 replicas
-    /// ordering membership changes and epoch ends), or content (content-hash objects).
+    /// ordering membership changes and epoch ends), content (content-hash objects) or pubkey
+    /// (public-key objects).
     #[arg(long, default_value = "powerstore")]
     pub protocol: String,
     /// Faults tolerated; the group has 3f+1 servers (2f+1 for abd).
@@ -93,6 +95,7 @@ impl SimArgs {
         match self.protocol.as_str() {
             "cs" => Some("cs"),
             "content" => Some("content"),
+            "pubkey" => Some("pubkey"),
             _ => None,
         }
     }
@@ -105,6 +108,7 @@ pub fn run(args: &SimArgs) -> Result<ExitCode> {
     if let Some(seed) = args.seed {
         let result = match service {
             Some("cs") => sim::protocols::cs::run(seed, &config),
+            Some("pubkey") => sim::run_service::<PubKeySim>(seed, &config),
             Some(_) => sim::run_service::<ContentSim>(seed, &config),
             None => sim::run(seed, &config),
         };
@@ -126,6 +130,7 @@ pub fn run(args: &SimArgs) -> Result<ExitCode> {
     let range = args.start..end;
     let summary = match service {
         Some("cs") => sim::protocols::cs::sweep(range, &config, threads),
+        Some("pubkey") => sim::sweep_service::<PubKeySim>(range, &config, threads),
         Some(_) => sim::sweep_service::<ContentSim>(range, &config, threads),
         None => sim::sweep(range, &config, threads),
     };

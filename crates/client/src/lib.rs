@@ -14,6 +14,7 @@
 mod configuration;
 mod content;
 pub mod evidence;
+mod pubkey;
 mod volumes;
 
 pub use configuration::{ConfigAction, ConfigOutcome};

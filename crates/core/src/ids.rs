@@ -62,6 +62,8 @@ impl ServiceId {
     pub const CONFIG: ServiceId = ServiceId(4);
     /// Content-hash objects (Rosebud §4.3): immutable, named by the hash of their manifest.
     pub const CONTENT: ServiceId = ServiceId(5);
+    /// Public-key objects (Rosebud §4.4): mutable, named by the hash of their owner's key.
+    pub const PUBKEY: ServiceId = ServiceId(6);
 }
 
 impl fmt::Display for ServiceId {

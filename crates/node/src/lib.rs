@@ -30,7 +30,7 @@ use bulwark_core::{ClientId, Epoch, NodeId, ServiceId, Time};
 use bulwark_protocol::powerstore::{
     Server, ServerConfig, ServerLogic, StoredEntry, fragment_digest,
 };
-use bulwark_protocol::{abd, content, phalanx};
+use bulwark_protocol::{abd, content, phalanx, pubkey};
 use bulwark_storage::{Committer, Namespace, StorageError, Store};
 use bulwark_transport::Peer;
 use host::Hosted;
@@ -549,6 +549,26 @@ fn build_replicas(
             members: members.clone(),
             slot,
             header: header(ServiceId::CONTENT),
+        }),
+    ));
+
+    let namespace = Namespace::new(ServiceId::PUBKEY, group);
+    let mut server = pubkey::Server::new(slot, epoch, group);
+    restore_register(store, namespace, |record, value| {
+        let (key, entry) = decode_register::<pubkey::Entry>(record, value)?;
+        if !server.restore(key, entry) {
+            return Err("a stored version's owner signature does not verify".into());
+        }
+        Ok(())
+    })?;
+    replicas.push((
+        (ServiceId::PUBKEY, group),
+        Box::new(host::Hosting {
+            replica: server,
+            adapter: host::RegisterStorage { namespace },
+            members: members.clone(),
+            slot,
+            header: header(ServiceId::PUBKEY),
         }),
     ));
 

@@ -18,4 +18,4 @@ pub mod register;
 pub mod round;
 pub mod service;
 
-pub use register::{abd, phalanx};
+pub use register::{abd, phalanx, pubkey};

@@ -1,6 +1,7 @@
-//! The two-round quorum register both baselines share: multi-writer ABD ([`abd`]) and the
-//! Phalanx-style Byzantine register with writer signatures ([`phalanx`]) are one algorithm with
-//! two [`Policy`]s, which differ only in the group size, how a stored version is made and checked,
+//! The two-round quorum register both baselines and Rosebud's public-key objects share:
+//! multi-writer ABD ([`abd`]), the Phalanx-style Byzantine register with writer signatures
+//! ([`phalanx`]) and owner-signed public-key objects ([`pubkey`]) are one algorithm with three
+//! [`Policy`]s, which differ only in the group size, how a stored version is made and checked,
 //! and what CLOCK reveals of it.
 //!
 //! - A write asks `n - f` servers for their timestamps (CLOCK), then stores `(max.num + 1, writer,
@@ -16,6 +17,7 @@
 
 pub mod abd;
 pub mod phalanx;
+pub mod pubkey;
 
 use crate::machine::{Access, OpError, Operation, Output, Progress, Replica, ReplicaStats};
 use crate::round::{Refusals, RegisterMutations, Replies};

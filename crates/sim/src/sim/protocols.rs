@@ -3,4 +3,4 @@
 pub mod content;
 pub mod cs;
 pub(super) mod powerstore;
-pub(super) mod registers;
+pub mod registers;

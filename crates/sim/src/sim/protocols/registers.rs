@@ -9,12 +9,13 @@ use crate::sim::config::{FaultSet, Nemesis, SimConfig};
 use crate::sim::protocol::{Finish, Finished, Protocol, Storage};
 use crate::sim::swarm::Swarm;
 use bulwark_core::config::Protocol as ClusterProtocol;
+use bulwark_core::sign::SecretKey;
 use bulwark_core::{ClientId, Epoch, GroupId, Key, Slot};
 use bulwark_protocol::register::{
     Policy, ReadOutcome, Request, RequestBody, Response, ResponseBody, Timestamp, WriteOutcome,
 };
 use bulwark_protocol::round::OpId;
-use bulwark_protocol::{abd, phalanx};
+use bulwark_protocol::{abd, phalanx, pubkey};
 use bytes::Bytes;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
@@ -23,7 +24,7 @@ use std::sync::Arc;
 
 /// One server's disk: the last committed version of every key. Ordered, so a restart reloads
 /// keys in the same order every time.
-pub(in crate::sim) struct RegisterDisk<E>(BTreeMap<Key, E>);
+pub struct RegisterDisk<E>(BTreeMap<Key, E>);
 
 impl<E> Default for RegisterDisk<E> {
     fn default() -> Self {
@@ -55,6 +56,12 @@ impl Traced for abd::Abd {
 impl Traced for phalanx::Phalanx {
     fn clock_label(signed: &phalanx::SignedTimestamp) -> Timestamp {
         signed.ts
+    }
+}
+
+impl Traced for pubkey::PubKey {
+    fn clock_label(header: &pubkey::Header) -> Timestamp {
+        header.ts
     }
 }
 
@@ -358,6 +365,119 @@ impl Protocol for Phalanx {
     }
 
     fn describe_response(response: &phalanx::Response) -> String {
+        describe_response(response)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Public-key objects
+
+/// One run's public-key objects (Rosebud §4.4): each key of the workload stands for the object
+/// of an owner key drawn from it, which every client holds and writes with. Replicas are honest
+/// (the Byzantine catalogue is Phalanx's, whose lies a public-key replica tells alike: it holds
+/// no owner key either); crashes of servers and clients, partitions, loss, duplication and
+/// reordering apply, and every history must be linearizable per object.
+pub struct PubKeySim {
+    client_config: pubkey::ClientConfig,
+}
+
+/// The owner key the workload's `key` stands for.
+fn owner_of(key: &Key) -> Arc<SecretKey> {
+    let seed = bulwark_core::Digest::of("bulwark/sim/pubkey-owner", key.as_bytes());
+    Arc::new(SecretKey::from_seed(&seed.0))
+}
+
+impl Protocol for PubKeySim {
+    type Request = pubkey::Request;
+    type Response = pubkey::Response;
+    type Change = pubkey::Change;
+    type Disk = RegisterDisk<pubkey::Entry>;
+    type Server = pubkey::Server;
+    type Write = pubkey::WriteOp;
+    type Read = pubkey::ReadOp;
+
+    fn nodes(f: usize) -> usize {
+        3 * f + 1
+    }
+
+    fn tolerated(wanted: &FaultSet) -> FaultSet {
+        let mut faults = wanted.clone();
+        faults.behaviours.clear();
+        faults.nemeses.remove(&Nemesis::ByzantineReaders);
+        faults
+    }
+
+    fn new(_rng: &mut ChaCha8Rng, config: &SimConfig, _swarm: &Swarm) -> PubKeySim {
+        let mut client_config = pubkey::ClientConfig::new(config.f);
+        client_config.mutations = config.mutations.register;
+        PubKeySim { client_config }
+    }
+
+    fn server(&self, index: usize, _behaviour: Behaviour, _seed: u64) -> pubkey::Server {
+        pubkey::Server::new(Slot(index as u32), Epoch(0), GroupId(0))
+    }
+
+    fn restore(&self, index: usize, disk: &Self::Disk, _now: u64) -> pubkey::Server {
+        let mut server = pubkey::Server::new(Slot(index as u32), Epoch(0), GroupId(0));
+        for (key, entry) in &disk.0 {
+            server.restore(key.clone(), entry.clone());
+        }
+        server
+    }
+
+    fn view(_: &Storage<Self>) -> &() {
+        &()
+    }
+
+    fn persist(disk: &mut Self::Disk, change: &pubkey::Change) {
+        let pubkey::Change::Put { key, entry } = change;
+        disk.put(key, entry);
+    }
+
+    fn disk_versions(disk: &Self::Disk) -> usize {
+        disk.0.len()
+    }
+
+    fn write(
+        &self,
+        client: usize,
+        key: Key,
+        op: OpId,
+        value: Option<Bytes>,
+        _rng: &mut ChaCha8Rng,
+    ) -> pubkey::WriteOp {
+        pubkey::WriteOp::new(
+            self.client_config.clone(),
+            op,
+            ClientId(client as u32),
+            op.0,
+            owner_of(&key),
+            value,
+        )
+    }
+
+    fn read(&self, _client: usize, key: Key, op: OpId) -> pubkey::ReadOp {
+        let id = pubkey::object_id(&owner_of(&key).public_key());
+        pubkey::ReadOp::new(self.client_config.clone(), id, op)
+    }
+
+    fn response_op(response: &pubkey::Response) -> OpId {
+        response.op
+    }
+
+    fn request_name(request: &pubkey::Request) -> &'static str {
+        request.body.name()
+    }
+
+    fn request_kind(request: &pubkey::Request) -> usize {
+        kind(request)
+    }
+
+    fn describe_request(request: &pubkey::Request) -> String {
+        describe_request(request)
+    }
+
+    fn describe_response(response: &pubkey::Response) -> String {
         describe_response(response)
     }
 }

@@ -1,0 +1,73 @@
+//! Public-key objects from the client's side (Rosebud §4.4): mutable objects named by the hash of
+//! their owner's key, written by whoever holds the private key, placed on the group their id
+//! falls in.
+
+use crate::{Client, ClientError, OpReport, nodes, register_report};
+use bulwark_core::sign::{PublicKey, SecretKey};
+use bulwark_core::{Key, OBJECT_BYTES_MAX};
+use bulwark_protocol::pubkey;
+use bytes::Bytes;
+use std::sync::Arc;
+
+impl Client {
+    /// Writes `value` (`None` deletes) as the next version of the object `owner` owns, signed
+    /// with its key, and returns the object's id. Any client that may write and holds the key
+    /// can do so; versions of different clients never collide.
+    pub async fn put_owned(
+        &self,
+        owner: &SecretKey,
+        value: Option<Bytes>,
+    ) -> Result<(Key, OpReport), ClientError> {
+        if let Some(value) = &value
+            && value.len() > OBJECT_BYTES_MAX
+        {
+            return Err(ClientError::TooLarge {
+                len: value.len(),
+                max: OBJECT_BYTES_MAX,
+            });
+        }
+        if !self.may_write {
+            return Err(ClientError::NotWriter {
+                name: self.name.clone(),
+            });
+        }
+        self.fresh().await?;
+        let op = self.op_id();
+        let id = pubkey::object_id(&owner.public_key());
+        let view = self.placement.group_of(id.as_bytes());
+        let mut config = pubkey::ClientConfig::new(self.cluster.f);
+        config.epoch = self.epoch();
+        config.group = view.id();
+        let mut machine =
+            pubkey::WriteOp::new(config, op, self.id, op.0, Arc::new(owner.clone()), value);
+        let outcome = self.drive(&view, &id, self.cluster.f, &mut machine).await?;
+        let report = OpReport {
+            answered: nodes(&view, &outcome.acknowledged_by),
+            n: view.len(),
+            evidence: Vec::new(),
+            restarts: 0,
+            repaired: false,
+        };
+        Ok((id, report))
+    }
+
+    /// Reads the object `owner` owns: its newest version every correct replica will agree on,
+    /// or `None` if it was never written or was deleted.
+    pub async fn get_owned(
+        &self,
+        owner: &PublicKey,
+    ) -> Result<(Option<Bytes>, OpReport), ClientError> {
+        self.fresh().await?;
+        let op = self.op_id();
+        let id = pubkey::object_id(owner);
+        let view = self.placement.group_of(id.as_bytes());
+        let mut config = pubkey::ClientConfig::new(self.cluster.f);
+        config.epoch = self.epoch();
+        config.group = view.id();
+        let mut machine = pubkey::ReadOp::new(config, id.clone(), op);
+        let outcome = self.drive(&view, &id, self.cluster.f, &mut machine).await?;
+        let report = register_report(&view, view.len(), &id, &outcome);
+        self.record(&report.evidence);
+        Ok((outcome.value, report))
+    }
+}
