@@ -49,7 +49,8 @@ pub enum Command {
         #[command(subcommand)]
         command: ClusterCommand,
     },
-    /// Runs a storage node; `node add` and `node revoke` change the membership instead.
+    /// Runs a storage node; `node add`, `node revoke` and `node evict` change the membership
+    /// instead.
     Node(NodeCommand),
     /// The configuration: `config show` prints the newest certified one.
     Config {
@@ -160,7 +161,8 @@ pub enum OwnedCommand {
         /// Where the secret goes; it must not exist yet.
         file: PathBuf,
     },
-    /// Writes FILE (or standard input) as the next version of the object KEY_FILE owns.
+    /// Writes FILE (or standard input) as the next version of the object whose owner key is in
+    /// the --key file.
     Put {
         /// The owner's secret, as `owned new-key` wrote it.
         #[arg(long)]
@@ -180,7 +182,7 @@ pub enum OwnedCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
-    /// Deletes the object KEY_FILE owns (a signed tombstone).
+    /// Deletes the object whose owner key is in the --key file (a signed tombstone).
     Delete {
         /// The owner's secret.
         #[arg(long)]
