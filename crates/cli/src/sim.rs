@@ -134,17 +134,10 @@ pub fn run(args: &SimArgs) -> Result<ExitCode> {
         Some(_) => sim::sweep_service::<ContentSim>(range, &config, threads),
         None => sim::sweep(range, &config, threads),
     };
-    if let Some(service) = service {
+    match service {
         // Replay lines must name the service, which SimConfig cannot.
-        for (seed, description) in &summary.violations {
-            println!(
-                "seed {seed}: {description}\n  replay: {}",
-                config.service_replay_command(*seed, service)
-            );
-        }
-        println!("violations: {}", summary.violations.len());
-    } else {
-        print!("{}", summary.render(&config));
+        Some(service) => print!("{}", summary.render_service(&config, service)),
+        None => print!("{}", summary.render(&config)),
     }
     println!(
         "operations invoked: {}\nliveness failures: {}\nelapsed: {:.1?} ({:.0} seeds/s)",

@@ -2,7 +2,6 @@
 //! content, placed on the group their id falls in.
 
 use crate::{Client, ClientError, OpReport, blame, nodes};
-use bulwark_core::OBJECT_BYTES_MAX;
 use bulwark_core::membership::GroupView;
 use bulwark_core::sign::PublicKey;
 use bulwark_protocol::content::{self, ContentId, Place};
@@ -13,17 +12,7 @@ impl Client {
     /// Stores `value` as a content-hash object and returns its id: the same bytes always get the
     /// same id. Done when `2f+1` replicas of its group have signed that their fragment is durable.
     pub async fn put_content(&self, value: &[u8]) -> Result<(ContentId, OpReport), ClientError> {
-        if value.len() > OBJECT_BYTES_MAX {
-            return Err(ClientError::TooLarge {
-                len: value.len(),
-                max: OBJECT_BYTES_MAX,
-            });
-        }
-        if !self.may_write {
-            return Err(ClientError::NotWriter {
-                name: self.name.clone(),
-            });
-        }
+        self.may_store(value.len())?;
         self.fresh().await?;
         let op = self.op_id();
         // The id decides the group; it depends only on the group's size, 3f+1 for every group.

@@ -748,6 +748,25 @@ impl Client {
 }
 
 /// Slots to the nodes holding them in `view`.
+impl Client {
+    /// Refuses, before anything is sent, an object over the size limit or a client that may not
+    /// write: for the object kinds whose writers need nothing but the access list.
+    fn may_store(&self, len: usize) -> Result<(), ClientError> {
+        if len > OBJECT_BYTES_MAX {
+            return Err(ClientError::TooLarge {
+                len,
+                max: OBJECT_BYTES_MAX,
+            });
+        }
+        if !self.may_write {
+            return Err(ClientError::NotWriter {
+                name: self.name.clone(),
+            });
+        }
+        Ok(())
+    }
+}
+
 /// Misbehaviour a client machine saw, named by node; `what` says which object it was about.
 fn blame(
     view: &GroupView,

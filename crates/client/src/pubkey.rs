@@ -3,8 +3,8 @@
 //! falls in.
 
 use crate::{Client, ClientError, OpReport, nodes, register_report};
+use bulwark_core::Key;
 use bulwark_core::sign::{PublicKey, SecretKey};
-use bulwark_core::{Key, OBJECT_BYTES_MAX};
 use bulwark_protocol::pubkey;
 use bytes::Bytes;
 use std::sync::Arc;
@@ -18,19 +18,7 @@ impl Client {
         owner: &SecretKey,
         value: Option<Bytes>,
     ) -> Result<(Key, OpReport), ClientError> {
-        if let Some(value) = &value
-            && value.len() > OBJECT_BYTES_MAX
-        {
-            return Err(ClientError::TooLarge {
-                len: value.len(),
-                max: OBJECT_BYTES_MAX,
-            });
-        }
-        if !self.may_write {
-            return Err(ClientError::NotWriter {
-                name: self.name.clone(),
-            });
-        }
+        self.may_store(value.as_ref().map_or(0, Bytes::len))?;
         self.fresh().await?;
         let op = self.op_id();
         let id = pubkey::object_id(&owner.public_key());

@@ -32,21 +32,7 @@ fn report(name: &str, config: &SimConfig, summary: &SweepSummary) {
         summary.violations.len(),
         summary.liveness_failures,
     );
-    println!("{}", failures(config, summary));
-}
-
-/// Every failing seed with the command that replays it.
-fn failures(config: &SimConfig, summary: &SweepSummary) -> String {
-    summary
-        .violations
-        .iter()
-        .map(|(seed, description)| {
-            format!(
-                "  seed {seed}: {description}\n    replay: {}\n",
-                config.service_replay_command(*seed, "content")
-            )
-        })
-        .collect()
+    println!("{}", summary.render_service(config, "content"));
 }
 
 #[test]
@@ -58,7 +44,7 @@ fn f1_every_fault_sweep_never_loses_or_changes_a_created_object() {
     assert!(
         summary.violations.is_empty(),
         "{}",
-        failures(&config, &summary)
+        summary.render_service(&config, "content")
     );
     assert!(
         summary.ops_checked > 300 * 20,
@@ -75,7 +61,7 @@ fn f2_every_fault_sweep_never_loses_or_changes_a_created_object() {
     assert!(
         summary.violations.is_empty(),
         "{}",
-        failures(&config, &summary)
+        summary.render_service(&config, "content")
     );
 }
 
@@ -96,7 +82,7 @@ fn each_byzantine_behaviour_is_survived_and_reads_see_both_answers() {
         assert!(
             summary.violations.is_empty(),
             "{}",
-            failures(&config, &summary)
+            summary.render_service(&config, "content")
         );
     }
     let (mut found, mut absent) = (0, 0);

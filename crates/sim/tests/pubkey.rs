@@ -20,20 +20,6 @@ fn config(f: usize) -> SimConfig {
     }
 }
 
-/// Every failing seed with the command that replays it.
-fn failures(config: &SimConfig, summary: &SweepSummary) -> String {
-    summary
-        .violations
-        .iter()
-        .map(|(seed, description)| {
-            format!(
-                "  seed {seed}: {description}\n    replay: {}\n",
-                config.service_replay_command(*seed, "pubkey")
-            )
-        })
-        .collect()
-}
-
 fn report(name: &str, config: &SimConfig, summary: &SweepSummary) {
     println!(
         "{name}: {} seeds in {:.1?} ({:.0} seeds/s), {} operations invoked, {} checked, {} failing seeds ({} on liveness)",
@@ -45,7 +31,7 @@ fn report(name: &str, config: &SimConfig, summary: &SweepSummary) {
         summary.violations.len(),
         summary.liveness_failures,
     );
-    println!("{}", failures(config, summary));
+    println!("{}", summary.render_service(config, "pubkey"));
 }
 
 #[test]
@@ -57,7 +43,7 @@ fn f1_every_fault_sweep_is_linearizable_and_wait_free() {
     assert!(
         summary.violations.is_empty(),
         "{}",
-        failures(&config, &summary)
+        summary.render_service(&config, "pubkey")
     );
     assert_eq!(summary.inconclusive, 0);
     assert!(
@@ -75,7 +61,7 @@ fn f2_every_fault_sweep_is_linearizable_and_wait_free() {
     assert!(
         summary.violations.is_empty(),
         "{}",
-        failures(&config, &summary)
+        summary.render_service(&config, "pubkey")
     );
     assert_eq!(summary.inconclusive, 0);
 }

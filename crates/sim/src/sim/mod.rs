@@ -235,6 +235,16 @@ impl SweepSummary {
 
     /// A report for humans: totals, then each failing seed with the command that replays it.
     pub fn render(&self, config: &SimConfig) -> String {
+        self.render_replaying(|seed| config.replay_command(seed))
+    }
+
+    /// [`SweepSummary::render`] for a service with its own workload and checker, whose replay
+    /// commands name it (`--protocol cs`, `content`, `pubkey`).
+    pub fn render_service(&self, config: &SimConfig, service: &str) -> String {
+        self.render_replaying(|seed| config.service_replay_command(seed, service))
+    }
+
+    fn render_replaying(&self, replay: impl Fn(u64) -> String) -> String {
         let mut out = format!(
             "seeds run: {}\noperations checked: {}\nviolations: {}\n",
             self.seeds_run,
@@ -247,7 +257,7 @@ impl SweepSummary {
         for (seed, description) in &self.violations {
             out.push_str(&format!(
                 "seed {seed}: {description}\n  replay: {}\n",
-                config.replay_command(*seed)
+                replay(*seed)
             ));
         }
         out
