@@ -44,7 +44,7 @@ pub struct Member {
 }
 
 /// A point on the ring: 256 bits, compared as a big-endian number.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct RingPoint(pub [u8; 32]);
 
 impl RingPoint {
@@ -234,13 +234,8 @@ impl GroupView {
 /// The groups of one configuration: members on the ring, and which of them serve each key.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Placement {
-    epoch: Epoch,
-    params: PlacementParams,
-    /// Members in ring order: by position, then id (two ids on one position would need a SHA-256
-    /// collision, but the order must be total for every node to agree).
-    ring: Vec<(RingPoint, Member)>,
-    /// Each member's index in `ring`.
-    index: BTreeMap<NodeId, usize>,
+    ring: Ring,
+    members: BTreeMap<NodeId, Member>,
 }
 
 impl Placement {
@@ -264,20 +259,126 @@ impl Placement {
         let mut by_id = members;
         by_id.sort_by_key(|member| member.id);
         check_identities(&by_id)?;
-        let mut ring: Vec<(RingPoint, Member)> = by_id
+        let ring = Ring::new(epoch, params, by_id.iter().map(|member| member.id))?;
+        let members = by_id
             .into_iter()
-            .map(|member| (RingPoint::of_node(member.id), member))
+            .map(|member| (member.id, member))
             .collect();
-        ring.sort_by(|(a, x), (b, y)| a.cmp(b).then(x.id.cmp(&y.id)));
-        let index = ring
+        Ok(Placement { ring, members })
+    }
+
+    /// The ring alone: who serves which keys, without addresses or keys.
+    pub fn ring(&self) -> &Ring {
+        &self.ring
+    }
+
+    /// The epoch whose configuration this is.
+    pub fn epoch(&self) -> Epoch {
+        self.ring.epoch
+    }
+
+    /// The group parameters.
+    pub fn params(&self) -> PlacementParams {
+        self.ring.params
+    }
+
+    /// How many members.
+    pub fn len(&self) -> usize {
+        self.ring.len()
+    }
+
+    /// Never true: a placement has at least `3f+1` members. (For clippy's
+    /// `len_without_is_empty`.)
+    pub fn is_empty(&self) -> bool {
+        self.ring.points.is_empty()
+    }
+
+    /// The members in ring order.
+    pub fn members(&self) -> impl Iterator<Item = &Member> {
+        self.ring
+            .points
+            .iter()
+            .filter_map(|(_, id)| self.members.get(id))
+    }
+
+    /// The member `node`, if it is one.
+    pub fn member(&self, node: NodeId) -> Option<&Member> {
+        self.members.get(&node)
+    }
+
+    /// The group that serves `key`.
+    pub fn group_of(&self, key: &[u8]) -> GroupView {
+        self.ring.group_of(key)
+    }
+
+    /// The group that serves `point`.
+    pub fn group_at(&self, point: RingPoint) -> GroupView {
+        self.ring.group_at(point)
+    }
+
+    /// Every group, in ring order of their first members.
+    pub fn groups(&self) -> Vec<GroupView> {
+        self.ring.groups()
+    }
+
+    /// The group with `id`, if this placement has it.
+    pub fn group(&self, id: GroupId) -> Option<GroupView> {
+        self.ring.group(id)
+    }
+
+    /// The groups `node` is a member of.
+    pub fn groups_of(&self, node: NodeId) -> Vec<GroupView> {
+        self.ring.groups_of(node)
+    }
+}
+
+/// The ring of one epoch's members, by id only: which group serves each key, and how the groups
+/// of two epochs differ. Everything about placement that needs no address or key lives here, so
+/// machines that move data between epochs compute it from ids alone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ring {
+    epoch: Epoch,
+    params: PlacementParams,
+    /// Members in ring order: by position, then id (two ids on one position would need a SHA-256
+    /// collision, but the order must be total for every node to agree).
+    points: Vec<(RingPoint, NodeId)>,
+    /// Each member's index in `points`.
+    index: BTreeMap<NodeId, usize>,
+}
+
+impl Ring {
+    /// The ring of `members` for `epoch`: at least `3f+1` distinct ids.
+    pub fn new(
+        epoch: Epoch,
+        params: PlacementParams,
+        members: impl IntoIterator<Item = NodeId>,
+    ) -> Result<Ring, PlacementError> {
+        let mut ids: Vec<NodeId> = members.into_iter().collect();
+        ids.sort_unstable();
+        if let Some(pair) = ids.windows(2).find(|pair| pair[0] == pair[1]) {
+            return Err(PlacementError::DuplicateId(pair[0]));
+        }
+        let needed = params.group_size();
+        if ids.len() < needed {
+            return Err(PlacementError::TooFewMembers {
+                members: ids.len(),
+                needed,
+            });
+        }
+        let mut points: Vec<(RingPoint, NodeId)> = ids
+            .into_iter()
+            .map(|id| (RingPoint::of_node(id), id))
+            .collect();
+        points.sort_unstable();
+        let index = points
             .iter()
             .enumerate()
-            .map(|(i, (_, member))| (member.id, i))
+            .map(|(i, (_, id))| (*id, i))
             .collect();
-        Ok(Placement {
+        Ok(Ring {
             epoch,
             params,
-            ring,
+            points,
             index,
         })
     }
@@ -294,23 +395,22 @@ impl Placement {
 
     /// How many members.
     pub fn len(&self) -> usize {
-        self.ring.len()
+        self.points.len()
     }
 
-    /// Never true: a placement has at least `3f+1` members. (For clippy's
-    /// `len_without_is_empty`.)
+    /// Never true: a ring has at least `3f+1` members. (For clippy's `len_without_is_empty`.)
     pub fn is_empty(&self) -> bool {
-        self.ring.is_empty()
+        self.points.is_empty()
+    }
+
+    /// Whether `node` is a member.
+    pub fn contains(&self, node: NodeId) -> bool {
+        self.index.contains_key(&node)
     }
 
     /// The members in ring order.
-    pub fn members(&self) -> impl Iterator<Item = &Member> {
-        self.ring.iter().map(|(_, member)| member)
-    }
-
-    /// The member `node`, if it is one.
-    pub fn member(&self, node: NodeId) -> Option<&Member> {
-        self.index.get(&node).map(|&i| &self.ring[i].1)
+    pub fn members(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.points.iter().map(|(_, id)| *id)
     }
 
     /// The group that serves `key`.
@@ -320,9 +420,11 @@ impl Placement {
 
     /// The group that serves `point`: the first `3f+1` members at or after it, clockwise.
     pub fn group_at(&self, point: RingPoint) -> GroupView {
-        let first = self.ring.partition_point(|(position, _)| *position < point);
+        let first = self
+            .points
+            .partition_point(|(position, _)| *position < point);
         // Past the last member the ring wraps to the first.
-        self.group_starting_at(if first == self.ring.len() { 0 } else { first })
+        self.group_starting_at(if first == self.points.len() { 0 } else { first })
     }
 
     /// Every group, in ring order of their first members: one per member, because the keys
@@ -331,12 +433,12 @@ impl Placement {
         if self.is_one_group() {
             return vec![self.group_starting_at(0)];
         }
-        (0..self.ring.len())
+        (0..self.points.len())
             .map(|start| self.group_starting_at(start))
             .collect()
     }
 
-    /// The group with `id`, if this placement has it.
+    /// The group with `id`, if this ring has it.
     pub fn group(&self, id: GroupId) -> Option<GroupView> {
         if self.is_one_group() {
             return Some(self.group_starting_at(0)).filter(|group| group.id == id);
@@ -355,7 +457,7 @@ impl Placement {
         if self.is_one_group() {
             return vec![self.group_starting_at(0)];
         }
-        let ring = self.ring.len();
+        let ring = self.points.len();
         let mut starts: Vec<usize> = (0..self.params.group_size())
             .map(|back| (at + ring - back) % ring)
             .collect();
@@ -366,16 +468,41 @@ impl Placement {
             .collect()
     }
 
+    /// How the ring changed from `before` to `self`, cut into the arcs on which neither ring has
+    /// a member position: on each, one group of `before` and one of `self` serve every key.
+    /// Arcs are in ring order of their ends; together they cover the ring exactly once.
+    pub fn arcs_since(&self, before: &Ring) -> Vec<Moved> {
+        let mut ends: Vec<RingPoint> = self
+            .points
+            .iter()
+            .chain(&before.points)
+            .map(|(point, _)| *point)
+            .collect();
+        ends.sort_unstable();
+        ends.dedup();
+        (0..ends.len())
+            .map(|i| {
+                let upto = ends[i];
+                let after = ends[(i + ends.len() - 1) % ends.len()];
+                Moved {
+                    arc: Arc { after, upto },
+                    old: before.group_at(upto),
+                    new: self.group_at(upto),
+                }
+            })
+            .collect()
+    }
+
     /// With exactly `3f+1` members every rotation of the ring is the same set of nodes, so the
     /// configuration has one group, not `3f+1` that differ only in slot order.
     fn is_one_group(&self) -> bool {
-        self.ring.len() == self.params.group_size()
+        self.points.len() == self.params.group_size()
     }
 
     /// The one group of a configuration of exactly `3f+1` members: slots in id order, named by
     /// the lowest id, as a single-group cluster always was (node `i` in slot `i`).
     fn the_one_group(&self) -> GroupView {
-        let mut members: Vec<NodeId> = self.ring.iter().map(|(_, member)| member.id).collect();
+        let mut members: Vec<NodeId> = self.members().collect();
         members.sort_unstable();
         GroupView {
             id: GroupId(members.first().map_or(0, |id| id.0)),
@@ -384,25 +511,68 @@ impl Placement {
         }
     }
 
-    /// The group whose slot 0 is `ring[start]`.
+    /// The group whose slot 0 is `points[start]`.
     ///
-    /// Its id is its first member's [`NodeId`]: unique within a placement (each member starts one
+    /// Its id is its first member's [`NodeId`]: unique within a ring (each member starts one
     /// group), computable by anyone from the configuration, and unchanged across epochs for as
     /// long as that member stays, even as members elsewhere on the ring come and go. The group's
     /// members may still change between epochs; `(id, epoch)` names one membership.
     fn group_starting_at(&self, start: usize) -> GroupView {
-        let ring = self.ring.len();
         if self.is_one_group() {
             return self.the_one_group();
         }
+        let ring = self.points.len();
         let members = (0..self.params.group_size())
-            .map(|offset| self.ring[(start + offset) % ring].1.id)
+            .map(|offset| self.points[(start + offset) % ring].1)
             .collect();
         GroupView {
-            id: GroupId(self.ring[start].1.id.0),
+            id: GroupId(self.points[start].1.0),
             epoch: self.epoch,
             members,
         }
+    }
+}
+
+/// The points after `after` up to and including `upto`, clockwise, wrapping past the top of the
+/// ring; `after == upto` is the whole ring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Arc {
+    /// Exclusive start.
+    pub after: RingPoint,
+    /// Inclusive end.
+    pub upto: RingPoint,
+}
+
+impl Arc {
+    /// Whether `point` lies on the arc.
+    pub fn contains(&self, point: RingPoint) -> bool {
+        match self.after.cmp(&self.upto) {
+            std::cmp::Ordering::Less => self.after < point && point <= self.upto,
+            std::cmp::Ordering::Greater => point > self.after || point <= self.upto,
+            std::cmp::Ordering::Equal => true,
+        }
+    }
+}
+
+/// One arc of the ring and the groups that serve it before and after a reconfiguration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Moved {
+    /// The keys.
+    pub arc: Arc,
+    /// Their group in the earlier epoch.
+    pub old: GroupView,
+    /// Their group in the later one.
+    pub new: GroupView,
+}
+
+impl Moved {
+    /// Whether the keys changed hands: the later group is not the same set of nodes.
+    pub fn changed(&self) -> bool {
+        let mut old = self.old.members.clone();
+        let mut new = self.new.members.clone();
+        old.sort_unstable();
+        new.sort_unstable();
+        old != new
     }
 }
 
@@ -725,6 +895,43 @@ mod tests {
             reordered.reverse();
             let c = Placement::new(Epoch(3), PlacementParams::new(f), reordered).unwrap();
             prop_assert_eq!(a.groups(), c.groups());
+        }
+
+        #[test]
+        fn arcs_between_two_rings_cover_each_key_once_with_its_groups_in_both(
+            (before, f) in ring(),
+            joined in prop::collection::btree_set(any::<u32>(), 0..6),
+            left in prop::collection::vec(any::<prop::sample::Index>(), 0..4),
+            keys in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..48), 1..16),
+        ) {
+            let mut after: BTreeSet<u32> = before.iter().copied().collect();
+            for index in &left {
+                let gone = *index.get(&before);
+                if after.len() > 3 * f + 1 {
+                    after.remove(&gone);
+                }
+            }
+            after.extend(joined);
+            let params = PlacementParams::new(f);
+            let old = Ring::new(Epoch(3), params, before.iter().map(|&id| NodeId(id))).unwrap();
+            let new = Ring::new(Epoch(4), params, after.iter().map(|&id| NodeId(id))).unwrap();
+            let arcs = new.arcs_since(&old);
+            for key in &keys {
+                let point = RingPoint::of_key(key);
+                let holding: Vec<&Moved> = arcs.iter().filter(|m| m.arc.contains(point)).collect();
+                prop_assert_eq!(holding.len(), 1, "each point lies on exactly one arc");
+                prop_assert_eq!(&holding[0].old, &old.group_of(key));
+                prop_assert_eq!(&holding[0].new, &new.group_of(key));
+                // Every member position is some arc's inclusive end, where the groups change.
+                for id in old.members().chain(new.members()) {
+                    let end = RingPoint::of_node(id);
+                    prop_assert_eq!(arcs.iter().filter(|m| m.arc.contains(end)).count(), 1);
+                    prop_assert!(arcs.iter().any(|m| m.arc.upto == end));
+                }
+            }
+            if before.iter().copied().collect::<BTreeSet<u32>>() == after {
+                prop_assert!(arcs.iter().all(|m| !m.changed()), "same members, nothing moves");
+            }
         }
     }
 }
