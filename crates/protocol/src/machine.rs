@@ -99,6 +99,18 @@ impl<R: Replica + ?Sized> Output<R> {
             ..Output::none()
         }
     }
+
+    /// This output, then `later`: every change of this one comes first, so whatever `later`
+    /// sends waits for both. `later`'s reply and refusal win, an input has one of each.
+    pub fn and(mut self, later: Output<R>) -> Self {
+        self.changes.extend(later.changes);
+        self.reply = later.reply.or(self.reply);
+        self.notify.extend(later.notify);
+        self.sends.extend(later.sends);
+        self.timers.extend(later.timers);
+        self.refused = later.refused.or(self.refused);
+        self
+    }
 }
 
 /// One member of one replica group for one service.

@@ -18,6 +18,7 @@
 pub mod abd;
 pub mod phalanx;
 pub mod pubkey;
+pub mod reconfig;
 
 use crate::machine::{Access, OpError, Operation, Output, Progress, Replica, ReplicaStats};
 use crate::round::{Refusals, RegisterMutations, Replies};
@@ -177,6 +178,8 @@ impl<P: Policy> RequestBody<P> {
 pub struct Response<P: Policy> {
     /// Echoes the request's operation.
     pub op: OpId,
+    /// The epoch the server answered in: a phase counts only replies of the client's epoch.
+    pub epoch: Epoch,
     /// The round's payload.
     pub body: ResponseBody<P>,
 }
@@ -204,9 +207,15 @@ pub enum Refusal {
     /// The client may not read.
     #[error("not a reader")]
     NotReader,
-    /// Another epoch.
-    #[error("wrong epoch")]
-    WrongEpoch,
+    /// Another epoch than the server's: it names its own, so a client behind can catch up.
+    #[error("wrong epoch: the server is in epoch {}", current.0)]
+    WrongEpoch {
+        /// The server's epoch.
+        current: Epoch,
+    },
+    /// The server is still taking over this key from its previous group.
+    #[error("the key is still being transferred")]
+    Transferring,
     /// A group this node does not serve.
     #[error("wrong replica group")]
     WrongGroup,
@@ -315,16 +324,18 @@ impl<P: Policy> Server<P> {
         may_read: bool,
         request: Request<P>,
     ) -> Handled<P> {
+        let epoch = self.epoch;
         let refuse = |refusal: Refusal| Handled {
             changes: Vec::new(),
             reply: Response {
                 op: request.op,
+                epoch,
                 body: ResponseBody::Refused(refusal.clone()),
             },
             refused: Some(refusal),
         };
         if request.epoch != self.epoch {
-            return refuse(Refusal::WrongEpoch);
+            return refuse(Refusal::WrongEpoch { current: epoch });
         }
         if request.group != self.group {
             return refuse(Refusal::WrongGroup);
@@ -367,6 +378,7 @@ impl<P: Policy> Server<P> {
             changes,
             reply: Response {
                 op: request.op,
+                epoch,
                 body,
             },
             refused: None,
@@ -577,9 +589,33 @@ impl<P: Policy> WriteOp<P> {
         }
     }
 
+    /// The client moved to epoch `epoch`, where the key belongs to `group`: the current round
+    /// starts again there from no replies, so no round counts replies of two epochs (Rosebud
+    /// §7.1.1). What earlier rounds decided (the timestamp) stands.
+    pub fn rebase(&mut self, epoch: Epoch, group: GroupId) -> Vec<Outbound<P>> {
+        self.config.epoch = epoch;
+        self.config.group = group;
+        let n = self.config.n;
+        match &mut self.phase {
+            WritePhase::Clock(replies) => *replies = Replies::new(n),
+            WritePhase::Store(replies, _) => *replies = Replies::new(n),
+            WritePhase::Done => {}
+        }
+        self.refusals = Refusals::new(n);
+        self.retransmit()
+    }
+
+    /// The epoch the operation runs in.
+    pub fn epoch(&self) -> Epoch {
+        self.config.epoch
+    }
+
     /// Feeds one reply.
     pub fn on_response(&mut self, from: Slot, response: Response<P>) -> Step<P, WriteOutcome> {
-        if response.op != self.op || from.index() >= self.config.n {
+        if response.op != self.op
+            || response.epoch != self.config.epoch
+            || from.index() >= self.config.n
+        {
             return Step::Continue(Vec::new());
         }
         let quorum = self.config.quorum();
@@ -693,9 +729,33 @@ impl<P: Policy> ReadOp<P> {
         }
     }
 
+    /// The client moved to epoch `epoch`, where the key belongs to `group`: the current round
+    /// starts again there from no replies (Rosebud §7.1.1). A version chosen for write-back is
+    /// written back in the new group.
+    pub fn rebase(&mut self, epoch: Epoch, group: GroupId) -> Vec<Outbound<P>> {
+        self.config.epoch = epoch;
+        self.config.group = group;
+        let n = self.config.n;
+        match &mut self.phase {
+            ReadPhase::Get(replies) => *replies = Replies::new(n),
+            ReadPhase::WriteBack(replies, _) => *replies = Replies::new(n),
+            ReadPhase::Done => {}
+        }
+        self.refusals = Refusals::new(n);
+        self.retransmit()
+    }
+
+    /// The epoch the operation runs in.
+    pub fn epoch(&self) -> Epoch {
+        self.config.epoch
+    }
+
     /// Feeds one reply.
     pub fn on_response(&mut self, from: Slot, response: Response<P>) -> Step<P, ReadOutcome> {
-        if response.op != self.op || from.index() >= self.config.n {
+        if response.op != self.op
+            || response.epoch != self.config.epoch
+            || from.index() >= self.config.n
+        {
             return Step::Continue(Vec::new());
         }
         let quorum = self.config.quorum();

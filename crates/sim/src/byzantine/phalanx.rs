@@ -145,6 +145,7 @@ impl PhalanxLiar {
                 Vec::new(),
                 Some(Response {
                     op: request.op,
+                    epoch: request.epoch,
                     body: ResponseBody::StoreAck(entry.ts),
                 }),
             ),
@@ -193,6 +194,7 @@ impl PhalanxLiar {
         };
         Some(Response {
             op: request.op,
+            epoch: request.epoch,
             body,
         })
     }

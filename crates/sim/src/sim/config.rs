@@ -6,6 +6,7 @@ use crate::byzantine::Behaviour;
 use bulwark_core::config::Protocol;
 use bulwark_protocol::pbft::Mutations as PbftMutations;
 use bulwark_protocol::powerstore::{ClientMutations, ServerMutations};
+use bulwark_protocol::register::reconfig::TransferMutations;
 use bulwark_protocol::round::RegisterMutations;
 use std::collections::BTreeSet;
 use std::fmt;
@@ -167,6 +168,8 @@ pub struct Mutations {
     pub driver: DriverMutations,
     /// Breakage of PBFT, under the configuration service (applied to every replica).
     pub pbft: PbftMutations,
+    /// Breakage of the transfer of keys between epochs (applied to every node).
+    pub transfer: TransferMutations,
 }
 
 /// Breakage of the driver's persist-then-send rule, which every protocol's safety argument
@@ -184,7 +187,7 @@ impl Mutations {
         *self != Mutations::default()
     }
 
-    fn flags(&self) -> [(&'static str, bool); 13] {
+    fn flags(&self) -> [(&'static str, bool); 16] {
         [
             ("quorum-f-plus-one", self.client.quorum_f_plus_one),
             ("any-twin", self.client.any_twin),
@@ -199,6 +202,12 @@ impl Mutations {
             ("send-before-durable", self.driver.send_before_durable),
             ("pbft-quorum-2f", self.pbft.quorum_2f),
             ("pbft-drop-prepared", self.pbft.drop_prepared),
+            ("serve-before-transfer", self.transfer.serve_before_transfer),
+            ("small-transfer-quorum", self.transfer.small_transfer_quorum),
+            (
+                "answer-without-entering",
+                self.transfer.answer_without_entering,
+            ),
         ]
     }
 }
@@ -206,7 +215,7 @@ impl Mutations {
 /// A mutation name that does not exist.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown mutation {0:?}; expected quorum-f-plus-one, any-twin, no-offers, no-write-back, accept-unproven, naive-gc, candidate-vec-in-lc (PoWerStore), register-small-quorum, register-no-write-back or register-unverified (ABD, Phalanx; the first also content-hash objects), pbft-quorum-2f or pbft-drop-prepared (configuration service), send-before-durable (any)"
+    "unknown mutation {0:?}; expected quorum-f-plus-one, any-twin, no-offers, no-write-back, accept-unproven, naive-gc, candidate-vec-in-lc (PoWerStore), register-small-quorum, register-no-write-back or register-unverified (ABD, Phalanx; the first also content-hash objects), pbft-quorum-2f or pbft-drop-prepared (configuration service), serve-before-transfer, small-transfer-quorum or answer-without-entering (reconfiguration), send-before-durable (any)"
 )]
 pub struct UnknownMutation(pub String);
 
@@ -231,6 +240,9 @@ impl FromStr for Mutations {
                 "send-before-durable" => mutations.driver.send_before_durable = true,
                 "pbft-quorum-2f" => mutations.pbft.quorum_2f = true,
                 "pbft-drop-prepared" => mutations.pbft.drop_prepared = true,
+                "serve-before-transfer" => mutations.transfer.serve_before_transfer = true,
+                "small-transfer-quorum" => mutations.transfer.small_transfer_quorum = true,
+                "answer-without-entering" => mutations.transfer.answer_without_entering = true,
                 _ => return Err(UnknownMutation(word.to_string())),
             }
         }

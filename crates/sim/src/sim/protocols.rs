@@ -3,4 +3,5 @@
 pub mod content;
 pub mod cs;
 pub(super) mod powerstore;
+pub mod reconfig;
 pub mod registers;

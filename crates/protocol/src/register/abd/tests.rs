@@ -110,7 +110,7 @@ fn server_refuses_what_it_must_not_serve() {
     wrong.epoch = Epoch(9);
     assert_eq!(
         refusal(server.handle(true, true, wrong)),
-        Refusal::WrongEpoch
+        Refusal::WrongEpoch { current: Epoch(0) }
     );
     let mut wrong = request(1, RequestBody::Get);
     wrong.group = GroupId(9);
@@ -148,6 +148,7 @@ fn write_takes_the_highest_majority_timestamp_plus_one() {
     assert!(first.iter().all(|(_, r)| r.body == RequestBody::Clock));
     let ack = |t: Option<Timestamp>| Response {
         op: OpId(7),
+        epoch: Epoch(0),
         body: ResponseBody::ClockAck(t),
     };
     assert!(
@@ -160,6 +161,7 @@ fn write_takes_the_highest_majority_timestamp_plus_one() {
     // A reply to another operation is ignored.
     let other = Response {
         op: OpId(8),
+        epoch: Epoch(0),
         body: ResponseBody::ClockAck(Some(ts(50, 1))),
     };
     assert!(matches!(op.on_response(Slot(1), other), Step::Continue(v) if v.is_empty()));
@@ -180,6 +182,7 @@ fn write_takes_the_highest_majority_timestamp_plus_one() {
     );
     let store_ack = |t| Response {
         op: OpId(7),
+        epoch: Epoch(0),
         body: ResponseBody::StoreAck(t),
     };
     // An ack for another version does not count.
@@ -203,6 +206,7 @@ fn read_writes_back_when_the_quorum_disagrees() {
     op.start();
     let value = |e: Option<Entry>| Response {
         op: OpId(1),
+        epoch: Epoch(0),
         body: ResponseBody::Value(e),
     };
     assert!(matches!(
@@ -220,6 +224,7 @@ fn read_writes_back_when_the_quorum_disagrees() {
     );
     let ack = Response {
         op: OpId(1),
+        epoch: Epoch(0),
         body: ResponseBody::StoreAck(ts(3, 0)),
     };
     assert!(matches!(op.on_response(Slot(0), ack.clone()), Step::Continue(v) if v.is_empty()));
@@ -237,6 +242,7 @@ fn read_skips_the_write_back_only_when_the_whole_quorum_holds_the_version() {
     op.start();
     let value = |e: Option<Entry>| Response {
         op: OpId(1),
+        epoch: Epoch(0),
         body: ResponseBody::Value(e),
     };
     op.on_response(Slot(0), value(Some(entry(3, "v"))));
@@ -251,6 +257,7 @@ fn read_skips_the_write_back_only_when_the_whole_quorum_holds_the_version() {
     op.start();
     let value = |e: Option<Entry>| Response {
         op: OpId(2),
+        epoch: Epoch(0),
         body: ResponseBody::Value(e),
     };
     op.on_response(Slot(0), value(Some(entry(3, "v"))));
@@ -261,6 +268,7 @@ fn read_skips_the_write_back_only_when_the_whole_quorum_holds_the_version() {
     op.start();
     let value = |e: Option<Entry>| Response {
         op: OpId(3),
+        epoch: Epoch(0),
         body: ResponseBody::Value(e),
     };
     op.on_response(Slot(0), value(None));
@@ -334,6 +342,7 @@ fn f_plus_one_refusals_end_an_operation() {
     op.start();
     let refused = Response {
         op: OpId(1),
+        epoch: Epoch(0),
         body: ResponseBody::Refused(Refusal::NotWriter),
     };
     assert!(matches!(

@@ -232,6 +232,7 @@ fn server_stores_only_verified_versions_and_keeps_the_highest() {
 fn value_reply(op: u64, e: Option<Entry>) -> Response {
     Response {
         op: OpId(op),
+        epoch: Epoch(0),
         body: ResponseBody::Value(e),
     }
 }
@@ -257,6 +258,7 @@ fn read_ignores_forgeries_names_the_forger_and_writes_back_on_disagreement() {
     );
     let ack = |op| Response {
         op: OpId(op),
+        epoch: Epoch(0),
         body: ResponseBody::StoreAck(ts(4, 0)),
     };
     for node in [0, 1] {
@@ -310,6 +312,7 @@ fn writer_ignores_unsigned_timestamps() {
     op.start();
     let clock = |e: Option<Entry>| Response {
         op: OpId(1),
+        epoch: Epoch(0),
         body: ResponseBody::ClockAck(e.map(|e| e.signed_timestamp())),
     };
     let mut inflated = entry(1_000_000, "x");

@@ -1,0 +1,883 @@
+//! Registers across epochs (Rosebud §4.5, §4.7): a node's replica of one register service for
+//! every group the configuration puts it in, that follows the certified configurations from
+//! epoch to epoch and takes over the keys it becomes responsible for from their previous group,
+//! and the client operation that follows the node into a newer epoch.
+//!
+//! The node keeps one store per service (a key's latest version), whatever group serves the key,
+//! so a key that stays on the node across a reconfiguration stays where it is. What changes with
+//! the epoch is which requests it serves: one of the current epoch, for a key whose group in
+//! that epoch names this node, and which its transfer has brought in.
+//!
+//! # Entering an epoch
+//!
+//! When the driver hands over the certified ring of epoch `e+1` ([`EpochServer::enter`]) the
+//! replica refuses every request of epoch `e` from then on, answering with its epoch so that the
+//! client catches up (ERR_UPGRADE_CONFIG) and restarts only its current round there
+//! ([`Routed`]). It then works out, arc by arc ([`Ring::arcs_since`]), the keys whose group now
+//! names it but whose group in `e` was another set of nodes, and pulls each arc from that old
+//! group:
+//!
+//! 1. LIST: every old member lists the keys it holds on the arc, a page at a time. An old member
+//!    enters `e+1` before it answers (invariant 4 of the spec's §5.3), so what it lists can no
+//!    longer change under an epoch-`e` write. The union of `2f+1` complete listings names every
+//!    write completed in `e`: such a write reached `2f+1` old members while they were in `e`,
+//!    and any `2f+1` listers share `f+1` of them, one correct.
+//! 2. FETCH: each listed key is read from `2f+1` old members (again in `e+1` before they answer),
+//!    keeping the highest version whose signature verifies, with no write-back. A key every
+//!    valid answer denies (a bogus id of a faulty lister) is dropped.
+//!
+//! Until an arc's pull is done, the replica serves no request for a key on it: requests wait and
+//! are answered when the pull ends (spec §4.7, "critical"), since a quorum of fresh replicas
+//! would otherwise report nothing and a writer could pick a version below the existing one.
+//!
+//! An old member whose own pull of an overlapping arc is unfinished (it skipped part of an
+//! epoch) does not answer LIST or FETCH for it yet: it would list an incomplete state.
+//!
+//! This machine addresses its peers by node: `Slot(id)` in its sends and messages is the node
+//! with [`NodeId`] `id`, not a position in a group; the driver delivers accordingly.
+
+use super::{Judged, Outbound, Policy, Refusal, Replies, Request, Response, ResponseBody, Server};
+use crate::machine::{Access, Operation, Output, Progress, Replica, ReplicaStats};
+use bulwark_core::membership::{Arc as RingArc, GroupView, Ring, RingPoint};
+use bulwark_core::{ClientId, Epoch, GroupId, Key, NodeId, ServiceId, Slot, Time};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+
+/// Keys in one page of a listing.
+pub const LIST_PAGE_KEYS: usize = 64;
+/// Keys one old member may list for one arc in one epoch: a faulty member can make a new
+/// member fetch at most this many bogus ids per arc (spec §8.14).
+pub const LISTED_KEYS_MAX: usize = 100_000;
+/// Keys fetched at once per arc (the paper's transfer window).
+pub const FETCH_WINDOW: usize = 8;
+/// Requests a replica holds while their keys are being transferred; more are refused.
+pub const WAITING_MAX: usize = 1_024;
+
+/// Deliberate breakage for the simulator's negative controls; none in real nodes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TransferMutations {
+    /// Serve keys whose transfer has not finished.
+    pub serve_before_transfer: bool,
+    /// Take a listing and each key's version from `f+1` old members instead of `2f+1`.
+    pub small_transfer_quorum: bool,
+    /// Answer LIST and FETCH without entering the newer epoch first.
+    pub answer_without_entering: bool,
+}
+
+/// What nodes send each other to move keys between epochs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(bound = "")]
+pub enum Transfer<P: Policy> {
+    /// A new member of `epoch` asks an old member for the keys it holds on `arc`, after `after`.
+    List {
+        /// The epoch the asker entered.
+        epoch: Epoch,
+        /// The keys wanted.
+        arc: RingArc,
+        /// The last key of the previous page.
+        after: Option<Key>,
+    },
+    /// One page of keys.
+    Listed {
+        /// As asked.
+        epoch: Epoch,
+        /// As asked.
+        arc: RingArc,
+        /// As asked.
+        after: Option<Key>,
+        /// At most [`LIST_PAGE_KEYS`], in key order, all after `after`.
+        keys: Vec<Key>,
+        /// Another page follows.
+        more: bool,
+    },
+    /// The latest version of `key`, for a new member of `epoch`.
+    Fetch {
+        /// The epoch the asker entered.
+        epoch: Epoch,
+        /// The key.
+        key: Key,
+    },
+    /// The answer; `None` when nothing is stored.
+    Fetched {
+        /// As asked.
+        epoch: Epoch,
+        /// As asked.
+        key: Key,
+        /// The stored version.
+        entry: Option<P::Entry>,
+    },
+}
+
+/// A change to a node's durable state, made before anything it caused leaves.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Change<P: Policy> {
+    /// The stored version of `key` is now `entry`.
+    Put {
+        /// The register.
+        key: Key,
+        /// The new version.
+        entry: P::Entry,
+    },
+    /// The node entered `epoch`: no request of an earlier one is served again.
+    Entered(Epoch),
+    /// The node finished taking over `arc` for `epoch`.
+    Pulled {
+        /// The epoch it entered.
+        epoch: Epoch,
+        /// The arc.
+        arc: RingArc,
+    },
+}
+
+/// One arc a node is taking over from its old group.
+struct Pull<P: Policy> {
+    epoch: Epoch,
+    arc: RingArc,
+    old: GroupView,
+    /// Per old member: the keys listed so far, the last one, and whether the listing is complete.
+    listings: Vec<Listing>,
+    /// Once `2f+1` listings are complete: the keys still to fetch.
+    queue: Option<VecDeque<Key>>,
+    /// Keys being fetched, with the answers of each old member.
+    fetching: BTreeMap<Key, Replies<Option<P::Entry>>>,
+}
+
+#[derive(Default)]
+struct Listing {
+    keys: BTreeSet<Key>,
+    after: Option<Key>,
+    complete: bool,
+    /// Sent more than it may, or keys off the arc: no longer heard.
+    faulty: bool,
+}
+
+impl<P: Policy> Pull<P> {
+    fn new(epoch: Epoch, arc: RingArc, old: GroupView) -> Self {
+        let listings = (0..old.len()).map(|_| Listing::default()).collect();
+        Pull {
+            epoch,
+            arc,
+            old,
+            listings,
+            queue: None,
+            fetching: BTreeMap::new(),
+        }
+    }
+
+    fn done(&self) -> bool {
+        self.queue.as_ref().is_some_and(VecDeque::is_empty) && self.fetching.is_empty()
+    }
+
+    /// Every request this pull still waits on, to every old member that has not answered it.
+    fn requests(&self) -> Vec<(Slot, Transfer<P>)> {
+        let to = |slot: usize| Slot(self.old.members()[slot].0);
+        let Some(_) = &self.queue else {
+            return self
+                .listings
+                .iter()
+                .enumerate()
+                .filter(|(_, listing)| !listing.complete && !listing.faulty)
+                .map(|(slot, listing)| {
+                    let list = Transfer::List {
+                        epoch: self.epoch,
+                        arc: self.arc,
+                        after: listing.after.clone(),
+                    };
+                    (to(slot), list)
+                })
+                .collect();
+        };
+        let mut sends = Vec::new();
+        for (key, replies) in &self.fetching {
+            for slot in replies.missing() {
+                let fetch = Transfer::Fetch {
+                    epoch: self.epoch,
+                    key: key.clone(),
+                };
+                sends.push((to(slot.index()), fetch));
+            }
+        }
+        sends
+    }
+}
+
+/// The configurations a party holds, verified: the ring of every epoch from the genesis on.
+#[derive(Clone, Debug)]
+pub struct Chain {
+    rings: Vec<Arc<Ring>>,
+}
+
+impl Chain {
+    /// A chain of `rings`, the first the genesis (epoch 0), each the next epoch's.
+    pub fn new(rings: Vec<Arc<Ring>>) -> Chain {
+        for (i, ring) in rings.iter().enumerate() {
+            assert_eq!(
+                ring.epoch().0,
+                i as u64,
+                "a chain holds every epoch in order"
+            );
+        }
+        assert!(!rings.is_empty(), "a chain starts at the genesis");
+        Chain { rings }
+    }
+
+    /// The ring of `epoch`, if the chain reaches it.
+    pub fn ring(&self, epoch: Epoch) -> Option<&Arc<Ring>> {
+        usize::try_from(epoch.0)
+            .ok()
+            .and_then(|at| self.rings.get(at))
+    }
+
+    /// The newest epoch.
+    pub fn latest(&self) -> Epoch {
+        Epoch(self.rings.len() as u64 - 1)
+    }
+}
+
+/// An answer to a request held earlier: to its client, with its operation id.
+type Answer<P> = (ClientId, u64, Response<P>);
+
+/// A node's replica of one register service across epochs.
+pub struct EpochServer<P: Policy> {
+    me: NodeId,
+    f: usize,
+    /// The rings entered, from the genesis on.
+    rings: Vec<Arc<Ring>>,
+    server: Server<P>,
+    pulls: Vec<Pull<P>>,
+    waiting: VecDeque<(ClientId, Access, Request<P>)>,
+    mutations: TransferMutations,
+    /// Keys taken over from old groups since start, and the bytes of their values.
+    pulled_keys: u64,
+    pulled_bytes: u64,
+}
+
+impl<P: Policy> EpochServer<P> {
+    /// Node `me` at the genesis `ring` (epoch 0, nothing stored), checking versions with `context`.
+    pub fn new(me: NodeId, ring: Arc<Ring>, context: P::Context) -> Self {
+        assert_eq!(ring.epoch(), Epoch(0), "a fresh node starts at the genesis");
+        let f = ring.params().f;
+        EpochServer {
+            me,
+            f,
+            server: Server::with_context(Slot(me.0), Epoch(0), GroupId(0), context),
+            rings: vec![ring],
+            pulls: Vec::new(),
+            waiting: VecDeque::new(),
+            mutations: TransferMutations::default(),
+            pulled_keys: 0,
+            pulled_bytes: 0,
+        }
+    }
+
+    /// The same node, deliberately broken.
+    pub fn with_mutations(mut self, mutations: TransferMutations) -> Self {
+        self.mutations = mutations;
+        self
+    }
+
+    /// Rebuilds a node from what it made durable: its versions, the epochs it entered (each
+    /// ring from `chain`) and the arcs whose pull finished. Unfinished pulls start again.
+    pub fn restore(
+        me: NodeId,
+        chain: &Chain,
+        context: P::Context,
+        entries: impl IntoIterator<Item = (Key, P::Entry)>,
+        entered: Epoch,
+        pulled: &BTreeSet<(Epoch, RingArc)>,
+    ) -> Self {
+        let genesis = chain.ring(Epoch(0)).cloned();
+        let genesis = genesis.unwrap_or_else(|| unreachable!("a chain starts at the genesis"));
+        let mut node = EpochServer::new(me, genesis, context);
+        for (key, entry) in entries {
+            node.server.restore(key, entry);
+        }
+        for epoch in 1..=entered.0 {
+            let Some(ring) = chain.ring(Epoch(epoch)) else {
+                break;
+            };
+            node.step_into(ring.clone());
+            node.pulls
+                .retain(|pull| !pulled.contains(&(pull.epoch, pull.arc)));
+        }
+        node
+    }
+
+    /// The epoch the node is in.
+    pub fn epoch(&self) -> Epoch {
+        self.server.epoch
+    }
+
+    /// Whether every arc the node took over is in.
+    pub fn settled(&self) -> bool {
+        self.pulls.is_empty()
+    }
+
+    /// Keys taken over since start, and their value bytes.
+    pub fn pulled(&self) -> (u64, u64) {
+        (self.pulled_keys, self.pulled_bytes)
+    }
+
+    /// The stored version of `key`.
+    pub fn stored(&self, key: &Key) -> Option<&P::Entry> {
+        self.server.stored(key)
+    }
+
+    /// The certified ring of the next epoch: the node enters it (refusing the previous epoch's
+    /// requests from now on) and starts pulling what it takes over. A ring of another epoch than
+    /// the next is ignored: the driver hands them over in order.
+    pub fn enter(&mut self, ring: Arc<Ring>) -> Output<Self> {
+        if ring.epoch().0 != self.epoch().0 + 1 {
+            return Output::none();
+        }
+        let epoch = ring.epoch();
+        self.step_into(ring);
+        let mut sends = Vec::new();
+        for pull in self.pulls.iter().filter(|pull| pull.epoch == epoch) {
+            sends.extend(pull.requests());
+        }
+        let mut output = Output {
+            changes: vec![Change::Entered(epoch)],
+            sends,
+            ..Output::none()
+        };
+        // Requests held for an earlier epoch's pulls are refused now: their epoch is over.
+        let (changes, notify) = self.release();
+        output.changes.extend(changes);
+        output.notify = notify;
+        output
+    }
+
+    /// Enters the next epoch with `ring`: the arcs this node now serves that another set of
+    /// nodes served become pulls.
+    fn step_into(&mut self, ring: Arc<Ring>) {
+        let Some(before) = self.rings.last().cloned() else {
+            unreachable!("the genesis is always held")
+        };
+        debug_assert_eq!(ring.epoch().0, before.epoch().0 + 1);
+        for moved in ring.arcs_since(&before) {
+            if moved.new.contains(self.me) && moved.changed() {
+                self.pulls
+                    .push(Pull::new(ring.epoch(), moved.arc, moved.old.clone()));
+            }
+        }
+        self.server.epoch = ring.epoch();
+        self.rings.push(ring);
+    }
+
+    fn ring(&self, epoch: Epoch) -> Option<&Arc<Ring>> {
+        usize::try_from(epoch.0)
+            .ok()
+            .and_then(|at| self.rings.get(at))
+    }
+
+    /// Whether a pull not yet finished covers `point`.
+    fn pulling(&self, point: RingPoint) -> bool {
+        self.pulls.iter().any(|pull| pull.arc.contains(point))
+    }
+
+    /// Whether this node's state for `arc` as of the epoch before `epoch` is still incomplete: a
+    /// pull into an epoch before `epoch` overlaps it (two arcs overlap exactly when one contains
+    /// the other's end). Pulls into `epoch` itself do not count: they build the state that
+    /// follows, and old members that are also new ones answer each other.
+    fn incomplete_before(&self, epoch: Epoch, arc: &RingArc) -> bool {
+        self.pulls.iter().any(|pull| {
+            pull.epoch < epoch && (pull.arc.contains(arc.upto) || arc.contains(pull.arc.upto))
+        })
+    }
+
+    fn transfer_quorum(&self) -> usize {
+        if self.mutations.small_transfer_quorum {
+            self.f + 1
+        } else {
+            2 * self.f + 1
+        }
+    }
+
+    /// Serves one request now, or holds it while its key is transferred.
+    fn handle(
+        &mut self,
+        client: ClientId,
+        access: Access,
+        request: Request<P>,
+    ) -> (Vec<Change<P>>, Option<Response<P>>) {
+        let epoch = self.epoch();
+        let refuse = |refusal: Refusal| {
+            let reply = Response {
+                op: request.op,
+                epoch,
+                body: ResponseBody::Refused(refusal),
+            };
+            (Vec::new(), Some(reply))
+        };
+        if request.epoch != epoch {
+            return refuse(Refusal::WrongEpoch { current: epoch });
+        }
+        let Some(ring) = self.ring(epoch) else {
+            unreachable!("the current epoch's ring is held")
+        };
+        let group = ring.group_of(request.key.as_bytes());
+        if group.id() != request.group || !group.contains(self.me) {
+            return refuse(Refusal::WrongGroup);
+        }
+        if !self.mutations.serve_before_transfer
+            && self.pulling(RingPoint::of_key(request.key.as_bytes()))
+        {
+            if self.waiting.len() >= WAITING_MAX {
+                return refuse(Refusal::Transferring);
+            }
+            self.waiting.push_back((client, access, request));
+            return (Vec::new(), None);
+        }
+        self.server.group = request.group;
+        let handled = self
+            .server
+            .serve(client, access.write, access.read, request);
+        let changes = handled
+            .changes
+            .into_iter()
+            .map(|super::Change::Put { key, entry }| Change::Put { key, entry })
+            .collect();
+        (changes, Some(handled.reply))
+    }
+
+    /// Answers every held request that no longer waits on a pull: the changes they made, and
+    /// the answers, which leave once those changes are durable.
+    fn release(&mut self) -> (Vec<Change<P>>, Vec<Answer<P>>) {
+        let mut changes = Vec::new();
+        let mut notify = Vec::new();
+        let held = std::mem::take(&mut self.waiting);
+        for (client, access, request) in held {
+            let op = request.op.0;
+            let (made, reply) = self.handle(client, access, request);
+            changes.extend(made);
+            if let Some(reply) = reply {
+                notify.push((client, op, reply));
+            }
+        }
+        (changes, notify)
+    }
+
+    /// Sends the next page request, or the fetches, after a listing changed.
+    fn after_listing(&mut self, at: usize) -> Output<Self> {
+        let quorum = self.transfer_quorum();
+        let pull = &mut self.pulls[at];
+        let complete = pull.listings.iter().filter(|l| l.complete).count();
+        if pull.queue.is_some() || complete < quorum {
+            return Output::none();
+        }
+        // The union of the complete listings: every write completed in the old epoch is in it.
+        let mut keys = BTreeSet::new();
+        for listing in pull.listings.iter().filter(|l| l.complete) {
+            keys.extend(listing.keys.iter().cloned());
+        }
+        pull.queue = Some(keys.into_iter().collect());
+        self.fill(at)
+    }
+
+    /// Starts fetches up to the window, or finishes the pull when nothing is left.
+    fn fill(&mut self, at: usize) -> Output<Self> {
+        let pull = &mut self.pulls[at];
+        let mut sends = Vec::new();
+        while pull.fetching.len() < FETCH_WINDOW {
+            let Some(key) = pull.queue.as_mut().and_then(VecDeque::pop_front) else {
+                break;
+            };
+            for node in pull.old.members() {
+                let fetch = Transfer::Fetch {
+                    epoch: pull.epoch,
+                    key: key.clone(),
+                };
+                sends.push((Slot(node.0), fetch));
+            }
+            pull.fetching.insert(key, Replies::new(pull.old.len()));
+        }
+        if !pull.done() {
+            return Output {
+                sends,
+                ..Output::none()
+            };
+        }
+        let pull = self.pulls.remove(at);
+        let mut changes = vec![Change::Pulled {
+            epoch: pull.epoch,
+            arc: pull.arc,
+        }];
+        let (released, notify) = self.release();
+        changes.extend(released);
+        Output {
+            changes,
+            notify,
+            sends,
+            ..Output::none()
+        }
+    }
+
+    /// An old member's answer to LIST: the keys it holds on `arc` after `after`, one page.
+    fn list(&self, arc: &RingArc, after: Option<&Key>) -> (Vec<Key>, bool) {
+        let mut keys: Vec<&Key> = self
+            .server
+            .stored
+            .keys()
+            .filter(|key| after.is_none_or(|after| *key > after))
+            .filter(|key| arc.contains(RingPoint::of_key(key.as_bytes())))
+            .collect();
+        keys.sort_unstable();
+        let more = keys.len() > LIST_PAGE_KEYS;
+        keys.truncate(LIST_PAGE_KEYS);
+        (keys.into_iter().cloned().collect(), more)
+    }
+
+    /// Whether this node answers a transfer request of `epoch`: only once it is in that epoch,
+    /// so nothing it reports can change under a write of the epoch before.
+    fn answers(&self, epoch: Epoch) -> bool {
+        epoch <= self.epoch() || self.mutations.answer_without_entering
+    }
+
+    fn on_transfer(&mut self, from: NodeId, message: Transfer<P>) -> Output<Self> {
+        match message {
+            Transfer::List { epoch, arc, after } => {
+                if !self.answers(epoch) || self.incomplete_before(epoch, &arc) {
+                    return Output::none();
+                }
+                let (keys, more) = self.list(&arc, after.as_ref());
+                let listed = Transfer::Listed {
+                    epoch,
+                    arc,
+                    after,
+                    keys,
+                    more,
+                };
+                Output {
+                    sends: vec![(Slot(from.0), listed)],
+                    ..Output::none()
+                }
+            }
+            Transfer::Listed {
+                epoch,
+                arc,
+                after,
+                keys,
+                more,
+            } => {
+                let Some(at) = self
+                    .pulls
+                    .iter()
+                    .position(|p| p.epoch == epoch && p.arc == arc && p.queue.is_none())
+                else {
+                    return Output::none();
+                };
+                let pull = &mut self.pulls[at];
+                let Some(slot) = pull.old.slot_of(from) else {
+                    return Output::none();
+                };
+                let listing = &mut pull.listings[slot.index()];
+                if listing.complete || listing.faulty || listing.after != after {
+                    // A duplicate, or a page asked for before.
+                    return Output::none();
+                }
+                let ordered = keys.windows(2).all(|pair| pair[0] < pair[1])
+                    && keys
+                        .first()
+                        .is_none_or(|first| after.as_ref().is_none_or(|after| first > after));
+                let on_arc = keys
+                    .iter()
+                    .all(|key| arc.contains(RingPoint::of_key(key.as_bytes())));
+                if keys.len() > LIST_PAGE_KEYS
+                    || !ordered
+                    || !on_arc
+                    || listing.keys.len() + keys.len() > LISTED_KEYS_MAX
+                    || (more && keys.is_empty())
+                {
+                    // No correct member sends this: its listing no longer counts.
+                    listing.faulty = true;
+                    return Output {
+                        refused: Some(format!("node {} sent a malformed listing", from.0)),
+                        ..Output::none()
+                    };
+                }
+                if let Some(last) = keys.last() {
+                    listing.after = Some(last.clone());
+                }
+                listing.keys.extend(keys);
+                if more {
+                    let next = Transfer::List {
+                        epoch,
+                        arc,
+                        after: listing.after.clone(),
+                    };
+                    return Output {
+                        sends: vec![(Slot(from.0), next)],
+                        ..Output::none()
+                    };
+                }
+                listing.complete = true;
+                self.after_listing(at)
+            }
+            Transfer::Fetch { epoch, key } => {
+                let point = RingPoint::of_key(key.as_bytes());
+                let incomplete = self
+                    .pulls
+                    .iter()
+                    .any(|pull| pull.epoch < epoch && pull.arc.contains(point));
+                if !self.answers(epoch) || incomplete {
+                    return Output::none();
+                }
+                let entry = self.server.stored(&key).cloned();
+                let fetched = Transfer::Fetched { epoch, key, entry };
+                Output {
+                    sends: vec![(Slot(from.0), fetched)],
+                    ..Output::none()
+                }
+            }
+            Transfer::Fetched { epoch, key, entry } => {
+                let Some(at) = self
+                    .pulls
+                    .iter()
+                    .position(|p| p.epoch == epoch && p.fetching.contains_key(&key))
+                else {
+                    return Output::none();
+                };
+                let quorum = self.transfer_quorum();
+                let pull = &mut self.pulls[at];
+                let Some(slot) = pull.old.slot_of(from) else {
+                    return Output::none();
+                };
+                let judged = entry.as_ref().map_or(Judged::Valid, |entry| {
+                    P::judge(&self.server.context, pull.old.id(), &key, entry)
+                });
+                let entry = match judged {
+                    Judged::Ignored => return Output::none(),
+                    Judged::Forged => None,
+                    Judged::Valid => entry,
+                };
+                let Some(replies) = pull.fetching.get_mut(&key) else {
+                    return Output::none();
+                };
+                if !replies.record(slot, entry) || replies.count() < quorum {
+                    return Output::none();
+                }
+                // The highest validly signed version; none when every answer denies the key.
+                let highest: Option<P::Entry> = replies
+                    .present()
+                    .filter_map(|(_, entry)| entry.clone())
+                    .max_by_key(|entry| P::ts(entry));
+                pull.fetching.remove(&key);
+                let mut changes = Vec::new();
+                if let Some(entry) = highest {
+                    self.pulled_keys += 1;
+                    self.pulled_bytes += P::value(&entry).map_or(0, |v| v.len() as u64);
+                    if self.server.adopt(key.clone(), entry.clone()) {
+                        changes.push(Change::Put { key, entry });
+                    }
+                }
+                let mut output = self.fill(at);
+                changes.append(&mut output.changes);
+                output.changes = changes;
+                output
+            }
+        }
+    }
+}
+
+impl<P: Policy> Replica for EpochServer<P> {
+    const SERVICE: ServiceId = P::SERVICE;
+    type Request = Request<P>;
+    type Reply = Response<P>;
+    type Message = Transfer<P>;
+    type Change = Change<P>;
+    type View = ();
+
+    fn on_request(
+        &mut self,
+        _now: Time,
+        client: ClientId,
+        access: Access,
+        request: Request<P>,
+        _view: &(),
+    ) -> Output<Self> {
+        let (changes, reply) = self.handle(client, access, request);
+        let refused = match &reply {
+            Some(Response {
+                body: ResponseBody::Refused(refusal),
+                ..
+            }) => Some(refusal.to_string()),
+            _ => None,
+        };
+        Output {
+            changes,
+            reply,
+            refused,
+            ..Output::none()
+        }
+    }
+
+    fn on_message(
+        &mut self,
+        _now: Time,
+        from: Slot,
+        message: Transfer<P>,
+        _view: &(),
+    ) -> Output<Self> {
+        self.on_transfer(NodeId(from.0), message)
+    }
+
+    /// Asks again for whatever the pulls still wait on: lost requests and slow old members.
+    fn on_tick(&mut self, _now: Time) -> Output<Self> {
+        let sends = self.pulls.iter().flat_map(Pull::requests).collect();
+        Output {
+            sends,
+            ..Output::none()
+        }
+    }
+
+    fn stats(&self) -> ReplicaStats {
+        let stats = self.server.stats();
+        ReplicaStats {
+            objects: stats.objects,
+            keys: stats.keys,
+            versions: stats.keys,
+            bytes: stats.value_bytes,
+            ..ReplicaStats::default()
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Client
+
+/// A register operation that can move to another epoch mid-way.
+pub trait Rebase<P: Policy>: Operation<Request = Request<P>, Reply = Response<P>> {
+    /// Restarts the current round in `epoch`, where the key's group is `group`.
+    fn rebase(&mut self, epoch: Epoch, group: GroupId) -> Vec<Outbound<P>>;
+    /// The epoch the operation runs in.
+    fn epoch(&self) -> Epoch;
+}
+
+impl<P: Policy> Rebase<P> for super::WriteOp<P> {
+    fn rebase(&mut self, epoch: Epoch, group: GroupId) -> Vec<Outbound<P>> {
+        super::WriteOp::rebase(self, epoch, group)
+    }
+    fn epoch(&self) -> Epoch {
+        super::WriteOp::epoch(self)
+    }
+}
+
+impl<P: Policy> Rebase<P> for super::ReadOp<P> {
+    fn rebase(&mut self, epoch: Epoch, group: GroupId) -> Vec<Outbound<P>> {
+        super::ReadOp::rebase(self, epoch, group)
+    }
+    fn epoch(&self) -> Epoch {
+        super::ReadOp::epoch(self)
+    }
+}
+
+/// A register operation routed to its key's group of the client's epoch, that follows a
+/// replica's word into a newer certified epoch (ERR_UPGRADE_CONFIG) by restarting only its
+/// current round there. Its slots are nodes (`Slot(id)`), like [`EpochServer`]'s.
+pub struct Routed<P: Policy, O: Rebase<P>> {
+    inner: O,
+    key: Key,
+    chain: Arc<Chain>,
+    epoch: Epoch,
+    view: GroupView,
+    _policy: std::marker::PhantomData<P>,
+}
+
+impl<P: Policy, O: Rebase<P>> Routed<P, O> {
+    /// `inner` on `key`, starting in `epoch` of `chain`.
+    pub fn new(inner: O, key: Key, chain: Arc<Chain>, epoch: Epoch) -> Self {
+        let epoch = epoch.min(chain.latest());
+        let Some(ring) = chain.ring(epoch) else {
+            unreachable!("an epoch up to the latest is in the chain")
+        };
+        let view = ring.group_of(key.as_bytes());
+        Routed {
+            inner,
+            key,
+            chain,
+            epoch,
+            view,
+            _policy: std::marker::PhantomData,
+        }
+    }
+
+    /// The epoch the operation runs in now.
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    fn to_nodes(&self, sends: Vec<Outbound<P>>) -> Vec<Outbound<P>> {
+        sends
+            .into_iter()
+            .filter_map(|(slot, request)| Some((Slot(self.view.node(slot)?.0), request)))
+            .collect()
+    }
+
+    fn to_slots(&self, slots: Vec<Slot>) -> Vec<Slot> {
+        slots
+            .into_iter()
+            .filter_map(|slot| Some(Slot(self.view.node(slot)?.0)))
+            .collect()
+    }
+}
+
+impl<P: Policy, O: Rebase<P>> Operation for Routed<P, O> {
+    const SERVICE: ServiceId = P::SERVICE;
+    type Request = Request<P>;
+    type Reply = Response<P>;
+    type Output = O::Output;
+
+    fn op(&self) -> u64 {
+        self.inner.op()
+    }
+
+    fn start(&mut self) -> Vec<Outbound<P>> {
+        let sends = self.inner.rebase(self.epoch, self.view.id());
+        self.to_nodes(sends)
+    }
+
+    fn on_reply(&mut self, from: Slot, reply: Response<P>) -> Progress<Self> {
+        match reply.body {
+            ResponseBody::Refused(Refusal::WrongEpoch { current }) if current > self.epoch => {
+                // Only certified epochs are in the chain: a replica can move the client to a
+                // newer one, never to one that does not exist.
+                let Some(ring) = self.chain.ring(current) else {
+                    return Progress::Send(Vec::new());
+                };
+                self.epoch = current;
+                self.view = ring.group_of(self.key.as_bytes());
+                let sends = self.inner.rebase(current, self.view.id());
+                Progress::Send(self.to_nodes(sends))
+            }
+            // Not an answer: the replica will serve the key once its transfer is in, and the
+            // retransmission asks again.
+            ResponseBody::Refused(Refusal::Transferring | Refusal::WrongEpoch { .. }) => {
+                Progress::Send(Vec::new())
+            }
+            _ => {
+                let Some(slot) = self.view.slot_of(NodeId(from.0)) else {
+                    return Progress::Send(Vec::new());
+                };
+                match self.inner.on_reply(slot, reply) {
+                    Progress::Send(sends) => Progress::Send(self.to_nodes(sends)),
+                    Progress::Done(result) => Progress::Done(result),
+                }
+            }
+        }
+    }
+
+    fn on_timeout(&mut self) -> Vec<Outbound<P>> {
+        let sends = self.inner.on_timeout();
+        self.to_nodes(sends)
+    }
+
+    fn answered(&self) -> Vec<Slot> {
+        self.to_slots(self.inner.answered())
+    }
+
+    fn quorum(&self) -> usize {
+        self.inner.quorum()
+    }
+}

@@ -1,0 +1,474 @@
+//! Public-key objects across reconfigurations (Rosebud §4.5, §4.7, the reconfiguration scenarios
+//! of spec §7.2): a cluster of `2(3f+1)` nodes, some of them members, whose certified
+//! configuration changes several times during the run (nodes join, nodes leave, a whole group is
+//! replaced in one epoch), every node hosting [`EpochServer`], the real machine that follows the
+//! epochs and pulls the keys it takes over, and every client operation a [`Routed`] register
+//! operation that starts in the genesis epoch and follows the replicas' word into newer ones.
+//! Every object's history is checked for linearizability.
+//!
+//! The configuration service is not simulated here (it has its own simulation): the epochs are
+//! a schedule drawn from the seed, certified by construction, that each node learns at its own
+//! moment after the epoch starts (as certificates reach nodes at different times), or earlier
+//! when a client's request or a peer's transfer request names it (the sender pushes the
+//! certificate, spec §4.5).
+
+use super::registers::{RegisterDisk, describe_request, describe_response, kind, owner_of};
+use crate::byzantine::Behaviour;
+use crate::sim::config::{FaultSet, Nemesis, SimConfig};
+use crate::sim::protocol::{Protocol, Storage};
+use crate::sim::swarm::Swarm;
+use bulwark_core::membership::{Arc as RingArc, PlacementParams, Ring, RingPoint};
+use bulwark_core::{ClientId, Digest, Epoch, Key, NodeId, ServiceId, Slot, Time};
+use bulwark_protocol::machine::{Access, Output, Replica, ReplicaStats, TimerId};
+use bulwark_protocol::pubkey::{self, PubKey};
+use bulwark_protocol::register::Policy;
+use bulwark_protocol::register::reconfig::{
+    self, Chain, EpochServer, LIST_PAGE_KEYS, Routed, Transfer, TransferMutations,
+};
+use bulwark_protocol::round::OpId;
+use bytes::Bytes;
+use rand::seq::{IndexedRandom, SliceRandom};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+/// How late after an epoch starts a node may learn of it, at most.
+const LEARN_LATE_MAX_MILLIS: u64 = 1_500;
+
+/// One run's cluster: the chain of configurations and when each epoch starts.
+pub struct ReconfigSim {
+    f: usize,
+    chain: Arc<Chain>,
+    /// When each epoch starts (the genesis at 0).
+    starts: Arc<Vec<u64>>,
+    mutations: TransferMutations,
+}
+
+impl ReconfigSim {
+    /// The members of each epoch, for the trace and the tests.
+    pub fn chain(&self) -> &Chain {
+        &self.chain
+    }
+}
+
+/// The schedule of one run: the genesis members, then each epoch's change.
+fn schedule(rng: &mut ChaCha8Rng, f: usize, nodes: usize) -> (Vec<Ring>, Vec<u64>) {
+    let group = 3 * f + 1;
+    let params = PlacementParams::new(f);
+    let mut all: Vec<u32> = (0..nodes as u32).collect();
+    all.shuffle(rng);
+    let initial = rng.random_range(group..nodes);
+    let mut members: BTreeSet<u32> = all[..initial].iter().copied().collect();
+    let ring = |epoch: u64, members: &BTreeSet<u32>| {
+        Ring::new(Epoch(epoch), params, members.iter().map(|&id| NodeId(id)))
+            .unwrap_or_else(|error| unreachable!("schedules keep 3f+1 members: {error}"))
+    };
+    let mut rings = vec![ring(0, &members)];
+    let mut starts = vec![0];
+    let epochs = rng.random_range(2..=5u64);
+    // Spread over the first part of the run, where the operations are: some epochs change while
+    // the first writes land, some later, some in quick succession.
+    let mut at = rng.random_range(100..3_000u64);
+    for epoch in 1..=epochs {
+        let outside: Vec<u32> = (0..nodes as u32)
+            .filter(|id| !members.contains(id))
+            .collect();
+        let inside: Vec<u32> = members.iter().copied().collect();
+        match rng.random_range(0..4) {
+            // Joins.
+            0 if !outside.is_empty() => {
+                let count = rng.random_range(1..=outside.len().min(2));
+                members.extend(outside.choose_multiple(rng, count));
+            }
+            // Departures, keeping a group's worth.
+            1 if inside.len() > group => {
+                let count = rng.random_range(1..=(inside.len() - group).min(2));
+                for id in inside.choose_multiple(rng, count) {
+                    members.remove(id);
+                }
+            }
+            // One group's members all leave and as many newcomers join, when there are enough.
+            2 if outside.len() >= group => {
+                let ring = ring(epoch, &members);
+                let groups = ring.groups();
+                let Some(replaced) = groups.choose(rng) else {
+                    unreachable!("a ring has groups")
+                };
+                for id in replaced.members() {
+                    members.remove(&id.0);
+                }
+                members.extend(outside.choose_multiple(rng, group));
+            }
+            // One in, one out.
+            _ => {
+                if let Some(&joining) = outside.choose(rng) {
+                    members.insert(joining);
+                }
+                if members.len() > group
+                    && let Some(&leaving) = inside.choose(rng)
+                {
+                    members.remove(&leaving);
+                }
+            }
+        }
+        rings.push(ring(epoch, &members));
+        starts.push(at);
+        at += rng.random_range(150..6_000u64);
+    }
+    (rings, starts)
+}
+
+/// One node's disk: its versions, the newest epoch it entered and the arcs it finished pulling.
+#[derive(Default)]
+pub struct NodeDisk {
+    entries: RegisterDisk<pubkey::Entry>,
+    entered: Epoch,
+    pulled: BTreeSet<(Epoch, RingArc)>,
+}
+
+/// A node: the real machine, and how it learns certified configurations in this world.
+pub struct SimNode {
+    inner: EpochServer<PubKey>,
+    /// How it lies to the nodes that take keys over from it (clients it serves honestly, unless
+    /// silent): a faulty old member of spec §7.2.
+    behaviour: Behaviour,
+    /// The first version it stored of each key: what a stale member hands over.
+    first: BTreeMap<Key, pubkey::Entry>,
+    rng: ChaCha8Rng,
+    chain: Arc<Chain>,
+    starts: Arc<Vec<u64>>,
+    /// When this node learns each epoch by itself.
+    learns: Vec<u64>,
+    mutations: TransferMutations,
+}
+
+impl SimNode {
+    fn new(
+        inner: EpochServer<PubKey>,
+        sim: &ReconfigSim,
+        index: usize,
+        behaviour: Behaviour,
+        seed: u64,
+    ) -> SimNode {
+        let learns = sim
+            .starts
+            .iter()
+            .enumerate()
+            .map(|(epoch, start)| {
+                let late = Digest::of(
+                    "bulwark/sim/reconfig/learn",
+                    &[index as u64, epoch as u64].map(u64::to_be_bytes).concat(),
+                );
+                let late = u64::from_be_bytes(late.0[..8].try_into().unwrap_or_default());
+                start + late % LEARN_LATE_MAX_MILLIS
+            })
+            .collect();
+        SimNode {
+            inner: inner.with_mutations(sim.mutations),
+            behaviour,
+            first: BTreeMap::new(),
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            chain: sim.chain.clone(),
+            starts: sim.starts.clone(),
+            learns,
+            mutations: sim.mutations,
+        }
+    }
+
+    /// Enters every epoch up to `epoch`, one at a time.
+    fn catch_up(&mut self, epoch: Epoch) -> Output<SimNode> {
+        let mut output = Output::none();
+        while self.inner.epoch() < epoch.min(self.chain.latest()) {
+            let next = Epoch(self.inner.epoch().0 + 1);
+            let Some(ring) = self.chain.ring(next) else {
+                break;
+            };
+            output = output.and(lift(self.inner.enter(ring.clone())));
+        }
+        output
+    }
+
+    /// What a faulty old member makes of its honest transfer answers.
+    fn lie(&mut self, output: &mut Output<SimNode>) {
+        for (_, message) in &mut output.sends {
+            match (self.behaviour, message) {
+                // Withholds: lists nothing, holds nothing.
+                (Behaviour::Amnesiac, Transfer::Listed { keys, more, .. }) => {
+                    keys.clear();
+                    *more = false;
+                }
+                (Behaviour::Amnesiac, Transfer::Fetched { entry, .. }) => *entry = None,
+                // Hands over the oldest version it ever held.
+                (Behaviour::Stale, Transfer::Fetched { key, entry, .. }) => {
+                    if let Some(first) = self.first.get(key) {
+                        *entry = Some(first.clone());
+                    }
+                }
+                // Lists ids nobody wrote, and answers with versions nobody signed.
+                (
+                    Behaviour::Forging,
+                    Transfer::Listed {
+                        arc, after, keys, ..
+                    },
+                ) => {
+                    for _ in 0..16 {
+                        let bytes: [u8; 32] = self.rng.random();
+                        let Ok(bogus) = Key::new(Bytes::copy_from_slice(&bytes)) else {
+                            continue;
+                        };
+                        let fits = arc.contains(RingPoint::of_key(bogus.as_bytes()))
+                            && after.as_ref().is_none_or(|after| bogus > *after)
+                            && keys.last().is_none_or(|last| bogus < *last)
+                            && keys.len() < LIST_PAGE_KEYS;
+                        if fits {
+                            keys.push(bogus);
+                            keys.sort_unstable();
+                        }
+                    }
+                }
+                (
+                    Behaviour::Forging,
+                    Transfer::Fetched {
+                        entry: Some(entry), ..
+                    },
+                ) => entry.ts.num = entry.ts.num.saturating_add(1_000),
+                _ => {}
+            }
+        }
+    }
+
+    /// The newest epoch this node has learned of by itself at `now`.
+    fn learned(&self, now: Time) -> Epoch {
+        let known = self.learns.iter().take_while(|at| **at <= now.0).count();
+        debug_assert_eq!(self.learns.len(), self.starts.len());
+        Epoch(known.saturating_sub(1) as u64)
+    }
+}
+
+/// The same output, as the wrapper's.
+fn lift(output: Output<EpochServer<PubKey>>) -> Output<SimNode> {
+    Output {
+        changes: output.changes,
+        reply: output.reply,
+        notify: output.notify,
+        sends: output.sends,
+        timers: output.timers,
+        refused: output.refused,
+    }
+}
+
+impl Replica for SimNode {
+    const SERVICE: ServiceId = <PubKey as Policy>::SERVICE;
+    type Request = pubkey::Request;
+    type Reply = pubkey::Response;
+    type Message = Transfer<PubKey>;
+    type Change = reconfig::Change<PubKey>;
+    type View = ();
+
+    fn on_request(
+        &mut self,
+        now: Time,
+        client: ClientId,
+        access: Access,
+        request: pubkey::Request,
+        view: &(),
+    ) -> Output<SimNode> {
+        if self.behaviour == Behaviour::Silent {
+            return Output::none();
+        }
+        if let pubkey::RequestBody::Store(entry) | pubkey::RequestBody::WriteBack(entry) =
+            &request.body
+        {
+            self.first
+                .entry(request.key.clone())
+                .or_insert_with(|| entry.clone());
+        }
+        let caught_up = self.catch_up(request.epoch);
+        caught_up.and(lift(
+            self.inner.on_request(now, client, access, request, view),
+        ))
+    }
+
+    fn on_message(
+        &mut self,
+        now: Time,
+        from: Slot,
+        message: Transfer<PubKey>,
+        view: &(),
+    ) -> Output<SimNode> {
+        let caught_up = match &message {
+            Transfer::List { epoch, .. } | Transfer::Fetch { epoch, .. }
+                if !self.mutations.answer_without_entering =>
+            {
+                self.catch_up(*epoch)
+            }
+            _ => Output::none(),
+        };
+        if self.behaviour == Behaviour::Silent {
+            return Output::none();
+        }
+        let mut output = caught_up.and(lift(self.inner.on_message(now, from, message, view)));
+        self.lie(&mut output);
+        output
+    }
+
+    fn on_timer(&mut self, _now: Time, _timer: TimerId, _view: &()) -> Output<SimNode> {
+        Output::none()
+    }
+
+    fn on_tick(&mut self, now: Time) -> Output<SimNode> {
+        let caught_up = self.catch_up(self.learned(now));
+        caught_up.and(lift(self.inner.on_tick(now)))
+    }
+
+    fn stats(&self) -> ReplicaStats {
+        self.inner.stats()
+    }
+}
+
+impl Protocol for ReconfigSim {
+    type Request = pubkey::Request;
+    type Response = pubkey::Response;
+    type Change = reconfig::Change<PubKey>;
+    type Disk = NodeDisk;
+    type Server = SimNode;
+    type Write = Routed<PubKey, pubkey::WriteOp>;
+    type Read = Routed<PubKey, pubkey::ReadOp>;
+
+    /// Long enough for the last epoch's pulls to finish before the run is judged.
+    const SETTLE_MILLIS: u64 = 2_000;
+
+    /// Twice a group: room for nodes to join, leave, and for a whole group to be replaced.
+    fn nodes(f: usize) -> usize {
+        2 * (3 * f + 1)
+    }
+
+    fn tolerated(wanted: &FaultSet) -> FaultSet {
+        let mut faults = wanted.clone();
+        faults.behaviours.retain(|behaviour| {
+            matches!(
+                behaviour,
+                Behaviour::Silent | Behaviour::Amnesiac | Behaviour::Stale | Behaviour::Forging
+            )
+        });
+        faults.nemeses.remove(&Nemesis::ByzantineReaders);
+        faults
+    }
+
+    fn new(rng: &mut ChaCha8Rng, config: &SimConfig, _swarm: &Swarm) -> ReconfigSim {
+        let (rings, starts) = schedule(rng, config.f, Self::nodes(config.f));
+        ReconfigSim {
+            f: config.f,
+            chain: Arc::new(Chain::new(rings.into_iter().map(Arc::new).collect())),
+            starts: Arc::new(starts),
+            mutations: config.mutations.transfer,
+        }
+    }
+
+    fn server(&self, index: usize, behaviour: Behaviour, seed: u64) -> SimNode {
+        let Some(genesis) = self.chain.ring(Epoch(0)) else {
+            unreachable!("a chain starts at the genesis")
+        };
+        let inner = EpochServer::new(NodeId(index as u32), genesis.clone(), ());
+        SimNode::new(inner, self, index, behaviour, seed)
+    }
+
+    fn restore(&self, index: usize, disk: &NodeDisk, _now: u64) -> SimNode {
+        let entries = disk
+            .entries
+            .iter()
+            .map(|(key, entry)| (key.clone(), entry.clone()));
+        let inner = EpochServer::restore(
+            NodeId(index as u32),
+            &self.chain,
+            (),
+            entries,
+            disk.entered,
+            &disk.pulled,
+        );
+        SimNode::new(inner, self, index, Behaviour::Honest, 0)
+    }
+
+    fn view(_: &Storage<Self>) -> &() {
+        &()
+    }
+
+    fn persist(disk: &mut NodeDisk, change: &reconfig::Change<PubKey>) {
+        match change {
+            reconfig::Change::Put { key, entry } => disk.entries.put(key, entry),
+            reconfig::Change::Entered(epoch) => disk.entered = disk.entered.max(*epoch),
+            reconfig::Change::Pulled { epoch, arc } => {
+                disk.pulled.insert((*epoch, *arc));
+            }
+        }
+    }
+
+    fn disk_versions(disk: &NodeDisk) -> usize {
+        disk.entries.len()
+    }
+
+    fn write(
+        &self,
+        client: usize,
+        key: Key,
+        op: OpId,
+        value: Option<Bytes>,
+        _rng: &mut ChaCha8Rng,
+    ) -> Self::Write {
+        let owner = owner_of(&key);
+        let id = pubkey::object_id(&owner.public_key());
+        let inner = pubkey::WriteOp::new(
+            pubkey::ClientConfig::new(self.f),
+            op,
+            ClientId(client as u32),
+            op.0,
+            owner,
+            value,
+        );
+        Routed::new(inner, id, self.chain.clone(), Epoch(0))
+    }
+
+    fn read(&self, _client: usize, key: Key, op: OpId) -> Self::Read {
+        let id = pubkey::object_id(&owner_of(&key).public_key());
+        let inner = pubkey::ReadOp::new(pubkey::ClientConfig::new(self.f), id.clone(), op);
+        Routed::new(inner, id, self.chain.clone(), Epoch(0))
+    }
+
+    fn response_op(response: &pubkey::Response) -> OpId {
+        response.op
+    }
+
+    fn request_name(request: &pubkey::Request) -> &'static str {
+        request.body.name()
+    }
+
+    fn request_kind(request: &pubkey::Request) -> usize {
+        kind(request)
+    }
+
+    fn describe_request(request: &pubkey::Request) -> String {
+        format!("e{} {}", request.epoch.0, describe_request(request))
+    }
+
+    fn describe_response(response: &pubkey::Response) -> String {
+        format!("e{} {}", response.epoch.0, describe_response(response))
+    }
+
+    fn describe_message(message: &Transfer<PubKey>) -> String {
+        match message {
+            Transfer::List { epoch, after, .. } => {
+                format!("list e{} after={}", epoch.0, after.is_some())
+            }
+            Transfer::Listed {
+                epoch, keys, more, ..
+            } => format!("listed e{} keys={} more={more}", epoch.0, keys.len()),
+            Transfer::Fetch { epoch, key } => format!("fetch e{} key={key}", epoch.0),
+            Transfer::Fetched { epoch, key, entry } => format!(
+                "fetched e{} key={key} ts={}",
+                epoch.0,
+                entry.as_ref().map_or(0, |entry| entry.ts.num)
+            ),
+        }
+    }
+}
