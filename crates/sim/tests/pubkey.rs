@@ -21,16 +21,7 @@ fn config(f: usize) -> SimConfig {
 }
 
 fn report(name: &str, config: &SimConfig, summary: &SweepSummary) {
-    println!(
-        "{name}: {} seeds in {:.1?} ({:.0} seeds/s), {} operations invoked, {} checked, {} failing seeds ({} on liveness)",
-        summary.seeds_run,
-        summary.elapsed,
-        summary.seeds_per_second(),
-        summary.ops_invoked,
-        summary.ops_checked,
-        summary.violations.len(),
-        summary.liveness_failures,
-    );
+    println!("{}", summary.headline(name));
     println!("{}", summary.render_service(config, "pubkey"));
 }
 

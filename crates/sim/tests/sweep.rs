@@ -14,15 +14,7 @@ use bulwark_sim::sim::{FaultSet, SimConfig, SweepSummary, sweep};
 const THREADS: usize = 2;
 
 fn report(name: &str, config: &SimConfig, summary: &SweepSummary) {
-    println!(
-        "{name}: {} seeds in {:.1?} ({:.0} seeds/s), {} operations checked, {} failing seeds, {} inconclusive",
-        summary.seeds_run,
-        summary.elapsed,
-        summary.seeds_per_second(),
-        summary.ops_checked,
-        summary.violations.len(),
-        summary.inconclusive
-    );
+    println!("{}", summary.headline(name));
     if !summary.violations.is_empty() {
         println!("{}", summary.render(config));
     }

@@ -184,6 +184,16 @@ pub struct Response<P: Policy> {
     pub body: ResponseBody<P>,
 }
 
+impl<P: Policy> Response<P> {
+    /// Why the server refused, when it did.
+    pub fn refusal(&self) -> Option<&Refusal> {
+        match &self.body {
+            ResponseBody::Refused(refusal) => Some(refusal),
+            _ => None,
+        }
+    }
+}
+
 /// Replies.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(bound = "")]
@@ -589,27 +599,6 @@ impl<P: Policy> WriteOp<P> {
         }
     }
 
-    /// The client moved to epoch `epoch`, where the key belongs to `group`: the current round
-    /// starts again there from no replies, so no round counts replies of two epochs (Rosebud
-    /// §7.1.1). What earlier rounds decided (the timestamp) stands.
-    pub fn rebase(&mut self, epoch: Epoch, group: GroupId) -> Vec<Outbound<P>> {
-        self.config.epoch = epoch;
-        self.config.group = group;
-        let n = self.config.n;
-        match &mut self.phase {
-            WritePhase::Clock(replies) => *replies = Replies::new(n),
-            WritePhase::Store(replies, _) => *replies = Replies::new(n),
-            WritePhase::Done => {}
-        }
-        self.refusals = Refusals::new(n);
-        self.retransmit()
-    }
-
-    /// The epoch the operation runs in.
-    pub fn epoch(&self) -> Epoch {
-        self.config.epoch
-    }
-
     /// Feeds one reply.
     pub fn on_response(&mut self, from: Slot, response: Response<P>) -> Step<P, WriteOutcome> {
         if response.op != self.op
@@ -727,27 +716,6 @@ impl<P: Policy> ReadOp<P> {
             ReadPhase::WriteBack(replies, _) => replies.nodes(),
             ReadPhase::Done => Vec::new(),
         }
-    }
-
-    /// The client moved to epoch `epoch`, where the key belongs to `group`: the current round
-    /// starts again there from no replies (Rosebud §7.1.1). A version chosen for write-back is
-    /// written back in the new group.
-    pub fn rebase(&mut self, epoch: Epoch, group: GroupId) -> Vec<Outbound<P>> {
-        self.config.epoch = epoch;
-        self.config.group = group;
-        let n = self.config.n;
-        match &mut self.phase {
-            ReadPhase::Get(replies) => *replies = Replies::new(n),
-            ReadPhase::WriteBack(replies, _) => *replies = Replies::new(n),
-            ReadPhase::Done => {}
-        }
-        self.refusals = Refusals::new(n);
-        self.retransmit()
-    }
-
-    /// The epoch the operation runs in.
-    pub fn epoch(&self) -> Epoch {
-        self.config.epoch
     }
 
     /// Feeds one reply.

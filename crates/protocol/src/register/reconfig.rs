@@ -36,7 +36,10 @@
 //! This machine addresses its peers by node: `Slot(id)` in its sends and messages is the node
 //! with [`NodeId`] `id`, not a position in a group; the driver delivers accordingly.
 
-use super::{Judged, Outbound, Policy, Refusal, Replies, Request, Response, ResponseBody, Server};
+use super::{
+    Judged, Outbound, Policy, ReadOp, ReadPhase, Refusal, Refusals, Replies, Request, Response,
+    ResponseBody, Server, WriteOp, WritePhase,
+};
 use crate::machine::{Access, Operation, Output, Progress, Replica, ReplicaStats};
 use bulwark_core::membership::{Arc as RingArc, GroupView, Ring, RingPoint};
 use bulwark_core::{ClientId, Epoch, GroupId, Key, NodeId, ServiceId, Slot, Time};
@@ -233,6 +236,24 @@ impl Chain {
     pub fn latest(&self) -> Epoch {
         Epoch(self.rings.len() as u64 - 1)
     }
+
+    /// The newest ring.
+    pub fn newest(&self) -> &Arc<Ring> {
+        let Some(ring) = self.rings.last() else {
+            unreachable!("a chain starts at the genesis")
+        };
+        ring
+    }
+
+    /// Appends the next epoch's ring.
+    fn push(&mut self, ring: Arc<Ring>) {
+        assert_eq!(
+            ring.epoch().0,
+            self.latest().0 + 1,
+            "epochs follow one another"
+        );
+        self.rings.push(ring);
+    }
 }
 
 /// An answer to a request held earlier: to its client, with its operation id.
@@ -243,7 +264,7 @@ pub struct EpochServer<P: Policy> {
     me: NodeId,
     f: usize,
     /// The rings entered, from the genesis on.
-    rings: Vec<Arc<Ring>>,
+    rings: Chain,
     server: Server<P>,
     pulls: Vec<Pull<P>>,
     waiting: VecDeque<(ClientId, Access, Request<P>)>,
@@ -262,7 +283,7 @@ impl<P: Policy> EpochServer<P> {
             me,
             f,
             server: Server::with_context(Slot(me.0), Epoch(0), GroupId(0), context),
-            rings: vec![ring],
+            rings: Chain::new(vec![ring]),
             pulls: Vec::new(),
             waiting: VecDeque::new(),
             mutations: TransferMutations::default(),
@@ -352,10 +373,7 @@ impl<P: Policy> EpochServer<P> {
     /// Enters the next epoch with `ring`: the arcs this node now serves that another set of
     /// nodes served become pulls.
     fn step_into(&mut self, ring: Arc<Ring>) {
-        let Some(before) = self.rings.last().cloned() else {
-            unreachable!("the genesis is always held")
-        };
-        debug_assert_eq!(ring.epoch().0, before.epoch().0 + 1);
+        let before = self.rings.newest().clone();
         for moved in ring.arcs_since(&before) {
             if moved.new.contains(self.me) && moved.changed() {
                 self.pulls
@@ -366,25 +384,14 @@ impl<P: Policy> EpochServer<P> {
         self.rings.push(ring);
     }
 
-    fn ring(&self, epoch: Epoch) -> Option<&Arc<Ring>> {
-        usize::try_from(epoch.0)
-            .ok()
-            .and_then(|at| self.rings.get(at))
-    }
-
-    /// Whether a pull not yet finished covers `point`.
-    fn pulling(&self, point: RingPoint) -> bool {
-        self.pulls.iter().any(|pull| pull.arc.contains(point))
-    }
-
-    /// Whether this node's state for `arc` as of the epoch before `epoch` is still incomplete: a
-    /// pull into an epoch before `epoch` overlaps it (two arcs overlap exactly when one contains
-    /// the other's end). Pulls into `epoch` itself do not count: they build the state that
-    /// follows, and old members that are also new ones answer each other.
-    fn incomplete_before(&self, epoch: Epoch, arc: &RingArc) -> bool {
-        self.pulls.iter().any(|pull| {
-            pull.epoch < epoch && (pull.arc.contains(arc.upto) || arc.contains(pull.arc.upto))
-        })
+    /// Whether this node's state as of the epoch before `epoch` is still incomplete where
+    /// `overlaps` says: a pull into an earlier epoch than `epoch` is unfinished there. Pulls into
+    /// `epoch` itself do not count: they build the state that follows, and old members that are
+    /// also new ones answer each other.
+    fn incomplete_before(&self, epoch: Epoch, overlaps: impl Fn(&RingArc) -> bool) -> bool {
+        self.pulls
+            .iter()
+            .any(|pull| pull.epoch < epoch && overlaps(&pull.arc))
     }
 
     fn transfer_quorum(&self) -> usize {
@@ -414,15 +421,13 @@ impl<P: Policy> EpochServer<P> {
         if request.epoch != epoch {
             return refuse(Refusal::WrongEpoch { current: epoch });
         }
-        let Some(ring) = self.ring(epoch) else {
-            unreachable!("the current epoch's ring is held")
-        };
-        let group = ring.group_of(request.key.as_bytes());
+        let point = RingPoint::of_key(request.key.as_bytes());
+        let group = self.rings.newest().group_at(point);
         if group.id() != request.group || !group.contains(self.me) {
             return refuse(Refusal::WrongGroup);
         }
         if !self.mutations.serve_before_transfer
-            && self.pulling(RingPoint::of_key(request.key.as_bytes()))
+            && self.incomplete_before(Epoch(epoch.0 + 1), |arc| arc.contains(point))
         {
             if self.waiting.len() >= WAITING_MAX {
                 return refuse(Refusal::Transferring);
@@ -538,7 +543,10 @@ impl<P: Policy> EpochServer<P> {
     fn on_transfer(&mut self, from: NodeId, message: Transfer<P>) -> Output<Self> {
         match message {
             Transfer::List { epoch, arc, after } => {
-                if !self.answers(epoch) || self.incomplete_before(epoch, &arc) {
+                // Two arcs overlap exactly when one contains the other's end.
+                let overlaps =
+                    |pulled: &RingArc| pulled.contains(arc.upto) || arc.contains(pulled.upto);
+                if !self.answers(epoch) || self.incomplete_before(epoch, overlaps) {
                     return Output::none();
                 }
                 let (keys, more) = self.list(&arc, after.as_ref());
@@ -617,11 +625,8 @@ impl<P: Policy> EpochServer<P> {
             }
             Transfer::Fetch { epoch, key } => {
                 let point = RingPoint::of_key(key.as_bytes());
-                let incomplete = self
-                    .pulls
-                    .iter()
-                    .any(|pull| pull.epoch < epoch && pull.arc.contains(point));
-                if !self.answers(epoch) || incomplete {
+                if !self.answers(epoch) || self.incomplete_before(epoch, |arc| arc.contains(point))
+                {
                     return Output::none();
                 }
                 let entry = self.server.stored(&key).cloned();
@@ -698,13 +703,10 @@ impl<P: Policy> Replica for EpochServer<P> {
         _view: &(),
     ) -> Output<Self> {
         let (changes, reply) = self.handle(client, access, request);
-        let refused = match &reply {
-            Some(Response {
-                body: ResponseBody::Refused(refusal),
-                ..
-            }) => Some(refusal.to_string()),
-            _ => None,
-        };
+        let refused = reply
+            .as_ref()
+            .and_then(Response::refusal)
+            .map(ToString::to_string);
         Output {
             changes,
             reply,
@@ -733,14 +735,7 @@ impl<P: Policy> Replica for EpochServer<P> {
     }
 
     fn stats(&self) -> ReplicaStats {
-        let stats = self.server.stats();
-        ReplicaStats {
-            objects: stats.objects,
-            keys: stats.keys,
-            versions: stats.keys,
-            bytes: stats.value_bytes,
-            ..ReplicaStats::default()
-        }
+        Replica::stats(&self.server)
     }
 }
 
@@ -749,27 +744,49 @@ impl<P: Policy> Replica for EpochServer<P> {
 
 /// A register operation that can move to another epoch mid-way.
 pub trait Rebase<P: Policy>: Operation<Request = Request<P>, Reply = Response<P>> {
-    /// Restarts the current round in `epoch`, where the key's group is `group`.
+    /// The client moved to `epoch`, where the key belongs to `group`: the current round starts
+    /// again there from no replies, so no round counts replies of two epochs (Rosebud §7.1.1).
+    /// What earlier rounds decided (a write's timestamp, a read's version to write back) stands.
     fn rebase(&mut self, epoch: Epoch, group: GroupId) -> Vec<Outbound<P>>;
     /// The epoch the operation runs in.
     fn epoch(&self) -> Epoch;
 }
 
-impl<P: Policy> Rebase<P> for super::WriteOp<P> {
+impl<P: Policy> Rebase<P> for WriteOp<P> {
     fn rebase(&mut self, epoch: Epoch, group: GroupId) -> Vec<Outbound<P>> {
-        super::WriteOp::rebase(self, epoch, group)
+        self.config.epoch = epoch;
+        self.config.group = group;
+        let n = self.config.n;
+        match &mut self.phase {
+            WritePhase::Clock(replies) => *replies = Replies::new(n),
+            WritePhase::Store(replies, _) => *replies = Replies::new(n),
+            WritePhase::Done => {}
+        }
+        self.refusals = Refusals::new(n);
+        self.retransmit()
     }
+
     fn epoch(&self) -> Epoch {
-        super::WriteOp::epoch(self)
+        self.config.epoch
     }
 }
 
-impl<P: Policy> Rebase<P> for super::ReadOp<P> {
+impl<P: Policy> Rebase<P> for ReadOp<P> {
     fn rebase(&mut self, epoch: Epoch, group: GroupId) -> Vec<Outbound<P>> {
-        super::ReadOp::rebase(self, epoch, group)
+        self.config.epoch = epoch;
+        self.config.group = group;
+        let n = self.config.n;
+        match &mut self.phase {
+            ReadPhase::Get(replies) => *replies = Replies::new(n),
+            ReadPhase::WriteBack(replies, _) => *replies = Replies::new(n),
+            ReadPhase::Done => {}
+        }
+        self.refusals = Refusals::new(n);
+        self.retransmit()
     }
+
     fn epoch(&self) -> Epoch {
-        super::ReadOp::epoch(self)
+        self.config.epoch
     }
 }
 

@@ -262,10 +262,10 @@ impl Replica for PhalanxLiar {
     ) -> Output<Self> {
         let (changes, reply) = self.handle(now, client, access.write, request);
         // A liar's refusal is a refusal as far as the counters go.
-        let refused = match reply.as_ref().map(|r| &r.body) {
-            Some(ResponseBody::Refused(refusal)) => Some(refusal.to_string()),
-            _ => None,
-        };
+        let refused = reply
+            .as_ref()
+            .and_then(Response::refusal)
+            .map(ToString::to_string);
         Output {
             changes,
             reply,

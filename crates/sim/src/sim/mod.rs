@@ -233,6 +233,21 @@ impl SweepSummary {
         self.seeds_run as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
 
+    /// One line for a test's output: seeds, speed, operations, failures.
+    pub fn headline(&self, name: &str) -> String {
+        format!(
+            "{name}: {} seeds in {:.1?} ({:.1} seeds/s), {} operations invoked, {} checked, {} failing seeds ({} on liveness), {} inconclusive",
+            self.seeds_run,
+            self.elapsed,
+            self.seeds_per_second(),
+            self.ops_invoked,
+            self.ops_checked,
+            self.violations.len(),
+            self.liveness_failures,
+            self.inconclusive,
+        )
+    }
+
     /// A report for humans: totals, then each failing seed with the command that replays it.
     pub fn render(&self, config: &SimConfig) -> String {
         self.render_replaying(|seed| config.replay_command(seed))

@@ -19,7 +19,7 @@ use crate::sim::protocol::{Protocol, Storage};
 use crate::sim::swarm::Swarm;
 use bulwark_core::membership::{Arc as RingArc, PlacementParams, Ring, RingPoint};
 use bulwark_core::{ClientId, Digest, Epoch, Key, NodeId, ServiceId, Slot, Time};
-use bulwark_protocol::machine::{Access, Output, Replica, ReplicaStats, TimerId};
+use bulwark_protocol::machine::{Access, Output, Replica, ReplicaStats};
 use bulwark_protocol::pubkey::{self, PubKey};
 use bulwark_protocol::register::Policy;
 use bulwark_protocol::register::reconfig::{
@@ -41,15 +41,8 @@ pub struct ReconfigSim {
     f: usize,
     chain: Arc<Chain>,
     /// When each epoch starts (the genesis at 0).
-    starts: Arc<Vec<u64>>,
+    starts: Vec<u64>,
     mutations: TransferMutations,
-}
-
-impl ReconfigSim {
-    /// The members of each epoch, for the trace and the tests.
-    pub fn chain(&self) -> &Chain {
-        &self.chain
-    }
 }
 
 /// The schedule of one run: the genesis members, then each epoch's change.
@@ -137,7 +130,6 @@ pub struct SimNode {
     first: BTreeMap<Key, pubkey::Entry>,
     rng: ChaCha8Rng,
     chain: Arc<Chain>,
-    starts: Arc<Vec<u64>>,
     /// When this node learns each epoch by itself.
     learns: Vec<u64>,
     mutations: TransferMutations,
@@ -170,7 +162,6 @@ impl SimNode {
             first: BTreeMap::new(),
             rng: ChaCha8Rng::seed_from_u64(seed),
             chain: sim.chain.clone(),
-            starts: sim.starts.clone(),
             learns,
             mutations: sim.mutations,
         }
@@ -241,7 +232,6 @@ impl SimNode {
     /// The newest epoch this node has learned of by itself at `now`.
     fn learned(&self, now: Time) -> Epoch {
         let known = self.learns.iter().take_while(|at| **at <= now.0).count();
-        debug_assert_eq!(self.learns.len(), self.starts.len());
         Epoch(known.saturating_sub(1) as u64)
     }
 }
@@ -313,10 +303,6 @@ impl Replica for SimNode {
         output
     }
 
-    fn on_timer(&mut self, _now: Time, _timer: TimerId, _view: &()) -> Output<SimNode> {
-        Output::none()
-    }
-
     fn on_tick(&mut self, now: Time) -> Output<SimNode> {
         let caught_up = self.catch_up(self.learned(now));
         caught_up.and(lift(self.inner.on_tick(now)))
@@ -361,7 +347,7 @@ impl Protocol for ReconfigSim {
         ReconfigSim {
             f: config.f,
             chain: Arc::new(Chain::new(rings.into_iter().map(Arc::new).collect())),
-            starts: Arc::new(starts),
+            starts,
             mutations: config.mutations.transfer,
         }
     }
