@@ -295,6 +295,21 @@ pub async fn status(args: &ClientArgs) -> Result<std::process::ExitCode> {
                         None => println!("         configuration epoch {}", status.config_epoch),
                     }
                 }
+                if let Some(follower) = status.replicas.iter().find(|r| r.stats.epoch > 0) {
+                    let stats = &follower.stats;
+                    println!(
+                        "         {} objects: epoch {}, {}; {} keys ({} bytes) taken over since start, {} requests held for a transfer",
+                        follower.service,
+                        stats.epoch,
+                        match stats.transfers_pending {
+                            0 => "every transfer done".to_string(),
+                            pending => format!("{pending} key ranges still being transferred in"),
+                        },
+                        stats.transferred_keys,
+                        stats.transferred_bytes,
+                        stats.gated
+                    );
+                }
                 if status.server.damaged > 0 {
                     println!(
                         "         damaged disk: {} reads found a stored fragment missing or not matching its checksum (withheld, not served)",

@@ -8,7 +8,7 @@ mod common;
 use bulwark_client::{Client, Volume};
 use bulwark_core::NodeId;
 use bulwark_core::config::Protocol;
-use bulwark_sim::checker::{self, OpKind, Outcome};
+use bulwark_sim::checker::{OpKind, Outcome};
 use bytes::Bytes;
 use common::{Recorder, TestCluster, value_for};
 use std::collections::{BTreeMap, BTreeSet};
@@ -69,17 +69,6 @@ fn workload(
         }));
     }
     tasks
-}
-
-fn assert_linearizable(recorder: &Recorder, what: &str) -> checker::Report {
-    let history = recorder.history();
-    let report = checker::check(&history);
-    assert!(
-        report.ok,
-        "{what}: history is not linearizable: {:#?} (inconclusive keys: {:?})",
-        report.violations, report.inconclusive
-    );
-    report
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -150,7 +139,7 @@ async fn seven_nodes_serve_many_groups_linearizably_through_a_restart() {
         task.await.expect("client task");
     }
     cluster.wait_up(&[1]).await;
-    let report = assert_linearizable(&recorder, "7 nodes");
+    let report = recorder.assert_linearizable("7 nodes");
     let acknowledged = recorder
         .history()
         .ops()
@@ -250,7 +239,7 @@ async fn volumes_of_two_protocols_are_served_at_the_same_time() {
     for task in tasks {
         task.await.expect("client task");
     }
-    let report = assert_linearizable(&recorder, "three volumes");
+    let report = recorder.assert_linearizable("three volumes");
     let history = recorder.history();
     for label in ["powerstore", "abd", "phalanx"] {
         let acknowledged = history

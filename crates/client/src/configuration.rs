@@ -6,11 +6,12 @@
 use crate::{Client, ClientError};
 use bulwark_core::NodeId;
 use bulwark_core::configuration::{self, Configuration, cs_group};
-use bulwark_core::membership::GroupView;
+use bulwark_core::membership::{Chain, GroupView};
 use bulwark_core::sign::{SecretKey, Signed};
 use bulwark_protocol::cs::{self, Action, ConfigService, Op, Order, Outcome};
 use bulwark_protocol::pbft::{Params, Submit};
 use bulwark_protocol::service::{SystemReply, SystemRequest};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How long one node may take to answer a request for certificates.
@@ -29,9 +30,59 @@ impl Client {
     /// The newest configuration any node can prove: certificates fetched from every node,
     /// each verified against the configuration before it, starting from the genesis.
     pub async fn configuration(&self) -> Result<Configuration, ClientError> {
+        let mut configurations = self.configurations().await?;
+        let Some(current) = configurations.pop() else {
+            unreachable!("the verified configurations start at the genesis")
+        };
+        Ok(current)
+    }
+
+    /// Where each epoch placed keys, from the genesis to the newest, as last fetched: fetched
+    /// and verified on first use, again when an operation meets a replica in a newer epoch.
+    /// A cluster without a configuration service has one epoch, `cluster.toml`'s.
+    pub async fn rings(&self) -> Result<Arc<Chain>, ClientError> {
+        if let Some(chain) = self.rings.lock().ok().and_then(|rings| rings.clone()) {
+            return Ok(chain);
+        }
+        self.refresh_rings().await
+    }
+
+    /// [`Client::rings`], fetched and verified again now.
+    pub(crate) async fn refresh_rings(&self) -> Result<Arc<Chain>, ClientError> {
+        let chain = if self.cluster.configuration_service.is_some() {
+            let mut rings = Vec::new();
+            for config in self.configurations().await? {
+                rings.push(Arc::new(config.ring().map_err(|e| {
+                    ClientError::Protocol(format!("epoch {}: {e}", config.epoch.0))
+                })?));
+            }
+            Chain::new(rings)
+        } else {
+            Chain::new(vec![Arc::new(self.placement.ring().clone())])
+        };
+        let chain = Arc::new(chain);
+        if let Ok(mut rings) = self.rings.lock() {
+            // Two fetches may race: the longer chain stays.
+            if rings
+                .as_ref()
+                .is_none_or(|held| held.latest() < chain.latest())
+            {
+                *rings = Some(chain.clone());
+            }
+        }
+        Ok(chain)
+    }
+
+    /// Every configuration any node can prove, from the genesis on, each verified against the
+    /// one before it.
+    pub async fn configurations(&self) -> Result<Vec<Configuration>, ClientError> {
         use futures::StreamExt;
-        let mut current = self.genesis()?;
+        let mut configurations = vec![self.genesis()?];
         loop {
+            let Some(last) = configurations.last() else {
+                unreachable!("the verified configurations start at the genesis")
+            };
+            let mut current = last.clone();
             let after = current.epoch.0;
             let mut asks: futures::stream::FuturesUnordered<_> = self
                 .cluster
@@ -60,7 +111,10 @@ impl Client {
             for (node, certs) in answers {
                 for cert in certs {
                     match configuration::verify_successor(&current, &cert) {
-                        Ok(next) => current = next,
+                        Ok(next) => {
+                            configurations.push(next.clone());
+                            current = next;
+                        }
                         Err(configuration::CertError::WrongEpoch { got, .. })
                             if got <= current.epoch => {}
                         Err(error) => {
@@ -71,7 +125,7 @@ impl Client {
                 }
             }
             if current.epoch == before {
-                return Ok(current);
+                return Ok(configurations);
             }
         }
     }

@@ -185,6 +185,8 @@ pub struct Client {
     /// When the configuration service last confirmed this client's configuration as current,
     /// and that configuration's epoch.
     confirmed: Mutex<Option<(std::time::Instant, Epoch)>>,
+    /// Where each epoch placed keys, verified, once fetched ([`Client::rings`]).
+    rings: Mutex<Option<Arc<bulwark_core::membership::Chain>>>,
     /// How long an operation keeps trying.
     pub deadline: Duration,
 }
@@ -309,6 +311,7 @@ impl Client {
             evidence_log: None,
             authority: secrets.authority_key,
             confirmed: Mutex::new(None),
+            rings: Mutex::new(None),
             deadline: DEADLINE_DEFAULT,
         })
     }
@@ -551,7 +554,10 @@ impl Client {
     }
 
     /// Drives one operation on one group to completion or the deadline: the one driver every
-    /// protocol's operations share.
+    /// protocol's operations share. An operation that follows the configuration
+    /// ([`Operation::route`]) names nodes by id, says itself which epoch and group each round
+    /// runs in, and may ask for configurations newer than it holds ([`Operation::needs`]),
+    /// which the driver fetches, verifies and hands over; `view` is then its starting group.
     async fn drive<O: Operation>(
         &self,
         view: &GroupView,
@@ -559,15 +565,26 @@ impl Client {
         faults: usize,
         machine: &mut O,
     ) -> Result<O::Output, ClientError> {
+        let routed = machine.route().is_some();
+        let node_of = |slot: Slot| {
+            if routed {
+                Some(NodeId(slot.0))
+            } else {
+                view.node(slot)
+            }
+        };
         let n = view.len();
         let (sender, mut replies) = mpsc::channel(8 * n.max(1));
         let _registration = self
             .router
             .register(machine.op(), sender)
             .map_err(|taken| ClientError::Protocol(format!("operation id {} reused", taken.0)))?;
-        let header = Header::request(O::SERVICE, view.id(), view.epoch(), machine.op());
+        let header = |machine: &O| {
+            let (epoch, group) = machine.route().unwrap_or((view.epoch(), view.id()));
+            Header::request(O::SERVICE, group, epoch, machine.op())
+        };
         let first = machine.start();
-        self.send_all(view, &header, first);
+        self.send_all(&node_of, &header(machine), first);
         let deadline = tokio::time::Instant::now() + self.deadline;
         let mut retransmit = tokio::time::interval_at(
             tokio::time::Instant::now() + RETRANSMIT_AFTER,
@@ -576,19 +593,25 @@ impl Client {
         // Refusals before any replica saw the request (wrong epoch or group): f+1 of them mean a
         // correct node refused.
         let mut refused: BTreeSet<NodeId> = BTreeSet::new();
+        // When the configurations were last fetched for the operation: a faulty replica naming
+        // epochs that do not exist makes the client ask at most once a retransmission period.
+        let mut fetched: Option<tokio::time::Instant> = None;
         loop {
             tokio::select! {
                 reply = replies.recv() => {
                     let Some((from, envelope)) = reply else {
                         return Err(ClientError::Protocol("reply channel closed".into()));
                     };
-                    let Some(slot) = view.slot_of(from) else {
+                    let slot = if routed { Some(Slot(from.0)) } else { view.slot_of(from) };
+                    let Some(slot) = slot else {
                         continue;
                     };
                     match envelope.header.kind {
                         Kind::Reply => match envelope.body::<O::Reply>(FRAME_BYTES_MAX) {
                             Ok(reply) => match machine.on_reply(slot, reply) {
-                                Progress::Send(sends) => self.send_all(view, &header, sends),
+                                Progress::Send(sends) => {
+                                    self.send_all(&node_of, &header(machine), sends);
+                                }
                                 Progress::Done(result) => {
                                     return result.map_err(|error| op_error(view, error));
                                 }
@@ -613,13 +636,28 @@ impl Client {
                         }
                         Kind::Request | Kind::Message => {}
                     }
+                    if machine.needs().is_some()
+                        && fetched.is_none_or(|at| at.elapsed() >= RETRANSMIT_AFTER)
+                    {
+                        fetched = Some(tokio::time::Instant::now());
+                        match self.refresh_rings().await {
+                            Ok(chain) => {
+                                let sends = machine.learn(chain);
+                                self.send_all(&node_of, &header(machine), sends);
+                            }
+                            Err(error) => {
+                                tracing::debug!(%error, "newer configurations could not be fetched");
+                            }
+                        }
+                    }
                 }
                 _ = retransmit.tick() => {
                     let sends = machine.on_timeout();
-                    self.send_all(view, &header, sends);
+                    self.send_all(&node_of, &header(machine), sends);
                 }
                 _ = tokio::time::sleep_until(deadline) => {
-                    let answered = nodes(view, &machine.answered());
+                    let answered: Vec<NodeId> =
+                        machine.answered().into_iter().filter_map(node_of).collect();
                     let unreachable = view
                         .members()
                         .iter()
@@ -640,12 +678,12 @@ impl Client {
 
     fn send_all<R: serde::Serialize>(
         &self,
-        view: &GroupView,
+        node_of: &impl Fn(Slot) -> Option<NodeId>,
         header: &Header,
         sends: Vec<(Slot, R)>,
     ) {
         for (slot, request) in sends {
-            let Some(link) = view.node(slot).and_then(|node| self.links.get(&node)) else {
+            let Some(link) = node_of(slot).and_then(|node| self.links.get(&node)) else {
                 continue;
             };
             if let Err(error) = link.send(envelope::frame(header, &request)) {

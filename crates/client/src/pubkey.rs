@@ -2,14 +2,23 @@
 //! their owner's key, written by whoever holds the private key, placed on the group their id
 //! falls in.
 
-use crate::{Client, ClientError, OpReport, nodes, register_report};
+use crate::{Client, ClientError, OpReport, register_report};
 use bulwark_core::Key;
+use bulwark_core::membership::{Chain, GroupView};
 use bulwark_core::sign::{PublicKey, SecretKey};
 use bulwark_protocol::pubkey;
+use bulwark_protocol::register::reconfig::Routed;
 use bytes::Bytes;
 use std::sync::Arc;
 
 impl Client {
+    /// The verified configurations, and the group `id` belongs to in the newest of them.
+    async fn route(&self, id: &Key) -> Result<(Arc<Chain>, GroupView), ClientError> {
+        let chain = self.rings().await?;
+        let view = chain.newest().group_of(id.as_bytes());
+        Ok((chain, view))
+    }
+
     /// Writes `value` (`None` deletes) as the next version of the object `owner` owns, signed
     /// with its key, and returns the object's id. Any client that may write and holds the key
     /// can do so; versions of different clients never collide.
@@ -22,15 +31,19 @@ impl Client {
         self.fresh().await?;
         let op = self.op_id();
         let id = pubkey::object_id(&owner.public_key());
-        let view = self.placement.group_of(id.as_bytes());
+        let (chain, view) = self.route(&id).await?;
         let mut config = pubkey::ClientConfig::new(self.cluster.f);
-        config.epoch = self.epoch();
+        config.epoch = view.epoch();
         config.group = view.id();
-        let mut machine =
-            pubkey::WriteOp::new(config, op, self.id, op.0, Arc::new(owner.clone()), value);
+        let inner = pubkey::WriteOp::new(config, op, self.id, op.0, Arc::new(owner.clone()), value);
+        let mut machine = Routed::new(inner, id.clone(), chain, view.epoch());
         let outcome = self.drive(&view, &id, self.cluster.f, &mut machine).await?;
         let report = OpReport {
-            answered: nodes(&view, &outcome.acknowledged_by),
+            answered: outcome
+                .acknowledged_by
+                .iter()
+                .filter_map(|slot| machine.view().node(*slot))
+                .collect(),
             n: view.len(),
             evidence: Vec::new(),
             restarts: 0,
@@ -48,13 +61,14 @@ impl Client {
         self.fresh().await?;
         let op = self.op_id();
         let id = pubkey::object_id(owner);
-        let view = self.placement.group_of(id.as_bytes());
+        let (chain, view) = self.route(&id).await?;
         let mut config = pubkey::ClientConfig::new(self.cluster.f);
-        config.epoch = self.epoch();
+        config.epoch = view.epoch();
         config.group = view.id();
-        let mut machine = pubkey::ReadOp::new(config, id.clone(), op);
+        let inner = pubkey::ReadOp::new(config, id.clone(), op);
+        let mut machine = Routed::new(inner, id.clone(), chain, view.epoch());
         let outcome = self.drive(&view, &id, self.cluster.f, &mut machine).await?;
-        let report = register_report(&view, view.len(), &id, &outcome);
+        let report = register_report(machine.view(), view.len(), &id, &outcome);
         self.record(&report.evidence);
         Ok((outcome.value, report))
     }

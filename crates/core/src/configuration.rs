@@ -39,7 +39,9 @@ use sha2::Digest as _;
 use crate::config::Fingerprint;
 use crate::crypto::Digest;
 use crate::ids::{Epoch, NodeId};
-use crate::membership::{self, Member, Placement, PlacementError, PlacementParams, RingPoint};
+use crate::membership::{
+    self, Member, Placement, PlacementError, PlacementParams, Ring, RingPoint,
+};
 use crate::sign::{Context, PublicKey, SecretKey, Signature};
 use crate::wire::{self, WireError};
 
@@ -465,6 +467,15 @@ impl Configuration {
             self.epoch,
             PlacementParams::new(usize::try_from(self.f).unwrap_or(usize::MAX)),
             self.members.clone(),
+        )
+    }
+
+    /// Where this epoch places keys, by member ids alone.
+    pub fn ring(&self) -> Result<Ring, PlacementError> {
+        Ring::new(
+            self.epoch,
+            PlacementParams::new(usize::try_from(self.f).unwrap_or(usize::MAX)),
+            self.members.iter().map(|member| member.id),
         )
     }
 

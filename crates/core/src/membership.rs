@@ -576,6 +576,66 @@ impl Moved {
     }
 }
 
+/// The rings a party holds, verified: every epoch's from the first it knows (the genesis) on.
+#[derive(Clone, Debug)]
+pub struct Chain {
+    rings: Vec<std::sync::Arc<Ring>>,
+}
+
+impl Chain {
+    /// A chain of `rings`, the first the genesis, each the next epoch's.
+    pub fn new(rings: Vec<std::sync::Arc<Ring>>) -> Chain {
+        assert!(!rings.is_empty(), "a chain starts at the genesis");
+        for pair in rings.windows(2) {
+            assert_eq!(
+                pair[1].epoch().0,
+                pair[0].epoch().0 + 1,
+                "a chain holds every epoch in order"
+            );
+        }
+        Chain { rings }
+    }
+
+    /// The ring of `epoch`, if the chain reaches it.
+    pub fn ring(&self, epoch: Epoch) -> Option<&std::sync::Arc<Ring>> {
+        let at = epoch.0.checked_sub(self.genesis().epoch().0)?;
+        usize::try_from(at).ok().and_then(|at| self.rings.get(at))
+    }
+
+    /// The first ring.
+    pub fn genesis(&self) -> &std::sync::Arc<Ring> {
+        &self.rings[0]
+    }
+
+    /// The newest epoch.
+    pub fn latest(&self) -> Epoch {
+        self.newest().epoch()
+    }
+
+    /// The newest ring.
+    pub fn newest(&self) -> &std::sync::Arc<Ring> {
+        let Some(ring) = self.rings.last() else {
+            unreachable!("a chain starts at the genesis")
+        };
+        ring
+    }
+
+    /// The rings of the epochs after `epoch`, oldest first.
+    pub fn after(&self, epoch: Epoch) -> impl Iterator<Item = &std::sync::Arc<Ring>> {
+        self.rings.iter().filter(move |ring| ring.epoch() > epoch)
+    }
+
+    /// Appends the next epoch's ring.
+    pub fn push(&mut self, ring: std::sync::Arc<Ring>) {
+        assert_eq!(
+            ring.epoch().0,
+            self.latest().0 + 1,
+            "epochs follow one another"
+        );
+        self.rings.push(ring);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

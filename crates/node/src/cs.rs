@@ -19,12 +19,13 @@
 //!   one for the new epoch if it is among the new CS (§3.7: no state passes between CS
 //!   generations).
 
-use crate::host::{Adapter, Effects, Hosted, Hosting};
+use crate::host::{Adapter, Effects, Hosted, Hosting, Members};
 use crate::peers::Peers;
 use crate::shard::{Job, ReplicaKey, ShardHandle};
 use crate::{NodeError, Rejections};
 use bulwark_core::configuration::{self, ConfigCert, Configuration};
 use bulwark_core::envelope::{self, Envelope, Header, Kind};
+use bulwark_core::membership;
 use bulwark_core::sign::{SecretKey, Unverified};
 use bulwark_core::wire;
 use bulwark_core::{ClientId, Epoch, GroupId, NodeId, ServiceId, Slot, Time};
@@ -115,6 +116,20 @@ impl Chain {
             .collect()
     }
 
+    /// Where each epoch placed keys, from the genesis on.
+    pub fn rings(&self) -> Result<membership::Chain, NodeError> {
+        let corrupt = |problem: String| NodeError::CorruptState {
+            table: CERTS,
+            problem,
+        };
+        let mut rings = vec![ring_of(&self.genesis).map_err(corrupt)?];
+        for cert in &self.certs {
+            let config = Configuration::decode(&cert.bytes).map_err(|e| corrupt(e.to_string()))?;
+            rings.push(ring_of(&config).map_err(corrupt)?);
+        }
+        Ok(membership::Chain::new(rings))
+    }
+
     /// Adds `cert` if it certifies the epoch after the current one.
     pub fn extend(&mut self, cert: ConfigCert) -> Result<&Configuration, configuration::CertError> {
         let next = configuration::verify_successor(&self.current, &cert)?;
@@ -122,6 +137,11 @@ impl Chain {
         self.current = next;
         Ok(&self.current)
     }
+}
+
+/// Where `config` places keys.
+pub fn ring_of(config: &Configuration) -> Result<Arc<membership::Ring>, String> {
+    config.ring().map(Arc::new).map_err(|e| e.to_string())
 }
 
 /// What the chain's manager hears.
@@ -299,7 +319,7 @@ impl Hosted for CsHosted {
             primary: self
                 .inner
                 .members
-                .get(replica.primary().index())
+                .node(replica.primary())
                 .map_or(u32::MAX, |node| node.0),
             executed: replica.executed(),
             waiting: replica.waiting() as u64,
@@ -359,7 +379,7 @@ fn build_replica(
                 records,
                 events: events.clone(),
             },
-            members: cs,
+            members: Members::Group(cs),
             slot: Slot(slot as u32),
             header: Header::request(ServiceId::CONFIG, group, config.epoch, 0),
         },
@@ -431,6 +451,8 @@ pub struct Manager {
     pub shard: ShardHandle,
     pub rejections: Rejections,
     pub monitoring: MonitorParams,
+    /// The replicas that follow the configuration, handed each new epoch's ring in order.
+    pub followers: Vec<(ReplicaKey, ShardHandle)>,
 }
 
 /// How often monitoring looks for pings to send and answers overdue.
@@ -806,10 +828,12 @@ impl Manager {
         if !matches!(written, Ok(Ok(()))) {
             return Err("the certificate could not be made durable".into());
         }
-        let Ok(mut chain) = self.shared.chain.write() else {
-            return Err("the chain is poisoned".into());
-        };
-        chain.extend(cert).map_err(|e| e.to_string())?;
+        {
+            let Ok(mut chain) = self.shared.chain.write() else {
+                return Err("the chain is poisoned".into());
+            };
+            chain.extend(cert).map_err(|e| e.to_string())?;
+        }
         tracing::info!(
             node = self.node.0,
             epoch = next.epoch.0,
@@ -817,6 +841,21 @@ impl Manager {
             "configuration certified"
         );
         metrics::gauge!("bulwark_node_config_epoch").set(next.epoch.0 as f64);
+        match ring_of(&next) {
+            Ok(ring) => {
+                for (replica, shard) in &self.followers {
+                    let ring = ring.clone();
+                    shard
+                        .send(Job::Epoch {
+                            replica: *replica,
+                            ring,
+                        })
+                        .await;
+                }
+            }
+            // verify_successor checked the configuration: it has enough members for a ring.
+            Err(error) => tracing::error!(%error, "a certified configuration places no keys"),
+        }
         Ok(true)
     }
 

@@ -6,6 +6,7 @@
 
 use crate::Rejections;
 use crate::cs;
+use crate::host;
 use crate::shard::{Job, ReplicaKey, ShardHandle, ShardStatus};
 use bulwark_core::config::ClusterConfig;
 use bulwark_core::envelope::{self, EnvelopeError, Header, Kind, Refusal};
@@ -127,17 +128,29 @@ impl Dispatcher {
         Ok(shard)
     }
 
-    /// The shard of a replica, or the refusal to send instead.
-    fn route(&self, header: &Header) -> Result<&ShardHandle, Refusal> {
+    /// The replica a frame is for and the shard hosting it, or the refusal to send instead.
+    fn route(&self, header: &Header) -> Result<(&ShardHandle, ReplicaKey), Refusal> {
+        // A replica that follows the configuration serves every group of every epoch the node
+        // is in, and judges a frame's epoch and group itself.
+        let node_wide = (header.service, host::NODE_WIDE);
+        if let Some(&shard) = self.routes.get(&node_wide) {
+            let shard = self.shards.get(shard).ok_or(Refusal::UnknownService {
+                service: header.service,
+            })?;
+            return Ok((shard, node_wide));
+        }
         if header.epoch != self.epoch {
             return Err(Refusal::WrongEpoch {
                 current: self.epoch,
             });
         }
-        match self.routes.get(&(header.service, header.group)) {
-            Some(&shard) => self.shards.get(shard).ok_or(Refusal::UnknownService {
-                service: header.service,
-            }),
+        let replica = (header.service, header.group);
+        match self.routes.get(&replica) {
+            Some(&shard) => self.shards.get(shard).map(|shard| (shard, replica)).ok_or(
+                Refusal::UnknownService {
+                    service: header.service,
+                },
+            ),
             None if self
                 .routes
                 .keys()
@@ -238,12 +251,14 @@ impl Handler for Connection {
                     return true;
                 }
                 let routed = if header.service == ServiceId::CONFIG {
-                    dispatcher.route_cs(&header, None)
+                    dispatcher
+                        .route_cs(&header, None)
+                        .map(|shard| (shard, (header.service, header.group)))
                 } else {
                     dispatcher.route(&header)
                 };
-                let shard = match routed {
-                    Ok(shard) => shard,
+                let (shard, replica) = match routed {
+                    Ok(routed) => routed,
                     Err(refusal) => {
                         dispatcher.refuse(&peer, &header, refusal, &replies);
                         return true;
@@ -255,7 +270,7 @@ impl Handler for Connection {
                 };
                 shard
                     .send(Job::Request {
-                        replica: (header.service, header.group),
+                        replica,
                         client,
                         peer,
                         access,
@@ -311,10 +326,10 @@ impl Handler for Connection {
                 }
             }
             (Peer::Node(node), Kind::Message) => match dispatcher.route(&header) {
-                Ok(shard) => {
+                Ok((shard, replica)) => {
                     shard
                         .send(Job::Message {
-                            replica: (header.service, header.group),
+                            replica,
                             from: node,
                             envelope,
                         })

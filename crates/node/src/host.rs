@@ -6,13 +6,15 @@
 
 use crate::verified::Verified;
 use bulwark_core::envelope::{self, Envelope, Header};
+use bulwark_core::membership::{Arc as RingArc, Ring};
 use bulwark_core::wire::{self, FRAME_BYTES_MAX};
-use bulwark_core::{ClientId, Digest, Key, NodeId, Slot, Time};
+use bulwark_core::{ClientId, Digest, Epoch, GroupId, Key, NodeId, Slot, Time};
 use bulwark_protocol::content;
 use bulwark_protocol::machine::{Access, Replica, ReplicaStats, TimerId};
 use bulwark_protocol::powerstore::{
     Change, Fragments, ServerLogic, StoredEntry, Timestamp, fragment_digest,
 };
+use bulwark_protocol::register::reconfig::{self, EpochServer};
 use bulwark_protocol::register::{self, Policy};
 use bulwark_storage::{Namespace, StorageOp, Store, Table};
 use bytes::Bytes;
@@ -75,6 +77,10 @@ pub trait Hosted: Send {
     fn on_timer(&mut self, now: Time, timer: TimerId, batch: u64) -> Effects;
     /// Periodic housekeeping.
     fn on_tick(&mut self, now: Time, batch: u64) -> Effects;
+    /// The certified ring of the next epoch.
+    fn on_epoch(&mut self, _now: Time, _ring: Arc<Ring>, _batch: u64) -> Effects {
+        Effects::default()
+    }
     /// Every batch up to `batch` is durable.
     fn durable(&mut self, batch: u64);
     /// Counters.
@@ -101,12 +107,42 @@ pub trait Adapter<R: Replica + ?Sized>: Send {
     fn durable(&mut self, _batch: u64) {}
 }
 
-/// One replica of one group, with its adapter and the group's view.
+/// How a hosted replica's slots name nodes.
+pub enum Members {
+    /// Slot `i` is the `i`-th member of one group.
+    Group(Vec<NodeId>),
+    /// Slot `id` is node `id`: a node-wide replica that follows the configuration, whose peers
+    /// change from epoch to epoch (it checks itself who may ask what).
+    ById,
+}
+
+impl Members {
+    /// The node in `slot`.
+    pub fn node(&self, slot: Slot) -> Option<NodeId> {
+        match self {
+            Members::Group(members) => members.get(slot.index()).copied(),
+            Members::ById => Some(NodeId(slot.0)),
+        }
+    }
+
+    /// The slot of `node`.
+    pub fn slot_of(&self, node: NodeId) -> Option<Slot> {
+        match self {
+            Members::Group(members) => members
+                .iter()
+                .position(|m| *m == node)
+                .map(|at| Slot(at as u32)),
+            Members::ById => Some(Slot(node.0)),
+        }
+    }
+}
+
+/// One replica, with its adapter and how its slots name nodes.
 pub struct Hosting<R: Replica, A: Adapter<R>> {
     pub replica: R,
     pub adapter: A,
-    /// The group's members by slot, to address peer messages.
-    pub members: Vec<NodeId>,
+    /// Who its slots are, to address peer messages.
+    pub members: Members,
     pub slot: Slot,
     /// The header this replica's own messages carry.
     pub header: Header,
@@ -147,7 +183,7 @@ where
             .sends
             .into_iter()
             .filter_map(|(slot, message)| {
-                let node = *self.members.get(slot.index())?;
+                let node = self.members.node(slot)?;
                 let header = Header {
                     kind: envelope::Kind::Message,
                     ..self.header
@@ -200,7 +236,7 @@ where
     }
 
     fn on_message(&mut self, now: Time, from: NodeId, envelope: &Envelope, batch: u64) -> Effects {
-        let Some(slot) = self.members.iter().position(|m| *m == from) else {
+        let Some(slot) = self.members.slot_of(from) else {
             return Effects::refused("a message from a node outside the group".to_string());
         };
         let message = match envelope.body::<R::Message>(FRAME_BYTES_MAX) {
@@ -211,7 +247,7 @@ where
         };
         let output = self
             .replica
-            .on_message(now, Slot(slot as u32), message, self.adapter.view());
+            .on_message(now, slot, message, self.adapter.view());
         self.effects(output, None, batch)
     }
 
@@ -222,6 +258,11 @@ where
 
     fn on_tick(&mut self, now: Time, batch: u64) -> Effects {
         let output = self.replica.on_tick(now);
+        self.effects(output, None, batch)
+    }
+
+    fn on_epoch(&mut self, now: Time, ring: Arc<Ring>, batch: u64) -> Effects {
+        let output = self.replica.on_epoch(now, ring);
         self.effects(output, None, batch)
     }
 
@@ -381,11 +422,16 @@ pub type PowerStoreReplica = Hosting<Box<dyn ServerLogic>, PowerStoreStorage>;
 /// encoded.
 pub fn register_op<P: Policy>(namespace: Namespace, change: &register::Change<P>) -> StorageOp {
     match change {
-        register::Change::Put { key, entry } => StorageOp::Put {
-            table: namespace.table(REGISTER),
-            key: key.as_bytes().to_vec(),
-            value: Bytes::from(wire::encode(&(key, entry))),
-        },
+        register::Change::Put { key, entry } => register_put::<P>(namespace, key, entry),
+    }
+}
+
+/// The storage op that makes `entry` the stored version of `key`.
+fn register_put<P: Policy>(namespace: Namespace, key: &Key, entry: &P::Entry) -> StorageOp {
+    StorageOp::Put {
+        table: namespace.table(REGISTER),
+        key: key.as_bytes().to_vec(),
+        value: Bytes::from(wire::encode(&(key, entry))),
     }
 }
 
@@ -399,6 +445,59 @@ impl<P: Policy> Adapter<register::Server<P>> for RegisterStorage {
 
     fn record(&mut self, change: &register::Change<P>, _batch: u64, ops: &mut Vec<StorageOp>) {
         ops.push(register_op(self.namespace, change));
+    }
+
+    fn view(&self) -> &() {
+        &()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Registers across epochs
+
+/// The group id of a node-wide replica: one for every group the node is in, in any epoch.
+/// Never a real group's: a group is named by its first member, and no member can have the
+/// highest id (the configuration must always have a next one to give).
+pub const NODE_WIDE: GroupId = GroupId(u32::MAX);
+/// The epoch a node-wide replica entered last: one record, [`ENTERED_RECORD`].
+pub const ENTERED: &str = "entered";
+/// The record of [`ENTERED`].
+pub const ENTERED_RECORD: &[u8] = b"epoch";
+/// The arcs whose transfer into an epoch finished: one record each, [`pulled_record`].
+pub const PULLED: &str = "pulled";
+
+/// The record id of a finished pull of `arc` into `epoch`: the epoch, then the arc's ends.
+pub fn pulled_record(epoch: Epoch, arc: &RingArc) -> Vec<u8> {
+    let mut record = Vec::with_capacity(8 + 64);
+    record.extend_from_slice(&epoch.0.to_be_bytes());
+    record.extend_from_slice(&arc.after.0);
+    record.extend_from_slice(&arc.upto.0);
+    record
+}
+
+/// A node-wide register replica's storage (`reconfig::EpochServer`): one version per key, like
+/// a baseline's, plus the epoch it entered and the arcs it finished pulling.
+pub struct EpochStorage {
+    pub namespace: Namespace,
+}
+
+impl<P: Policy> Adapter<EpochServer<P>> for EpochStorage {
+    const NAME: &'static str = P::NAME;
+
+    fn record(&mut self, change: &reconfig::Change<P>, _batch: u64, ops: &mut Vec<StorageOp>) {
+        ops.push(match change {
+            reconfig::Change::Put { key, entry } => register_put::<P>(self.namespace, key, entry),
+            reconfig::Change::Entered(epoch) => StorageOp::Put {
+                table: self.namespace.table(ENTERED),
+                key: ENTERED_RECORD.to_vec(),
+                value: Bytes::copy_from_slice(&epoch.0.to_be_bytes()),
+            },
+            reconfig::Change::Pulled { epoch, arc } => StorageOp::Put {
+                table: self.namespace.table(PULLED),
+                key: pulled_record(*epoch, arc),
+                value: Bytes::new(),
+            },
+        });
     }
 
     fn view(&self) -> &() {

@@ -14,6 +14,7 @@
 
 pub mod cs;
 mod dispatch;
+mod follow;
 pub mod host;
 mod peers;
 mod rejections;
@@ -30,7 +31,7 @@ use bulwark_core::{ClientId, Epoch, NodeId, ServiceId, Time};
 use bulwark_protocol::powerstore::{
     Server, ServerConfig, ServerLogic, StoredEntry, fragment_digest,
 };
-use bulwark_protocol::{abd, content, phalanx, pubkey};
+use bulwark_protocol::{abd, content, phalanx};
 use bulwark_storage::{Committer, Namespace, StorageError, Store};
 use bulwark_transport::Peer;
 use host::Hosted;
@@ -240,6 +241,19 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
             &wrap,
         )?);
     }
+    // The certified configurations, when the cluster has a configuration service; otherwise
+    // `cluster.toml`'s members are the only epoch there is.
+    let chain = match options.cluster.genesis()? {
+        Some(genesis) => Some(cs::Chain::load(&store, genesis)?),
+        None => None,
+    };
+    let rings = match &chain {
+        Some(chain) => chain.rings()?,
+        None => bulwark_core::membership::Chain::new(vec![Arc::new(placement.ring().clone())]),
+    };
+    let (follower, pubkey) = follow::pubkey_replica(id, &store, &rings, &groups)?;
+    replicas.push((follower, Box::new(pubkey)));
+    let followers = [follower];
     tracing::info!(
         node = id.0,
         groups = groups.len(),
@@ -285,9 +299,25 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
         shards.push(handle);
         stoppers.push(stopper);
     }
-    let (cs, manager) = match options.cluster.genesis()? {
-        Some(genesis) => {
-            let chain = cs::Chain::load(&store, genesis)?;
+    let followers: Vec<(ReplicaKey, shard::ShardHandle)> = followers
+        .into_iter()
+        .filter_map(|key| Some((key, shards.get(*routes.get(&key)?)?.clone())))
+        .collect();
+    // Every epoch certified after the one each follower entered last, in order, before any
+    // newer one the manager hands over.
+    for ring in rings.after(rings.genesis().epoch()) {
+        for (replica, shard) in &followers {
+            let ring = ring.clone();
+            shard
+                .send(shard::Job::Epoch {
+                    replica: *replica,
+                    ring,
+                })
+                .await;
+        }
+    }
+    let (cs, manager) = match chain {
+        Some(chain) => {
             tracing::info!(
                 node = id.0,
                 epoch = chain.current().epoch.0,
@@ -338,6 +368,7 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
                 peers: peers.clone(),
                 shard: handle.clone(),
                 rejections: rejections.clone(),
+                followers,
             };
             let task = tokio::spawn(manager.run(events_received));
             (Some((shared, handle)), Some(task))
@@ -497,7 +528,7 @@ fn build_replicas(
                 unsynced: HashMap::new(),
                 verified: verified.clone(),
             },
-            members: members.clone(),
+            members: host::Members::Group(members.clone()),
             slot,
             header: header(ServiceId::POWERSTORE),
         }),
@@ -518,7 +549,7 @@ fn build_replicas(
             Box::new(host::Hosting {
                 replica: server,
                 adapter: host::RegisterStorage { namespace },
-                members: members[..Protocol::Abd.nodes(f)].to_vec(),
+                members: host::Members::Group(members[..Protocol::Abd.nodes(f)].to_vec()),
                 slot,
                 header: header(ServiceId::ABD),
             }),
@@ -546,29 +577,9 @@ fn build_replicas(
                 store: store.clone(),
                 unsynced: HashMap::new(),
             },
-            members: members.clone(),
+            members: host::Members::Group(members.clone()),
             slot,
             header: header(ServiceId::CONTENT),
-        }),
-    ));
-
-    let namespace = Namespace::new(ServiceId::PUBKEY, group);
-    let mut server = pubkey::Server::new(slot, epoch, group);
-    restore_register(store, namespace, |record, value| {
-        let (key, entry) = decode_register::<pubkey::Entry>(record, value)?;
-        if !server.restore(key, entry) {
-            return Err("a stored version's owner signature does not verify".into());
-        }
-        Ok(())
-    })?;
-    replicas.push((
-        (ServiceId::PUBKEY, group),
-        Box::new(host::Hosting {
-            replica: server,
-            adapter: host::RegisterStorage { namespace },
-            members: members.clone(),
-            slot,
-            header: header(ServiceId::PUBKEY),
         }),
     ));
 
@@ -587,7 +598,7 @@ fn build_replicas(
         Box::new(host::Hosting {
             replica: server,
             adapter: host::RegisterStorage { namespace },
-            members,
+            members: host::Members::Group(members),
             slot,
             header: header(ServiceId::PHALANX),
         }),
@@ -658,7 +669,7 @@ fn restore_register(
 }
 
 /// Decodes one `register` record `(key, entry)` and checks it is filed under its key.
-fn decode_register<E: bulwark_core::wire::DeserializeOwned>(
+pub(crate) fn decode_register<E: bulwark_core::wire::DeserializeOwned>(
     record: &[u8],
     value: &[u8],
 ) -> Result<(bulwark_core::Key, E), String> {

@@ -10,6 +10,7 @@ use crate::Rejections;
 use crate::host::{Effects, Hosted};
 use crate::peers::Peers;
 use bulwark_core::envelope::Envelope;
+use bulwark_core::membership::Ring;
 use bulwark_core::{ClientId, GroupId, NodeId, ServiceId, Time};
 use bulwark_protocol::machine::{Access, ReplicaStats, Sequencer, TimerId};
 use bulwark_protocol::service::ReplicaStatus;
@@ -56,6 +57,11 @@ pub enum Job {
     Remove { replica: ReplicaKey },
     /// An operation of the node's own for a replica (an eviction its monitoring proposes).
     Submit { replica: ReplicaKey, op: Bytes },
+    /// The certified ring of the next epoch, for a replica that follows the configuration.
+    Epoch {
+        replica: ReplicaKey,
+        ring: Arc<Ring>,
+    },
 }
 
 /// What a shard reports for `bulwark status`.
@@ -420,6 +426,13 @@ async fn run(
                         shard.replicas.remove(&replica);
                         shard.timers.retain(|(_, key, _), _| *key != replica);
                     }
+                    Job::Epoch { replica, ring } => {
+                        let batch = shard.sequencer.next_batch();
+                        if let Some(hosted) = shard.replicas.get_mut(&replica) {
+                            let effects = hosted.on_epoch(now(), ring, batch);
+                            shard.apply(replica, effects, None);
+                        }
+                    }
                     Job::Submit { replica, op } => {
                         let batch = shard.sequencer.next_batch();
                         if let Some(hosted) = shard.replicas.get_mut(&replica) {
@@ -460,7 +473,11 @@ async fn run(
                 metrics::gauge!("bulwark_node_versions", "shard" => label.clone()).set(stats.versions as f64);
                 metrics::gauge!("bulwark_node_fragment_bytes", "shard" => label.clone()).set(stats.bytes as f64);
                 metrics::gauge!("bulwark_node_collected_total", "shard" => label.clone()).set(stats.collected as f64);
-                metrics::gauge!("bulwark_node_damaged_fragments_total", "shard" => label).set(stats.damaged as f64);
+                metrics::gauge!("bulwark_node_damaged_fragments_total", "shard" => label.clone()).set(stats.damaged as f64);
+                metrics::gauge!("bulwark_node_transfers_pending", "shard" => label.clone()).set(stats.transfers_pending as f64);
+                metrics::gauge!("bulwark_node_transferred_keys_total", "shard" => label.clone()).set(stats.transferred_keys as f64);
+                metrics::gauge!("bulwark_node_transferred_bytes_total", "shard" => label.clone()).set(stats.transferred_bytes as f64);
+                metrics::gauge!("bulwark_node_gated_requests_total", "shard" => label).set(stats.gated as f64);
             }
         }
     }

@@ -14,8 +14,9 @@
 //! every change the replica emitted before it (in the same output or an earlier one) is durable.
 //! [`Sequencer`] is that rule, written once for every driver.
 
+use bulwark_core::membership::{Chain, Ring};
 use bulwark_core::wire::{DeserializeOwned, Serialize};
-use bulwark_core::{ClientId, ServiceId, Slot, Time};
+use bulwark_core::{ClientId, Epoch, GroupId, ServiceId, Slot, Time};
 use std::collections::VecDeque;
 
 /// What an authenticated client may do, from the configuration's access list.
@@ -46,6 +47,16 @@ pub struct ReplicaStats {
     pub collected: u64,
     /// Stored data found damaged when it was read back.
     pub damaged: u64,
+    /// A replica that follows the configuration: the epoch it is in (0 for the others).
+    pub epoch: u64,
+    /// Arcs it is still taking over from their previous group.
+    pub transfers_pending: u64,
+    /// Keys taken over from previous groups since start.
+    pub transferred_keys: u64,
+    /// Their value bytes.
+    pub transferred_bytes: u64,
+    /// Requests held until their key's transfer finished, since start.
+    pub gated: u64,
 }
 
 impl ReplicaStats {
@@ -57,6 +68,11 @@ impl ReplicaStats {
         self.bytes += other.bytes;
         self.collected += other.collected;
         self.damaged += other.damaged;
+        self.epoch = self.epoch.max(other.epoch);
+        self.transfers_pending += other.transfers_pending;
+        self.transferred_keys += other.transferred_keys;
+        self.transferred_bytes += other.transferred_bytes;
+        self.gated += other.gated;
     }
 }
 
@@ -160,6 +176,13 @@ pub trait Replica {
         Output::none()
     }
 
+    /// The certified ring of the next epoch (Rosebud §4.7), handed over in order, once each:
+    /// replicas that follow the configuration enter it; the others are bound to one group of one
+    /// epoch and ignore it.
+    fn on_epoch(&mut self, _now: Time, _ring: std::sync::Arc<Ring>) -> Output<Self> {
+        Output::none()
+    }
+
     /// Current counters.
     fn stats(&self) -> ReplicaStats;
 }
@@ -220,6 +243,25 @@ pub trait Operation {
 
     /// The replies each round waits for.
     fn quorum(&self) -> usize;
+
+    /// Where the current round runs, for operations that follow the configuration: its epoch
+    /// and group, with slots naming nodes (`Slot(id)`) rather than positions in one group.
+    /// `None` (the default) for operations bound to one group of one epoch.
+    fn route(&self) -> Option<(Epoch, GroupId)> {
+        None
+    }
+
+    /// A replica named a newer epoch than the configurations this operation holds
+    /// (ERR_NEED_CONFIG): the driver fetches them and hands them over with [`Operation::learn`].
+    fn needs(&self) -> Option<Epoch> {
+        None
+    }
+
+    /// The verified configurations the driver fetched after [`Operation::needs`]: the current
+    /// round moves to the newest epoch the replicas named that they reach.
+    fn learn(&mut self, _chain: std::sync::Arc<Chain>) -> Vec<(Slot, Self::Request)> {
+        Vec::new()
+    }
 }
 
 /// Persist-then-send, once for every driver: sends are held until every change submitted before

@@ -211,6 +211,17 @@ impl Recorder {
     pub fn history(&self) -> History {
         self.history.lock().unwrap().clone()
     }
+
+    /// Checks the history so far and fails, naming `what`, unless it is linearizable.
+    pub fn assert_linearizable(&self, what: &str) -> checker::Report {
+        let report = checker::check(&self.history());
+        assert!(
+            report.ok,
+            "{what}: history is not linearizable: {:#?} (inconclusive keys: {:?})",
+            report.violations, report.inconclusive
+        );
+        report
+    }
 }
 
 /// Unique per write; every third is large enough to be erasure-coded rather than replicated.
@@ -298,13 +309,8 @@ pub async fn survives_a_sigkilled_node(protocol: &str, n: usize) {
             Outcome::Read(value.map(|v| v.to_vec())),
         );
     }
+    let report = recorder.assert_linearizable(protocol);
     let history = recorder.history();
-    let report = checker::check(&history);
-    assert!(
-        report.ok,
-        "{protocol}: history is not linearizable: {:#?} (inconclusive keys: {:?})",
-        report.violations, report.inconclusive
-    );
     let ops = history.ops();
     let acknowledged = ops.iter().filter(|op| op.outcome == Outcome::Ok).count();
     let during_outage = ops

@@ -791,6 +791,7 @@ impl crate::machine::Replica for Box<dyn ServerLogic> {
             bytes: stats.fragment_bytes,
             collected: stats.collected,
             damaged: stats.damaged_fragments,
+            ..crate::machine::ReplicaStats::default()
         }
     }
 }

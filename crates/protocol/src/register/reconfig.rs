@@ -41,7 +41,7 @@ use super::{
     ResponseBody, Server, WriteOp, WritePhase,
 };
 use crate::machine::{Access, Operation, Output, Progress, Replica, ReplicaStats};
-use bulwark_core::membership::{Arc as RingArc, GroupView, Ring, RingPoint};
+use bulwark_core::membership::{Arc as RingArc, Chain, GroupView, Ring, RingPoint};
 use bulwark_core::{ClientId, Epoch, GroupId, Key, NodeId, ServiceId, Slot, Time};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -205,57 +205,6 @@ impl<P: Policy> Pull<P> {
     }
 }
 
-/// The configurations a party holds, verified: the ring of every epoch from the genesis on.
-#[derive(Clone, Debug)]
-pub struct Chain {
-    rings: Vec<Arc<Ring>>,
-}
-
-impl Chain {
-    /// A chain of `rings`, the first the genesis (epoch 0), each the next epoch's.
-    pub fn new(rings: Vec<Arc<Ring>>) -> Chain {
-        for (i, ring) in rings.iter().enumerate() {
-            assert_eq!(
-                ring.epoch().0,
-                i as u64,
-                "a chain holds every epoch in order"
-            );
-        }
-        assert!(!rings.is_empty(), "a chain starts at the genesis");
-        Chain { rings }
-    }
-
-    /// The ring of `epoch`, if the chain reaches it.
-    pub fn ring(&self, epoch: Epoch) -> Option<&Arc<Ring>> {
-        usize::try_from(epoch.0)
-            .ok()
-            .and_then(|at| self.rings.get(at))
-    }
-
-    /// The newest epoch.
-    pub fn latest(&self) -> Epoch {
-        Epoch(self.rings.len() as u64 - 1)
-    }
-
-    /// The newest ring.
-    pub fn newest(&self) -> &Arc<Ring> {
-        let Some(ring) = self.rings.last() else {
-            unreachable!("a chain starts at the genesis")
-        };
-        ring
-    }
-
-    /// Appends the next epoch's ring.
-    fn push(&mut self, ring: Arc<Ring>) {
-        assert_eq!(
-            ring.epoch().0,
-            self.latest().0 + 1,
-            "epochs follow one another"
-        );
-        self.rings.push(ring);
-    }
-}
-
 /// An answer to a request held earlier: to its client, with its operation id.
 type Answer<P> = (ClientId, u64, Response<P>);
 
@@ -272,23 +221,26 @@ pub struct EpochServer<P: Policy> {
     /// Keys taken over from old groups since start, and the bytes of their values.
     pulled_keys: u64,
     pulled_bytes: u64,
+    /// Requests held for a transfer since start.
+    gated: u64,
 }
 
 impl<P: Policy> EpochServer<P> {
-    /// Node `me` at the genesis `ring` (epoch 0, nothing stored), checking versions with `context`.
+    /// Node `me` at the genesis `ring` (nothing stored), checking versions with `context`.
     pub fn new(me: NodeId, ring: Arc<Ring>, context: P::Context) -> Self {
-        assert_eq!(ring.epoch(), Epoch(0), "a fresh node starts at the genesis");
+        let genesis = ring.epoch();
         let f = ring.params().f;
         EpochServer {
             me,
             f,
-            server: Server::with_context(Slot(me.0), Epoch(0), GroupId(0), context),
+            server: Server::with_context(Slot(me.0), genesis, GroupId(0), context),
             rings: Chain::new(vec![ring]),
             pulls: Vec::new(),
             waiting: VecDeque::new(),
             mutations: TransferMutations::default(),
             pulled_keys: 0,
             pulled_bytes: 0,
+            gated: 0,
         }
     }
 
@@ -298,8 +250,10 @@ impl<P: Policy> EpochServer<P> {
         self
     }
 
-    /// Rebuilds a node from what it made durable: its versions, the epochs it entered (each
-    /// ring from `chain`) and the arcs whose pull finished. Unfinished pulls start again.
+    /// Rebuilds a node from what it made durable: its versions (the higher of two for one key),
+    /// the epochs it entered (each ring from `chain`) and the arcs whose pull finished.
+    /// Unfinished pulls start again. A version no correct node could have stored (damage on
+    /// disk) is refused, named by its key: dropping it could lose an acknowledged write.
     pub fn restore(
         me: NodeId,
         chain: &Chain,
@@ -307,14 +261,14 @@ impl<P: Policy> EpochServer<P> {
         entries: impl IntoIterator<Item = (Key, P::Entry)>,
         entered: Epoch,
         pulled: &BTreeSet<(Epoch, RingArc)>,
-    ) -> Self {
-        let genesis = chain.ring(Epoch(0)).cloned();
-        let genesis = genesis.unwrap_or_else(|| unreachable!("a chain starts at the genesis"));
-        let mut node = EpochServer::new(me, genesis, context);
+    ) -> Result<Self, Key> {
+        let mut node = EpochServer::new(me, chain.genesis().clone(), context);
         for (key, entry) in entries {
-            node.server.restore(key, entry);
+            if !node.server.restore(key.clone(), entry) {
+                return Err(key);
+            }
         }
-        for epoch in 1..=entered.0 {
+        for epoch in chain.genesis().epoch().0 + 1..=entered.0 {
             let Some(ring) = chain.ring(Epoch(epoch)) else {
                 break;
             };
@@ -322,7 +276,7 @@ impl<P: Policy> EpochServer<P> {
             node.pulls
                 .retain(|pull| !pulled.contains(&(pull.epoch, pull.arc)));
         }
-        node
+        Ok(node)
     }
 
     /// The epoch the node is in.
@@ -433,6 +387,7 @@ impl<P: Policy> EpochServer<P> {
                 return refuse(Refusal::Transferring);
             }
             self.waiting.push_back((client, access, request));
+            self.gated += 1;
             return (Vec::new(), None);
         }
         self.server.group = request.group;
@@ -725,6 +680,10 @@ impl<P: Policy> Replica for EpochServer<P> {
         self.on_transfer(NodeId(from.0), message)
     }
 
+    fn on_epoch(&mut self, _now: Time, ring: Arc<Ring>) -> Output<Self> {
+        self.enter(ring)
+    }
+
     /// Asks again for whatever the pulls still wait on: lost requests and slow old members.
     fn on_tick(&mut self, _now: Time) -> Output<Self> {
         let sends = self.pulls.iter().flat_map(Pull::requests).collect();
@@ -735,7 +694,14 @@ impl<P: Policy> Replica for EpochServer<P> {
     }
 
     fn stats(&self) -> ReplicaStats {
-        Replica::stats(&self.server)
+        ReplicaStats {
+            epoch: self.epoch().0,
+            transfers_pending: self.pulls.len() as u64,
+            transferred_keys: self.pulled_keys,
+            transferred_bytes: self.pulled_bytes,
+            gated: self.gated,
+            ..Replica::stats(&self.server)
+        }
     }
 }
 
@@ -799,6 +765,8 @@ pub struct Routed<P: Policy, O: Rebase<P>> {
     chain: Arc<Chain>,
     epoch: Epoch,
     view: GroupView,
+    /// The newest epoch a replica named that `chain` does not reach yet.
+    needs: Option<Epoch>,
     _policy: std::marker::PhantomData<P>,
 }
 
@@ -816,6 +784,7 @@ impl<P: Policy, O: Rebase<P>> Routed<P, O> {
             chain,
             epoch,
             view,
+            needs: None,
             _policy: std::marker::PhantomData,
         }
     }
@@ -825,11 +794,27 @@ impl<P: Policy, O: Rebase<P>> Routed<P, O> {
         self.epoch
     }
 
+    /// The key's group in that epoch: what the inner operation's slots are positions in.
+    pub fn view(&self) -> &GroupView {
+        &self.view
+    }
+
     fn to_nodes(&self, sends: Vec<Outbound<P>>) -> Vec<Outbound<P>> {
         sends
             .into_iter()
             .filter_map(|(slot, request)| Some((Slot(self.view.node(slot)?.0), request)))
             .collect()
+    }
+
+    /// Moves the current round to `epoch`, which `chain` reaches.
+    fn move_to(&mut self, epoch: Epoch) -> Vec<Outbound<P>> {
+        let Some(ring) = self.chain.ring(epoch) else {
+            return Vec::new();
+        };
+        self.epoch = epoch;
+        self.view = ring.group_of(self.key.as_bytes());
+        let sends = self.inner.rebase(epoch, self.view.id());
+        self.to_nodes(sends)
     }
 
     fn to_slots(&self, slots: Vec<Slot>) -> Vec<Slot> {
@@ -859,14 +844,13 @@ impl<P: Policy, O: Rebase<P>> Operation for Routed<P, O> {
         match reply.body {
             ResponseBody::Refused(Refusal::WrongEpoch { current }) if current > self.epoch => {
                 // Only certified epochs are in the chain: a replica can move the client to a
-                // newer one, never to one that does not exist.
-                let Some(ring) = self.chain.ring(current) else {
+                // newer one, never to one that does not exist. One the chain does not reach
+                // yet is asked of the driver (ERR_NEED_CONFIG), which fetches and verifies it.
+                if self.chain.ring(current).is_none() {
+                    self.needs = self.needs.max(Some(current));
                     return Progress::Send(Vec::new());
-                };
-                self.epoch = current;
-                self.view = ring.group_of(self.key.as_bytes());
-                let sends = self.inner.rebase(current, self.view.id());
-                Progress::Send(self.to_nodes(sends))
+                }
+                Progress::Send(self.move_to(current))
             }
             // Not an answer: the replica will serve the key once its transfer is in, and the
             // retransmission asks again.
@@ -896,5 +880,118 @@ impl<P: Policy, O: Rebase<P>> Operation for Routed<P, O> {
 
     fn quorum(&self) -> usize {
         self.inner.quorum()
+    }
+
+    fn route(&self) -> Option<(Epoch, GroupId)> {
+        Some((self.epoch, self.view.id()))
+    }
+
+    fn needs(&self) -> Option<Epoch> {
+        self.needs
+    }
+
+    fn learn(&mut self, chain: Arc<Chain>) -> Vec<Outbound<P>> {
+        let Some(wanted) = self.needs.take() else {
+            return Vec::new();
+        };
+        if chain.latest() <= self.chain.latest() {
+            return Vec::new();
+        }
+        self.chain = chain;
+        // A replica may have named an epoch no one can prove (a faulty one lying): the round
+        // moves only as far as the verified chain reaches.
+        let target = wanted.min(self.chain.latest());
+        if target <= self.epoch {
+            return Vec::new();
+        }
+        self.move_to(target)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::register::pubkey::{self, PubKey};
+    use crate::round::OpId;
+    use bulwark_core::membership::PlacementParams;
+    use bulwark_core::sign::SecretKey;
+    use bytes::Bytes;
+
+    fn ring(epoch: u64, ids: std::ops::Range<u32>) -> Arc<Ring> {
+        let ring = Ring::new(Epoch(epoch), PlacementParams::new(1), ids.map(NodeId));
+        Arc::new(ring.expect("enough members"))
+    }
+
+    /// A write started in epoch 0 of `chain`.
+    fn write(chain: Arc<Chain>) -> Routed<PubKey, pubkey::WriteOp> {
+        let owner = Arc::new(SecretKey::from_seed(&[1; 32]));
+        let id = pubkey::object_id(&owner.public_key());
+        let config = pubkey::ClientConfig::new(1);
+        let inner = pubkey::WriteOp::new(
+            config,
+            OpId(7),
+            ClientId(1),
+            7,
+            owner,
+            Some(Bytes::from_static(b"v")),
+        );
+        Routed::new(inner, id, chain, Epoch(0))
+    }
+
+    fn moved_on(op: OpId, current: u64) -> Response<PubKey> {
+        Response {
+            op,
+            epoch: Epoch(current),
+            body: ResponseBody::Refused(Refusal::WrongEpoch {
+                current: Epoch(current),
+            }),
+        }
+    }
+
+    /// The epochs the requests of `sends` name.
+    fn epochs(sends: &[Outbound<PubKey>]) -> BTreeSet<u64> {
+        sends.iter().map(|(_, request)| request.epoch.0).collect()
+    }
+
+    #[test]
+    fn a_replica_in_an_epoch_the_client_lacks_makes_it_fetch_and_move_only_as_far_as_proven() {
+        let genesis = ring(0, 0..4);
+        let mut op = write(Arc::new(Chain::new(vec![genesis.clone()])));
+        let first = op.start();
+        assert_eq!(epochs(&first), BTreeSet::from([0]));
+        assert_eq!(op.route(), Some((Epoch(0), op.view().id())));
+
+        // Node 2 claims epoch 5; only epoch 1 is certified.
+        let Progress::Send(sends) = op.on_reply(Slot(2), moved_on(OpId(7), 5)) else {
+            panic!("a refusal does not end the write");
+        };
+        assert!(
+            sends.is_empty(),
+            "nothing to send before the configuration is known"
+        );
+        assert_eq!(op.needs(), Some(Epoch(5)));
+        assert_eq!(op.epoch(), Epoch(0));
+
+        let longer = Arc::new(Chain::new(vec![genesis, ring(1, 0..5)]));
+        let sends = op.learn(longer);
+        assert_eq!(op.epoch(), Epoch(1), "as far as the verified chain reaches");
+        assert_eq!(op.needs(), None);
+        assert_eq!(epochs(&sends), BTreeSet::from([1]));
+        // Every request goes to the key's group of epoch 1, by node id.
+        let group: BTreeSet<u32> = op.view().members().iter().map(|n| n.0).collect();
+        let to: BTreeSet<u32> = sends.iter().map(|(slot, _)| slot.0).collect();
+        assert_eq!(to, group);
+        assert!(sends.iter().all(|(_, r)| r.group == op.view().id()));
+    }
+
+    #[test]
+    fn a_chain_no_longer_than_held_moves_nothing() {
+        let genesis = ring(0, 0..4);
+        let chain = Arc::new(Chain::new(vec![genesis]));
+        let mut op = write(chain.clone());
+        op.start();
+        let _ = op.on_reply(Slot(1), moved_on(OpId(7), 3));
+        assert!(op.learn(chain).is_empty());
+        assert_eq!(op.epoch(), Epoch(0));
     }
 }

@@ -17,13 +17,13 @@ use crate::byzantine::Behaviour;
 use crate::sim::config::{FaultSet, Nemesis, SimConfig};
 use crate::sim::protocol::{Protocol, Storage};
 use crate::sim::swarm::Swarm;
-use bulwark_core::membership::{Arc as RingArc, PlacementParams, Ring, RingPoint};
+use bulwark_core::membership::{Arc as RingArc, Chain, PlacementParams, Ring, RingPoint};
 use bulwark_core::{ClientId, Digest, Epoch, Key, NodeId, ServiceId, Slot, Time};
 use bulwark_protocol::machine::{Access, Output, Replica, ReplicaStats};
 use bulwark_protocol::pubkey::{self, PubKey};
 use bulwark_protocol::register::Policy;
 use bulwark_protocol::register::reconfig::{
-    self, Chain, EpochServer, LIST_PAGE_KEYS, Routed, Transfer, TransferMutations,
+    self, EpochServer, LIST_PAGE_KEYS, Routed, Transfer, TransferMutations,
 };
 use bulwark_protocol::round::OpId;
 use bytes::Bytes;
@@ -353,10 +353,7 @@ impl Protocol for ReconfigSim {
     }
 
     fn server(&self, index: usize, behaviour: Behaviour, seed: u64) -> SimNode {
-        let Some(genesis) = self.chain.ring(Epoch(0)) else {
-            unreachable!("a chain starts at the genesis")
-        };
-        let inner = EpochServer::new(NodeId(index as u32), genesis.clone(), ());
+        let inner = EpochServer::new(NodeId(index as u32), self.chain.genesis().clone(), ());
         SimNode::new(inner, self, index, behaviour, seed)
     }
 
@@ -372,7 +369,10 @@ impl Protocol for ReconfigSim {
             entries,
             disk.entered,
             &disk.pulled,
-        );
+        )
+        .unwrap_or_else(|key| {
+            panic!("the simulated disk holds a version of {key:?} no node stored")
+        });
         SimNode::new(inner, self, index, Behaviour::Honest, 0)
     }
 
