@@ -3,7 +3,7 @@
 
 use anyhow::{Result, bail};
 use bulwark_sim::sim::protocols::content::ContentSim;
-use bulwark_sim::sim::protocols::reconfig::ReconfigSim;
+use bulwark_sim::sim::protocols::reconfig::{ReconfigSim, ScaleReconfigSim};
 use bulwark_sim::sim::protocols::registers::PubKeySim;
 use bulwark_sim::sim::{self, FaultSet, Mutations, SimConfig};
 use std::process::ExitCode;
@@ -23,8 +23,9 @@ pub struct SimArgs {
     /// The protocol under test: powerstore, abd (crash faults only: Byzantine behaviours and
     /// readers are left out), phalanx, cs (the configuration service: PBFT with 3f+1 replicas
     /// ordering membership changes and epoch ends), content (content-hash objects), pubkey
-    /// (public-key objects) or reconfig (public-key objects on 2(3f+1) nodes whose configuration
-    /// changes under the clients, keys moving between groups).
+    /// (public-key objects), reconfig (public-key objects on 2(3f+1) nodes whose configuration
+    /// changes under the clients, keys moving between groups) or reconfig-50 (the same on 50
+    /// nodes).
     #[arg(long, default_value = "powerstore")]
     pub protocol: String,
     /// Faults tolerated; the group has 3f+1 servers (2f+1 for abd).
@@ -99,6 +100,7 @@ impl SimArgs {
             "content" => Some("content"),
             "pubkey" => Some("pubkey"),
             "reconfig" => Some("reconfig"),
+            "reconfig-50" => Some("reconfig-50"),
             _ => None,
         }
     }
@@ -113,6 +115,7 @@ pub fn run(args: &SimArgs) -> Result<ExitCode> {
             Some("cs") => sim::protocols::cs::run(seed, &config),
             Some("pubkey") => sim::run_service::<PubKeySim>(seed, &config),
             Some("reconfig") => sim::run_service::<ReconfigSim>(seed, &config),
+            Some("reconfig-50") => sim::run_service::<ScaleReconfigSim>(seed, &config),
             Some(_) => sim::run_service::<ContentSim>(seed, &config),
             None => sim::run(seed, &config),
         };
@@ -136,6 +139,7 @@ pub fn run(args: &SimArgs) -> Result<ExitCode> {
         Some("cs") => sim::protocols::cs::sweep(range, &config, threads),
         Some("pubkey") => sim::sweep_service::<PubKeySim>(range, &config, threads),
         Some("reconfig") => sim::sweep_service::<ReconfigSim>(range, &config, threads),
+        Some("reconfig-50") => sim::sweep_service::<ScaleReconfigSim>(range, &config, threads),
         Some(_) => sim::sweep_service::<ContentSim>(range, &config, threads),
         None => sim::sweep(range, &config, threads),
     };

@@ -12,7 +12,8 @@
 //! a node that serves keys before its pull is in, a pull that trusts `f+1` old members instead of
 //! `2f+1`, and an old member that answers a pull without entering the newer epoch first.
 
-use bulwark_sim::sim::protocols::reconfig::ReconfigSim;
+use bulwark_sim::sim::protocol::Protocol;
+use bulwark_sim::sim::protocols::reconfig::{ReconfigSim, ScaleReconfigSim};
 use bulwark_sim::sim::{
     FaultSet, Mutations, SimConfig, SweepSummary, first_failure_service, run_service, sweep_service,
 };
@@ -27,59 +28,53 @@ fn config(f: usize) -> SimConfig {
     }
 }
 
-fn report(name: &str, config: &SimConfig, summary: &SweepSummary) {
+/// Fifty nodes, with enough objects that each reconfiguration moves some and leaves most.
+fn scale_config() -> SimConfig {
+    SimConfig {
+        keys: 64,
+        ops: 300,
+        ..config(1)
+    }
+}
+
+fn report(name: &str, service: &str, config: &SimConfig, summary: &SweepSummary) {
     println!("{}", summary.headline(name));
-    println!("{}", summary.render_service(config, "reconfig"));
+    println!("{}", summary.render_service(config, service));
 }
 
 #[test]
 fn f1_reconfiguring_sweep_is_linearizable_and_wait_free() {
     let config = config(1);
     let summary = sweep_service::<ReconfigSim>(0..300, &config, THREADS);
-    report("reconfig f=1 sweep", &config, &summary);
+    report("reconfig f=1 sweep", "reconfig", &config, &summary);
     assert_eq!(summary.seeds_run, 300);
-    assert!(
-        summary.violations.is_empty(),
-        "{}",
-        summary.render_service(&config, "reconfig")
-    );
-    assert_eq!(summary.inconclusive, 0);
-    assert!(
-        summary.ops_checked > 300 * 50,
-        "the sweep checked too little: {}",
-        summary.ops_checked
-    );
+    summary.assert_clean(50, || summary.render_service(&config, "reconfig"));
 }
 
 #[test]
 fn f2_reconfiguring_sweep_is_linearizable_and_wait_free() {
     let config = config(2);
     let summary = sweep_service::<ReconfigSim>(100_000..100_060, &config, THREADS);
-    report("reconfig f=2 sweep", &config, &summary);
-    assert!(
-        summary.violations.is_empty(),
-        "{}",
-        summary.render_service(&config, "reconfig")
-    );
-    assert_eq!(summary.inconclusive, 0);
+    report("reconfig f=2 sweep", "reconfig", &config, &summary);
+    summary.assert_clean(50, || summary.render_service(&config, "reconfig"));
 }
 
-fn caught(mutation: &str, reference: SimConfig, within: u64) {
+fn caught<P: Protocol>(service: &str, mutation: &str, reference: SimConfig, within: u64) {
     let broken = SimConfig {
         mutations: mutation.parse::<Mutations>().unwrap(),
         ..reference.clone()
     };
-    let found = first_failure_service::<ReconfigSim>(0..within, &broken, THREADS);
+    let found = first_failure_service::<P>(0..within, &broken, THREADS);
     let (seed, why) = found
         .failure
         .unwrap_or_else(|| panic!("{mutation} is caught within {within} seeds"));
     println!(
         "{mutation} caught at seed {seed} after {} seeds: {why}\n  replay: {}",
         found.seeds_run,
-        broken.service_replay_command(seed, "reconfig")
+        broken.service_replay_command(seed, service)
     );
     assert!(
-        run_service::<ReconfigSim>(seed, &reference).passed(),
+        run_service::<P>(seed, &reference).passed(),
         "the seed passes without the mutation"
     );
 }
@@ -89,27 +84,48 @@ fn caught(mutation: &str, reference: SimConfig, within: u64) {
 // the existing one.
 #[test]
 fn serving_before_the_transfer_is_in_is_caught() {
-    caught("serve-before-transfer", config(1), 2_000);
+    caught::<ReconfigSim>("reconfig", "serve-before-transfer", config(1), 2_000);
 }
 
 // With f+1 listings or answers, the old members heard need not include a correct one that holds
 // the last write: a withholding member and a correct one that missed it are enough. That takes a
 // faulty old member answering early and a correct one left behind by loss or a partition, so the
-// search is narrowed to those faults and more keys (a member that never saw a key lists nothing).
+// search is narrowed to those faults and more keys and operations (a member that never saw a key
+// lists nothing).
 #[test]
 fn transferring_from_f_plus_one_old_members_is_caught() {
     let reference = SimConfig {
-        keys: 4,
+        keys: 16,
+        ops: 300,
         faults: "amnesiac,partitions,loss,reordering".parse().unwrap(),
         byzantine_servers: Some(1),
         ..config(1)
     };
-    caught("small-transfer-quorum", reference, 2_000);
+    caught::<ReconfigSim>("reconfig", "small-transfer-quorum", reference, 600);
 }
 
 // An old member that lists before it enters the new epoch still accepts writes of the old one
 // afterwards: a write completed then is in no listing.
 #[test]
 fn answering_a_transfer_without_entering_the_new_epoch_is_caught() {
-    caught("answer-without-entering", config(1), 2_000);
+    caught::<ReconfigSim>("reconfig", "answer-without-entering", config(1), 2_000);
+}
+
+// Fifty nodes, most of them members, reconfigured two to five times per run under load: every
+// run's checker also holds the transfers to the data whose group changed (no version of an
+// object whose group stayed is handed over, and at most 3(3f+1) versions are handed over per
+// version taken over).
+#[test]
+fn fifty_nodes_reconfiguring_under_load_lose_nothing_and_move_only_what_changed_group() {
+    let config = scale_config();
+    let summary = sweep_service::<ScaleReconfigSim>(0..150, &config, THREADS);
+    report("reconfig 50 nodes", "reconfig-50", &config, &summary);
+    summary.assert_clean(200, || summary.render_service(&config, "reconfig-50"));
+}
+
+// A node that pulls every arc of its groups, changed or not, moves data no reconfiguration
+// asked for: with fifty nodes most of it.
+#[test]
+fn pulling_arcs_whose_group_did_not_change_is_caught() {
+    caught::<ScaleReconfigSim>("reconfig-50", "pull-unchanged-arcs", scale_config(), 50);
 }

@@ -56,6 +56,13 @@ pub const LISTED_KEYS_MAX: usize = 100_000;
 pub const FETCH_WINDOW: usize = 8;
 /// Requests a replica holds while their keys are being transferred; more are refused.
 pub const WAITING_MAX: usize = 1_024;
+/// How long a pull waits for answers before it asks the old members that have not answered
+/// again; doubled after each retry without progress, up to [`PULL_RETRY_MAX_MILLIS`]. Every
+/// answer carries whole versions, so asking a slow member again on every tick would hand the
+/// same data over many times.
+pub const PULL_RETRY_MILLIS: u64 = 250;
+/// The longest wait between two retries of a pull.
+pub const PULL_RETRY_MAX_MILLIS: u64 = 2_000;
 
 /// Deliberate breakage for the simulator's negative controls; none in real nodes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -66,6 +73,8 @@ pub struct TransferMutations {
     pub small_transfer_quorum: bool,
     /// Answer LIST and FETCH without entering the newer epoch first.
     pub answer_without_entering: bool,
+    /// Pull every arc of the groups the node is in, also those whose group did not change.
+    pub pull_unchanged_arcs: bool,
 }
 
 /// What nodes send each other to move keys between epochs.
@@ -144,6 +153,11 @@ struct Pull<P: Policy> {
     queue: Option<VecDeque<Key>>,
     /// Keys being fetched, with the answers of each old member.
     fetching: BTreeMap<Key, Replies<Option<P::Entry>>>,
+    /// When to ask again the old members that have not answered; set on the first tick after
+    /// the requests went out, and again after each retry or progress.
+    retry_at: Option<Time>,
+    /// The wait before the next retry.
+    backoff: u64,
 }
 
 #[derive(Default)]
@@ -165,6 +179,30 @@ impl<P: Policy> Pull<P> {
             listings,
             queue: None,
             fetching: BTreeMap::new(),
+            retry_at: None,
+            backoff: PULL_RETRY_MILLIS,
+        }
+    }
+
+    /// An answer moved the pull on: the next retry waits the base interval from the next tick.
+    fn progressed(&mut self) {
+        self.retry_at = None;
+        self.backoff = PULL_RETRY_MILLIS;
+    }
+
+    /// What to ask again at `now`: nothing until the retry is due.
+    fn retry(&mut self, now: Time) -> Vec<(Slot, Transfer<P>)> {
+        match self.retry_at {
+            Some(at) if now >= at => {
+                self.backoff = (self.backoff * 2).min(PULL_RETRY_MAX_MILLIS);
+                self.retry_at = Some(Time(now.0 + self.backoff));
+                self.requests()
+            }
+            Some(_) => Vec::new(),
+            None => {
+                self.retry_at = Some(Time(now.0 + self.backoff));
+                Vec::new()
+            }
         }
     }
 
@@ -329,7 +367,9 @@ impl<P: Policy> EpochServer<P> {
     fn step_into(&mut self, ring: Arc<Ring>) {
         let before = self.rings.newest().clone();
         for moved in ring.arcs_since(&before) {
-            if moved.new.contains(self.me) && moved.changed() {
+            if moved.new.contains(self.me)
+                && (moved.changed() || self.mutations.pull_unchanged_arcs)
+            {
                 self.pulls
                     .push(Pull::new(ring.epoch(), moved.arc, moved.old.clone()));
             }
@@ -564,18 +604,16 @@ impl<P: Policy> EpochServer<P> {
                     listing.after = Some(last.clone());
                 }
                 listing.keys.extend(keys);
+                listing.complete = !more;
+                let after = listing.after.clone();
+                pull.progressed();
                 if more {
-                    let next = Transfer::List {
-                        epoch,
-                        arc,
-                        after: listing.after.clone(),
-                    };
+                    let next = Transfer::List { epoch, arc, after };
                     return Output {
                         sends: vec![(Slot(from.0), next)],
                         ..Output::none()
                     };
                 }
-                listing.complete = true;
                 self.after_listing(at)
             }
             Transfer::Fetch { epoch, key } => {
@@ -624,6 +662,7 @@ impl<P: Policy> EpochServer<P> {
                     .filter_map(|(_, entry)| entry.clone())
                     .max_by_key(|entry| P::ts(entry));
                 pull.fetching.remove(&key);
+                pull.progressed();
                 let mut changes = Vec::new();
                 if let Some(entry) = highest {
                     self.pulled_keys += 1;
@@ -684,9 +723,14 @@ impl<P: Policy> Replica for EpochServer<P> {
         self.enter(ring)
     }
 
-    /// Asks again for whatever the pulls still wait on: lost requests and slow old members.
-    fn on_tick(&mut self, _now: Time) -> Output<Self> {
-        let sends = self.pulls.iter().flat_map(Pull::requests).collect();
+    /// Asks again for whatever the pulls still wait on, once a retry is due: lost requests and
+    /// slow old members.
+    fn on_tick(&mut self, now: Time) -> Output<Self> {
+        let sends = self
+            .pulls
+            .iter_mut()
+            .flat_map(|pull| pull.retry(now))
+            .collect();
         Output {
             sends,
             ..Output::none()

@@ -187,7 +187,7 @@ impl Mutations {
         *self != Mutations::default()
     }
 
-    fn flags(&self) -> [(&'static str, bool); 16] {
+    fn flags(&self) -> [(&'static str, bool); 17] {
         [
             ("quorum-f-plus-one", self.client.quorum_f_plus_one),
             ("any-twin", self.client.any_twin),
@@ -208,6 +208,7 @@ impl Mutations {
                 "answer-without-entering",
                 self.transfer.answer_without_entering,
             ),
+            ("pull-unchanged-arcs", self.transfer.pull_unchanged_arcs),
         ]
     }
 }
@@ -215,7 +216,7 @@ impl Mutations {
 /// A mutation name that does not exist.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown mutation {0:?}; expected quorum-f-plus-one, any-twin, no-offers, no-write-back, accept-unproven, naive-gc, candidate-vec-in-lc (PoWerStore), register-small-quorum, register-no-write-back or register-unverified (ABD, Phalanx; the first also content-hash objects), pbft-quorum-2f or pbft-drop-prepared (configuration service), serve-before-transfer, small-transfer-quorum or answer-without-entering (reconfiguration), send-before-durable (any)"
+    "unknown mutation {0:?}; expected quorum-f-plus-one, any-twin, no-offers, no-write-back, accept-unproven, naive-gc, candidate-vec-in-lc (PoWerStore), register-small-quorum, register-no-write-back or register-unverified (ABD, Phalanx; the first also content-hash objects), pbft-quorum-2f or pbft-drop-prepared (configuration service), serve-before-transfer, small-transfer-quorum, answer-without-entering or pull-unchanged-arcs (reconfiguration), send-before-durable (any)"
 )]
 pub struct UnknownMutation(pub String);
 
@@ -243,6 +244,7 @@ impl FromStr for Mutations {
                 "serve-before-transfer" => mutations.transfer.serve_before_transfer = true,
                 "small-transfer-quorum" => mutations.transfer.small_transfer_quorum = true,
                 "answer-without-entering" => mutations.transfer.answer_without_entering = true,
+                "pull-unchanged-arcs" => mutations.transfer.pull_unchanged_arcs = true,
                 _ => return Err(UnknownMutation(word.to_string())),
             }
         }

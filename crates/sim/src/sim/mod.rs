@@ -233,6 +233,20 @@ impl SweepSummary {
         self.seeds_run as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
 
+    /// Fails (a test) unless no seed failed or was inconclusive and the sweep checked more than
+    /// `ops_per_seed` operations per seed; `render` says which seeds failed, and how to replay
+    /// them.
+    pub fn assert_clean(&self, ops_per_seed: u64, render: impl FnOnce() -> String) {
+        assert!(self.violations.is_empty(), "{}", render());
+        assert_eq!(self.inconclusive, 0, "inconclusive seeds");
+        assert!(
+            self.ops_checked > self.seeds_run * ops_per_seed,
+            "the sweep checked too little: {} operations in {} seeds",
+            self.ops_checked,
+            self.seeds_run
+        );
+    }
+
     /// One line for a test's output: seeds, speed, operations, failures.
     pub fn headline(&self, name: &str) -> String {
         format!(

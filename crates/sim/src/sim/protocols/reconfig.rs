@@ -14,6 +14,7 @@
 
 use super::registers::{RegisterDisk, describe_request, describe_response, kind, owner_of};
 use crate::byzantine::Behaviour;
+use crate::checker::{self, History, Report, Violation};
 use crate::sim::config::{FaultSet, Nemesis, SimConfig};
 use crate::sim::protocol::{Protocol, Storage};
 use crate::sim::swarm::Swarm;
@@ -23,7 +24,7 @@ use bulwark_protocol::machine::{Access, Output, Replica, ReplicaStats};
 use bulwark_protocol::pubkey::{self, PubKey};
 use bulwark_protocol::register::Policy;
 use bulwark_protocol::register::reconfig::{
-    self, EpochServer, LIST_PAGE_KEYS, Routed, Transfer, TransferMutations,
+    self, EpochServer, FETCH_WINDOW, LIST_PAGE_KEYS, Routed, Transfer, TransferMutations,
 };
 use bulwark_protocol::round::OpId;
 use bytes::Bytes;
@@ -31,14 +32,17 @@ use rand::seq::{IndexedRandom, SliceRandom};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// How late after an epoch starts a node may learn of it, at most.
 const LEARN_LATE_MAX_MILLIS: u64 = 1_500;
 
-/// One run's cluster: the chain of configurations and when each epoch starts.
-pub struct ReconfigSim {
+/// One run's cluster: the chain of configurations and when each epoch starts. `NODES` nodes in
+/// all, members or not; 0 means twice a group, `2(3f+1)`.
+pub struct ReconfigSim<const NODES: usize = 0> {
     f: usize,
+    /// What correct nodes transferred, over the whole run (restarts included).
+    transfers: Arc<Mutex<Transfers>>,
     chain: Arc<Chain>,
     /// When each epoch starts (the genesis at 0).
     starts: Vec<u64>,
@@ -120,9 +124,14 @@ pub struct NodeDisk {
     pulled: BTreeSet<(Epoch, RingArc)>,
 }
 
+/// Fifty nodes: many groups, each reconfiguration moving a small part of the ring.
+pub type ScaleReconfigSim = ReconfigSim<50>;
+
 /// A node: the real machine, and how it learns certified configurations in this world.
 pub struct SimNode {
     inner: EpochServer<PubKey>,
+    /// The run's transfer counts, shared by every node.
+    transfers: Arc<Mutex<Transfers>>,
     /// How it lies to the nodes that take keys over from it (clients it serves honestly, unless
     /// silent): a faulty old member of spec §7.2.
     behaviour: Behaviour,
@@ -136,9 +145,9 @@ pub struct SimNode {
 }
 
 impl SimNode {
-    fn new(
+    fn new<const NODES: usize>(
         inner: EpochServer<PubKey>,
-        sim: &ReconfigSim,
+        sim: &ReconfigSim<NODES>,
         index: usize,
         behaviour: Behaviour,
         seed: u64,
@@ -158,6 +167,7 @@ impl SimNode {
             .collect();
         SimNode {
             inner: inner.with_mutations(sim.mutations),
+            transfers: sim.transfers.clone(),
             behaviour,
             first: BTreeMap::new(),
             rng: ChaCha8Rng::seed_from_u64(seed),
@@ -225,6 +235,41 @@ impl SimNode {
                     },
                 ) => entry.ts.num = entry.ts.num.saturating_add(1_000),
                 _ => {}
+            }
+        }
+    }
+
+    /// Counts the `pulled` bytes this node took over, and what it hands over in `output` if it
+    /// is correct.
+    fn count(&self, output: &Output<SimNode>, pulled: (u64, u64)) {
+        let Ok(mut transfers) = self.transfers.lock() else {
+            return;
+        };
+        transfers.pulled.0 += pulled.0;
+        transfers.pulled.1 += pulled.1;
+        if self.behaviour != Behaviour::Honest {
+            return;
+        }
+        for (_, message) in &output.sends {
+            let Transfer::Fetched {
+                epoch,
+                key,
+                entry: Some(entry),
+            } = message
+            else {
+                continue;
+            };
+            let size = PubKey::value(entry).map_or(0, |v| v.len() as u64);
+            transfers.handed.0 += 1;
+            transfers.handed.1 += size;
+            let group = |epoch: u64| {
+                let ring = self.chain.ring(Epoch(epoch))?;
+                let mut members = ring.group_of(key.as_bytes()).members().to_vec();
+                members.sort_unstable();
+                Some(members)
+            };
+            if epoch.0 > 0 && group(epoch.0 - 1) == group(epoch.0) {
+                transfers.handed_unchanged += size;
             }
         }
     }
@@ -298,8 +343,13 @@ impl Replica for SimNode {
         if self.behaviour == Behaviour::Silent {
             return Output::none();
         }
+        let before = self.inner.pulled();
         let mut output = caught_up.and(lift(self.inner.on_message(now, from, message, view)));
         self.lie(&mut output);
+        // A faulty node lies only in its answers: what it takes over, it was handed.
+        let after = self.inner.pulled();
+        let pulled = (after.0 - before.0, after.1 - before.1);
+        self.count(&output, pulled);
         output
     }
 
@@ -313,7 +363,31 @@ impl Replica for SimNode {
     }
 }
 
-impl Protocol for ReconfigSim {
+/// How many copies of each version a new member takes over the old members may hand over
+/// before a run's transfers count as out of proportion: one from each of the `3f+1` old members
+/// a pull asks, times [`TRANSFER_RETRIES_MAX`].
+fn transfer_copies_max(f: usize) -> u64 {
+    (3 * f as u64 + 1) * TRANSFER_RETRIES_MAX
+}
+
+/// Answers an old member may give one FETCH: the first, one to a retry that crossed it, and one
+/// to a duplicate the network made or to the asker again after it restarted mid-pull.
+const TRANSFER_RETRIES_MAX: u64 = 3;
+
+/// What moved between nodes during a run. Versions, not bytes, bound the proportion: a late
+/// answer may carry a newer version than the one the pull took (written in the new epoch to an
+/// old member that is also a new one), as large as any value.
+#[derive(Debug, Default)]
+pub struct Transfers {
+    /// Versions correct old members handed over in FETCH answers, and their value bytes.
+    handed: (u64, u64),
+    /// Of which, value bytes of objects whose group did not change in the epoch asked about.
+    handed_unchanged: u64,
+    /// Versions new members took over from pulls, and their value bytes.
+    pulled: (u64, u64),
+}
+
+impl<const NODES: usize> Protocol for ReconfigSim<NODES> {
     type Request = pubkey::Request;
     type Response = pubkey::Response;
     type Change = reconfig::Change<PubKey>;
@@ -325,9 +399,10 @@ impl Protocol for ReconfigSim {
     /// Long enough for the last epoch's pulls to finish before the run is judged.
     const SETTLE_MILLIS: u64 = 2_000;
 
-    /// Twice a group: room for nodes to join, leave, and for a whole group to be replaced.
+    /// Twice a group unless `NODES` says otherwise: room for nodes to join, leave, and for a
+    /// whole group to be replaced.
     fn nodes(f: usize) -> usize {
-        2 * (3 * f + 1)
+        if NODES == 0 { 2 * (3 * f + 1) } else { NODES }
     }
 
     fn tolerated(wanted: &FaultSet) -> FaultSet {
@@ -342,10 +417,11 @@ impl Protocol for ReconfigSim {
         faults
     }
 
-    fn new(rng: &mut ChaCha8Rng, config: &SimConfig, _swarm: &Swarm) -> ReconfigSim {
+    fn new(rng: &mut ChaCha8Rng, config: &SimConfig, _swarm: &Swarm) -> Self {
         let (rings, starts) = schedule(rng, config.f, Self::nodes(config.f));
         ReconfigSim {
             f: config.f,
+            transfers: Arc::default(),
             chain: Arc::new(Chain::new(rings.into_iter().map(Arc::new).collect())),
             starts,
             mutations: config.mutations.transfer,
@@ -439,6 +515,43 @@ impl Protocol for ReconfigSim {
 
     fn describe_response(response: &pubkey::Response) -> String {
         format!("e{} {}", response.epoch.0, describe_response(response))
+    }
+
+    /// Linearizability, and transfers in proportion to the data whose group changed: the
+    /// correct nodes up at the end handed over at most [`transfer_copies_max`] copies of it.
+    fn check(&self, history: &History, _servers: &[Option<&SimNode>]) -> Report {
+        let mut report = checker::check(history);
+        let Ok(transfers) = self.transfers.lock() else {
+            return report;
+        };
+        if transfers.handed_unchanged > 0 {
+            report.ok = false;
+            report.violations.push(Violation {
+                key: b"(transfers)".to_vec(),
+                explanation: format!(
+                    "correct nodes handed over {} bytes of objects whose group did not change",
+                    transfers.handed_unchanged
+                ),
+                conflicting: Vec::new(),
+            });
+        }
+        let (handed, pulled) = (transfers.handed.0, transfers.pulled.0);
+        // A new member that crashes mid-pull was handed the versions it was fetching (a
+        // window's worth) without taking them over; it fetches them again after its restart.
+        let bound = transfer_copies_max(self.f) * (pulled + FETCH_WINDOW as u64);
+        if handed > bound {
+            report.ok = false;
+            report.violations.push(Violation {
+                key: b"(transfers)".to_vec(),
+                explanation: format!(
+                    "correct nodes handed over {handed} versions ({} bytes) for {pulled} taken \
+                     over ({} bytes): more than {bound}",
+                    transfers.handed.1, transfers.pulled.1
+                ),
+                conflicting: Vec::new(),
+            });
+        }
+        report
     }
 
     fn describe_message(message: &Transfer<PubKey>) -> String {
