@@ -40,6 +40,10 @@ pub enum BenchCommand {
     /// The configuration service (PBFT, f_cs = 1): no-op and ADD requests per second and their
     /// latency on 4 nodes, and the time to certify and disseminate a configuration to 16.
     Cs(cs::CsArgs),
+    /// Placement and dissemination at scale, computed: per-node load of the ring beside virtual
+    /// positions (a model), what a join moves, and the three-level multicast of configurations
+    /// beside today's push.
+    Placement(PlacementArgs),
 }
 
 /// `bulwark bench compare`.
@@ -230,8 +234,99 @@ fn resident_kib(pid: u32) -> Option<u64> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// `bulwark bench placement`.
+#[derive(clap::Args)]
+pub struct PlacementArgs {
+    /// Cluster sizes.
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
+    pub nodes: Vec<usize>,
+    /// Positions per node (1 is the ring as built; more are a model).
+    #[arg(long = "virtual", value_delimiter = ',', default_value = "1,4,16,64")]
+    pub virtual_positions: Vec<u32>,
+    /// Faults per group (groups of 3f+1).
+    #[arg(long, default_value_t = 1)]
+    pub f: usize,
+    /// Fraction of nodes down while a configuration is disseminated.
+    #[arg(long, default_value_t = 0.01)]
+    pub failed: f64,
+}
+
+/// Joins averaged per cluster size and position count.
+const JOINS: u32 = 8;
+
+fn run_placement(args: &PlacementArgs) {
+    use bulwark_bench::placement;
+    use bulwark_core::NodeId;
+    let copies = 3 * args.f + 1;
+    println!(
+        "## Load per node (groups of {copies}), exact shares of the key space
+"
+    );
+    println!(
+        "| nodes | positions per node | min / ideal | median / ideal | max / ideal | nodes within 10% | ring entries | lookup (ns) | join: arcs changed | join: source groups | join: moved (x ideal share) |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    for &n in &args.nodes {
+        let nodes: Vec<NodeId> = (0..n as u32).map(NodeId).collect();
+        for &v in &args.virtual_positions {
+            let b = placement::balance(&nodes, v, copies);
+            // A join's cost depends on where the newcomer lands: the mean of several.
+            let joins: Vec<placement::Join> = (0..JOINS)
+                .map(|i| placement::join(&nodes, NodeId(u32::MAX - 1 - i), v, copies))
+                .collect();
+            let mean = |f: &dyn Fn(&placement::Join) -> f64| {
+                joins.iter().map(f).sum::<f64>() / joins.len() as f64
+            };
+            let ideal_move = copies as f64 / (n + 1) as f64;
+            println!(
+                "| {n} | {v}{} | {:.2} | {:.2} | {:.2} | {:.1}% | {} | {:.0} | {:.1} | {:.1} | {:.2} |",
+                if v == 1 { " (built)" } else { "" },
+                b.min,
+                b.median,
+                b.max,
+                b.within_10 * 100.0,
+                b.positions,
+                b.lookup_ns,
+                mean(&|j| j.arcs_changed as f64),
+                mean(&|j| j.source_groups as f64),
+                mean(&|j| j.moved) / ideal_move,
+            );
+        }
+    }
+    println!(
+        "
+## Configuration dissemination per epoch (f_cs = 1, one join and one leave, {:.0}% of nodes down)
+",
+        args.failed * 100.0
+    );
+    println!(
+        "| nodes | scheme | rounds | busiest node: messages | busiest node: bytes sent | median node: bytes received | nodes up reached without a pull |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for &n in &args.nodes {
+        let (push, tree) = placement::dissemination(n, 1, args.failed);
+        for (name, d) in [
+            ("push of the certificate (today)", push),
+            ("three-level multicast of the delta (§3.6)", tree),
+        ] {
+            println!(
+                "| {n} | {name} | {} | {} | {} | {} | {:.2}% |",
+                d.rounds,
+                d.max_sends,
+                d.max_bytes_sent,
+                d.median_bytes_received,
+                d.reached * 100.0
+            );
+        }
+    }
+}
+
 pub async fn run(args: &BenchArgs) -> Result<()> {
     match &args.command {
+        BenchCommand::Placement(placement) => {
+            run_placement(placement);
+            Ok(())
+        }
         BenchCommand::Compare(compare) => run_compare(compare).await,
         BenchCommand::Sizes(sizes) => run_sizes(sizes).await,
         BenchCommand::Cs(args) => cs::run(args).await,
