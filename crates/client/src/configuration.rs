@@ -27,77 +27,94 @@ impl Client {
         })
     }
 
-    /// The newest configuration any node can prove: certificates fetched from every node,
-    /// each verified against the configuration before it, starting from the genesis.
+    /// The newest configuration any node can prove: certificates fetched from the members of the
+    /// newest one this client has verified (from the genesis on first use), each verified
+    /// against the configuration before it.
     pub async fn configuration(&self) -> Result<Configuration, ClientError> {
-        let mut configurations = self.configurations().await?;
-        let Some(current) = configurations.pop() else {
-            unreachable!("the verified configurations start at the genesis")
-        };
-        Ok(current)
+        Ok(self.refresh().await?.0)
     }
 
     /// Where each epoch placed keys, from the genesis to the newest, as last fetched: fetched
     /// and verified on first use, again when an operation meets a replica in a newer epoch.
     /// A cluster without a configuration service has one epoch, `cluster.toml`'s.
     pub async fn rings(&self) -> Result<Arc<Chain>, ClientError> {
-        if let Some(chain) = self.rings.lock().ok().and_then(|rings| rings.clone()) {
-            return Ok(chain);
+        let known = self.known.lock().ok().and_then(|known| known.clone());
+        match known {
+            Some((_, chain)) => Ok(chain),
+            None => self.refresh_rings().await,
         }
-        self.refresh_rings().await
     }
 
     /// [`Client::rings`], fetched and verified again now.
     pub(crate) async fn refresh_rings(&self) -> Result<Arc<Chain>, ClientError> {
-        let chain = if self.cluster.configuration_service.is_some() {
-            let mut rings = Vec::new();
-            for config in self.configurations().await? {
-                rings.push(Arc::new(config.ring().map_err(|e| {
-                    ClientError::Protocol(format!("epoch {}: {e}", config.epoch.0))
-                })?));
-            }
-            Chain::new(rings)
-        } else {
-            Chain::new(vec![Arc::new(self.placement.ring().clone())])
-        };
-        let chain = Arc::new(chain);
-        if let Ok(mut rings) = self.rings.lock() {
-            // Two fetches may race: the longer chain stays.
-            if rings
-                .as_ref()
-                .is_none_or(|held| held.latest() < chain.latest())
-            {
-                *rings = Some(chain.clone());
-            }
+        if self.cluster.configuration_service.is_none() {
+            let ring = Arc::new(self.placement.ring().clone());
+            return Ok(Arc::new(Chain::new(vec![ring])));
         }
-        Ok(chain)
+        Ok(self.refresh().await?.1)
     }
 
-    /// Every configuration any node can prove, from the genesis on, each verified against the
-    /// one before it.
-    pub async fn configurations(&self) -> Result<Vec<Configuration>, ClientError> {
+    /// Fetches the configurations after the newest one verified, verifies them, and keeps the
+    /// newest with the ring of every epoch.
+    async fn refresh(&self) -> Result<(Configuration, Arc<Chain>), ClientError> {
+        let ring_of = |config: &Configuration| {
+            config
+                .ring()
+                .map(Arc::new)
+                .map_err(|e| ClientError::Protocol(format!("epoch {}: {e}", config.epoch.0)))
+        };
+        let known = self.known.lock().ok().and_then(|known| known.clone());
+        let (mut newest, mut chain) = match known {
+            Some(known) => known,
+            None => {
+                let genesis = self.genesis()?;
+                let ring = ring_of(&genesis)?;
+                (genesis, Arc::new(Chain::new(vec![ring])))
+            }
+        };
+        let newer = self.configurations_after(&newest).await;
+        if !newer.is_empty() {
+            let mut grown = (*chain).clone();
+            for config in newer {
+                grown.push(ring_of(&config)?);
+                newest = config;
+            }
+            chain = Arc::new(grown);
+        }
+        if let Ok(mut known) = self.known.lock() {
+            // Two fetches may race: the longer chain stays.
+            if known
+                .as_ref()
+                .is_none_or(|(held, _)| held.epoch < newest.epoch)
+            {
+                *known = Some((newest.clone(), chain.clone()));
+            }
+        }
+        Ok((newest, chain))
+    }
+
+    /// Every configuration after `from` (verified) that a node can prove, each verified against
+    /// the one before it. Each round asks the members of the newest configuration so far, and
+    /// waits for all but `f` of them: a node down or slow must not hold up every configuration
+    /// change (a node can withhold, never forge, a certificate), and a node that left is not
+    /// waited for.
+    async fn configurations_after(&self, from: &Configuration) -> Vec<Configuration> {
         use futures::StreamExt;
-        let mut configurations = vec![self.genesis()?];
+        let mut configurations: Vec<Configuration> = Vec::new();
+        let mut current = from.clone();
         loop {
-            let Some(last) = configurations.last() else {
-                unreachable!("the verified configurations start at the genesis")
-            };
-            let mut current = last.clone();
             let after = current.epoch.0;
-            let mut asks: futures::stream::FuturesUnordered<_> = self
-                .cluster
-                .nodes
+            let asked: Vec<NodeId> = current
+                .members
                 .iter()
-                .map(|node| async move {
-                    (
-                        node.id,
-                        self.certificates_from(NodeId(node.id), after).await,
-                    )
-                })
+                .map(|member| member.id)
+                .filter(|id| self.links.contains_key(id))
                 .collect();
-            // Answers from all but f nodes are enough: a node down or slow must not hold up
-            // every configuration change (a node can withhold, never forge, a certificate).
-            let enough = self.cluster.n().saturating_sub(self.cluster.f);
+            let enough = asked.len().saturating_sub(current.f as usize).max(1);
+            let mut asks: futures::stream::FuturesUnordered<_> = asked
+                .iter()
+                .map(|&node| async move { (node.0, self.certificates_from(node, after).await) })
+                .collect();
             let mut answers = Vec::new();
             while let Some((node, certs)) = asks.next().await {
                 if let Ok(certs) = certs {
@@ -107,6 +124,7 @@ impl Client {
                     break;
                 }
             }
+            drop(asks);
             let before = current.epoch;
             for (node, certs) in answers {
                 for cert in certs {
@@ -125,7 +143,7 @@ impl Client {
                 }
             }
             if current.epoch == before {
-                return Ok(configurations);
+                return configurations;
             }
         }
     }

@@ -185,8 +185,14 @@ pub struct Client {
     /// When the configuration service last confirmed this client's configuration as current,
     /// and that configuration's epoch.
     confirmed: Mutex<Option<(std::time::Instant, Epoch)>>,
-    /// Where each epoch placed keys, verified, once fetched ([`Client::rings`]).
-    rings: Mutex<Option<Arc<bulwark_core::membership::Chain>>>,
+    /// The newest configuration verified, and where each epoch up to it placed keys, once
+    /// fetched ([`Client::configuration`], [`Client::rings`]).
+    known: Mutex<
+        Option<(
+            bulwark_core::configuration::Configuration,
+            Arc<bulwark_core::membership::Chain>,
+        )>,
+    >,
     /// How long an operation keeps trying.
     pub deadline: Duration,
 }
@@ -311,7 +317,7 @@ impl Client {
             evidence_log: None,
             authority: secrets.authority_key,
             confirmed: Mutex::new(None),
-            rings: Mutex::new(None),
+            known: Mutex::new(None),
             deadline: DEADLINE_DEFAULT,
         })
     }
