@@ -148,7 +148,7 @@ fn free_ports(host: IpAddr, count: usize) -> Result<std::vec::IntoIter<u16>> {
 /// The lowest port `free_ports` picks itself: above the well-known and most registered services.
 const PORTS_BELOW_EPHEMERAL_MIN: u16 = 20_000;
 
-fn write_private(path: &Path, text: &str) -> Result<()> {
+pub(crate) fn write_private(path: &Path, text: &str) -> Result<()> {
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
     #[cfg(unix)]
     {
@@ -158,7 +158,7 @@ fn write_private(path: &Path, text: &str) -> Result<()> {
     Ok(())
 }
 
-fn write_identity(dir: &Path, name: &str) -> Result<Fingerprint> {
+pub(crate) fn write_identity(dir: &Path, name: &str) -> Result<Fingerprint> {
     let identity = bulwark_transport::Identity::generate(name)?;
     let (cert, key) = identity.to_pem();
     std::fs::write(dir.join("tls.crt"), cert)?;
@@ -229,6 +229,7 @@ pub fn run_protocol(args: &InitArgs, protocol: Protocol) -> Result<ClusterConfig
             id: i as u32,
             mac_key: mac_key.clone(),
             signing_key: signing_seed,
+            address: None,
         };
         write_private(&dir.join("node.toml"), &toml_text(&secrets)?)?;
         let fingerprint = write_identity(&dir, &format!("bulwark-node-{i}"))?;
@@ -340,7 +341,7 @@ pub fn run_protocol(args: &InitArgs, protocol: Protocol) -> Result<ClusterConfig
     Ok(config)
 }
 
-fn toml_text<T: serde::Serialize>(value: &T) -> Result<String> {
+pub(crate) fn toml_text<T: serde::Serialize>(value: &T) -> Result<String> {
     toml::to_string_pretty(value).context("serialising secrets")
 }
 

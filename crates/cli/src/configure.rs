@@ -33,6 +33,25 @@ pub enum MembershipCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Brings a new node in and runs it: makes its keys and certificate, orders as the trusted
+    /// authority that it joins in the next epoch, waits until that epoch is certified, then
+    /// serves as the member it was certified as (`bulwark node --id N` restarts it later).
+    Join {
+        /// Where clients and peers will reach it.
+        #[arg(long)]
+        address: SocketAddr,
+        /// Listen here instead (e.g. 0.0.0.0:PORT in a container).
+        #[arg(long)]
+        listen: Option<SocketAddr>,
+        /// Serve Prometheus metrics here.
+        #[arg(long)]
+        metrics: Option<SocketAddr>,
+        /// Where to keep durable state (default: <cluster>/node-<id>/data).
+        #[arg(long)]
+        data: Option<std::path::PathBuf>,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Orders, as the trusted authority, that a member leaves in the next epoch.
     Revoke {
         /// The member's id.
@@ -156,6 +175,7 @@ pub async fn membership(command: &MembershipCommand) -> Result<()> {
             (Some(ConfigAction::Revoke(NodeId(*id))), *wait, client)
         }
         MembershipCommand::Evict { wait, client, .. } => (None, *wait, client),
+        MembershipCommand::Join { .. } => bail!("`node join` runs the node it adds"),
     };
     let client = connect(args).await?;
     let (config, outcome, verb) = match (action, command) {
@@ -229,4 +249,135 @@ pub async fn epoch(command: &EpochCommand) -> Result<()> {
         ConfigOutcome::Rejected(reason) => bail!("{reason}"),
         other => bail!("unexpected answer: {other:?}"),
     }
+}
+
+/// `bulwark node join`: what the new node is, once the epoch that adds it is certified; the
+/// caller runs it. Its keys are made in `<cluster>/joining-<port>/` and kept there until it is
+/// certified, so a join interrupted while waiting resumes with the same identity; the directory
+/// then becomes `node-<id>`.
+pub async fn join(
+    address: SocketAddr,
+    listen: Option<SocketAddr>,
+    metrics: Option<SocketAddr>,
+    data: Option<std::path::PathBuf>,
+    args: &ClientArgs,
+) -> Result<crate::NodeArgs> {
+    use bulwark_core::config::NodeSecrets;
+    let pending = args.cluster.join(format!("joining-{}", address.port()));
+    let secrets_file = pending.join("node.toml");
+    let (seed, fingerprint) = if secrets_file.exists() {
+        let secrets: NodeSecrets = bulwark_core::config::parse_secrets(
+            &std::fs::read_to_string(&secrets_file)?,
+            &secrets_file.display().to_string(),
+        )?;
+        let identity = bulwark_transport::Identity::from_pem(
+            &std::fs::read_to_string(pending.join("tls.crt"))?,
+            &std::fs::read_to_string(pending.join("tls.key"))?,
+        )?;
+        (secrets.signing_key, identity.fingerprint())
+    } else {
+        std::fs::create_dir_all(&pending)
+            .with_context(|| format!("creating {}", pending.display()))?;
+        let seed: [u8; 32] = rand::random();
+        let fingerprint = crate::cluster_init::write_identity(
+            &pending,
+            &format!("bulwark-node-{}", address.port()),
+        )?;
+        // Written now, with no id yet, so that a second attempt finds the same keys.
+        write_secrets(&secrets_file, u32::MAX, seed, address)?;
+        (seed, fingerprint)
+    };
+    let signing_key = bulwark_core::sign::SecretKey::from_seed(&seed).public_key();
+
+    let mut client = connect(args).await?;
+    let current = client.configuration().await?;
+    let id = match current
+        .members
+        .iter()
+        .find(|member| member.fingerprint == fingerprint)
+    {
+        // An earlier attempt got as far as being certified.
+        Some(member) => member.id,
+        None => {
+            let member = NewMember {
+                address,
+                fingerprint,
+                signing_key,
+            };
+            let (config, outcome) = client.order(ConfigAction::Add(member)).await?;
+            let (epoch, node) = match outcome {
+                ConfigOutcome::Accepted { epoch, node } => (epoch, node),
+                ConfigOutcome::Rejected(reason) => bail!(
+                    "the configuration service of epoch {} refused: {reason}",
+                    config.epoch.0
+                ),
+                other => bail!("unexpected answer: {other:?}"),
+            };
+            println!(
+                "the configuration service of epoch {} accepted: {} joins in epoch {}; \
+                 waiting for it to be certified (epochs last {:.1} s)",
+                config.epoch.0,
+                node.map_or_else(|| "the node".to_string(), |n| n.to_string()),
+                epoch.0,
+                config.t_epoch_ms as f64 / 1000.0
+            );
+            // The epoch ends when it has lasted its length, give or take the clock tolerance.
+            client.deadline = client.deadline.max(std::time::Duration::from_millis(
+                config.t_epoch_ms + 2 * config.stop_delta_ms + 30_000,
+            ));
+            let certified = client.await_epoch(epoch.0).await?;
+            certified
+                .members
+                .iter()
+                .find(|member| member.fingerprint == fingerprint)
+                .map(|member| member.id)
+                .with_context(|| {
+                    format!(
+                        "epoch {} was certified without this node (it may have been revoked \
+                         meanwhile)",
+                        certified.epoch.0
+                    )
+                })?
+        }
+    };
+    write_secrets(&secrets_file, id.0, seed, address)?;
+    let node_dir = args.cluster.join(format!("node-{}", id.0));
+    if node_dir.exists() {
+        bail!(
+            "{} already exists: {id} cannot be set up there",
+            node_dir.display()
+        );
+    }
+    std::fs::rename(&pending, &node_dir)
+        .with_context(|| format!("moving {} to {}", pending.display(), node_dir.display()))?;
+    println!(
+        "{id} is a member; serving at {address} (restart it with `bulwark node --id {}`)",
+        id.0
+    );
+    Ok(crate::NodeArgs {
+        cluster: args.cluster.clone(),
+        id: Some(id.0),
+        data,
+        listen,
+        metrics,
+        grace_ms: crate::GRACE_MS_DEFAULT,
+        peers: Vec::new(),
+    })
+}
+
+/// A joining node's `node.toml`: its keys, its address and (once certified) its id. Its MAC key
+/// is its own: it serves no static group, where writers would need to share it.
+fn write_secrets(
+    path: &std::path::Path,
+    id: u32,
+    seed: [u8; 32],
+    address: SocketAddr,
+) -> Result<()> {
+    let secrets = bulwark_core::config::NodeSecrets {
+        id,
+        mac_key: bulwark_core::MacKey(rand::random()),
+        signing_key: seed,
+        address: Some(address),
+    };
+    crate::cluster_init::write_private(path, &crate::cluster_init::toml_text(&secrets)?)
 }

@@ -221,6 +221,9 @@ pub struct NodeCommand {
     pub run: NodeArgs,
 }
 
+/// How long a superseded version stays readable, by default.
+pub const GRACE_MS_DEFAULT: u64 = 10_000;
+
 /// `bulwark node` (running one).
 #[derive(clap::Args)]
 pub struct NodeArgs {
@@ -240,7 +243,7 @@ pub struct NodeArgs {
     #[arg(long)]
     pub metrics: Option<SocketAddr>,
     /// Milliseconds a superseded version stays readable before garbage collection.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = GRACE_MS_DEFAULT)]
     pub grace_ms: u64,
     /// Dial node ID at HOST:PORT instead of its configured address, as ID=HOST:PORT (repeat or
     /// separate with commas): containers reach each other by name. The node must still present
@@ -287,6 +290,20 @@ pub async fn run(cli: Cli) -> Result<std::process::ExitCode> {
             command: ClusterCommand::Init(init),
         } => {
             cluster_init::run_protocol(&init.args, init.protocol)?;
+        }
+        Command::Node(NodeCommand {
+            change:
+                Some(configure::MembershipCommand::Join {
+                    address,
+                    listen,
+                    metrics,
+                    data,
+                    client,
+                }),
+            ..
+        }) => {
+            let args = configure::join(address, listen, metrics, data, &client).await?;
+            run_node(args, Box::new(|server| Box::new(server))).await?
         }
         Command::Node(NodeCommand {
             change: Some(change),

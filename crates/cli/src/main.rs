@@ -5,9 +5,10 @@ use bulwark_cli::clap::Parser;
 fn main() -> std::process::ExitCode {
     let cli = bulwark_cli::Cli::parse();
     match cli.command {
-        bulwark_cli::Command::Node(bulwark_cli::NodeCommand { change: None, .. }) => {
-            bulwark_cli::init_tracing(true)
-        }
+        bulwark_cli::Command::Node(bulwark_cli::NodeCommand {
+            change: None | Some(bulwark_cli::configure::MembershipCommand::Join { .. }),
+            ..
+        }) => bulwark_cli::init_tracing(true),
         bulwark_cli::Command::Gateway(_) => {
             bulwark_cli::init_tracing_with(bulwark_cli::GATEWAY_LOG_DEFAULT)
         }

@@ -279,7 +279,12 @@ pub async fn status(args: &ClientArgs) -> Result<std::process::ExitCode> {
                     .map(|r| format!("{}@slot{}", r.group, r.slot))
                     .collect();
                 groups.dedup();
-                println!("         groups {}", groups.join(" "));
+                if groups.is_empty() {
+                    // Registers and content-hash objects are placed on cluster.toml's nodes.
+                    println!("         groups none (joined after cluster.toml was written)");
+                } else {
+                    println!("         groups {}", groups.join(" "));
+                }
                 if status.config_epoch > 0 {
                     match &status.cs {
                         Some(cs) => println!(

@@ -1,15 +1,18 @@
-//! Public-key objects across a reconfiguration, in real node processes: the configuration
-//! service certifies an epoch without one member, every node enters it and pulls the key ranges
-//! it takes over from their old group (Rosebud §4.7), and clients that still hold the old
-//! configuration are told of the new one by the replicas, fetch and verify it, and carry on.
-//! Nothing acknowledged may be lost, and every history must stay linearizable.
+//! Public-key objects across reconfigurations, in real node processes: the configuration service
+//! certifies an epoch with members added (`bulwark node join`) or removed, every node enters it
+//! and pulls the key ranges it takes over from their old group (Rosebud §4.7), and clients that
+//! still hold the old configuration are told of the new one by the replicas, fetch and verify it,
+//! and carry on. Nothing acknowledged may be lost, and every history must stay linearizable.
 
 mod common;
 
+use bulwark_client::Client;
 use bulwark_client::{ConfigAction, ConfigOutcome};
 use bulwark_core::NodeId;
+use bulwark_core::configuration::Configuration;
 use bulwark_core::sign::SecretKey;
 use bulwark_protocol::pubkey;
+use bulwark_protocol::service::NodeStatus;
 use bulwark_sim::checker::{OpKind, Outcome};
 use bytes::Bytes;
 use common::{Recorder, TestCluster, value_for};
@@ -28,20 +31,8 @@ fn owner(i: u8) -> SecretKey {
     SecretKey::from_seed(&[i.wrapping_add(1); 32])
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn owned_objects_move_to_their_new_groups_when_a_member_leaves_under_load() {
-    // Five nodes at f = 1: five groups of four. Without node 4, one group of the other four.
-    let mut cluster = TestCluster::start_with(
-        "powerstore",
-        1,
-        5,
-        10_000,
-        &["--epoch-ms", "3000", "--stop-tolerance-ms", "500"],
-    );
-    cluster.wait_up(&[0, 1, 2, 3, 4]).await;
-    let admin = cluster.client("admin").await;
-    let genesis = admin.configuration().await.expect("configuration");
-
+/// Writes the settled objects, each once; returns their values.
+async fn write_settled(admin: &Client) -> Vec<Vec<u8>> {
     let settled: Vec<Vec<u8>> = (0..SETTLED).map(|i| value_for(u64::from(i), 1)).collect();
     for i in 0..SETTLED {
         admin
@@ -49,11 +40,16 @@ async fn owned_objects_move_to_their_new_groups_when_a_member_leaves_under_load(
             .await
             .expect("settled write");
     }
+    settled
+}
 
-    // Load on a few objects while the membership changes: two writers and a reader, each
-    // holding the configuration it started with until a replica tells it of a newer one.
-    let recorder = Recorder::default();
-    let stop = Arc::new(AtomicBool::new(false));
+/// Load on the busy objects until `stop`: two writers and a reader, each holding the
+/// configuration it started with until a replica tells it of a newer one.
+async fn start_load(
+    cluster: &TestCluster,
+    recorder: &Recorder,
+    stop: &Arc<AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
     let mut tasks = Vec::new();
     for writer in 0..2u64 {
         let client = cluster
@@ -85,80 +81,75 @@ async fn owned_objects_move_to_their_new_groups_when_a_member_leaves_under_load(
             }
         }));
     }
-    {
-        let client = cluster.client("reader").await;
-        let (recorder, stop) = (recorder.clone(), stop.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut sequence = 0;
-            while !stop.load(Ordering::Relaxed) && sequence < OPS_PER_CLIENT_MAX {
-                sequence += 1;
-                let object = SETTLED + (sequence % u64::from(BUSY)) as u8;
-                let invoke = recorder.now();
-                let outcome = match client.get_owned(&owner(object).public_key()).await {
-                    Ok((value, _)) => Outcome::Read(value.map(|v| v.to_vec())),
-                    Err(_) => Outcome::Unknown,
-                };
-                recorder.record(100, &[object], OpKind::Read, invoke, outcome);
-            }
-        }));
-    }
+    let client = cluster.client("reader").await;
+    let (recorder, stop) = (recorder.clone(), stop.clone());
+    tasks.push(tokio::spawn(async move {
+        let mut sequence = 0;
+        while !stop.load(Ordering::Relaxed) && sequence < OPS_PER_CLIENT_MAX {
+            sequence += 1;
+            let object = SETTLED + (sequence % u64::from(BUSY)) as u8;
+            let invoke = recorder.now();
+            let outcome = match client.get_owned(&owner(object).public_key()).await {
+                Ok((value, _)) => Outcome::Read(value.map(|v| v.to_vec())),
+                Err(_) => Outcome::Unknown,
+            };
+            recorder.record(100, &[object], OpKind::Read, invoke, outcome);
+        }
+    }));
+    tasks
+}
 
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let (_, outcome) = admin
-        .order(ConfigAction::Revoke(NodeId(4)))
-        .await
-        .expect("revoke accepted");
-    let ConfigOutcome::Accepted { epoch, .. } = outcome else {
-        panic!("revoke: {outcome:?}");
-    };
-    let next = admin.await_epoch(epoch.0).await.expect("the epoch ends");
-    let reconfigured_at = recorder.now();
-    assert!(next.member(NodeId(4)).is_none());
-    assert!(next.epoch > genesis.epoch);
+/// The public-key replica's figures in a node's status.
+fn pubkey_stats(status: &NodeStatus) -> Option<&bulwark_protocol::machine::ReplicaStats> {
+    status
+        .replicas
+        .iter()
+        .find(|r| r.service == "pubkey")
+        .map(|r| &r.stats)
+}
 
-    // Every remaining node enters the epoch and finishes taking over its key ranges.
+/// Waits until every one of `nodes` has entered `epoch` (or a later one: epochs go on ending,
+/// with nothing more to move) and finished taking over its key ranges; returns their statuses.
+async fn wait_settled(admin: &Client, epoch: u64, nodes: &[NodeId]) -> Vec<NodeStatus> {
     let started = Instant::now();
     loop {
         let statuses = admin.status().await;
-        let settled = statuses[..4].iter().all(|(_, _, status)| {
-            status.as_ref().is_ok_and(|status| {
-                status.replicas.iter().any(|r| {
-                    // Epochs go on ending every 3 s, with nothing more to move.
-                    r.service == "pubkey"
-                        && r.stats.epoch >= next.epoch.0
-                        && r.stats.transfers_pending == 0
-                })
-            })
-        });
+        let of_nodes: Vec<NodeStatus> = statuses
+            .iter()
+            .filter(|(id, _, _)| nodes.contains(id))
+            .filter_map(|(_, _, status)| status.as_ref().ok().cloned())
+            .collect();
+        let settled = of_nodes.len() == nodes.len()
+            && of_nodes.iter().all(|status| {
+                pubkey_stats(status)
+                    .is_some_and(|stats| stats.epoch >= epoch && stats.transfers_pending == 0)
+            });
         if settled {
-            break;
+            return of_nodes;
         }
         assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "transfers did not finish: {statuses:#?}"
+            started.elapsed() < Duration::from_secs(60),
+            "transfers into epoch {epoch} did not finish: {statuses:#?}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    tokio::time::sleep(Duration::from_millis(1_000)).await;
-    stop.store(true, Ordering::Relaxed);
-    for task in tasks {
-        task.await.expect("client task");
-    }
+}
 
-    // A node outside an object's old group never held it: it must have taken it over.
-    let old_ring = genesis.ring().expect("genesis ring");
+/// Asserts that every node of `statuses` took over at least the settled objects that `after`
+/// places on it and `before` did not (it never held them); returns the keys taken over in all.
+fn assert_took_over(statuses: &[NodeStatus], before: &Configuration, after: &Configuration) -> u64 {
+    let old_ring = before.ring().expect("ring");
+    let new_ring = after.ring().expect("ring");
     let mut moved = 0;
-    for (id, _, status) in &admin.status().await[..4] {
-        let taken: u64 = status
-            .as_ref()
-            .expect("status")
-            .replicas
-            .iter()
-            .map(|r| r.stats.transferred_keys)
-            .sum();
+    for status in statuses {
+        let id = NodeId(status.node);
+        let taken = pubkey_stats(status).map_or(0, |stats| stats.transferred_keys);
         let new_to_it = (0..SETTLED)
             .map(|i| pubkey::object_id(&owner(i).public_key()))
-            .filter(|object| !old_ring.group_of(object.as_bytes()).contains(*id))
+            .filter(|object| {
+                new_ring.group_of(object.as_bytes()).contains(id)
+                    && !old_ring.group_of(object.as_bytes()).contains(id)
+            })
             .count() as u64;
         assert!(
             taken >= new_to_it,
@@ -166,31 +157,17 @@ async fn owned_objects_move_to_their_new_groups_when_a_member_leaves_under_load(
         );
         moved += taken;
     }
+    moved
+}
 
-    // A node killed and restarted comes back in the new epoch with its transfers done: it
-    // recorded both before it answered anything in that epoch.
-    cluster.kill(2);
-    cluster.spawn(2, None);
-    cluster.wait_up(&[2]).await;
-    let restarted = admin.status_of(NodeId(2)).await.expect("node 2 answers");
-    let pubkey_replica = restarted
-        .replicas
-        .iter()
-        .find(|r| r.service == "pubkey")
-        .expect("a public-key replica");
-    assert!(pubkey_replica.stats.epoch >= next.epoch.0);
-    assert_eq!(pubkey_replica.stats.transfers_pending, 0);
-    assert_eq!(
-        pubkey_replica.stats.transferred_keys, 0,
-        "a restart pulls nothing it had finished pulling"
-    );
-
-    // The node that left is gone, and one more: what the three left serve, they held or took
-    // over. (A fresh client waits for no node that left: after the genesis it asks the newest
-    // configuration's members for newer ones.)
-    cluster.kill(4);
-    cluster.kill(0);
-    let reader = cluster.client("reader").await;
+/// Reads every settled object (its acknowledged value) and every busy one (recorded), then
+/// checks the whole history; returns how many operations completed after each of `since`.
+async fn assert_all_readable(
+    reader: &Client,
+    settled: &[Vec<u8>],
+    recorder: &Recorder,
+    since: &[u64],
+) -> Vec<usize> {
     for i in 0..SETTLED {
         let (value, _) = reader
             .get_owned(&owner(i).public_key())
@@ -216,26 +193,197 @@ async fn owned_objects_move_to_their_new_groups_when_a_member_leaves_under_load(
             Outcome::Read(value.map(|v| v.to_vec())),
         );
     }
-
-    let report = recorder.assert_linearizable("public-key objects across a reconfiguration");
+    let report = recorder.assert_linearizable("public-key objects across reconfigurations");
     let history = recorder.history();
     let ops = history.ops();
     let acknowledged = ops.iter().filter(|op| op.outcome == Outcome::Ok).count();
-    let after = ops
+    let after: Vec<usize> = since
         .iter()
-        .filter(|op| op.outcome != Outcome::Unknown && op.invoke > reconfigured_at)
-        .count();
+        .map(|since| {
+            ops.iter()
+                .filter(|op| op.outcome != Outcome::Unknown && op.invoke > *since)
+                .count()
+        })
+        .collect();
     eprintln!(
-        "checked {} operations ({acknowledged} acknowledged writes, {after} completed after the \
-         new epoch was certified) on {} objects; {moved} keys transferred",
+        "checked {} operations ({acknowledged} acknowledged writes; completed after each \
+         reconfiguration: {after:?}) on {} objects",
         report.ops_checked, report.keys_checked
     );
     assert!(
         acknowledged >= 20,
         "too few writes completed ({acknowledged})"
     );
+    after
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owned_objects_move_to_their_new_groups_when_a_member_leaves_under_load() {
+    // Five nodes at f = 1: five groups of four. Without node 4, one group of the other four.
+    let mut cluster = TestCluster::start_with(
+        "powerstore",
+        1,
+        5,
+        10_000,
+        &["--epoch-ms", "3000", "--stop-tolerance-ms", "500"],
+    );
+    cluster.wait_up(&[0, 1, 2, 3, 4]).await;
+    let admin = cluster.client("admin").await;
+    let genesis = admin.configuration().await.expect("configuration");
+    let settled = write_settled(&admin).await;
+
+    let recorder = Recorder::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let tasks = start_load(&cluster, &recorder, &stop).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (_, outcome) = admin
+        .order(ConfigAction::Revoke(NodeId(4)))
+        .await
+        .expect("revoke accepted");
+    let ConfigOutcome::Accepted { epoch, .. } = outcome else {
+        panic!("revoke: {outcome:?}");
+    };
+    let next = admin.await_epoch(epoch.0).await.expect("the epoch ends");
+    let reconfigured_at = recorder.now();
+    assert!(next.member(NodeId(4)).is_none());
+    assert!(next.epoch > genesis.epoch);
+
+    // Every remaining node enters the epoch and finishes taking over its key ranges.
+    let remaining: Vec<NodeId> = (0..4).map(NodeId).collect();
+    let statuses = wait_settled(&admin, next.epoch.0, &remaining).await;
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await.expect("client task");
+    }
+    // A node outside an object's old group never held it: it must have taken it over.
+    let moved = assert_took_over(&statuses, &genesis, &next);
+
+    // A node killed and restarted comes back in the new epoch with its transfers done: it
+    // recorded both before it answered anything in that epoch.
+    cluster.kill(2);
+    cluster.spawn(2, None);
+    cluster.wait_up(&[2]).await;
+    let restarted = admin.status_of(NodeId(2)).await.expect("node 2 answers");
+    let stats = pubkey_stats(&restarted).expect("a public-key replica");
+    assert!(stats.epoch >= next.epoch.0);
+    assert_eq!(stats.transfers_pending, 0);
+    assert_eq!(
+        stats.transferred_keys, 0,
+        "a restart pulls nothing it had finished pulling"
+    );
+
+    // The node that left is gone, and one more: what the three left serve, they held or took
+    // over. (A fresh client waits for no node that left: after the genesis it asks the newest
+    // configuration's members for newer ones.)
+    cluster.kill(4);
+    cluster.kill(0);
+    let reader = cluster.client("reader").await;
+    let after = assert_all_readable(&reader, &settled, &recorder, &[reconfigured_at]).await;
+    eprintln!("{moved} keys transferred");
     assert!(
-        after >= 20,
-        "the load must go on in the new epoch ({after})"
+        after[0] >= 20,
+        "the load must go on in the new epoch ({after:?})"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_nodes_grow_to_twelve_through_node_join_and_shrink_back_under_load() {
+    let mut cluster = TestCluster::start_with(
+        "powerstore",
+        1,
+        8,
+        10_000,
+        &["--epoch-ms", "3000", "--stop-tolerance-ms", "500"],
+    );
+    let originals: Vec<usize> = (0..8).collect();
+    cluster.wait_up(&originals).await;
+    let admin = cluster.client("admin").await;
+    let genesis = admin.configuration().await.expect("configuration");
+    let settled = write_settled(&admin).await;
+
+    let recorder = Recorder::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let tasks = start_load(&cluster, &recorder, &stop).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // Four new nodes, each brought in by `bulwark node join`: keys made, ADD ordered by the
+    // administrator, the epoch that adds it awaited, then served from the certified chain.
+    let ports: Vec<u16> = (0..4).map(|_| cluster.join()).collect();
+    let grown_at = recorder.now();
+    let started = Instant::now();
+    let grown = loop {
+        let config = admin.configuration().await.expect("configuration");
+        let joined = ports
+            .iter()
+            .filter(|port| config.members.iter().any(|m| m.address.port() == **port))
+            .count();
+        if joined == ports.len() {
+            break config;
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            for port in &ports {
+                eprintln!("--- join {port} ---\n{}", cluster.join_log(*port));
+            }
+            panic!("the joins were not certified: epoch {}", config.epoch.0);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(grown.members.len(), 12);
+    let newcomers: Vec<NodeId> = grown
+        .members
+        .iter()
+        .filter(|m| ports.contains(&m.address.port()))
+        .map(|m| m.id)
+        .collect();
+    let everyone: Vec<NodeId> = grown.members.iter().map(|m| m.id).collect();
+    let statuses = wait_settled(&admin, grown.epoch.0, &everyone).await;
+    // A new node held nothing: every settled object its groups now hold, it took over.
+    let joined_statuses: Vec<NodeStatus> = statuses
+        .iter()
+        .filter(|s| newcomers.contains(&NodeId(s.node)))
+        .cloned()
+        .collect();
+    let moved_in = assert_took_over(&joined_statuses, &genesis, &grown);
+    assert!(moved_in > 0, "the new nodes took over nothing");
+
+    // Shrink back: four of the original nodes leave, so what they held moves to the others,
+    // the new nodes among them.
+    let leaving: Vec<NodeId> = (0..4).map(NodeId).collect();
+    let mut epoch = grown.epoch;
+    for node in &leaving {
+        let (_, outcome) = admin
+            .order(ConfigAction::Revoke(*node))
+            .await
+            .expect("revoke accepted");
+        let ConfigOutcome::Accepted { epoch: at, .. } = outcome else {
+            panic!("revoke {node}: {outcome:?}");
+        };
+        epoch = epoch.max(at);
+    }
+    let shrunk = admin.await_epoch(epoch.0).await.expect("the epoch ends");
+    let shrunk_at = recorder.now();
+    assert_eq!(shrunk.members.len(), 8, "{:?}", shrunk.members);
+    assert!(leaving.iter().all(|node| shrunk.member(*node).is_none()));
+    let staying: Vec<NodeId> = shrunk.members.iter().map(|m| m.id).collect();
+    let statuses = wait_settled(&admin, shrunk.epoch.0, &staying).await;
+    let moved_out = assert_took_over(&statuses, &grown, &shrunk);
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await.expect("client task");
+    }
+
+    // The nodes that left are stopped: everything acknowledged is served by the eight left,
+    // four of which were not in the cluster when it was written.
+    for node in &leaving {
+        cluster.kill(node.0 as usize);
+    }
+    let reader = cluster.client("reader").await;
+    let after = assert_all_readable(&reader, &settled, &recorder, &[grown_at, shrunk_at]).await;
+    eprintln!("{moved_in} keys moved to the new nodes, {moved_out} after the shrink");
+    assert!(
+        after.iter().all(|completed| *completed >= 20),
+        "the load must go on through both reconfigurations ({after:?})"
     );
 }

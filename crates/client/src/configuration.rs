@@ -104,12 +104,7 @@ impl Client {
         let mut current = from.clone();
         loop {
             let after = current.epoch.0;
-            let asked: Vec<NodeId> = current
-                .members
-                .iter()
-                .map(|member| member.id)
-                .filter(|id| self.links.contains_key(id))
-                .collect();
+            let asked: Vec<NodeId> = current.members.iter().map(|member| member.id).collect();
             let enough = asked.len().saturating_sub(current.f as usize).max(1);
             let mut asks: futures::stream::FuturesUnordered<_> = asked
                 .iter()
@@ -130,6 +125,7 @@ impl Client {
                 for cert in certs {
                     match configuration::verify_successor(&current, &cert) {
                         Ok(next) => {
+                            self.meet(&next.members);
                             configurations.push(next.clone());
                             current = next;
                         }

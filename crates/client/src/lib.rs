@@ -173,7 +173,10 @@ pub struct Client {
     macs: Option<WriterMacs>,
     /// The writers' public keys (Phalanx volumes).
     writers: Arc<phalanx::Writers>,
-    links: HashMap<NodeId, Link>,
+    /// One link per node: `cluster.toml`'s from the start, and each member of a configuration
+    /// verified since, from the moment it is verified.
+    links: std::sync::RwLock<HashMap<NodeId, Arc<Link>>>,
+    connector: Arc<bulwark_transport::Connector>,
     router: Router,
     next_op: AtomicU64,
     session: u64,
@@ -298,7 +301,10 @@ impl Client {
         let writers = phalanx::Writers::from_config(&cluster, "cluster.toml")?;
         let connector = Arc::new(bulwark_transport::Connector::new(&identity)?);
         let router = Router::new();
-        let links = bulwark_transport::links_to(&cluster.nodes, &connector, &router);
+        let links = bulwark_transport::links_to(&cluster.nodes, &connector, &router)
+            .into_iter()
+            .map(|(node, link)| (node, Arc::new(link)))
+            .collect();
         Ok(Client {
             cluster: Arc::new(cluster),
             placement: Arc::new(placement),
@@ -308,7 +314,8 @@ impl Client {
             signing,
             macs,
             writers: Arc::new(writers),
-            links,
+            links: std::sync::RwLock::new(links),
+            connector,
             router,
             next_op: AtomicU64::new(1),
             session: rand::random::<u32>() as u64,
@@ -320,6 +327,30 @@ impl Client {
             known: Mutex::new(None),
             deadline: DEADLINE_DEFAULT,
         })
+    }
+
+    /// The link to `node`, if it is in `cluster.toml` or a configuration verified so far.
+    fn link(&self, node: NodeId) -> Option<Arc<Link>> {
+        self.links.read().ok()?.get(&node).cloned()
+    }
+
+    /// Opens a link to every one of `members` this client has none to: members of a verified
+    /// configuration. A node id is never given to another certificate, so an existing link stays.
+    fn meet(&self, members: &[bulwark_core::membership::Member]) {
+        let Ok(mut links) = self.links.write() else {
+            return;
+        };
+        for member in members {
+            links.entry(member.id).or_insert_with(|| {
+                Arc::new(Link::spawn(
+                    member.id,
+                    member.address,
+                    member.fingerprint,
+                    self.connector.clone(),
+                    self.router.clone(),
+                ))
+            });
+        }
     }
 
     /// The cluster configuration.
@@ -668,7 +699,7 @@ impl Client {
                         .members()
                         .iter()
                         .filter(|node| !answered.contains(node))
-                        .filter_map(|node| Some((*node, self.cluster.node(*node)?.address)))
+                        .filter_map(|node| Some((*node, self.link(*node)?.address())))
                         .collect();
                     return Err(ClientError::Unavailable {
                         deadline: self.deadline,
@@ -689,7 +720,7 @@ impl Client {
         sends: Vec<(Slot, R)>,
     ) {
         for (slot, request) in sends {
-            let Some(link) = node_of(slot).and_then(|node| self.links.get(&node)) else {
+            let Some(link) = node_of(slot).and_then(|node| self.link(node)) else {
                 continue;
             };
             if let Err(error) = link.send(envelope::frame(header, &request)) {
@@ -718,8 +749,7 @@ impl Client {
             request.epoch,
             request.op.0,
         );
-        self.links
-            .get(&to)?
+        self.link(to)?
             .send(envelope::frame(&header, &request))
             .ok()?;
         match tokio::time::timeout(wait, replies.recv()).await {
@@ -756,7 +786,7 @@ impl Client {
         request: &SystemRequest,
         wait: Duration,
     ) -> Result<SystemReply, String> {
-        let Some(link) = self.links.get(&node) else {
+        let Some(link) = self.link(node) else {
             return Err(format!("no {node}"));
         };
         let op = self.op_id().0;
@@ -780,12 +810,29 @@ impl Client {
         }
     }
 
-    /// Asks every node for its status.
+    /// Asks every node for its status: the nodes of `cluster.toml` and, where the cluster has a
+    /// configuration service, every member certified since.
     pub async fn status(&self) -> Vec<(NodeId, SocketAddr, Result<NodeStatus, String>)> {
-        let asks = self.cluster.nodes.iter().map(|node| async move {
-            let id = NodeId(node.id);
-            let status = self.status_within(id, Duration::from_secs(3)).await;
-            (id, node.address, status)
+        const STATUS_WAIT: Duration = Duration::from_secs(3);
+        if self.cluster.configuration_service.is_some()
+            && let Err(error) = tokio::time::timeout(STATUS_WAIT, self.configuration()).await
+        {
+            tracing::debug!(%error, "no newer configuration: the nodes of cluster.toml only");
+        }
+        let mut nodes: Vec<(NodeId, SocketAddr)> = self
+            .links
+            .read()
+            .map(|links| {
+                links
+                    .iter()
+                    .map(|(node, link)| (*node, link.address()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        nodes.sort_unstable();
+        let asks = nodes.into_iter().map(|(id, address)| async move {
+            let status = self.status_within(id, STATUS_WAIT).await;
+            (id, address, status)
         });
         futures::future::join_all(asks).await
     }

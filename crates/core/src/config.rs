@@ -598,9 +598,14 @@ pub struct NodeSecrets {
     /// `k_i`, shared with the writers.
     #[serde(with = "hex_key")]
     pub mac_key: MacKey,
-    /// The seed of the node's Ed25519 signing key (its public half is in `cluster.toml`).
+    /// The seed of the node's Ed25519 signing key (its public half is in `cluster.toml`, or in
+    /// the certified configuration that added it).
     #[serde(with = "hex32")]
     pub signing_key: [u8; 32],
+    /// Where a node that joined after the genesis listens (`bulwark node join`); the nodes of
+    /// `cluster.toml` listen at their entry there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<SocketAddr>,
 }
 
 /// A client's secrets: `client.toml` in its own directory.

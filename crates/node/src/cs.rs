@@ -20,7 +20,7 @@
 //!   generations).
 
 use crate::host::{Adapter, Effects, Hosted, Hosting, Members};
-use crate::peers::Peers;
+use crate::peers::Directory;
 use crate::shard::{Job, ReplicaKey, ShardHandle};
 use crate::{NodeError, Rejections};
 use bulwark_core::configuration::{self, ConfigCert, Configuration};
@@ -116,17 +116,31 @@ impl Chain {
             .collect()
     }
 
+    /// Every configuration, from the genesis on.
+    pub fn configurations(&self) -> Result<Vec<Configuration>, NodeError> {
+        let mut configurations = vec![self.genesis.clone()];
+        for cert in &self.certs {
+            configurations.push(Configuration::decode(&cert.bytes).map_err(|e| {
+                NodeError::CorruptState {
+                    table: CERTS,
+                    problem: e.to_string(),
+                }
+            })?);
+        }
+        Ok(configurations)
+    }
+
     /// Where each epoch placed keys, from the genesis on.
     pub fn rings(&self) -> Result<membership::Chain, NodeError> {
-        let corrupt = |problem: String| NodeError::CorruptState {
-            table: CERTS,
-            problem,
-        };
-        let mut rings = vec![ring_of(&self.genesis).map_err(corrupt)?];
-        for cert in &self.certs {
-            let config = Configuration::decode(&cert.bytes).map_err(|e| corrupt(e.to_string()))?;
-            rings.push(ring_of(&config).map_err(corrupt)?);
-        }
+        let rings = self
+            .configurations()?
+            .iter()
+            .map(ring_of)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|problem| NodeError::CorruptState {
+                table: CERTS,
+                problem,
+            })?;
         Ok(membership::Chain::new(rings))
     }
 
@@ -447,7 +461,9 @@ pub struct Manager {
     pub secret: SecretKey,
     pub store: Arc<Store>,
     pub shared: Arc<Shared>,
-    pub peers: Arc<Peers>,
+    /// Links to the members, and the listener's admitted certificates: each certified
+    /// configuration's members are met as it is added.
+    pub directory: Arc<Directory>,
     pub shard: ShardHandle,
     pub rejections: Rejections,
     pub monitoring: MonitorParams,
@@ -529,7 +545,11 @@ impl Manager {
             kind: Kind::Message,
             ..Header::request(ServiceId::SYSTEM, GroupId(0), self.shared.epoch(), 0)
         };
-        if let Err(error) = self.peers.send(to, envelope::frame(&header, message)) {
+        if let Err(error) = self
+            .directory
+            .peers
+            .send(to, envelope::frame(&header, message))
+        {
             tracing::debug!(%to, %error, "configuration message not queued");
         }
     }
@@ -841,6 +861,7 @@ impl Manager {
             "configuration certified"
         );
         metrics::gauge!("bulwark_node_config_epoch").set(next.epoch.0 as f64);
+        self.directory.meet(&next.members);
         match ring_of(&next) {
             Ok(ring) => {
                 for (replica, shard) in &self.followers {

@@ -164,7 +164,10 @@ impl NodeOptions {
         let secrets_file = node_dir.join("node.toml");
         let secrets: NodeSecrets =
             parse_secrets(&read(&secrets_file)?, &secrets_file.display().to_string())?;
-        if secrets.id != id || cluster.node(NodeId(id)).is_none() {
+        // A node joined after the genesis is not in `cluster.toml`; it has its own address, and
+        // the certified configuration that added it says the rest.
+        let listed = cluster.node(NodeId(id)).is_some() || secrets.address.is_some();
+        if secrets.id != id || !listed {
             return Err(bulwark_core::config::ConfigError::Invalid {
                 file: secrets_file.display().to_string(),
                 field: "id".into(),
@@ -205,13 +208,21 @@ pub type Wrap = Box<dyn Fn(Server) -> Box<dyn ServerLogic> + Send + Sync>;
 /// accepting, makes everything queued durable and closes its store cleanly.
 pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
     let id = options.id();
-    let entry = options
-        .cluster
-        .node(id)
-        .cloned()
-        .ok_or_else(|| NodeError::Metrics("node missing".into()))?;
-    let listen = options.listen.unwrap_or(entry.address);
-    if let Some(address) = options.metrics.or(entry.metrics) {
+    // A node of `cluster.toml` listens where it says; one that joined later, where it asked to
+    // be certified at (its `node.toml`).
+    let entry = options.cluster.node(id);
+    let listen = options
+        .listen
+        .or(entry.map(|entry| entry.address))
+        .or(options.secrets.address)
+        .ok_or_else(|| {
+            NodeError::Config(bulwark_core::config::ConfigError::Invalid {
+                file: "node.toml".into(),
+                field: "address".into(),
+                problem: format!("{id} is not in cluster.toml and has no address of its own"),
+            })
+        })?;
+    if let Some(address) = options.metrics.or(entry.and_then(|entry| entry.metrics)) {
         metrics_exporter_prometheus::PrometheusBuilder::new()
             .with_http_listener(address)
             .set_buckets(&[
@@ -263,14 +274,63 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
     );
 
     // Node-to-node links: replicas that talk to their group reach its other members through
-    // these; replies to what this node asked come back through the router.
+    // these; replies to what this node asked come back through the router. The listener admits
+    // the clients and nodes of `cluster.toml`, and every member certified since.
     let connector = Arc::new(bulwark_transport::Connector::new(&options.identity)?);
     let peers = Arc::new(peers::Peers::new(
-        options.cluster.nodes.iter().filter(|node| node.id != id.0),
+        id,
         options.peer_addresses.clone(),
         connector,
         bulwark_transport::Router::new(),
     ));
+    let mut known = HashMap::new();
+    for client in &options.cluster.clients {
+        known.insert(client.fingerprint, Peer::Client(ClientId(client.id)));
+    }
+    for node in &options.cluster.nodes {
+        known.insert(node.fingerprint, Peer::Node(NodeId(node.id)));
+        peers.learn(
+            NodeId(node.id),
+            peers::Reach {
+                address: node.address,
+                fingerprint: node.fingerprint,
+            },
+        );
+    }
+    let directory = Arc::new(peers::Directory {
+        peers: peers.clone(),
+        inbound: Arc::new(bulwark_transport::Inbound::new(&options.identity, known)?),
+    });
+    if let Some(chain) = &chain {
+        for config in chain.configurations()? {
+            directory.meet(&config.members);
+        }
+        let public =
+            bulwark_core::sign::SecretKey::from_seed(&options.secrets.signing_key).public_key();
+        if let Some(certified) = chain.current().member(id)
+            && (certified.signing_key != public
+                || certified.fingerprint != options.identity.fingerprint())
+        {
+            return Err(NodeError::Config(
+                bulwark_core::config::ConfigError::Invalid {
+                    file: "node.toml".into(),
+                    field: "signing_key".into(),
+                    problem: format!(
+                        "the certified configuration of epoch {} gives {id} another key or \
+                         certificate than this node's",
+                        chain.current().epoch.0
+                    ),
+                },
+            ));
+        }
+        if chain.current().member(id).is_none() {
+            tracing::info!(
+                node = id.0,
+                epoch = chain.current().epoch.0,
+                "not a member of the newest configuration this node holds; fetching newer ones"
+            );
+        }
+    }
 
     let committer = Arc::new(Committer::start(store.clone()));
     let shard_count = SHARDS.min(replicas.len()).max(1);
@@ -365,7 +425,7 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
                 secret: bulwark_core::sign::SecretKey::from_seed(&options.secrets.signing_key),
                 store: store.clone(),
                 shared: shared.clone(),
-                peers: peers.clone(),
+                directory: directory.clone(),
                 shard: handle.clone(),
                 rejections: rejections.clone(),
                 followers,
@@ -377,14 +437,7 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
     };
     drop(committer);
 
-    let mut known = HashMap::new();
-    for client in &options.cluster.clients {
-        known.insert(client.fingerprint, Peer::Client(ClientId(client.id)));
-    }
-    for node in &options.cluster.nodes {
-        known.insert(node.fingerprint, Peer::Node(NodeId(node.id)));
-    }
-    let inbound = Arc::new(bulwark_transport::Inbound::new(&options.identity, known)?);
+    let inbound = directory.inbound.clone();
     let listener = TcpListener::bind(listen)
         .await
         .map_err(|source| NodeError::Listen {

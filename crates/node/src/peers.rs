@@ -1,16 +1,28 @@
 //! Links to the other nodes of the configuration, each dialled the first time a replica sends to
 //! that node: a node whose replicas never talk to their groups (the registers) keeps no
 //! connections to other nodes, and a starting cluster does not dial peers that are not up yet.
+//! The nodes of `cluster.toml` are known from the start; members certified later are learnt
+//! from each configuration as it is verified.
 
 use bulwark_core::NodeId;
-use bulwark_core::config::NodeEntry;
+use bulwark_core::config::Fingerprint;
+use bulwark_core::membership::Member;
 use bulwark_transport::{Connector, Link, Router, SendError};
 use bytes::Bytes;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, RwLock};
+
+/// Where a node is reached and the certificate it must present.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reach {
+    pub address: SocketAddr,
+    pub fingerprint: Fingerprint,
+}
 
 pub struct Peers {
-    nodes: HashMap<NodeId, NodeEntry>,
+    me: NodeId,
+    nodes: RwLock<HashMap<NodeId, Reach>>,
     /// Names to dial some nodes at instead of their configured addresses (containers).
     via: HashMap<NodeId, String>,
     connector: Arc<Connector>,
@@ -20,17 +32,15 @@ pub struct Peers {
 }
 
 impl Peers {
-    pub fn new<'a>(
-        nodes: impl IntoIterator<Item = &'a NodeEntry>,
+    pub fn new(
+        me: NodeId,
         via: HashMap<NodeId, String>,
         connector: Arc<Connector>,
         router: Router,
     ) -> Peers {
         Peers {
-            nodes: nodes
-                .into_iter()
-                .map(|node| (NodeId(node.id), node.clone()))
-                .collect(),
+            me,
+            nodes: RwLock::new(HashMap::new()),
             via,
             connector,
             router,
@@ -38,10 +48,26 @@ impl Peers {
         }
     }
 
+    /// Makes `node` reachable. A node's id is never reused for another certificate, so the first
+    /// entry stays; an open link is never redirected by a later claim.
+    pub fn learn(&self, node: NodeId, reach: Reach) {
+        if node == self.me {
+            return;
+        }
+        if let Ok(mut nodes) = self.nodes.write() {
+            nodes.entry(node).or_insert(reach);
+        }
+    }
+
     /// Queues `frame` for node `to`, dialling it first if this is the first frame for it. Must be
     /// called within the runtime (a new link spawns its task).
     pub fn send(&self, to: NodeId, frame: Bytes) -> Result<(), String> {
-        let Some(node) = self.nodes.get(&to) else {
+        let Some(node) = self
+            .nodes
+            .read()
+            .ok()
+            .and_then(|nodes| nodes.get(&to).copied())
+        else {
             return Err(format!("{to} is not a peer in the configuration"));
         };
         let Ok(mut links) = self.links.lock() else {
@@ -66,5 +92,29 @@ impl Peers {
         });
         link.send(frame)
             .map_err(|error: SendError| error.to_string())
+    }
+}
+
+/// What must know a member before it can talk to this node: the links this node dials, and the
+/// certificates its listener admits.
+pub struct Directory {
+    pub peers: Arc<Peers>,
+    pub inbound: Arc<bulwark_transport::Inbound>,
+}
+
+impl Directory {
+    /// Makes every one of `members` reachable and admitted, as the node it is certified as.
+    pub fn meet<'a>(&self, members: impl IntoIterator<Item = &'a Member>) {
+        for member in members {
+            self.peers.learn(
+                member.id,
+                Reach {
+                    address: member.address,
+                    fingerprint: member.fingerprint,
+                },
+            );
+            self.inbound
+                .admit(member.fingerprint, bulwark_transport::Peer::Node(member.id));
+        }
     }
 }

@@ -15,8 +15,8 @@ use futures::{SinkExt, StreamExt};
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -203,7 +203,7 @@ pub struct Ended {
 /// Accepts connections from the nodes and clients of a table of pinned fingerprints.
 pub struct Inbound {
     acceptor: Acceptor,
-    peers: HashMap<Fingerprint, Peer>,
+    peers: RwLock<HashMap<Fingerprint, Peer>>,
     limits: InboundLimits,
     counters: Arc<Counters>,
 }
@@ -218,7 +218,7 @@ impl Inbound {
         let acceptor = Acceptor::new(identity, peers.keys().copied().collect())?;
         Ok(Inbound {
             acceptor,
-            peers,
+            peers: RwLock::new(peers),
             limits: InboundLimits::default(),
             counters: Arc::default(),
         })
@@ -244,7 +244,20 @@ impl Inbound {
 
     /// The peer a certificate fingerprint stands for, if any.
     pub fn peer(&self, fingerprint: &Fingerprint) -> Option<Peer> {
-        self.peers.get(fingerprint).copied()
+        self.peers.read().ok()?.get(fingerprint).copied()
+    }
+
+    /// Admits `fingerprint` as `peer` from the next connection on (a member certified after the
+    /// node started). A fingerprint already admitted keeps the peer it stands for: a
+    /// certificate never changes hands.
+    pub fn admit(&self, fingerprint: Fingerprint, peer: Peer) {
+        let Ok(mut peers) = self.peers.write() else {
+            return;
+        };
+        if let std::collections::hash_map::Entry::Vacant(entry) = peers.entry(fingerprint) {
+            entry.insert(peer);
+            self.acceptor.admit(fingerprint);
+        }
     }
 
     /// The counts so far.
@@ -368,7 +381,7 @@ impl fmt::Debug for Inbound {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Inbound")
             .field("acceptor", &self.acceptor)
-            .field("peers", &self.peers.len())
+            .field("peers", &self.peers.read().map_or(0, |peers| peers.len()))
             .field("limits", &self.limits)
             .finish_non_exhaustive()
     }

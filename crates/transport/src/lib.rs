@@ -52,8 +52,9 @@ use rustls::crypto::CryptoProvider;
 use rustls::pki_types::ServerName;
 use rustls::server::NoServerSessionStorage;
 use rustls::sign::{CertifiedKey, SingleCertAndKey};
-use std::sync::Arc;
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
@@ -138,11 +139,11 @@ fn client_config(
 fn server_config(
     provider: Arc<CryptoProvider>,
     certified: Arc<CertifiedKey>,
-    allowed_clients: Vec<Fingerprint>,
+    allowed: Arc<RwLock<HashSet<Fingerprint>>>,
     unlisted: Arc<AtomicU64>,
 ) -> Result<rustls::ServerConfig, TransportError> {
     let verifier = pin::PinnedClients {
-        allowed: allowed_clients.into_iter().collect(),
+        allowed,
         algorithms: provider.signature_verification_algorithms,
         unlisted,
     };
@@ -238,6 +239,8 @@ impl std::fmt::Debug for Connector {
 /// The node side: completes handshakes with configured peers (clients or nodes) only.
 pub struct Acceptor {
     acceptor: tokio_rustls::TlsAcceptor,
+    /// The certificates admitted: the configuration's at start, and members certified since.
+    allowed: Arc<RwLock<HashSet<Fingerprint>>>,
     max_frame_bytes: usize,
     handshake_timeout: Duration,
     unlisted: Arc<AtomicU64>,
@@ -259,13 +262,29 @@ impl Acceptor {
         allowed_clients: Vec<Fingerprint>,
     ) -> Result<Acceptor, TransportError> {
         let unlisted = Arc::new(AtomicU64::new(0));
-        let config = server_config(provider(), certified, allowed_clients, unlisted.clone())?;
+        let allowed = Arc::new(RwLock::new(allowed_clients.into_iter().collect()));
+        let config = server_config(
+            provider(),
+            certified,
+            Arc::clone(&allowed),
+            unlisted.clone(),
+        )?;
         Ok(Acceptor {
             acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
+            allowed,
             max_frame_bytes: FRAME_BYTES_MAX,
             handshake_timeout: HANDSHAKE_TIMEOUT,
             unlisted,
         })
+    }
+
+    /// Admits `fingerprint` from the next handshake on: a member certified after this acceptor
+    /// was made. Nothing is ever removed: a member that left may still answer what its last
+    /// epoch owes, and the protocols judge whether it is a member of an epoch.
+    pub fn admit(&self, fingerprint: Fingerprint) {
+        if let Ok(mut allowed) = self.allowed.write() {
+            allowed.insert(fingerprint);
+        }
     }
 
     /// Handshakes refused so far because the peer's certificate is not listed.

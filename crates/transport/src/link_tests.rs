@@ -443,3 +443,33 @@ async fn a_full_queue_refuses_and_counts_and_oversized_frames_are_never_queued()
     assert_eq!(stats.queue_full, 1, "{stats:?}");
     assert!(stats.queued_bytes <= 4096, "{stats:?}");
 }
+
+#[tokio::test]
+async fn a_member_admitted_after_start_is_served_and_keeps_the_peer_it_was_admitted_as() {
+    let cast = Cast::new();
+    let newcomer = Identity::generate("newcomer").unwrap();
+    const NEWCOMER: NodeId = NodeId(9);
+    let (port, socket) = Port::reserve();
+    let inbound = Arc::new(cast.inbound());
+    let (server, mut seen) = serve(port.listen(Some(socket)), inbound.clone());
+
+    // Not yet certified: its handshake is refused and nothing reaches the handler.
+    let early = cast.link(&newcomer, port.0, Router::new());
+    early.send(request(1, b"too early")).unwrap();
+    eventually("the refused handshake to be counted", || {
+        inbound.stats().unknown_peers > 0
+    })
+    .await;
+    assert!(!early.connected());
+    drop(early);
+
+    inbound.admit(newcomer.fingerprint(), Peer::Node(NEWCOMER));
+    // A second admission of the same certificate under another name changes nothing.
+    inbound.admit(newcomer.fingerprint(), Peer::Client(CLIENT));
+    let link = cast.link(&newcomer, port.0, Router::new());
+    link.send(request(2, b"admitted")).unwrap();
+    let incoming = next(&mut seen).await;
+    assert_eq!(incoming.from, Peer::Node(NEWCOMER));
+    assert_eq!(&incoming.envelope.body[..], b"admitted");
+    server.abort();
+}

@@ -11,8 +11,8 @@ use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use std::collections::HashSet;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 
 /// The client side: accepts a node's certificate only if it is the one pinned for the node being
 /// dialled. The server name is ignored.
@@ -69,7 +69,8 @@ impl ServerCertVerifier for PinnedNode {
 /// The node side: requires a client certificate and accepts it only if its fingerprint is allowed.
 #[derive(Debug)]
 pub(crate) struct PinnedClients {
-    pub(crate) allowed: HashSet<Fingerprint>,
+    /// Shared with the [`crate::Acceptor`], which admits members certified after it started.
+    pub(crate) allowed: Arc<RwLock<HashSet<Fingerprint>>>,
     pub(crate) algorithms: WebPkiSupportedAlgorithms,
     /// Counts refusals of unlisted certificates, told apart here from other handshake failures.
     pub(crate) unlisted: Arc<AtomicU64>,
@@ -95,7 +96,12 @@ impl ClientCertVerifier for PinnedClients {
         _now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
         let presented = Fingerprint::of_certificate(end_entity);
-        if self.allowed.contains(&presented) {
+        // A poisoned table admits no one: a writer panicked mid-update.
+        let listed = self
+            .allowed
+            .read()
+            .is_ok_and(|allowed| allowed.contains(&presented));
+        if listed {
             Ok(ClientCertVerified::assertion())
         } else {
             self.unlisted.fetch_add(1, Ordering::Relaxed);

@@ -19,6 +19,9 @@ pub struct TestCluster {
     pub dir: tempfile::TempDir,
     pub n: usize,
     children: Vec<Option<Child>>,
+    /// `bulwark node join` processes by the port they asked to serve at: their ids are known
+    /// only once the configuration service certified them.
+    joined: Vec<(u16, Child)>,
     grace_ms: u64,
 }
 
@@ -75,6 +78,7 @@ impl TestCluster {
             dir,
             n,
             children: (0..n).map(|_| None).collect(),
+            joined: Vec::new(),
             grace_ms,
         };
         for id in 0..n {
@@ -124,6 +128,35 @@ impl TestCluster {
         self.children[id] = Some(child);
     }
 
+    /// Runs `bulwark node join` for a new node at a free loopback port, as the administrator:
+    /// it is added in the next epoch and then serves. Returns the port (its address names it in
+    /// the certified configuration).
+    pub fn join(&mut self) -> u16 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|probe| probe.local_addr())
+            .expect("a free port")
+            .port();
+        let log = std::fs::File::create(self.path().join(format!("join-{port}.log"))).expect("log");
+        let child = Command::new(BULWARK)
+            .args(["node", "join", "--client", "admin", "--address"])
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--cluster")
+            .arg(self.path())
+            .env("BULWARK_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn node join");
+        self.joined.push((port, child));
+        port
+    }
+
+    /// The log of the node that joined at `port`.
+    pub fn join_log(&self, port: u16) -> String {
+        std::fs::read_to_string(self.path().join(format!("join-{port}.log"))).unwrap_or_default()
+    }
+
     /// SIGKILL: no chance to flush anything.
     pub fn kill(&mut self, id: usize) {
         if let Some(mut child) = self.children[id].take() {
@@ -167,6 +200,10 @@ impl Drop for TestCluster {
     fn drop(&mut self) {
         for id in 0..self.n {
             self.kill(id);
+        }
+        for (_, child) in &mut self.joined {
+            let _ = child.kill();
+            let _ = child.wait();
         }
     }
 }
