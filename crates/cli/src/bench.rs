@@ -409,10 +409,7 @@ async fn run_sizes(args: &SizesArgs) -> Result<()> {
         no_configuration_service: true,
         ..InitArgs::local(dir.clone())
     })?;
-    let mut nodes = Nodes {
-        dir: dir.clone(),
-        children: (0..4).map(|_| None).collect(),
-    };
+    let mut nodes = Nodes::new(dir.clone(), 4);
     let exe = std::env::current_exe()?;
     for id in 0..4 {
         nodes.spawn(id, &exe, &[])?;

@@ -148,10 +148,7 @@ async fn start_cluster(
         stop_tolerance_ms,
         ..InitArgs::local(dir.to_path_buf())
     })?;
-    let mut nodes = Nodes {
-        dir: dir.to_path_buf(),
-        children: (0..n).map(|_| None).collect(),
-    };
+    let mut nodes = Nodes::new(dir.to_path_buf(), n);
     let exe = std::env::current_exe()?;
     for id in 0..n {
         nodes.spawn(id, &exe, &[])?;

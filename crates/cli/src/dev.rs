@@ -14,15 +14,30 @@ use std::time::{Duration, Instant};
 /// Where `bulwark dev` keeps its cluster, and where client commands look by default.
 pub const DEFAULT_DIR: &str = ".bulwark-dev";
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long an epoch of a dev cluster lasts.
+const DEV_EPOCH_MS: u64 = 10_000;
 
 /// Node processes that are killed when this value is dropped, however `dev` ends.
 pub(crate) struct Nodes {
     pub(crate) dir: PathBuf,
     pub(crate) children: Vec<Option<Child>>,
+    /// Nodes started by `bulwark node join` (the demo's).
+    pub(crate) joined: Vec<Child>,
 }
 
 impl Nodes {
+    /// Room for `n` node processes of the cluster in `dir`, none started yet.
+    pub(crate) fn new(dir: PathBuf, n: usize) -> Nodes {
+        Nodes {
+            dir,
+            children: (0..n).map(|_| None).collect(),
+            joined: Vec::new(),
+        }
+    }
+
     pub(crate) fn spawn(&mut self, id: usize, program: &Path, extra: &[&str]) -> Result<()> {
+        // The old process goes first: the new one binds the same ports.
+        self.kill(id);
         let log_path = self.dir.join(format!("node-{id}")).join("node.log");
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -41,7 +56,6 @@ impl Nodes {
             .stderr(log)
             .spawn()
             .with_context(|| format!("starting {}", program.display()))?;
-        self.kill(id);
         self.children[id] = Some(child);
         Ok(())
     }
@@ -63,6 +77,10 @@ impl Drop for Nodes {
         for id in 0..self.children.len() {
             self.kill(id);
         }
+        for child in &mut self.joined {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 
@@ -75,7 +93,8 @@ pub async fn run(dir: &Path, nodes: usize, demo: bool) -> Result<()> {
     if !dir.join("cluster.toml").exists() {
         cluster_init::run(&InitArgs {
             nodes: Some(nodes),
-            epoch_ms: 60_000,
+            // Short, so that a membership change (the demo's join) takes effect within seconds.
+            epoch_ms: DEV_EPOCH_MS,
             stop_tolerance_ms: 2_000,
             ..InitArgs::local(dir.to_path_buf())
         })?;
@@ -90,15 +109,17 @@ pub async fn run(dir: &Path, nodes: usize, demo: bool) -> Result<()> {
         "cluster.toml",
     )?;
     let exe = std::env::current_exe()?;
-    let mut nodes = Nodes {
-        dir: dir.clone(),
-        children: (0..config.n()).map(|_| None).collect(),
-    };
-    for id in 0..config.n() {
-        nodes.spawn(id, &exe, &[])?;
+    // The nodes of cluster.toml, and any that joined since (an earlier demo's): a certified
+    // member left down would count against its groups' fault bound.
+    let ids: Vec<usize> = (0..config.n())
+        .chain(joined_ids(&dir, config.n()))
+        .collect();
+    let mut nodes = Nodes::new(dir.clone(), ids.iter().max().map_or(0, |id| id + 1));
+    for id in &ids {
+        nodes.spawn(*id, &exe, &[])?;
     }
     let client = Client::connect(&dir, "admin").await?;
-    wait_until_up(&client, &dir, (0..config.n()).collect()).await?;
+    wait_until_up(&client, &dir, ids).await?;
 
     let groups = config.placement()?.groups().len();
     println!(
@@ -134,7 +155,10 @@ pub async fn run(dir: &Path, nodes: usize, demo: bool) -> Result<()> {
     println!("  echo hello | bulwark put greeting");
     println!("  bulwark get greeting");
     println!("  bulwark status");
-    println!("  bulwark config show        # the certified membership (epochs of a minute here)");
+    println!(
+        "  bulwark config show        # the certified membership (epochs of {} s here)",
+        DEV_EPOCH_MS / 1000
+    );
     println!(
         "Cluster files: {}. Press Ctrl-C to stop.",
         relative.display()
@@ -145,6 +169,23 @@ pub async fn run(dir: &Path, nodes: usize, demo: bool) -> Result<()> {
     Ok(())
 }
 
+/// The ids of nodes that joined after `cluster.toml` was written: their `node-<id>/` directories
+/// (`bulwark node join` names them once certified).
+fn joined_ids(dir: &Path, listed: usize) -> Vec<usize> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut ids: Vec<usize> = entries
+        .filter_map(|entry| {
+            let name = entry.ok()?.file_name().into_string().ok()?;
+            let id: usize = name.strip_prefix("node-")?.parse().ok()?;
+            (id >= listed && dir.join(&name).join("node.toml").exists()).then_some(id)
+        })
+        .collect();
+    ids.sort_unstable();
+    ids
+}
+
 pub(crate) async fn wait_until_up(client: &Client, dir: &Path, ids: Vec<usize>) -> Result<()> {
     let started = Instant::now();
     loop {
@@ -152,7 +193,11 @@ pub(crate) async fn wait_until_up(client: &Client, dir: &Path, ids: Vec<usize>) 
         let down: Vec<usize> = ids
             .iter()
             .copied()
-            .filter(|id| statuses[*id].2.is_err())
+            .filter(|id| {
+                !statuses
+                    .iter()
+                    .any(|(node, _, status)| node.0 as usize == *id && status.is_ok())
+            })
             .collect();
         if down.is_empty() {
             return Ok(());
@@ -260,10 +305,13 @@ async fn run_demo(client: &Client, nodes: &mut Nodes, dir: &Path) -> Result<()> 
             println!("   30 reads: all correct; no lie among the replies they used was provable");
         }
     }
-    println!("5. Node 3 honest again; the cluster as `bulwark status` shows it:");
     let exe = std::env::current_exe()?;
     nodes.spawn(3, &exe, &[])?;
     wait_until_up(client, dir, vec![3]).await?;
+    if client.cluster().configuration_service.is_some() {
+        crate::demo_join::run(client, nodes, dir, &exe).await?;
+    }
+    println!("6. The cluster as `bulwark status` shows it:");
     for (id, address, status) in client.status().await {
         match status {
             Ok(s) => println!(

@@ -5,6 +5,7 @@
 pub mod bench;
 pub mod cluster_init;
 pub mod configure;
+mod demo_join;
 pub mod dev;
 pub mod gateway;
 pub mod objects;
