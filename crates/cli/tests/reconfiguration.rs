@@ -160,14 +160,8 @@ fn assert_took_over(statuses: &[NodeStatus], before: &Configuration, after: &Con
     moved
 }
 
-/// Reads every settled object (its acknowledged value) and every busy one (recorded), then
-/// checks the whole history; returns how many operations completed after each of `since`.
-async fn assert_all_readable(
-    reader: &Client,
-    settled: &[Vec<u8>],
-    recorder: &Recorder,
-    since: &[u64],
-) -> Vec<usize> {
+/// Reads every settled object: each must hold its acknowledged value.
+async fn assert_settled_readable(reader: &Client, settled: &[Vec<u8>]) {
     for i in 0..SETTLED {
         let (value, _) = reader
             .get_owned(&owner(i).public_key())
@@ -179,6 +173,17 @@ async fn assert_all_readable(
             "object {i} lost its acknowledged value in the move"
         );
     }
+}
+
+/// Reads every settled object (its acknowledged value) and every busy one (recorded), then
+/// checks the whole history; returns how many operations completed after each of `since`.
+async fn assert_all_readable(
+    reader: &Client,
+    settled: &[Vec<u8>],
+    recorder: &Recorder,
+    since: &[u64],
+) -> Vec<usize> {
+    assert_settled_readable(reader, settled).await;
     for object in SETTLED..SETTLED + BUSY {
         let invoke = recorder.now();
         let (value, _) = reader
@@ -386,4 +391,35 @@ async fn eight_nodes_grow_to_twelve_through_node_join_and_shrink_back_under_load
         after.iter().all(|completed| *completed >= 20),
         "the load must go on through both reconfigurations ({after:?})"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_member_is_revoked_and_the_others_take_its_ranges_from_the_survivors() {
+    // Every old group that held node 4 has three survivors: exactly the 2f+1 a pull needs, the
+    // puller itself among them where it was an old member too, so it must answer itself.
+    let mut cluster = TestCluster::start_with(
+        "powerstore",
+        1,
+        5,
+        10_000,
+        &["--epoch-ms", "3000", "--stop-tolerance-ms", "500"],
+    );
+    cluster.wait_up(&[0, 1, 2, 3, 4]).await;
+    let admin = cluster.client("admin").await;
+    let genesis = admin.configuration().await.expect("configuration");
+    let settled = write_settled(&admin).await;
+    cluster.kill(4);
+    let (_, outcome) = admin
+        .order(ConfigAction::Revoke(NodeId(4)))
+        .await
+        .expect("revoke accepted");
+    let ConfigOutcome::Accepted { epoch, .. } = outcome else {
+        panic!("revoke: {outcome:?}");
+    };
+    let next = admin.await_epoch(epoch.0).await.expect("the epoch ends");
+    let remaining: Vec<NodeId> = (0..4).map(NodeId).collect();
+    let statuses = wait_settled(&admin, next.epoch.0, &remaining).await;
+    let moved = assert_took_over(&statuses, &genesis, &next);
+    assert_settled_readable(&cluster.client("reader").await, &settled).await;
+    eprintln!("{moved} keys pulled from the three survivors of each old group");
 }

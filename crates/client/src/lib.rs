@@ -810,26 +810,25 @@ impl Client {
         }
     }
 
-    /// Asks every node for its status: the nodes of `cluster.toml` and, where the cluster has a
-    /// configuration service, every member certified since.
+    /// Asks every node for its status: the nodes of `cluster.toml` (they hold the registers
+    /// whatever the epoch) and, where the cluster has a configuration service, the members of
+    /// the newest configuration.
     pub async fn status(&self) -> Vec<(NodeId, SocketAddr, Result<NodeStatus, String>)> {
         const STATUS_WAIT: Duration = Duration::from_secs(3);
-        if self.cluster.configuration_service.is_some()
-            && let Err(error) = tokio::time::timeout(STATUS_WAIT, self.configuration()).await
-        {
-            tracing::debug!(%error, "no newer configuration: the nodes of cluster.toml only");
+        let mut ids: Vec<NodeId> = self.cluster.nodes.iter().map(|n| NodeId(n.id)).collect();
+        if self.cluster.configuration_service.is_some() {
+            match tokio::time::timeout(STATUS_WAIT, self.configuration()).await {
+                Ok(Ok(newest)) => ids.extend(newest.members.iter().map(|m| m.id)),
+                Ok(Err(error)) => tracing::debug!(%error, "no configuration: cluster.toml's nodes"),
+                Err(_) => tracing::debug!("no configuration in time: cluster.toml's nodes"),
+            }
         }
-        let mut nodes: Vec<(NodeId, SocketAddr)> = self
-            .links
-            .read()
-            .map(|links| {
-                links
-                    .iter()
-                    .map(|(node, link)| (*node, link.address()))
-                    .collect()
-            })
-            .unwrap_or_default();
-        nodes.sort_unstable();
+        ids.sort_unstable();
+        ids.dedup();
+        let nodes: Vec<(NodeId, SocketAddr)> = ids
+            .into_iter()
+            .filter_map(|id| Some((id, self.link(id)?.address())))
+            .collect();
         let asks = nodes.into_iter().map(|(id, address)| async move {
             let status = self.status_within(id, STATUS_WAIT).await;
             (id, address, status)

@@ -53,6 +53,28 @@ impl Dispatcher {
         }
     }
 
+    /// Hands a storage replica's message from `node` (this node itself included, through
+    /// [`crate::peers::Peers`]' loopback) to the replica its header names; false when the shard
+    /// is gone.
+    pub async fn replica_message(&self, node: NodeId, envelope: envelope::Envelope) -> bool {
+        match self.route(&envelope.header) {
+            Ok((shard, replica)) => {
+                shard
+                    .send(Job::Message {
+                        replica,
+                        from: node,
+                        envelope,
+                    })
+                    .await
+            }
+            Err(refusal) => {
+                self.rejections
+                    .record(&node.to_string(), &format!("refused: {refusal}"));
+                true
+            }
+        }
+    }
+
     fn refuse(&self, peer: &str, header: &Header, refusal: Refusal, replies: &Replies) {
         self.rejections.record(peer, &format!("refused: {refusal}"));
         let _ = replies.send(envelope::frame(&header.refused(), &refusal));
@@ -325,23 +347,7 @@ impl Handler for Connection {
                     Err(_) => true,
                 }
             }
-            (Peer::Node(node), Kind::Message) => match dispatcher.route(&header) {
-                Ok((shard, replica)) => {
-                    shard
-                        .send(Job::Message {
-                            replica,
-                            from: node,
-                            envelope,
-                        })
-                        .await
-                }
-                Err(refusal) => {
-                    dispatcher
-                        .rejections
-                        .record(&node.to_string(), &format!("refused: {refusal}"));
-                    true
-                }
-            },
+            (Peer::Node(node), Kind::Message) => dispatcher.replica_message(node, envelope).await,
             (peer, kind) => {
                 let name = peer.to_string();
                 let refusal = Refusal::NotAllowed(format!("a {kind:?} frame from {name}"));

@@ -277,8 +277,10 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
     // these; replies to what this node asked come back through the router. The listener admits
     // the clients and nodes of `cluster.toml`, and every member certified since.
     let connector = Arc::new(bulwark_transport::Connector::new(&options.identity)?);
+    let (loopback, mut to_itself) = tokio::sync::mpsc::channel(peers::LOOPBACK_FRAMES_MAX);
     let peers = Arc::new(peers::Peers::new(
         id,
+        loopback,
         options.peer_addresses.clone(),
         connector,
         bulwark_transport::Router::new(),
@@ -455,6 +457,21 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
         started,
         cs,
     });
+    {
+        let dispatcher = dispatcher.clone();
+        tokio::spawn(async move {
+            while let Some(frame) = to_itself.recv().await {
+                match bulwark_core::envelope::Envelope::decode(frame) {
+                    Ok(envelope) => {
+                        if !dispatcher.replica_message(id, envelope).await {
+                            break;
+                        }
+                    }
+                    Err(error) => tracing::error!(%error, "a frame to itself does not decode"),
+                }
+            }
+        });
+    }
     let slots = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX));
     let stop = stop_signal();
     tokio::pin!(stop);
