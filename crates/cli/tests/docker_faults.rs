@@ -42,6 +42,18 @@ struct Load {
 
 impl Load {
     async fn start(cluster: &DockerCluster, keys: &[Vec<u8>], writers: u64, readers: u64) -> Load {
+        Self::start_on(cluster, keys, None, writers, readers).await
+    }
+
+    /// [`Load::start`] on registers (`owners` none) or on the public-key objects of `owners`,
+    /// recorded under `keys` (one per owner).
+    async fn start_on(
+        cluster: &DockerCluster,
+        keys: &[Vec<u8>],
+        owners: Option<Arc<Vec<bulwark_core::sign::SecretKey>>>,
+        writers: u64,
+        readers: u64,
+    ) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
         let evidence = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
@@ -50,15 +62,24 @@ impl Load {
             let name = if writer % 2 == 0 { "admin" } else { "writer2" };
             let client = cluster.client(name, LOAD_DEADLINE).await;
             let (recorder, keys, stop) = (cluster.recorder.clone(), keys.to_vec(), stop.clone());
+            let owners = owners.clone();
             tasks.push(tokio::spawn(async move {
                 let mut sequence = 0;
                 while !stop.load(Ordering::Relaxed) && sequence < OPS_PER_CLIENT_MAX {
                     sequence += 1;
-                    let key = &keys[((writer + sequence) % nkeys) as usize];
+                    let at = ((writer + sequence) % nkeys) as usize;
+                    let key = &keys[at];
                     let value = value_for(writer, sequence);
                     let invoke = recorder.now();
-                    let outcome = match client.put(key, Bytes::from(value.clone())).await {
-                        Ok(_) => Outcome::Ok,
+                    let written = match &owners {
+                        None => client.put(key, Bytes::from(value.clone())).await.map(drop),
+                        Some(owners) => client
+                            .put_owned(&owners[at], Some(Bytes::from(value.clone())))
+                            .await
+                            .map(drop),
+                    };
+                    let outcome = match written {
+                        Ok(()) => Outcome::Ok,
                         Err(_) => Outcome::Unknown,
                     };
                     let failed = outcome == Outcome::Unknown;
@@ -73,13 +94,19 @@ impl Load {
             let client = cluster.client("reader", LOAD_DEADLINE).await;
             let (recorder, keys, stop) = (cluster.recorder.clone(), keys.to_vec(), stop.clone());
             let evidence = evidence.clone();
+            let owners = owners.clone();
             tasks.push(tokio::spawn(async move {
                 let mut sequence = 0;
                 while !stop.load(Ordering::Relaxed) && sequence < OPS_PER_CLIENT_MAX {
                     sequence += 1;
-                    let key = &keys[((reader + sequence) % nkeys) as usize];
+                    let at = ((reader + sequence) % nkeys) as usize;
+                    let key = &keys[at];
                     let invoke = recorder.now();
-                    let outcome = match client.get(key).await {
+                    let read = match &owners {
+                        None => client.get(key).await,
+                        Some(owners) => client.get_owned(&owners[at].public_key()).await,
+                    };
+                    let outcome = match read {
                         Ok((value, report)) => {
                             evidence.lock().unwrap().extend(report.evidence);
                             Outcome::Read(value.map(|v| v.to_vec()))
@@ -1020,5 +1047,160 @@ async fn the_cs_primary_cut_off_during_reconfiguration() {
         "docker_faults[cs-cut-off]: {} epochs certified, identical on all 4 nodes; faults: {}",
         left.epoch.0,
         cluster.faults.join("; ")
+    );
+}
+
+/// Waits until every one of `members` has entered `epoch` (or later) with its public-key
+/// transfers done; returns the keys each took over since it started.
+async fn transfers_done(
+    client: &bulwark_client::Client,
+    epoch: u64,
+    members: &[NodeId],
+) -> Vec<(NodeId, u64)> {
+    let started = std::time::Instant::now();
+    loop {
+        let statuses = client.status().await;
+        let done: Vec<(NodeId, u64)> = members
+            .iter()
+            .filter_map(|member| {
+                let (_, _, status) = statuses.iter().find(|(node, _, _)| node == member)?;
+                let stats = &status
+                    .as_ref()
+                    .ok()?
+                    .replicas
+                    .iter()
+                    .find(|r| r.service == "pubkey")?
+                    .stats;
+                (stats.epoch >= epoch && stats.transfers_pending == 0)
+                    .then_some((*member, stats.transferred_keys))
+            })
+            .collect();
+        if done.len() == members.len() {
+            return done;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "transfers into epoch {epoch} did not finish: {statuses:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_joins_and_another_is_evicted_under_load() {
+    const SETTLED: u8 = 16;
+    const BUSY: u8 = 3;
+    let Some(mut cluster) = DockerCluster::start_configured("join-evict", &[], 3_000, 300).await
+    else {
+        return;
+    };
+    let admin = cluster.client("admin", Duration::from_secs(30)).await;
+    let genesis = admin.configuration().await.expect("configuration");
+    let owners: Vec<bulwark_core::sign::SecretKey> = (0..SETTLED + BUSY)
+        .map(|i| bulwark_core::sign::SecretKey::from_seed(&[0x40 + i; 32]))
+        .collect();
+    let keys: Vec<Vec<u8>> = owners
+        .iter()
+        .map(|owner| {
+            bulwark_protocol::pubkey::object_id(&owner.public_key())
+                .as_bytes()
+                .to_vec()
+        })
+        .collect();
+    for (i, owner) in owners.iter().enumerate().take(SETTLED as usize) {
+        admin
+            .put_owned(owner, Some(Bytes::from(value_for(7, i as u64))))
+            .await
+            .expect("settled write");
+    }
+    let busy = SETTLED as usize..(SETTLED + BUSY) as usize;
+    let load = Load::start_on(
+        &cluster,
+        &keys[busy.clone()],
+        Some(Arc::new(owners[busy].to_vec())),
+        2,
+        1,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // A fifth container joins: certified, it fetches the chain and takes over its key ranges.
+    let joined = cluster.join_node().await;
+    let grown = admin.configuration().await.expect("configuration");
+    assert!(grown.member(joined).is_some());
+    let members: Vec<NodeId> = grown.members.iter().map(|m| m.id).collect();
+    let taken = transfers_done(&admin, grown.epoch.0, &members).await;
+    let old_ring = genesis.ring().expect("ring");
+    let new_ring = grown.ring().expect("ring");
+    let new_to_it = keys[..SETTLED as usize]
+        .iter()
+        .filter(|key| {
+            new_ring.group_of(key).contains(joined) && !old_ring.group_of(key).contains(joined)
+        })
+        .count() as u64;
+    let by_joined = taken
+        .iter()
+        .find(|(node, _)| *node == joined)
+        .map_or(0, |(_, keys)| *keys);
+    assert!(
+        by_joined >= new_to_it && new_to_it > 0,
+        "{joined} took over {by_joined} keys; {new_to_it} settled objects are new to it"
+    );
+
+    // Node 1 goes silent: the CS replicas miss its pings and evict it; its key ranges move.
+    cluster.stop(1).await;
+    let started = std::time::Instant::now();
+    let evicted = loop {
+        let config = admin.configuration().await.expect("configuration");
+        if config.member(NodeId(1)).is_none() {
+            break config;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "node 1 is still a member in epoch {}",
+            config.epoch.0
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    cluster.fault(format!("node1 evicted in epoch {}", evicted.epoch.0));
+    let members: Vec<NodeId> = evicted.members.iter().map(|m| m.id).collect();
+    assert!(members.contains(&joined));
+    transfers_done(&admin, evicted.epoch.0, &members).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let evidence = load.stop().await;
+
+    // Everything acknowledged is still there, served by a membership that is no longer the
+    // genesis one.
+    let reader = cluster.client("reader", LOAD_DEADLINE).await;
+    for (i, owner) in owners.iter().enumerate() {
+        let invoke = cluster.recorder.now();
+        let (value, _) = reader
+            .get_owned(&owner.public_key())
+            .await
+            .unwrap_or_else(|error| panic!("object {i}: {error}"));
+        if i < SETTLED as usize {
+            assert_eq!(
+                value.as_deref(),
+                Some(value_for(7, i as u64).as_slice()),
+                "object {i} lost its acknowledged value"
+            );
+        } else {
+            cluster.recorder.record(
+                999,
+                &keys[i],
+                OpKind::Read,
+                invoke,
+                Outcome::Read(value.map(|v| v.to_vec())),
+            );
+        }
+    }
+    verdict(
+        &cluster,
+        &format!(
+            "{joined} took over {by_joined} keys in epoch {}; epoch {} without node1; evidence: {}",
+            grown.epoch.0,
+            evicted.epoch.0,
+            evidence.len()
+        ),
     );
 }

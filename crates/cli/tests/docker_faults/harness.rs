@@ -26,6 +26,8 @@ const UP_TIMEOUT: Duration = Duration::from_secs(40);
 /// Inside every container: the node port and the metrics port.
 const NODE_PORT: u16 = 7100;
 const METRICS_PORT: u16 = 9100;
+/// Nodes a scenario may add with [`DockerCluster::join_node`].
+const JOINERS_MAX: usize = 2;
 
 /// What a finished command said.
 pub struct Output {
@@ -348,6 +350,17 @@ impl DockerCluster {
         byzantine: &[(usize, &str)],
         epoch_ms: u64,
     ) -> Option<DockerCluster> {
+        Self::start_configured(scenario, byzantine, epoch_ms, 60_000).await
+    }
+
+    /// [`DockerCluster::start_with_epochs`] with the CS replicas pinging every member each
+    /// `ping_cycle_ms` (a silent one is evicted after 5 missed pings).
+    pub async fn start_configured(
+        scenario: &'static str,
+        byzantine: &[(usize, &str)],
+        epoch_ms: u64,
+        ping_cycle_ms: u64,
+    ) -> Option<DockerCluster> {
         if !have_engine() {
             return None;
         }
@@ -359,6 +372,7 @@ impl DockerCluster {
             clients: vec!["admin:rw".into(), "writer2:rw".into(), "reader:r".into()],
             epoch_ms,
             stop_tolerance_ms: 1_000,
+            ping_cycle_ms,
             ..bulwark_cli::cluster_init::InitArgs::local(dir.path().to_path_buf())
         })
         .expect("cluster init");
@@ -490,8 +504,9 @@ impl DockerCluster {
             .iter()
             .map(|s| s.to_string()),
         );
-        // Nodes reach each other at their fixed addresses on the scenario's network.
-        for peer in 0..self.n {
+        // Nodes reach each other at their fixed addresses on the scenario's network, including
+        // nodes that join later: ids are given out in order, so theirs are known in advance.
+        for peer in 0..self.n + JOINERS_MAX {
             args.push("--peer".into());
             args.push(format!("{peer}={}:{NODE_PORT}", self.ip(peer)));
         }
@@ -534,6 +549,37 @@ impl DockerCluster {
         self.on(&["network", "connect", "--ip", &ip, &network], id)
             .await;
         self.fault(format!("reconnect node{id}"));
+    }
+
+    /// Brings a new node in with `bulwark node join`'s own code, run here as the administrator
+    /// (keys made, ADD ordered, its epoch awaited, `node-<id>/` written), then starts its
+    /// container; returns its id.
+    pub async fn join_node(&mut self) -> bulwark_core::NodeId {
+        assert!(self.n < 4 + JOINERS_MAX, "room for {JOINERS_MAX} joiners");
+        let free = || {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|probe| probe.local_addr())
+                .expect("a free port")
+        };
+        let (address, metrics) = (free(), free());
+        let args = bulwark_cli::ClientArgs {
+            cluster: self.path().to_path_buf(),
+            client: "admin".into(),
+            timeout: 60,
+            volume: None,
+        };
+        let node = bulwark_cli::configure::join(address, None, None, None, &args)
+            .await
+            .expect("node join");
+        let id = node.id.expect("the id it was certified as") as usize;
+        assert_eq!(id, self.n, "ids are given out in order");
+        self.addresses.push(address);
+        self.metrics.push(metrics);
+        self.n += 1;
+        docker_ok(&["volume", "create", "--label", LABEL, &self.volume(id)]);
+        self.run_container(id, None).await;
+        self.fault(format!("node{id} joined"));
+        bulwark_core::NodeId(id as u32)
     }
 
     /// Replaces node `id`'s container, keeping its volume: honest, or from the test image.
@@ -640,7 +686,12 @@ impl DockerCluster {
         let started = Instant::now();
         loop {
             let statuses = client.status().await;
-            if ids.iter().all(|id| statuses[*id].2.is_ok()) {
+            let up = |id: &usize| {
+                statuses
+                    .iter()
+                    .any(|(node, _, status)| node.0 as usize == *id && status.is_ok())
+            };
+            if ids.iter().all(up) {
                 return;
             }
             if started.elapsed() > UP_TIMEOUT {
@@ -681,8 +732,9 @@ impl Drop for DockerCluster {
         }
         if failed.is_empty() {
             println!(
-                "docker_faults[{}]: removed 4 containers, 4 volumes and the network",
-                self.scenario
+                "docker_faults[{}]: removed {n} containers, {n} volumes and the network",
+                self.scenario,
+                n = self.n
             );
         } else {
             eprintln!(
