@@ -20,6 +20,8 @@ use std::time::{Duration, Instant};
 
 #[path = "bench_cs.rs"]
 pub mod cs;
+#[path = "bench_reconfig.rs"]
+mod reconfig;
 
 /// `bulwark bench`.
 #[derive(clap::Args)]
@@ -44,6 +46,9 @@ pub enum BenchCommand {
     /// positions (a model), what a join moves, and the three-level multicast of configurations
     /// beside today's push.
     Placement(PlacementArgs),
+    /// Throughput and latency over time on public-key objects while a node joins and a member
+    /// is revoked: the dip each state transfer causes and how soon the rate is back.
+    Reconfig(reconfig::ReconfigArgs),
 }
 
 /// `bulwark bench compare`.
@@ -330,6 +335,7 @@ pub async fn run(args: &BenchArgs) -> Result<()> {
         BenchCommand::Compare(compare) => run_compare(compare).await,
         BenchCommand::Sizes(sizes) => run_sizes(sizes).await,
         BenchCommand::Cs(args) => cs::run(args).await,
+        BenchCommand::Reconfig(args) => reconfig::run(args).await,
         BenchCommand::Memory(memory) => {
             run_sizes(&SizesArgs {
                 sizes: Vec::new(),

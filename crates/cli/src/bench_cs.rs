@@ -131,7 +131,7 @@ pub async fn run(args: &CsArgs) -> Result<()> {
 
 /// A fresh local cluster of `n` node processes with a configuration service (f = f_cs = 1), and
 /// the administrator's client, once every node answers and the CS orders a no-op.
-async fn start_cluster(
+pub(super) async fn start_cluster(
     dir: &Path,
     n: usize,
     clients: Vec<String>,
