@@ -158,6 +158,39 @@ pub fn ring_of(config: &Configuration) -> Result<Arc<membership::Ring>, String> 
     config.ring().map(Arc::new).map_err(|e| e.to_string())
 }
 
+/// Why this node leaves a ping unanswered, if it does (Rosebud §4.9): a node answers only a CS
+/// replica of the newest configuration it knows, and only once every replica that follows the
+/// configuration (`followers`) has entered that epoch and finished pulling what it takes over.
+/// So a node that skipped an epoch, or transfers too slowly, misses pings and is evicted, and no
+/// node has to keep configurations older than the one before its current.
+pub(crate) fn ping_withheld(
+    current: &Configuration,
+    ping_epoch: Epoch,
+    from: NodeId,
+    followers: &[ReplicaStats],
+) -> Option<String> {
+    if ping_epoch != current.epoch {
+        return Some(format!(
+            "a ping of epoch {} while this node is in epoch {}",
+            ping_epoch.0, current.epoch.0
+        ));
+    }
+    if !current.cs().contains(&from) {
+        return Some(format!(
+            "{from} is not a CS replica of epoch {}",
+            current.epoch.0
+        ));
+    }
+    followers.iter().find_map(|stats| {
+        (stats.epoch < current.epoch.0 || stats.transfers_pending > 0).then(|| {
+            format!(
+                "transfers into epoch {} unfinished (in epoch {}, {} ranges pending)",
+                current.epoch.0, stats.epoch, stats.transfers_pending
+            )
+        })
+    })
+}
+
 /// What the chain's manager hears.
 pub enum Event {
     /// Certificates from this node's CS replica (`from` = `None`) or a peer.
@@ -696,6 +729,20 @@ impl Manager {
     async fn on_peer(&self, watch: &mut Option<Watch>, from: NodeId, message: NodeMessage) {
         match message {
             NodeMessage::Ping(ping) => {
+                let current = self.shared.chain.read().ok().map(|c| c.current().clone());
+                let Some(current) = current else {
+                    return;
+                };
+                if ping.epoch > current.epoch {
+                    // A CS of an epoch this node has not verified: catch up first.
+                    self.pull_from(from);
+                }
+                let followers = self.follower_stats().await;
+                if let Some(reason) = ping_withheld(&current, ping.epoch, from, &followers) {
+                    tracing::debug!(%from, %reason, "ping not answered");
+                    metrics::counter!("bulwark_node_pings_withheld_total").increment(1);
+                    return;
+                }
                 self.send(
                     from,
                     &NodeMessage::Pong(Pong::answer(&ping, self.node, &self.secret)),
@@ -759,6 +806,28 @@ impl Manager {
                 let _ = self.shared.events.send(Event::Pull { from, after });
             }
         }
+    }
+
+    /// The figures of this node's replicas that follow the configuration, as their shards
+    /// report them now.
+    async fn follower_stats(&self) -> Vec<ReplicaStats> {
+        let mut stats = Vec::new();
+        for (replica, shard) in &self.followers {
+            let (answer, status) = tokio::sync::oneshot::channel();
+            if !shard.send(Job::Status(answer)).await {
+                continue;
+            }
+            if let Ok(status) = status.await {
+                stats.extend(
+                    status
+                        .replicas
+                        .into_iter()
+                        .filter(|r| r.group == replica.1.0)
+                        .map(|r| r.stats),
+                );
+            }
+        }
+        stats
     }
 
     /// Handles a chain event; true when a certificate was added (the epoch moved).
@@ -930,5 +999,67 @@ impl Manager {
             }
             Err(error) => tracing::error!(%error, "configuration-service restore panicked"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bulwark_core::config::Fingerprint;
+    use bulwark_core::membership::Member;
+
+    /// A genesis of five members (f = 1, f_cs = 1: four of them are CS replicas).
+    fn five() -> Configuration {
+        let members = (0..5u8)
+            .map(|i| Member {
+                id: NodeId(u32::from(i)),
+                address: format!("127.0.0.1:{}", 7000 + u16::from(i))
+                    .parse()
+                    .unwrap(),
+                fingerprint: Fingerprint([i; 32]),
+                signing_key: SecretKey::from_seed(&[i + 1; 32]).public_key(),
+            })
+            .collect();
+        let authority = SecretKey::from_seed(&[99; 32]).public_key();
+        Configuration::genesis(members, 1, 1, authority, 60_000, 5_000, 0).unwrap()
+    }
+
+    fn follower(epoch: u64, transfers_pending: u64) -> ReplicaStats {
+        ReplicaStats {
+            epoch,
+            transfers_pending,
+            ..ReplicaStats::default()
+        }
+    }
+
+    #[test]
+    fn a_ping_is_answered_only_from_the_newest_cs_and_once_every_transfer_is_in() {
+        let config = five();
+        let epoch = config.epoch;
+        let cs = config.cs()[0];
+        let outsider = (0..5)
+            .map(NodeId)
+            .find(|node| !config.cs().contains(node))
+            .unwrap();
+        let settled = [follower(epoch.0, 0)];
+        assert_eq!(ping_withheld(&config, epoch, cs, &settled), None);
+        assert_eq!(ping_withheld(&config, epoch, cs, &[]), None);
+
+        let withheld = |ping_epoch: Epoch, from: NodeId, followers: &[ReplicaStats]| {
+            ping_withheld(&config, ping_epoch, from, followers).is_some()
+        };
+        // A CS of an older epoch, or one this node has not reached.
+        assert!(withheld(Epoch(epoch.0 - 1), cs, &settled));
+        assert!(withheld(Epoch(epoch.0 + 1), cs, &settled));
+        // A member that is not a CS replica of the epoch.
+        assert!(withheld(epoch, outsider, &settled));
+        // Still pulling, or not yet in the epoch: it says nothing until it is.
+        assert!(withheld(epoch, cs, &[follower(epoch.0, 2)]));
+        assert!(withheld(epoch, cs, &[follower(epoch.0 - 1, 0)]));
+        assert!(withheld(
+            epoch,
+            cs,
+            &[follower(epoch.0, 0), follower(epoch.0, 1)]
+        ));
     }
 }
