@@ -697,9 +697,12 @@ impl<P: Policy> Replica for EpochServer<P> {
         _view: &(),
     ) -> Output<Self> {
         let (changes, reply) = self.handle(client, access, request);
+        // A client in another epoch is behind (or ahead), not misbehaving: its answer names
+        // this node's epoch and it catches up. Only other refusals count against it.
         let refused = reply
             .as_ref()
             .and_then(Response::refusal)
+            .filter(|refusal| !matches!(refusal, Refusal::WrongEpoch { .. }))
             .map(ToString::to_string);
         Output {
             changes,
@@ -1026,6 +1029,51 @@ mod tests {
         let to: BTreeSet<u32> = sends.iter().map(|(slot, _)| slot.0).collect();
         assert_eq!(to, group);
         assert!(sends.iter().all(|(_, r)| r.group == op.view().id()));
+    }
+
+    #[test]
+    fn a_request_of_another_epoch_is_answered_with_the_epoch_and_not_counted_as_refused() {
+        let first = ring(1, 0..4);
+        let mut node = EpochServer::<PubKey>::new(NodeId(0), first.clone(), ());
+        node.enter(ring(2, 0..4));
+        let key = Key::new(b"k".to_vec()).unwrap();
+        let group = node
+            .rings
+            .newest()
+            .group_at(RingPoint::of_key(key.as_bytes()))
+            .id();
+        let request = |epoch: u64, group: GroupId| Request::<PubKey> {
+            op: OpId(7),
+            epoch: Epoch(epoch),
+            group,
+            key: key.clone(),
+            body: crate::register::RequestBody::Get,
+        };
+        let access = Access {
+            write: true,
+            read: true,
+        };
+        let behind = node.on_request(Time(0), ClientId(1), access, request(1, group), &());
+        assert_eq!(
+            behind.reply.as_ref().and_then(Response::refusal),
+            Some(&Refusal::WrongEpoch { current: Epoch(2) })
+        );
+        assert_eq!(behind.refused, None, "a client behind is not misbehaving");
+        let lost = node.on_request(
+            Time(0),
+            ClientId(1),
+            access,
+            request(2, GroupId(group.0 ^ 1)),
+            &(),
+        );
+        assert_eq!(
+            lost.reply.as_ref().and_then(Response::refusal),
+            Some(&Refusal::WrongGroup)
+        );
+        assert!(
+            lost.refused.is_some(),
+            "a request sent to the wrong group is counted"
+        );
     }
 
     #[test]
