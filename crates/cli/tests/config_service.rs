@@ -288,3 +288,48 @@ async fn a_client_cut_off_from_the_configuration_service_stops_and_says_why() {
     );
     eprintln!("{text}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_starts_from_the_configuration_it_verified_last() {
+    let cluster = TestCluster::start_with(
+        "powerstore",
+        1,
+        4,
+        10_000,
+        &["--epoch-ms", "1500", "--stop-tolerance-ms", "300"],
+    );
+    cluster.wait_up(&[0, 1, 2, 3]).await;
+    let admin = cluster.client("admin").await;
+    let verified = admin.await_epoch(3).await.expect("epochs go on ending");
+    let kept = cluster
+        .path()
+        .join("client-admin")
+        .join(bulwark_client::KNOWN_FILE);
+    assert!(kept.exists(), "the client keeps what it verified");
+
+    // The next run verifies only what came after: its chain starts there.
+    let next = cluster.client("admin").await;
+    let rings = next.rings().await.expect("rings");
+    assert!(
+        rings.genesis().epoch() >= verified.epoch,
+        "started at epoch {} though epoch {} was verified before",
+        rings.genesis().epoch().0,
+        verified.epoch.0
+    );
+    next.put(b"after a restart", bytes::Bytes::from_static(b"v"))
+        .await
+        .expect("a put from the kept configuration");
+
+    // A damaged file, or one of another cluster, is ignored: verified from the genesis again.
+    for damage in [b"not a configuration".to_vec(), {
+        let mut other = std::fs::read(&kept).unwrap();
+        other[0] ^= 1;
+        other
+    }] {
+        std::fs::write(&kept, damage).unwrap();
+        let fresh = cluster.client("admin").await;
+        let rings = fresh.rings().await.expect("rings");
+        assert_eq!(rings.genesis().epoch(), configuration::GENESIS_EPOCH);
+        assert!(fresh.configuration().await.unwrap().epoch >= verified.epoch);
+    }
+}

@@ -14,6 +14,14 @@ use bulwark_protocol::service::{SystemReply, SystemRequest};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The file in a client's directory that keeps the newest configuration it verified: the
+/// genesis digest it descends from, then the configuration's canonical encoding. A client
+/// trusts its own directory (its keys are there); a file of another cluster, or one that does
+/// not decode, is ignored.
+pub const KNOWN_FILE: &str = "configuration.bin";
+/// The largest [`KNOWN_FILE`] read.
+const KNOWN_BYTES_MAX: u64 = 64 << 20;
+
 /// How long one node may take to answer a request for certificates.
 const FETCH_WAIT: Duration = Duration::from_secs(3);
 /// Times an operation is resubmitted after the CS moved to a newer epoch under it.
@@ -67,12 +75,15 @@ impl Client {
         let (mut newest, mut chain) = match known {
             Some(known) => known,
             None => {
+                // Where this client left off, or the genesis: every epoch from there is verified.
                 let genesis = self.genesis()?;
-                let ring = ring_of(&genesis)?;
-                (genesis, Arc::new(Chain::new(vec![ring])))
+                let start = self.load_known(&genesis).unwrap_or(genesis);
+                let ring = ring_of(&start)?;
+                (start, Arc::new(Chain::new(vec![ring])))
             }
         };
         let newer = self.configurations_after(&newest).await;
+        let moved = !newer.is_empty();
         if !newer.is_empty() {
             let mut grown = (*chain).clone();
             for config in newer {
@@ -90,7 +101,52 @@ impl Client {
                 *known = Some((newest.clone(), chain.clone()));
             }
         }
+        if moved {
+            self.save_known(&newest);
+        }
         Ok((newest, chain))
+    }
+
+    /// The configuration [`KNOWN_FILE`] holds, if it descends from `genesis` and is newer.
+    fn load_known(&self, genesis: &Configuration) -> Option<Configuration> {
+        use std::io::Read;
+        let path = self.known_file.as_ref()?;
+        let mut bytes = Vec::new();
+        std::fs::File::open(path)
+            .ok()?
+            .take(KNOWN_BYTES_MAX)
+            .read_to_end(&mut bytes)
+            .ok()?;
+        let (digest, encoded) = bytes.split_first_chunk::<32>()?;
+        if *digest != genesis.digest().0 {
+            tracing::debug!(path = %path.display(), "a configuration of another cluster: ignored");
+            return None;
+        }
+        match Configuration::decode(encoded) {
+            Ok(config) if config.epoch > genesis.epoch => Some(config),
+            Ok(_) => None,
+            Err(error) => {
+                tracing::warn!(path = %path.display(), %error, "kept configuration ignored");
+                None
+            }
+        }
+    }
+
+    /// Keeps `config` in [`KNOWN_FILE`], replacing the file whole: a reader sees the old one or
+    /// the new one. Best effort: without it the next run verifies from the genesis again.
+    fn save_known(&self, config: &Configuration) {
+        let (Some(path), Ok(genesis)) = (self.known_file.as_ref(), self.genesis()) else {
+            return;
+        };
+        let mut bytes = genesis.digest().0.to_vec();
+        bytes.extend(config.encode());
+        // Unique per write: clients of one process, or of several, may save at once.
+        let staged = path.with_extension(format!("{:016x}.tmp", rand::random::<u64>()));
+        let written = std::fs::write(&staged, &bytes).and_then(|()| std::fs::rename(&staged, path));
+        if let Err(error) = written {
+            let _ = std::fs::remove_file(&staged);
+            tracing::debug!(path = %path.display(), %error, "configuration not kept");
+        }
     }
 
     /// Every configuration after `from` (verified) that a node can prove, each verified against

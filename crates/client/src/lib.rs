@@ -17,7 +17,7 @@ pub mod evidence;
 mod pubkey;
 mod volumes;
 
-pub use configuration::{ConfigAction, ConfigOutcome};
+pub use configuration::{ConfigAction, ConfigOutcome, KNOWN_FILE};
 
 pub use volumes::{VOLUME_NAME_BYTES_MAX, Volume};
 
@@ -183,6 +183,9 @@ pub struct Client {
     codec: Arc<dyn ErasureCodec>,
     volumes: Mutex<HashMap<String, Volume>>,
     evidence_log: Option<PathBuf>,
+    /// Where the newest configuration this client verified is kept between runs
+    /// ([`configuration`]'s cache), when it has a directory of its own.
+    known_file: Option<PathBuf>,
     /// The trusted authority's key seed: the administrator's, to order ADD and REVOKE.
     authority: Option<[u8; 32]>,
     /// When the configuration service last confirmed this client's configuration as current,
@@ -247,6 +250,7 @@ impl Client {
         )?;
         let mut client = Client::new(cluster, secrets, identity).await?;
         client.evidence_log = Some(cluster_dir.join(evidence::LOG_FILE));
+        client.known_file = Some(dir.join(configuration::KNOWN_FILE));
         Ok(client)
     }
 
@@ -322,6 +326,7 @@ impl Client {
             codec: Arc::new(ReedSolomonSimd),
             volumes: Mutex::new(HashMap::new()),
             evidence_log: None,
+            known_file: None,
             authority: secrets.authority_key,
             confirmed: Mutex::new(None),
             known: Mutex::new(None),
