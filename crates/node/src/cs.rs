@@ -153,6 +153,19 @@ impl Chain {
     }
 }
 
+/// Hands the certified `ring` to every replica that follows the configuration, in the order
+/// epochs are certified.
+pub async fn hand_over(followers: &[(ReplicaKey, ShardHandle)], ring: &Arc<membership::Ring>) {
+    for (replica, shard) in followers {
+        shard
+            .send(Job::Epoch {
+                replica: *replica,
+                ring: ring.clone(),
+            })
+            .await;
+    }
+}
+
 /// Where `config` places keys.
 pub fn ring_of(config: &Configuration) -> Result<Arc<membership::Ring>, String> {
     config.ring().map(Arc::new).map_err(|e| e.to_string())
@@ -932,17 +945,7 @@ impl Manager {
         metrics::gauge!("bulwark_node_config_epoch").set(next.epoch.0 as f64);
         self.directory.meet(&next.members);
         match ring_of(&next) {
-            Ok(ring) => {
-                for (replica, shard) in &self.followers {
-                    let ring = ring.clone();
-                    shard
-                        .send(Job::Epoch {
-                            replica: *replica,
-                            ring,
-                        })
-                        .await;
-                }
-            }
+            Ok(ring) => hand_over(&self.followers, &ring).await,
             // verify_successor checked the configuration: it has enough members for a ring.
             Err(error) => tracing::error!(%error, "a certified configuration places no keys"),
         }

@@ -368,15 +368,7 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
     // Every epoch certified after the one each follower entered last, in order, before any
     // newer one the manager hands over.
     for ring in rings.after(rings.genesis().epoch()) {
-        for (replica, shard) in &followers {
-            let ring = ring.clone();
-            shard
-                .send(shard::Job::Epoch {
-                    replica: *replica,
-                    ring,
-                })
-                .await;
-        }
+        cs::hand_over(&followers, ring).await;
     }
     let (cs, manager) = match chain {
         Some(chain) => {
