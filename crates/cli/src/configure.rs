@@ -298,6 +298,16 @@ pub async fn join(
     {
         // An earlier attempt got as far as being certified.
         Some(member) => member.id,
+        // Not the administrator: the administrator adds it, from wherever the authority key is.
+        None if !client.is_authority() => {
+            println!(
+                "this client holds no authority key; ask the administrator to run:\n  \
+                 bulwark node add --address {address} --fingerprint {fingerprint} \
+                 --signing-key {signing_key}\nwaiting up to {JOIN_WAIT_MINUTES} minutes for a \
+                 certified configuration that lists it"
+            );
+            await_member(&client, fingerprint).await?
+        }
         None => {
             let member = NewMember {
                 address,
@@ -363,6 +373,26 @@ pub async fn join(
         grace_ms: crate::GRACE_MS_DEFAULT,
         peers: Vec::new(),
     })
+}
+
+/// How long `node join` waits for an administrator to add the node.
+const JOIN_WAIT_MINUTES: u64 = 60;
+
+/// The id of the member with certificate `fingerprint`, once a certified configuration lists
+/// it; polled, for at most [`JOIN_WAIT_MINUTES`].
+async fn await_member(client: &bulwark_client::Client, fingerprint: Fingerprint) -> Result<NodeId> {
+    let deadline =
+        std::time::Instant::now() + std::time::Duration::from_secs(JOIN_WAIT_MINUTES * 60);
+    loop {
+        let config = client.configuration().await?;
+        if let Some(member) = config.members.iter().find(|m| m.fingerprint == fingerprint) {
+            return Ok(member.id);
+        }
+        if std::time::Instant::now() >= deadline {
+            bail!("no certified configuration listed this node within {JOIN_WAIT_MINUTES} minutes");
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
 }
 
 /// A joining node's `node.toml`: its keys, its address and (once certified) its id. Its MAC key

@@ -423,3 +423,68 @@ async fn a_dead_member_is_revoked_and_the_others_take_its_ranges_from_the_surviv
     assert_settled_readable(&cluster.client("reader").await, &settled).await;
     eprintln!("{moved} keys pulled from the three survivors of each old group");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_joins_without_the_authority_key_once_the_administrator_adds_it() {
+    let mut cluster = TestCluster::start_with(
+        "powerstore",
+        1,
+        4,
+        10_000,
+        &["--epoch-ms", "2000", "--stop-tolerance-ms", "300"],
+    );
+    cluster.wait_up(&[0, 1, 2, 3]).await;
+    // The new host has a reader's identity only: it makes its keys and says what to add.
+    let port = cluster.join_as("reader");
+    let started = Instant::now();
+    let (fingerprint, signing_key) = loop {
+        let log = cluster.join_log(port);
+        let asked = log
+            .lines()
+            .find_map(|line| line.trim().strip_prefix("bulwark node add "))
+            .map(|line| {
+                line.split_whitespace()
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            });
+        if let Some(words) = asked {
+            let after = |flag: &str| {
+                let at = words.iter().position(|w| w == flag).expect(flag);
+                words[at + 1].clone()
+            };
+            break (after("--fingerprint"), after("--signing-key"));
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "node join did not say what to add:\n{log}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let admin = cluster.client("admin").await;
+    let member = bulwark_core::configuration::NewMember {
+        address: format!("127.0.0.1:{port}").parse().unwrap(),
+        fingerprint: bulwark_core::config::Fingerprint(
+            bulwark_core::config::parse_hex32(&fingerprint).unwrap(),
+        ),
+        signing_key: signing_key.parse().unwrap(),
+    };
+    let (_, outcome) = admin
+        .order(ConfigAction::Add(member))
+        .await
+        .expect("add accepted");
+    let ConfigOutcome::Accepted { epoch, node } = outcome else {
+        panic!("add: {outcome:?}");
+    };
+    let joined = node.expect("the id it gets");
+    let certified = admin.await_epoch(epoch.0).await.expect("certified");
+    assert!(certified.member(joined).is_some());
+    // It found its id by its certificate and serves as that member.
+    let members: Vec<NodeId> = certified.members.iter().map(|m| m.id).collect();
+    let statuses = wait_settled(&admin, certified.epoch.0, &members).await;
+    assert!(
+        statuses.iter().any(|status| NodeId(status.node) == joined),
+        "{}",
+        cluster.join_log(port)
+    );
+    assert!(cluster.path().join(format!("node-{}", joined.0)).exists());
+}

@@ -271,6 +271,11 @@ impl Client {
         .await
     }
 
+    /// Whether this client holds the trusted authority's key (the administrator's).
+    pub fn is_authority(&self) -> bool {
+        self.authority.is_some()
+    }
+
     /// Orders `action` as the trusted authority, signed for the epoch it is submitted in.
     pub async fn order(&self, action: Action) -> Result<(Configuration, Outcome), ClientError> {
         self.configure(|config| self.signed_order(config, &action))

@@ -132,13 +132,19 @@ impl TestCluster {
     /// it is added in the next epoch and then serves. Returns the port (its address names it in
     /// the certified configuration).
     pub fn join(&mut self) -> u16 {
+        self.join_as("admin")
+    }
+
+    /// [`TestCluster::join`] as client `client`: one without the authority key waits for the
+    /// administrator's `node add`.
+    pub fn join_as(&mut self, client: &str) -> u16 {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|probe| probe.local_addr())
             .expect("a free port")
             .port();
         let log = std::fs::File::create(self.path().join(format!("join-{port}.log"))).expect("log");
         let child = Command::new(BULWARK)
-            .args(["node", "join", "--client", "admin", "--address"])
+            .args(["node", "join", "--client", client, "--address"])
             .arg(format!("127.0.0.1:{port}"))
             .arg("--cluster")
             .arg(self.path())
