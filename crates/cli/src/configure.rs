@@ -100,7 +100,7 @@ pub async fn config(command: &ConfigCommand) -> Result<()> {
     let ConfigCommand::Show { client } = command;
     let client = connect(client).await?;
     let config = client.configuration().await?;
-    print!("{}", describe(&config));
+    crate::objects::emit(&describe(&config))?;
     Ok(())
 }
 

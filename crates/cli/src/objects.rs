@@ -8,6 +8,14 @@ use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+/// Appends one line to a `String` (formatting into a `String` cannot fail).
+macro_rules! out {
+    ($text:ident, $($arg:tt)*) => {{
+        use std::fmt::Write as _;
+        let _ = writeln!($text, $($arg)*);
+    }};
+}
+
 /// Objects at least this large get a progress indicator on a terminal.
 const PROGRESS_BYTES_MIN: usize = 1024 * 1024;
 
@@ -245,17 +253,28 @@ pub async fn delete(args: &ClientArgs, key: &str) -> Result<()> {
 pub async fn status(args: &ClientArgs) -> Result<std::process::ExitCode> {
     let client = connect(args).await?;
     let statuses = client.status().await;
+    // Written whole at the end: a reader that stops early (`| head`) is not an error.
+    let mut text = String::new();
     let mut reachable = 0;
-    println!(
+    out!(
+        text,
         "{:<6} {:<22} {:<10} {:<8} {:>8} {:>9} {:>10} {:>9}",
-        "node", "address", "state", "version", "objects", "versions", "requests", "rejected"
+        "node",
+        "address",
+        "state",
+        "version",
+        "objects",
+        "versions",
+        "requests",
+        "rejected"
     );
     for (id, address, status) in &statuses {
         match status {
             Ok(status) => {
                 reachable += 1;
                 let rejected: u64 = status.rejected.iter().map(|r| r.count).sum();
-                println!(
+                out!(
+                    text,
                     "{:<6} {:<22} {:<10} {:<8} {:>8} {:>9} {:>10} {:>9}",
                     id.0,
                     address.to_string(),
@@ -267,9 +286,12 @@ pub async fn status(args: &ClientArgs) -> Result<std::process::ExitCode> {
                     rejected
                 );
                 for r in &status.rejected {
-                    println!(
+                    out!(
+                        text,
                         "         rejected {} from {}: {}",
-                        r.count, r.peer, r.reason
+                        r.count,
+                        r.peer,
+                        r.reason
                     );
                 }
                 let mut groups: Vec<String> = status
@@ -281,13 +303,17 @@ pub async fn status(args: &ClientArgs) -> Result<std::process::ExitCode> {
                 groups.dedup();
                 if groups.is_empty() {
                     // Registers and content-hash objects are placed on cluster.toml's nodes.
-                    println!("         groups none (joined after cluster.toml was written)");
+                    out!(
+                        text,
+                        "         groups none (joined after cluster.toml was written)"
+                    );
                 } else {
-                    println!("         groups {}", groups.join(" "));
+                    out!(text, "         groups {}", groups.join(" "));
                 }
                 if status.config_epoch > 0 {
                     match &status.cs {
-                        Some(cs) => println!(
+                        Some(cs) => out!(
+                            text,
                             "         configuration epoch {}; CS replica (slot {}), view {}{} with primary node {}, {} batches executed, {} waiting",
                             status.config_epoch,
                             cs.slot,
@@ -297,12 +323,13 @@ pub async fn status(args: &ClientArgs) -> Result<std::process::ExitCode> {
                             cs.executed,
                             cs.waiting
                         ),
-                        None => println!("         configuration epoch {}", status.config_epoch),
+                        None => out!(text, "         configuration epoch {}", status.config_epoch),
                     }
                 }
                 if let Some(follower) = status.replicas.iter().find(|r| r.stats.epoch > 0) {
                     let stats = &follower.stats;
-                    println!(
+                    out!(
+                        text,
                         "         {} objects: epoch {}, {}; {} keys ({} bytes) taken over since start, {} requests held for a transfer",
                         follower.service,
                         stats.epoch,
@@ -316,13 +343,15 @@ pub async fn status(args: &ClientArgs) -> Result<std::process::ExitCode> {
                     );
                 }
                 if status.server.damaged > 0 {
-                    println!(
+                    out!(
+                        text,
                         "         damaged disk: {} reads found a stored fragment missing or not matching its checksum (withheld, not served)",
                         status.server.damaged
                     );
                 }
             }
-            Err(error) => println!(
+            Err(error) => out!(
+                text,
                 "{:<6} {:<22} {:<10} {error}",
                 id.0,
                 address.to_string(),
@@ -332,30 +361,47 @@ pub async fn status(args: &ClientArgs) -> Result<std::process::ExitCode> {
     }
     let caught = bulwark_client::evidence::summary(&args.cluster);
     if !caught.is_empty() {
-        println!(
+        out!(
+            text,
             "misbehaviour observed by clients (from {}):",
             args.cluster
                 .join(bulwark_client::evidence::LOG_FILE)
                 .display()
         );
         for line in caught {
-            println!("  {line}");
+            out!(text, "  {line}");
         }
     }
     let n = statuses.len();
     let f = client.cluster().f;
     let groups = client.placement().groups().len();
-    println!(
+    out!(
+        text,
         "{reachable} of {n} nodes reachable; {groups} replica group(s) of {}, each needing {} (f = {f}; default volume: {})",
         3 * f + 1,
         2 * f + 1,
         client.cluster().protocol
     );
+    emit(&text)?;
     Ok(if reachable >= n - f {
         std::process::ExitCode::SUCCESS
     } else {
         std::process::ExitCode::from(3)
     })
+}
+
+/// Writes `text` to standard output; a reader that went away (`bulwark status | head -1`) is
+/// not an error, and no panic.
+pub fn emit(text: &str) -> Result<()> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        written => Ok(written?),
+    }
 }
 
 /// `bulwark owned new-key`: the secret to a file only its owner can read, the public key out.

@@ -376,3 +376,55 @@ async fn status_names_the_node_that_client_commands_caught() {
         "{status}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_node_on_a_running_nodes_data_directory_says_it_is_in_use() {
+    let cluster = TestCluster::start(1, 1_000);
+    cluster.wait_up(&[0, 1, 2, 3]).await;
+    let second = std::process::Command::new(common::BULWARK)
+        .arg("node")
+        .arg("--cluster")
+        .arg(cluster.path())
+        .args(["--id", "0"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run a second node 0");
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(!second.status.success());
+    assert!(
+        stderr.contains("in use by another process") && !stderr.contains("from a copy"),
+        "{stderr}"
+    );
+    // The running node was not disturbed.
+    let admin = cluster.client("admin").await;
+    admin
+        .status_of(NodeId(0))
+        .await
+        .expect("node 0 still answers");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_and_config_show_into_a_closed_pipe_end_quietly() {
+    let cluster = TestCluster::start(1, 1_000);
+    cluster.wait_up(&[0, 1, 2, 3]).await;
+    for command in [&["status"][..], &["config", "show"]] {
+        let mut child = std::process::Command::new(common::BULWARK)
+            .args(command)
+            .arg("--cluster")
+            .arg(cluster.path())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run");
+        // The reader is gone before anything is written, as with `| head -1` after its line.
+        drop(child.stdout.take());
+        let output = child.wait_with_output().expect("wait");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            output.status.success() && !stderr.contains("panicked"),
+            "{command:?}: {:?} {stderr}",
+            output.status
+        );
+    }
+}

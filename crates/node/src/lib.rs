@@ -94,6 +94,16 @@ pub enum NodeError {
         /// What the store said.
         reason: String,
     },
+    /// Another process holds the store: most likely this node is already running. The data is
+    /// not damaged, and must not be moved or restored while that process runs.
+    #[error(
+        "the store in {path} is in use by another process: is this node already running? Stop \
+         it first (do not move or restore the data directory while it runs)"
+    )]
+    StoreInUse {
+        /// The data directory.
+        path: PathBuf,
+    },
     /// The store is intact but in a format this release does not read: a copy would not help,
     /// so the store's own advice is all there is to say.
     #[error("cannot open the store in {path}: {reason}")]
@@ -222,6 +232,9 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
                 problem: format!("{id} is not in cluster.toml and has no address of its own"),
             })
         })?;
+    // The store first: a node already running on this data directory holds it, and that is
+    // what to say, before its metrics port is found taken.
+    let store = Arc::new(open_store(&options.data_dir)?);
     if let Some(address) = options.metrics.or(entry.and_then(|entry| entry.metrics)) {
         metrics_exporter_prometheus::PrometheusBuilder::new()
             .with_http_listener(address)
@@ -236,7 +249,6 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
     }
 
     let started = Instant::now();
-    let store = Arc::new(open_store(&options.data_dir)?);
     let rejections = Rejections::default();
     let placement = options.cluster.placement()?;
     let groups = placement.groups_of(id);
@@ -671,6 +683,9 @@ fn build_replicas(
 /// Opens the store in `data_dir`, saying what to do about a store this release cannot open.
 fn open_store(data_dir: &Path) -> Result<Store, NodeError> {
     Store::open(data_dir).map_err(|error| match error {
+        StorageError::InUse => NodeError::StoreInUse {
+            path: data_dir.to_path_buf(),
+        },
         StorageError::Format { .. } => NodeError::StoreFormat {
             path: data_dir.to_path_buf(),
             reason: error,

@@ -212,6 +212,10 @@ pub enum StorageError {
         /// [`FORMAT_VERSION`].
         expected: u32,
     },
+    /// Another process holds the store open (its lock is taken): nothing was read, and nothing
+    /// is wrong with the data.
+    #[error("the store is in use by another process")]
+    InUse,
     /// A record does not start with a [`RECORD_VERSION`] this release reads: it was written by
     /// another release, or damaged. Its bytes were not handed over.
     #[error(
@@ -304,7 +308,10 @@ impl Store {
         let database = redb::Builder::new()
             .set_cache_size(CACHE_BYTES)
             .create(&path)
-            .map_err(StorageError::from("opening state.redb"))?;
+            .map_err(|error| match error {
+                redb::DatabaseError::DatabaseAlreadyOpen => StorageError::InUse,
+                error => StorageError::from("opening state.redb")(error),
+            })?;
         let store = Store { database };
         store.check_format()?;
         Ok(store)
@@ -728,6 +735,15 @@ mod tests {
             key: key.as_bytes().to_vec(),
             value: Bytes::copy_from_slice(value.as_bytes()),
         }
+    }
+
+    #[test]
+    fn a_store_held_open_is_reported_in_use_not_damaged() {
+        let dir = tempfile::tempdir().unwrap();
+        let held = Store::open(dir.path()).unwrap();
+        assert!(matches!(Store::open(dir.path()), Err(StorageError::InUse)));
+        drop(held);
+        Store::open(dir.path()).unwrap();
     }
 
     #[test]
