@@ -401,6 +401,22 @@ async fn a_second_node_on_a_running_nodes_data_directory_says_it_is_in_use() {
         .status_of(NodeId(0))
         .await
         .expect("node 0 still answers");
+
+    // An id the cluster does not have is named as such, with the OS error said once.
+    let unknown = std::process::Command::new(common::BULWARK)
+        .arg("node")
+        .arg("--cluster")
+        .arg(cluster.path())
+        .args(["--id", "7"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run node 7");
+    let stderr = String::from_utf8_lossy(&unknown.stderr);
+    assert!(!unknown.status.success());
+    assert!(
+        stderr.contains("node 7 is not in it") && stderr.matches("os error").count() <= 1,
+        "{stderr}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -76,12 +76,13 @@ pub enum NodeError {
     #[error(transparent)]
     Config(#[from] bulwark_core::config::ConfigError),
     /// A file could not be read.
-    #[error("{path}: {source}")]
+    // `error`, not `source`: a source is printed again by every error chain.
+    #[error("{path}: {error}")]
     File {
         /// The path.
         path: PathBuf,
         /// The error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The durable store could not be opened: its file is damaged or not a Bulwark store.
     #[error(
@@ -154,9 +155,9 @@ impl From<bulwark_transport::TransportError> for NodeError {
 }
 
 fn read(path: &Path) -> Result<String, NodeError> {
-    std::fs::read_to_string(path).map_err(|source| NodeError::File {
+    std::fs::read_to_string(path).map_err(|error| NodeError::File {
         path: path.to_path_buf(),
-        source,
+        error,
     })
 }
 
@@ -172,6 +173,24 @@ impl NodeOptions {
             ClusterConfig::parse(&read(&cluster_file)?, &cluster_file.display().to_string())?;
         let node_dir = cluster_dir.join(format!("node-{id}"));
         let secrets_file = node_dir.join("node.toml");
+        if cluster.node(NodeId(id)).is_none() && !secrets_file.exists() {
+            return Err(bulwark_core::config::ConfigError::Invalid {
+                file: cluster_file.display().to_string(),
+                field: "nodes".into(),
+                problem: format!(
+                    "node {id} is not in it (its nodes are {}) and {} does not exist; a node that \
+                     joins later is set up by `bulwark node join`",
+                    cluster
+                        .nodes
+                        .iter()
+                        .map(|node| node.id.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    secrets_file.display()
+                ),
+            }
+            .into());
+        }
         let secrets: NodeSecrets =
             parse_secrets(&read(&secrets_file)?, &secrets_file.display().to_string())?;
         // A node joined after the genesis is not in `cluster.toml`; it has its own address, and
@@ -242,9 +261,9 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
                 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 16.0, 64.0, 256.0,
                 1024.0,
             ])
-            .map_err(|e| NodeError::Metrics(e.to_string()))?
+            .map_err(|e| NodeError::Metrics(format!("serving on {address}: {e}")))?
             .install()
-            .map_err(|e| NodeError::Metrics(e.to_string()))?;
+            .map_err(|e| NodeError::Metrics(format!("serving on {address}: {e}")))?;
         tracing::info!(%address, "serving metrics");
     }
 
