@@ -1,7 +1,7 @@
 //! `bulwark put`, `get`, `delete` and `status`.
 
 use crate::ClientArgs;
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use bulwark_client::{Client, OpReport, Volume};
 use bytes::Bytes;
 use std::io::{IsTerminal, Read, Write};
@@ -148,6 +148,13 @@ fn read_stdin() -> Result<Vec<u8>> {
         .take(bulwark_core::OBJECT_BYTES_MAX as u64 + 1)
         .read_to_end(&mut value)
         .context("reading standard input")?;
+    if value.len() > bulwark_core::OBJECT_BYTES_MAX {
+        // Its true length is unknown: only that it is over the limit.
+        bail!(
+            "standard input holds more than {}, the largest object",
+            human_bytes(bulwark_core::OBJECT_BYTES_MAX as u64)
+        );
+    }
     Ok(value)
 }
 

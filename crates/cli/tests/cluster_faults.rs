@@ -444,3 +444,28 @@ async fn status_and_config_show_into_a_closed_pipe_end_quietly() {
         );
     }
 }
+
+#[test]
+fn an_oversized_put_from_standard_input_is_refused_before_dialling() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut child = std::process::Command::new(common::BULWARK)
+        .args(["put", "big", "--cluster"])
+        .arg(dir.path().join("no-cluster-here"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run put");
+    let mut stdin = child.stdin.take().expect("stdin");
+    // One byte over the limit is all it may read; what it does not read is not an error here.
+    let _ = stdin.write_all(&vec![0u8; bulwark_core::OBJECT_BYTES_MAX + 4096]);
+    drop(stdin);
+    let output = child.wait_with_output().expect("wait");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("more than 16.0 MiB") && !stderr.contains("connecting"),
+        "{stderr}"
+    );
+}
