@@ -469,3 +469,56 @@ fn an_oversized_put_from_standard_input_is_refused_before_dialling() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_command_refused_locally_dials_no_node() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let init = std::process::Command::new(common::BULWARK)
+        .args([
+            "cluster",
+            "init",
+            "--base-port",
+            "0",
+            "--no-metrics",
+            "--dir",
+        ])
+        .arg(dir.path())
+        .output()
+        .expect("cluster init");
+    assert!(init.status.success());
+    let text = std::fs::read_to_string(dir.path().join("cluster.toml")).unwrap();
+    let config = bulwark_core::config::ClusterConfig::parse(&text, "cluster.toml").unwrap();
+    // Stand-ins at the nodes' addresses: they count who connects.
+    let listeners: Vec<std::net::TcpListener> = config
+        .nodes
+        .iter()
+        .map(|node| {
+            let listener = std::net::TcpListener::bind(node.address).expect("bind");
+            listener.set_nonblocking(true).unwrap();
+            listener
+        })
+        .collect();
+    let mut put = std::process::Command::new(common::BULWARK)
+        .args(["put", "k", "--client", "reader", "--cluster"])
+        .arg(dir.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run put");
+    put.stdin.take().unwrap().write_all(b"v").unwrap();
+    let output = put.wait_with_output().expect("wait");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success() && stderr.contains("writer"),
+        "{stderr}"
+    );
+    for (node, listener) in config.nodes.iter().zip(&listeners) {
+        assert!(
+            listener.accept().is_err(),
+            "node {} was dialled by a command refused before it sent anything",
+            node.id
+        );
+    }
+}

@@ -458,14 +458,8 @@ impl Client {
         value: Option<Bytes>,
     ) -> Result<OpReport, ClientError> {
         let key = volume.register_key(key)?;
-        if let Some(value) = &value
-            && value.len() > OBJECT_BYTES_MAX
-        {
-            return Err(ClientError::TooLarge {
-                len: value.len(),
-                max: OBJECT_BYTES_MAX,
-            });
-        }
+        // Refused here, before anything is sent: no node sees a write it would refuse.
+        self.may_store(value.as_ref().map_or(0, Bytes::len))?;
         let not_writer = || ClientError::NotWriter {
             name: self.name.clone(),
         };

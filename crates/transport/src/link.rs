@@ -292,6 +292,12 @@ impl LinkTask {
     async fn run(self, mut frames: mpsc::UnboundedReceiver<Queued>) {
         // Frames taken from the queue whose write has not been confirmed by a flush.
         let mut unflushed = VecDeque::new();
+        // Nothing is dialled before there is something to send: a command refused before it
+        // sends (not a writer, too large) leaves no aborted handshake on any node.
+        match frames.recv().await {
+            Some(first) => unflushed.push_back(first),
+            None => return,
+        }
         let mut backoff = self.limits.backoff_min;
         loop {
             let dialled = match &self.via {
@@ -315,7 +321,9 @@ impl LinkTask {
             self.state.connects.fetch_add(1, Ordering::Relaxed);
             self.state.connected.send_replace(true);
             tracing::debug!(node = %self.node, address = %self.address, "link up");
-            if !unflushed.is_empty() {
+            // After a reconnect, what was written but not confirmed goes again; before the
+            // first connection nothing has been written yet.
+            if self.state.connects.load(Ordering::Relaxed) > 1 && !unflushed.is_empty() {
                 self.state
                     .resent
                     .fetch_add(unflushed.len() as u64, Ordering::Relaxed);

@@ -473,3 +473,20 @@ async fn a_member_admitted_after_start_is_served_and_keeps_the_peer_it_was_admit
     assert_eq!(&incoming.envelope.body[..], b"admitted");
     server.abort();
 }
+
+#[tokio::test]
+async fn a_link_dials_only_once_it_has_something_to_send() {
+    let cast = Cast::new();
+    let (port, socket) = Port::reserve();
+    let listener = port.listen(Some(socket));
+    let link = cast.link(&cast.client, port.0, Router::new());
+    // Time enough for a dial: none comes, so a command refused before it sends leaves no trace.
+    let early = tokio::time::timeout(Duration::from_millis(300), listener.accept()).await;
+    assert!(early.is_err(), "dialled before any frame was queued");
+    assert_eq!(link.stats().connects, 0);
+    link.send(request(1, b"now")).unwrap();
+    let (server, mut seen) = serve(listener, Arc::new(cast.inbound()));
+    assert_eq!(&next(&mut seen).await.envelope.body[..], b"now");
+    assert_eq!(link.stats().resent, 0, "a first connection resends nothing");
+    server.abort();
+}
