@@ -62,7 +62,7 @@ impl Recorder {
 pub(crate) async fn run(client: &Client, nodes: &mut Nodes, dir: &Path, exe: &Path) -> Result<()> {
     let before = client.configuration().await?;
     println!(
-        "5. A node joins (`bulwark node join`) while two clients write and read public-key objects:"
+        "6. A node joins (`bulwark node join`) while two clients write and read public-key objects:"
     );
     let settled: Vec<Bytes> = (0..SETTLED)
         .map(|i| Bytes::from(format!("object {i}, written before the join")))

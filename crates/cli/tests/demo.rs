@@ -20,6 +20,9 @@ fn the_demo_runs_to_the_end_on_a_fresh_directory() {
     );
     for expected in [
         "read 1: correct value",
+        "4. Node 3 is replaced by a corrupting liar",
+        "5. Node 3 is replaced by a forging liar",
+        "7. The cluster as",
         "joins (`bulwark node join`)",
         "are linearizable",
         "node 4 ",
