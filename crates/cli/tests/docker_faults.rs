@@ -1090,7 +1090,7 @@ async fn transfers_done(
 async fn a_node_joins_and_another_is_evicted_under_load() {
     const SETTLED: u8 = 16;
     const BUSY: u8 = 3;
-    let Some(mut cluster) = DockerCluster::start_configured("join-evict", &[], 3_000, 1_000).await
+    let Some(mut cluster) = DockerCluster::start_configured("join-evict", &[], 6_000, 600).await
     else {
         return;
     };
