@@ -197,7 +197,26 @@ async fn access_control_and_hostile_frames() {
         .unwrap_err();
     assert!(
         error.to_string().contains("not a writer"),
-        "nodes must refuse a non-writer: {error}"
+        "a non-writer is refused: {error}"
+    );
+    // Its library refuses before sending; the nodes refuse too when it sends anyway.
+    let clock = bulwark_protocol::powerstore::Request {
+        op: bulwark_protocol::powerstore::OpId(9_000),
+        attempt: 0,
+        epoch: Default::default(),
+        group: Default::default(),
+        key: bulwark_core::Key::new(&b"k"[..]).unwrap(),
+        body: bulwark_protocol::powerstore::RequestBody::Clock,
+    };
+    let answer = mallory
+        .raw_request(NodeId(0), clock, Duration::from_secs(5))
+        .await;
+    assert!(
+        !matches!(
+            answer.map(|a| a.body),
+            Some(bulwark_protocol::powerstore::ResponseBody::ClockAck { .. })
+        ),
+        "a node answered a non-writer's CLOCK"
     );
 
     // Oversized objects are refused before any node sees them.
