@@ -487,4 +487,14 @@ async fn a_node_joins_without_the_authority_key_once_the_administrator_adds_it()
         cluster.join_log(port)
     );
     assert!(cluster.path().join(format!("node-{}", joined.0)).exists());
+
+    // The administrator's next run starts from the configuration it kept, which names a member
+    // `cluster.toml` does not: it reaches that member too.
+    let again = cluster.client("admin").await;
+    again.configuration().await.expect("configuration");
+    let status = again.status_of(joined).await;
+    assert!(
+        status.is_ok(),
+        "the joined node from a kept configuration: {status:?}"
+    );
 }

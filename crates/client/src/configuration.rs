@@ -78,6 +78,9 @@ impl Client {
                 // Where this client left off, or the genesis: every epoch from there is verified.
                 let genesis = self.genesis()?;
                 let start = self.load_known(&genesis).unwrap_or(genesis);
+                // A kept configuration may name members `cluster.toml` does not: nodes that
+                // joined since. Nothing newer may come to introduce them.
+                self.meet(&start.members);
                 let ring = ring_of(&start)?;
                 (start, Arc::new(Chain::new(vec![ring])))
             }
