@@ -541,3 +541,120 @@ fn a_command_refused_locally_dials_no_node() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_store_stops_a_node_with_a_clear_message_or_is_served_around_never_a_panic() {
+    use rand::{Rng, SeedableRng};
+    const DAMAGES: u64 = 40;
+    const DAMAGE_BYTES: usize = 200;
+    let mut cluster = TestCluster::start(1, 1_000);
+    cluster.wait_up(&[0, 1, 2, 3]).await;
+    let admin = cluster.client("admin").await;
+    // Inline values and erasure-coded ones, some written twice: every record kind a replica keeps.
+    for i in 0..40u64 {
+        let len = if i % 4 == 0 { 20_000 } else { 100 };
+        let key = format!("damage-{}", i % 30);
+        admin
+            .put(key.as_bytes(), Bytes::from(vec![i as u8; len]))
+            .await
+            .expect("put");
+    }
+    cluster.kill(3);
+    let data = cluster.path().join("node-3").join("data");
+    let file = data.join("state.redb");
+
+    // Records that no longer decode, in every table a PoWerStore replica restores from: each is
+    // dropped and counted, and the node serves (a node may always lack a version).
+    {
+        use bulwark_storage::{StorageOp, Store};
+        let store = Store::open(&data).expect("node 3's store");
+        let ops: Vec<StorageOp> = store
+            .namespaces()
+            .expect("namespaces")
+            .into_iter()
+            .filter(|namespace| namespace.service == bulwark_core::ServiceId::POWERSTORE)
+            .flat_map(|namespace| {
+                ["hist", "lc"].map(|table| StorageOp::Put {
+                    table: namespace.table(table),
+                    key: b"rotten".to_vec(),
+                    value: Bytes::from_static(&[0xff; 9]),
+                })
+            })
+            .collect();
+        assert!(!ops.is_empty(), "node 3 holds PoWerStore state");
+        store.apply(&ops).expect("damage records");
+    }
+    cluster.spawn(3, None);
+    cluster.wait_up(&[3]).await;
+    let status = admin.status_of(NodeId(3)).await.expect("node 3 serves");
+    let dropped: u64 = status
+        .rejected
+        .iter()
+        .filter(|r| r.peer == "disk" && r.reason.contains("does not decode"))
+        .map(|r| r.count)
+        .sum();
+    assert_eq!(dropped, 2, "{:?}", status.rejected);
+    cluster.kill(3);
+    let pristine = std::fs::read(&file).expect("node 3's store");
+
+    let (mut served, mut refused) = (0, 0);
+    for seed in 0..DAMAGES {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut damaged = pristine.clone();
+        let at = rng.random_range(0..damaged.len() - DAMAGE_BYTES);
+        rng.fill(&mut damaged[at..at + DAMAGE_BYTES]);
+        std::fs::write(&file, &damaged).expect("write the damaged store");
+        let log = cluster.path().join(format!("damaged-{seed}.log"));
+        let mut node = std::process::Command::new(common::BULWARK)
+            .arg("node")
+            .arg("--cluster")
+            .arg(cluster.path())
+            .args(["--id", "3"])
+            .env("BULWARK_LOG", "info")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::fs::File::create(&log).expect("log"))
+            .stderr(std::fs::File::create(log.with_extension("err")).expect("log"))
+            .spawn()
+            .expect("start node 3 on a damaged store");
+        let started = std::time::Instant::now();
+        let exit = loop {
+            if let Some(exit) = node.try_wait().expect("wait") {
+                break Some(exit);
+            }
+            let answered =
+                tokio::time::timeout(Duration::from_millis(300), admin.status_of(NodeId(3)));
+            if answered.await.is_ok_and(|status| status.is_ok()) {
+                break None;
+            }
+            if started.elapsed() > Duration::from_secs(20) {
+                let _ = node.kill();
+                panic!(
+                    "seed {seed} (200 bytes at {at}): node 3 neither served nor stopped\n{}{}",
+                    std::fs::read_to_string(&log).unwrap_or_default(),
+                    std::fs::read_to_string(log.with_extension("err")).unwrap_or_default()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let stderr = std::fs::read_to_string(log.with_extension("err")).unwrap_or_default();
+        match exit {
+            None => {
+                served += 1;
+                let _ = node.kill();
+                let _ = node.wait();
+            }
+            Some(exit) => {
+                refused += 1;
+                assert!(
+                    exit.code() == Some(1) && !stderr.contains("panicked"),
+                    "seed {seed} (200 bytes at {at}): {exit}\n{stderr}"
+                );
+                assert!(
+                    stderr.contains(&data.display().to_string()),
+                    "seed {seed} (200 bytes at {at}): the message must name the data directory\n{stderr}"
+                );
+            }
+        }
+    }
+    eprintln!("{served} damaged stores were served around, {refused} refused");
+}

@@ -5,13 +5,13 @@
 
 use crate::host::{self, EpochStorage, Hosting, Members, NODE_WIDE};
 use crate::shard::ReplicaKey;
-use crate::{NodeError, decode_register};
+use crate::{NodeError, Rejections, decode_register};
 use bulwark_core::envelope::Header;
 use bulwark_core::membership::{Arc as RingArc, Chain, GroupView, RingPoint};
 use bulwark_core::{Epoch, Key, NodeId, ServiceId, Slot};
 use bulwark_protocol::pubkey;
 use bulwark_protocol::register::reconfig::EpochServer;
-use bulwark_storage::{Namespace, Store};
+use bulwark_storage::{Namespace, StorageOp, Store};
 use std::collections::BTreeSet;
 
 /// A node's public-key replica for every group it is in, in any epoch.
@@ -25,6 +25,7 @@ pub fn pubkey_replica(
     store: &Store,
     chain: &Chain,
     legacy: &[GroupView],
+    rejections: &Rejections,
 ) -> Result<(ReplicaKey, PubKeyReplica), NodeError> {
     let namespace = Namespace::new(ServiceId::PUBKEY, NODE_WIDE);
     let corrupt = |table: &'static str, problem: String| NodeError::CorruptState { table, problem };
@@ -34,10 +35,30 @@ pub fn pubkey_replica(
             .iter()
             .map(|view| Namespace::new(ServiceId::PUBKEY, view.id())),
     );
+    // A record that does not decode is dropped, as the other replicas drop theirs: the node
+    // lacks that version, as one that missed the write does (see `restore_register`).
+    let mut undecodable = Vec::new();
     for from in namespaces {
-        for (record, value) in store.load(from.table(host::REGISTER))? {
-            entries.push(decode_register(&record, &value).map_err(|e| corrupt(host::REGISTER, e))?);
+        let table = from.table(host::REGISTER);
+        for (record, value) in store.load(table)? {
+            match decode_register(&record, &value) {
+                Ok(entry) => entries.push(entry),
+                Err(problem) => {
+                    tracing::error!(%problem, "stored public-key version does not decode; dropped");
+                    rejections.add(
+                        "disk",
+                        &format!("stored version dropped at start-up: {problem}"),
+                        1,
+                    );
+                    undecodable.push(StorageOp::Delete { table, key: record });
+                }
+            }
         }
+    }
+    metrics::counter!("bulwark_node_corrupt_entries_dropped_total")
+        .increment(undecodable.len() as u64);
+    if !undecodable.is_empty() {
+        store.apply(&undecodable)?;
     }
     let entered = match store.get(namespace.table(host::ENTERED), host::ENTERED_RECORD)? {
         Some(value) => <[u8; 8]>::try_from(value.as_ref())

@@ -272,28 +272,34 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
     let placement = options.cluster.placement()?;
     let groups = placement.groups_of(id);
     let verified = Arc::new(Mutex::new(Verified::new(VERIFIED_BYTES_MAX)));
+    // What the store cannot give back while the node restores is the data directory's damage:
+    // said with the directory and what to do about it.
+    let damaged = |error: NodeError| match error {
+        NodeError::CorruptState { .. } | NodeError::Storage(_) => NodeError::OpenStore {
+            path: options.data_dir.clone(),
+            reason: error.to_string(),
+        },
+        error => error,
+    };
     let mut replicas: Vec<HostedReplica> = Vec::new();
     for view in &groups {
-        replicas.extend(build_replicas(
-            &options,
-            view,
-            &store,
-            &verified,
-            &rejections,
-            &wrap,
-        )?);
+        replicas.extend(
+            build_replicas(&options, view, &store, &verified, &rejections, &wrap)
+                .map_err(damaged)?,
+        );
     }
     // The certified configurations, when the cluster has a configuration service; otherwise
     // `cluster.toml`'s members are the only epoch there is.
     let chain = match options.cluster.genesis()? {
-        Some(genesis) => Some(cs::Chain::load(&store, genesis)?),
+        Some(genesis) => Some(cs::Chain::load(&store, genesis).map_err(damaged)?),
         None => None,
     };
     let rings = match &chain {
-        Some(chain) => chain.rings()?,
+        Some(chain) => chain.rings().map_err(damaged)?,
         None => bulwark_core::membership::Chain::new(vec![Arc::new(placement.ring().clone())]),
     };
-    let (follower, pubkey) = follow::pubkey_replica(id, &store, &rings, &groups)?;
+    let (follower, pubkey) =
+        follow::pubkey_replica(id, &store, &rings, &groups, &rejections).map_err(damaged)?;
     replicas.push((follower, Box::new(pubkey)));
     let followers = [follower];
     tracing::info!(
@@ -630,7 +636,7 @@ fn build_replicas(
     if slot.index() < Protocol::Abd.nodes(f) {
         let namespace = Namespace::new(ServiceId::ABD, group);
         let mut server = abd::Server::new(slot, epoch, group);
-        restore_register(store, namespace, |record, value| {
+        restore_register(store, namespace, rejections, |record, value| {
             let (key, entry) = decode_register::<abd::Entry>(record, value)?;
             if !server.restore(key, entry) {
                 return Err("a stored version is malformed".into());
@@ -679,7 +685,7 @@ fn build_replicas(
     let namespace = Namespace::new(ServiceId::PHALANX, group);
     let writers = phalanx::Writers::from_config(&options.cluster, "cluster.toml")?;
     let mut server = phalanx::Server::new(slot, epoch, group, Arc::new(writers));
-    restore_register(store, namespace, |record, value| {
+    restore_register(store, namespace, rejections, |record, value| {
         let (key, entry) = decode_register::<phalanx::Entry>(record, value)?;
         if !server.restore(key, entry) {
             return Err("a stored version's signature does not verify".into());
@@ -745,21 +751,43 @@ pub async fn stop_signal() -> &'static str {
 }
 
 /// Replays a baseline's stored versions (table `register` of `namespace`) through `adopt`, which
-/// returns `None` for a version no correct server would have stored. Returns how many were
-/// restored. A record that does not decode or fails that check stops the start: a baseline keeps
-/// one version per key, so dropping it could lose an acknowledged write.
+/// refuses a record that does not decode or a version no correct server would have stored.
+/// Returns how many were restored. A refused record is logged, counted as rejected from `disk`
+/// and deleted before the node serves: the node then lacks that version, as a node that missed
+/// the write does. Losing an acknowledged version makes this node one of the `f` faulty ones its
+/// group tolerates, where stopping it would have made it one just the same, and unavailable for
+/// every other key.
 fn restore_register(
     store: &Store,
     namespace: Namespace,
+    rejections: &Rejections,
     mut adopt: impl FnMut(&[u8], &[u8]) -> Result<(), String>,
 ) -> Result<usize, NodeError> {
+    let table = namespace.table(host::REGISTER);
     let mut restored = 0;
-    for (record, value) in store.load(namespace.table(host::REGISTER))? {
-        adopt(&record, &value).map_err(|problem| NodeError::CorruptState {
-            table: host::REGISTER,
-            problem,
-        })?;
-        restored += 1;
+    let mut dropped = Vec::new();
+    for (record, value) in store.load(table)? {
+        match adopt(&record, &value) {
+            Ok(()) => restored += 1,
+            Err(problem) => {
+                tracing::error!(
+                    service = namespace.service.0,
+                    group = namespace.group.0,
+                    %problem,
+                    "stored version refused; dropped as if never stored"
+                );
+                rejections.add(
+                    "disk",
+                    &format!("stored version dropped at start-up: {problem}"),
+                    1,
+                );
+                dropped.push(bulwark_storage::StorageOp::Delete { table, key: record });
+            }
+        }
+    }
+    metrics::counter!("bulwark_node_corrupt_entries_dropped_total").increment(dropped.len() as u64);
+    if !dropped.is_empty() {
+        store.apply(&dropped)?;
     }
     Ok(restored)
 }
@@ -781,7 +809,7 @@ pub(crate) fn decode_register<E: bulwark_core::wire::DeserializeOwned>(
 struct Restored {
     /// `Hist` entries now served.
     versions: usize,
-    /// `Hist` entries that failed verification and were deleted.
+    /// `Hist` and `lc` records that did not decode or failed verification, deleted.
     dropped: u64,
 }
 
@@ -817,7 +845,8 @@ fn damaged(
 /// (bytes flipped on disk) is logged, counted as rejected from `disk`, and deleted before the
 /// node serves, as if it had never been stored: a node may always lack a version (it may have
 /// missed the STORE), but it must never serve a fragment it did not accept. A record that does
-/// not even decode, or a damaged `lc`, stops the start with an error instead.
+/// not even decode goes the same way, and so does an `lc` that does not: the node then knows an
+/// older completed write, as one that missed a COMPLETE does.
 fn restore(
     store: &Store,
     namespace: Namespace,
@@ -830,17 +859,21 @@ fn restore(
     let mut versions = 0;
     let mut dropped: Vec<bulwark_storage::StorageOp> = Vec::new();
     let mut reasons: std::collections::BTreeMap<&'static str, u64> = Default::default();
-    let mut corrupt = None;
     // One record at a time: the server keeps metadata only, so a store larger than memory restores.
     let hist = namespace.table(host::HIST);
-    let scanned = store.scan(hist, |record, value| {
+    store.scan(hist, |record, value| {
         let (key, entry) =
             match bulwark_core::wire::decode::<(bulwark_core::Key, StoredEntry)>(value, usize::MAX)
             {
                 Ok(decoded) => decoded,
-                Err(e) => {
-                    corrupt = Some(format!("{e} (record {} bytes)", record.len()));
-                    return Err(StorageError::other("corrupt record"));
+                Err(error) => {
+                    tracing::error!(%error, bytes = value.len(), "stored entry does not decode; dropped");
+                    *reasons.entry("record does not decode").or_insert(0) += 1;
+                    dropped.push(bulwark_storage::StorageOp::Delete {
+                        table: hist,
+                        key: record.to_vec(),
+                    });
+                    return Ok(());
                 }
             };
         if let Some(problem) = damaged(record, &key, &entry, config, own_key) {
@@ -860,23 +893,20 @@ fn restore(
         server.restore_hist(key, entry);
         versions += 1;
         Ok(())
-    });
-    if let Some(problem) = corrupt {
-        return Err(NodeError::CorruptState {
-            table: host::HIST,
-            problem,
-        });
-    }
-    scanned?;
-    for (_, value) in store.load(namespace.table(host::LC))? {
-        let (key, candidate): (bulwark_core::Key, Candidate) =
-            bulwark_core::wire::decode(&value, usize::MAX).map_err(|e| {
-                NodeError::CorruptState {
-                    table: host::LC,
-                    problem: e.to_string(),
-                }
-            })?;
-        server.restore_lc(key, candidate);
+    })?;
+    let lc = namespace.table(host::LC);
+    for (record, value) in store.load(lc)? {
+        match bulwark_core::wire::decode::<(bulwark_core::Key, Candidate)>(&value, usize::MAX) {
+            Ok((key, candidate)) => server.restore_lc(key, candidate),
+            Err(error) => {
+                tracing::error!(%error, bytes = value.len(), "stored lc does not decode; dropped");
+                *reasons.entry("lc record does not decode").or_insert(0) += 1;
+                dropped.push(bulwark_storage::StorageOp::Delete {
+                    table: lc,
+                    key: record,
+                });
+            }
+        }
     }
     let count = dropped.len() as u64;
     metrics::counter!("bulwark_node_corrupt_entries_dropped_total").increment(count);
@@ -962,12 +992,24 @@ mod tests {
         let other = Key::new(b"other".to_vec()).unwrap();
         let good = entry(&other, b"a value that stays intact", 1, &keys);
         let store = Store::open(dir.path()).unwrap();
+        let lc = POWERSTORE.table(host::LC);
         store
             .apply(&[
                 put(&key, &flipped),
                 put(&key, &forged),
                 misfiled,
                 put(&other, &good),
+                // Bytes that decode to nothing, in `hist` and in `lc`.
+                StorageOp::Put {
+                    table: HIST,
+                    key: b"rotten".to_vec(),
+                    value: Bytes::from_static(&[0xff; 9]),
+                },
+                StorageOp::Put {
+                    table: lc,
+                    key: b"rotten".to_vec(),
+                    value: Bytes::from_static(&[0xff; 9]),
+                },
             ])
             .unwrap();
 
@@ -983,7 +1025,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(restored.versions, 1, "only the intact entry is served");
-        assert_eq!(restored.dropped, 3);
+        assert_eq!(restored.dropped, 5);
         assert_eq!(server.versions(&other), 1);
         assert_eq!(server.versions(&key), 0);
         assert_eq!(
@@ -996,8 +1038,15 @@ mod tests {
             .into_iter()
             .filter(|r| r.peer == "disk")
             .collect();
-        assert_eq!(disk.iter().map(|r| r.count).sum::<u64>(), 3, "{disk:?}");
-        for problem in ["cross-checksum", "MAC vector", "record id"] {
+        assert_eq!(disk.iter().map(|r| r.count).sum::<u64>(), 5, "{disk:?}");
+        assert_eq!(store.count(lc).unwrap(), 0);
+        for problem in [
+            "cross-checksum",
+            "MAC vector",
+            "record id",
+            "record does not decode",
+            "lc record",
+        ] {
             assert!(
                 disk.iter().any(|r| r.reason.contains(problem)),
                 "{problem}: {disk:?}"
@@ -1060,7 +1109,7 @@ mod tests {
     }
 
     #[test]
-    fn baseline_versions_survive_a_restart_and_a_misfiled_one_stops_the_start() {
+    fn baseline_versions_survive_a_restart_and_a_misfiled_or_undecodable_one_is_dropped() {
         use bulwark_protocol::abd;
         let abd = Namespace::new(ServiceId::ABD, GroupId(0));
         let dir = tempfile::tempdir().unwrap();
@@ -1081,10 +1130,11 @@ mod tests {
                 value: Bytes::from(bulwark_core::wire::encode(&(&key, &entry))),
             }])
             .unwrap();
+        let rejections = Rejections::default();
         let load = |store: &Store| {
             let mut server =
                 abd::Server::new(bulwark_core::Slot(0), bulwark_core::Epoch(0), GroupId(0));
-            restore_register(store, abd, |record, value| {
+            restore_register(store, abd, &rejections, |record, value| {
                 let (key, entry) = decode_register::<abd::Entry>(record, value)?;
                 server.restore(key, entry);
                 Ok(())
@@ -1095,17 +1145,34 @@ mod tests {
         assert_eq!(count, 1);
         assert_eq!(server.stored(&key), Some(&entry));
 
+        // A version filed under another key, and bytes that decode to nothing: each is dropped
+        // (the node lacks that version, as one that missed the write does), counted, deleted.
         let other = Key::new(b"other".to_vec()).unwrap();
         store
-            .apply(&[StorageOp::Put {
-                table: abd.table(host::REGISTER),
-                key: other.as_bytes().to_vec(),
-                value: Bytes::from(bulwark_core::wire::encode(&(&key, &entry))),
-            }])
+            .apply(&[
+                StorageOp::Put {
+                    table: abd.table(host::REGISTER),
+                    key: other.as_bytes().to_vec(),
+                    value: Bytes::from(bulwark_core::wire::encode(&(&key, &entry))),
+                },
+                StorageOp::Put {
+                    table: abd.table(host::REGISTER),
+                    key: b"rotten".to_vec(),
+                    value: Bytes::from_static(&[0xff; 7]),
+                },
+            ])
             .unwrap();
-        let error = load(&store)
-            .err()
-            .expect("a misfiled version stops the start");
-        assert!(error.to_string().contains("register"), "{error}");
+        let (count, server) = load(&store).expect("damaged versions do not stop the start");
+        assert_eq!(count, 1);
+        assert_eq!(server.stored(&key), Some(&entry));
+        assert_eq!(server.stored(&other), None);
+        assert_eq!(store.count(abd.table(host::REGISTER)).unwrap(), 1);
+        let disk: u64 = rejections
+            .snapshot()
+            .into_iter()
+            .filter(|r| r.peer == "disk")
+            .map(|r| r.count)
+            .sum();
+        assert_eq!(disk, 2);
     }
 }
