@@ -91,11 +91,9 @@ pub enum ClientError {
         /// Who.
         nodes: Vec<NodeId>,
     },
-    /// No quorum answered before the deadline.
-    #[error(
-        "no quorum within {deadline:?}: {answered} of {n} nodes answered (quorum {quorum}); no answer from {}",
-        describe(unreachable)
-    )]
+    /// No quorum answered before the deadline, or one did and its answers could not complete
+    /// the operation.
+    #[error("{}", unavailable(*deadline, *answered, *quorum, *n, unreachable, stalled.as_deref()))]
     Unavailable {
         /// The deadline.
         deadline: Duration,
@@ -107,6 +105,8 @@ pub enum ClientError {
         n: usize,
         /// Nodes that did not answer, with their addresses.
         unreachable: Vec<(NodeId, SocketAddr)>,
+        /// Why a quorum's answers could not complete the operation, if one answered.
+        stalled: Option<String>,
     },
     /// No such volume, or a volume record that does not parse.
     #[error("volume {name:?}: {problem}")]
@@ -129,6 +129,29 @@ pub enum ClientError {
         /// What the last attempt found.
         reason: String,
     },
+}
+
+fn unavailable(
+    deadline: Duration,
+    answered: usize,
+    quorum: usize,
+    n: usize,
+    unreachable: &[(NodeId, SocketAddr)],
+    stalled: Option<&str>,
+) -> String {
+    let mut text = match stalled {
+        Some(why) => format!(
+            "no result within {deadline:?}: {answered} of {n} nodes answered (quorum {quorum}), \
+             but {why}"
+        ),
+        None => format!(
+            "no quorum within {deadline:?}: {answered} of {n} nodes answered (quorum {quorum})"
+        ),
+    };
+    if !unreachable.is_empty() {
+        text.push_str(&format!("; no answer from {}", describe(unreachable)));
+    }
+    text
 }
 
 fn describe(nodes: &[(NodeId, SocketAddr)]) -> String {
@@ -700,12 +723,19 @@ impl Client {
                         .filter(|node| !answered.contains(node))
                         .filter_map(|node| Some((*node, self.link(*node)?.address())))
                         .collect();
+                    // A quorum answered and still nothing came of it: their answers are what
+                    // was missing, however the protocol puts it.
+                    let stalled = machine.stalled().or_else(|| {
+                        (answered.len() >= machine.quorum())
+                            .then(|| "their answers did not complete the operation".to_string())
+                    });
                     return Err(ClientError::Unavailable {
                         deadline: self.deadline,
                         answered: answered.len(),
                         quorum: machine.quorum(),
                         n,
                         unreachable,
+                        stalled,
                     });
                 }
             }
@@ -903,5 +933,44 @@ fn register_report(
             .collect(),
         restarts: 0,
         repaired: outcome.wrote_back,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unavailable_operation_says_whether_replies_or_agreement_were_missing() {
+        let node = (NodeId(3), "127.0.0.1:7103".parse().unwrap());
+        let short = ClientError::Unavailable {
+            deadline: Duration::from_secs(5),
+            answered: 2,
+            quorum: 3,
+            n: 4,
+            unreachable: vec![node],
+            stalled: None,
+        }
+        .to_string();
+        assert!(short.starts_with("no quorum within 5s: 2 of 4"), "{short}");
+        assert!(
+            short.ends_with("no answer from node3 (127.0.0.1:7103)"),
+            "{short}"
+        );
+        let disagreeing = ClientError::Unavailable {
+            deadline: Duration::from_secs(5),
+            answered: 3,
+            quorum: 3,
+            n: 4,
+            unreachable: vec![node],
+            stalled: Some("their answers did not agree".into()),
+        }
+        .to_string();
+        assert!(
+            disagreeing.starts_with(
+                "no result within 5s: 3 of 4 nodes answered (quorum 3), but their answers did not agree"
+            ),
+            "{disagreeing}"
+        );
     }
 }

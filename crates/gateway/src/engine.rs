@@ -1736,6 +1736,7 @@ mod tests {
             quorum: 3,
             n: 4,
             unreachable: vec![],
+            stalled: None,
         };
         let e = store_error(StoreError::from(unavailable));
         assert_eq!(*e.code(), S3ErrorCode::ServiceUnavailable);

@@ -244,6 +244,13 @@ pub trait Operation {
     /// The replies each round waits for.
     fn quorum(&self) -> usize;
 
+    /// Why the current round cannot finish although a quorum answered it (their answers do not
+    /// agree, say): what the error a deadline ends the operation with says was missing. `None`
+    /// (the default) when replies alone are missing.
+    fn stalled(&self) -> Option<String> {
+        None
+    }
+
     /// Where the current round runs, for operations that follow the configuration: its epoch
     /// and group, with slots naming nodes (`Slot(id)`) rather than positions in one group.
     /// `None` (the default) for operations bound to one group of one epoch.

@@ -253,6 +253,11 @@ impl WriteOp {
         })
     }
 
+    /// A write's rounds finish on a quorum of acknowledgements: replies alone can be missing.
+    pub fn stalled(&self) -> Option<String> {
+        None
+    }
+
     /// The current round's request to every node that has not answered it.
     pub fn retransmit(&self) -> Vec<Outbound> {
         match &self.phase {
@@ -585,6 +590,22 @@ impl ReadOp {
             }
             ReadPhase::Filter { replies, .. } => replies.present().map(|(n, _)| n).collect(),
             ReadPhase::Done => Vec::new(),
+        }
+    }
+
+    /// Why FILTER cannot pick a version although a quorum answered it: the answers disagree
+    /// beyond what `f` faulty nodes can explain.
+    pub fn stalled(&self) -> Option<String> {
+        match &self.phase {
+            ReadPhase::Filter { replies, .. } if replies.count() >= self.config.quorum() => {
+                Some(format!(
+                    "their answers did not agree: no version was vouched for by {} nodes with \
+                     intact fragments and left standing by the others (more than f = {} faulty?)",
+                    self.config.f + 1,
+                    self.config.f
+                ))
+            }
+            _ => None,
         }
     }
 
@@ -1116,6 +1137,10 @@ macro_rules! powerstore_operation {
 
             fn quorum(&self) -> usize {
                 self.config.quorum()
+            }
+
+            fn stalled(&self) -> Option<String> {
+                <$op>::stalled(self)
             }
         }
     };

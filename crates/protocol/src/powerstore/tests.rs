@@ -923,3 +923,39 @@ fn the_twin_trace_inverts_only_without_both_corrections() {
         assert_eq!((&rd[..], &rd2[..]), (&b"v5"[..], &b"v5"[..]));
     }
 }
+
+/// Beyond the fault bound a read can have a quorum of answers and still no version to return:
+/// it says so, rather than only counting replies.
+#[test]
+fn a_read_whose_quorum_disagrees_says_so() {
+    let mut h = Harness::new(1);
+    let k = key("k");
+    h.write(&k, Some(b"v"));
+    // Two servers lose everything (one more than f), a third is down: the one intact server
+    // vouches alone for the version, which the two amnesiacs cannot exclude either.
+    for i in [2usize, 3] {
+        h.servers[i] = Server::new(
+            ServerConfig::new(Slot(i as u32), 1),
+            h.keys.servers[i].clone(),
+        );
+        h.disks[i] = MemoryFragments::default();
+    }
+    h.down[0] = true;
+    let op = h.op();
+    let mut read = ReadOp::new(h.config.clone(), Arc::new(ReedSolomonSimd), k.clone(), op);
+    let mut queue: std::collections::VecDeque<Outbound> = read.start().into();
+    assert_eq!(read.stalled(), None, "nothing answered yet");
+    while let Some((to, request)) = queue.pop_front() {
+        if let Some(response) = h.deliver(READER, to, request) {
+            match read.on_response(to, response) {
+                Step::Continue(more) => queue.extend(more),
+                Step::Done(result) => panic!("the read completed: {result:?}"),
+            }
+        }
+    }
+    assert_eq!(read.answered().len(), 3);
+    let stalled = read
+        .stalled()
+        .expect("a quorum answered and the read is stuck");
+    assert!(stalled.contains("did not agree"), "{stalled}");
+}

@@ -929,6 +929,10 @@ impl<P: Policy, O: Rebase<P>> Operation for Routed<P, O> {
         self.inner.quorum()
     }
 
+    fn stalled(&self) -> Option<String> {
+        self.inner.stalled()
+    }
+
     fn route(&self) -> Option<(Epoch, GroupId)> {
         Some((self.epoch, self.view.id()))
     }
