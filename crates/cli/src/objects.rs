@@ -257,9 +257,25 @@ pub async fn delete(args: &ClientArgs, key: &str) -> Result<()> {
     Ok(())
 }
 
+/// How long `status` waits for a node's answer to a read before calling it silent: a local
+/// node answers in a millisecond, one across clouds in tens.
+const PROBE_WAIT: Duration = Duration::from_secs(1);
+
 pub async fn status(args: &ClientArgs) -> Result<std::process::ExitCode> {
     let client = connect(args).await?;
     let statuses = client.status().await;
+    // A node can answer status and nothing else (its replicas stuck, or lying by silence):
+    // each answering node is asked one read-only protocol request too.
+    let probes = futures::future::join_all(statuses.iter().map(|(id, _, status)| {
+        let client = &client;
+        async move {
+            match status {
+                Ok(_) => client.probe(*id, PROBE_WAIT).await,
+                Err(_) => None,
+            }
+        }
+    }))
+    .await;
     // Written whole at the end: a reader that stops early (`| head`) is not an error.
     let mut text = String::new();
     let mut reachable = 0;
@@ -275,7 +291,7 @@ pub async fn status(args: &ClientArgs) -> Result<std::process::ExitCode> {
         "requests",
         "rejected"
     );
-    for (id, address, status) in &statuses {
+    for ((id, address, status), probe) in statuses.iter().zip(probes) {
         match status {
             Ok(status) => {
                 reachable += 1;
@@ -285,13 +301,20 @@ pub async fn status(args: &ClientArgs) -> Result<std::process::ExitCode> {
                     "{:<6} {:<22} {:<10} {:<8} {:>8} {:>9} {:>10} {:>9}",
                     id.0,
                     address.to_string(),
-                    "up",
+                    if probe == Some(false) { "silent" } else { "up" },
                     status.version,
                     status.server.objects,
                     status.server.versions,
                     status.requests,
                     rejected
                 );
+                if probe == Some(false) {
+                    out!(
+                        text,
+                        "         answers status, but no read within {PROBE_WAIT:?}: its groups \
+                         count it as one of their faulty nodes"
+                    );
+                }
                 for r in &status.rejected {
                     out!(
                         text,

@@ -658,3 +658,33 @@ async fn a_damaged_store_stops_a_node_with_a_clear_message_or_is_served_around_n
     }
     eprintln!("{served} damaged stores were served around, {refused} refused");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_shows_a_node_that_answers_status_but_no_read_as_silent() {
+    let mut cluster = TestCluster::start(1, 1_000);
+    cluster.wait_up(&[0, 1, 2, 3]).await;
+    // Seed 4: silent from its first request on.
+    cluster.spawn_seeded(3, Some("silent"), 4);
+    cluster.wait_up(&[3]).await;
+    let output = std::process::Command::new(common::BULWARK)
+        .arg("status")
+        .arg("--cluster")
+        .arg(cluster.path())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run status");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let state = |node: &str| {
+        stdout
+            .lines()
+            .find(|line| line.split_whitespace().next() == Some(node))
+            .and_then(|line| line.split_whitespace().nth(2))
+            .unwrap_or_default()
+            .to_string()
+    };
+    for node in ["0", "1", "2"] {
+        assert_eq!(state(node), "up", "{stdout}");
+    }
+    assert_eq!(state("3"), "silent", "{stdout}");
+    assert!(stdout.contains("answers status, but no read"), "{stdout}");
+}

@@ -758,6 +758,31 @@ impl Client {
         }
     }
 
+    /// Whether `node` answers a protocol request, not just its status: one PoWerStore COLLECT
+    /// (it reads and changes nothing) for a key of a group `node` serves, answered within
+    /// `wait`. `None` when `node` holds no PoWerStore replica of `cluster.toml`'s placement.
+    /// A node that answers status but not this is up for everything but the data it holds.
+    pub async fn probe(&self, node: NodeId, wait: Duration) -> Option<bool> {
+        // Keys spread evenly over the ring: a few hundred find every group of any placement.
+        let key = (0..1024u32)
+            .filter_map(|i| Key::new(format!("bulwark/probe/{i}").into_bytes()).ok())
+            .find(|key| {
+                self.placement
+                    .group_of(key.as_bytes())
+                    .slot_of(node)
+                    .is_some()
+            })?;
+        let request = powerstore::Request {
+            op: self.op_id(),
+            attempt: 0,
+            epoch: self.epoch(),
+            group: Default::default(),
+            key,
+            body: powerstore::RequestBody::Collect,
+        };
+        Some(self.raw_request(node, request, wait).await.is_some())
+    }
+
     /// Sends one raw PoWerStore request to one node and returns its first reply: for tests that
     /// play a malicious client. The request's group is the node's group for `key`. A correct
     /// client never needs this.

@@ -97,6 +97,12 @@ impl TestCluster {
 
     /// Starts node `id`, honest or with a Byzantine behaviour; kills any previous process first.
     pub fn spawn(&mut self, id: usize, behaviour: Option<&str>) {
+        self.spawn_seeded(id, behaviour, 1);
+    }
+
+    /// [`TestCluster::spawn`], with `seed` for the Byzantine behaviour's choices (how long it
+    /// serves honestly first, among them).
+    pub fn spawn_seeded(&mut self, id: usize, behaviour: Option<&str>, seed: u64) {
         self.kill(id);
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -106,7 +112,7 @@ impl TestCluster {
         let mut command = match behaviour {
             Some(behaviour) => {
                 let mut c = Command::new(BYZANTINE);
-                c.args(["--behaviour", behaviour]);
+                c.args(["--behaviour", behaviour, "--seed", &seed.to_string()]);
                 c
             }
             None => Command::new(BULWARK),
