@@ -4,6 +4,7 @@
 use crate::config::GatewayConfig;
 use crate::engine::{Engine, Limits};
 use crate::s3::BulwarkS3;
+use crate::store::Registers;
 use bulwark_client::Client;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use s3s::auth::{S3Auth, SecretKey};
@@ -67,18 +68,7 @@ pub async fn run(config: GatewayConfig, ready: impl FnOnce(SocketAddr)) -> anyho
         chunk_grace: Duration::from_secs(config.chunk_grace_secs),
         ..Limits::default()
     };
-    let engine = Arc::new(Engine::new(limits));
-    let mut builder = S3ServiceBuilder::new(BulwarkS3::new(engine, clients));
-    builder.set_auth(KeyAuth(secrets));
-    let mut s3_config = S3Config::default();
-    s3_config.xml_max_body_size = XML_BODY_BYTES_MAX;
-    // Browser-form POST uploads are not served; keep what s3s would buffer for them small.
-    s3_config.post_object_max_file_size = 0;
-    s3_config.form_max_field_size = 64 * 1024;
-    s3_config.form_max_fields_size = 256 * 1024;
-    s3_config.form_max_parts = 100;
-    builder.set_config(Arc::new(StaticConfigProvider::new(Arc::new(s3_config))));
-    let service = builder.build();
+    let service = service(limits, clients, secrets);
 
     let listener = TcpListener::bind(config.listen)
         .await
@@ -121,6 +111,27 @@ pub async fn run(config: GatewayConfig, ready: impl FnOnce(SocketAddr)) -> anyho
             drop(permit);
         });
     }
+}
+
+/// The S3 service over `clients` (each access key's registers), checking SigV4 against
+/// `secrets` (access key → secret key): what [`run`] serves on each connection.
+pub fn service<R: Registers>(
+    limits: Limits,
+    clients: HashMap<String, Arc<R>>,
+    secrets: HashMap<String, String>,
+) -> s3s::service::S3Service {
+    let engine = Arc::new(Engine::new(limits));
+    let mut builder = S3ServiceBuilder::new(BulwarkS3::new(engine, clients));
+    builder.set_auth(KeyAuth(secrets));
+    let mut s3_config = S3Config::default();
+    s3_config.xml_max_body_size = XML_BODY_BYTES_MAX;
+    // Browser-form POST uploads are not served; keep what s3s would buffer for them small.
+    s3_config.post_object_max_file_size = 0;
+    s3_config.form_max_field_size = 64 * 1024;
+    s3_config.form_max_fields_size = 256 * 1024;
+    s3_config.form_max_parts = 100;
+    builder.set_config(Arc::new(StaticConfigProvider::new(Arc::new(s3_config))));
+    builder.build()
 }
 
 /// Serves one request, and ends the connection after any request that asked for `100 Continue`.
