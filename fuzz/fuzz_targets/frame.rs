@@ -1,0 +1,55 @@
+//! A frame as it comes off a connection: the envelope, then the body as the type its header's
+//! service and kind say it is, for every service a node or client hosts.
+#![no_main]
+
+use bulwark_core::ServiceId;
+use bulwark_core::envelope::{Envelope, Kind, Refusal};
+use bulwark_core::wire::FRAME_BYTES_MAX;
+use bulwark_fuzz::round_trip;
+use bulwark_protocol::cs::ConfigService;
+use bulwark_protocol::pbft::{Answer, Message, Submitted};
+use bulwark_protocol::register::{self, reconfig};
+use bulwark_protocol::service::{NodeMessage, SystemReply, SystemRequest};
+use bulwark_protocol::{abd, content, cs, phalanx, powerstore, pubkey};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(envelope) = Envelope::decode(bytes::Bytes::copy_from_slice(data)) else {
+        return;
+    };
+    let header = envelope.header;
+    let frame = bulwark_core::envelope::frame_raw(&header, &envelope.body);
+    assert_eq!(&frame[..], data, "an accepted frame re-frames to itself");
+    let body = &envelope.body[..];
+    let max = FRAME_BYTES_MAX;
+    if header.kind == Kind::Refused {
+        round_trip::<Refusal>(body, max);
+        return;
+    }
+    match (header.service, header.kind) {
+        (ServiceId::SYSTEM, Kind::Request) => drop(round_trip::<SystemRequest>(body, max)),
+        (ServiceId::SYSTEM, Kind::Reply) => drop(round_trip::<SystemReply>(body, max)),
+        (ServiceId::SYSTEM, _) => drop(round_trip::<NodeMessage>(body, max)),
+        (ServiceId::POWERSTORE, Kind::Request) => {
+            drop(round_trip::<powerstore::Request>(body, max))
+        }
+        (ServiceId::POWERSTORE, _) => drop(round_trip::<powerstore::Response>(body, max)),
+        (ServiceId::ABD, Kind::Request) => drop(round_trip::<abd::Request>(body, max)),
+        (ServiceId::ABD, _) => drop(round_trip::<register::Response<abd::Abd>>(body, max)),
+        (ServiceId::PHALANX, Kind::Request) => drop(round_trip::<phalanx::Request>(body, max)),
+        (ServiceId::PHALANX, _) => drop(round_trip::<register::Response<phalanx::Phalanx>>(
+            body, max,
+        )),
+        (ServiceId::PUBKEY, Kind::Request) => drop(round_trip::<pubkey::Request>(body, max)),
+        (ServiceId::PUBKEY, Kind::Reply) => {
+            drop(round_trip::<register::Response<pubkey::PubKey>>(body, max))
+        }
+        (ServiceId::PUBKEY, _) => drop(round_trip::<reconfig::Transfer<pubkey::PubKey>>(body, max)),
+        (ServiceId::CONTENT, Kind::Request) => drop(round_trip::<content::Request>(body, max)),
+        (ServiceId::CONTENT, _) => drop(round_trip::<content::Response>(body, max)),
+        (ServiceId::CONFIG, Kind::Request) => drop(round_trip::<Submitted<cs::Op>>(body, max)),
+        (ServiceId::CONFIG, Kind::Reply) => drop(round_trip::<Answer<cs::Outcome>>(body, max)),
+        (ServiceId::CONFIG, _) => drop(round_trip::<Message<ConfigService>>(body, max)),
+        _ => {}
+    }
+});

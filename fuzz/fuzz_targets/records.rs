@@ -1,0 +1,54 @@
+//! Records as a node or the gateway reads them back from storage: a damaged disk must never
+//! panic the reader. The first byte picks the record kind.
+#![no_main]
+
+use bulwark_core::Key;
+use bulwark_core::configuration::{self, ConfigCert};
+use bulwark_core::evidence::Evidence;
+use bulwark_fuzz::round_trip;
+use bulwark_gateway::layout::{self, BucketRecord, IndexShard, UploadRecord};
+use bulwark_protocol::cs::ConfigService;
+use bulwark_protocol::powerstore::{Candidate, StoredEntry};
+use bulwark_protocol::register::Policy;
+use bulwark_protocol::{abd, content, pbft, phalanx, pubkey};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&kind, record)) = data.split_first() else {
+        return;
+    };
+    let max = usize::MAX;
+    match kind % 12 {
+        0 => drop(round_trip::<(Key, StoredEntry)>(record, max)),
+        1 => drop(round_trip::<(Key, Candidate)>(record, max)),
+        2 => drop(round_trip::<content::Held>(record, max)),
+        3 => drop(round_trip::<(Key, <abd::Abd as Policy>::Entry)>(
+            record, max,
+        )),
+        4 => drop(round_trip::<(Key, <phalanx::Phalanx as Policy>::Entry)>(
+            record, max,
+        )),
+        5 => drop(round_trip::<(Key, <pubkey::PubKey as Policy>::Entry)>(
+            record, max,
+        )),
+        6 => drop(round_trip::<pbft::Change<ConfigService>>(
+            record,
+            2 * bulwark_core::wire::FRAME_BYTES_MAX,
+        )),
+        7 => drop(round_trip::<ConfigCert>(
+            record,
+            configuration::CERT_BYTES_MAX,
+        )),
+        8 => drop(Evidence::decode(record)),
+        9 => {
+            let _ = layout::decode_manifest("bucket/key", record);
+        }
+        10 => {
+            let _ = layout::decode::<BucketRecord>("bucket", record);
+            let _ = layout::decode::<UploadRecord>("upload", record);
+        }
+        _ => {
+            let _ = layout::decode::<IndexShard>("index shard", record);
+        }
+    }
+});
