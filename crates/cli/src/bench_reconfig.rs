@@ -15,7 +15,6 @@ use bulwark_core::configuration::Configuration;
 use bulwark_core::sign::SecretKey;
 use bytes::Bytes;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -162,24 +161,8 @@ async fn measure(args: &ReconfigArgs, dir: &Path) -> Result<()> {
     tokio::time::sleep_until((started + Duration::from_secs_f64(args.join_at)).into()).await;
     let before = admin.configuration().await?;
     let exe = std::env::current_exe()?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|probe| probe.local_addr())
-        .context("finding a free port")?
-        .port();
-    let log = std::fs::File::create(dir.join(format!("join-{port}.log")))?;
     let asked = Instant::now();
-    nodes.joined.push(
-        Command::new(&exe)
-            .args(["node", "join", "--address"])
-            .arg(format!("127.0.0.1:{port}"))
-            .arg("--cluster")
-            .arg(dir)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .context("starting bulwark node join")?,
-    );
+    let (port, _) = nodes.join(&exe)?;
     let mut join = Change {
         what: "node joins".into(),
         asked_us: since(asked),

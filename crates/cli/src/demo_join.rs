@@ -13,7 +13,6 @@ use bulwark_core::sign::SecretKey;
 use bulwark_sim::checker::{self, History, Op, OpKind, Outcome};
 use bytes::Bytes;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -88,24 +87,7 @@ pub(crate) async fn run(client: &Client, nodes: &mut Nodes, dir: &Path, exe: &Pa
     let stop = Arc::new(AtomicBool::new(false));
     let load = start_load(dir, &recorder, &stop, run).await?;
 
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|probe| probe.local_addr())
-        .context("finding a free port")?
-        .port();
-    let log_path = dir.join(format!("join-{port}.log"));
-    let log = std::fs::File::create(&log_path)
-        .with_context(|| format!("creating {}", log_path.display()))?;
-    let child = Command::new(exe)
-        .args(["node", "join", "--address"])
-        .arg(format!("127.0.0.1:{port}"))
-        .arg("--cluster")
-        .arg(dir)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .spawn()
-        .context("starting bulwark node join")?;
-    nodes.joined.push(child);
+    let (port, log_path) = nodes.join(exe)?;
     let asked = Instant::now();
     let wait =
         Duration::from_millis(2 * before.t_epoch_ms + 2 * before.stop_delta_ms) + SETTLE_TIMEOUT;

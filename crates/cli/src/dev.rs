@@ -60,6 +60,31 @@ impl Nodes {
         Ok(())
     }
 
+    /// Starts `bulwark node join` (the binary `program`) for a new node at a free loopback port,
+    /// logging to `join-<port>.log` in the cluster directory; returns the port, by which the
+    /// certified configuration names it, and the log.
+    pub(crate) fn join(&mut self, program: &Path) -> Result<(u16, PathBuf)> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|probe| probe.local_addr())
+            .context("finding a free port")?
+            .port();
+        let log_path = self.dir.join(format!("join-{port}.log"));
+        let log = std::fs::File::create(&log_path)
+            .with_context(|| format!("creating {}", log_path.display()))?;
+        let child = Command::new(program)
+            .args(["node", "join", "--address"])
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--cluster")
+            .arg(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting bulwark node join")?;
+        self.joined.push(child);
+        Ok((port, log_path))
+    }
+
     pub(crate) fn pid(&self, id: usize) -> Option<u32> {
         self.children[id].as_ref().map(Child::id)
     }
