@@ -535,7 +535,7 @@ impl Manager {
     /// until the event channel closes.
     pub async fn run(self, mut events: mpsc::UnboundedReceiver<Event>) {
         self.install().await;
-        let mut watch = self.watch();
+        let mut watch = self.watch(None);
         let mut pull = tokio::time::interval(PULL_EVERY);
         pull.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut monitor = tokio::time::interval(MONITOR_EVERY);
@@ -557,7 +557,7 @@ impl Manager {
                         event => event,
                     };
                     if self.handle(event).await {
-                        watch = self.watch();
+                        watch = self.watch(watch.take());
                     }
                 }
                 _ = monitor.tick() => self.monitor(&mut watch).await,
@@ -600,15 +600,20 @@ impl Manager {
         }
     }
 
-    /// Monitoring for the current epoch, if this node is one of its CS replicas.
-    fn watch(&self) -> Option<Watch> {
+    /// Monitoring for the current epoch, if this node is one of its CS replicas, carrying over
+    /// what its monitoring of an earlier epoch (`previous`) saw of the members still there.
+    fn watch(&self, previous: Option<Watch>) -> Option<Watch> {
         let config = self.shared.chain.read().ok()?.current().clone();
         if !config.cs().contains(&self.node) {
             return None;
         }
+        let mut monitor = Monitor::new(&config, self.node, self.monitoring);
+        if let Some(previous) = previous.filter(|previous| previous.epoch <= config.epoch) {
+            monitor.carry(&previous.monitor);
+        }
         Some(Watch {
             epoch: config.epoch,
-            monitor: Monitor::new(&config, self.node, self.monitoring),
+            monitor,
             proposals: BTreeMap::new(),
             submitted: Default::default(),
         })

@@ -273,6 +273,24 @@ impl Monitor {
         ))
     }
 
+    /// Takes over what `previous`, this replica's monitor of an earlier epoch, saw of the members
+    /// both watch: a member silent across an epoch boundary is as silent as one silent within an
+    /// epoch, and epochs shorter than `n_evict` ping cycles must not shield it. A ping still in
+    /// flight stays with the old epoch (an answer is signed for the epoch it was asked in); the
+    /// next miss or answer needs a ping of this one.
+    pub fn carry(&mut self, previous: &Monitor) {
+        debug_assert!(previous.epoch <= self.epoch, "carried forward, never back");
+        for (node, target) in &mut self.targets {
+            if let Some(old) = previous.targets.get(node) {
+                target.misses = old.misses;
+                target.answers = old.answers;
+                target.suspected = old.suspected;
+                target.must_sign = old.must_sign;
+                target.sent = old.sent;
+            }
+        }
+    }
+
     /// Whether the next ping to `node` will ask for a signature.
     pub fn must_sign(&self, node: NodeId) -> bool {
         self.targets
@@ -396,6 +414,61 @@ mod tests {
         );
         assert!(!monitor.agrees(NodeId(3)));
         assert!(!monitor.agrees(NodeId(1)), "a member that always answered");
+    }
+
+    #[test]
+    fn misses_carry_across_an_epoch_so_short_epochs_do_not_shield_a_silent_member() {
+        // Ticks every 10 ms from `from` for at most `cycles` cycles, node 3 silent, until `done`;
+        // returns the time reached.
+        let mut nonce = 0;
+        let mut step =
+            |monitor: &mut Monitor, from: u64, cycles: u64, done: &dyn Fn(&Monitor) -> bool| {
+                let mut now = from;
+                while now < from + cycles * 100 && !done(monitor) {
+                    let pings = monitor.tick(Time(now), &mut || {
+                        nonce += 1;
+                        nonce
+                    });
+                    for (node, ping) in pings {
+                        if node != NodeId(3) {
+                            monitor
+                                .on_pong(node, Pong::answer(&ping, node, &secret(node.0)))
+                                .unwrap();
+                        }
+                    }
+                    now += 10;
+                }
+                now
+            };
+        let missed_enough_to_agree = |m: &Monitor| m.agrees(NodeId(3));
+        let suspected = |m: &Monitor| !m.suspects().is_empty();
+        // One epoch: silent long enough to be agreed on, not yet to be proposed.
+        let mut before = Monitor::new(&config(), NodeId(0), params());
+        let switched = step(&mut before, 0, 10, &missed_enough_to_agree);
+        assert!(before.agrees(NodeId(3)) && before.suspects().is_empty());
+
+        // The next epoch's monitor carries that: one more miss proposes the eviction.
+        let mut carried = Monitor::new(&config(), NodeId(0), params());
+        carried.carry(&before);
+        let proposed = step(&mut carried, switched, 10, &suspected);
+        assert_eq!(carried.suspects(), vec![NodeId(3)]);
+
+        // Starting afresh, the same time is not enough: each epoch would start from nothing.
+        let mut fresh = Monitor::new(&config(), NodeId(0), params());
+        step(
+            &mut fresh,
+            switched,
+            (proposed - switched).div_ceil(100),
+            &suspected,
+        );
+        assert!(
+            fresh.suspects().is_empty(),
+            "a fresh monitor needs n_evict misses of its own"
+        );
+        assert!(
+            !carried.agrees(NodeId(1)),
+            "members that answered stay clear"
+        );
     }
 
     #[test]
