@@ -18,6 +18,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+#[path = "bench_cli.rs"]
+mod cli;
 #[path = "bench_cs.rs"]
 pub mod cs;
 #[path = "bench_reconfig.rs"]
@@ -49,6 +51,9 @@ pub enum BenchCommand {
     /// Throughput and latency over time on public-key objects while a node joins and a member
     /// is revoked: the dip each state transfer causes and how soon the rate is back.
     Reconfig(reconfig::ReconfigArgs),
+    /// Whole-process latency of `put`, `get` and `status` against a local cluster, beside the
+    /// process start-up alone: what a user waits for at the command line.
+    Cli(cli::CliArgs),
 }
 
 /// `bulwark bench compare`.
@@ -336,6 +341,7 @@ pub async fn run(args: &BenchArgs) -> Result<()> {
         BenchCommand::Sizes(sizes) => run_sizes(sizes).await,
         BenchCommand::Cs(args) => cs::run(args).await,
         BenchCommand::Reconfig(args) => reconfig::run(args).await,
+        BenchCommand::Cli(args) => cli::run(args).await,
         BenchCommand::Memory(memory) => {
             run_sizes(&SizesArgs {
                 sizes: Vec::new(),
