@@ -184,6 +184,68 @@ fn refuse_conditional_write(
     Ok(())
 }
 
+/// Encryption the gateway does not do yet: refused, so that no client believes its object is
+/// encrypted when the nodes hold it in plaintext.
+fn refuse_encryption(
+    server_side: Option<&ServerSideEncryption>,
+    customer_algorithm: Option<&str>,
+    kms_key: Option<&str>,
+) -> S3Result<()> {
+    if server_side.is_some() || customer_algorithm.is_some() || kms_key.is_some() {
+        return Err(s3_error!(
+            NotImplemented,
+            "server-side encryption (SSE-S3, SSE-KMS, SSE-C) is not supported yet; nothing was stored"
+        ));
+    }
+    Ok(())
+}
+
+/// No object is encrypted, so a customer key given to read one is a mistake S3 names.
+fn refuse_customer_key(customer_algorithm: Option<&str>) -> S3Result<()> {
+    if customer_algorithm.is_some() {
+        return Err(s3_error!(
+            InvalidRequest,
+            "the encryption parameters are not applicable to this object"
+        ));
+    }
+    Ok(())
+}
+
+/// Every object and bucket is private to the gateway's keys; a request asking for anything
+/// else is refused rather than stored private.
+fn refuse_acl(canned: Option<&str>, grants: &[Option<&String>]) -> S3Result<()> {
+    if canned.is_some_and(|acl| acl != "private") || grants.iter().any(Option::is_some) {
+        return Err(s3_error!(
+            NotImplemented,
+            "access control lists other than private (canned ACLs, x-amz-grant-*) are not supported"
+        ));
+    }
+    Ok(())
+}
+
+/// Buckets are not versioned: each object has one version, S3's "null". Another id names a
+/// version that does not exist, and must not act on the object.
+fn check_version(version_id: Option<&str>) -> S3Result<()> {
+    match version_id {
+        None | Some("null") => Ok(()),
+        Some(_) => Err(s3_error!(
+            InvalidArgument,
+            "invalid version id: buckets are not versioned, only \"null\" names a version"
+        )),
+    }
+}
+
+/// Conditional deletes need the same compare-and-swap as conditional writes.
+fn refuse_conditional_delete(conditional: bool) -> S3Result<()> {
+    if conditional {
+        return Err(s3_error!(
+            NotImplemented,
+            "conditional deletes (If-Match, ETag, size or time conditions) are not supported"
+        ));
+    }
+    Ok(())
+}
+
 fn check_bucket_name(bucket: &str) -> S3Result<()> {
     let ok = (3..=63).contains(&bucket.len())
         && bucket
@@ -208,8 +270,19 @@ impl<R: Registers> S3 for BulwarkS3<R> {
         req: S3Request<CreateBucketInput>,
     ) -> S3Result<S3Response<CreateBucketOutput>> {
         let reg = self.client(&req)?;
-        let bucket = &req.input.bucket;
+        let input = &req.input;
+        let bucket = &input.bucket;
         check_bucket_name(bucket)?;
+        refuse_acl(
+            input.acl.as_ref().map(BucketCannedACL::as_str),
+            &[
+                input.grant_full_control.as_ref(),
+                input.grant_read.as_ref(),
+                input.grant_read_acp.as_ref(),
+                input.grant_write.as_ref(),
+                input.grant_write_acp.as_ref(),
+            ],
+        )?;
         self.engine.create_bucket(reg.as_ref(), bucket).await?;
         Ok(S3Response::new(CreateBucketOutput {
             location: Some(format!("/{bucket}")),
@@ -289,6 +362,20 @@ impl<R: Registers> S3 for BulwarkS3<R> {
             ));
         }
         refuse_conditional_write(input.if_match.as_ref(), input.if_none_match.as_ref())?;
+        refuse_encryption(
+            input.server_side_encryption.as_ref(),
+            input.sse_customer_algorithm.as_deref(),
+            input.ssekms_key_id.as_deref(),
+        )?;
+        refuse_acl(
+            input.acl.as_ref().map(ObjectCannedACL::as_str),
+            &[
+                input.grant_full_control.as_ref(),
+                input.grant_read.as_ref(),
+                input.grant_read_acp.as_ref(),
+                input.grant_write_acp.as_ref(),
+            ],
+        )?;
         let md5 = content_md5(input.content_md5.as_deref())?;
         let manifest = self
             .engine
@@ -313,6 +400,8 @@ impl<R: Registers> S3 for BulwarkS3<R> {
     ) -> S3Result<S3Response<GetObjectOutput>> {
         let reg = self.client(&req)?;
         let input = req.input;
+        check_version(input.version_id.as_deref())?;
+        refuse_customer_key(input.sse_customer_algorithm.as_deref())?;
         let manifest = self
             .engine
             .manifest(reg.as_ref(), &input.bucket, &input.key)
@@ -363,6 +452,8 @@ impl<R: Registers> S3 for BulwarkS3<R> {
     ) -> S3Result<S3Response<HeadObjectOutput>> {
         let reg = self.client(&req)?;
         let input = req.input;
+        check_version(input.version_id.as_deref())?;
+        refuse_customer_key(input.sse_customer_algorithm.as_deref())?;
         let manifest = self
             .engine
             .manifest(reg.as_ref(), &input.bucket, &input.key)
@@ -389,8 +480,15 @@ impl<R: Registers> S3 for BulwarkS3<R> {
         req: S3Request<DeleteObjectInput>,
     ) -> S3Result<S3Response<DeleteObjectOutput>> {
         let reg = self.client(&req)?;
+        let input = &req.input;
+        check_version(input.version_id.as_deref())?;
+        refuse_conditional_delete(
+            input.if_match.is_some()
+                || input.if_match_last_modified_time.is_some()
+                || input.if_match_size.is_some(),
+        )?;
         self.engine
-            .delete_object(&reg, &req.input.bucket, &req.input.key)
+            .delete_object(&reg, &input.bucket, &input.key)
             .await?;
         Ok(S3Response::new(DeleteObjectOutput::default()))
     }
@@ -413,7 +511,17 @@ impl<R: Registers> S3 for BulwarkS3<R> {
         let reg = &reg;
         let outcomes: Vec<(String, S3Result<()>)> = futures::stream::iter(input.delete.objects)
             .map(|object| async move {
-                let result = engine.delete_object(reg, bucket, &object.key).await;
+                let checked = check_version(object.version_id.as_deref()).and_then(|()| {
+                    refuse_conditional_delete(
+                        object.e_tag.is_some()
+                            || object.last_modified_time.is_some()
+                            || object.size.is_some(),
+                    )
+                });
+                let result = match checked {
+                    Ok(()) => engine.delete_object(reg, bucket, &object.key).await,
+                    Err(refused) => Err(refused),
+                };
                 (object.key, result)
             })
             .buffered(4)
@@ -457,6 +565,21 @@ impl<R: Registers> S3 for BulwarkS3<R> {
         else {
             return Err(s3_error!(NotImplemented, "copy sources must be bucket/key"));
         };
+        refuse_encryption(
+            input.server_side_encryption.as_ref(),
+            input.sse_customer_algorithm.as_deref(),
+            input.ssekms_key_id.as_deref(),
+        )?;
+        refuse_customer_key(input.copy_source_sse_customer_algorithm.as_deref())?;
+        refuse_acl(
+            input.acl.as_ref().map(ObjectCannedACL::as_str),
+            &[
+                input.grant_full_control.as_ref(),
+                input.grant_read.as_ref(),
+                input.grant_read_acp.as_ref(),
+                input.grant_write_acp.as_ref(),
+            ],
+        )?;
         if input.copy_source_if_modified_since.is_some()
             || input.copy_source_if_unmodified_since.is_some()
         {
@@ -609,6 +732,20 @@ impl<R: Registers> S3 for BulwarkS3<R> {
     ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
         let reg = self.client(&req)?;
         let input = req.input;
+        refuse_encryption(
+            input.server_side_encryption.as_ref(),
+            input.sse_customer_algorithm.as_deref(),
+            input.ssekms_key_id.as_deref(),
+        )?;
+        refuse_acl(
+            input.acl.as_ref().map(ObjectCannedACL::as_str),
+            &[
+                input.grant_full_control.as_ref(),
+                input.grant_read.as_ref(),
+                input.grant_read_acp.as_ref(),
+                input.grant_write_acp.as_ref(),
+            ],
+        )?;
         let upload_id = self
             .engine
             .create_upload(
@@ -632,6 +769,7 @@ impl<R: Registers> S3 for BulwarkS3<R> {
     ) -> S3Result<S3Response<UploadPartOutput>> {
         let reg = self.client(&req)?;
         let input = req.input;
+        refuse_encryption(None, input.sse_customer_algorithm.as_deref(), None)?;
         if let Some(len) = input.content_length
             && u64::try_from(len).unwrap_or(u64::MAX) > self.engine.limits().part_bytes_max
         {

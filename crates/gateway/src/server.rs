@@ -147,6 +147,9 @@ async fn closing_after_continue(
     service: s3s::service::S3Service,
 ) -> Result<s3s::HttpResponse, s3s::HttpError> {
     let expects_continue = request.headers().contains_key(hyper::header::EXPECT);
+    if is_form_upload(&request) {
+        return Ok(form_uploads_refused());
+    }
     let mut response = service.call(request.map(s3s::Body::from)).await?;
     if expects_continue {
         response.headers_mut().insert(
@@ -155,4 +158,40 @@ async fn closing_after_continue(
         );
     }
     Ok(response)
+}
+
+/// A browser-form upload (POST Object): a POST whose body is a multipart form.
+fn is_form_upload<B>(request: &hyper::Request<B>) -> bool {
+    request.method() == hyper::Method::POST
+        && request
+            .headers()
+            .get(hyper::header::CONTENT_TYPE)
+            .and_then(|value| value.to_str().ok())
+            .is_some_and(|value| {
+                value
+                    .trim_start()
+                    .to_ascii_lowercase()
+                    .starts_with("multipart/form-data")
+            })
+}
+
+/// Form uploads are not served: said as S3 says it, before any of the form is read (s3s would
+/// buffer its file part), and the connection closed rather than drained.
+fn form_uploads_refused() -> s3s::HttpResponse {
+    let mut response = hyper::Response::new(s3s::Body::from(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>NotImplemented</Code>\
+         <Message>browser form uploads (POST Object) are not supported</Message></Error>"
+            .to_owned(),
+    ));
+    *response.status_mut() = hyper::StatusCode::NOT_IMPLEMENTED;
+    let headers = response.headers_mut();
+    headers.insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/xml"),
+    );
+    headers.insert(
+        hyper::header::CONNECTION,
+        hyper::header::HeaderValue::from_static("close"),
+    );
+    response
 }
