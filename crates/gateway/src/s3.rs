@@ -54,6 +54,14 @@ fn meta(content_type: Option<String>, metadata: Option<Metadata>) -> ObjectMeta 
     }
 }
 
+/// What S3 answers for an object stored without a Content-Type.
+fn content_type(manifest: &Manifest) -> String {
+    manifest
+        .content_type
+        .clone()
+        .unwrap_or_else(|| "binary/octet-stream".into())
+}
+
 fn user_metadata(manifest: &Manifest) -> Option<Metadata> {
     (!manifest.metadata.is_empty()).then(|| manifest.metadata.iter().cloned().collect())
 }
@@ -143,28 +151,58 @@ fn render(page: &Page, encode: bool) -> (ObjectList, CommonPrefixList) {
     (objects, prefixes)
 }
 
-/// GET and HEAD preconditions on the ETag (If-Match, If-None-Match).
+/// GET and HEAD preconditions: on the ETag (If-Match, If-None-Match) and on the time of the last
+/// change (If-Unmodified-Since, If-Modified-Since), each date heeded only without its ETag
+/// counterpart (RFC 9110 §13.2.2). HTTP dates have whole seconds, so the object's time is cut to
+/// its second. A 304 carries the ETag and Last-Modified a cache revalidates with.
 fn check_conditions(
     manifest: &Manifest,
     if_match: Option<&ETagCondition>,
     if_none_match: Option<&ETagCondition>,
+    if_modified_since: Option<&Timestamp>,
+    if_unmodified_since: Option<&Timestamp>,
 ) -> S3Result<()> {
     let matches = |condition: &ETagCondition| match condition {
         ETagCondition::Any => true,
         ETagCondition::ETag(etag) => etag.value() == manifest.etag,
     };
-    if let Some(condition) = if_match
-        && !matches(condition)
-    {
-        return Err(s3_error!(
-            PreconditionFailed,
-            "If-Match does not match the ETag"
-        ));
+    let modified = timestamp(manifest.last_modified_ms / 1000 * 1000);
+    match (if_match, if_unmodified_since) {
+        (Some(condition), _) if !matches(condition) => {
+            return Err(s3_error!(
+                PreconditionFailed,
+                "If-Match does not match the ETag"
+            ));
+        }
+        (None, Some(since)) if modified > *since => {
+            return Err(s3_error!(
+                PreconditionFailed,
+                "modified since the If-Unmodified-Since date"
+            ));
+        }
+        _ => {}
     }
-    if let Some(condition) = if_none_match
-        && matches(condition)
-    {
-        return Err(s3_error!(NotModified));
+    let not_modified = match (if_none_match, if_modified_since) {
+        (Some(condition), _) => matches(condition),
+        (None, Some(since)) => modified <= *since,
+        (None, None) => false,
+    };
+    if not_modified {
+        let mut error = s3_error!(NotModified);
+        let mut headers = http::HeaderMap::new();
+        if let Ok(value) = http::HeaderValue::from_str(&format!("\"{}\"", manifest.etag)) {
+            headers.insert(http::header::ETAG, value);
+        }
+        let mut date = Vec::new();
+        if modified
+            .format(s3s::dto::TimestampFormat::HttpDate, &mut date)
+            .is_ok()
+            && let Ok(value) = http::HeaderValue::from_bytes(&date)
+        {
+            headers.insert(http::header::LAST_MODIFIED, value);
+        }
+        error.set_headers(headers);
+        return Err(error);
     }
     Ok(())
 }
@@ -410,6 +448,8 @@ impl<R: Registers> S3 for BulwarkS3<R> {
             &manifest,
             input.if_match.as_ref(),
             input.if_none_match.as_ref(),
+            input.if_modified_since.as_ref(),
+            input.if_unmodified_since.as_ref(),
         )?;
         let (range, content_range) = match input.range {
             None => (0..manifest.size, None),
@@ -432,7 +472,7 @@ impl<R: Registers> S3 for BulwarkS3<R> {
             content_length: Some(length as i64),
             content_range,
             accept_ranges: Some("bytes".into()),
-            content_type: manifest.content_type.clone(),
+            content_type: Some(content_type(&manifest)),
             e_tag: Some(etag(&manifest.etag)),
             last_modified: Some(timestamp(manifest.last_modified_ms)),
             metadata: user_metadata(&manifest),
@@ -462,11 +502,13 @@ impl<R: Registers> S3 for BulwarkS3<R> {
             &manifest,
             input.if_match.as_ref(),
             input.if_none_match.as_ref(),
+            input.if_modified_since.as_ref(),
+            input.if_unmodified_since.as_ref(),
         )?;
         Ok(S3Response::new(HeadObjectOutput {
             content_length: Some(manifest.size as i64),
             accept_ranges: Some("bytes".into()),
-            content_type: manifest.content_type.clone(),
+            content_type: Some(content_type(&manifest)),
             e_tag: Some(etag(&manifest.etag)),
             last_modified: Some(timestamp(manifest.last_modified_ms)),
             metadata: user_metadata(&manifest),
@@ -612,6 +654,8 @@ impl<R: Registers> S3 for BulwarkS3<R> {
                         src,
                         input.copy_source_if_match.as_ref(),
                         input.copy_source_if_none_match.as_ref(),
+                        None,
+                        None,
                     )
                     .map_err(|e| {
                         if *e.code() == s3s::S3ErrorCode::NotModified {
