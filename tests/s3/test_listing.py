@@ -217,3 +217,17 @@ def test_paginators_see_every_key_once(s3, populated):
         Bucket=populated, PaginationConfig={"PageSize": 4}) for o in page.get("Contents", [])]
     assert v2 == KEYS
     assert v1 == KEYS
+
+
+def test_v2_fetch_owner_names_the_owner(s3, populated):
+    resp = s3.list_objects_v2(Bucket=populated, MaxKeys=2, FetchOwner=True)
+    assert all("ID" in o.get("Owner", {}) for o in resp["Contents"]), resp["Contents"]
+
+
+def test_v1_says_where_the_first_page_began_and_drops_an_empty_delimiter(s3, populated):
+    skip_on_moto("moto does not echo Marker")
+    resp = s3.list_objects(Bucket=populated)
+    assert resp["Marker"] == ""
+    resp = s3.list_objects(Bucket=populated, Delimiter="")
+    assert "Delimiter" not in resp, resp.get("Delimiter")
+    assert keys_of(resp) == KEYS and prefixes_of(resp) == []

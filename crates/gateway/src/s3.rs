@@ -119,7 +119,15 @@ fn url_encoded(encoding: &Option<EncodingType>) -> S3Result<bool> {
 }
 
 /// The listing's objects and prefixes as S3 returns them, URL-encoded when asked.
-fn render(page: &Page, encode: bool) -> (ObjectList, CommonPrefixList) {
+/// The one owner of every bucket and object: the gateway's keys act for one account.
+fn owner() -> Owner {
+    Owner {
+        display_name: Some("bulwark".into()),
+        id: Some("bulwark".into()),
+    }
+}
+
+fn render(page: &Page, encode: bool, with_owner: bool) -> (ObjectList, CommonPrefixList) {
     let enc = |s: &str| {
         if encode {
             index::url_encode(s)
@@ -138,6 +146,7 @@ fn render(page: &Page, encode: bool) -> (ObjectList, CommonPrefixList) {
             storage_class: Some(ObjectStorageClass::from_static(
                 ObjectStorageClass::STANDARD,
             )),
+            owner: with_owner.then(owner),
             ..Object::default()
         })
         .collect();
@@ -332,8 +341,38 @@ impl<R: Registers> S3 for BulwarkS3<R> {
         req: S3Request<ListBucketsInput>,
     ) -> S3Result<S3Response<ListBucketsOutput>> {
         let reg = self.client(&req)?;
+        let input = &req.input;
+        let max_buckets = match input.max_buckets {
+            None => usize::MAX,
+            Some(max @ 1..=10_000) => max as usize,
+            Some(max) => {
+                return Err(s3_error!(
+                    InvalidArgument,
+                    "max-buckets must be between 1 and 10000, not {max}"
+                ));
+            }
+        };
+        // The token is the hex of the last name of the page before: every name after it.
+        let after = match input.continuation_token.as_deref() {
+            None => None,
+            Some(token) => Some(
+                hex::decode(token)
+                    .ok()
+                    .and_then(|bytes| String::from_utf8(bytes).ok())
+                    .ok_or_else(|| s3_error!(InvalidArgument, "invalid continuation token"))?,
+            ),
+        };
+        let prefix = input.prefix.as_deref().unwrap_or("");
         let list = self.engine.list_buckets(reg.as_ref()).await?;
-        let buckets = list
+        let mut matching = list.into_iter().filter(|(name, _)| {
+            name.starts_with(prefix) && after.as_deref().is_none_or(|after| name.as_str() > after)
+        });
+        let page: Vec<(String, u64)> = matching.by_ref().take(max_buckets).collect();
+        let more = matching.next().is_some();
+        let continuation_token = more
+            .then(|| page.last().map(|(name, _)| hex::encode(name)))
+            .flatten();
+        let buckets = page
             .into_iter()
             .map(|(name, created_ms)| Bucket {
                 name: Some(name),
@@ -343,11 +382,9 @@ impl<R: Registers> S3 for BulwarkS3<R> {
             .collect();
         Ok(S3Response::new(ListBucketsOutput {
             buckets: Some(buckets),
-            owner: Some(Owner {
-                display_name: Some("bulwark".into()),
-                id: Some("bulwark".into()),
-            }),
-            ..ListBucketsOutput::default()
+            owner: Some(owner()),
+            continuation_token,
+            prefix: input.prefix.clone(),
         }))
     }
 
@@ -688,9 +725,11 @@ impl<R: Registers> S3 for BulwarkS3<R> {
         let input = req.input;
         let encode = url_encoded(&input.encoding_type)?;
         let max_keys = max_keys(input.max_keys)?;
+        // An empty delimiter groups nothing: as if none were given, and not echoed.
+        let delimiter = input.delimiter.as_deref().filter(|d| !d.is_empty());
         let query = Query {
             prefix: input.prefix.as_deref().unwrap_or(""),
-            delimiter: input.delimiter.as_deref(),
+            delimiter,
             marker: input.marker.as_deref().filter(|m| !m.is_empty()),
             max_keys,
         };
@@ -698,13 +737,14 @@ impl<R: Registers> S3 for BulwarkS3<R> {
             .engine
             .list(reg.as_ref(), &input.bucket, &query)
             .await?;
-        let (contents, prefixes) = render(&page, encode);
+        let (contents, prefixes) = render(&page, encode, true);
         let enc = |s: String| if encode { index::url_encode(&s) } else { s };
         Ok(S3Response::new(ListObjectsOutput {
             name: Some(input.bucket.clone()),
             prefix: Some(enc(query.prefix.to_owned())),
-            marker: input.marker.clone().map(enc),
-            delimiter: input.delimiter.clone().map(enc),
+            // S3 always says where the page began, empty for the first.
+            marker: Some(enc(input.marker.clone().unwrap_or_default())),
+            delimiter: delimiter.map(|d| enc(d.to_owned())),
             max_keys: Some(max_keys as i32),
             is_truncated: Some(page.truncated),
             next_marker: page.next_marker.clone().map(enc),
@@ -737,9 +777,10 @@ impl<R: Registers> S3 for BulwarkS3<R> {
             .as_deref()
             .or(input.start_after.as_deref())
             .filter(|m| !m.is_empty());
+        let delimiter = input.delimiter.as_deref().filter(|d| !d.is_empty());
         let query = Query {
             prefix: input.prefix.as_deref().unwrap_or(""),
-            delimiter: input.delimiter.as_deref(),
+            delimiter,
             marker,
             max_keys,
         };
@@ -747,13 +788,14 @@ impl<R: Registers> S3 for BulwarkS3<R> {
             .engine
             .list(reg.as_ref(), &input.bucket, &query)
             .await?;
-        let (contents, prefixes) = render(&page, encode);
+        // Version 2 names owners only when asked (fetch-owner).
+        let (contents, prefixes) = render(&page, encode, input.fetch_owner == Some(true));
         let enc = |s: String| if encode { index::url_encode(&s) } else { s };
         let key_count = (contents.len() + prefixes.len()) as i32;
         Ok(S3Response::new(ListObjectsV2Output {
             name: Some(input.bucket.clone()),
             prefix: Some(enc(query.prefix.to_owned())),
-            delimiter: input.delimiter.clone().map(enc),
+            delimiter: delimiter.map(|d| enc(d.to_owned())),
             start_after: input.start_after.clone().map(enc),
             max_keys: Some(max_keys as i32),
             key_count: Some(key_count),
