@@ -330,7 +330,13 @@ impl<R: Registers> S3 for BulwarkS3<R> {
                 input.grant_write_acp.as_ref(),
             ],
         )?;
-        self.engine.create_bucket(reg.as_ref(), bucket).await?;
+        match self.engine.create_bucket(reg.as_ref(), bucket).await {
+            Ok(()) => {}
+            // GetBucketLocation reports us-east-1, where S3 answers re-creating a bucket one
+            // owns with 200 and leaves it as it is.
+            Err(error) if *error.code() == s3s::S3ErrorCode::BucketAlreadyOwnedByYou => {}
+            Err(error) => return Err(error),
+        }
         Ok(S3Response::new(CreateBucketOutput {
             location: Some(format!("/{bucket}")),
         }))
