@@ -264,3 +264,24 @@ def test_large_multipart_upload(s3, bucket):
     ranged = s3.get_object(Bucket=bucket, Key=key, Range="bytes=-100")
     assert ranged["ContentRange"] == f"bytes {total - 100}-{total - 1}/{total}"
     assert ranged["Body"].read() == big_part(PART_COUNT)[-100:]
+
+
+def test_completing_again_answers_the_same_result(s3, bucket):
+    part = det_bytes("again", 1000)
+    upload_id = s3.create_multipart_upload(Bucket=bucket, Key="again")["UploadId"]
+    etag = s3.upload_part(Bucket=bucket, Key="again", UploadId=upload_id, PartNumber=1,
+                          Body=part)["ETag"]
+    listing = {"Parts": [{"PartNumber": 1, "ETag": etag}]}
+    first = s3.complete_multipart_upload(Bucket=bucket, Key="again", UploadId=upload_id,
+                                         MultipartUpload=listing)
+    # A client whose answer was lost completes again: S3 answers as it did the first time.
+    again = s3.complete_multipart_upload(Bucket=bucket, Key="again", UploadId=upload_id,
+                                         MultipartUpload=listing)
+    assert again["ResponseMetadata"]["HTTPStatusCode"] == 200
+    assert again["ETag"] == first["ETag"] == multipart_etag([part])
+    # Another listing is no repeat of that completion (moto answers it too).
+    if not target().is_moto:
+        other = {"Parts": [{"PartNumber": 1, "ETag": quoted_md5(b"other")}]}
+        expect_error(s3.complete_multipart_upload, "NoSuchUpload", 404, Bucket=bucket,
+                     Key="again", UploadId=upload_id, MultipartUpload=other)
+    assert s3.get_object(Bucket=bucket, Key="again")["Body"].read() == part

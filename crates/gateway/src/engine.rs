@@ -1097,6 +1097,29 @@ impl Engine {
     }
 
     /// Completes an upload from the listed parts (number, ETag as the client saw it).
+    /// The object a completion listing exactly `listed` made, if it is still the key's current
+    /// version: S3 answers a completion repeated after it succeeded (a client retrying after a
+    /// lost answer) with the same result. The parts' ETags fix the object's ETag, so the same
+    /// ETag and part count mean the same listing; an unlisted ETag cannot be matched.
+    async fn completed<R: Registers>(
+        &self,
+        reg: &R,
+        bucket: &str,
+        key: &str,
+        listed: &[(i32, Option<String>)],
+    ) -> Option<Manifest> {
+        let md5s = listed
+            .iter()
+            .map(|(_, etag)| {
+                let hex = etag.as_deref()?.trim_matches('"');
+                <[u8; 16]>::try_from(hex::decode(hex).ok()?).ok()
+            })
+            .collect::<Option<Vec<[u8; 16]>>>()?;
+        let manifest = self.manifest(reg, bucket, key).await.ok()?;
+        (manifest.parts as usize == listed.len() && manifest.etag == layout::multipart_etag(&md5s))
+            .then_some(manifest)
+    }
+
     pub async fn complete_upload<R: Registers>(
         &self,
         reg: &Arc<R>,
@@ -1106,7 +1129,16 @@ impl Engine {
         listed: &[(i32, Option<String>)],
     ) -> S3Result<Manifest> {
         let _upload = self.uploads.get(&[upload_id.as_bytes()]).lock().await;
-        let record = self.upload(reg.as_ref(), bucket, key, upload_id).await?;
+        let record = match self.upload(reg.as_ref(), bucket, key, upload_id).await {
+            Ok(record) => record,
+            Err(gone) if *gone.code() == s3s::S3ErrorCode::NoSuchUpload => {
+                return self
+                    .completed(reg.as_ref(), bucket, key, listed)
+                    .await
+                    .ok_or(gone);
+            }
+            Err(error) => return Err(error),
+        };
         if listed.is_empty() {
             return Err(s3_error!(MalformedXML, "no parts listed"));
         }
