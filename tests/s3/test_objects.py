@@ -333,3 +333,15 @@ def test_an_object_stored_without_a_content_type_is_binary_octet_stream(s3, buck
     assert s3.head_object(Bucket=bucket, Key="untyped")["ContentType"] == "binary/octet-stream"
     got = s3.get_object(Bucket=bucket, Key="untyped")
     assert got["ContentType"] == "binary/octet-stream"
+
+
+def test_errors_carry_a_request_id(s3, bucket):
+    from s3lib import parse_error_xml
+    resp = signed_request("GET", f"/{bucket}/no-such-key")
+    assert resp.status_code == 404
+    fields = parse_error_xml(resp.content)
+    assert fields["Code"] == "NoSuchKey"
+    assert fields.get("RequestId"), fields
+    if not target().is_moto:  # moto sends no x-amz-request-id header
+        assert resp.headers.get("x-amz-request-id") == fields["RequestId"], dict(resp.headers)
+        assert signed_request("GET", f"/{bucket}").headers.get("x-amz-request-id")

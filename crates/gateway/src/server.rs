@@ -148,7 +148,7 @@ async fn closing_after_continue(
 ) -> Result<s3s::HttpResponse, s3s::HttpError> {
     let expects_continue = request.headers().contains_key(hyper::header::EXPECT);
     if is_form_upload(&request) {
-        return Ok(form_uploads_refused());
+        return Ok(with_request_id(form_uploads_refused()));
     }
     let mut response = service.call(request.map(s3s::Body::from)).await?;
     if expects_continue {
@@ -157,7 +157,45 @@ async fn closing_after_continue(
             hyper::header::HeaderValue::from_static("close"),
         );
     }
-    Ok(response)
+    Ok(with_request_id(response))
+}
+
+/// Names the response as S3 does: an `x-amz-request-id` header on every response, and the same
+/// id in the `RequestId` of an error document (s3s writes none), which S3 clients expect.
+fn with_request_id(mut response: s3s::HttpResponse) -> s3s::HttpResponse {
+    let id = format!("{:016X}", rand::random::<u64>());
+    if let Ok(value) = hyper::header::HeaderValue::from_str(&id) {
+        response.headers_mut().insert("x-amz-request-id", value);
+    }
+    let status = response.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return response;
+    }
+    let Some(body) = response.body().bytes() else {
+        return response;
+    };
+    let text = String::from_utf8_lossy(&body);
+    let Some(end) = text.rfind("</Error>") else {
+        return response;
+    };
+    if text.contains("<RequestId>") {
+        return response;
+    }
+    let named = format!(
+        "{}<RequestId>{id}</RequestId>{}",
+        &text[..end],
+        &text[end..]
+    );
+    if response
+        .headers()
+        .contains_key(hyper::header::CONTENT_LENGTH)
+    {
+        response
+            .headers_mut()
+            .insert(hyper::header::CONTENT_LENGTH, named.len().into());
+    }
+    *response.body_mut() = s3s::Body::from(named);
+    response
 }
 
 /// A browser-form upload (POST Object): a POST whose body is a multipart form.
