@@ -305,16 +305,30 @@ impl Store {
     pub fn open(dir: &Path) -> Result<Store, StorageError> {
         std::fs::create_dir_all(dir).map_err(StorageError::from("creating the data directory"))?;
         let path = dir.join("state.redb");
-        let database = redb::Builder::new()
-            .set_cache_size(CACHE_BYTES)
-            .create(&path)
-            .map_err(|error| match error {
-                redb::DatabaseError::DatabaseAlreadyOpen => StorageError::InUse,
-                error => StorageError::from("opening state.redb")(error),
-            })?;
-        let store = Store { database };
-        store.check_format()?;
-        Ok(store)
+        // The file is the disk's to damage: should redb's own checks panic on some damage rather
+        // than return an error, that is a store that cannot be opened, not a crashed node.
+        let opened = std::panic::catch_unwind(|| -> Result<Store, StorageError> {
+            let database = redb::Builder::new()
+                .set_cache_size(CACHE_BYTES)
+                .create(&path)
+                .map_err(|error| match error {
+                    redb::DatabaseError::DatabaseAlreadyOpen => StorageError::InUse,
+                    error => StorageError::from("opening state.redb")(error),
+                })?;
+            let store = Store { database };
+            store.check_format()?;
+            Ok(store)
+        });
+        opened.unwrap_or_else(|panic| {
+            let why = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            Err(StorageError::Failed(format!(
+                "state.redb is damaged: reading it failed ({why})"
+            )))
+        })
     }
 
     /// Refuses a file in another format; stamps a file with no tables yet with this one.
