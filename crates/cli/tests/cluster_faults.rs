@@ -610,6 +610,8 @@ async fn a_damaged_store_stops_a_node_with_a_clear_message_or_is_served_around_n
             .arg("--cluster")
             .arg(cluster.path())
             .args(["--id", "3"])
+            // Its configured metrics port is free between starts, for any other test to take.
+            .args(["--metrics", "127.0.0.1:0"])
             .env("BULWARK_LOG", "info")
             .stdin(std::process::Stdio::null())
             .stdout(std::fs::File::create(&log).expect("log"))
