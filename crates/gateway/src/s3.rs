@@ -247,6 +247,31 @@ fn refuse_encryption(
     Ok(())
 }
 
+/// What the requests that create an object (PUT, copy, multipart create) may ask for and the
+/// gateway does not do: encryption, and ACLs other than private. Their inputs are distinct
+/// types that spell these fields alike.
+macro_rules! refuse_object_options {
+    ($input:expr) => {{
+        let input = &$input;
+        refuse_encryption(
+            input.server_side_encryption.as_ref(),
+            input.sse_customer_algorithm.as_deref(),
+            input.ssekms_key_id.as_deref(),
+        )
+        .and_then(|()| {
+            refuse_acl(
+                input.acl.as_ref().map(ObjectCannedACL::as_str),
+                &[
+                    input.grant_full_control.as_ref(),
+                    input.grant_read.as_ref(),
+                    input.grant_read_acp.as_ref(),
+                    input.grant_write_acp.as_ref(),
+                ],
+            )
+        })
+    }};
+}
+
 /// No object is encrypted, so a customer key given to read one is a mistake S3 names.
 fn refuse_customer_key(customer_algorithm: Option<&str>) -> S3Result<()> {
     if customer_algorithm.is_some() {
@@ -443,20 +468,7 @@ impl<R: Registers> S3 for BulwarkS3<R> {
             ));
         }
         refuse_conditional_write(input.if_match.as_ref(), input.if_none_match.as_ref())?;
-        refuse_encryption(
-            input.server_side_encryption.as_ref(),
-            input.sse_customer_algorithm.as_deref(),
-            input.ssekms_key_id.as_deref(),
-        )?;
-        refuse_acl(
-            input.acl.as_ref().map(ObjectCannedACL::as_str),
-            &[
-                input.grant_full_control.as_ref(),
-                input.grant_read.as_ref(),
-                input.grant_read_acp.as_ref(),
-                input.grant_write_acp.as_ref(),
-            ],
-        )?;
+        refuse_object_options!(input)?;
         let md5 = content_md5(input.content_md5.as_deref())?;
         let manifest = self
             .engine
@@ -650,21 +662,8 @@ impl<R: Registers> S3 for BulwarkS3<R> {
         else {
             return Err(s3_error!(NotImplemented, "copy sources must be bucket/key"));
         };
-        refuse_encryption(
-            input.server_side_encryption.as_ref(),
-            input.sse_customer_algorithm.as_deref(),
-            input.ssekms_key_id.as_deref(),
-        )?;
+        refuse_object_options!(input)?;
         refuse_customer_key(input.copy_source_sse_customer_algorithm.as_deref())?;
-        refuse_acl(
-            input.acl.as_ref().map(ObjectCannedACL::as_str),
-            &[
-                input.grant_full_control.as_ref(),
-                input.grant_read.as_ref(),
-                input.grant_read_acp.as_ref(),
-                input.grant_write_acp.as_ref(),
-            ],
-        )?;
         if input.copy_source_if_modified_since.is_some()
             || input.copy_source_if_unmodified_since.is_some()
         {
@@ -824,20 +823,7 @@ impl<R: Registers> S3 for BulwarkS3<R> {
     ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
         let reg = self.client(&req)?;
         let input = req.input;
-        refuse_encryption(
-            input.server_side_encryption.as_ref(),
-            input.sse_customer_algorithm.as_deref(),
-            input.ssekms_key_id.as_deref(),
-        )?;
-        refuse_acl(
-            input.acl.as_ref().map(ObjectCannedACL::as_str),
-            &[
-                input.grant_full_control.as_ref(),
-                input.grant_read.as_ref(),
-                input.grant_read_acp.as_ref(),
-                input.grant_write_acp.as_ref(),
-            ],
-        )?;
+        refuse_object_options!(input)?;
         let upload_id = self
             .engine
             .create_upload(
