@@ -64,6 +64,8 @@ impl ServiceId {
     pub const CONTENT: ServiceId = ServiceId(5);
     /// Public-key objects (Rosebud §4.4): mutable, named by the hash of their owner's key.
     pub const PUBKEY: ServiceId = ServiceId(6);
+    /// The trusted log (A2M): its component's own store, kept apart from the node's.
+    pub const A2M: ServiceId = ServiceId(7);
 }
 
 impl fmt::Display for ServiceId {

@@ -7,6 +7,7 @@
 #![warn(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::panic))]
 
+pub mod a2m;
 pub mod config;
 pub mod configuration;
 pub mod crypto;

@@ -1,0 +1,424 @@
+//! T1 of ../shared/specs/a2m.md §7.2: the component against an independent model, its refusals,
+//! its durability and its identity rules.
+
+use std::collections::BTreeMap;
+
+use bulwark_core::a2m::{Attestation, Expected, Kind, LogId, Seq, Status, Value, chain, nonce_of};
+use proptest::prelude::*;
+
+use super::*;
+
+/// What one slot of the model is: a slot by slot picture, unlike the component's sparse map.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Slot {
+    Assigned {
+        value: Value,
+        digest: ChainDigest,
+    },
+    /// Jumped over by the advance that filled slot `by`.
+    Skipped {
+        by: Seq,
+    },
+    Forgotten,
+}
+
+/// The model: every slot from 0 to the end, spelled out.
+#[derive(Clone, Debug)]
+struct Model {
+    slots: Vec<Slot>,
+}
+
+impl Model {
+    fn new() -> Model {
+        Model {
+            slots: vec![Slot::Assigned {
+                value: [0; 32],
+                digest: [0; 32],
+            }],
+        }
+    }
+
+    fn high(&self) -> Seq {
+        (self.slots.len() - 1) as Seq
+    }
+
+    fn low(&self) -> Seq {
+        self.slots
+            .iter()
+            .position(|slot| *slot != Slot::Forgotten)
+            .unwrap_or(0) as Seq
+    }
+
+    fn digest_at(&self, seq: Seq) -> ChainDigest {
+        match self.slots[seq as usize] {
+            Slot::Assigned { digest, .. } => digest,
+            _ => unreachable!("the end is always assigned"),
+        }
+    }
+
+    fn append(&mut self, value: Value) -> Seq {
+        let seq = self.high() + 1;
+        let digest = chain(seq, &value, &self.digest_at(self.high()));
+        self.slots.push(Slot::Assigned { value, digest });
+        seq
+    }
+
+    fn advance(&mut self, seq: Seq, digest: ChainDigest, value: Value) -> bool {
+        if seq <= self.high() {
+            return false;
+        }
+        while self.high() + 1 < seq {
+            self.slots.push(Slot::Skipped { by: seq });
+        }
+        self.slots.push(Slot::Assigned {
+            value,
+            digest: chain(seq, &value, &digest),
+        });
+        true
+    }
+
+    fn truncate(&mut self, seq: Seq) -> bool {
+        if seq <= self.low() || seq > self.high() {
+            return false;
+        }
+        for slot in &mut self.slots[..seq as usize] {
+            *slot = Slot::Forgotten;
+        }
+        true
+    }
+
+    fn lookup(&self, seq: Seq) -> (Status, Seq, Value, ChainDigest) {
+        if seq > self.high() {
+            return (Status::Unassigned, self.high(), [0; 32], [0; 32]);
+        }
+        match self.slots[seq as usize] {
+            Slot::Forgotten => (Status::Forgotten, self.low(), [0; 32], [0; 32]),
+            Slot::Assigned { value, digest } => (Status::Assigned, seq, value, digest),
+            Slot::Skipped { by } => match self.slots[by as usize] {
+                Slot::Assigned { value, digest } => (Status::Skipped, by, value, digest),
+                _ => unreachable!("an advance's own slot is assigned"),
+            },
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Append(LogId, u8),
+    /// Advance by a distance past the end (0 means "to the end itself", which must fail).
+    Advance(LogId, u8, u8, u8),
+    /// Truncate to a slot picked relative to the log's bounds.
+    Truncate(LogId, u8),
+    Lookup(LogId, u8),
+    End(LogId),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let log = 0..3u64;
+    prop_oneof![
+        4 => (log.clone(), any::<u8>()).prop_map(|(l, v)| Op::Append(l, v)),
+        2 => (log.clone(), 0..4u8, any::<u8>(), any::<u8>())
+            .prop_map(|(l, by, d, v)| Op::Advance(l, by, d, v)),
+        1 => (log.clone(), any::<u8>()).prop_map(|(l, at)| Op::Truncate(l, at)),
+        3 => (log.clone(), any::<u8>()).prop_map(|(l, at)| Op::Lookup(l, at)),
+        1 => log.prop_map(Op::End),
+    ]
+}
+
+fn check_statement(model: &Model, got: &Attestation, seq: Seq) {
+    let (status, ref_seq, value, digest) = model.lookup(seq);
+    assert_eq!(
+        (got.status, got.ref_seq, got.value, got.digest),
+        (status, ref_seq, value, digest),
+        "slot {seq}"
+    );
+}
+
+fn run(component: &mut Component, models: &mut BTreeMap<LogId, Model>, op: &Op) {
+    let key = component.public_key();
+    match *op {
+        Op::Append(log, v) => {
+            let model = models.entry(log).or_insert_with(Model::new);
+            let seq = component.append(log, [v; 32]).expect("room");
+            assert_eq!(seq, model.append([v; 32]));
+        }
+        Op::Advance(log, by, d, v) => {
+            let model = models.entry(log).or_insert_with(Model::new);
+            let seq = model.high() + by as Seq;
+            let nonce = [by; 32];
+            let accepted = model.advance(seq, [d; 32], [v; 32]);
+            match component.advance_attest(log, seq, [d; 32], [v; 32], nonce) {
+                Ok(attestation) => {
+                    assert!(accepted, "advance to {seq} must fail");
+                    let checked = Expected {
+                        nonce,
+                        ..Expected::assigned(log, seq, [v; 32])
+                    }
+                    .check(&key, attestation.to_unverified())
+                    .expect("valid");
+                    check_statement(model, checked.value(), seq);
+                }
+                Err(A2mError::NotMonotone { .. }) => assert!(!accepted, "advance to {seq}"),
+                Err(error) => panic!("{error}"),
+            }
+        }
+        Op::Truncate(log, at) => {
+            let model = models.entry(log).or_insert_with(Model::new);
+            // Anywhere from below the low end to past the high end.
+            let span = model.high() - model.low() + 3;
+            let seq = (model.low() + at as Seq % span).saturating_sub(1);
+            let accepted = model.truncate(seq);
+            match component.truncate(log, seq) {
+                Ok(()) => assert!(accepted, "truncate to {seq} must fail"),
+                Err(A2mError::OutOfRange { .. }) => assert!(!accepted, "truncate to {seq}"),
+                Err(error) => panic!("{error}"),
+            }
+        }
+        Op::Lookup(log, at) => {
+            let model = models.get(&log).cloned().unwrap_or_else(Model::new);
+            let seq = at as Seq % (model.high() + 3);
+            let attestation = component.lookup(log, seq, nonce_of(seq)).expect("running");
+            let statement = attestation.value();
+            assert_eq!(
+                (statement.kind, statement.log, statement.seq),
+                (Kind::Lookup, log, seq)
+            );
+            check_statement(&model, statement, seq);
+        }
+        Op::End(log) => {
+            let model = models.get(&log).cloned().unwrap_or_else(Model::new);
+            let nonce = [log as u8 + 1; 32];
+            let end = Expected::end(log, nonce)
+                .check(
+                    &key,
+                    component.end(log, nonce).expect("running").to_unverified(),
+                )
+                .expect("valid");
+            assert_eq!(end.value().seq, model.high());
+            check_statement(&model, end.value(), model.high());
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Random appends, advances, truncations, lookups and ends agree with the slot-by-slot model:
+    /// statuses, reference slots, values and digests (spec §7.2 T1).
+    #[test]
+    fn the_component_answers_as_the_model_does(ops in proptest::collection::vec(op(), 1..80)) {
+        let mut component = Component::in_memory(&[3; 32], Limits::default());
+        let mut models = BTreeMap::new();
+        for op in &ops {
+            run(&mut component, &mut models, op);
+        }
+    }
+
+    /// The same, with the component closed and reopened from its store between operations: what
+    /// it attests after a restart is what it would have attested without one.
+    #[test]
+    fn a_reopened_component_answers_as_before(
+        ops in proptest::collection::vec(op(), 1..40),
+        restarts in proptest::collection::vec(any::<bool>(), 40),
+    ) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut component = Component::create(dir.path(), Limits::default()).expect("create");
+        let key = component.public_key();
+        let mut models = BTreeMap::new();
+        for (op, restart) in ops.iter().zip(restarts) {
+            run(&mut component, &mut models, op);
+            if restart {
+                drop(component);
+                component = Component::open(dir.path(), Limits::default()).expect("reopen");
+                prop_assert_eq!(component.public_key(), key);
+            }
+        }
+    }
+}
+
+#[test]
+fn the_chain_runs_through_an_advance() {
+    let mut component = Component::in_memory(&[1; 32], Limits::default());
+    assert_eq!(component.append(7, [1; 32]).expect("room"), 1);
+    component
+        .advance(7, 5, [9; 32], [2; 32])
+        .expect("past the end");
+    assert_eq!(component.append(7, [3; 32]).expect("room"), 6);
+    let d1 = chain(1, &[1; 32], &[0; 32]);
+    let d5 = chain(5, &[2; 32], &[9; 32]);
+    let d6 = chain(6, &[3; 32], &d5);
+    for (seq, digest) in [(1, d1), (5, d5), (6, d6)] {
+        assert_eq!(
+            component
+                .lookup(7, seq, [0; 32])
+                .expect("running")
+                .value()
+                .digest,
+            digest
+        );
+    }
+    let skipped = *component.lookup(7, 3, [0; 32]).expect("running").value();
+    assert_eq!(
+        (
+            skipped.status,
+            skipped.ref_seq,
+            skipped.value,
+            skipped.digest
+        ),
+        (Status::Skipped, 5, [2; 32], d5)
+    );
+    // An advance to the end or before it fails and changes nothing.
+    assert!(matches!(
+        component.advance(7, 6, [0; 32], [4; 32]),
+        Err(A2mError::NotMonotone {
+            seq: 6,
+            high: 6,
+            ..
+        })
+    ));
+    assert_eq!(
+        component.end(7, [0; 32]).expect("running").value().digest,
+        d6
+    );
+}
+
+/// A full log refuses the next append and drops nothing; truncating at a checkpoint makes room
+/// (spec §7.2 T11).
+#[test]
+fn a_full_log_refuses_and_keeps_everything() {
+    let limits = Limits {
+        logs_max: 2,
+        entries_max: 4,
+    };
+    let mut component = Component::in_memory(&[1; 32], limits);
+    for value in 1..=3u8 {
+        component.append(0, [value; 32]).expect("room");
+    }
+    assert!(matches!(
+        component.append(0, [4; 32]),
+        Err(A2mError::Full { log: 0, max: 4 })
+    ));
+    assert!(matches!(
+        component.advance(0, 9, [0; 32], [4; 32]),
+        Err(A2mError::Full { .. })
+    ));
+    for seq in 0..=3u8 {
+        let statement = *component
+            .lookup(0, seq.into(), [0; 32])
+            .expect("running")
+            .value();
+        assert_eq!(
+            (statement.status, statement.value[0]),
+            (Status::Assigned, seq)
+        );
+    }
+    assert_eq!(component.end(0, [0; 32]).expect("running").value().seq, 3);
+    component.truncate(0, 2).expect("in range");
+    assert_eq!(
+        component.append(0, [4; 32]).expect("room after truncation"),
+        4
+    );
+    // Logs are bounded too.
+    component.append(1, [1; 32]).expect("a second log");
+    assert!(matches!(
+        component.append(2, [1; 32]),
+        Err(A2mError::TooManyLogs { max: 2 })
+    ));
+}
+
+#[test]
+fn truncation_keeps_its_slot_and_forgets_below() {
+    let mut component = Component::in_memory(&[1; 32], Limits::default());
+    for value in 1..=5u8 {
+        component.append(0, [value; 32]).expect("room");
+    }
+    for bad in [0, 6] {
+        assert!(matches!(
+            component.truncate(0, bad),
+            Err(A2mError::OutOfRange { .. })
+        ));
+    }
+    component.truncate(0, 3).expect("in range");
+    assert!(matches!(
+        component.truncate(0, 3),
+        Err(A2mError::OutOfRange {
+            low: 3,
+            high: 5,
+            ..
+        })
+    ));
+    let forgotten = *component.lookup(0, 2, [0; 32]).expect("running").value();
+    assert_eq!(
+        (forgotten.status, forgotten.ref_seq, forgotten.value),
+        (Status::Forgotten, 3, [0; 32])
+    );
+    assert_eq!(
+        component
+            .lookup(0, 3, [0; 32])
+            .expect("running")
+            .value()
+            .status,
+        Status::Assigned
+    );
+}
+
+#[test]
+fn an_identity_is_made_once_and_never_remade_over_state() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let empty = dir.path().join("a2m");
+    let refused = Component::open(&empty, Limits::default())
+        .err()
+        .expect("no identity");
+    assert!(
+        refused.to_string().contains("holds no trusted log"),
+        "{refused}"
+    );
+
+    let mut component = Component::create(&empty, Limits::default()).expect("create");
+    let key = component.public_key();
+    component.append(0, [1; 32]).expect("room");
+    let busy = Component::open(&empty, Limits::default())
+        .err()
+        .expect("held by the first");
+    assert!(busy.to_string().contains("another process"), "{busy}");
+    drop(component);
+
+    let again = Component::create(&empty, Limits::default())
+        .err()
+        .expect("state is there");
+    assert!(again.to_string().contains("already holds"), "{again}");
+    let reopened = Component::open(&empty, Limits::default()).expect("open");
+    assert_eq!(reopened.public_key(), key);
+    assert_eq!(reopened.heads(), vec![(0, Head { low: 0, high: 1 })]);
+}
+
+/// State a component could not have written (here: a log whose last slot is gone) stops it from
+/// starting, with the directory named: it must take a new identity.
+#[test]
+fn damaged_state_is_refused_not_repaired() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut component = Component::create(dir.path(), Limits::default()).expect("create");
+    component.append(4, [1; 32]).expect("room");
+    component.append(4, [2; 32]).expect("room");
+    drop(component);
+    let store = Store::open(dir.path()).expect("store");
+    store
+        .apply(&[StorageOp::Delete {
+            table: ENTRIES,
+            key: entry_key(4, 2),
+        }])
+        .expect("delete");
+    drop(store);
+    let refused = Component::open(dir.path(), Limits::default())
+        .err()
+        .expect("damaged");
+    let message = refused.to_string();
+    assert!(
+        message.contains("slot 2") && message.contains("new identity"),
+        "{message}"
+    );
+    assert!(
+        message.contains(&dir.path().display().to_string()),
+        "{message}"
+    );
+}

@@ -1,0 +1,413 @@
+//! What a trusted log (A2M, attested append-only memory) says, and how anyone checks it.
+//!
+//! A node's A2M holds append-only logs of fixed-size values and signs *attestations* about them:
+//! "in log `q`, slot `n` holds `x`, and the history up to it hashes to `d`" (a LOOKUP), or "slot
+//! `n` is the last one, as of your nonce `z`" (an END). A faulty host can still lie or stay silent,
+//! but it cannot get two different stories about one slot signed, so it must tell everyone the
+//! same lie (A2M paper §2; ../shared/specs/a2m.md §2).
+//!
+//! This module is the vocabulary every party shares: the attestation, its exact signed encoding
+//! (through [`Signed`], so it is never re-encoded to verify), the canonical digest chain, and
+//! [`Expected`], the check a verifier makes of *every* field before it believes one (spec §7.1
+//! item 1). The component itself (its state, its storage and its key) lives in the `bulwark-a2m`
+//! crate.
+
+use serde::{Deserialize, Serialize};
+use sha2::Digest as _;
+
+use crate::sign::{Context, PublicKey, SignError, Signable, Signed, Unverified};
+
+/// A position in a log. The paper suggests 160 bits for long-lived logs; 128 bits, flattened as
+/// `[view | sequence]` 64/64 by the agreement protocols ([`flat`]), never wrap in practice.
+pub type Seq = u128;
+
+/// A log's name within one component. Log ids are part of the component's identity: each purpose
+/// (a request history, a protocol's message log) has its own, published to the verifiers.
+pub type LogId = u64;
+
+/// A fixed-size value: what a slot holds, normally the hash of the item committed.
+pub type Value = [u8; 32];
+
+/// A cumulative digest of a log up to a slot ([`chain`]).
+pub type ChainDigest = [u8; 32];
+
+/// The nonce an attestation answers: a verifier's fresh random bytes where freshness is the
+/// point, or an encoding of the protocol step it is tied to ([`nonce_of`]).
+pub type Nonce = [u8; 32];
+
+/// Which question an attestation answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Kind {
+    /// What slot `seq` holds.
+    Lookup,
+    /// Which slot is the last one.
+    End,
+}
+
+/// What the log says about the slot asked for (spec §2.2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Status {
+    /// Past the end: `ref_seq` is the last assigned slot; value and digest are zero.
+    Unassigned,
+    /// Truncated away: `ref_seq` is the lowest slot kept; value and digest are zero.
+    Forgotten,
+    /// Jumped over by an advance: `ref_seq` is the slot that advance filled, and value and digest
+    /// are that slot's (spec §8 item 2).
+    Skipped,
+    /// Filled by an append or an advance: `ref_seq` is the slot itself.
+    Assigned,
+}
+
+/// An attestation's statement, `⟨TYPE, q, n, z, x, w, n′, d⟩` of the paper, signed by the
+/// component's key over its exact encoding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Attestation {
+    /// LOOKUP or END.
+    pub kind: Kind,
+    /// The log.
+    pub log: LogId,
+    /// The slot asked about; for an END, the last slot.
+    pub seq: Seq,
+    /// The nonce the question carried.
+    pub nonce: Nonce,
+    /// The slot's value (zero unless assigned or skipped).
+    pub value: Value,
+    /// What the log says about the slot.
+    pub status: Status,
+    /// The reference slot (see [`Status`]).
+    pub ref_seq: Seq,
+    /// The cumulative digest at `ref_seq` (zero unless assigned or skipped).
+    pub digest: ChainDigest,
+}
+
+impl Signable for Attestation {
+    const CONTEXT: Context = Context::new("bulwark.a2m.attestation");
+    // Two varint u128s (19 bytes each at most), a u64, four 32-byte arrays, two tags.
+    const BYTES_MAX: usize = 192;
+}
+
+/// The digest that follows `previous` when `value` fills slot `seq`: SHA-256 over the big-endian
+/// 16-byte slot, the value and the previous digest. The encoding is fixed so that every correct
+/// component computes the same chain, byte for byte, since verifiers compare digests across
+/// replicas (spec §2.5, §7.1 item 2).
+pub fn chain(seq: Seq, value: &Value, previous: &ChainDigest) -> ChainDigest {
+    let mut hasher = sha2::Sha256::new();
+    hasher.update(seq.to_be_bytes());
+    hasher.update(value);
+    hasher.update(previous);
+    hasher.finalize().into()
+}
+
+/// The digest a log has after `values` were appended one by one from slot `first` on, starting
+/// from `digest` at slot `first - 1`: what a verifier recomputes from a history it was handed.
+pub fn chain_all<'a>(
+    first: Seq,
+    mut digest: ChainDigest,
+    values: impl IntoIterator<Item = &'a Value>,
+) -> ChainDigest {
+    let mut seq = first;
+    for value in values {
+        digest = chain(seq, value, &digest);
+        seq = seq.saturating_add(1);
+    }
+    digest
+}
+
+/// Slot `n` of view `v` in a message log shared by all views: `[v|n] = v·2^64 + n`.
+pub const fn flat(view: u64, n: u64) -> Seq {
+    ((view as u128) << 64) | n as u128
+}
+
+/// The last slot of view `v` in a flattened log: `[v+1|0] - 1`.
+pub const fn end_of_view(view: u64) -> Seq {
+    flat(view, u64::MAX)
+}
+
+/// A nonce that ties an attestation to a protocol step (a sequence number, `[v|n]`, a view)
+/// instead of a verifier's random bytes: the slot number, big-endian, zero-padded.
+pub fn nonce_of(seq: Seq) -> Nonce {
+    let mut nonce = [0; 32];
+    nonce[16..].copy_from_slice(&seq.to_be_bytes());
+    nonce
+}
+
+/// Everything a verifier requires of an attestation before it believes it. Every field is
+/// checked; `value` and `digest` only when the verifier knows what they must be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Expected {
+    /// LOOKUP or END.
+    pub kind: Kind,
+    /// The log the signer registered for this purpose.
+    pub log: LogId,
+    /// The slot the protocol step implies (ignored for an END, whose slot is the answer).
+    pub seq: Seq,
+    /// The nonce the verifier sent or the protocol step fixes.
+    pub nonce: Nonce,
+    /// The status the step needs.
+    pub status: Status,
+    /// The reference slot the step needs (ignored for an END).
+    pub ref_seq: Seq,
+    /// The value, when the verifier knows it: the hash of the enclosed message or request.
+    pub value: Option<Value>,
+    /// The digest, when the verifier knows it.
+    pub digest: Option<ChainDigest>,
+}
+
+impl Expected {
+    /// A LOOKUP of slot `seq` of `log` that must say it holds `value`, with the nonce the
+    /// protocol ties to the slot ([`nonce_of`]).
+    pub fn assigned(log: LogId, seq: Seq, value: Value) -> Expected {
+        Expected {
+            kind: Kind::Lookup,
+            log,
+            seq,
+            nonce: nonce_of(seq),
+            status: Status::Assigned,
+            ref_seq: seq,
+            value: Some(value),
+            digest: None,
+        }
+    }
+
+    /// An END of `log` answering the verifier's fresh `nonce`.
+    pub fn end(log: LogId, nonce: Nonce) -> Expected {
+        Expected {
+            kind: Kind::End,
+            log,
+            seq: 0,
+            nonce,
+            status: Status::Assigned,
+            ref_seq: 0,
+            value: None,
+            digest: None,
+        }
+    }
+
+    /// Verifies `attestation`'s signature under `signer`, then every field against this
+    /// expectation. An END must describe an assigned last slot: `seq` = `ref_seq`.
+    pub fn check(
+        &self,
+        signer: &PublicKey,
+        attestation: Unverified<Attestation>,
+    ) -> Result<Signed<Attestation>, AttestationError> {
+        let signed = attestation
+            .verify(signer)
+            .map_err(AttestationError::Signature)?;
+        let got = signed.value();
+        let field = |name: &'static str, ok: bool| {
+            if ok {
+                Ok(())
+            } else {
+                Err(AttestationError::Field(name))
+            }
+        };
+        field("kind", got.kind == self.kind)?;
+        field("log", got.log == self.log)?;
+        field("nonce", got.nonce == self.nonce)?;
+        field("status", got.status == self.status)?;
+        match self.kind {
+            Kind::Lookup => {
+                field("seq", got.seq == self.seq)?;
+                field("ref_seq", got.ref_seq == self.ref_seq)?;
+            }
+            Kind::End => field("ref_seq", got.ref_seq == got.seq)?,
+        }
+        field("value", self.value.is_none_or(|value| value == got.value))?;
+        field(
+            "digest",
+            self.digest.is_none_or(|digest| digest == got.digest),
+        )?;
+        Ok(signed)
+    }
+}
+
+/// Why an attestation was not believed.
+#[derive(Debug, thiserror::Error)]
+pub enum AttestationError {
+    /// The signature is not the registered component's, or the bytes are not an attestation.
+    #[error("the attestation's signature does not verify: {0}")]
+    Signature(SignError),
+    /// A field differs from what the protocol step requires.
+    #[error("the attestation's {0} is not what the step requires")]
+    Field(&'static str),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sign::SecretKey;
+    use crate::wire;
+
+    fn statement() -> Attestation {
+        Attestation {
+            kind: Kind::Lookup,
+            log: 3,
+            seq: flat(2, 7),
+            nonce: nonce_of(flat(2, 7)),
+            value: [5; 32],
+            status: Status::Assigned,
+            ref_seq: flat(2, 7),
+            digest: [9; 32],
+        }
+    }
+
+    #[test]
+    fn the_largest_attestation_fits_its_bound() {
+        let largest = Attestation {
+            seq: Seq::MAX,
+            ref_seq: Seq::MAX,
+            log: LogId::MAX,
+            ..statement()
+        };
+        assert!(wire::encode(&largest).len() <= Attestation::BYTES_MAX);
+    }
+
+    #[test]
+    fn the_chain_is_the_fixed_encoding() {
+        let mut input = Vec::new();
+        input.extend_from_slice(&7u128.to_be_bytes());
+        input.extend_from_slice(&[1; 32]);
+        input.extend_from_slice(&[2; 32]);
+        let expected: [u8; 32] = sha2::Sha256::digest(&input).into();
+        assert_eq!(chain(7, &[1; 32], &[2; 32]), expected);
+        assert_eq!(
+            chain_all(1, [0; 32], [&[1; 32], &[2; 32]]),
+            chain(2, &[2; 32], &chain(1, &[1; 32], &[0; 32]))
+        );
+    }
+
+    #[test]
+    fn flattened_views_order_after_every_slot_of_the_view_before() {
+        assert_eq!(end_of_view(3) + 1, flat(4, 0));
+        assert!(flat(3, u64::MAX) < flat(4, 1));
+    }
+
+    /// Every field of an attestation is bound: changing any one of them in the signed bytes, or
+    /// expecting another value for it, makes the check fail (spec §7.2 T1, T9).
+    #[test]
+    fn every_field_is_checked() {
+        let key = SecretKey::from_seed(&[1; 32]);
+        let good = statement();
+        let expected = Expected {
+            digest: Some(good.digest),
+            ..Expected::assigned(good.log, good.seq, good.value)
+        };
+        let signed = Signed::sign(&key, good).expect("fits");
+        assert!(
+            expected
+                .check(&key.public_key(), signed.to_unverified())
+                .is_ok()
+        );
+
+        // Another component's key.
+        let other = SecretKey::from_seed(&[2; 32]);
+        assert!(matches!(
+            expected.check(&other.public_key(), signed.to_unverified()),
+            Err(AttestationError::Signature(_))
+        ));
+
+        // Any flipped bit of the signed bytes.
+        for byte in 0..signed.bytes().len() {
+            let mut bytes = signed.bytes().to_vec();
+            bytes[byte] ^= 1;
+            let forged = Unverified::new(bytes.into(), *signed.signature());
+            assert!(expected.check(&key.public_key(), forged).is_err());
+        }
+
+        // Each field signed with another value, by the right key: a replay from another log,
+        // slot, view, request or question.
+        let variants: [(&str, Attestation); 8] = [
+            (
+                "kind",
+                Attestation {
+                    kind: Kind::End,
+                    ..good
+                },
+            ),
+            ("log", Attestation { log: 4, ..good }),
+            (
+                "seq",
+                Attestation {
+                    seq: flat(3, 7),
+                    ..good
+                },
+            ),
+            (
+                "nonce",
+                Attestation {
+                    nonce: [0; 32],
+                    ..good
+                },
+            ),
+            (
+                "value",
+                Attestation {
+                    value: [6; 32],
+                    ..good
+                },
+            ),
+            (
+                "status",
+                Attestation {
+                    status: Status::Skipped,
+                    ..good
+                },
+            ),
+            (
+                "ref_seq",
+                Attestation {
+                    ref_seq: flat(2, 8),
+                    ..good
+                },
+            ),
+            (
+                "digest",
+                Attestation {
+                    digest: [8; 32],
+                    ..good
+                },
+            ),
+        ];
+        for (field, variant) in variants {
+            let replayed = Signed::sign(&key, variant).expect("fits");
+            assert!(
+                matches!(
+                    expected.check(&key.public_key(), replayed.to_unverified()),
+                    Err(AttestationError::Field(f)) if f == field
+                ),
+                "{field}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_end_must_describe_its_own_slot() {
+        let key = SecretKey::from_seed(&[1; 32]);
+        let end = Attestation {
+            kind: Kind::End,
+            nonce: [7; 32],
+            ..statement()
+        };
+        let expected = Expected::end(end.log, [7; 32]);
+        let signed = Signed::sign(&key, end).expect("fits");
+        assert_eq!(
+            expected
+                .check(&key.public_key(), signed.to_unverified())
+                .map(|s| s.value().seq)
+                .ok(),
+            Some(end.seq)
+        );
+        let lying = Signed::sign(
+            &key,
+            Attestation {
+                ref_seq: end.seq - 1,
+                ..end
+            },
+        )
+        .expect("fits");
+        assert!(matches!(
+            expected.check(&key.public_key(), lying.to_unverified()),
+            Err(AttestationError::Field("ref_seq"))
+        ));
+    }
+}
