@@ -4,11 +4,18 @@
 use std::collections::BTreeMap;
 
 use bulwark_core::a2m::{Attestation, Expected, Kind, LogId, Seq, Status, Value, chain, nonce_of};
+use bulwark_storage::{StorageOp, Store};
 use proptest::prelude::*;
+
+use crate::component::{ENTRIES, entry_key};
 
 use super::*;
 
 /// What one slot of the model is: a slot by slot picture, unlike the component's sparse map.
+fn anchor(dir: &std::path::Path) -> Box<dyn Anchor> {
+    Box::new(FileAnchor::beside(dir))
+}
+
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Slot {
     Assigned {
@@ -222,14 +229,14 @@ proptest! {
         restarts in proptest::collection::vec(any::<bool>(), 40),
     ) {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut component = Component::create(dir.path(), Limits::default()).expect("create");
+        let mut component = Component::create(dir.path(), anchor(dir.path()), Limits::default()).expect("create");
         let key = component.public_key();
         let mut models = BTreeMap::new();
         for (op, restart) in ops.iter().zip(restarts) {
             run(&mut component, &mut models, op);
             if restart {
                 drop(component);
-                component = Component::open(dir.path(), Limits::default()).expect("reopen");
+                component = Component::open(dir.path(), anchor(dir.path()), Limits::default()).expect("reopen");
                 prop_assert_eq!(component.public_key(), key);
             }
         }
@@ -366,7 +373,7 @@ fn truncation_keeps_its_slot_and_forgets_below() {
 fn an_identity_is_made_once_and_never_remade_over_state() {
     let dir = tempfile::tempdir().expect("tempdir");
     let empty = dir.path().join("a2m");
-    let refused = Component::open(&empty, Limits::default())
+    let refused = Component::open(&empty, anchor(&empty), Limits::default())
         .err()
         .expect("no identity");
     assert!(
@@ -374,20 +381,21 @@ fn an_identity_is_made_once_and_never_remade_over_state() {
         "{refused}"
     );
 
-    let mut component = Component::create(&empty, Limits::default()).expect("create");
+    let mut component =
+        Component::create(&empty, anchor(&empty), Limits::default()).expect("create");
     let key = component.public_key();
     component.append(0, [1; 32]).expect("room");
-    let busy = Component::open(&empty, Limits::default())
+    let busy = Component::open(&empty, anchor(&empty), Limits::default())
         .err()
         .expect("held by the first");
     assert!(busy.to_string().contains("another process"), "{busy}");
     drop(component);
 
-    let again = Component::create(&empty, Limits::default())
+    let again = Component::create(&empty, anchor(&empty), Limits::default())
         .err()
         .expect("state is there");
     assert!(again.to_string().contains("already holds"), "{again}");
-    let reopened = Component::open(&empty, Limits::default()).expect("open");
+    let reopened = Component::open(&empty, anchor(&empty), Limits::default()).expect("open");
     assert_eq!(reopened.public_key(), key);
     assert_eq!(reopened.heads(), vec![(0, Head { low: 0, high: 1 })]);
 }
@@ -397,7 +405,8 @@ fn an_identity_is_made_once_and_never_remade_over_state() {
 #[test]
 fn damaged_state_is_refused_not_repaired() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut component = Component::create(dir.path(), Limits::default()).expect("create");
+    let mut component =
+        Component::create(dir.path(), anchor(dir.path()), Limits::default()).expect("create");
     component.append(4, [1; 32]).expect("room");
     component.append(4, [2; 32]).expect("room");
     drop(component);
@@ -409,7 +418,7 @@ fn damaged_state_is_refused_not_repaired() {
         }])
         .expect("delete");
     drop(store);
-    let refused = Component::open(dir.path(), Limits::default())
+    let refused = Component::open(dir.path(), anchor(dir.path()), Limits::default())
         .err()
         .expect("damaged");
     let message = refused.to_string();
@@ -421,4 +430,81 @@ fn damaged_state_is_refused_not_repaired() {
         message.contains(&dir.path().display().to_string()),
         "{message}"
     );
+}
+
+/// A directory restored from an older copy is refused at start, and so is one whose anchor is
+/// missing or another log's; a crash between the commit and the anchor's write is not a
+/// rollback (spec §7.2 T1: "a rollback attempt is detected or refused").
+#[test]
+fn a_rolled_back_state_is_refused() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let dir = root.path().join("a2m");
+    let mut component = Component::create(&dir, anchor(&dir), Limits::default()).expect("create");
+    component.append(0, [1; 32]).expect("room");
+    drop(component);
+    let copy = root.path().join("copy.redb");
+    std::fs::copy(dir.join("state.redb"), &copy).expect("copy");
+
+    let mut component = Component::open(&dir, anchor(&dir), Limits::default()).expect("open");
+    assert_eq!(component.generation(), Some(1));
+    component.append(0, [2; 32]).expect("room");
+    drop(component);
+
+    std::fs::copy(&copy, dir.join("state.redb")).expect("roll back");
+    let refused = Component::open(&dir, anchor(&dir), Limits::default())
+        .err()
+        .expect("rolled back");
+    let message = refused.to_string();
+    assert!(
+        message.contains("generation 1") && message.contains("recorded generation 2"),
+        "{message}"
+    );
+    assert!(message.contains("rolled back"), "{message}");
+
+    // A crash after the commit and before the anchor's write: the state is one ahead.
+    let crashed = root.path().join("crashed");
+    let mut component =
+        Component::create(&crashed, anchor(&crashed), Limits::default()).expect("create");
+    let key = component.public_key();
+    component.append(0, [1; 32]).expect("room");
+    drop(component);
+    FileAnchor::beside(&crashed)
+        .record(Mark { key, generation: 0 })
+        .expect("record");
+    let reopened = Component::open(&crashed, anchor(&crashed), Limits::default()).expect("open");
+    assert_eq!(reopened.generation(), Some(1));
+    drop(reopened);
+    assert_eq!(
+        FileAnchor::beside(&crashed).read().expect("read"),
+        Some(Mark { key, generation: 1 })
+    );
+
+    // No anchor, or another log's anchor.
+    std::fs::remove_file(crashed.with_file_name("crashed.anchor")).expect("remove");
+    let missing = Component::open(&crashed, anchor(&crashed), Limits::default())
+        .err()
+        .expect("no anchor");
+    assert!(missing.to_string().contains("holds no record"), "{missing}");
+    let other = Component::create(
+        &root.path().join("other"),
+        anchor(&crashed),
+        Limits::default(),
+    )
+    .expect("a new log on the free anchor");
+    drop(other);
+    let foreign = Component::open(&crashed, anchor(&crashed), Limits::default())
+        .err()
+        .expect("another log's anchor");
+    assert!(
+        foreign.to_string().contains("another trusted log"),
+        "{foreign}"
+    );
+    let reuse = Component::create(
+        &root.path().join("third"),
+        anchor(&crashed),
+        Limits::default(),
+    )
+    .err()
+    .expect("the anchor is taken");
+    assert!(reuse.to_string().contains("retired"), "{reuse}");
 }

@@ -221,6 +221,48 @@ impl Expected {
     }
 }
 
+/// What an attestation says some slot was assigned, if it says so: an assigned LOOKUP or an END
+/// of that slot, or a SKIPPED lookup of the slot that skipped it.
+fn assignment(attestation: &Attestation) -> Option<(Seq, Value, ChainDigest)> {
+    match (attestation.kind, attestation.status) {
+        (Kind::End, _) | (Kind::Lookup, Status::Assigned | Status::Skipped) => {
+            Some((attestation.ref_seq, attestation.value, attestation.digest))
+        }
+        _ => None,
+    }
+}
+
+/// Whether two attestations of one component contradict each other: no append-only log could
+/// have made both, whatever the order. Signed by the same key, the pair is a proof, checkable by
+/// anyone, that the component is faulty or its state was rolled back (a rolled-back log attests
+/// again slots it had already attested, with other contents).
+///
+/// Only contradictions about one slot count: a LOOKUP that found a slot unassigned and one that
+/// found it assigned are both true at different times, and nothing in them says which came first.
+pub fn contradicts(a: &Attestation, b: &Attestation) -> bool {
+    if a.log != b.log {
+        return false;
+    }
+    if let (Some(first), Some(second)) = (assignment(a), assignment(b))
+        && first.0 == second.0
+        && (first.1, first.2) != (second.1, second.2)
+    {
+        return true;
+    }
+    // One slot, skipped in one and assigned (or skipped by another slot's advance) in the other.
+    let slot_fill = |attestation: &Attestation| match (attestation.kind, attestation.status) {
+        (Kind::Lookup, Status::Assigned | Status::Skipped) => {
+            Some((attestation.seq, attestation.ref_seq))
+        }
+        (Kind::End, _) => Some((attestation.seq, attestation.seq)),
+        _ => None,
+    };
+    matches!(
+        (slot_fill(a), slot_fill(b)),
+        (Some((slot_a, by_a)), Some((slot_b, by_b))) if slot_a == slot_b && by_a != by_b
+    )
+}
+
 /// Why an attestation was not believed.
 #[derive(Debug, thiserror::Error)]
 pub enum AttestationError {
@@ -378,6 +420,82 @@ mod tests {
                 "{field}"
             );
         }
+    }
+
+    #[test]
+    fn two_stories_about_one_slot_contradict() {
+        let assigned = statement();
+        let end = Attestation {
+            kind: Kind::End,
+            nonce: [1; 32],
+            ..assigned
+        };
+        // The same story, asked twice or as an END: no contradiction.
+        assert!(!contradicts(&assigned, &end));
+        assert!(!contradicts(
+            &assigned,
+            &Attestation {
+                nonce: [3; 32],
+                ..assigned
+            }
+        ));
+        // Another value or digest for the slot.
+        assert!(contradicts(
+            &assigned,
+            &Attestation {
+                value: [6; 32],
+                ..assigned
+            }
+        ));
+        assert!(contradicts(
+            &end,
+            &Attestation {
+                digest: [1; 32],
+                ..assigned
+            }
+        ));
+        // The slot skipped by a later advance, while it was attested assigned.
+        let skipped = Attestation {
+            status: Status::Skipped,
+            ref_seq: assigned.seq + 2,
+            value: [7; 32],
+            digest: [8; 32],
+            ..assigned
+        };
+        assert!(contradicts(&assigned, &skipped));
+        // The advancing slot's own contents, told differently in a SKIPPED answer.
+        let advancing = Attestation {
+            seq: skipped.ref_seq,
+            ref_seq: skipped.ref_seq,
+            value: [7; 32],
+            digest: [8; 32],
+            ..assigned
+        };
+        assert!(!contradicts(&skipped, &advancing));
+        assert!(contradicts(
+            &skipped,
+            &Attestation {
+                value: [9; 32],
+                ..advancing
+            }
+        ));
+        // Unassigned then assigned is what time does; another log is another story.
+        let unassigned = Attestation {
+            status: Status::Unassigned,
+            ref_seq: assigned.seq - 1,
+            value: [0; 32],
+            digest: [0; 32],
+            ..assigned
+        };
+        assert!(!contradicts(&unassigned, &assigned));
+        assert!(!contradicts(
+            &assigned,
+            &Attestation {
+                log: 9,
+                value: [6; 32],
+                ..assigned
+            }
+        ));
     }
 
     #[test]

@@ -1,0 +1,364 @@
+//! The software backend: the logs in memory, every change durable in the component's own store
+//! and recorded by its anchor before the call that made it returns.
+
+use std::path::Path;
+
+use bulwark_core::a2m::{Attestation, ChainDigest, LogId, Nonce, Seq, Value};
+use bulwark_core::ids::{GroupId, ServiceId};
+use bulwark_core::sign::{PublicKey, SecretKey, Signed};
+use bulwark_core::wire;
+use bulwark_storage::{Namespace, StorageError, StorageOp, Store, Table};
+use bytes::Bytes;
+
+use crate::anchor::{Anchor, Mark, judge};
+use crate::logs::{Entry, Head, Limits, Logs, Plan};
+use crate::{A2m, A2mError};
+
+/// The namespace of a component's own store (a store of its own, in its own directory).
+const NAMESPACE: Namespace = Namespace::new(ServiceId::A2M, GroupId(0));
+/// `secret` → the key's 32-byte seed; `generation` (below).
+const IDENTITY: Table = NAMESPACE.table("identity");
+/// Big-endian log id → its [`Head`].
+const HEADS: Table = NAMESPACE.table("heads");
+/// Big-endian log id, then big-endian slot → its [`Entry`].
+pub(crate) const ENTRIES: Table = NAMESPACE.table("entries");
+const SECRET: &[u8] = b"secret";
+/// `generation` → how many changes were made durable, big-endian.
+const GENERATION: &[u8] = b"generation";
+
+fn generation_op(generation: u64) -> StorageOp {
+    StorageOp::Put {
+        table: IDENTITY,
+        key: GENERATION.to_vec(),
+        value: Bytes::copy_from_slice(&generation.to_be_bytes()),
+    }
+}
+
+/// The software backend: logs in memory, each change durable in the component's store, and its
+/// generation in the anchor, before the call that made it returns.
+pub struct Component {
+    key: SecretKey,
+    logs: Logs,
+    /// `None` for a component that keeps nothing (the simulator's, tests').
+    durable: Option<Durable>,
+    stopped: Option<String>,
+    attestations: u64,
+}
+
+/// Where a durable component keeps its state, and how far it has come.
+struct Durable {
+    store: Store,
+    anchor: Box<dyn Anchor>,
+    generation: u64,
+}
+
+impl Component {
+    /// A component that keeps its state in memory only, with the key from `seed`: for the
+    /// simulator, whose crashes model what a durable component keeps.
+    pub fn in_memory(seed: &[u8; 32], limits: Limits) -> Component {
+        Component {
+            key: SecretKey::from_seed(seed),
+            logs: Logs::new(limits),
+            durable: None,
+            stopped: None,
+            attestations: 0,
+        }
+    }
+
+    /// Makes a new identity (a fresh key, empty logs) in `dir`, which must hold no component yet,
+    /// recorded by `anchor`, which must hold no other component's record.
+    pub fn create(
+        dir: &Path,
+        mut anchor: Box<dyn Anchor>,
+        limits: Limits,
+    ) -> Result<Component, A2mError> {
+        if dir.join(STATE_FILE).exists() {
+            return Err(identity(
+                dir,
+                "it already holds a trusted log; a new identity needs an empty directory"
+                    .to_string(),
+            ));
+        }
+        match anchor.read() {
+            Ok(None) => {}
+            Ok(Some(mark)) => {
+                return Err(identity(
+                    dir,
+                    format!(
+                        "its anchor {} holds the record of trusted log {}; remove it only if that \
+                         log is retired",
+                        anchor.describe(),
+                        mark.key
+                    ),
+                ));
+            }
+            Err(reason) => return Err(identity(dir, reason)),
+        }
+        let store = open_store(dir)?;
+        let seed: [u8; 32] = rand::random();
+        let key = SecretKey::from_seed(&seed);
+        store
+            .apply(&[
+                StorageOp::Put {
+                    table: IDENTITY,
+                    key: SECRET.to_vec(),
+                    value: Bytes::copy_from_slice(&seed),
+                },
+                generation_op(0),
+            ])
+            .map_err(|error| identity(dir, format!("storing the new key failed: {error}")))?;
+        anchor
+            .record(Mark {
+                key: key.public_key(),
+                generation: 0,
+            })
+            .map_err(|reason| identity(dir, reason))?;
+        Ok(Component {
+            key,
+            logs: Logs::new(limits),
+            durable: Some(Durable {
+                store,
+                anchor,
+                generation: 0,
+            }),
+            stopped: None,
+            attestations: 0,
+        })
+    }
+
+    /// Opens the identity in `dir`, with its logs as they were last made durable. Refuses a
+    /// directory without one, any state it could not have written, and state older than what
+    /// `anchor` recorded.
+    pub fn open(
+        dir: &Path,
+        mut anchor: Box<dyn Anchor>,
+        limits: Limits,
+    ) -> Result<Component, A2mError> {
+        if !dir.join(STATE_FILE).exists() {
+            return Err(identity(dir, "it holds no trusted log".to_string()));
+        }
+        let store = open_store(dir)?;
+        let damaged = |what: &str, error: StorageError| identity(dir, format!("{what}: {error}"));
+        let seed = store
+            .get(IDENTITY, SECRET)
+            .map_err(|error| damaged("reading the key failed", error))?
+            .ok_or_else(|| identity(dir, "its key is missing".to_string()))?;
+        let seed: [u8; 32] = seed
+            .as_ref()
+            .try_into()
+            .map_err(|_| identity(dir, "its key is damaged".to_string()))?;
+        let key = SecretKey::from_seed(&seed);
+        let generation = store
+            .get(IDENTITY, GENERATION)
+            .map_err(|error| damaged("reading the generation failed", error))?
+            .and_then(|bytes| bytes.as_ref().try_into().ok().map(u64::from_be_bytes))
+            .ok_or_else(|| identity(dir, "its generation is missing".to_string()))?;
+        let state = Mark {
+            key: key.public_key(),
+            generation,
+        };
+        let anchored = anchor.read().map_err(|reason| identity(dir, reason))?;
+        judge(state, anchored)
+            .map_err(|reason| identity(dir, format!("{reason} (anchor {})", anchor.describe())))?;
+        if anchored.map(|mark| mark.generation) != Some(generation) {
+            // The last change was committed but not yet anchored: nothing about it was attested.
+            anchor
+                .record(state)
+                .map_err(|reason| identity(dir, reason))?;
+        }
+        let mut heads = Vec::new();
+        store
+            .scan(HEADS, |key, value| {
+                let id = key
+                    .try_into()
+                    .map(LogId::from_be_bytes)
+                    .map_err(|_| StorageError::other("a head's key is not a log id"))?;
+                heads.push((id, decode::<Head>(value)?));
+                Ok(())
+            })
+            .map_err(|error| damaged("its log heads are damaged", error))?;
+        let mut entries = Vec::new();
+        store
+            .scan(ENTRIES, |key, value| {
+                let (id, seq) = split_entry_key(key)
+                    .ok_or_else(|| StorageError::other("an entry's key is not a log and slot"))?;
+                entries.push((id, seq, decode::<Entry>(value)?));
+                Ok(())
+            })
+            .map_err(|error| damaged("its log entries are damaged", error))?;
+        let logs = Logs::restore(limits, heads, entries)
+            .map_err(|reason| identity(dir, format!("its logs are inconsistent: {reason}")))?;
+        Ok(Component {
+            key,
+            logs,
+            durable: Some(Durable {
+                store,
+                anchor,
+                generation,
+            }),
+            stopped: None,
+            attestations: 0,
+        })
+    }
+
+    /// How many changes the component has made durable since its identity was made.
+    pub fn generation(&self) -> Option<u64> {
+        self.durable.as_ref().map(|durable| durable.generation)
+    }
+
+    /// The logs, for status: each log's bounds.
+    pub fn heads(&self) -> Vec<(LogId, Head)> {
+        self.logs.heads().collect()
+    }
+
+    /// Attestations signed since start.
+    pub fn attestations(&self) -> u64 {
+        self.attestations
+    }
+
+    /// Makes `plan` durable and anchored, then the state. A failed commit or anchor write stops
+    /// the component: it cannot tell what reached the disk, so attesting either way could
+    /// contradict it later.
+    fn run(&mut self, plan: Plan) -> Result<(), A2mError> {
+        self.running()?;
+        if let Some(durable) = &mut self.durable {
+            let generation = durable.generation + 1;
+            let mut ops = Vec::with_capacity(3 + plan.forget.len());
+            ops.push(generation_op(generation));
+            ops.push(StorageOp::Put {
+                table: HEADS,
+                key: plan.log.to_be_bytes().to_vec(),
+                value: Bytes::from(wire::encode(&plan.head)),
+            });
+            if let Some((seq, entry)) = plan.put {
+                ops.push(StorageOp::Put {
+                    table: ENTRIES,
+                    key: entry_key(plan.log, seq),
+                    value: Bytes::from(wire::encode(&entry)),
+                });
+            }
+            for seq in &plan.forget {
+                ops.push(StorageOp::Delete {
+                    table: ENTRIES,
+                    key: entry_key(plan.log, *seq),
+                });
+            }
+            let mark = Mark {
+                key: self.key.public_key(),
+                generation,
+            };
+            let written = durable
+                .store
+                .apply(&ops)
+                .map_err(|error| error.to_string())
+                .and_then(|()| durable.anchor.record(mark));
+            if let Err(error) = written {
+                tracing::error!(%error, "the trusted log's store failed; it stops attesting");
+                self.stopped = Some(error.clone());
+                return Err(A2mError::Stopped(error));
+            }
+            durable.generation = generation;
+        }
+        self.logs.apply(&plan);
+        Ok(())
+    }
+
+    fn running(&self) -> Result<(), A2mError> {
+        match &self.stopped {
+            Some(reason) => Err(A2mError::Stopped(reason.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn sign(&mut self, statement: Attestation) -> Result<Signed<Attestation>, A2mError> {
+        self.running()?;
+        self.attestations += 1;
+        Signed::sign(&self.key, statement).map_err(|error| A2mError::Stopped(error.to_string()))
+    }
+}
+
+impl A2m for Component {
+    fn public_key(&self) -> PublicKey {
+        self.key.public_key()
+    }
+
+    fn append(&mut self, log: LogId, value: Value) -> Result<Seq, A2mError> {
+        let plan = self.logs.plan_append(log, value)?;
+        let seq = plan.head.high;
+        self.run(plan)?;
+        Ok(seq)
+    }
+
+    fn advance(
+        &mut self,
+        log: LogId,
+        seq: Seq,
+        digest: ChainDigest,
+        value: Value,
+    ) -> Result<(), A2mError> {
+        let plan = self.logs.plan_advance(log, seq, digest, value)?;
+        self.run(plan)
+    }
+
+    fn lookup(
+        &mut self,
+        log: LogId,
+        seq: Seq,
+        nonce: Nonce,
+    ) -> Result<Signed<Attestation>, A2mError> {
+        let statement = self.logs.lookup(log, seq, nonce);
+        self.sign(statement)
+    }
+
+    fn end(&mut self, log: LogId, nonce: Nonce) -> Result<Signed<Attestation>, A2mError> {
+        let statement = self.logs.end(log, nonce);
+        self.sign(statement)
+    }
+
+    fn truncate(&mut self, log: LogId, seq: Seq) -> Result<(), A2mError> {
+        let plan = self.logs.plan_truncate(log, seq)?;
+        self.run(plan)
+    }
+}
+
+/// The store's file in a component's directory (the storage crate's name for it).
+const STATE_FILE: &str = "state.redb";
+
+fn open_store(dir: &Path) -> Result<Store, A2mError> {
+    Store::open(dir).map_err(|error| match error {
+        StorageError::InUse => identity(
+            dir,
+            "another process holds this trusted log open (a component already runs on it)"
+                .to_string(),
+        ),
+        error => identity(dir, format!("its store cannot be opened: {error}")),
+    })
+}
+
+fn identity(dir: &Path, reason: String) -> A2mError {
+    A2mError::Identity {
+        dir: dir.to_path_buf(),
+        reason,
+    }
+}
+
+pub(crate) fn entry_key(log: LogId, seq: Seq) -> Vec<u8> {
+    let mut key = Vec::with_capacity(24);
+    key.extend_from_slice(&log.to_be_bytes());
+    key.extend_from_slice(&seq.to_be_bytes());
+    key
+}
+
+fn split_entry_key(key: &[u8]) -> Option<(LogId, Seq)> {
+    let log = LogId::from_be_bytes(key.get(..8)?.try_into().ok()?);
+    let seq = Seq::from_be_bytes(key.get(8..)?.try_into().ok()?);
+    Some((log, seq))
+}
+
+/// A head or an entry is a few dozen bytes.
+const RECORD_BYTES_MAX: usize = 128;
+
+fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, StorageError> {
+    wire::decode(bytes, RECORD_BYTES_MAX)
+        .map_err(|error| StorageError::other(format!("undecodable: {error}")))
+}
