@@ -135,31 +135,34 @@ impl Component {
         limits: Limits,
     ) -> Result<Component, A2mError> {
         if !dir.join(STATE_FILE).exists() {
-            return Err(identity(dir, "it holds no trusted log".to_string()));
+            return Err(identity(
+                dir,
+                "it holds no trusted log (`bulwark a2m init` makes one)".to_string(),
+            ));
         }
         let store = open_store(dir)?;
-        let damaged = |what: &str, error: StorageError| identity(dir, format!("{what}: {error}"));
+        let damaged = |what: &str, error: StorageError| lost(dir, format!("{what}: {error}"));
         let seed = store
             .get(IDENTITY, SECRET)
             .map_err(|error| damaged("reading the key failed", error))?
-            .ok_or_else(|| identity(dir, "its key is missing".to_string()))?;
+            .ok_or_else(|| lost(dir, "its key is missing".to_string()))?;
         let seed: [u8; 32] = seed
             .as_ref()
             .try_into()
-            .map_err(|_| identity(dir, "its key is damaged".to_string()))?;
+            .map_err(|_| lost(dir, "its key is damaged".to_string()))?;
         let key = SecretKey::from_seed(&seed);
         let generation = store
             .get(IDENTITY, GENERATION)
             .map_err(|error| damaged("reading the generation failed", error))?
             .and_then(|bytes| bytes.as_ref().try_into().ok().map(u64::from_be_bytes))
-            .ok_or_else(|| identity(dir, "its generation is missing".to_string()))?;
+            .ok_or_else(|| lost(dir, "its generation is missing".to_string()))?;
         let state = Mark {
             key: key.public_key(),
             generation,
         };
-        let anchored = anchor.read().map_err(|reason| identity(dir, reason))?;
+        let anchored = anchor.read().map_err(|reason| lost(dir, reason))?;
         judge(state, anchored)
-            .map_err(|reason| identity(dir, format!("{reason} (anchor {})", anchor.describe())))?;
+            .map_err(|reason| lost(dir, format!("{reason} (anchor {})", anchor.describe())))?;
         if anchored.map(|mark| mark.generation) != Some(generation) {
             // The last change was committed but not yet anchored: nothing about it was attested.
             anchor
@@ -187,7 +190,7 @@ impl Component {
             })
             .map_err(|error| damaged("its log entries are damaged", error))?;
         let logs = Logs::restore(limits, heads, entries)
-            .map_err(|reason| identity(dir, format!("its logs are inconsistent: {reason}")))?;
+            .map_err(|reason| lost(dir, format!("its logs are inconsistent: {reason}")))?;
         Ok(Component {
             key,
             logs,
@@ -340,6 +343,18 @@ fn identity(dir: &Path, reason: String) -> A2mError {
         dir: dir.to_path_buf(),
         reason,
     }
+}
+
+/// The component's state cannot be trusted: say what must happen instead of a repair.
+fn lost(dir: &Path, reason: String) -> A2mError {
+    identity(
+        dir,
+        format!(
+            "{reason}. A trusted log whose state is lost, damaged or rolled back must not come \
+             back under its old identity: make a new one (`bulwark a2m init` on an empty \
+             directory, a new key) and have the cluster learn it"
+        ),
+    )
 }
 
 pub(crate) fn entry_key(log: LogId, seq: Seq) -> Vec<u8> {

@@ -22,6 +22,7 @@
 mod anchor;
 mod component;
 mod logs;
+pub mod socket;
 #[cfg(test)]
 mod tests;
 
@@ -85,14 +86,10 @@ pub enum A2mError {
     /// cannot tell what reached the disk.
     #[error("the trusted log stopped: {0}")]
     Stopped(String),
-    /// The directory holds no identity, or one whose state is lost or damaged: the component
-    /// must take a new identity, and its verifiers must be told.
-    #[error(
-        "{}: {reason}. A trusted log that lost its state must not come back under its old \
-         identity: make a new identity (a new key) on an empty directory, and have the cluster \
-         learn it",
-        dir.display()
-    )]
+    /// The component cannot start on the directory: it holds no identity, another process holds
+    /// it, or its state is lost, damaged or rolled back (then the component must take a new
+    /// identity, and its verifiers must be told; the reason says so).
+    #[error("{}: {reason}", dir.display())]
     Identity {
         /// The component's directory.
         dir: PathBuf,

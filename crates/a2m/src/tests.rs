@@ -423,7 +423,7 @@ fn damaged_state_is_refused_not_repaired() {
         .expect("damaged");
     let message = refused.to_string();
     assert!(
-        message.contains("slot 2") && message.contains("new identity"),
+        message.contains("slot 2") && message.contains("make a new one"),
         "{message}"
     );
     assert!(
@@ -507,4 +507,86 @@ fn a_rolled_back_state_is_refused() {
     .err()
     .expect("the anchor is taken");
     assert!(reuse.to_string().contains("retired"), "{reuse}");
+}
+
+mod socket {
+    use std::io::Write;
+    use std::os::unix::net::{UnixListener, UnixStream};
+
+    use bulwark_core::a2m::Expected;
+
+    use super::*;
+    use crate::socket::{Remote, serve};
+
+    fn served(dir: &std::path::Path) -> (std::path::PathBuf, PublicKey) {
+        let state = dir.join("a2m");
+        let component =
+            Component::create(&state, anchor(&state), Limits::default()).expect("create");
+        let key = component.public_key();
+        let path = dir.join("a2m.sock");
+        let listener = UnixListener::bind(&path).expect("bind");
+        std::thread::spawn(move || serve(component, listener));
+        (path, key)
+    }
+
+    /// The host gets verified attestations and the component's refusals through the socket, and a
+    /// host that sends garbage loses its connection without hurting the component.
+    #[test]
+    fn a_component_behind_its_socket_answers_as_in_process() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (path, key) = served(dir.path());
+        let mut remote = Remote::connect(&path, Some(key)).expect("connect");
+        assert_eq!(remote.append(2, [1; 32]).expect("room"), 1);
+        let attestation = remote.append_attest(2, [2; 32], nonce_of(2)).expect("room");
+        Expected::assigned(2, 2, [2; 32])
+            .check(&key, attestation.to_unverified())
+            .expect("valid");
+        remote
+            .advance(2, 9, [0; 32], [3; 32])
+            .expect("past the end");
+        assert!(matches!(
+            remote.advance(2, 9, [0; 32], [3; 32]),
+            Err(A2mError::NotMonotone {
+                seq: 9,
+                high: 9,
+                ..
+            })
+        ));
+        let end = remote.end(2, [5; 32]).expect("running");
+        assert_eq!(end.value().seq, 9);
+        remote.truncate(2, 9).expect("in range");
+        assert_eq!(
+            remote
+                .lookup(2, 1, [0; 32])
+                .expect("running")
+                .value()
+                .status,
+            Status::Forgotten
+        );
+
+        // Garbage, and a frame longer than any call, end their connections.
+        for junk in [
+            &[0, 0, 0, 3, 0xff, 0xff, 0xff][..],
+            &[0xff, 0xff, 0xff, 0xff][..],
+        ] {
+            let mut stream = UnixStream::connect(&path).expect("connect");
+            stream.write_all(junk).expect("write");
+            let mut answer = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut stream, &mut answer);
+            assert!(answer.is_empty(), "answered {answer:?}");
+        }
+        let status = remote.status().expect("status");
+        assert_eq!(status.key, key);
+        assert_eq!(status.heads, vec![(2, Head { low: 9, high: 9 })]);
+        assert_eq!(status.generation, Some(4));
+        assert_eq!(
+            status.refused, 3,
+            "one refused advance and two junk connections"
+        );
+
+        // A host configured with another component's key refuses this one.
+        let other = Component::in_memory(&[9; 32], Limits::default()).public_key();
+        let wrong = Remote::connect(&path, Some(other)).err().expect("not ours");
+        assert!(wrong.to_string().contains("not the configured"), "{wrong}");
+    }
 }

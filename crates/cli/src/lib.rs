@@ -2,6 +2,7 @@
 //! nodes, and start a local development cluster. Argument parsing and presentation only; the work
 //! happens in the library crates. A library target so that `bulwark-byzantine` shares it.
 
+pub mod a2m;
 pub mod bench;
 pub mod cluster_init;
 pub mod configure;
@@ -118,6 +119,11 @@ pub enum Command {
     Sim(sim::SimArgs),
     /// Serves the S3 API over the cluster (SigV4 against configured access keys).
     Gateway(gateway::GatewayArgs),
+    /// A node's trusted log (A2M): `a2m init` makes one, `a2m serve` runs it as its own process.
+    A2m {
+        #[command(subcommand)]
+        command: a2m::A2mCommand,
+    },
     /// Starts a local cluster (4 nodes unless --nodes) as separate processes and serves until
     /// Ctrl-C.
     Dev {
@@ -349,6 +355,7 @@ pub async fn run(cli: Cli) -> Result<std::process::ExitCode> {
         Command::Bench(args) => bench::run(&args).await?,
         Command::Gateway(args) => gateway::run(&args).await?,
         Command::Sim(args) => return sim::run(&args),
+        Command::A2m { command } => a2m::run(command).await?,
     }
     Ok(std::process::ExitCode::SUCCESS)
 }

@@ -1,0 +1,532 @@
+//! The software backend as a process of its own: [`serve`] answers a component's calls on a
+//! local (Unix) socket, and [`Remote`] is the [`A2m`] a node uses to reach it. The component's
+//! key and store stay in the serving process; the host only ever sees attestations (spec §2.4,
+//! option (b) with process isolation: run the process as its own user, and the host cannot read
+//! the key).
+//!
+//! The host is the party A2M guards against, so every byte it sends is hostile: frames are
+//! bounded, anything undecodable ends the connection, and each refusal is counted and logged.
+//!
+//! A frame is a 4-byte big-endian length and that many bytes of one postcard-encoded
+//! [`Request`] or [`Response`].
+
+use std::io::{self, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bulwark_core::a2m::{Attestation, ChainDigest, LogId, Nonce, Seq, Value};
+use bulwark_core::sign::{PublicKey, Signed, Unverified};
+use bulwark_core::wire;
+use serde::{Deserialize, Serialize};
+
+use crate::{A2m, A2mError, Component, Head};
+
+/// The largest frame either side accepts: a status answer with every log's head is the largest.
+const FRAME_BYTES_MAX: usize = 64 * 1024;
+
+/// A call, as the host sends it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum Request {
+    /// The component's public key.
+    Identity,
+    /// [`A2m::append`].
+    Append {
+        /// The log.
+        log: LogId,
+        /// The value.
+        value: Value,
+    },
+    /// [`A2m::advance`].
+    Advance {
+        /// The log.
+        log: LogId,
+        /// The slot.
+        seq: Seq,
+        /// The digest to chain to.
+        digest: ChainDigest,
+        /// The value.
+        value: Value,
+    },
+    /// [`A2m::lookup`].
+    Lookup {
+        /// The log.
+        log: LogId,
+        /// The slot.
+        seq: Seq,
+        /// The nonce.
+        nonce: Nonce,
+    },
+    /// [`A2m::end`].
+    End {
+        /// The log.
+        log: LogId,
+        /// The nonce.
+        nonce: Nonce,
+    },
+    /// [`A2m::truncate`].
+    Truncate {
+        /// The log.
+        log: LogId,
+        /// The new lowest slot.
+        seq: Seq,
+    },
+    /// [`A2m::append_attest`].
+    AppendAttest {
+        /// The log.
+        log: LogId,
+        /// The value.
+        value: Value,
+        /// The nonce.
+        nonce: Nonce,
+    },
+    /// [`A2m::advance_attest`].
+    AdvanceAttest {
+        /// The log.
+        log: LogId,
+        /// The slot.
+        seq: Seq,
+        /// The digest to chain to.
+        digest: ChainDigest,
+        /// The value.
+        value: Value,
+        /// The nonce.
+        nonce: Nonce,
+    },
+    /// Every log's bounds, the generation and the attestations made, for `bulwark status`.
+    Status,
+}
+
+/// The component's answer.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Response {
+    /// The component's key.
+    Identity(PublicKey),
+    /// The slot an append filled.
+    Appended(Seq),
+    /// A change made durable.
+    Done,
+    /// An attestation.
+    Attested(Unverified<Attestation>),
+    /// What [`Request::Status`] asks.
+    Status(Status),
+    /// The call was refused.
+    Refused(Refusal),
+}
+
+/// What a component reports of itself.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Status {
+    /// The component's key.
+    pub key: PublicKey,
+    /// Each log's bounds.
+    pub heads: Vec<(LogId, Head)>,
+    /// Changes made durable since the identity was made.
+    pub generation: Option<u64>,
+    /// Attestations signed since the process started.
+    pub attestations: u64,
+    /// Requests refused since the process started (undecodable or invalid).
+    pub refused: u64,
+}
+
+/// A refused call, as it crosses the socket ([`A2mError`] without the start-up errors).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum Refusal {
+    /// [`A2mError::Full`].
+    Full {
+        /// The log.
+        log: LogId,
+        /// Slots it may keep.
+        max: u64,
+    },
+    /// [`A2mError::TooManyLogs`].
+    TooManyLogs {
+        /// Logs it may hold.
+        max: u64,
+    },
+    /// [`A2mError::Exhausted`].
+    Exhausted {
+        /// The log.
+        log: LogId,
+    },
+    /// [`A2mError::NotMonotone`].
+    NotMonotone {
+        /// The log.
+        log: LogId,
+        /// The slot asked for.
+        seq: Seq,
+        /// The log's end.
+        high: Seq,
+    },
+    /// [`A2mError::OutOfRange`].
+    OutOfRange {
+        /// The log.
+        log: LogId,
+        /// The slot asked for.
+        seq: Seq,
+        /// The lowest slot kept.
+        low: Seq,
+        /// The log's end.
+        high: Seq,
+    },
+    /// The component stopped, or anything else that is not the caller's doing.
+    Stopped(String),
+}
+
+impl From<A2mError> for Refusal {
+    fn from(error: A2mError) -> Refusal {
+        match error {
+            A2mError::Full { log, max } => Refusal::Full {
+                log,
+                max: max as u64,
+            },
+            A2mError::TooManyLogs { max } => Refusal::TooManyLogs { max: max as u64 },
+            A2mError::Exhausted { log } => Refusal::Exhausted { log },
+            A2mError::NotMonotone { log, seq, high } => Refusal::NotMonotone { log, seq, high },
+            A2mError::OutOfRange {
+                log,
+                seq,
+                low,
+                high,
+            } => Refusal::OutOfRange {
+                log,
+                seq,
+                low,
+                high,
+            },
+            error => Refusal::Stopped(error.to_string()),
+        }
+    }
+}
+
+impl From<Refusal> for A2mError {
+    fn from(refusal: Refusal) -> A2mError {
+        match refusal {
+            Refusal::Full { log, max } => A2mError::Full {
+                log,
+                max: usize::try_from(max).unwrap_or(usize::MAX),
+            },
+            Refusal::TooManyLogs { max } => A2mError::TooManyLogs {
+                max: usize::try_from(max).unwrap_or(usize::MAX),
+            },
+            Refusal::Exhausted { log } => A2mError::Exhausted { log },
+            Refusal::NotMonotone { log, seq, high } => A2mError::NotMonotone { log, seq, high },
+            Refusal::OutOfRange {
+                log,
+                seq,
+                low,
+                high,
+            } => A2mError::OutOfRange {
+                log,
+                seq,
+                low,
+                high,
+            },
+            Refusal::Stopped(reason) => A2mError::Stopped(reason),
+        }
+    }
+}
+
+/// Answers calls on `listener` until the process ends: one thread per connection, one call at
+/// a time on the component. Returns only if accepting fails.
+pub fn serve(component: Component, listener: UnixListener) -> io::Result<()> {
+    let shared = Arc::new(Served {
+        component: Mutex::new(component),
+        refused: AtomicU64::new(0),
+        connections: AtomicUsize::new(0),
+    });
+    for stream in listener.incoming() {
+        let stream = stream?;
+        if shared.connections.fetch_add(1, Ordering::AcqRel) >= CONNECTIONS_MAX {
+            shared.connections.fetch_sub(1, Ordering::AcqRel);
+            shared.refused.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                "the trusted log has {CONNECTIONS_MAX} connections open; one more refused"
+            );
+            continue;
+        }
+        let shared = Arc::clone(&shared);
+        std::thread::spawn(move || {
+            let mut stream = stream;
+            // Counted before the stream closes, so the host sees the count once it sees the end.
+            if let Err(error) = shared.connection(&mut stream) {
+                shared.refused.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(%error, "a connection to the trusted log sent something invalid; closed");
+            }
+            drop(stream);
+            shared.connections.fetch_sub(1, Ordering::AcqRel);
+        });
+    }
+    Ok(())
+}
+
+/// Connections served at once at most: a host needs a few (one per agreement core or volume).
+const CONNECTIONS_MAX: usize = 64;
+
+struct Served {
+    component: Mutex<Component>,
+    refused: AtomicU64,
+    connections: AtomicUsize,
+}
+
+impl Served {
+    /// Answers one connection's calls until it closes; an invalid frame ends it with an error.
+    fn connection(&self, stream: &mut UnixStream) -> io::Result<()> {
+        loop {
+            let Some(frame) = read_frame(stream)? else {
+                return Ok(());
+            };
+            let request: Request = wire::decode(&frame, FRAME_BYTES_MAX)
+                .map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error.to_string()))?;
+            let response = self.answer(request);
+            if matches!(response, Response::Refused(_)) {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+            }
+            write_frame(stream, &wire::encode(&response))?;
+        }
+    }
+
+    fn answer(&self, request: Request) -> Response {
+        // A thread that panicked while holding the lock left nothing half-done in the component
+        // that its own checks would not refuse, and a component that stops is worse than one
+        // that goes on checking: take the guard either way.
+        let mut component = self
+            .component
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let attested = |result: Result<Signed<Attestation>, A2mError>| match result {
+            Ok(signed) => Response::Attested(signed.to_unverified()),
+            Err(error) => Response::Refused(error.into()),
+        };
+        let done = |result: Result<(), A2mError>| match result {
+            Ok(()) => Response::Done,
+            Err(error) => Response::Refused(error.into()),
+        };
+        match request {
+            Request::Identity => Response::Identity(component.public_key()),
+            Request::Append { log, value } => match component.append(log, value) {
+                Ok(seq) => Response::Appended(seq),
+                Err(error) => Response::Refused(error.into()),
+            },
+            Request::Advance {
+                log,
+                seq,
+                digest,
+                value,
+            } => done(component.advance(log, seq, digest, value)),
+            Request::Lookup { log, seq, nonce } => attested(component.lookup(log, seq, nonce)),
+            Request::End { log, nonce } => attested(component.end(log, nonce)),
+            Request::Truncate { log, seq } => done(component.truncate(log, seq)),
+            Request::AppendAttest { log, value, nonce } => {
+                attested(component.append_attest(log, value, nonce))
+            }
+            Request::AdvanceAttest {
+                log,
+                seq,
+                digest,
+                value,
+                nonce,
+            } => attested(component.advance_attest(log, seq, digest, value, nonce)),
+            Request::Status => Response::Status(Status {
+                key: component.public_key(),
+                heads: component.heads(),
+                generation: component.generation(),
+                attestations: component.attestations(),
+                refused: self.refused.load(Ordering::Relaxed),
+            }),
+        }
+    }
+}
+
+/// A component in another process, reached through its socket. Every attestation it returns is
+/// verified under the component's key before the caller sees it.
+pub struct Remote {
+    stream: UnixStream,
+    key: PublicKey,
+}
+
+/// How long a call may take before the host gives up on the component.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Remote {
+    /// Connects to the component at `socket`. With `expected`, refuses a component whose key is
+    /// another (the host was configured with its component's identity).
+    pub fn connect(socket: &Path, expected: Option<PublicKey>) -> Result<Remote, A2mError> {
+        let stream = UnixStream::connect(socket).map_err(|error| {
+            A2mError::Stopped(format!(
+                "cannot reach the trusted log at {}: {error}",
+                socket.display()
+            ))
+        })?;
+        let broken = |error: io::Error| A2mError::Stopped(format!("the trusted log: {error}"));
+        stream
+            .set_read_timeout(Some(CALL_TIMEOUT))
+            .and_then(|()| stream.set_write_timeout(Some(CALL_TIMEOUT)))
+            .map_err(broken)?;
+        let mut stream = stream;
+        let Response::Identity(key) = call(&mut stream, &Request::Identity)? else {
+            return Err(A2mError::Stopped(
+                "the trusted log did not say who it is".to_string(),
+            ));
+        };
+        if let Some(expected) = expected
+            && expected != key
+        {
+            return Err(A2mError::Stopped(format!(
+                "the trusted log at {} is {key}, not the configured {expected}",
+                socket.display()
+            )));
+        }
+        Ok(Remote { stream, key })
+    }
+
+    /// The component's report of itself.
+    pub fn status(&mut self) -> Result<Status, A2mError> {
+        match self.call(&Request::Status)? {
+            Response::Status(status) => Ok(status),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    fn call(&mut self, request: &Request) -> Result<Response, A2mError> {
+        call(&mut self.stream, request)
+    }
+
+    fn attestation(&mut self, request: &Request) -> Result<Signed<Attestation>, A2mError> {
+        match self.call(request)? {
+            Response::Attested(attestation) => attestation.verify(&self.key).map_err(|error| {
+                A2mError::Stopped(format!("the trusted log's attestation: {error}"))
+            }),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    fn done(&mut self, request: &Request) -> Result<(), A2mError> {
+        match self.call(request)? {
+            Response::Done => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+}
+
+/// One call: the request out, its answer back, a refusal turned into its error.
+fn call(stream: &mut UnixStream, request: &Request) -> Result<Response, A2mError> {
+    let broken = |error: io::Error| A2mError::Stopped(format!("the trusted log: {error}"));
+    write_frame(stream, &wire::encode(request)).map_err(broken)?;
+    let frame = read_frame(stream)
+        .map_err(broken)?
+        .ok_or_else(|| A2mError::Stopped("the trusted log closed the connection".into()))?;
+    let response: Response = wire::decode(&frame, FRAME_BYTES_MAX)
+        .map_err(|error| A2mError::Stopped(format!("the trusted log's answer: {error}")))?;
+    match response {
+        Response::Refused(refusal) => Err(refusal.into()),
+        response => Ok(response),
+    }
+}
+
+fn unexpected(response: &Response) -> A2mError {
+    A2mError::Stopped(format!(
+        "the trusted log answered out of turn: {response:?}"
+    ))
+}
+
+impl A2m for Remote {
+    fn public_key(&self) -> PublicKey {
+        self.key
+    }
+
+    fn append(&mut self, log: LogId, value: Value) -> Result<Seq, A2mError> {
+        match self.call(&Request::Append { log, value })? {
+            Response::Appended(seq) => Ok(seq),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    fn advance(
+        &mut self,
+        log: LogId,
+        seq: Seq,
+        digest: ChainDigest,
+        value: Value,
+    ) -> Result<(), A2mError> {
+        self.done(&Request::Advance {
+            log,
+            seq,
+            digest,
+            value,
+        })
+    }
+
+    fn lookup(
+        &mut self,
+        log: LogId,
+        seq: Seq,
+        nonce: Nonce,
+    ) -> Result<Signed<Attestation>, A2mError> {
+        self.attestation(&Request::Lookup { log, seq, nonce })
+    }
+
+    fn end(&mut self, log: LogId, nonce: Nonce) -> Result<Signed<Attestation>, A2mError> {
+        self.attestation(&Request::End { log, nonce })
+    }
+
+    fn truncate(&mut self, log: LogId, seq: Seq) -> Result<(), A2mError> {
+        self.done(&Request::Truncate { log, seq })
+    }
+
+    fn append_attest(
+        &mut self,
+        log: LogId,
+        value: Value,
+        nonce: Nonce,
+    ) -> Result<Signed<Attestation>, A2mError> {
+        self.attestation(&Request::AppendAttest { log, value, nonce })
+    }
+
+    fn advance_attest(
+        &mut self,
+        log: LogId,
+        seq: Seq,
+        digest: ChainDigest,
+        value: Value,
+        nonce: Nonce,
+    ) -> Result<Signed<Attestation>, A2mError> {
+        self.attestation(&Request::AdvanceAttest {
+            log,
+            seq,
+            digest,
+            value,
+            nonce,
+        })
+    }
+}
+
+/// Reads one frame, or `None` at a clean end of stream.
+fn read_frame(stream: &mut impl Read) -> io::Result<Option<Vec<u8>>> {
+    let mut length = [0; 4];
+    match stream.read_exact(&mut length) {
+        Ok(()) => {}
+        Err(error) if error.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(error) => return Err(error),
+    }
+    let length = u32::from_be_bytes(length) as usize;
+    if length > FRAME_BYTES_MAX {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("a frame of {length} bytes (at most {FRAME_BYTES_MAX})"),
+        ));
+    }
+    let mut frame = vec![0; length];
+    stream.read_exact(&mut frame)?;
+    Ok(Some(frame))
+}
+
+fn write_frame(stream: &mut impl Write, frame: &[u8]) -> io::Result<()> {
+    let length = u32::try_from(frame.len())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "frame too large"))?;
+    stream.write_all(&length.to_be_bytes())?;
+    stream.write_all(frame)?;
+    stream.flush()
+}
