@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use crate::{A2m, A2mError, Component, Head};
 
 /// The largest frame either side accepts: a status answer with every log's head is the largest.
-const FRAME_BYTES_MAX: usize = 64 * 1024;
+pub const FRAME_BYTES_MAX: usize = 64 * 1024;
 
 /// A call, as the host sends it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -296,47 +296,56 @@ impl Served {
             .component
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let attested = |result: Result<Signed<Attestation>, A2mError>| match result {
-            Ok(signed) => Response::Attested(signed.to_unverified()),
+        answer(
+            &mut component,
+            request,
+            self.refused.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// The component's answer to one call; `refused` is what a status reports as refused so far.
+pub fn answer(component: &mut Component, request: Request, refused: u64) -> Response {
+    let attested = |result: Result<Signed<Attestation>, A2mError>| match result {
+        Ok(signed) => Response::Attested(signed.to_unverified()),
+        Err(error) => Response::Refused(error.into()),
+    };
+    let done = |result: Result<(), A2mError>| match result {
+        Ok(()) => Response::Done,
+        Err(error) => Response::Refused(error.into()),
+    };
+    match request {
+        Request::Identity => Response::Identity(component.public_key()),
+        Request::Append { log, value } => match component.append(log, value) {
+            Ok(seq) => Response::Appended(seq),
             Err(error) => Response::Refused(error.into()),
-        };
-        let done = |result: Result<(), A2mError>| match result {
-            Ok(()) => Response::Done,
-            Err(error) => Response::Refused(error.into()),
-        };
-        match request {
-            Request::Identity => Response::Identity(component.public_key()),
-            Request::Append { log, value } => match component.append(log, value) {
-                Ok(seq) => Response::Appended(seq),
-                Err(error) => Response::Refused(error.into()),
-            },
-            Request::Advance {
-                log,
-                seq,
-                digest,
-                value,
-            } => done(component.advance(log, seq, digest, value)),
-            Request::Lookup { log, seq, nonce } => attested(component.lookup(log, seq, nonce)),
-            Request::End { log, nonce } => attested(component.end(log, nonce)),
-            Request::Truncate { log, seq } => done(component.truncate(log, seq)),
-            Request::AppendAttest { log, value, nonce } => {
-                attested(component.append_attest(log, value, nonce))
-            }
-            Request::AdvanceAttest {
-                log,
-                seq,
-                digest,
-                value,
-                nonce,
-            } => attested(component.advance_attest(log, seq, digest, value, nonce)),
-            Request::Status => Response::Status(Status {
-                key: component.public_key(),
-                heads: component.heads(),
-                generation: component.generation(),
-                attestations: component.attestations(),
-                refused: self.refused.load(Ordering::Relaxed),
-            }),
+        },
+        Request::Advance {
+            log,
+            seq,
+            digest,
+            value,
+        } => done(component.advance(log, seq, digest, value)),
+        Request::Lookup { log, seq, nonce } => attested(component.lookup(log, seq, nonce)),
+        Request::End { log, nonce } => attested(component.end(log, nonce)),
+        Request::Truncate { log, seq } => done(component.truncate(log, seq)),
+        Request::AppendAttest { log, value, nonce } => {
+            attested(component.append_attest(log, value, nonce))
         }
+        Request::AdvanceAttest {
+            log,
+            seq,
+            digest,
+            value,
+            nonce,
+        } => attested(component.advance_attest(log, seq, digest, value, nonce)),
+        Request::Status => Response::Status(Status {
+            key: component.public_key(),
+            heads: component.heads(),
+            generation: component.generation(),
+            attestations: component.attestations(),
+            refused,
+        }),
     }
 }
 

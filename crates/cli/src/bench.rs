@@ -18,6 +18,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+#[path = "bench_a2m.rs"]
+mod a2m;
 #[path = "bench_cli.rs"]
 mod cli;
 #[path = "bench_cs.rs"]
@@ -54,6 +56,9 @@ pub enum BenchCommand {
     /// Whole-process latency of `put`, `get` and `status` against a local cluster, beside the
     /// process start-up alone: what a user waits for at the command line.
     Cli(cli::CliArgs),
+    /// The cost of one trusted-log (A2M) call: in memory, durable in the node's process, and in
+    /// its own process behind the local socket, fused and unfused; and of verifying one.
+    A2m(a2m::A2mArgs),
 }
 
 /// `bulwark bench compare`.
@@ -342,6 +347,7 @@ pub async fn run(args: &BenchArgs) -> Result<()> {
         BenchCommand::Cs(args) => cs::run(args).await,
         BenchCommand::Reconfig(args) => reconfig::run(args).await,
         BenchCommand::Cli(args) => cli::run(args).await,
+        BenchCommand::A2m(args) => a2m::run(args).await,
         BenchCommand::Memory(memory) => {
             run_sizes(&SizesArgs {
                 sizes: Vec::new(),
