@@ -17,6 +17,7 @@ pub mod evidence;
 pub mod ids;
 pub mod membership;
 pub mod sign;
+pub mod smt;
 pub mod wire;
 
 pub use crypto::{Digest, MacKey, Tag};
