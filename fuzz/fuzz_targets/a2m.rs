@@ -10,7 +10,7 @@
 
 use bulwark_a2m::socket::{FRAME_BYTES_MAX, Request, Response, answer};
 use bulwark_a2m::{A2m, Component, Entry, Head, Limits, Logs};
-use bulwark_core::a2m::{Attestation, contradicts};
+use bulwark_core::a2m::{Attestation, Call, contradicts};
 use bulwark_fuzz::round_trip;
 use libfuzzer_sys::fuzz_target;
 
@@ -84,25 +84,26 @@ fn compact_call([kind, log, seq, value, nonce]: [u8; 5]) -> Vec<u8> {
     let log = u64::from(log % 4);
     let seq = u128::from(seq % 16);
     let (value, nonce) = ([value % 4; 32], [nonce; 32]);
+    let call = |call| Request::Call(call);
     let request = match kind % 9 {
-        0 => Request::Append { log, value },
-        1 => Request::Advance {
+        0 => call(Call::Append { log, value }),
+        1 => call(Call::Advance {
             log,
             seq,
             digest: nonce,
             value,
-        },
-        2 => Request::Lookup { log, seq, nonce },
-        3 => Request::End { log, nonce },
-        4 => Request::Truncate { log, seq },
-        5 => Request::AppendAttest { log, value, nonce },
-        6 => Request::AdvanceAttest {
+        }),
+        2 => call(Call::Lookup { log, seq, nonce }),
+        3 => call(Call::End { log, nonce }),
+        4 => call(Call::Truncate { log, seq }),
+        5 => call(Call::AppendAttest { log, value, nonce }),
+        6 => call(Call::AdvanceAttest {
             log,
             seq,
             digest: nonce,
             value,
             nonce,
-        },
+        }),
         7 => Request::Status,
         _ => Request::Identity,
     };

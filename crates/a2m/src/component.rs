@@ -12,6 +12,8 @@ use bytes::Bytes;
 
 use crate::anchor::{Anchor, Mark, judge};
 use crate::logs::{Entry, Head, Limits, Logs, Plan};
+use bulwark_core::a2m::Refusal;
+
 use crate::{A2m, A2mError};
 
 /// The namespace of a component's own store (a store of its own, in its own directory).
@@ -258,7 +260,7 @@ impl Component {
             if let Err(error) = written {
                 tracing::error!(%error, "the trusted log's store failed; it stops attesting");
                 self.stopped = Some(error.clone());
-                return Err(A2mError::Stopped(error));
+                return Err(A2mError::Refused(Refusal::Stopped(error)));
             }
             durable.generation = generation;
         }
@@ -268,7 +270,7 @@ impl Component {
 
     fn running(&self) -> Result<(), A2mError> {
         match &self.stopped {
-            Some(reason) => Err(A2mError::Stopped(reason.clone())),
+            Some(reason) => Err(A2mError::Refused(Refusal::Stopped(reason.clone()))),
             None => Ok(()),
         }
     }
@@ -276,7 +278,8 @@ impl Component {
     fn sign(&mut self, statement: Attestation) -> Result<Signed<Attestation>, A2mError> {
         self.running()?;
         self.attestations += 1;
-        Signed::sign(&self.key, statement).map_err(|error| A2mError::Stopped(error.to_string()))
+        Signed::sign(&self.key, statement)
+            .map_err(|error| A2mError::Refused(Refusal::Stopped(error.to_string())))
     }
 }
 

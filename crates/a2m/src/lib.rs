@@ -28,64 +28,22 @@ mod tests;
 
 use std::path::PathBuf;
 
-use bulwark_core::a2m::{Attestation, ChainDigest, LogId, Nonce, Seq, Value};
+use bulwark_core::a2m::{
+    Attestation, Call, ChainDigest, LogId, Nonce, Outcome, Refusal, Seq, Value,
+};
 use bulwark_core::sign::{PublicKey, Signed};
 
 pub use anchor::{Anchor, FileAnchor, Mark};
 pub use component::Component;
 pub use logs::{Entry, Head, Limits, Logs, Plan};
 
-/// What a backend refused, or why it stopped.
+/// What a backend refused, or why it could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum A2mError {
-    /// The log holds as many slots as it may: the host must stop rather than drop entries, or
-    /// truncate at a stable checkpoint first (spec §7.1 item 4).
-    #[error("log {log} is full ({max} slots kept); truncate it at a stable checkpoint")]
-    Full {
-        /// The log.
-        log: LogId,
-        /// Slots it may keep.
-        max: usize,
-    },
-    /// The component holds as many logs as it may.
-    #[error("the trusted log holds {max} logs already")]
-    TooManyLogs {
-        /// Logs it may hold.
-        max: usize,
-    },
-    /// The log's last slot is the largest there is.
-    #[error("log {log} has used every slot")]
-    Exhausted {
-        /// The log.
-        log: LogId,
-    },
-    /// An advance to a slot at or below the end: a correct caller never asks this (spec §7.1
-    /// item 5).
-    #[error("log {log} ends at slot {high}: it cannot advance to slot {seq}")]
-    NotMonotone {
-        /// The log.
-        log: LogId,
-        /// The slot asked for.
-        seq: Seq,
-        /// The log's end.
-        high: Seq,
-    },
-    /// A truncation to a slot outside `(low, high]`.
-    #[error("log {log} keeps slots {low} to {high}: it cannot be truncated to slot {seq}")]
-    OutOfRange {
-        /// The log.
-        log: LogId,
-        /// The slot asked for.
-        seq: Seq,
-        /// The lowest slot kept.
-        low: Seq,
-        /// The log's end.
-        high: Seq,
-    },
-    /// The component's storage failed: it attests nothing more until it is restarted, since it
-    /// cannot tell what reached the disk.
-    #[error("the trusted log stopped: {0}")]
-    Stopped(String),
+    /// A call was refused, or the component stopped (it cannot tell what reached its disk, so it
+    /// attests nothing more until restarted).
+    #[error(transparent)]
+    Refused(#[from] Refusal),
     /// The component cannot start on the directory: it holds no identity, another process holds
     /// it, or its state is lost, damaged or rolled back (then the component must take a new
     /// identity, and its verifiers must be told; the reason says so).
@@ -144,6 +102,42 @@ pub trait A2m {
         self.lookup(log, seq, nonce)
     }
 
+    /// Makes `call`: what a driver does with the calls a protocol asks for.
+    fn call(&mut self, call: &Call) -> Result<Outcome, A2mError> {
+        Ok(match *call {
+            Call::Append { log, value } => Outcome::Appended(self.append(log, value)?),
+            Call::Advance {
+                log,
+                seq,
+                digest,
+                value,
+            } => {
+                self.advance(log, seq, digest, value)?;
+                Outcome::Done
+            }
+            Call::Lookup { log, seq, nonce } => {
+                Outcome::Attested(Box::new(self.lookup(log, seq, nonce)?))
+            }
+            Call::End { log, nonce } => Outcome::Attested(Box::new(self.end(log, nonce)?)),
+            Call::Truncate { log, seq } => {
+                self.truncate(log, seq)?;
+                Outcome::Done
+            }
+            Call::AppendAttest { log, value, nonce } => {
+                Outcome::Attested(Box::new(self.append_attest(log, value, nonce)?))
+            }
+            Call::AdvanceAttest {
+                log,
+                seq,
+                digest,
+                value,
+                nonce,
+            } => Outcome::Attested(Box::new(
+                self.advance_attest(log, seq, digest, value, nonce)?,
+            )),
+        })
+    }
+
     /// [`A2m::advance`], then [`A2m::lookup`] of slot `seq`, in one call.
     fn advance_attest(
         &mut self,
@@ -155,5 +149,14 @@ pub trait A2m {
     ) -> Result<Signed<Attestation>, A2mError> {
         self.advance(log, seq, digest, value)?;
         self.lookup(log, seq, nonce)
+    }
+}
+
+impl From<A2mError> for Refusal {
+    fn from(error: A2mError) -> Refusal {
+        match error {
+            A2mError::Refused(refusal) => refusal,
+            error => Refusal::Stopped(error.to_string()),
+        }
     }
 }

@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 use bulwark_core::a2m::{Attestation, ChainDigest, Kind, LogId, Nonce, Seq, Status, Value, chain};
 use serde::{Deserialize, Serialize};
 
+use bulwark_core::a2m::Refusal;
+
 use crate::A2mError;
 
 /// How much a component holds: a full log refuses appends (its host must stop, never drop
@@ -125,9 +127,9 @@ impl Logs {
         match self.logs.get(&id) {
             Some(log) => Ok(log.head),
             None if self.logs.len() < self.limits.logs_max => Ok(Head { low: 0, high: 0 }),
-            None => Err(A2mError::TooManyLogs {
-                max: self.limits.logs_max,
-            }),
+            None => Err(A2mError::Refused(Refusal::TooManyLogs {
+                max: self.limits.logs_max as u64,
+            })),
         }
     }
 
@@ -141,7 +143,7 @@ impl Logs {
         let seq = head
             .high
             .checked_add(1)
-            .ok_or(A2mError::Exhausted { log: id })?;
+            .ok_or(A2mError::Refused(Refusal::Exhausted { log: id }))?;
         self.check_room(id)?;
         let previous = self.logs.get(&id).map_or(Entry::ZERO, Log::last);
         let entry = Entry {
@@ -170,11 +172,11 @@ impl Logs {
     ) -> Result<Plan, A2mError> {
         let head = self.head_for_change(id)?;
         if seq <= head.high {
-            return Err(A2mError::NotMonotone {
+            return Err(A2mError::Refused(Refusal::NotMonotone {
                 log: id,
                 seq,
                 high: head.high,
-            });
+            }));
         }
         self.check_room(id)?;
         let entry = Entry {
@@ -195,20 +197,20 @@ impl Logs {
     /// `truncate(q, n)`: forget every slot below `n ∈ (low, high]`; slot `n` stays.
     pub fn plan_truncate(&self, id: LogId, seq: Seq) -> Result<Plan, A2mError> {
         let Some(log) = self.logs.get(&id) else {
-            return Err(A2mError::OutOfRange {
+            return Err(A2mError::Refused(Refusal::OutOfRange {
                 log: id,
                 seq,
                 low: 0,
                 high: 0,
-            });
+            }));
         };
         if seq <= log.head.low || seq > log.head.high {
-            return Err(A2mError::OutOfRange {
+            return Err(A2mError::Refused(Refusal::OutOfRange {
                 log: id,
                 seq,
                 low: log.head.low,
                 high: log.head.high,
-            });
+            }));
         }
         Ok(Plan {
             log: id,
@@ -223,10 +225,10 @@ impl Logs {
 
     fn check_room(&self, id: LogId) -> Result<(), A2mError> {
         if self.retained(id) >= self.limits.entries_max {
-            return Err(A2mError::Full {
+            return Err(A2mError::Refused(Refusal::Full {
                 log: id,
-                max: self.limits.entries_max,
-            });
+                max: self.limits.entries_max as u64,
+            }));
         }
         Ok(())
     }

@@ -17,7 +17,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bulwark_core::a2m::{Attestation, ChainDigest, LogId, Nonce, Seq, Value};
+use bulwark_core::a2m::{
+    Attestation, Call, ChainDigest, LogId, Nonce, Outcome, Refusal, Seq, Value,
+};
 use bulwark_core::sign::{PublicKey, Signed, Unverified};
 use bulwark_core::wire;
 use serde::{Deserialize, Serialize};
@@ -27,74 +29,13 @@ use crate::{A2m, A2mError, Component, Head};
 /// The largest frame either side accepts: a status answer with every log's head is the largest.
 pub const FRAME_BYTES_MAX: usize = 64 * 1024;
 
-/// A call, as the host sends it.
+/// What the host sends.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum Request {
     /// The component's public key.
     Identity,
-    /// [`A2m::append`].
-    Append {
-        /// The log.
-        log: LogId,
-        /// The value.
-        value: Value,
-    },
-    /// [`A2m::advance`].
-    Advance {
-        /// The log.
-        log: LogId,
-        /// The slot.
-        seq: Seq,
-        /// The digest to chain to.
-        digest: ChainDigest,
-        /// The value.
-        value: Value,
-    },
-    /// [`A2m::lookup`].
-    Lookup {
-        /// The log.
-        log: LogId,
-        /// The slot.
-        seq: Seq,
-        /// The nonce.
-        nonce: Nonce,
-    },
-    /// [`A2m::end`].
-    End {
-        /// The log.
-        log: LogId,
-        /// The nonce.
-        nonce: Nonce,
-    },
-    /// [`A2m::truncate`].
-    Truncate {
-        /// The log.
-        log: LogId,
-        /// The new lowest slot.
-        seq: Seq,
-    },
-    /// [`A2m::append_attest`].
-    AppendAttest {
-        /// The log.
-        log: LogId,
-        /// The value.
-        value: Value,
-        /// The nonce.
-        nonce: Nonce,
-    },
-    /// [`A2m::advance_attest`].
-    AdvanceAttest {
-        /// The log.
-        log: LogId,
-        /// The slot.
-        seq: Seq,
-        /// The digest to chain to.
-        digest: ChainDigest,
-        /// The value.
-        value: Value,
-        /// The nonce.
-        nonce: Nonce,
-    },
+    /// One of the log's operations.
+    Call(Call),
     /// Every log's bounds, the generation and the attestations made, for `bulwark status`.
     Status,
 }
@@ -129,104 +70,6 @@ pub struct Status {
     pub attestations: u64,
     /// Requests refused since the process started (undecodable or invalid).
     pub refused: u64,
-}
-
-/// A refused call, as it crosses the socket ([`A2mError`] without the start-up errors).
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub enum Refusal {
-    /// [`A2mError::Full`].
-    Full {
-        /// The log.
-        log: LogId,
-        /// Slots it may keep.
-        max: u64,
-    },
-    /// [`A2mError::TooManyLogs`].
-    TooManyLogs {
-        /// Logs it may hold.
-        max: u64,
-    },
-    /// [`A2mError::Exhausted`].
-    Exhausted {
-        /// The log.
-        log: LogId,
-    },
-    /// [`A2mError::NotMonotone`].
-    NotMonotone {
-        /// The log.
-        log: LogId,
-        /// The slot asked for.
-        seq: Seq,
-        /// The log's end.
-        high: Seq,
-    },
-    /// [`A2mError::OutOfRange`].
-    OutOfRange {
-        /// The log.
-        log: LogId,
-        /// The slot asked for.
-        seq: Seq,
-        /// The lowest slot kept.
-        low: Seq,
-        /// The log's end.
-        high: Seq,
-    },
-    /// The component stopped, or anything else that is not the caller's doing.
-    Stopped(String),
-}
-
-impl From<A2mError> for Refusal {
-    fn from(error: A2mError) -> Refusal {
-        match error {
-            A2mError::Full { log, max } => Refusal::Full {
-                log,
-                max: max as u64,
-            },
-            A2mError::TooManyLogs { max } => Refusal::TooManyLogs { max: max as u64 },
-            A2mError::Exhausted { log } => Refusal::Exhausted { log },
-            A2mError::NotMonotone { log, seq, high } => Refusal::NotMonotone { log, seq, high },
-            A2mError::OutOfRange {
-                log,
-                seq,
-                low,
-                high,
-            } => Refusal::OutOfRange {
-                log,
-                seq,
-                low,
-                high,
-            },
-            error => Refusal::Stopped(error.to_string()),
-        }
-    }
-}
-
-impl From<Refusal> for A2mError {
-    fn from(refusal: Refusal) -> A2mError {
-        match refusal {
-            Refusal::Full { log, max } => A2mError::Full {
-                log,
-                max: usize::try_from(max).unwrap_or(usize::MAX),
-            },
-            Refusal::TooManyLogs { max } => A2mError::TooManyLogs {
-                max: usize::try_from(max).unwrap_or(usize::MAX),
-            },
-            Refusal::Exhausted { log } => A2mError::Exhausted { log },
-            Refusal::NotMonotone { log, seq, high } => A2mError::NotMonotone { log, seq, high },
-            Refusal::OutOfRange {
-                log,
-                seq,
-                low,
-                high,
-            } => A2mError::OutOfRange {
-                log,
-                seq,
-                low,
-                high,
-            },
-            Refusal::Stopped(reason) => A2mError::Stopped(reason),
-        }
-    }
 }
 
 /// Answers calls on `listener` until the process ends: one thread per connection, one call at
@@ -304,41 +147,16 @@ impl Served {
     }
 }
 
-/// The component's answer to one call; `refused` is what a status reports as refused so far.
+/// The component's answer to one request; `refused` is what a status reports as refused so far.
 pub fn answer(component: &mut Component, request: Request, refused: u64) -> Response {
-    let attested = |result: Result<Signed<Attestation>, A2mError>| match result {
-        Ok(signed) => Response::Attested(signed.to_unverified()),
-        Err(error) => Response::Refused(error.into()),
-    };
-    let done = |result: Result<(), A2mError>| match result {
-        Ok(()) => Response::Done,
-        Err(error) => Response::Refused(error.into()),
-    };
     match request {
         Request::Identity => Response::Identity(component.public_key()),
-        Request::Append { log, value } => match component.append(log, value) {
-            Ok(seq) => Response::Appended(seq),
+        Request::Call(call) => match component.call(&call) {
+            Ok(Outcome::Appended(seq)) => Response::Appended(seq),
+            Ok(Outcome::Done) => Response::Done,
+            Ok(Outcome::Attested(signed)) => Response::Attested(signed.to_unverified()),
             Err(error) => Response::Refused(error.into()),
         },
-        Request::Advance {
-            log,
-            seq,
-            digest,
-            value,
-        } => done(component.advance(log, seq, digest, value)),
-        Request::Lookup { log, seq, nonce } => attested(component.lookup(log, seq, nonce)),
-        Request::End { log, nonce } => attested(component.end(log, nonce)),
-        Request::Truncate { log, seq } => done(component.truncate(log, seq)),
-        Request::AppendAttest { log, value, nonce } => {
-            attested(component.append_attest(log, value, nonce))
-        }
-        Request::AdvanceAttest {
-            log,
-            seq,
-            digest,
-            value,
-            nonce,
-        } => attested(component.advance_attest(log, seq, digest, value, nonce)),
         Request::Status => Response::Status(Status {
             key: component.public_key(),
             heads: component.heads(),
@@ -364,29 +182,31 @@ impl Remote {
     /// another (the host was configured with its component's identity).
     pub fn connect(socket: &Path, expected: Option<PublicKey>) -> Result<Remote, A2mError> {
         let stream = UnixStream::connect(socket).map_err(|error| {
-            A2mError::Stopped(format!(
+            A2mError::Refused(Refusal::Stopped(format!(
                 "cannot reach the trusted log at {}: {error}",
                 socket.display()
-            ))
+            )))
         })?;
-        let broken = |error: io::Error| A2mError::Stopped(format!("the trusted log: {error}"));
+        let broken = |error: io::Error| {
+            A2mError::Refused(Refusal::Stopped(format!("the trusted log: {error}")))
+        };
         stream
             .set_read_timeout(Some(CALL_TIMEOUT))
             .and_then(|()| stream.set_write_timeout(Some(CALL_TIMEOUT)))
             .map_err(broken)?;
         let mut stream = stream;
         let Response::Identity(key) = call(&mut stream, &Request::Identity)? else {
-            return Err(A2mError::Stopped(
+            return Err(A2mError::Refused(Refusal::Stopped(
                 "the trusted log did not say who it is".to_string(),
-            ));
+            )));
         };
         if let Some(expected) = expected
             && expected != key
         {
-            return Err(A2mError::Stopped(format!(
+            return Err(A2mError::Refused(Refusal::Stopped(format!(
                 "the trusted log at {} is {key}, not the configured {expected}",
                 socket.display()
-            )));
+            ))));
         }
         Ok(Remote { stream, key })
     }
@@ -406,7 +226,9 @@ impl Remote {
     fn attestation(&mut self, request: &Request) -> Result<Signed<Attestation>, A2mError> {
         match self.call(request)? {
             Response::Attested(attestation) => attestation.verify(&self.key).map_err(|error| {
-                A2mError::Stopped(format!("the trusted log's attestation: {error}"))
+                A2mError::Refused(Refusal::Stopped(format!(
+                    "the trusted log's attestation: {error}"
+                )))
             }),
             other => Err(unexpected(&other)),
         }
@@ -422,13 +244,19 @@ impl Remote {
 
 /// One call: the request out, its answer back, a refusal turned into its error.
 fn call(stream: &mut UnixStream, request: &Request) -> Result<Response, A2mError> {
-    let broken = |error: io::Error| A2mError::Stopped(format!("the trusted log: {error}"));
+    let broken =
+        |error: io::Error| A2mError::Refused(Refusal::Stopped(format!("the trusted log: {error}")));
     write_frame(stream, &wire::encode(request)).map_err(broken)?;
-    let frame = read_frame(stream)
-        .map_err(broken)?
-        .ok_or_else(|| A2mError::Stopped("the trusted log closed the connection".into()))?;
-    let response: Response = wire::decode(&frame, FRAME_BYTES_MAX)
-        .map_err(|error| A2mError::Stopped(format!("the trusted log's answer: {error}")))?;
+    let frame = read_frame(stream).map_err(broken)?.ok_or_else(|| {
+        A2mError::Refused(Refusal::Stopped(
+            "the trusted log closed the connection".into(),
+        ))
+    })?;
+    let response: Response = wire::decode(&frame, FRAME_BYTES_MAX).map_err(|error| {
+        A2mError::Refused(Refusal::Stopped(format!(
+            "the trusted log's answer: {error}"
+        )))
+    })?;
     match response {
         Response::Refused(refusal) => Err(refusal.into()),
         response => Ok(response),
@@ -436,9 +264,9 @@ fn call(stream: &mut UnixStream, request: &Request) -> Result<Response, A2mError
 }
 
 fn unexpected(response: &Response) -> A2mError {
-    A2mError::Stopped(format!(
+    A2mError::Refused(Refusal::Stopped(format!(
         "the trusted log answered out of turn: {response:?}"
-    ))
+    )))
 }
 
 impl A2m for Remote {
@@ -447,7 +275,7 @@ impl A2m for Remote {
     }
 
     fn append(&mut self, log: LogId, value: Value) -> Result<Seq, A2mError> {
-        match self.call(&Request::Append { log, value })? {
+        match self.call(&Request::Call(Call::Append { log, value }))? {
             Response::Appended(seq) => Ok(seq),
             other => Err(unexpected(&other)),
         }
@@ -460,12 +288,12 @@ impl A2m for Remote {
         digest: ChainDigest,
         value: Value,
     ) -> Result<(), A2mError> {
-        self.done(&Request::Advance {
+        self.done(&Request::Call(Call::Advance {
             log,
             seq,
             digest,
             value,
-        })
+        }))
     }
 
     fn lookup(
@@ -474,15 +302,15 @@ impl A2m for Remote {
         seq: Seq,
         nonce: Nonce,
     ) -> Result<Signed<Attestation>, A2mError> {
-        self.attestation(&Request::Lookup { log, seq, nonce })
+        self.attestation(&Request::Call(Call::Lookup { log, seq, nonce }))
     }
 
     fn end(&mut self, log: LogId, nonce: Nonce) -> Result<Signed<Attestation>, A2mError> {
-        self.attestation(&Request::End { log, nonce })
+        self.attestation(&Request::Call(Call::End { log, nonce }))
     }
 
     fn truncate(&mut self, log: LogId, seq: Seq) -> Result<(), A2mError> {
-        self.done(&Request::Truncate { log, seq })
+        self.done(&Request::Call(Call::Truncate { log, seq }))
     }
 
     fn append_attest(
@@ -491,7 +319,7 @@ impl A2m for Remote {
         value: Value,
         nonce: Nonce,
     ) -> Result<Signed<Attestation>, A2mError> {
-        self.attestation(&Request::AppendAttest { log, value, nonce })
+        self.attestation(&Request::Call(Call::AppendAttest { log, value, nonce }))
     }
 
     fn advance_attest(
@@ -502,13 +330,13 @@ impl A2m for Remote {
         value: Value,
         nonce: Nonce,
     ) -> Result<Signed<Attestation>, A2mError> {
-        self.attestation(&Request::AdvanceAttest {
+        self.attestation(&Request::Call(Call::AdvanceAttest {
             log,
             seq,
             digest,
             value,
             nonce,
-        })
+        }))
     }
 }
 

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use bulwark_core::a2m::Refusal;
 use bulwark_core::a2m::{Attestation, Expected, Kind, LogId, Seq, Status, Value, chain, nonce_of};
 use bulwark_storage::{StorageOp, Store};
 use proptest::prelude::*;
@@ -165,7 +166,9 @@ fn run(component: &mut Component, models: &mut BTreeMap<LogId, Model>, op: &Op) 
                     .expect("valid");
                     check_statement(model, checked.value(), seq);
                 }
-                Err(A2mError::NotMonotone { .. }) => assert!(!accepted, "advance to {seq}"),
+                Err(A2mError::Refused(Refusal::NotMonotone { .. })) => {
+                    assert!(!accepted, "advance to {seq}")
+                }
                 Err(error) => panic!("{error}"),
             }
         }
@@ -177,7 +180,9 @@ fn run(component: &mut Component, models: &mut BTreeMap<LogId, Model>, op: &Op) 
             let accepted = model.truncate(seq);
             match component.truncate(log, seq) {
                 Ok(()) => assert!(accepted, "truncate to {seq} must fail"),
-                Err(A2mError::OutOfRange { .. }) => assert!(!accepted, "truncate to {seq}"),
+                Err(A2mError::Refused(Refusal::OutOfRange { .. })) => {
+                    assert!(!accepted, "truncate to {seq}")
+                }
                 Err(error) => panic!("{error}"),
             }
         }
@@ -277,11 +282,11 @@ fn the_chain_runs_through_an_advance() {
     // An advance to the end or before it fails and changes nothing.
     assert!(matches!(
         component.advance(7, 6, [0; 32], [4; 32]),
-        Err(A2mError::NotMonotone {
+        Err(A2mError::Refused(Refusal::NotMonotone {
             seq: 6,
             high: 6,
             ..
-        })
+        }))
     ));
     assert_eq!(
         component.end(7, [0; 32]).expect("running").value().digest,
@@ -303,11 +308,11 @@ fn a_full_log_refuses_and_keeps_everything() {
     }
     assert!(matches!(
         component.append(0, [4; 32]),
-        Err(A2mError::Full { log: 0, max: 4 })
+        Err(A2mError::Refused(Refusal::Full { log: 0, max: 4 }))
     ));
     assert!(matches!(
         component.advance(0, 9, [0; 32], [4; 32]),
-        Err(A2mError::Full { .. })
+        Err(A2mError::Refused(Refusal::Full { .. }))
     ));
     for seq in 0..=3u8 {
         let statement = *component
@@ -329,7 +334,7 @@ fn a_full_log_refuses_and_keeps_everything() {
     component.append(1, [1; 32]).expect("a second log");
     assert!(matches!(
         component.append(2, [1; 32]),
-        Err(A2mError::TooManyLogs { max: 2 })
+        Err(A2mError::Refused(Refusal::TooManyLogs { max: 2 }))
     ));
 }
 
@@ -342,17 +347,17 @@ fn truncation_keeps_its_slot_and_forgets_below() {
     for bad in [0, 6] {
         assert!(matches!(
             component.truncate(0, bad),
-            Err(A2mError::OutOfRange { .. })
+            Err(A2mError::Refused(Refusal::OutOfRange { .. }))
         ));
     }
     component.truncate(0, 3).expect("in range");
     assert!(matches!(
         component.truncate(0, 3),
-        Err(A2mError::OutOfRange {
+        Err(A2mError::Refused(Refusal::OutOfRange {
             low: 3,
             high: 5,
             ..
-        })
+        }))
     ));
     let forgotten = *component.lookup(0, 2, [0; 32]).expect("running").value();
     assert_eq!(
@@ -546,11 +551,11 @@ mod socket {
             .expect("past the end");
         assert!(matches!(
             remote.advance(2, 9, [0; 32], [3; 32]),
-            Err(A2mError::NotMonotone {
+            Err(A2mError::Refused(Refusal::NotMonotone {
                 seq: 9,
                 high: 9,
                 ..
-            })
+            }))
         ));
         let end = remote.end(2, [5; 32]).expect("running");
         assert_eq!(end.value().seq, 9);

@@ -263,6 +263,137 @@ pub fn contradicts(a: &Attestation, b: &Attestation) -> bool {
     )
 }
 
+/// One call to a trusted log (spec §2.2, with the fused forms of §2.5): what a host sends its
+/// component, and what a protocol asks its driver to make ([`Outcome`] answers it).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Call {
+    /// Fill the slot after the log's end with `value`.
+    Append {
+        /// The log.
+        log: LogId,
+        /// The value.
+        value: Value,
+    },
+    /// Fill slot `seq`, past the end, with `value`, chained to `digest`.
+    Advance {
+        /// The log.
+        log: LogId,
+        /// The slot.
+        seq: Seq,
+        /// The digest to chain to.
+        digest: ChainDigest,
+        /// The value.
+        value: Value,
+    },
+    /// Attest what slot `seq` holds.
+    Lookup {
+        /// The log.
+        log: LogId,
+        /// The slot.
+        seq: Seq,
+        /// The nonce.
+        nonce: Nonce,
+    },
+    /// Attest the log's last slot.
+    End {
+        /// The log.
+        log: LogId,
+        /// The nonce.
+        nonce: Nonce,
+    },
+    /// Forget every slot below `seq`.
+    Truncate {
+        /// The log.
+        log: LogId,
+        /// The new lowest slot.
+        seq: Seq,
+    },
+    /// [`Call::Append`], then [`Call::Lookup`] of the slot it filled.
+    AppendAttest {
+        /// The log.
+        log: LogId,
+        /// The value.
+        value: Value,
+        /// The nonce.
+        nonce: Nonce,
+    },
+    /// [`Call::Advance`], then [`Call::Lookup`] of slot `seq`.
+    AdvanceAttest {
+        /// The log.
+        log: LogId,
+        /// The slot.
+        seq: Seq,
+        /// The digest to chain to.
+        digest: ChainDigest,
+        /// The value.
+        value: Value,
+        /// The nonce.
+        nonce: Nonce,
+    },
+}
+
+/// What a call achieved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The slot an append filled.
+    Appended(Seq),
+    /// A change made durable.
+    Done,
+    /// An attestation, checked against the component's key.
+    Attested(Box<Signed<Attestation>>),
+}
+
+/// Why a trusted log refused a call, in a form that crosses a socket.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum Refusal {
+    /// The log keeps as many slots as it may: its host must stop, or truncate at a stable
+    /// checkpoint, never drop entries.
+    #[error("log {log} is full ({max} slots kept); truncate it at a stable checkpoint")]
+    Full {
+        /// The log.
+        log: LogId,
+        /// Slots it may keep.
+        max: u64,
+    },
+    /// The component holds as many logs as it may.
+    #[error("the trusted log holds {max} logs already")]
+    TooManyLogs {
+        /// Logs it may hold.
+        max: u64,
+    },
+    /// The log's last slot is the largest there is.
+    #[error("log {log} has used every slot")]
+    Exhausted {
+        /// The log.
+        log: LogId,
+    },
+    /// An advance to a slot at or below the end.
+    #[error("log {log} ends at slot {high}: it cannot advance to slot {seq}")]
+    NotMonotone {
+        /// The log.
+        log: LogId,
+        /// The slot asked for.
+        seq: Seq,
+        /// The log's end.
+        high: Seq,
+    },
+    /// A truncation to a slot outside `(low, high]`.
+    #[error("log {log} keeps slots {low} to {high}: it cannot be truncated to slot {seq}")]
+    OutOfRange {
+        /// The log.
+        log: LogId,
+        /// The slot asked for.
+        seq: Seq,
+        /// The lowest slot kept.
+        low: Seq,
+        /// The log's end.
+        high: Seq,
+    },
+    /// The component stopped or cannot be reached: nothing is attested until it is back.
+    #[error("the trusted log stopped: {0}")]
+    Stopped(String),
+}
+
 /// Why an attestation was not believed.
 #[derive(Debug, thiserror::Error)]
 pub enum AttestationError {
