@@ -165,11 +165,26 @@ def parse_error_xml(body: bytes) -> dict:
     return fields
 
 
+class _DeclaredPayloadAuth(botocore.auth.S3SigV4Auth):
+    """SigV4 with x-amz-content-sha256 set to a declared value (a streaming mode) instead of the
+    body's hash."""
+
+    def __init__(self, credentials, service, region, declared: str):
+        super().__init__(credentials, service, region)
+        self._declared = declared
+
+    def payload(self, request):
+        return self._declared
+
+
 def sign(method: str, path: str, *, query: str = "", body: bytes = b"",
-         headers: dict | None = None, access_key=None, secret_key=None) -> tuple[str, dict]:
+         headers: dict | None = None, access_key=None, secret_key=None,
+         payload: str | None = None) -> tuple[str, dict]:
     """SigV4-sign a request (header auth, signed payload); return its URL and all its headers.
 
-    path is the already-encoded path ("/bucket/key"), query the already-encoded query string.
+    path is the already-encoded path ("/bucket/key"), query the already-encoded query string;
+    payload, when given, is what x-amz-content-sha256 declares (STREAMING-UNSIGNED-PAYLOAD-TRAILER,
+    say) instead of the body's hash.
     """
     t = target()
     url = t.endpoint + path + (("?" + query) if query else "")
@@ -179,7 +194,10 @@ def sign(method: str, path: str, *, query: str = "", body: bytes = b"",
     )
     req = botocore.awsrequest.AWSRequest(method=method, url=url, data=body,
                                          headers=dict(headers or {}))
-    botocore.auth.S3SigV4Auth(creds, "s3", t.region).add_auth(req)
+    if payload is None:
+        botocore.auth.S3SigV4Auth(creds, "s3", t.region).add_auth(req)
+    else:
+        _DeclaredPayloadAuth(creds, "s3", t.region, payload).add_auth(req)
     prepared = req.prepare()
     out = dict(prepared.headers)
     out.setdefault("Host", t.netloc)
@@ -189,10 +207,10 @@ def sign(method: str, path: str, *, query: str = "", body: bytes = b"",
 
 def signed_request(method: str, path: str, *, query: str = "", body: bytes = b"",
                    headers: dict | None = None, access_key=None, secret_key=None,
-                   timeout: float = 60) -> requests.Response:
+                   timeout: float = 60, payload: str | None = None) -> requests.Response:
     """Send a raw request signed with SigV4 (see sign())."""
     url, all_headers = sign(method, path, query=query, body=body, headers=headers,
-                            access_key=access_key, secret_key=secret_key)
+                            access_key=access_key, secret_key=secret_key, payload=payload)
     return requests.request(method, url, headers=all_headers, data=body, timeout=timeout,
                             allow_redirects=False)
 

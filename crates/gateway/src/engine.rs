@@ -23,6 +23,8 @@ use crate::store::{Registers, StoreError};
 use bytes::{Bytes, BytesMut};
 use futures::{Stream, StreamExt, stream};
 use md5::Digest;
+use s3s::checksum::ChecksumHasher;
+use s3s::dto::Checksum;
 use s3s::{S3Error, S3ErrorCode, S3Result, s3_error};
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -117,8 +119,129 @@ pub struct Written {
     pub size: u64,
     /// MD5 of the bytes.
     pub md5: [u8; 16],
+    /// The `x-amz-checksum-*` values computed, base64, for the algorithms asked for.
+    pub checksum: Checksum,
     /// Where they are.
     pub data: Data,
+}
+
+/// What a request says its body must hash to (`Content-MD5`, `x-amz-checksum-*`), checked
+/// before anything refers to the body: a mismatch stores nothing.
+#[derive(Debug, Default)]
+pub struct Integrity {
+    /// `Content-MD5`.
+    pub md5: Option<[u8; 16]>,
+    /// The checksum algorithms to compute: those a value was given for, in a header or a
+    /// trailer, and the one the SDK named.
+    pub algorithms: Algorithms,
+    /// Values given in headers, base64.
+    pub given: Checksum,
+    /// The body's trailer, whose `x-amz-checksum-*` values are known only once it has been read.
+    pub trailer: Option<s3s::TrailingHeaders>,
+    /// The checksum headers `x-amz-trailer` announced: each must arrive in the trailer.
+    pub announced: Vec<String>,
+}
+
+/// Which checksums to compute.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Algorithms {
+    /// CRC-32.
+    pub crc32: bool,
+    /// CRC-32C.
+    pub crc32c: bool,
+    /// CRC-64/NVME.
+    pub crc64nvme: bool,
+    /// SHA-1.
+    pub sha1: bool,
+    /// SHA-256.
+    pub sha256: bool,
+}
+
+impl Algorithms {
+    fn hasher(self) -> ChecksumHasher {
+        use s3s::crypto::Checksum as _;
+        ChecksumHasher {
+            crc32: self.crc32.then(s3s::crypto::Crc32::new),
+            crc32c: self.crc32c.then(s3s::crypto::Crc32c::new),
+            crc64nvme: self.crc64nvme.then(s3s::crypto::Crc64Nvme::new),
+            sha1: self.sha1.then(s3s::crypto::Sha1::new),
+            sha256: self.sha256.then(s3s::crypto::Sha256::new),
+        }
+    }
+}
+
+impl Integrity {
+    /// Refuses `written` if it does not hash to what was given, naming what differed.
+    fn check(&self, written: &Written) -> S3Result<()> {
+        if let Some(expected) = self.md5
+            && expected != written.md5
+        {
+            return Err(s3_error!(BadDigest, "Content-MD5 does not match the body"));
+        }
+        let trailer = |name: &str| {
+            self.trailer.as_ref().and_then(|trailer| {
+                trailer
+                    .read(|headers| {
+                        headers
+                            .get(name)
+                            .and_then(|value| value.to_str().ok())
+                            .map(str::to_owned)
+                    })
+                    .flatten()
+            })
+        };
+        let pairs = [
+            (
+                "CRC32",
+                "x-amz-checksum-crc32",
+                &self.given.checksum_crc32,
+                &written.checksum.checksum_crc32,
+            ),
+            (
+                "CRC32C",
+                "x-amz-checksum-crc32c",
+                &self.given.checksum_crc32c,
+                &written.checksum.checksum_crc32c,
+            ),
+            (
+                "CRC64NVME",
+                "x-amz-checksum-crc64nvme",
+                &self.given.checksum_crc64nvme,
+                &written.checksum.checksum_crc64nvme,
+            ),
+            (
+                "SHA1",
+                "x-amz-checksum-sha1",
+                &self.given.checksum_sha1,
+                &written.checksum.checksum_sha1,
+            ),
+            (
+                "SHA256",
+                "x-amz-checksum-sha256",
+                &self.given.checksum_sha256,
+                &written.checksum.checksum_sha256,
+            ),
+        ];
+        for (algorithm, header, given, computed) in pairs {
+            let trailed = trailer(header);
+            if trailed.is_none() && self.announced.iter().any(|name| name == header) {
+                return Err(s3_error!(
+                    InvalidRequest,
+                    "x-amz-trailer announced {header}, but the body carried no such trailer"
+                ));
+            }
+            let Some(expected) = given.clone().or(trailed) else {
+                continue;
+            };
+            if computed.as_deref() != Some(expected.as_str()) {
+                return Err(s3_error!(
+                    BadDigest,
+                    "The {algorithm} you specified did not match the calculated checksum."
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// What a new object carries besides its bytes.
@@ -466,6 +589,7 @@ impl Engine {
         mut body: S,
         max: u64,
         inline: bool,
+        algorithms: Algorithms,
     ) -> S3Result<Written>
     where
         S: Stream<Item = S3Result<Bytes>> + Unpin,
@@ -479,6 +603,7 @@ impl Engine {
                 &mut body,
                 max,
                 inline,
+                algorithms,
                 write,
                 &mut chunks,
                 &mut inflight,
@@ -513,6 +638,7 @@ impl Engine {
         body: &mut S,
         max: u64,
         inline: bool,
+        algorithms: Algorithms,
         write: WriteId,
         chunks: &mut Vec<ChunkRef>,
         inflight: &mut JoinSet<S3Result<()>>,
@@ -521,6 +647,7 @@ impl Engine {
         S: Stream<Item = S3Result<Bytes>> + Unpin,
     {
         let mut md5 = md5::Md5::new();
+        let mut checksums = algorithms.hasher();
         let mut size = 0u64;
         let mut buffer: Option<(BytesMut, OwnedSemaphorePermit)> = None;
         while let Some(piece) = body.next().await {
@@ -533,6 +660,7 @@ impl Engine {
                 ));
             }
             md5.update(&piece);
+            checksums.update(&piece);
             while !piece.is_empty() {
                 if buffer.is_none() {
                     let permit = self
@@ -557,11 +685,13 @@ impl Engine {
             }
         }
         let md5: [u8; 16] = md5.finalize().into();
+        let checksum = checksums.finalize();
         if inline && chunks.is_empty() && size <= INLINE_BYTES_MAX as u64 {
             let data = buffer.map(|(buf, _)| buf.freeze()).unwrap_or_default();
             return Ok(Written {
                 size,
                 md5,
+                checksum,
                 data: Data::Inline(data),
             });
         }
@@ -572,6 +702,7 @@ impl Engine {
         Ok(Written {
             size,
             md5,
+            checksum,
             data: Data::Chunks(chunks.clone()),
         })
     }
@@ -721,8 +852,8 @@ impl Engine {
         key: &str,
         meta: ObjectMeta,
         body: S,
-        content_md5: Option<[u8; 16]>,
-    ) -> S3Result<Manifest>
+        integrity: &Integrity,
+    ) -> S3Result<(Manifest, Checksum)>
     where
         S: Stream<Item = S3Result<Bytes>> + Unpin,
     {
@@ -730,13 +861,17 @@ impl Engine {
         let metadata = check_metadata(meta.metadata)?;
         self.require_bucket(reg.as_ref(), bucket).await?;
         let written = self
-            .write_body(reg, body, self.limits.object_bytes_max, true)
+            .write_body(
+                reg,
+                body,
+                self.limits.object_bytes_max,
+                true,
+                integrity.algorithms,
+            )
             .await?;
-        if let Some(expected) = content_md5
-            && expected != written.md5
-        {
+        if let Err(refused) = integrity.check(&written) {
             forget_chunks(reg, written.data.chunks().to_vec(), Duration::ZERO);
-            return Err(s3_error!(BadDigest, "Content-MD5 does not match the body"));
+            return Err(refused);
         }
         let manifest = Manifest {
             key: key.to_owned(),
@@ -749,7 +884,7 @@ impl Engine {
             data: written.data,
         };
         self.commit(reg, bucket, &manifest, true).await?;
-        Ok(manifest)
+        Ok((manifest, written.checksum))
     }
 
     /// Streams `range` of an object. The first piece is fetched before this returns, so a
@@ -1012,7 +1147,8 @@ impl Engine {
         Ok((uploads, truncated))
     }
 
-    /// Stores one part; returns its MD5.
+    /// Stores one part, once it hashes to what `integrity` says; returns what was written.
+    #[allow(clippy::too_many_arguments)]
     pub async fn upload_part<R: Registers, S>(
         &self,
         reg: &Arc<R>,
@@ -1021,7 +1157,8 @@ impl Engine {
         upload_id: &str,
         part_number: i32,
         body: S,
-    ) -> S3Result<[u8; 16]>
+        integrity: &Integrity,
+    ) -> S3Result<Written>
     where
         S: Stream<Item = S3Result<Bytes>> + Unpin,
     {
@@ -1036,8 +1173,18 @@ impl Engine {
             })?;
         self.upload(reg.as_ref(), bucket, key, upload_id).await?;
         let written = self
-            .write_body(reg, body, self.limits.part_bytes_max, false)
+            .write_body(
+                reg,
+                body,
+                self.limits.part_bytes_max,
+                false,
+                integrity.algorithms,
+            )
             .await?;
+        if let Err(refused) = integrity.check(&written) {
+            forget_chunks(reg, written.data.chunks().to_vec(), Duration::ZERO);
+            return Err(refused);
+        }
         let part = PartRecord {
             size: written.size,
             md5: written.md5,
@@ -1062,7 +1209,7 @@ impl Engine {
                 if let Some(old) = old {
                     forget_chunks(reg, old.chunks, Duration::ZERO);
                 }
-                Ok(written.md5)
+                Ok(written)
             }
             Err(e) => {
                 // A record write that timed out may still take effect: keep what it names.
@@ -1303,10 +1450,11 @@ mod tests {
                 "big",
                 ObjectMeta::default(),
                 body(&data, 65536),
-                None,
+                &Integrity::default(),
             )
             .await
-            .unwrap();
+            .unwrap()
+            .0;
         assert_eq!(m.data.chunks().len(), 3);
         let md5: [u8; 16] = md5::Md5::digest(&data).into();
         assert_eq!(m.etag, hex::encode(md5));
@@ -1322,6 +1470,124 @@ mod tests {
         assert_eq!(chunk_spans(m.data.chunks(), &(m.size - 1..m.size)).len(), 1);
     }
 
+    /// A checksum that does not match refuses the PUT or the part and stores nothing; one that
+    /// matches is computed and returned, as is one only named (to be computed).
+    #[tokio::test]
+    async fn checksums_are_checked_before_anything_refers_to_the_body() {
+        let (engine, reg) = setup(Duration::ZERO).await;
+        let crc32 = |given: &str| Integrity {
+            algorithms: Algorithms {
+                crc32: true,
+                ..Algorithms::default()
+            },
+            given: Checksum {
+                checksum_crc32: Some(given.to_owned()),
+                ..Checksum::default()
+            },
+            ..Integrity::default()
+        };
+        // CRC-32 of "hello" is 0x3610a686.
+        let e = engine
+            .put_object(
+                &reg,
+                "b",
+                "k",
+                ObjectMeta::default(),
+                body(b"hello", 2),
+                &crc32("AAAAAA=="),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::BadDigest);
+        assert!(engine.manifest(reg.as_ref(), "b", "k").await.is_err());
+        let big = pattern(CHUNK_BYTES + 10, 3);
+        let e = engine
+            .put_object(
+                &reg,
+                "b",
+                "big",
+                ObjectMeta::default(),
+                body(&big, 65536),
+                &crc32("AAAAAA=="),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::BadDigest);
+        assert!(engine.manifest(reg.as_ref(), "b", "big").await.is_err());
+        let (_, checksum) = engine
+            .put_object(
+                &reg,
+                "b",
+                "k",
+                ObjectMeta::default(),
+                body(b"hello", 2),
+                &crc32("NhCmhg=="),
+            )
+            .await
+            .unwrap();
+        assert_eq!(checksum.checksum_crc32.as_deref(), Some("NhCmhg=="));
+        let sha256 = Integrity {
+            algorithms: Algorithms {
+                sha256: true,
+                ..Algorithms::default()
+            },
+            ..Integrity::default()
+        };
+        let (_, checksum) = engine
+            .put_object(
+                &reg,
+                "b",
+                "k2",
+                ObjectMeta::default(),
+                body(b"hello", 2),
+                &sha256,
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            checksum.checksum_sha256.as_deref(),
+            Some("LPJNul+wow4m6DsqxbninhsWHlwfp0JecwQzYpOLmCQ=")
+        );
+        assert_eq!(checksum.checksum_crc32, None);
+
+        // A part whose checksum does not match leaves the part it would replace in place.
+        let id = engine
+            .create_upload(reg.as_ref(), "b", "mp", ObjectMeta::default())
+            .await
+            .unwrap();
+        engine
+            .upload_part(
+                &reg,
+                "b",
+                "mp",
+                &id,
+                1,
+                body(b"hello", 2),
+                &crc32("NhCmhg=="),
+            )
+            .await
+            .unwrap();
+        let e = engine
+            .upload_part(
+                &reg,
+                "b",
+                "mp",
+                &id,
+                1,
+                body(b"other", 2),
+                &crc32("NhCmhg=="),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::BadDigest);
+        let (_, parts, _) = engine
+            .list_parts(reg.as_ref(), "b", "mp", &id, 0, 10)
+            .await
+            .unwrap();
+        let hello: [u8; 16] = md5::Md5::digest(b"hello").into();
+        assert_eq!(parts[0].1.md5, hello);
+    }
+
     #[tokio::test]
     async fn small_objects_are_inline() {
         let (engine, reg) = setup(Duration::ZERO).await;
@@ -1332,10 +1598,11 @@ mod tests {
                 "k",
                 ObjectMeta::default(),
                 body(b"hello", 2),
-                None,
+                &Integrity::default(),
             )
             .await
-            .unwrap();
+            .unwrap()
+            .0;
         assert!(matches!(m.data, Data::Inline(_)));
         assert_eq!(m.etag, "5d41402abc4b2a76b9719d911017c592");
         assert_eq!(chunk_registers(&reg), 0);
@@ -1353,10 +1620,11 @@ mod tests {
                 "k",
                 ObjectMeta::default(),
                 body(&data, 1 << 20),
-                None,
+                &Integrity::default(),
             )
             .await
-            .unwrap();
+            .unwrap()
+            .0;
         let victim = layout::chunk_key(&m.data.chunks()[1]);
         reg.map
             .lock()
@@ -1399,7 +1667,7 @@ mod tests {
                             "k",
                             ObjectMeta::default(),
                             body(data, 1 << 20),
-                            None,
+                            &Integrity::default(),
                         )
                         .await
                         .unwrap();
@@ -1429,7 +1697,7 @@ mod tests {
                 "k",
                 ObjectMeta::default(),
                 body(&data, 1 << 20),
-                None,
+                &Integrity::default(),
             )
             .await
             .unwrap();
@@ -1441,7 +1709,7 @@ mod tests {
                 "k",
                 ObjectMeta::default(),
                 body(&data, 1 << 20),
-                None,
+                &Integrity::default(),
             )
             .await
             .unwrap();
@@ -1482,7 +1750,7 @@ mod tests {
                     &format!("k{i:02}"),
                     ObjectMeta::default(),
                     body(b"x", 1),
-                    None,
+                    &Integrity::default(),
                 )
                 .await
                 .unwrap();
@@ -1520,7 +1788,14 @@ mod tests {
         engine.delete_bucket(reg.as_ref(), "c").await.unwrap();
         assert!(engine.require_bucket(reg.as_ref(), "c").await.is_err());
         let e = engine
-            .put_object(&reg, "c", "k", ObjectMeta::default(), body(b"x", 1), None)
+            .put_object(
+                &reg,
+                "c",
+                "k",
+                ObjectMeta::default(),
+                body(b"x", 1),
+                &Integrity::default(),
+            )
             .await
             .unwrap_err();
         assert_eq!(*e.code(), S3ErrorCode::NoSuchBucket);
@@ -1537,7 +1812,7 @@ mod tests {
                 "k",
                 ObjectMeta::default(),
                 body(&too_big, 1 << 20),
-                None,
+                &Integrity::default(),
             )
             .await
             .unwrap_err();
@@ -1551,7 +1826,14 @@ mod tests {
         assert_eq!(chunk_registers(&reg), 0);
         let long = "k".repeat(1025);
         let e = engine
-            .put_object(&reg, "b", &long, ObjectMeta::default(), body(b"x", 1), None)
+            .put_object(
+                &reg,
+                "b",
+                &long,
+                ObjectMeta::default(),
+                body(b"x", 1),
+                &Integrity::default(),
+            )
             .await
             .unwrap_err();
         assert_eq!(*e.code(), S3ErrorCode::KeyTooLongError);
@@ -1560,7 +1842,7 @@ mod tests {
             metadata: vec![("m".into(), "v".repeat(3000))],
         };
         let e = engine
-            .put_object(&reg, "b", "k", meta, body(b"x", 1), None)
+            .put_object(&reg, "b", "k", meta, body(b"x", 1), &Integrity::default())
             .await
             .unwrap_err();
         assert_eq!(*e.code(), S3ErrorCode::MetadataTooLarge);
@@ -1571,7 +1853,10 @@ mod tests {
                 "k",
                 ObjectMeta::default(),
                 body(b"x", 1),
-                Some([0; 16]),
+                &Integrity {
+                    md5: Some([0; 16]),
+                    ..Integrity::default()
+                },
             )
             .await
             .unwrap_err();
@@ -1581,7 +1866,14 @@ mod tests {
             Err(s3_error!(IncompleteBody)),
         ]);
         let e = engine
-            .put_object(&reg, "b", "k", ObjectMeta::default(), broken, None)
+            .put_object(
+                &reg,
+                "b",
+                "k",
+                ObjectMeta::default(),
+                broken,
+                &Integrity::default(),
+            )
             .await
             .unwrap_err();
         assert_eq!(*e.code(), S3ErrorCode::IncompleteBody);
@@ -1605,21 +1897,55 @@ mod tests {
         let e = engine.delete_bucket(reg.as_ref(), "b").await.unwrap_err();
         assert_eq!(*e.code(), S3ErrorCode::BucketNotEmpty);
         let md1 = engine
-            .upload_part(&reg, "b", "mp", &id, 1, body(&p1, 1 << 20))
+            .upload_part(
+                &reg,
+                "b",
+                "mp",
+                &id,
+                1,
+                body(&p1, 1 << 20),
+                &Integrity::default(),
+            )
             .await
-            .unwrap();
+            .unwrap()
+            .md5;
         // A part uploaded twice: the second one counts.
         engine
-            .upload_part(&reg, "b", "mp", &id, 2, body(b"old", 1))
+            .upload_part(
+                &reg,
+                "b",
+                "mp",
+                &id,
+                2,
+                body(b"old", 1),
+                &Integrity::default(),
+            )
             .await
             .unwrap();
         let md2 = engine
-            .upload_part(&reg, "b", "mp", &id, 2, body(&p2, 100))
+            .upload_part(
+                &reg,
+                "b",
+                "mp",
+                &id,
+                2,
+                body(&p2, 100),
+                &Integrity::default(),
+            )
             .await
-            .unwrap();
+            .unwrap()
+            .md5;
         for bad in [0, 10_001, -1] {
             let e = engine
-                .upload_part(&reg, "b", "mp", &id, bad, body(b"x", 1))
+                .upload_part(
+                    &reg,
+                    "b",
+                    "mp",
+                    &id,
+                    bad,
+                    body(b"x", 1),
+                    &Integrity::default(),
+                )
                 .await
                 .unwrap_err();
             assert_eq!(*e.code(), S3ErrorCode::InvalidArgument);
@@ -1659,7 +1985,15 @@ mod tests {
         let e = engine.abort_upload(&reg, "b", "mp", &id).await.unwrap_err();
         assert_eq!(*e.code(), S3ErrorCode::NoSuchUpload);
         let e = engine
-            .upload_part(&reg, "b", "mp", "zz", 1, body(b"x", 1))
+            .upload_part(
+                &reg,
+                "b",
+                "mp",
+                "zz",
+                1,
+                body(b"x", 1),
+                &Integrity::default(),
+            )
             .await
             .unwrap_err();
         assert_eq!(*e.code(), S3ErrorCode::NoSuchUpload);
@@ -1678,11 +2012,27 @@ mod tests {
             .await
             .unwrap();
         engine
-            .upload_part(&reg, "b", "k", &id, 1, body(b"short", 1))
+            .upload_part(
+                &reg,
+                "b",
+                "k",
+                &id,
+                1,
+                body(b"short", 1),
+                &Integrity::default(),
+            )
             .await
             .unwrap();
         engine
-            .upload_part(&reg, "b", "k", &id, 2, body(b"short", 1))
+            .upload_part(
+                &reg,
+                "b",
+                "k",
+                &id,
+                2,
+                body(b"short", 1),
+                &Integrity::default(),
+            )
             .await
             .unwrap();
         let e = engine
@@ -1705,9 +2055,17 @@ mod tests {
             metadata: vec![("a".into(), "1".into())],
         };
         let src = engine
-            .put_object(&reg, "b", "src", meta, body(&data, 1 << 20), None)
+            .put_object(
+                &reg,
+                "b",
+                "src",
+                meta,
+                body(&data, 1 << 20),
+                &Integrity::default(),
+            )
             .await
-            .unwrap();
+            .unwrap()
+            .0;
         let copy = engine
             .copy_object(&reg, ("b", "src"), ("b", "dst"), None, |_| Ok(()))
             .await
@@ -1733,7 +2091,7 @@ mod tests {
                 "k",
                 ObjectMeta::default(),
                 body(&data, 1 << 20),
-                None,
+                &Integrity::default(),
             )
             .await
             .unwrap_err();
@@ -1752,7 +2110,7 @@ mod tests {
                 "k2",
                 ObjectMeta::default(),
                 body(&data, 1 << 20),
-                None,
+                &Integrity::default(),
             )
             .await
             .unwrap_err();
@@ -1811,10 +2169,11 @@ mod tests {
                 "k",
                 ObjectMeta::default(),
                 body(&data, 1 << 20),
-                None,
+                &Integrity::default(),
             )
             .await
-            .unwrap();
+            .unwrap()
+            .0;
         let (a, b) = tokio::join!(
             read_all(&engine, &reg, &m, 0..m.size),
             read_all(&engine, &reg, &m, 1..m.size - 1)

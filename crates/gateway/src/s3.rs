@@ -1,7 +1,7 @@
 //! The S3 operations, on top of [`Engine`]: request fields in, response fields out. Everything
 //! not listed here answers NotImplemented (s3s's default).
 
-use crate::engine::{Engine, ObjectMeta};
+use crate::engine::{Algorithms, Engine, Integrity, ObjectMeta};
 use crate::index::{self, Page, Query};
 use crate::layout::Manifest;
 use crate::store::Registers;
@@ -97,6 +97,94 @@ fn content_md5(value: Option<&str>) -> S3Result<Option<[u8; 16]>> {
         .map(Some)
         .ok_or_else(|| s3_error!(InvalidDigest, "Content-MD5 is not a base64 MD5"))
 }
+
+/// What a PUT or UploadPart says its body hashes to: `Content-MD5`, and each
+/// `x-amz-checksum-*` given in a header, named by the SDK (`x-amz-sdk-checksum-algorithm`) or
+/// announced for the body's trailer (`x-amz-trailer`). Every one named is computed and checked;
+/// one with a malformed value, or an algorithm S3 does not have, is refused.
+fn integrity(
+    md5: Option<&str>,
+    algorithm: Option<&ChecksumAlgorithm>,
+    given: Checksum,
+    headers: &http::HeaderMap,
+    trailer: Option<s3s::TrailingHeaders>,
+) -> S3Result<Integrity> {
+    let md5 = content_md5(md5)?;
+    let announced: Vec<String> = headers
+        .get_all("x-amz-trailer")
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .map(|name| name.trim().to_ascii_lowercase())
+        .filter(|name| !name.is_empty())
+        .collect();
+    let named = |upper: &str| {
+        algorithm.is_some_and(|a| a.as_str().eq_ignore_ascii_case(upper))
+            || announced
+                .iter()
+                .any(|name| name == &format!("x-amz-checksum-{}", upper.to_ascii_lowercase()))
+    };
+    if let Some(algorithm) = algorithm
+        && ![
+            ChecksumAlgorithm::CRC32,
+            ChecksumAlgorithm::CRC32C,
+            ChecksumAlgorithm::CRC64NVME,
+            ChecksumAlgorithm::SHA1,
+            ChecksumAlgorithm::SHA256,
+        ]
+        .iter()
+        .any(|known| algorithm.as_str().eq_ignore_ascii_case(known))
+    {
+        return Err(s3_error!(
+            InvalidRequest,
+            "Checksum algorithm provided is unsupported. Please try again with any of the valid \
+             types: [CRC32, CRC32C, CRC64NVME, SHA1, SHA256]"
+        ));
+    }
+    if let Some(name) = announced.iter().find(|name| {
+        name.starts_with("x-amz-checksum-") && !KNOWN_TRAILERS.contains(&name.as_str())
+    }) {
+        return Err(s3_error!(
+            InvalidRequest,
+            "the trailer {name} is not a checksum S3 has"
+        ));
+    }
+    let valid = |value: &Option<String>, header: &str, bytes: usize| -> S3Result<bool> {
+        match value {
+            None => Ok(false),
+            Some(value) => base64::engine::general_purpose::STANDARD
+                .decode(value)
+                .ok()
+                .filter(|decoded| decoded.len() == bytes)
+                .map(|_| true)
+                .ok_or_else(|| s3_error!(InvalidRequest, "Value for {header} header is invalid.")),
+        }
+    };
+    let algorithms = Algorithms {
+        crc32: valid(&given.checksum_crc32, "x-amz-checksum-crc32", 4)? || named("CRC32"),
+        crc32c: valid(&given.checksum_crc32c, "x-amz-checksum-crc32c", 4)? || named("CRC32C"),
+        crc64nvme: valid(&given.checksum_crc64nvme, "x-amz-checksum-crc64nvme", 8)?
+            || named("CRC64NVME"),
+        sha1: valid(&given.checksum_sha1, "x-amz-checksum-sha1", 20)? || named("SHA1"),
+        sha256: valid(&given.checksum_sha256, "x-amz-checksum-sha256", 32)? || named("SHA256"),
+    };
+    Ok(Integrity {
+        md5,
+        algorithms,
+        given,
+        trailer: (!announced.is_empty()).then_some(trailer).flatten(),
+        announced,
+    })
+}
+
+/// The checksum trailers S3 accepts.
+const KNOWN_TRAILERS: [&str; 5] = [
+    "x-amz-checksum-crc32",
+    "x-amz-checksum-crc32c",
+    "x-amz-checksum-crc64nvme",
+    "x-amz-checksum-sha1",
+    "x-amz-checksum-sha256",
+];
 
 fn max_keys(value: Option<i32>) -> S3Result<usize> {
     match value {
@@ -458,6 +546,20 @@ impl<R: Registers> S3 for BulwarkS3<R> {
     ) -> S3Result<S3Response<PutObjectOutput>> {
         let reg = self.client(&req)?;
         let input = req.input;
+        let integrity = integrity(
+            input.content_md5.as_deref(),
+            input.checksum_algorithm.as_ref(),
+            Checksum {
+                checksum_crc32: input.checksum_crc32.clone(),
+                checksum_crc32c: input.checksum_crc32c.clone(),
+                checksum_crc64nvme: input.checksum_crc64nvme.clone(),
+                checksum_sha1: input.checksum_sha1.clone(),
+                checksum_sha256: input.checksum_sha256.clone(),
+                ..Checksum::default()
+            },
+            &req.headers,
+            req.trailing_headers,
+        )?;
         if let Some(len) = input.content_length
             && u64::try_from(len).unwrap_or(u64::MAX) > self.engine.limits().object_bytes_max
         {
@@ -469,8 +571,7 @@ impl<R: Registers> S3 for BulwarkS3<R> {
         }
         refuse_conditional_write(input.if_match.as_ref(), input.if_none_match.as_ref())?;
         refuse_object_options!(input)?;
-        let md5 = content_md5(input.content_md5.as_deref())?;
-        let manifest = self
+        let (manifest, checksum) = self
             .engine
             .put_object(
                 &reg,
@@ -478,11 +579,16 @@ impl<R: Registers> S3 for BulwarkS3<R> {
                 &input.key,
                 meta(input.content_type, input.metadata),
                 body(input.body).await,
-                md5,
+                &integrity,
             )
             .await?;
         Ok(S3Response::new(PutObjectOutput {
             e_tag: Some(etag(&manifest.etag)),
+            checksum_crc32: checksum.checksum_crc32,
+            checksum_crc32c: checksum.checksum_crc32c,
+            checksum_crc64nvme: checksum.checksum_crc64nvme,
+            checksum_sha1: checksum.checksum_sha1,
+            checksum_sha256: checksum.checksum_sha256,
             ..PutObjectOutput::default()
         }))
     }
@@ -857,8 +963,21 @@ impl<R: Registers> S3 for BulwarkS3<R> {
                 self.engine.limits().part_bytes_max
             ));
         }
-        let expected = content_md5(input.content_md5.as_deref())?;
-        let md5 = self
+        let integrity = integrity(
+            input.content_md5.as_deref(),
+            input.checksum_algorithm.as_ref(),
+            Checksum {
+                checksum_crc32: input.checksum_crc32.clone(),
+                checksum_crc32c: input.checksum_crc32c.clone(),
+                checksum_crc64nvme: input.checksum_crc64nvme.clone(),
+                checksum_sha1: input.checksum_sha1.clone(),
+                checksum_sha256: input.checksum_sha256.clone(),
+                ..Checksum::default()
+            },
+            &req.headers,
+            req.trailing_headers,
+        )?;
+        let written = self
             .engine
             .upload_part(
                 &reg,
@@ -867,15 +986,16 @@ impl<R: Registers> S3 for BulwarkS3<R> {
                 &input.upload_id,
                 input.part_number,
                 body(input.body).await,
+                &integrity,
             )
             .await?;
-        if let Some(expected) = expected
-            && expected != md5
-        {
-            return Err(s3_error!(BadDigest, "Content-MD5 does not match the part"));
-        }
         Ok(S3Response::new(UploadPartOutput {
-            e_tag: Some(etag(&hex::encode(md5))),
+            e_tag: Some(etag(&hex::encode(written.md5))),
+            checksum_crc32: written.checksum.checksum_crc32,
+            checksum_crc32c: written.checksum.checksum_crc32c,
+            checksum_crc64nvme: written.checksum.checksum_crc64nvme,
+            checksum_sha1: written.checksum.checksum_sha1,
+            checksum_sha256: written.checksum.checksum_sha256,
             ..UploadPartOutput::default()
         }))
     }
