@@ -147,3 +147,20 @@ def test_tampered_presigned_url_is_rejected(s3, obj):
     resp = requests.get(other, timeout=30)
     assert resp.status_code == 403
     assert parse_error_xml(resp.content)["Code"] == "SignatureDoesNotMatch"
+
+
+def test_presigned_urls_valid_for_more_than_a_week_or_negative_are_refused(s3, obj):
+    skip_on_moto(NO_SIGNATURE_CHECK)
+    bkt, key = obj
+    week = 7 * 24 * 3600
+    url = s3.generate_presigned_url("get_object", Params={"Bucket": bkt, "Key": key},
+                                    ExpiresIn=week)
+    assert requests.get(url, timeout=30).status_code == 200
+    for expires in (week + 1, -1):
+        url = s3.generate_presigned_url("get_object", Params={"Bucket": bkt, "Key": key},
+                                        ExpiresIn=expires)
+        assert f"X-Amz-Expires={expires}" in url, url
+        resp = requests.get(url, timeout=30)
+        assert resp.status_code == 403, (expires, resp.status_code, resp.content)
+        assert b"only for the key holder" not in resp.content
+        assert parse_error_xml(resp.content)["Code"] == "AuthorizationQueryParametersError"

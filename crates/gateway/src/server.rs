@@ -150,6 +150,13 @@ async fn closing_after_continue(
     if is_form_upload(&request) {
         return Ok(with_request_id(form_uploads_refused()));
     }
+    if let Some(why) = presigned_expiry_refused(request.uri().query()) {
+        return Ok(with_request_id(refusal(
+            hyper::StatusCode::FORBIDDEN,
+            "AuthorizationQueryParametersError",
+            why,
+        )));
+    }
     let mut response = service.call(request.map(s3s::Body::from)).await?;
     if expects_continue {
         response.headers_mut().insert(
@@ -213,23 +220,67 @@ fn is_form_upload<B>(request: &hyper::Request<B>) -> bool {
             })
 }
 
-/// Form uploads are not served: said as S3 says it, before any of the form is read (s3s would
-/// buffer its file part), and the connection closed rather than drained.
-fn form_uploads_refused() -> s3s::HttpResponse {
-    let mut response = hyper::Response::new(s3s::Body::from(
-        "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>NotImplemented</Code>\
-         <Message>browser form uploads (POST Object) are not supported</Message></Error>"
-            .to_owned(),
-    ));
-    *response.status_mut() = hyper::StatusCode::NOT_IMPLEMENTED;
-    let headers = response.headers_mut();
-    headers.insert(
+/// The longest a presigned URL may be valid, as S3 allows: a week.
+const PRESIGNED_EXPIRY_SECONDS_MAX: i64 = 7 * 24 * 3600;
+
+/// Why a presigned URL's `X-Amz-Expires` is refused, as S3 refuses it: negative, not a number, or
+/// more than a week. (s3s would serve a longer one, and call a negative one malformed.)
+fn presigned_expiry_refused(query: Option<&str>) -> Option<&'static str> {
+    let value = query?.split('&').find_map(|pair| {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        (name == "X-Amz-Expires").then_some(value)
+    })?;
+    match value.parse::<i64>() {
+        Ok(seconds) if seconds < 0 => Some("X-Amz-Expires must be non-negative"),
+        Ok(seconds) if seconds > PRESIGNED_EXPIRY_SECONDS_MAX => {
+            Some("X-Amz-Expires must be less than a week (in seconds) that is 604800")
+        }
+        Ok(_) => None,
+        Err(_) => Some("X-Amz-Expires should be a number"),
+    }
+}
+
+/// An S3 error document with `status`, written before s3s sees the request.
+fn refusal(status: hyper::StatusCode, code: &str, message: &str) -> s3s::HttpResponse {
+    let mut response = hyper::Response::new(s3s::Body::from(format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>{code}</Code>\
+         <Message>{message}</Message></Error>"
+    )));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
         hyper::header::HeaderValue::from_static("application/xml"),
     );
-    headers.insert(
+    response
+}
+
+/// Form uploads are not served: said as S3 says it, before any of the form is read (s3s would
+/// buffer its file part), and the connection closed rather than drained.
+fn form_uploads_refused() -> s3s::HttpResponse {
+    let mut response = refusal(
+        hyper::StatusCode::NOT_IMPLEMENTED,
+        "NotImplemented",
+        "browser form uploads (POST Object) are not supported",
+    );
+    response.headers_mut().insert(
         hyper::header::CONNECTION,
         hyper::header::HeaderValue::from_static("close"),
     );
     response
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn presigned_urls_valid_for_more_than_a_week_or_less_than_nothing_are_refused() {
+        use super::presigned_expiry_refused as refused;
+        assert_eq!(refused(None), None);
+        assert_eq!(refused(Some("X-Amz-Expires=604800&X-Amz-Date=x")), None);
+        assert_eq!(refused(Some("a=b&X-Amz-Expires=0")), None);
+        assert!(refused(Some("X-Amz-Date=x&X-Amz-Expires=604801")).is_some());
+        assert!(refused(Some("X-Amz-Expires=-1")).is_some());
+        assert!(refused(Some("X-Amz-Expires=soon")).is_some());
+        // Another parameter of a similar name is not the expiry.
+        assert_eq!(refused(Some("x-amz-expires-note=-1")), None);
+    }
 }
