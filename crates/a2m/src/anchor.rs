@@ -59,11 +59,17 @@ impl FileAnchor {
     }
 
     /// The anchor beside directory `dir`: `<dir>.anchor` in its parent, so that a copy of the
-    /// directory restored over it does not restore the anchor too.
-    pub fn beside(dir: &Path) -> FileAnchor {
-        let mut name = dir.file_name().unwrap_or_default().to_os_string();
+    /// directory restored over it does not restore the anchor too. `None` for a directory
+    /// named only by `.` or `..`, whose anchor would land inside it: name it, or give the
+    /// anchor's path.
+    pub fn beside(dir: &Path) -> Option<FileAnchor> {
+        let absolute = std::path::absolute(dir).ok()?;
+        let std::path::Component::Normal(name) = absolute.components().next_back()? else {
+            return None;
+        };
+        let mut name = name.to_os_string();
         name.push(".anchor");
-        FileAnchor::new(&dir.with_file_name(name))
+        Some(FileAnchor::new(&absolute.with_file_name(name)))
     }
 
     fn file(&mut self) -> Result<&mut File, String> {

@@ -17,7 +17,8 @@ use crate::A2mError;
 pub struct Limits {
     /// Logs at most.
     pub logs_max: usize,
-    /// Retained slots per log at most (assigned slots from `low` to `high`).
+    /// Retained slots per log at most: the assigned slots from `low` to `high`, counting the
+    /// virtual slot 0 while it is kept.
     pub entries_max: usize,
 }
 

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bulwark_core::a2m::{
-    Attestation, Call, ChainDigest, LogId, Nonce, Outcome, Refusal, Seq, Value,
+    Attestation, Call, ChainDigest, Kind, LogId, Nonce, Outcome, Refusal, Seq, Value,
 };
 use bulwark_core::sign::{PublicKey, Signed, Unverified};
 use bulwark_core::wire;
@@ -73,7 +73,7 @@ pub struct Status {
 }
 
 /// Answers calls on `listener` until the process ends: one thread per connection, one call at
-/// a time on the component. Returns only if accepting fails.
+/// a time on the component.
 pub fn serve(component: Component, listener: UnixListener) -> io::Result<()> {
     let shared = Arc::new(Served {
         component: Mutex::new(component),
@@ -81,7 +81,19 @@ pub fn serve(component: Component, listener: UnixListener) -> io::Result<()> {
         connections: AtomicUsize::new(0),
     });
     for stream in listener.incoming() {
-        let stream = stream?;
+        let stream = match stream {
+            Ok(stream) => stream,
+            Err(error) => {
+                // Out of descriptors, say: the component must outlive it.
+                tracing::warn!(%error, "accepting a connection to the trusted log failed");
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+        };
+        if let Err(error) = stream.set_read_timeout(Some(IDLE_TIMEOUT)) {
+            tracing::warn!(%error, "a connection to the trusted log cannot be bounded; closed");
+            continue;
+        }
         if shared.connections.fetch_add(1, Ordering::AcqRel) >= CONNECTIONS_MAX {
             shared.connections.fetch_sub(1, Ordering::AcqRel);
             shared.refused.fetch_add(1, Ordering::Relaxed);
@@ -104,6 +116,10 @@ pub fn serve(component: Component, listener: UnixListener) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// How long a host's connection may stay silent, mid-frame or between calls, before it is
+/// closed: idle connections must not hold the connection slots.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Connections served at once at most: a host needs a few (one per agreement core or volume).
 const CONNECTIONS_MAX: usize = 64;
@@ -172,6 +188,9 @@ pub fn answer(component: &mut Component, request: Request, refused: u64) -> Resp
 pub struct Remote {
     stream: UnixStream,
     key: PublicKey,
+    /// Why the connection can no longer be trusted to pair answers with calls (a timeout or an
+    /// I/O error mid-call): every later call fails until the host connects again.
+    broken: Option<String>,
 }
 
 /// How long a call may take before the host gives up on the component.
@@ -208,7 +227,11 @@ impl Remote {
                 socket.display()
             ))));
         }
-        Ok(Remote { stream, key })
+        Ok(Remote {
+            stream,
+            key,
+            broken: None,
+        })
     }
 
     /// The component's report of itself.
@@ -220,18 +243,67 @@ impl Remote {
     }
 
     fn call(&mut self, request: &Request) -> Result<Response, A2mError> {
-        call(&mut self.stream, request)
+        if let Some(why) = &self.broken {
+            return Err(A2mError::Refused(Refusal::Stopped(format!(
+                "the connection to the trusted log broke ({why}); connect again"
+            ))));
+        }
+        let answer = call(&mut self.stream, request);
+        if let Err(A2mError::Refused(Refusal::Stopped(why))) = &answer {
+            // An answer may still be on its way: the next read could pair it with another call.
+            self.broken = Some(why.clone());
+        }
+        answer
     }
 
-    fn attestation(&mut self, request: &Request) -> Result<Signed<Attestation>, A2mError> {
-        match self.call(request)? {
+    /// The attestation answering `call`, verified under the component's key and checked to be
+    /// the one asked for: its kind, log, slot, nonce and (for an append) value.
+    fn attestation(&mut self, call: Call) -> Result<Signed<Attestation>, A2mError> {
+        let signed = match self.call(&Request::Call(call.clone()))? {
             Response::Attested(attestation) => attestation.verify(&self.key).map_err(|error| {
                 A2mError::Refused(Refusal::Stopped(format!(
                     "the trusted log's attestation: {error}"
                 )))
-            }),
-            other => Err(unexpected(&other)),
+            })?,
+            other => return Err(unexpected(&other)),
+        };
+        let got = signed.value();
+        let asked = match call {
+            Call::Lookup { log, seq, nonce } => {
+                got.kind == Kind::Lookup && got.log == log && got.seq == seq && got.nonce == nonce
+            }
+            Call::End { log, nonce } => {
+                got.kind == Kind::End && got.log == log && got.nonce == nonce
+            }
+            Call::AppendAttest { log, value, nonce } => {
+                got.kind == Kind::Lookup
+                    && got.log == log
+                    && got.nonce == nonce
+                    && got.status == bulwark_core::a2m::Status::Assigned
+                    && got.value == value
+            }
+            Call::AdvanceAttest {
+                log,
+                seq,
+                value,
+                nonce,
+                ..
+            } => {
+                got.kind == Kind::Lookup
+                    && got.log == log
+                    && got.seq == seq
+                    && got.nonce == nonce
+                    && got.status == bulwark_core::a2m::Status::Assigned
+                    && got.value == value
+            }
+            Call::Append { .. } | Call::Advance { .. } | Call::Truncate { .. } => false,
+        };
+        if !asked {
+            let why = format!("the trusted log answered {got:?} to {call:?}");
+            self.broken = Some(why.clone());
+            return Err(A2mError::Refused(Refusal::Stopped(why)));
         }
+        Ok(signed)
     }
 
     fn done(&mut self, request: &Request) -> Result<(), A2mError> {
@@ -302,11 +374,11 @@ impl A2m for Remote {
         seq: Seq,
         nonce: Nonce,
     ) -> Result<Signed<Attestation>, A2mError> {
-        self.attestation(&Request::Call(Call::Lookup { log, seq, nonce }))
+        self.attestation(Call::Lookup { log, seq, nonce })
     }
 
     fn end(&mut self, log: LogId, nonce: Nonce) -> Result<Signed<Attestation>, A2mError> {
-        self.attestation(&Request::Call(Call::End { log, nonce }))
+        self.attestation(Call::End { log, nonce })
     }
 
     fn truncate(&mut self, log: LogId, seq: Seq) -> Result<(), A2mError> {
@@ -319,7 +391,7 @@ impl A2m for Remote {
         value: Value,
         nonce: Nonce,
     ) -> Result<Signed<Attestation>, A2mError> {
-        self.attestation(&Request::Call(Call::AppendAttest { log, value, nonce }))
+        self.attestation(Call::AppendAttest { log, value, nonce })
     }
 
     fn advance_attest(
@@ -330,13 +402,13 @@ impl A2m for Remote {
         value: Value,
         nonce: Nonce,
     ) -> Result<Signed<Attestation>, A2mError> {
-        self.attestation(&Request::Call(Call::AdvanceAttest {
+        self.attestation(Call::AdvanceAttest {
             log,
             seq,
             digest,
             value,
             nonce,
-        }))
+        })
     }
 }
 

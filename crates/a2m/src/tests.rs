@@ -14,7 +14,7 @@ use super::*;
 
 /// What one slot of the model is: a slot by slot picture, unlike the component's sparse map.
 fn anchor(dir: &std::path::Path) -> Box<dyn Anchor> {
-    Box::new(FileAnchor::beside(dir))
+    Box::new(FileAnchor::beside(dir).expect("a named directory"))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -437,6 +437,31 @@ fn damaged_state_is_refused_not_repaired() {
     );
 }
 
+#[test]
+fn the_anchor_lies_beside_its_directory_never_inside() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let dir = root.path().join("a2m");
+    assert_eq!(
+        FileAnchor::beside(&dir).expect("named").describe(),
+        root.path().join("a2m.anchor").display().to_string()
+    );
+    // `.` is the working directory, named by its absolute path: its anchor is in the parent.
+    let here = std::env::current_dir().expect("cwd");
+    let anchor = FileAnchor::beside(std::path::Path::new("."))
+        .expect("named")
+        .describe();
+    assert!(
+        !anchor.starts_with(&format!("{}/", here.display())),
+        "{anchor}"
+    );
+    for unnamed in ["..", "x/.."] {
+        assert!(
+            FileAnchor::beside(std::path::Path::new(unnamed)).is_none(),
+            "{unnamed}"
+        );
+    }
+}
+
 /// A directory restored from an older copy is refused at start, and so is one whose anchor is
 /// missing or another log's; a crash between the commit and the anchor's write is not a
 /// rollback (spec §7.2 T1: "a rollback attempt is detected or refused").
@@ -474,13 +499,17 @@ fn a_rolled_back_state_is_refused() {
     component.append(0, [1; 32]).expect("room");
     drop(component);
     FileAnchor::beside(&crashed)
+        .expect("named")
         .record(Mark { key, generation: 0 })
         .expect("record");
     let reopened = Component::open(&crashed, anchor(&crashed), Limits::default()).expect("open");
     assert_eq!(reopened.generation(), Some(1));
     drop(reopened);
     assert_eq!(
-        FileAnchor::beside(&crashed).read().expect("read"),
+        FileAnchor::beside(&crashed)
+            .expect("named")
+            .read()
+            .expect("read"),
         Some(Mark { key, generation: 1 })
     );
 

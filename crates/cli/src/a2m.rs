@@ -46,22 +46,27 @@ pub struct StateArgs {
 }
 
 impl StateArgs {
-    fn anchor(&self) -> Box<FileAnchor> {
-        Box::new(match &self.anchor {
+    fn anchor(&self) -> Result<Box<FileAnchor>> {
+        Ok(Box::new(match &self.anchor {
             Some(path) => FileAnchor::new(path),
-            None => FileAnchor::beside(&self.dir),
-        })
+            None => FileAnchor::beside(&self.dir).with_context(|| {
+                format!(
+                    "{} has no name to put its anchor beside; name the directory, or give --anchor",
+                    self.dir.display()
+                )
+            })?,
+        }))
     }
 }
 
 pub async fn run(command: A2mCommand) -> Result<()> {
     match command {
         A2mCommand::Init(state) => {
-            let component = Component::create(&state.dir, state.anchor(), Limits::default())?;
+            let component = Component::create(&state.dir, state.anchor()?, Limits::default())?;
             println!("{}", bulwark_a2m::A2m::public_key(&component));
         }
         A2mCommand::Serve { state, socket } => {
-            let component = Component::open(&state.dir, state.anchor(), Limits::default())?;
+            let component = Component::open(&state.dir, state.anchor()?, Limits::default())?;
             let listener = bind(&socket)?;
             tracing::info!(
                 key = %bulwark_a2m::A2m::public_key(&component),

@@ -85,7 +85,7 @@ fn measure(calls: usize, dir: &Path, exe: &Path) -> Result<Vec<Row>> {
     let state = dir.join("in-process");
     let mut durable = Component::create(
         &state,
-        Box::new(FileAnchor::beside(&state)),
+        Box::new(FileAnchor::beside(&state).context("the state directory has a name")?),
         Limits::default(),
     )?;
     rows.push((

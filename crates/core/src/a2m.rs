@@ -221,14 +221,40 @@ impl Expected {
     }
 }
 
-/// What an attestation says some slot was assigned, if it says so: an assigned LOOKUP or an END
-/// of that slot, or a SKIPPED lookup of the slot that skipped it.
-fn assignment(attestation: &Attestation) -> Option<(Seq, Value, ChainDigest)> {
+/// What one attestation says about the log's slots, whenever it was made: facts no later
+/// operation of an append-only log can undo (a truncation only makes them unaskable).
+struct Facts {
+    /// A slot assigned with this value and digest.
+    assigned: Option<(Seq, Value, ChainDigest)>,
+    /// A slot assigned, contents not said (the end an UNASSIGNED answer names).
+    end: Option<Seq>,
+    /// Slots `[from, by)` skipped by the advance that filled slot `by`.
+    skipped: Option<(Seq, Seq)>,
+}
+
+fn facts(attestation: &Attestation) -> Facts {
+    let content = (attestation.ref_seq, attestation.value, attestation.digest);
     match (attestation.kind, attestation.status) {
-        (Kind::End, _) | (Kind::Lookup, Status::Assigned | Status::Skipped) => {
-            Some((attestation.ref_seq, attestation.value, attestation.digest))
-        }
-        _ => None,
+        (Kind::End, _) | (Kind::Lookup, Status::Assigned) => Facts {
+            assigned: Some(content),
+            end: None,
+            skipped: None,
+        },
+        (Kind::Lookup, Status::Skipped) => Facts {
+            assigned: Some(content),
+            end: None,
+            skipped: Some((attestation.seq, attestation.ref_seq)),
+        },
+        (Kind::Lookup, Status::Unassigned) => Facts {
+            assigned: None,
+            end: Some(attestation.ref_seq),
+            skipped: None,
+        },
+        (Kind::Lookup, Status::Forgotten) => Facts {
+            assigned: None,
+            end: None,
+            skipped: None,
+        },
     }
 }
 
@@ -237,30 +263,36 @@ fn assignment(attestation: &Attestation) -> Option<(Seq, Value, ChainDigest)> {
 /// anyone, that the component is faulty or its state was rolled back (a rolled-back log attests
 /// again slots it had already attested, with other contents).
 ///
-/// Only contradictions about one slot count: a LOOKUP that found a slot unassigned and one that
-/// found it assigned are both true at different times, and nothing in them says which came first.
+/// What a correct log says of a slot never changes once said: assigned with one content, or
+/// skipped by one advance (every slot of a gap is skipped by the advance that ends it). So a
+/// contradiction is one slot told two ways: two contents, assigned and skipped, or skipped by
+/// two advances. A LOOKUP that found a slot unassigned and one that found it assigned are both
+/// true at different times, and nothing in them says which came first.
 pub fn contradicts(a: &Attestation, b: &Attestation) -> bool {
     if a.log != b.log {
         return false;
     }
-    if let (Some(first), Some(second)) = (assignment(a), assignment(b))
+    let (a, b) = (facts(a), facts(b));
+    one_way(&a, &b) || one_way(&b, &a)
+}
+
+/// [`contradicts`], one direction: what `a` asserts against what `b` asserts.
+fn one_way(a: &Facts, b: &Facts) -> bool {
+    if let (Some(first), Some(second)) = (a.assigned, b.assigned)
         && first.0 == second.0
         && (first.1, first.2) != (second.1, second.2)
     {
         return true;
     }
-    // One slot, skipped in one and assigned (or skipped by another slot's advance) in the other.
-    let slot_fill = |attestation: &Attestation| match (attestation.kind, attestation.status) {
-        (Kind::Lookup, Status::Assigned | Status::Skipped) => {
-            Some((attestation.seq, attestation.ref_seq))
-        }
-        (Kind::End, _) => Some((attestation.seq, attestation.seq)),
-        _ => None,
+    let Some((from, by)) = a.skipped else {
+        return false;
     };
-    matches!(
-        (slot_fill(a), slot_fill(b)),
-        (Some((slot_a, by_a)), Some((slot_b, by_b))) if slot_a == slot_b && by_a != by_b
-    )
+    let inside = |slot: Seq| from <= slot && slot < by;
+    b.assigned.is_some_and(|(slot, ..)| inside(slot))
+        || b.end.is_some_and(inside)
+        || b.skipped.is_some_and(|(other_from, other_by)| {
+            other_by != by && from.max(other_from) < by.min(other_by)
+        })
 }
 
 /// One call to a trusted log (spec §2.2, with the fused forms of §2.5): what a host sends its
@@ -608,6 +640,58 @@ mod tests {
             &Attestation {
                 value: [9; 32],
                 ..advancing
+            }
+        ));
+        // Every slot of a gap is skipped by the same advance, whichever slot was asked.
+        let same_gap = Attestation {
+            seq: assigned.seq + 1,
+            ..skipped
+        };
+        assert!(!contradicts(&skipped, &same_gap));
+        // A slot inside a gap found assigned, or ending the log, or skipped by another advance:
+        // what a log rolled back and refilled says.
+        let inside = Attestation {
+            seq: assigned.seq + 1,
+            ref_seq: assigned.seq + 1,
+            value: [1; 32],
+            digest: [1; 32],
+            ..assigned
+        };
+        assert!(contradicts(&skipped, &inside));
+        assert!(contradicts(
+            &Attestation {
+                kind: Kind::End,
+                ..inside
+            },
+            &skipped
+        ));
+        assert!(contradicts(
+            &skipped,
+            &Attestation {
+                seq: assigned.seq + 1,
+                ref_seq: assigned.seq + 5,
+                ..skipped
+            }
+        ));
+        let ended_inside = Attestation {
+            seq: assigned.seq + 9,
+            status: Status::Unassigned,
+            ref_seq: assigned.seq + 1,
+            value: [0; 32],
+            digest: [0; 32],
+            ..assigned
+        };
+        assert!(contradicts(&ended_inside, &skipped));
+        // The gap's own end is the advance's slot: assigned, no contradiction.
+        assert!(!contradicts(
+            &skipped,
+            &Attestation {
+                seq: skipped.ref_seq + 3,
+                status: Status::Unassigned,
+                ref_seq: skipped.ref_seq,
+                value: [0; 32],
+                digest: [0; 32],
+                ..assigned
             }
         ));
         // Unassigned then assigned is what time does; another log is another story.
