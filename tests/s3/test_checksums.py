@@ -101,3 +101,24 @@ def test_an_announced_trailer_that_never_comes_stores_nothing(s3, bucket):
                           headers={"X-Amz-Trailer": "x-amz-checksum-crc32"})
     assert resp.status_code == 400, (resp.status_code, resp.content)
     _absent(s3, bucket, "untrailed")
+
+
+def test_two_checksums_for_one_body_are_refused(s3, bucket):
+    skip_on_moto("moto stores an object whatever checksum it is given")
+    body = b"one body, one checksum"
+    expect_error(s3.put_object, "InvalidRequest", 400, Bucket=bucket, Key="two", Body=body,
+                 ChecksumCRC32=_crc32(body), ChecksumSHA256=_sha256(body))
+    _absent(s3, bucket, "two")
+    # The same checksum in a header and in the trailer: a wrong trailer must not hide behind a
+    # right header.
+    chunked = (f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n"
+               + f"x-amz-checksum-crc32:{_crc32(b'other')}\r\n\r\n".encode())
+    resp = signed_request("PUT", f"/{bucket}/both", body=chunked,
+                          payload="STREAMING-UNSIGNED-PAYLOAD-TRAILER", headers={
+                              "Content-Encoding": "aws-chunked",
+                              "X-Amz-Decoded-Content-Length": str(len(body)),
+                              "X-Amz-Trailer": "x-amz-checksum-crc32",
+                              "X-Amz-Checksum-Crc32": _crc32(body),
+                          })
+    assert resp.status_code == 400, (resp.status_code, resp.content)
+    _absent(s3, bucket, "both")

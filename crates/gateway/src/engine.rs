@@ -224,11 +224,28 @@ impl Integrity {
         ];
         for (algorithm, header, given, computed) in pairs {
             let trailed = trailer(header);
-            if trailed.is_none() && self.announced.iter().any(|name| name == header) {
-                return Err(s3_error!(
-                    InvalidRequest,
-                    "x-amz-trailer announced {header}, but the body carried no such trailer"
-                ));
+            let announced = self.announced.iter().any(|name| name == header);
+            match (&trailed, announced, given) {
+                (None, true, _) => {
+                    return Err(s3_error!(
+                        InvalidRequest,
+                        "x-amz-trailer announced {header}, but the body carried no such trailer"
+                    ));
+                }
+                (Some(_), false, _) => {
+                    return Err(s3_error!(
+                        InvalidRequest,
+                        "the body's trailer carried {header}, which x-amz-trailer did not announce"
+                    ));
+                }
+                (Some(_), true, Some(_)) => {
+                    return Err(s3_error!(
+                        InvalidRequest,
+                        "Expecting a single x-amz-checksum- header: {header} came both as a \
+                         header and in the trailer"
+                    ));
+                }
+                _ => {}
             }
             let Some(expected) = given.clone().or(trailed) else {
                 continue;

@@ -168,11 +168,31 @@ fn integrity(
         sha1: valid(&given.checksum_sha1, "x-amz-checksum-sha1", 20)? || named("SHA1"),
         sha256: valid(&given.checksum_sha256, "x-amz-checksum-sha256", 32)? || named("SHA256"),
     };
+    let checksums_named = [
+        &given.checksum_crc32,
+        &given.checksum_crc32c,
+        &given.checksum_crc64nvme,
+        &given.checksum_sha1,
+        &given.checksum_sha256,
+    ]
+    .iter()
+    .filter(|value| value.is_some())
+    .count()
+        + announced
+            .iter()
+            .filter(|name| name.starts_with("x-amz-checksum-"))
+            .count();
+    if checksums_named > 1 {
+        return Err(s3_error!(
+            InvalidRequest,
+            "Expecting a single x-amz-checksum- header. Multiple checksum Types are not allowed."
+        ));
+    }
     Ok(Integrity {
         md5,
         algorithms,
         given,
-        trailer: (!announced.is_empty()).then_some(trailer).flatten(),
+        trailer,
         announced,
     })
 }

@@ -226,18 +226,17 @@ const PRESIGNED_EXPIRY_SECONDS_MAX: i64 = 7 * 24 * 3600;
 /// Why a presigned URL's `X-Amz-Expires` is refused, as S3 refuses it: negative, not a number, or
 /// more than a week. (s3s would serve a longer one, and call a negative one malformed.)
 fn presigned_expiry_refused(query: Option<&str>) -> Option<&'static str> {
-    let value = query?.split('&').find_map(|pair| {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        (name == "X-Amz-Expires").then_some(value)
-    })?;
-    match value.parse::<i64>() {
-        Ok(seconds) if seconds < 0 => Some("X-Amz-Expires must be non-negative"),
-        Ok(seconds) if seconds > PRESIGNED_EXPIRY_SECONDS_MAX => {
-            Some("X-Amz-Expires must be less than a week (in seconds) that is 604800")
-        }
-        Ok(_) => None,
-        Err(_) => Some("X-Amz-Expires should be a number"),
-    }
+    // Decoded as s3s decodes it (and signs it), so no encoding of the name slips past.
+    form_urlencoded::parse(query?.as_bytes())
+        .filter(|(name, _)| name == "X-Amz-Expires")
+        .find_map(|(_, value)| match value.parse::<i64>() {
+            Ok(seconds) if seconds < 0 => Some("X-Amz-Expires must be non-negative"),
+            Ok(seconds) if seconds > PRESIGNED_EXPIRY_SECONDS_MAX => {
+                Some("X-Amz-Expires must be less than a week (in seconds) that is 604800")
+            }
+            Ok(_) => None,
+            Err(_) => Some("X-Amz-Expires should be a number"),
+        })
 }
 
 /// An S3 error document with `status`, written before s3s sees the request.
@@ -280,7 +279,10 @@ mod tests {
         assert!(refused(Some("X-Amz-Date=x&X-Amz-Expires=604801")).is_some());
         assert!(refused(Some("X-Amz-Expires=-1")).is_some());
         assert!(refused(Some("X-Amz-Expires=soon")).is_some());
-        // Another parameter of a similar name is not the expiry.
+        // Another parameter of a similar name is not the expiry; an encoded name is the same one.
         assert_eq!(refused(Some("x-amz-expires-note=-1")), None);
+        assert!(refused(Some("X-Amz-Expire%73=9999999")).is_some());
+        assert_eq!(refused(Some("X-Amz-Expires=%33%30%30")), None);
+        assert!(refused(Some("X-Amz-Expires=60&X-Amz-Expires=9999999")).is_some());
     }
 }
