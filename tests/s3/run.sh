@@ -83,8 +83,14 @@ ensure_rclone() {
   command -v rclone >/dev/null 2>&1 || die "apt-get reported success but rclone is still not on PATH"
 }
 
+# Several runs may start at once (the gateway tests run side by side): one installs, the others
+# wait for it, and none removes a venv another is using.
+mkdir -p "$(dirname "$VENV")"
+exec 9>"$VENV.lock"
+flock 9
 ensure_venv
 ensure_rclone
+flock -u 9
 
 # ---------------------------------------------------------------- moto (self-validation)
 MOTO_PID=""
