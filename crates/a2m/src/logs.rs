@@ -145,21 +145,8 @@ impl Logs {
             .high
             .checked_add(1)
             .ok_or(A2mError::Refused(Refusal::Exhausted { log: id }))?;
-        self.check_room(id)?;
         let previous = self.logs.get(&id).map_or(Entry::ZERO, Log::last);
-        let entry = Entry {
-            value,
-            digest: chain(seq, &value, &previous.digest),
-        };
-        Ok(Plan {
-            log: id,
-            head: Head {
-                low: head.low,
-                high: seq,
-            },
-            put: Some((seq, entry)),
-            forget: Vec::new(),
-        })
+        self.plan_fill(id, head, seq, previous.digest, value)
     }
 
     /// `advance(q, n, d, x)`: `x` fills slot `n > high`, chained to the caller's digest `d`; the
@@ -179,10 +166,23 @@ impl Logs {
                 high: head.high,
             }));
         }
+        self.plan_fill(id, head, seq, digest, value)
+    }
+
+    /// Slot `seq`, past the end of the log whose bounds are `head`, filled with `value` chained
+    /// to `previous`: what an append and an advance both do once they know the slot.
+    fn plan_fill(
+        &self,
+        id: LogId,
+        head: Head,
+        seq: Seq,
+        previous: ChainDigest,
+        value: Value,
+    ) -> Result<Plan, A2mError> {
         self.check_room(id)?;
         let entry = Entry {
             value,
-            digest: chain(seq, &value, &digest),
+            digest: chain(seq, &value, &previous),
         };
         Ok(Plan {
             log: id,

@@ -355,6 +355,43 @@ fn refuse_encryption(
     Ok(())
 }
 
+/// [`integrity`] of a PUT's or an UploadPart's input, distinct types that spell the fields alike.
+macro_rules! integrity_of {
+    ($input:expr, $headers:expr, $trailer:expr) => {{
+        let input = &$input;
+        integrity(
+            input.content_md5.as_deref(),
+            input.checksum_algorithm.as_ref(),
+            Checksum {
+                checksum_crc32: input.checksum_crc32.clone(),
+                checksum_crc32c: input.checksum_crc32c.clone(),
+                checksum_crc64nvme: input.checksum_crc64nvme.clone(),
+                checksum_sha1: input.checksum_sha1.clone(),
+                checksum_sha256: input.checksum_sha256.clone(),
+                ..Checksum::default()
+            },
+            $headers,
+            $trailer,
+        )
+    }};
+}
+
+/// An output of type `$output` with `$fields`, carrying the computed `$checksum` values.
+macro_rules! with_checksum {
+    ($output:ident { $($field:ident: $value:expr),* $(,)? }, $checksum:expr) => {{
+        let checksum = $checksum;
+        $output {
+            $($field: $value,)*
+            checksum_crc32: checksum.checksum_crc32,
+            checksum_crc32c: checksum.checksum_crc32c,
+            checksum_crc64nvme: checksum.checksum_crc64nvme,
+            checksum_sha1: checksum.checksum_sha1,
+            checksum_sha256: checksum.checksum_sha256,
+            ..$output::default()
+        }
+    }};
+}
+
 /// What the requests that create an object (PUT, copy, multipart create) may ask for and the
 /// gateway does not do: encryption, and ACLs other than private. Their inputs are distinct
 /// types that spell these fields alike.
@@ -566,20 +603,7 @@ impl<R: Registers> S3 for BulwarkS3<R> {
     ) -> S3Result<S3Response<PutObjectOutput>> {
         let reg = self.client(&req)?;
         let input = req.input;
-        let integrity = integrity(
-            input.content_md5.as_deref(),
-            input.checksum_algorithm.as_ref(),
-            Checksum {
-                checksum_crc32: input.checksum_crc32.clone(),
-                checksum_crc32c: input.checksum_crc32c.clone(),
-                checksum_crc64nvme: input.checksum_crc64nvme.clone(),
-                checksum_sha1: input.checksum_sha1.clone(),
-                checksum_sha256: input.checksum_sha256.clone(),
-                ..Checksum::default()
-            },
-            &req.headers,
-            req.trailing_headers,
-        )?;
+        let integrity = integrity_of!(input, &req.headers, req.trailing_headers)?;
         if let Some(len) = input.content_length
             && u64::try_from(len).unwrap_or(u64::MAX) > self.engine.limits().object_bytes_max
         {
@@ -602,15 +626,12 @@ impl<R: Registers> S3 for BulwarkS3<R> {
                 &integrity,
             )
             .await?;
-        Ok(S3Response::new(PutObjectOutput {
-            e_tag: Some(etag(&manifest.etag)),
-            checksum_crc32: checksum.checksum_crc32,
-            checksum_crc32c: checksum.checksum_crc32c,
-            checksum_crc64nvme: checksum.checksum_crc64nvme,
-            checksum_sha1: checksum.checksum_sha1,
-            checksum_sha256: checksum.checksum_sha256,
-            ..PutObjectOutput::default()
-        }))
+        Ok(S3Response::new(with_checksum!(
+            PutObjectOutput {
+                e_tag: Some(etag(&manifest.etag)),
+            },
+            checksum
+        )))
     }
 
     async fn get_object(
@@ -983,20 +1004,7 @@ impl<R: Registers> S3 for BulwarkS3<R> {
                 self.engine.limits().part_bytes_max
             ));
         }
-        let integrity = integrity(
-            input.content_md5.as_deref(),
-            input.checksum_algorithm.as_ref(),
-            Checksum {
-                checksum_crc32: input.checksum_crc32.clone(),
-                checksum_crc32c: input.checksum_crc32c.clone(),
-                checksum_crc64nvme: input.checksum_crc64nvme.clone(),
-                checksum_sha1: input.checksum_sha1.clone(),
-                checksum_sha256: input.checksum_sha256.clone(),
-                ..Checksum::default()
-            },
-            &req.headers,
-            req.trailing_headers,
-        )?;
+        let integrity = integrity_of!(input, &req.headers, req.trailing_headers)?;
         let written = self
             .engine
             .upload_part(
@@ -1009,15 +1017,12 @@ impl<R: Registers> S3 for BulwarkS3<R> {
                 &integrity,
             )
             .await?;
-        Ok(S3Response::new(UploadPartOutput {
-            e_tag: Some(etag(&hex::encode(written.md5))),
-            checksum_crc32: written.checksum.checksum_crc32,
-            checksum_crc32c: written.checksum.checksum_crc32c,
-            checksum_crc64nvme: written.checksum.checksum_crc64nvme,
-            checksum_sha1: written.checksum.checksum_sha1,
-            checksum_sha256: written.checksum.checksum_sha256,
-            ..UploadPartOutput::default()
-        }))
+        Ok(S3Response::new(with_checksum!(
+            UploadPartOutput {
+                e_tag: Some(etag(&hex::encode(written.md5))),
+            },
+            written.checksum
+        )))
     }
 
     async fn list_parts(
