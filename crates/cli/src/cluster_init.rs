@@ -117,7 +117,7 @@ pub struct InitCommand {
 /// probe is one it may hand to any outgoing connection (a client dialling a node that is not up
 /// yet) before the node that was given it binds it, which once stopped a node of a test cluster
 /// with "address already in use".
-fn free_ports(host: IpAddr, count: usize) -> Result<std::vec::IntoIter<u16>> {
+pub(crate) fn free_ports(host: IpAddr, count: usize) -> Result<std::vec::IntoIter<u16>> {
     let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|text| text.split_whitespace().next()?.parse::<u16>().ok())

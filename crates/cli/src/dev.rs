@@ -64,10 +64,9 @@ impl Nodes {
     /// logging to `join-<port>.log` in the cluster directory; returns the port, by which the
     /// certified configuration names it, and the log.
     pub(crate) fn join(&mut self, program: &Path) -> Result<(u16, PathBuf)> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|probe| probe.local_addr())
-            .context("finding a free port")?
-            .port();
+        let port = cluster_init::free_ports([127, 0, 0, 1].into(), 1)?
+            .next()
+            .context("finding a free port")?;
         let log_path = self.dir.join(format!("join-{port}.log"));
         let log = std::fs::File::create(&log_path)
             .with_context(|| format!("creating {}", log_path.display()))?;

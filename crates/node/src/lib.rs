@@ -41,7 +41,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use verified::{VERIFIED_BYTES_MAX, Verified};
 
@@ -255,6 +255,12 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
     // what to say, before its metrics port is found taken.
     let store = Arc::new(open_store(&options.data_dir)?);
     if let Some(address) = options.metrics.or(entry.and_then(|entry| entry.metrics)) {
+        // The exporter binds its own listener and cannot wait: the port is waited for here.
+        drop(
+            bind_patiently(address)
+                .await
+                .map_err(|e| NodeError::Metrics(format!("serving on {address}: {e}")))?,
+        );
         metrics_exporter_prometheus::PrometheusBuilder::new()
             .with_http_listener(address)
             .set_buckets(&[
@@ -469,7 +475,7 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
     drop(committer);
 
     let inbound = directory.inbound.clone();
-    let listener = TcpListener::bind(listen)
+    let listener = bind_patiently(listen)
         .await
         .map_err(|source| NodeError::Listen {
             address: listen,
@@ -703,6 +709,31 @@ fn build_replicas(
         }),
     ));
     Ok(replicas)
+}
+
+/// How long a node waits for a port still taken when it starts: a node restarted at once may
+/// find its previous process not yet gone, or another program's short-lived probe on the port.
+const BIND_PATIENCE: Duration = Duration::from_secs(5);
+
+/// Binds `address`, waiting up to [`BIND_PATIENCE`] while it is in use.
+async fn bind_patiently(address: SocketAddr) -> std::io::Result<TcpListener> {
+    let started = Instant::now();
+    let mut warned = false;
+    loop {
+        match TcpListener::bind(address).await {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AddrInUse
+                    && started.elapsed() < BIND_PATIENCE =>
+            {
+                if !warned {
+                    tracing::warn!(%address, "address in use; waiting for it to be free");
+                    warned = true;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            result => return result,
+        }
+    }
 }
 
 /// Opens the store in `data_dir`, saying what to do about a store this release cannot open.

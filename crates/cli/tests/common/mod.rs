@@ -22,6 +22,8 @@ pub struct TestCluster {
     /// `bulwark node join` processes by the port they asked to serve at: their ids are known
     /// only once the configuration service certified them.
     joined: Vec<(u16, Child)>,
+    /// The ports this test holds: nodes, then metrics, then those for nodes that join.
+    ports: Ports,
     grace_ms: u64,
 }
 
@@ -51,18 +53,13 @@ impl TestCluster {
         init: &[&str],
     ) -> TestCluster {
         let dir = tempfile::tempdir().expect("tempdir");
+        let ports = Ports::reserve(2 * n + JOINS_MAX);
         let status = Command::new(BULWARK)
-            .args([
-                "cluster",
-                "init",
-                "--base-port",
-                "0",
-                "--metrics-base-port",
-                "0",
-                "--protocol",
-                protocol,
-                "--f",
-            ])
+            .args(["cluster", "init", "--base-port"])
+            .arg(ports.base.to_string())
+            .arg("--metrics-base-port")
+            .arg((ports.base + n as u16).to_string())
+            .args(["--protocol", protocol, "--f"])
             .arg(f.to_string())
             .arg("--nodes")
             .arg(n.to_string())
@@ -79,6 +76,7 @@ impl TestCluster {
             n,
             children: (0..n).map(|_| None).collect(),
             joined: Vec::new(),
+            ports,
             grace_ms,
         };
         for id in 0..n {
@@ -144,10 +142,8 @@ impl TestCluster {
     /// [`TestCluster::join`] as client `client`: one without the authority key waits for the
     /// administrator's `node add`.
     pub fn join_as(&mut self, client: &str) -> u16 {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|probe| probe.local_addr())
-            .expect("a free port")
-            .port();
+        assert!(self.joined.len() < JOINS_MAX, "more joins than ports held");
+        let port = self.ports.base + (2 * self.n + self.joined.len()) as u16;
         let log = std::fs::File::create(self.path().join(format!("join-{port}.log"))).expect("log");
         let child = Command::new(BULWARK)
             .args(["node", "join", "--client", client, "--address"])
@@ -217,6 +213,44 @@ impl Drop for TestCluster {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+/// Nodes a test may add with [`TestCluster::join`].
+const JOINS_MAX: usize = 8;
+
+/// Consecutive loopback ports for one test's cluster. Tests run at once as separate processes,
+/// and ports one of them was given but has not bound yet (or frees while a node restarts) are
+/// free to any other: so each test nextest runs at the same time (its global slot) picks from a
+/// window of its own, below the kernel's ephemeral range, and only tests that ran one after the
+/// other share a window. A random base inside it keeps them apart too.
+struct Ports {
+    base: u16,
+}
+
+impl Ports {
+    const LOW: u16 = 20_000;
+    const WINDOW: u16 = 750;
+    const WINDOWS: u16 = 16;
+
+    fn reserve(count: usize) -> Ports {
+        let count = u16::try_from(count).expect("ports");
+        assert!(count < Self::WINDOW, "a cluster too large for its window");
+        let slot = std::env::var("NEXTEST_TEST_GLOBAL_SLOT")
+            .ok()
+            .and_then(|slot| slot.parse::<u16>().ok())
+            .unwrap_or_else(|| rand::random_range(0..Self::WINDOWS));
+        let window = Self::LOW + (slot % Self::WINDOWS) * Self::WINDOW;
+        for _ in 0..64 {
+            let base = window + rand::random_range(0..Self::WINDOW - count);
+            let free = (base..base + count)
+                .map(|port| std::net::TcpListener::bind(("127.0.0.1", port)))
+                .collect::<Result<Vec<_>, _>>();
+            if free.is_ok() {
+                return Ports { base };
+            }
+        }
+        panic!("no {count} free consecutive ports in the window from {window}");
     }
 }
 
