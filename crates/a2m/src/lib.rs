@@ -102,6 +102,27 @@ pub trait A2m {
         self.lookup(log, seq, nonce)
     }
 
+    /// Makes `calls` one after the other, as a driver does for a protocol's batch: an answer per
+    /// call made, and the first refusal ends the batch (later calls may depend on it). A
+    /// component that cannot go on answers that it stopped.
+    fn call_all(&mut self, calls: &[Call]) -> Vec<Result<Outcome, Refusal>> {
+        let mut answers = Vec::with_capacity(calls.len());
+        for call in calls {
+            match self.call(call) {
+                Ok(outcome) => answers.push(Ok(outcome)),
+                Err(A2mError::Refused(refusal)) => {
+                    answers.push(Err(refusal));
+                    break;
+                }
+                Err(error) => {
+                    answers.push(Err(Refusal::Stopped(error.to_string())));
+                    break;
+                }
+            }
+        }
+        answers
+    }
+
     /// Makes `call`: what a driver does with the calls a protocol asks for.
     fn call(&mut self, call: &Call) -> Result<Outcome, A2mError> {
         Ok(match *call {

@@ -14,6 +14,7 @@
 //! every change the replica emitted before it (in the same output or an earlier one) is durable.
 //! [`Sequencer`] is that rule, written once for every driver.
 
+use bulwark_core::a2m::{Call, Outcome, Refusal};
 use bulwark_core::membership::{Chain, Ring};
 use bulwark_core::wire::{DeserializeOwned, Serialize};
 use bulwark_core::{ClientId, Epoch, GroupId, ServiceId, Slot, Time};
@@ -92,7 +93,24 @@ pub struct Output<R: Replica + ?Sized> {
     pub timers: Vec<(TimerId, Time)>,
     /// Why the input was refused, for metrics and the node's rejection counts.
     pub refused: Option<String>,
+    /// Calls to the node's trusted log (A2M), made in order once every change before them is
+    /// durable: a log must never commit to state its server could still lose. Their answers come
+    /// back through [`Replica::on_attested`].
+    pub attest: Vec<Attest>,
 }
+
+/// Calls to the trusted log whose answers go back to the replica together, under `token`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attest {
+    /// The replica's name for this batch of calls; the driver only hands it back.
+    pub token: u64,
+    /// Made one after the other; the first refusal ends the batch.
+    pub calls: Vec<Call>,
+}
+
+/// What the trusted log answered to one [`Attest`]: an answer per call made, in order, the last
+/// one the refusal if there was one.
+pub type Attested = Vec<Result<Outcome, Refusal>>;
 
 impl<R: Replica + ?Sized> Output<R> {
     /// Nothing to do.
@@ -104,6 +122,7 @@ impl<R: Replica + ?Sized> Output<R> {
             sends: Vec::new(),
             timers: Vec::new(),
             refused: None,
+            attest: Vec::new(),
         }
     }
 
@@ -116,6 +135,23 @@ impl<R: Replica + ?Sized> Output<R> {
         }
     }
 
+    /// The same output as another replica's with the same changes, replies and messages: what a
+    /// wrapper around a replica hands on.
+    pub fn retyped<S>(self) -> Output<S>
+    where
+        S: Replica<Change = R::Change, Reply = R::Reply, Message = R::Message> + ?Sized,
+    {
+        Output {
+            changes: self.changes,
+            reply: self.reply,
+            notify: self.notify,
+            sends: self.sends,
+            timers: self.timers,
+            refused: self.refused,
+            attest: self.attest,
+        }
+    }
+
     /// This output, then `later`: every change of this one comes first, so whatever `later`
     /// sends waits for both. `later`'s reply and refusal win, an input has one of each.
     pub fn and(mut self, later: Output<R>) -> Self {
@@ -125,6 +161,7 @@ impl<R: Replica + ?Sized> Output<R> {
         self.sends.extend(later.sends);
         self.timers.extend(later.timers);
         self.refused = later.refused.or(self.refused);
+        self.attest.extend(later.attest);
         self
     }
 }
@@ -168,6 +205,18 @@ pub trait Replica {
 
     /// A timer this replica set.
     fn on_timer(&mut self, _now: Time, _timer: TimerId, _view: &Self::View) -> Output<Self> {
+        Output::none()
+    }
+
+    /// What the trusted log answered to the calls of [`Output::attest`] named `token`. Calls
+    /// made before a crash may never be answered: a restarted replica finds out from the log.
+    fn on_attested(
+        &mut self,
+        _now: Time,
+        _token: u64,
+        _answers: Attested,
+        _view: &Self::View,
+    ) -> Output<Self> {
         Output::none()
     }
 

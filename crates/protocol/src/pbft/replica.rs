@@ -1556,6 +1556,7 @@ impl<A: App> PbftReplica<A> {
             sends: fx.sends,
             timers: Vec::new(),
             refused: fx.refused,
+            attest: Vec::new(),
         }
     }
 }

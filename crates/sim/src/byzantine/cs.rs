@@ -951,12 +951,5 @@ impl Replica for CsLiar {
 
 /// The honest replica's output as the wrapper's (the same types).
 fn convert(out: Output<PbftReplica<ConfigService>>) -> Output<CsLiar> {
-    Output {
-        changes: out.changes,
-        reply: out.reply,
-        notify: out.notify,
-        sends: out.sends,
-        timers: out.timers,
-        refused: out.refused,
-    }
+    out.retyped()
 }

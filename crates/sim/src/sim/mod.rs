@@ -80,6 +80,8 @@ pub struct RunStats {
     pub partitions: u64,
     /// Changes that became durable, over all servers.
     pub durable_changes: u64,
+    /// Calls servers made to their trusted logs.
+    pub attested: u64,
     /// When the liveness phase began.
     pub liveness_started_millis: u64,
     /// Virtual time at the end of the run.

@@ -66,6 +66,13 @@ pub trait Protocol: Sized {
     /// A fresh server `index` with `behaviour`, seeded with `seed` (shared by colluders).
     fn server(&self, index: usize, behaviour: Behaviour, seed: u64) -> Self::Server;
 
+    /// Server `index`'s trusted log (A2M), for protocols that call one: it lives beside the
+    /// server's disk and, like a durable component, survives the server's crashes. A Byzantine
+    /// server calls it too, since it cannot forge its attestations.
+    fn trusted_log(&self, _index: usize) -> Option<bulwark_a2m::Component> {
+        None
+    }
+
     /// An honest server `index` rebuilt from its disk alone, as a restarted node is.
     fn restore(&self, index: usize, disk: &Self::Disk, now: u64) -> Self::Server;
 

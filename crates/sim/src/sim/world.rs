@@ -26,8 +26,12 @@ use super::protocol::{Attacker, Finish, Finished, Protocol, Storage};
 use super::swarm::Swarm;
 use crate::byzantine::Behaviour;
 use crate::checker::{History, Op, OpKind, Outcome as OpOutcome, Report};
+use bulwark_a2m::A2m;
+use bulwark_core::a2m::Refusal;
 use bulwark_core::{ClientId, Key, Slot, Time};
-use bulwark_protocol::machine::{Access, Operation, Output, Progress, Replica, Sequencer, TimerId};
+use bulwark_protocol::machine::{
+    Access, Attest, Operation, Output, Progress, Replica, Sequencer, TimerId,
+};
 use bulwark_protocol::round::OpId;
 use bytes::Bytes;
 use rand::{Rng, SeedableRng};
@@ -94,6 +98,9 @@ enum Body<P: Protocol> {
     Response(P::Response),
     /// A message between servers of the group.
     Message(Message<P>),
+    /// Calls a server makes to its own trusted log once its changes are durable; never on the
+    /// network.
+    Attest(Attest),
 }
 
 type Message<P> = <<P as Protocol>::Server as Replica>::Message;
@@ -111,6 +118,7 @@ impl<P: Protocol> Clone for Packet<P> {
             Body::Request(request) => Body::Request(request.clone()),
             Body::Response(response) => Body::Response(response.clone()),
             Body::Message(message) => Body::Message(message.clone()),
+            Body::Attest(attest) => Body::Attest(attest.clone()),
         };
         Packet {
             from: self.from,
@@ -221,6 +229,8 @@ struct ServerSlot<P: Protocol> {
     /// clears them: a restarted replica starts with none.
     timers: BTreeMap<TimerId, u64>,
     incarnation: u32,
+    /// Its trusted log, if the protocol gives it one; crashes leave it as it was.
+    trusted: Option<bulwark_a2m::Component>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -377,6 +387,7 @@ impl<'a, P: Protocol> World<'a, P> {
                     release_at: 0,
                     timers: BTreeMap::new(),
                     incarnation: 0,
+                    trusted: protocol.trusted_log(index),
                 }
             })
             .collect();
@@ -708,7 +719,8 @@ impl<'a, P: Protocol> World<'a, P> {
         let quiet = output.changes.is_empty()
             && output.reply.is_none()
             && output.notify.is_empty()
-            && output.sends.is_empty();
+            && output.sends.is_empty()
+            && output.attest.is_empty();
         if quiet && !request {
             return;
         }
@@ -741,10 +753,15 @@ impl<'a, P: Protocol> World<'a, P> {
                 to: Process::Server(slot.index()),
                 body: Body::Message(message),
             });
+        let attest = output.attest.into_iter().map(|attest| Packet {
+            from: Process::Server(server),
+            to: Process::Server(server),
+            body: Body::Attest(attest),
+        });
         self.enqueue(
             server,
             output.changes,
-            reply.into_iter().chain(notify).chain(sends),
+            reply.into_iter().chain(notify).chain(sends).chain(attest),
         );
     }
 
@@ -763,7 +780,7 @@ impl<'a, P: Protocol> World<'a, P> {
         slot.storage.submit(batch, at, changes);
         if self.config.mutations.driver.send_before_durable {
             for packet in packets {
-                self.transmit(packet);
+                self.emit(packet);
             }
         } else {
             for packet in packets {
@@ -795,8 +812,39 @@ impl<'a, P: Protocol> World<'a, P> {
         slot.applied += applied;
         let released = slot.sequencer.durable(batch);
         for packet in released {
-            self.transmit(packet);
+            self.emit(packet);
         }
+    }
+
+    /// What a server's changes held back, now on its way: a packet to the network, trusted-log
+    /// calls to the server's own log.
+    fn emit(&mut self, packet: Packet<P>) {
+        match (packet.from, packet.body) {
+            (Process::Server(server), Body::Attest(attest)) => self.attest(server, attest),
+            (from, body) => self.transmit(Packet {
+                from,
+                to: packet.to,
+                body,
+            }),
+        }
+    }
+
+    /// Makes a server's trusted-log calls and hands it the answers.
+    fn attest(&mut self, server: usize, attest: Attest) {
+        let now = self.now;
+        let slot = &mut self.servers[server];
+        let answers = match slot.trusted.as_mut() {
+            Some(trusted) => trusted.call_all(&attest.calls),
+            None => vec![Err(Refusal::Stopped(
+                "this server has no trusted log".into(),
+            ))],
+        };
+        self.stats.attested += answers.len() as u64;
+        let Some(logic) = slot.logic.as_mut() else {
+            return;
+        };
+        let handled = logic.on_attested(Time(now), attest.token, answers, P::view(&slot.storage));
+        self.effects(server, handled, None, false);
     }
 
     fn tick(&mut self, server: usize) {
@@ -1416,6 +1464,7 @@ fn describe_packet<P: Protocol>(packet: &Packet<P>) -> String {
         Body::Request(request) => P::describe_request(request),
         Body::Response(response) => P::describe_response(response),
         Body::Message(message) => P::describe_message(message),
+        Body::Attest(attest) => format!("{} trusted-log calls", attest.calls.len()),
     };
     format!("{} -> {} {description}", packet.from, packet.to)
 }

@@ -481,14 +481,7 @@ impl Replica for CsServer {
 }
 
 fn convert(out: Output<CsLiar>) -> Output<CsServer> {
-    Output {
-        changes: out.changes,
-        reply: out.reply,
-        notify: out.notify,
-        sends: out.sends,
-        timers: out.timers,
-        refused: out.refused,
-    }
+    out.retyped()
 }
 
 /// A replica's disk: its PBFT records in the order they became durable, compacted at each

@@ -283,14 +283,7 @@ impl SimNode {
 
 /// The same output, as the wrapper's.
 fn lift(output: Output<EpochServer<PubKey>>) -> Output<SimNode> {
-    Output {
-        changes: output.changes,
-        reply: output.reply,
-        notify: output.notify,
-        sends: output.sends,
-        timers: output.timers,
-        refused: output.refused,
-    }
+    output.retyped()
 }
 
 impl Replica for SimNode {
