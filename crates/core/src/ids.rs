@@ -66,6 +66,8 @@ impl ServiceId {
     pub const PUBKEY: ServiceId = ServiceId(6);
     /// The trusted log (A2M): its component's own store, kept apart from the node's.
     pub const A2M: ServiceId = ServiceId(7);
+    /// Single-server volumes (A2M-Storage): one server with a trusted log, forks detected.
+    pub const A2M_STORAGE: ServiceId = ServiceId(8);
 }
 
 impl fmt::Display for ServiceId {

@@ -9,6 +9,7 @@
 #![warn(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::panic))]
 
+pub mod a2m_storage;
 pub mod content;
 pub mod cs;
 pub mod machine;

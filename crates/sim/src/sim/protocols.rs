@@ -1,5 +1,6 @@
 //! One [`super::protocol::Protocol`] implementation per protocol the simulator drives.
 
+pub mod a2m_storage;
 pub mod content;
 pub mod cs;
 pub(super) mod powerstore;
