@@ -10,7 +10,7 @@ use bulwark_protocol::cs::ConfigService;
 use bulwark_protocol::pbft::{Answer, Message, Submitted};
 use bulwark_protocol::register::{self, reconfig};
 use bulwark_protocol::service::{NodeMessage, SystemReply, SystemRequest};
-use bulwark_protocol::{abd, content, cs, phalanx, powerstore, pubkey};
+use bulwark_protocol::{a2m_storage, abd, content, cs, phalanx, powerstore, pubkey};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -50,6 +50,10 @@ fuzz_target!(|data: &[u8]| {
         (ServiceId::CONFIG, Kind::Request) => drop(round_trip::<Submitted<cs::Op>>(body, max)),
         (ServiceId::CONFIG, Kind::Reply) => drop(round_trip::<Answer<cs::Outcome>>(body, max)),
         (ServiceId::CONFIG, _) => drop(round_trip::<Message<ConfigService>>(body, max)),
+        (ServiceId::A2M_STORAGE, Kind::Request) => {
+            drop(round_trip::<a2m_storage::Request>(body, max))
+        }
+        (ServiceId::A2M_STORAGE, _) => drop(round_trip::<a2m_storage::Reply>(body, max)),
         _ => {}
     }
 });
