@@ -45,7 +45,7 @@ fuzz_target!(|data: &[u8]| {
         }
         10 => {
             let _ = layout::decode::<BucketRecord>("bucket", record);
-            let _ = layout::decode::<UploadRecord>("upload", record);
+            let _ = layout::decode_extended::<UploadRecord>("upload", record);
         }
         _ => {
             let _ = layout::decode::<IndexShard>("index shard", record);

@@ -122,3 +122,18 @@ def test_two_checksums_for_one_body_are_refused(s3, bucket):
                           })
     assert resp.status_code == 400, (resp.status_code, resp.content)
     _absent(s3, bucket, "both")
+
+
+def test_checksum_mode_returns_the_checksum_the_object_was_stored_with(s3, bucket):
+    body = b"kept with the object" * 500
+    s3.put_object(Bucket=bucket, Key="kept", Body=body, ChecksumAlgorithm="SHA256")
+    got = s3.get_object(Bucket=bucket, Key="kept", ChecksumMode="ENABLED")
+    assert got["Body"].read() == body
+    assert got.get("ChecksumSHA256") == _sha256(body), got
+    head = s3.head_object(Bucket=bucket, Key="kept", ChecksumMode="ENABLED")
+    assert head.get("ChecksumSHA256") == _sha256(body), head
+    # Not asked for, or for part of the object: none.
+    assert "ChecksumSHA256" not in s3.head_object(Bucket=bucket, Key="kept")
+    ranged = s3.get_object(Bucket=bucket, Key="kept", Range="bytes=0-9", ChecksumMode="ENABLED")
+    assert ranged["Body"].read() == body[:10]
+    assert "ChecksumSHA256" not in ranged

@@ -285,3 +285,37 @@ def test_completing_again_answers_the_same_result(s3, bucket):
         expect_error(s3.complete_multipart_upload, "NoSuchUpload", 404, Bucket=bucket,
                      Key="again", UploadId=upload_id, MultipartUpload=other)
     assert s3.get_object(Bucket=bucket, Key="again")["Body"].read() == part
+
+
+def test_get_and_head_with_a_part_number_return_that_part(s3, bucket):
+    skip_on_moto("moto does not answer partNumber with the part's bytes")
+    parts = [det_bytes("pn-1", 5 * MiB), det_bytes("pn-2", 5 * MiB + 17), det_bytes("pn-3", 999)]
+    up = s3.create_multipart_upload(Bucket=bucket, Key="numbered")["UploadId"]
+    done = []
+    for number, data in enumerate(parts, start=1):
+        e = s3.upload_part(Bucket=bucket, Key="numbered", UploadId=up, PartNumber=number,
+                           Body=data)["ETag"]
+        done.append({"PartNumber": number, "ETag": e})
+    s3.complete_multipart_upload(Bucket=bucket, Key="numbered", UploadId=up,
+                                 MultipartUpload={"Parts": done})
+    total = sum(len(p) for p in parts)
+    start = 0
+    for number, data in enumerate(parts, start=1):
+        got = s3.get_object(Bucket=bucket, Key="numbered", PartNumber=number)
+        assert got["Body"].read() == data
+        assert got["PartsCount"] == 3
+        assert got["ContentRange"] == f"bytes {start}-{start + len(data) - 1}/{total}"
+        head = s3.head_object(Bucket=bucket, Key="numbered", PartNumber=number)
+        assert head["ContentLength"] == len(data)
+        assert head["PartsCount"] == 3
+        start += len(data)
+    expect_error(s3.get_object, "InvalidPartNumber", 416, Bucket=bucket, Key="numbered",
+                 PartNumber=4)
+    expect_error(s3.get_object, "InvalidArgument", 400, Bucket=bucket, Key="numbered",
+                 PartNumber=0)
+    expect_error(s3.get_object, "InvalidRequest", 400, Bucket=bucket, Key="numbered",
+                 PartNumber=1, Range="bytes=0-1")
+    # A single-part object is its own part 1, and has no other.
+    s3.put_object(Bucket=bucket, Key="single", Body=b"just one")
+    assert s3.get_object(Bucket=bucket, Key="single", PartNumber=1)["Body"].read() == b"just one"
+    expect_error(s3.head_object, "416", 416, Bucket=bucket, Key="single", PartNumber=2)

@@ -345,3 +345,35 @@ def test_errors_carry_a_request_id(s3, bucket):
     if not target().is_moto:  # moto sends no x-amz-request-id header
         assert resp.headers.get("x-amz-request-id") == fields["RequestId"], dict(resp.headers)
         assert signed_request("GET", f"/{bucket}").headers.get("x-amz-request-id")
+
+
+def test_response_headers_given_at_upload_come_back(s3, bucket):
+    expires = datetime.datetime(2030, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc)
+    given = dict(CacheControl="max-age=60", ContentDisposition='attachment; filename="a.txt"',
+                 ContentEncoding="identity", ContentLanguage="de-CH", Expires=expires)
+    s3.put_object(Bucket=bucket, Key="headers", Body=b"with headers", **given)
+    for got in (s3.head_object(Bucket=bucket, Key="headers"),
+                s3.get_object(Bucket=bucket, Key="headers")):
+        assert got["CacheControl"] == "max-age=60"
+        assert got["ContentDisposition"] == 'attachment; filename="a.txt"'
+        assert got["ContentEncoding"] == "identity"
+        assert got["ContentLanguage"] == "de-CH"
+        assert got["Expires"] == expires
+    # A copy keeps them; a copy that replaces the metadata replaces them too.
+    s3.copy_object(Bucket=bucket, Key="headers-copy",
+                   CopySource={"Bucket": bucket, "Key": "headers"})
+    assert s3.head_object(Bucket=bucket, Key="headers-copy")["CacheControl"] == "max-age=60"
+    s3.copy_object(Bucket=bucket, Key="headers-replaced", MetadataDirective="REPLACE",
+                   CacheControl="no-store", CopySource={"Bucket": bucket, "Key": "headers"})
+    replaced = s3.head_object(Bucket=bucket, Key="headers-replaced")
+    assert replaced["CacheControl"] == "no-store"
+    assert "ContentLanguage" not in replaced
+    # A multipart upload's are given when it is created.
+    up = s3.create_multipart_upload(Bucket=bucket, Key="headers-mp", CacheControl="private",
+                                    ContentLanguage="fr")["UploadId"]
+    e = s3.upload_part(Bucket=bucket, Key="headers-mp", UploadId=up, PartNumber=1,
+                       Body=b"one part")["ETag"]
+    s3.complete_multipart_upload(Bucket=bucket, Key="headers-mp", UploadId=up,
+                                 MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": e}]})
+    got = s3.head_object(Bucket=bucket, Key="headers-mp")
+    assert (got["CacheControl"], got["ContentLanguage"]) == ("private", "fr")

@@ -16,8 +16,9 @@
 
 use crate::index::{self, Page, Query};
 use crate::layout::{
-    self, BucketList, BucketRecord, CHUNK_BYTES, ChunkRef, Data, INDEX_SHARDS, INLINE_BYTES_MAX,
-    IndexEntry, IndexShard, LayoutError, Manifest, PartRecord, UploadList, UploadRecord, WriteId,
+    self, BucketList, BucketRecord, CHUNK_BYTES, Checksums, ChunkRef, Data, Headers, INDEX_SHARDS,
+    INLINE_BYTES_MAX, IndexEntry, IndexShard, LayoutError, Manifest, ObjectExtra, PartRecord,
+    UploadList, UploadRecord, WriteId,
 };
 use crate::store::{Registers, StoreError};
 use bytes::{Bytes, BytesMut};
@@ -268,6 +269,19 @@ pub struct ObjectMeta {
     pub content_type: Option<String>,
     /// User metadata, sorted by name.
     pub metadata: Vec<(String, String)>,
+    /// The response headers to store with the object.
+    pub headers: Headers,
+}
+
+/// The checksums an upload computed, as an object keeps them.
+fn stored_checksums(checksum: &Checksum) -> Checksums {
+    Checksums {
+        crc32: checksum.checksum_crc32.clone(),
+        crc32c: checksum.checksum_crc32c.clone(),
+        crc64nvme: checksum.checksum_crc64nvme.clone(),
+        sha1: checksum.checksum_sha1.clone(),
+        sha256: checksum.checksum_sha256.clone(),
+    }
 }
 
 fn now_ms() -> u64 {
@@ -828,7 +842,7 @@ impl Engine {
     ) -> S3Result<Option<Manifest>> {
         let key = &manifest.key;
         let object_key = layout::object_key(bucket, key);
-        let encoded = layout::encode("manifest", manifest).map_err(layout_error)?;
+        let encoded = layout::encode_extended("manifest", manifest).map_err(layout_error)?;
         let _bucket = self.buckets.get(&[bucket.as_bytes()]).read().await;
         let _object = self
             .objects
@@ -899,6 +913,11 @@ impl Engine {
             last_modified_ms: now_ms(),
             parts: 0,
             data: written.data,
+            extra: ObjectExtra {
+                part_sizes: Vec::new(),
+                headers: meta.headers,
+                checksums: stored_checksums(&written.checksum),
+            },
         };
         self.commit(reg, bucket, &manifest, true).await?;
         Ok((manifest, written.checksum))
@@ -1040,9 +1059,18 @@ impl Engine {
                 Data::Chunks(ok)
             }
         };
-        let (content_type, metadata) = match meta {
-            Some(meta) => (meta.content_type, check_metadata(meta.metadata)?),
-            None => (src.content_type.clone(), src.metadata.clone()),
+        // The same bytes: their part boundaries and checksums stay.
+        let (content_type, metadata, headers) = match meta {
+            Some(meta) => (
+                meta.content_type,
+                check_metadata(meta.metadata)?,
+                meta.headers,
+            ),
+            None => (
+                src.content_type.clone(),
+                src.metadata.clone(),
+                src.extra.headers.clone(),
+            ),
         };
         let manifest = Manifest {
             key: target.1.to_owned(),
@@ -1053,6 +1081,11 @@ impl Engine {
             last_modified_ms: now_ms(),
             parts: src.parts,
             data,
+            extra: ObjectExtra {
+                part_sizes: src.extra.part_sizes.clone(),
+                headers,
+                checksums: src.extra.checksums.clone(),
+            },
         };
         self.commit(reg, target.0, &manifest, true).await?;
         Ok(manifest)
@@ -1074,9 +1107,14 @@ impl Engine {
         {
             return Err(missing());
         }
-        let record: UploadRecord = get_record(reg, "upload", &layout::upload_key(upload_id))
-            .await?
-            .ok_or_else(missing)?;
+        let record: UploadRecord = match reg
+            .get(&layout::upload_key(upload_id))
+            .await
+            .map_err(store_error)?
+        {
+            Some(bytes) => layout::decode_extended("upload", &bytes).map_err(layout_error)?,
+            None => return Err(missing()),
+        };
         if record.bucket != bucket || record.key != key {
             return Err(missing());
         }
@@ -1102,8 +1140,12 @@ impl Engine {
             metadata,
             created_ms: now_ms(),
             parts: BTreeMap::new(),
+            headers: meta.headers,
         };
-        put_record(reg, "upload", &layout::upload_key(&upload_id), &record).await?;
+        let encoded = layout::encode_extended("upload", &record).map_err(layout_error)?;
+        reg.put(&layout::upload_key(&upload_id), encoded)
+            .await
+            .map_err(store_error)?;
         self.track_upload(reg, bucket, key, &upload_id, Some(record.created_ms))
             .await?;
         Ok(upload_id)
@@ -1213,7 +1255,7 @@ impl Engine {
             let _upload = self.uploads.get(&[upload_id.as_bytes()]).lock().await;
             let mut record = self.upload(reg.as_ref(), bucket, key, upload_id).await?;
             let old = record.parts.insert(part_number, part.clone());
-            let encoded = layout::encode("upload", &record).map_err(layout_error)?;
+            let encoded = layout::encode_extended("upload", &record).map_err(layout_error)?;
             started = true;
             reg.put(&layout::upload_key(upload_id), encoded)
                 .await
@@ -1354,6 +1396,11 @@ impl Engine {
             last_modified_ms: now_ms(),
             parts: used.len() as u32,
             data: Data::Chunks(used.iter().flat_map(|p| p.chunks.iter().copied()).collect()),
+            extra: ObjectExtra {
+                part_sizes: used.iter().map(|p| p.size).collect(),
+                headers: record.headers.clone(),
+                checksums: Checksums::default(),
+            },
         };
         self.commit(reg, bucket, &manifest, false).await?;
         if let Err(error) = reg.delete(&layout::upload_key(upload_id)).await {
@@ -1857,6 +1904,7 @@ mod tests {
         let meta = ObjectMeta {
             content_type: None,
             metadata: vec![("m".into(), "v".repeat(3000))],
+            headers: Headers::default(),
         };
         let e = engine
             .put_object(&reg, "b", "k", meta, body(b"x", 1), &Integrity::default())
@@ -2070,6 +2118,7 @@ mod tests {
         let meta = ObjectMeta {
             content_type: Some("text/x".into()),
             metadata: vec![("a".into(), "1".into())],
+            headers: Headers::default(),
         };
         let src = engine
             .put_object(

@@ -22,6 +22,10 @@
 //! old object or the new one, never a mix. Chunk keys carry the id of the body write that created
 //! them (a fresh random id per PUT, per uploaded part, per copy), so two objects never share a
 //! chunk and deleting one object's chunks cannot touch another's, even for identical content.
+//!
+//! Every record starts with its format. Manifests and upload records are written in format 2
+//! ([`Extended`]): format 1's fields, then what was added (part sizes, the response headers
+//! given at upload, checksums); format-1 records written by earlier gateways still read.
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -170,10 +174,90 @@ pub struct Manifest {
     pub parts: u32,
     /// The bytes.
     pub data: Data,
+    /// What format 2 added (a format-1 manifest reads with none of it).
+    #[serde(skip)]
+    pub extra: ObjectExtra,
+}
+
+/// What an object keeps beyond format 1: where its parts end, the response headers given at
+/// upload, and the checksums it was stored with.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectExtra {
+    /// Each part's size, in order (empty for a single-part object, and for a multipart object
+    /// written in format 1, whose part boundaries were not recorded).
+    pub part_sizes: Vec<u64>,
+    /// The response headers given at upload.
+    pub headers: Headers,
+    /// The `x-amz-checksum-*` values verified at upload, base64.
+    pub checksums: Checksums,
+}
+
+/// Response headers an uploader sets and S3 returns on GET and HEAD.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Headers {
+    /// `Cache-Control`.
+    pub cache_control: Option<String>,
+    /// `Content-Disposition`.
+    pub content_disposition: Option<String>,
+    /// `Content-Encoding`, without the upload's own `aws-chunked`.
+    pub content_encoding: Option<String>,
+    /// `Content-Language`.
+    pub content_language: Option<String>,
+    /// `Expires`, as an HTTP date.
+    pub expires: Option<String>,
+}
+
+/// A whole object's checksums, base64, for the algorithms its uploader asked for.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checksums {
+    /// CRC-32.
+    pub crc32: Option<String>,
+    /// CRC-32C.
+    pub crc32c: Option<String>,
+    /// CRC-64/NVME.
+    pub crc64nvme: Option<String>,
+    /// SHA-1.
+    pub sha1: Option<String>,
+    /// SHA-256.
+    pub sha256: Option<String>,
+}
+
+/// A record whose format 2 appends fields to format 1: the record is encoded as before, then
+/// its extra fields. Format-1 records still read, with the extra fields at their defaults.
+pub trait Extended: Serialize + for<'de> Deserialize<'de> {
+    /// The fields format 2 added.
+    type Extra: Serialize + for<'de> Deserialize<'de> + Default;
+    /// The extra fields, to encode.
+    fn extra(&self) -> &Self::Extra;
+    /// Sets the extra fields after decoding.
+    fn set_extra(&mut self, extra: Self::Extra);
+}
+
+impl Extended for Manifest {
+    type Extra = ObjectExtra;
+    fn extra(&self) -> &ObjectExtra {
+        &self.extra
+    }
+    fn set_extra(&mut self, extra: ObjectExtra) {
+        self.extra = extra;
+    }
+}
+
+impl Extended for UploadRecord {
+    type Extra = Headers;
+    fn extra(&self) -> &Headers {
+        &self.headers
+    }
+    fn set_extra(&mut self, headers: Headers) {
+        self.headers = headers;
+    }
 }
 
 /// A version tag in front of every record, so the format can change without guessing.
 const FORMAT: u8 = 1;
+
+/// The format of [`Extended`] records: format 1's fields, then the extra ones.
+const FORMAT_EXTENDED: u8 = 2;
 
 /// Why a stored record could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -216,11 +300,30 @@ pub enum LayoutError {
 
 /// Encodes a record with its format tag, refusing anything a register cannot hold.
 pub fn encode<T: Serialize>(what: &'static str, value: &T) -> Result<Bytes, LayoutError> {
-    let mut out = vec![FORMAT];
+    bounded(what, encoded(what, vec![FORMAT], value)?)
+}
+
+/// Encodes an [`Extended`] record in format 2.
+pub fn encode_extended<T: Extended>(what: &'static str, value: &T) -> Result<Bytes, LayoutError> {
+    let out = encoded(what, vec![FORMAT_EXTENDED], value)?;
+    bounded(what, encoded(what, out, value.extra())?)
+}
+
+/// `out` with `value` appended.
+fn encoded<T: Serialize + ?Sized>(
+    what: &'static str,
+    mut out: Vec<u8>,
+    value: &T,
+) -> Result<Vec<u8>, LayoutError> {
     postcard::to_io(value, &mut out).map_err(|e| LayoutError::Malformed {
         what,
         problem: e.to_string(),
     })?;
+    Ok(out)
+}
+
+/// `out`, unless a register cannot hold it.
+fn bounded(what: &'static str, out: Vec<u8>) -> Result<Bytes, LayoutError> {
     if out.len() > RECORD_BYTES_MAX {
         return Err(LayoutError::TooLarge {
             what,
@@ -252,9 +355,34 @@ pub fn decode<T: for<'de> Deserialize<'de>>(
     }
 }
 
+/// Decodes an [`Extended`] record of format 1 or 2.
+pub fn decode_extended<T: Extended>(what: &'static str, bytes: &[u8]) -> Result<T, LayoutError> {
+    let malformed = |e: postcard::Error| LayoutError::Malformed {
+        what,
+        problem: e.to_string(),
+    };
+    match bytes.split_first() {
+        Some((&FORMAT, _)) => decode(what, bytes),
+        Some((&FORMAT_EXTENDED, rest)) => {
+            let (mut value, rest) = postcard::take_from_bytes::<T>(rest).map_err(malformed)?;
+            let extra = postcard::from_bytes::<T::Extra>(rest).map_err(malformed)?;
+            value.set_extra(extra);
+            Ok(value)
+        }
+        Some((tag, _)) => Err(LayoutError::Malformed {
+            what,
+            problem: format!("unknown format {tag}"),
+        }),
+        None => Err(LayoutError::Malformed {
+            what,
+            problem: "empty".into(),
+        }),
+    }
+}
+
 /// Decodes the manifest in `key`'s register and checks it is `key`'s.
 pub fn decode_manifest(key: &str, bytes: &[u8]) -> Result<Manifest, LayoutError> {
-    let manifest: Manifest = decode("manifest", bytes)?;
+    let manifest: Manifest = decode_extended("manifest", bytes)?;
     if manifest.key != key {
         return Err(LayoutError::WrongKey {
             expected: key.to_owned(),
@@ -269,6 +397,24 @@ pub fn decode_manifest(key: &str, bytes: &[u8]) -> Result<Manifest, LayoutError>
         return Err(LayoutError::Malformed {
             what: "manifest",
             problem: format!("size {} but data holds {total} bytes", manifest.size),
+        });
+    }
+    let sizes = &manifest.extra.part_sizes;
+    if !sizes.is_empty()
+        && (sizes.len() != manifest.parts as usize
+            || sizes
+                .iter()
+                .try_fold(0u64, |sum, size| sum.checked_add(*size))
+                != Some(manifest.size))
+    {
+        return Err(LayoutError::Malformed {
+            what: "manifest",
+            problem: format!(
+                "{} part sizes for {} parts of {} bytes",
+                sizes.len(),
+                manifest.parts,
+                manifest.size
+            ),
         });
     }
     Ok(manifest)
@@ -338,6 +484,9 @@ pub struct UploadRecord {
     pub created_ms: u64,
     /// Parts uploaded so far, by part number.
     pub parts: BTreeMap<u32, PartRecord>,
+    /// Response headers for the final object (format 2).
+    #[serde(skip)]
+    pub headers: Headers,
 }
 
 /// Hex MD5 of a single-part object: the ETag S3 clients compare with their own MD5.
@@ -369,6 +518,7 @@ mod tests {
             last_modified_ms: 1,
             parts: 0,
             data,
+            extra: ObjectExtra::default(),
         }
     }
 
@@ -390,7 +540,7 @@ mod tests {
         let write = new_write_id();
         let chunks = vec![ChunkRef::of(write, &[1; 10]), ChunkRef::of(write, &[2; 5])];
         let m = manifest("a/b", Data::Chunks(chunks), 15);
-        let bytes = encode("manifest", &m).unwrap();
+        let bytes = encode_extended("manifest", &m).unwrap();
         assert_eq!(decode_manifest("a/b", &bytes).unwrap(), m);
         assert!(matches!(
             decode_manifest("a/c", &bytes),
@@ -399,6 +549,59 @@ mod tests {
         let lying = manifest("a/b", Data::Inline(Bytes::from_static(b"abc")), 4);
         let bytes = encode("manifest", &lying).unwrap();
         assert!(decode_manifest("a/b", &bytes).is_err());
+    }
+
+    #[test]
+    fn format_1_manifests_still_read_and_format_2_keeps_parts_headers_and_checksums() {
+        let write = new_write_id();
+        let chunks = vec![ChunkRef::of(write, &[1; 10]), ChunkRef::of(write, &[2; 5])];
+        let mut m = manifest("a/b", Data::Chunks(chunks), 15);
+        m.parts = 2;
+        // Written before format 2: no extras, read as before.
+        let old = encode("manifest", &m).unwrap();
+        assert_eq!(decode_manifest("a/b", &old).unwrap(), m);
+        m.extra = ObjectExtra {
+            part_sizes: vec![10, 5],
+            headers: Headers {
+                cache_control: Some("no-cache".into()),
+                expires: Some("Thu, 01 Dec 1994 16:00:00 GMT".into()),
+                ..Headers::default()
+            },
+            checksums: Checksums {
+                crc32: Some("AAAAAA==".into()),
+                ..Checksums::default()
+            },
+        };
+        let new = encode_extended("manifest", &m).unwrap();
+        assert_eq!(decode_manifest("a/b", &new).unwrap(), m);
+        // Part sizes that do not add up to the object are refused.
+        m.extra.part_sizes = vec![10, 6];
+        let lying = encode_extended("manifest", &m).unwrap();
+        assert!(decode_manifest("a/b", &lying).is_err());
+        m.extra.part_sizes = vec![15];
+        let lying = encode_extended("manifest", &m).unwrap();
+        assert!(decode_manifest("a/b", &lying).is_err());
+        // Upload records too.
+        let mut record = UploadRecord {
+            bucket: "b".into(),
+            key: "k".into(),
+            content_type: None,
+            metadata: Vec::new(),
+            created_ms: 1,
+            parts: BTreeMap::new(),
+            headers: Headers::default(),
+        };
+        let old = encode("upload", &record).unwrap();
+        assert_eq!(
+            decode_extended::<UploadRecord>("upload", &old).unwrap(),
+            record
+        );
+        record.headers.content_language = Some("en".into());
+        let new = encode_extended("upload", &record).unwrap();
+        assert_eq!(
+            decode_extended::<UploadRecord>("upload", &new).unwrap(),
+            record
+        );
     }
 
     #[test]

@@ -3,13 +3,13 @@
 
 use crate::engine::{Algorithms, Engine, Integrity, ObjectMeta};
 use crate::index::{self, Page, Query};
-use crate::layout::Manifest;
+use crate::layout::{Headers, Manifest};
 use crate::store::Registers;
 use base64::Engine as _;
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use s3s::dto::*;
-use s3s::{S3, S3Error, S3Request, S3Response, S3Result, s3_error};
+use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, s3_error};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
@@ -47,11 +47,122 @@ fn etag(value: &str) -> ETag {
     ETag::Strong(value.to_owned())
 }
 
-fn meta(content_type: Option<String>, metadata: Option<Metadata>) -> ObjectMeta {
-    ObjectMeta {
-        content_type,
-        metadata: metadata.unwrap_or_default().into_iter().collect(),
+/// What an object-creating request (PUT, copy, multipart create) says about the object beyond
+/// its bytes; their inputs are distinct types that spell these fields alike.
+macro_rules! object_meta {
+    ($input:ident) => {
+        ObjectMeta {
+            content_type: $input.content_type,
+            metadata: $input.metadata.unwrap_or_default().into_iter().collect(),
+            headers: Headers {
+                cache_control: $input.cache_control,
+                content_disposition: $input.content_disposition,
+                content_encoding: stored_encoding($input.content_encoding),
+                content_language: $input.content_language,
+                expires: $input.expires.as_ref().and_then(http_date),
+            },
+        }
+    };
+}
+
+/// The `Content-Encoding` an object keeps: the client's own, without `aws-chunked`, which only
+/// describes how the upload's body was framed.
+fn stored_encoding(encoding: Option<String>) -> Option<String> {
+    let kept: Vec<&str> = encoding
+        .as_deref()?
+        .split(',')
+        .map(str::trim)
+        .filter(|token| !token.is_empty() && !token.eq_ignore_ascii_case("aws-chunked"))
+        .collect();
+    (!kept.is_empty()).then(|| kept.join(", "))
+}
+
+fn http_date(time: &Timestamp) -> Option<String> {
+    let mut out = Vec::new();
+    time.format(TimestampFormat::HttpDate, &mut out).ok()?;
+    String::from_utf8(out).ok()
+}
+
+/// What GET and HEAD return of what the uploader set: the stored headers, and (in checksum
+/// mode, for the whole object) the checksums verified at upload. Their outputs are distinct
+/// types that spell these fields alike.
+macro_rules! stored_fields {
+    ($output:ident { $($field:ident: $value:expr),* $(,)? }, $manifest:expr, $checksums:expr) => {{
+        let manifest: &Manifest = $manifest;
+        let headers = &manifest.extra.headers;
+        let checksums = $checksums.then_some(&manifest.extra.checksums);
+        $output {
+            $($field: $value,)*
+            cache_control: headers.cache_control.clone(),
+            content_disposition: headers.content_disposition.clone(),
+            content_encoding: headers.content_encoding.clone(),
+            content_language: headers.content_language.clone(),
+            expires: headers
+                .expires
+                .as_deref()
+                .and_then(|date| Timestamp::parse(TimestampFormat::HttpDate, date).ok()),
+            checksum_crc32: checksums.and_then(|c| c.crc32.clone()),
+            checksum_crc32c: checksums.and_then(|c| c.crc32c.clone()),
+            checksum_crc64nvme: checksums.and_then(|c| c.crc64nvme.clone()),
+            checksum_sha1: checksums.and_then(|c| c.sha1.clone()),
+            checksum_sha256: checksums.and_then(|c| c.sha256.clone()),
+            ..$output::default()
+        }
+    }};
+}
+
+/// The bytes part `number` of an object covers, as S3 answers a GET or HEAD with `partNumber`:
+/// a single-part object is its own part 1.
+fn part_range(
+    manifest: &Manifest,
+    number: i32,
+    range_given: bool,
+) -> S3Result<std::ops::Range<u64>> {
+    if range_given {
+        return Err(s3_error!(
+            InvalidRequest,
+            "Cannot specify both Range header and partNumber query parameter"
+        ));
     }
+    if !(1..=10_000).contains(&number) {
+        return Err(s3_error!(
+            InvalidArgument,
+            "Part number must be an integer between 1 and 10000, inclusive"
+        ));
+    }
+    let whole = [manifest.size];
+    let sizes: &[u64] = if manifest.parts == 0 {
+        &whole
+    } else {
+        &manifest.extra.part_sizes
+    };
+    if sizes.is_empty() {
+        return Err(s3_error!(
+            NotImplemented,
+            "this object was stored before the gateway recorded where its parts end"
+        ));
+    }
+    let index = (number - 1) as usize;
+    let Some(size) = sizes.get(index) else {
+        let mut error = S3Error::with_message(
+            S3ErrorCode::Custom("InvalidPartNumber".into()),
+            "The requested partnumber is not satisfiable",
+        );
+        error.set_status_code(http::StatusCode::RANGE_NOT_SATISFIABLE);
+        return Err(error);
+    };
+    let start: u64 = sizes[..index].iter().sum();
+    Ok(start..start + size)
+}
+
+/// Whether a GET or HEAD asked for the object's checksums.
+fn checksum_mode(mode: Option<&ChecksumMode>) -> bool {
+    mode.is_some_and(|mode| mode.as_str().eq_ignore_ascii_case(ChecksumMode::ENABLED))
+}
+
+/// `Content-Range` for `range` of an object of `size` bytes (none for an empty range).
+fn content_range(range: &std::ops::Range<u64>, size: u64) -> Option<String> {
+    (range.end > range.start).then(|| format!("bytes {}-{}/{size}", range.start, range.end - 1))
 }
 
 /// What S3 answers for an object stored without a Content-Type.
@@ -621,7 +732,7 @@ impl<R: Registers> S3 for BulwarkS3<R> {
                 &reg,
                 &input.bucket,
                 &input.key,
-                meta(input.content_type, input.metadata),
+                object_meta!(input),
                 body(input.body).await,
                 &integrity,
             )
@@ -653,34 +764,39 @@ impl<R: Registers> S3 for BulwarkS3<R> {
             input.if_modified_since.as_ref(),
             input.if_unmodified_since.as_ref(),
         )?;
-        let (range, content_range) = match input.range {
-            None => (0..manifest.size, None),
-            Some(range) => {
-                let r = range.check(manifest.size).map_err(|_| {
-                    s3_error!(
-                        InvalidRange,
-                        "the object is {} bytes; the range is outside it",
-                        manifest.size
-                    )
-                })?;
-                let content_range = format!("bytes {}-{}/{}", r.start, r.end - 1, manifest.size);
-                (r, Some(content_range))
-            }
+        let whole = input.range.is_none() && input.part_number.is_none();
+        let range = match (input.part_number, input.range) {
+            (Some(number), range) => part_range(&manifest, number, range.is_some())?,
+            (None, None) => 0..manifest.size,
+            (None, Some(range)) => range.check(manifest.size).map_err(|_| {
+                s3_error!(
+                    InvalidRange,
+                    "the object is {} bytes; the range is outside it",
+                    manifest.size
+                )
+            })?,
         };
+        let partial = !whole && range.end > range.start;
         let length = range.end - range.start;
-        let stream = self.engine.read(&reg, &manifest, range).await?;
-        let output = GetObjectOutput {
-            body: Some(StreamingBlob::wrap(stream)),
-            content_length: Some(length as i64),
-            content_range,
-            accept_ranges: Some("bytes".into()),
-            content_type: Some(content_type(&manifest)),
-            e_tag: Some(etag(&manifest.etag)),
-            last_modified: Some(timestamp(manifest.last_modified_ms)),
-            metadata: user_metadata(&manifest),
-            parts_count: (manifest.parts > 0).then_some(manifest.parts as i32),
-            ..GetObjectOutput::default()
-        };
+        let checksums = whole && checksum_mode(input.checksum_mode.as_ref());
+        let stream = self.engine.read(&reg, &manifest, range.clone()).await?;
+        let output = stored_fields!(
+            GetObjectOutput {
+                body: Some(StreamingBlob::wrap(stream)),
+                content_length: Some(length as i64),
+                content_range: partial
+                    .then(|| content_range(&range, manifest.size))
+                    .flatten(),
+                accept_ranges: Some("bytes".into()),
+                content_type: Some(content_type(&manifest)),
+                e_tag: Some(etag(&manifest.etag)),
+                last_modified: Some(timestamp(manifest.last_modified_ms)),
+                metadata: user_metadata(&manifest),
+                parts_count: (manifest.parts > 0).then_some(manifest.parts as i32),
+            },
+            &manifest,
+            checksums
+        );
         let mut response = S3Response::new(output);
         if response.output.content_range.is_some() {
             response.status = Some(http::StatusCode::PARTIAL_CONTENT);
@@ -707,16 +823,32 @@ impl<R: Registers> S3 for BulwarkS3<R> {
             input.if_modified_since.as_ref(),
             input.if_unmodified_since.as_ref(),
         )?;
-        Ok(S3Response::new(HeadObjectOutput {
-            content_length: Some(manifest.size as i64),
-            accept_ranges: Some("bytes".into()),
-            content_type: Some(content_type(&manifest)),
-            e_tag: Some(etag(&manifest.etag)),
-            last_modified: Some(timestamp(manifest.last_modified_ms)),
-            metadata: user_metadata(&manifest),
-            parts_count: (manifest.parts > 0).then_some(manifest.parts as i32),
-            ..HeadObjectOutput::default()
-        }))
+        let (range, partial) = match input.part_number {
+            Some(number) => (part_range(&manifest, number, input.range.is_some())?, true),
+            None => (0..manifest.size, false),
+        };
+        let checksums = !partial && checksum_mode(input.checksum_mode.as_ref());
+        let output = stored_fields!(
+            HeadObjectOutput {
+                content_length: Some((range.end - range.start) as i64),
+                content_range: partial
+                    .then(|| content_range(&range, manifest.size))
+                    .flatten(),
+                accept_ranges: Some("bytes".into()),
+                content_type: Some(content_type(&manifest)),
+                e_tag: Some(etag(&manifest.etag)),
+                last_modified: Some(timestamp(manifest.last_modified_ms)),
+                metadata: user_metadata(&manifest),
+                parts_count: (manifest.parts > 0).then_some(manifest.parts as i32),
+            },
+            &manifest,
+            checksums
+        );
+        let mut response = S3Response::new(output);
+        if response.output.content_range.is_some() {
+            response.status = Some(http::StatusCode::PARTIAL_CONTENT);
+        }
+        Ok(response)
     }
 
     async fn delete_object(
@@ -829,7 +961,7 @@ impl<R: Registers> S3 for BulwarkS3<R> {
                 "copying an object onto itself needs the REPLACE metadata directive"
             ));
         }
-        let new_meta = replace.then(|| meta(input.content_type, input.metadata));
+        let new_meta = replace.then(|| object_meta!(input));
         let manifest = self
             .engine
             .copy_object(
@@ -973,12 +1105,7 @@ impl<R: Registers> S3 for BulwarkS3<R> {
         refuse_object_options!(input)?;
         let upload_id = self
             .engine
-            .create_upload(
-                reg.as_ref(),
-                &input.bucket,
-                &input.key,
-                meta(input.content_type, input.metadata),
-            )
+            .create_upload(reg.as_ref(), &input.bucket, &input.key, object_meta!(input))
             .await?;
         Ok(S3Response::new(CreateMultipartUploadOutput {
             bucket: Some(input.bucket),
