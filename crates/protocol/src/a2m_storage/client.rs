@@ -166,7 +166,7 @@ impl Operation for Read {
     }
 
     fn on_reply(&mut self, from: Slot, reply: Reply) -> Progress<Self> {
-        if reply.op() != self.op || reply.nonce().is_some_and(|nonce| nonce != self.nonce) {
+        if reply.op() != self.op || reply.nonce() != self.nonce {
             return Progress::Send(Vec::new());
         }
         Progress::Done(match reply {
@@ -265,9 +265,12 @@ impl Write {
             .proof
             .root(&path(&self.key), self.value.as_deref().map(leaf).as_ref())
             .map_err(|e| misbehaved(format!("its proof: {e}")))?;
+        let Some(seq) = proven.timestamp.seq.checked_add(1) else {
+            return Err(misbehaved("its log ends at the last write there is".into()));
+        };
         let block = VersionBlock {
             volume: self.volume.id,
-            seq: proven.timestamp.seq + 1,
+            seq,
             root,
             writer: self.writer,
         };
@@ -354,7 +357,7 @@ impl Operation for Write {
             Phase::Sent { request, .. } => request.nonce,
         };
         // An answer to an earlier round (a retransmission's, late) is not this round's.
-        if reply.op() != self.op || reply.nonce().is_some_and(|nonce| nonce != current) {
+        if reply.op() != self.op || reply.nonce() != current {
             return Progress::Send(Vec::new());
         }
         let (fetched, nonce) = match (&self.phase, &reply) {

@@ -49,6 +49,9 @@ pub const OBJECT_BYTES_MAX: usize = bulwark_core::OBJECT_BYTES_MAX;
 /// Requests a server holds while its trusted log answers an earlier one; more are refused.
 pub const QUEUE_MAX: usize = 1024;
 
+/// Object bytes those queued requests may hold together; more are refused.
+pub const QUEUE_BYTES_MAX: usize = 64 * 1024 * 1024;
+
 /// Writes a server remembers (and its log keeps) so that a retransmitted write is answered as
 /// the write it was, not taken twice: a writer whose write took longer than this many later
 /// writes to be answered must not retry it blindly.
@@ -250,19 +253,21 @@ pub enum Reply {
     Refused {
         /// The operation.
         op: OpId,
+        /// The nonce of the request refused.
+        nonce: Nonce,
         /// Why.
         reason: String,
     },
 }
 
 impl Reply {
-    /// The nonce of the request it answers (none for a refusal).
-    pub fn nonce(&self) -> Option<Nonce> {
+    /// The nonce of the request it answers.
+    pub fn nonce(&self) -> Nonce {
         match self {
             Reply::State { nonce, .. }
             | Reply::Written { nonce, .. }
-            | Reply::Stale { nonce, .. } => Some(*nonce),
-            Reply::Refused { .. } => None,
+            | Reply::Stale { nonce, .. }
+            | Reply::Refused { nonce, .. } => *nonce,
         }
     }
 
@@ -364,6 +369,8 @@ pub struct Server {
     timestamp: Timestamp,
     busy: Option<(u64, Busy)>,
     queue: VecDeque<Queued>,
+    /// Object bytes the queued writes hold.
+    queued_bytes: usize,
     next_token: u64,
     /// Whether it has checked, since it started, that its trusted log holds its state.
     recovered: bool,
@@ -398,6 +405,7 @@ impl Server {
             timestamp,
             busy: None,
             queue: VecDeque::new(),
+            queued_bytes: 0,
             next_token: 1,
             recovered: false,
             stopped: None,
@@ -429,23 +437,33 @@ impl Server {
         ]
     }
 
+    /// Queues `request` until the trusted log is free, or refuses it when the queue is full.
+    fn hold(&mut self, client: ClientId, access: Access, request: Request) -> Output<Self> {
+        let bytes = request_bytes(&request);
+        if self.queue.len() >= QUEUE_MAX || self.queued_bytes + bytes > QUEUE_BYTES_MAX {
+            return refuse(client, &request, "the server is busy".into());
+        }
+        self.queued_bytes += bytes;
+        self.queue.push_back(Queued {
+            client,
+            access,
+            request,
+        });
+        Output::none()
+    }
+
     /// Takes `request` now if the trusted log is free; queues it otherwise.
     fn take(&mut self, client: ClientId, access: Access, request: Request) -> Output<Self> {
         if let Some(reason) = &self.stopped {
             return refuse(client, &request, reason.clone());
         }
         if self.busy.is_some() {
-            if self.queue.len() >= QUEUE_MAX {
-                return refuse(client, &request, "the server is busy".into());
-            }
-            self.queue.push_back(Queued {
-                client,
-                access,
-                request,
-            });
-            return Output::none();
+            return self.hold(client, access, request);
         }
         match request {
+            Request::Read { op, nonce, .. } if !access.read => {
+                notify_refused(client, op, nonce, "this client may not read".into())
+            }
             Request::Read { op, key, nonce } => {
                 let token = self.token();
                 self.busy = Some((
@@ -473,7 +491,7 @@ impl Server {
         write: WriteRequest,
         version: Version,
     ) -> Output<Self> {
-        let refused = |reason: &str| notify_refused(client, op, reason.to_string());
+        let refused = |reason: &str| notify_refused(client, op, write.nonce, reason.to_string());
         if !access.write {
             return refused("this client may not write");
         }
@@ -512,6 +530,15 @@ impl Server {
                 vec![lookup(self.volume.requests), lookup(self.volume.versions)],
             );
         }
+        let oldest = self.recent.front().map_or(0, |(_, seq)| *seq);
+        if write.after.seq < self.timestamp.seq && write.after.seq.saturating_add(1) < oldest {
+            // It may have been taken at slot `after.seq + 1`, which the server no longer
+            // remembers: computing it again could take it twice.
+            return refused(
+                "the write was computed on a state too old to tell whether it was taken; \
+                 read the key to find out",
+            );
+        }
         if write.after != self.timestamp {
             // Computed on another state: the current one, for the write's nonce.
             let token = self.token();
@@ -535,18 +562,20 @@ impl Server {
         };
         let block = *block.value();
         let path = path(&write.key);
-        let mut after = self.tree.clone();
-        after.set(path, write.value.as_deref().map(leaf));
+        let value_leaf = write.value.as_deref().map(leaf);
+        // The root after the write, from the key's proof: the tree changes only once the block
+        // is known to be right.
+        let root = self.tree.prove(&path).root(&path, value_leaf.as_ref());
         if block.volume != self.volume.id
             || block.writer != version.writer
-            || block.seq != self.timestamp.seq + 1
-            || block.root != after.root()
+            || Some(block.seq) != self.timestamp.seq.checked_add(1)
+            || root.ok() != Some(block.root)
         {
             return refused("the version block is not the state this write makes");
         }
         let hash = version.hash();
         let timestamp = self.timestamp.next(&request, &hash);
-        self.tree = after;
+        self.tree.set(path, value_leaf);
         match &write.value {
             Some(value) => self.objects.insert(write.key.clone(), value.clone()),
             None => self.objects.remove(&write.key),
@@ -642,6 +671,10 @@ impl Server {
             refused: Some(reason.clone()),
             ..Output::none()
         };
+        self.queued_bytes = 0;
+        if let Some((_, busy)) = self.busy.take() {
+            output = output.and(busy.refused(reason.clone()));
+        }
         for queued in std::mem::take(&mut self.queue) {
             output = output.and(refuse(queued.client, &queued.request, reason.clone()));
         }
@@ -683,6 +716,11 @@ impl Server {
                 ));
             }
             if end.seq + 1 == t && self.last.is_some() {
+                if a2m::chain(t, &missing, &end.digest) != digest {
+                    return self.stop(format!(
+                        "log {log} ends a write behind the state, at another history"
+                    ));
+                }
                 calls.push(a2m::Call::Append {
                     log,
                     value: missing,
@@ -708,6 +746,7 @@ impl Server {
             let Some(queued) = self.queue.pop_front() else {
                 break;
             };
+            self.queued_bytes -= request_bytes(&queued.request);
             output = output.and(self.take(queued.client, queued.access, queued.request));
         }
         output
@@ -731,12 +770,7 @@ impl Replica for Server {
         _view: &(),
     ) -> Output<Self> {
         if !self.recovered && self.stopped.is_none() {
-            self.queue.push_back(Queued {
-                client,
-                access,
-                request,
-            });
-            return self.recover();
+            return self.hold(client, access, request).and(self.recover());
         }
         self.take(client, access, request)
     }
@@ -772,8 +806,14 @@ impl Replica for Server {
         }
         let attestations = match Self::attestations(answers) {
             Ok(attestations) if attestations.len() == 2 => attestations,
-            Ok(_) => return self.stop("the trusted log did not answer every call".into()),
-            Err(reason) => return self.stop(format!("the trusted log refused: {reason}")),
+            failed => {
+                // Its client is told too, with the ones waiting.
+                self.busy = Some((token, busy));
+                return self.stop(match failed {
+                    Err(reason) => format!("the trusted log refused: {reason}"),
+                    Ok(_) => "the trusted log did not answer every call".into(),
+                });
+            }
         };
         let output = match busy {
             Busy::Read {
@@ -880,13 +920,37 @@ fn attest(token: u64, calls: Vec<a2m::Call>) -> Output<Server> {
     }
 }
 
-fn notify_refused(client: ClientId, op: OpId, reason: String) -> Output<Server> {
+/// The object bytes a request holds while it waits.
+fn request_bytes(request: &Request) -> usize {
+    match request {
+        Request::Read { .. } => 0,
+        Request::Write { write, .. } => write.value.as_ref().map_or(0, Bytes::len),
+    }
+}
+
+impl Busy {
+    /// The refusal its client gets when the server stops under it.
+    fn refused(self, reason: String) -> Output<Server> {
+        match self {
+            Busy::Read {
+                client, op, nonce, ..
+            }
+            | Busy::Write {
+                client, op, nonce, ..
+            } => notify_refused(client, op, nonce, reason),
+            Busy::Recover { .. } => Output::none(),
+        }
+    }
+}
+
+fn notify_refused(client: ClientId, op: OpId, nonce: Nonce, reason: String) -> Output<Server> {
     Output {
         notify: vec![(
             client,
             op.0,
             Reply::Refused {
                 op,
+                nonce,
                 reason: reason.clone(),
             },
         )],
@@ -896,8 +960,9 @@ fn notify_refused(client: ClientId, op: OpId, reason: String) -> Output<Server> 
 }
 
 fn refuse(client: ClientId, request: &Request, reason: String) -> Output<Server> {
-    let op = match request {
-        Request::Read { op, .. } | Request::Write { op, .. } => *op,
+    let (op, nonce) = match request {
+        Request::Read { op, nonce, .. } => (*op, *nonce),
+        Request::Write { op, write, .. } => (*op, write.nonce),
     };
-    notify_refused(client, op, reason)
+    notify_refused(client, op, nonce, reason)
 }

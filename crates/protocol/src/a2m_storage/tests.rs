@@ -465,6 +465,22 @@ fn the_server_refuses_blocks_no_writer_signed_and_writes_by_readers() {
     assert!(
         matches!(rig.take(0).pop(), Some(Reply::Refused { reason, .. }) if reason.contains("not the state"))
     );
+    // A client that may not even read.
+    rig.send(
+        6,
+        Access {
+            write: false,
+            read: false,
+        },
+        Request::Read {
+            op: OpId(2),
+            key: k.clone(),
+            nonce: [6; 32],
+        },
+    );
+    assert!(
+        matches!(rig.take(6).pop(), Some(Reply::Refused { reason, .. }) if reason.contains("may not read"))
+    );
     // A client that may only read.
     rig.send(
         5,
@@ -536,8 +552,18 @@ fn the_logs_forget_old_writes_instead_of_filling_up() {
         ..Rig::new()
     };
     let k = key("k");
+    rig.write(0, &k, Some("first")).expect("write");
+    // A write computed on the state after the first one, whose sender goes quiet for a while.
+    let mut late = rig.writer_op(1, &k, Some("late"), 61);
+    for (_, request) in late.start() {
+        rig.send(1, WRITER, request);
+    }
+    let reply = rig.take(1).pop().expect("state");
+    let Progress::Send(late_write) = late.on_reply(Slot(0), reply) else {
+        panic!("a write to send");
+    };
     let writes = RECENT_WRITES + 2 * TRUNCATE_EVERY + 1;
-    for i in 0..writes {
+    for i in 1..writes {
         let at = rig
             .write((i % 2) as u8, &k, Some(&i.to_string()))
             .unwrap_or_else(|e| panic!("write {i}: {e}"));
@@ -547,4 +573,14 @@ fn the_logs_forget_old_writes_instead_of_filling_up() {
         rig.read(5, &k).expect("read").0,
         value(&(writes - 1).to_string())
     );
+    // It comes back: the server no longer knows whether it took it, and says so rather than
+    // having it computed again (which could take it twice).
+    for (_, request) in late_write {
+        rig.send(1, WRITER, request);
+    }
+    match rig.take(1).pop() {
+        Some(Reply::Refused { reason, .. }) => assert!(reason.contains("too old"), "{reason}"),
+        other => panic!("an old write was answered {other:?}"),
+    }
+    assert_eq!(rig.server.timestamp().seq, writes);
 }

@@ -193,7 +193,7 @@ impl Protocol for A2mStorageSim {
             Reply::State { op, .. } => format!("STATE op{}", op.0),
             Reply::Written { op, .. } => format!("WRITTEN op{}", op.0),
             Reply::Stale { op, .. } => format!("STALE op{}", op.0),
-            Reply::Refused { op, reason } => format!("REFUSED op{} {reason}", op.0),
+            Reply::Refused { op, reason, .. } => format!("REFUSED op{} {reason}", op.0),
         }
     }
 }
