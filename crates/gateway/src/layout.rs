@@ -25,7 +25,9 @@
 //!
 //! Every record starts with its format. Manifests and upload records are written in format 2
 //! ([`Extended`]): format 1's fields, then what was added (part sizes, the response headers
-//! given at upload, checksums); format-1 records written by earlier gateways still read.
+//! given at upload, checksums); format-1 records written by earlier gateways still read, but a
+//! gateway from before format 2 refuses format-2 records: upgrade every gateway of a cluster
+//! before writing through any upgraded one, and do not go back.
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -365,7 +367,13 @@ pub fn decode_extended<T: Extended>(what: &'static str, bytes: &[u8]) -> Result<
         Some((&FORMAT, _)) => decode(what, bytes),
         Some((&FORMAT_EXTENDED, rest)) => {
             let (mut value, rest) = postcard::take_from_bytes::<T>(rest).map_err(malformed)?;
-            let extra = postcard::from_bytes::<T::Extra>(rest).map_err(malformed)?;
+            let (extra, rest) = postcard::take_from_bytes::<T::Extra>(rest).map_err(malformed)?;
+            if !rest.is_empty() {
+                return Err(LayoutError::Malformed {
+                    what,
+                    problem: format!("{} bytes after the record", rest.len()),
+                });
+            }
             value.set_extra(extra);
             Ok(value)
         }
@@ -574,6 +582,11 @@ mod tests {
         };
         let new = encode_extended("manifest", &m).unwrap();
         assert_eq!(decode_manifest("a/b", &new).unwrap(), m);
+        let trailing = [&new[..], &[0]].concat();
+        assert!(
+            decode_manifest("a/b", &trailing).is_err(),
+            "bytes after the record"
+        );
         // Part sizes that do not add up to the object are refused.
         m.extra.part_sizes = vec![10, 6];
         let lying = encode_extended("manifest", &m).unwrap();
