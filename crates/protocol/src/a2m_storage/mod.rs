@@ -417,10 +417,16 @@ impl Server {
         self.timestamp
     }
 
-    fn token(&mut self) -> u64 {
+    /// Asks the trusted log for `calls` and waits for its answer as `busy`.
+    fn call_log(&mut self, busy: Busy, calls: Vec<a2m::Call>) -> Output<Self> {
+        debug_assert!(self.busy.is_none(), "one request at a time through the log");
         let token = self.next_token;
         self.next_token += 1;
-        token
+        self.busy = Some((token, busy));
+        Output {
+            attest: vec![Attest { token, calls }],
+            ..Output::none()
+        }
     }
 
     /// The calls that find where both logs end.
@@ -465,17 +471,16 @@ impl Server {
                 notify_refused(client, op, nonce, "this client may not read".into())
             }
             Request::Read { op, key, nonce } => {
-                let token = self.token();
-                self.busy = Some((
-                    token,
+                let calls = self.ends(nonce);
+                self.call_log(
                     Busy::Read {
                         client,
                         op,
                         key,
                         nonce,
                     },
-                ));
-                attest(token, self.ends(nonce))
+                    calls,
+                )
             }
             Request::Write { op, write, version } => {
                 self.write(client, access, op, *write, *version)
@@ -508,27 +513,14 @@ impl Server {
         let request = write.hash();
         if let Some(&(_, seq)) = self.recent.iter().rev().find(|(hash, _)| *hash == request) {
             // A retransmission of a write taken already: its slots, attested again for its nonce.
-            let token = self.token();
             let nonce = write.nonce;
-            self.busy = Some((
-                token,
-                Busy::Write {
-                    client,
-                    op,
-                    nonce: write.nonce,
-                    key: write.key,
-                    stale: false,
-                },
-            ));
             let lookup = |log| a2m::Call::Lookup {
                 log,
                 seq: u128::from(seq),
                 nonce,
             };
-            return attest(
-                token,
-                vec![lookup(self.volume.requests), lookup(self.volume.versions)],
-            );
+            let calls = vec![lookup(self.volume.requests), lookup(self.volume.versions)];
+            return self.call_log(Busy::write(client, op, write, false), calls);
         }
         let oldest = self.recent.front().map_or(0, |(_, seq)| *seq);
         if write.after.seq < self.timestamp.seq && write.after.seq.saturating_add(1) < oldest {
@@ -541,18 +533,8 @@ impl Server {
         }
         if write.after != self.timestamp {
             // Computed on another state: the current one, for the write's nonce.
-            let token = self.token();
-            self.busy = Some((
-                token,
-                Busy::Write {
-                    client,
-                    op,
-                    nonce: write.nonce,
-                    key: write.key,
-                    stale: true,
-                },
-            ));
-            return attest(token, self.ends(write.nonce));
+            let calls = self.ends(write.nonce);
+            return self.call_log(Busy::write(client, op, write, true), calls);
         }
         let Some(signer) = self.volume.writers.get(version.writer as usize) else {
             return refused("the version block names no writer");
@@ -583,27 +565,17 @@ impl Server {
         self.last = Some((version.clone(), request));
         remember(&mut self.recent, request, timestamp.seq);
         self.timestamp = timestamp;
+        let calls = self.appends(request, hash, write.nonce);
         let change = Change {
             key: write.key.clone(),
-            value: write.value,
+            value: write.value.clone(),
             version,
             request,
             timestamp,
         };
-        let token = self.token();
-        self.busy = Some((
-            token,
-            Busy::Write {
-                client,
-                op,
-                nonce: write.nonce,
-                key: write.key,
-                stale: false,
-            },
-        ));
         Output {
             changes: vec![change],
-            ..attest(token, self.appends(request, hash, write.nonce))
+            ..self.call_log(Busy::write(client, op, write, false), calls)
         }
     }
 
@@ -684,9 +656,8 @@ impl Server {
     /// Starts finding where the logs end after a restart, holding `queued` meanwhile.
     fn recover(&mut self) -> Output<Self> {
         self.recovered = true;
-        let token = self.token();
-        self.busy = Some((token, Busy::Recover { appended: false }));
-        attest(token, self.ends([0; 32]))
+        let calls = self.ends([0; 32]);
+        self.call_log(Busy::Recover { appended: false }, calls)
     }
 
     /// What the logs' ENDs say after a restart: each at the state's write, or one behind when
@@ -735,9 +706,7 @@ impl Server {
         if calls.is_empty() {
             return Output::none();
         }
-        let token = self.token();
-        self.busy = Some((token, Busy::Recover { appended: true }));
-        attest(token, calls)
+        self.call_log(Busy::Recover { appended: true }, calls)
     }
 
     /// The next queued requests, now that the trusted log is free.
@@ -913,13 +882,6 @@ impl Replica for Server {
     }
 }
 
-fn attest(token: u64, calls: Vec<a2m::Call>) -> Output<Server> {
-    Output {
-        attest: vec![Attest { token, calls }],
-        ..Output::none()
-    }
-}
-
 /// The object bytes a request holds while it waits.
 fn request_bytes(request: &Request) -> usize {
     match request {
@@ -929,6 +891,18 @@ fn request_bytes(request: &Request) -> usize {
 }
 
 impl Busy {
+    /// Waiting for the log on `write`'s behalf (`stale`: for the current state it was not
+    /// computed on).
+    fn write(client: ClientId, op: OpId, write: WriteRequest, stale: bool) -> Busy {
+        Busy::Write {
+            client,
+            op,
+            nonce: write.nonce,
+            key: write.key,
+            stale,
+        }
+    }
+
     /// The refusal its client gets when the server stops under it.
     fn refused(self, reason: String) -> Output<Server> {
         match self {
