@@ -75,6 +75,40 @@ pub struct Volume {
     pub writers: Arc<Vec<PublicKey>>,
 }
 
+/// Where a node's single-server volumes keep their logs in its trusted log: volume `v` uses
+/// `LOGS_BASE + 2v` (`requests`) and the one after (`versions`), clear of any other protocol's.
+pub const LOGS_BASE: LogId = 1 << 40;
+
+impl Volume {
+    /// Volume number `number` of the server whose trusted log has `log_key`, written by
+    /// `writers` (by index, see [`writers`]).
+    pub fn numbered(number: u32, log_key: PublicKey, writers: Arc<Vec<PublicKey>>) -> Volume {
+        let requests = LOGS_BASE + 2 * LogId::from(number);
+        Volume {
+            id: u64::from(number),
+            log_key,
+            requests,
+            versions: requests + 1,
+            writers,
+        }
+    }
+}
+
+/// The writers of a cluster's single-server volumes: the clients of `cluster.toml` that may
+/// write and hold a signing key, in its order; a writer's index is its position here. Keys that
+/// are not valid Ed25519 keys are left out (the clients that hold them are refused at start).
+pub fn writers(cluster: &bulwark_core::config::ClusterConfig) -> Vec<(ClientId, PublicKey)> {
+    cluster
+        .clients
+        .iter()
+        .filter(|client| client.write)
+        .filter_map(|client| {
+            let key = PublicKey::from_bytes(client.signing_key.as_ref()?).ok()?;
+            Some((ClientId(client.id), key))
+        })
+        .collect()
+}
+
 /// The state after write `seq`, signed by the writer that computed it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VersionBlock {
@@ -653,6 +687,29 @@ impl Server {
         output
     }
 
+    /// The trusted log refused a call or could not be reached (its process restarting, say):
+    /// whether it took the calls before is unknown, so the server checks where its logs end
+    /// again before it serves, as after a restart (a write it already holds is then appended,
+    /// or found appended). The write in hand is not answered: its writer retransmits it and
+    /// gets the slots it was given. Reads and the requests waiting are refused; nothing of
+    /// theirs was taken.
+    fn pause(&mut self, busy: Busy, reason: String) -> Output<Self> {
+        let reason = format!("the server's trusted log refused ({reason}); try again");
+        self.recovered = false;
+        self.queued_bytes = 0;
+        let mut output = Output {
+            refused: Some(reason.clone()),
+            ..Output::none()
+        };
+        if let Busy::Read { .. } | Busy::Write { stale: true, .. } = busy {
+            output = output.and(busy.refused(reason.clone()));
+        }
+        for queued in std::mem::take(&mut self.queue) {
+            output = output.and(refuse(queued.client, &queued.request, reason.clone()));
+        }
+        output
+    }
+
     /// Starts finding where the logs end after a restart, holding `queued` meanwhile.
     fn recover(&mut self) -> Output<Self> {
         self.recovered = true;
@@ -762,6 +819,9 @@ impl Replica for Server {
         };
         if let Busy::Recover { appended: true } = busy {
             let t = u128::from(self.timestamp.seq);
+            if let Some(Err(refusal)) = answers.iter().find(|answer| answer.is_err()) {
+                return self.pause(busy, refusal.to_string());
+            }
             if answers.is_empty()
                 || !answers
                     .iter()
@@ -775,14 +835,12 @@ impl Replica for Server {
         }
         let attestations = match Self::attestations(answers) {
             Ok(attestations) if attestations.len() == 2 => attestations,
-            failed => {
+            Ok(_) => {
                 // Its client is told too, with the ones waiting.
                 self.busy = Some((token, busy));
-                return self.stop(match failed {
-                    Err(reason) => format!("the trusted log refused: {reason}"),
-                    Ok(_) => "the trusted log did not answer every call".into(),
-                });
+                return self.stop("the trusted log did not answer every call".into());
             }
+            Err(reason) => return self.pause(busy, reason),
         };
         let output = match busy {
             Busy::Read {

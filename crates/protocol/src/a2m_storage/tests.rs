@@ -48,6 +48,9 @@ struct Rig {
     replies: Vec<(ClientId, Reply)>,
     /// When set, trusted-log calls are not made (the server crashes before they run).
     crash_before_log: bool,
+    /// When set, the trusted log cannot be reached: every batch is refused at its first call,
+    /// as the node's driver answers when the component's process is gone.
+    log_down: bool,
 }
 
 impl Rig {
@@ -60,6 +63,7 @@ impl Rig {
             disk: Disk::default(),
             replies: Vec::new(),
             crash_before_log: false,
+            log_down: false,
         }
     }
 
@@ -78,7 +82,13 @@ impl Rig {
             if self.crash_before_log {
                 continue;
             }
-            let answers = self.log.call_all(&attest.calls);
+            let answers = if self.log_down {
+                vec![Err(bulwark_core::a2m::Refusal::Stopped(
+                    "cannot reach the trusted log".into(),
+                ))]
+            } else {
+                self.log.call_all(&attest.calls)
+            };
             let next = self.server.on_attested(Time(0), attest.token, answers, &());
             self.effects(next);
         }
@@ -260,6 +270,56 @@ fn a_write_durable_but_not_logged_is_logged_after_the_restart() {
     let (read, at) = rig.read(5, &k).expect("read after the restart");
     assert_eq!((read, at.seq), (value("two"), 2));
     assert_eq!(rig.write(0, &k, Some("three")).expect("write").seq, 3);
+}
+
+#[test]
+fn a_trusted_log_that_goes_away_mid_write_takes_the_write_when_it_returns() {
+    let mut rig = Rig::new();
+    let k = key("k");
+    rig.write(0, &k, Some("one")).expect("write");
+    let mut op = rig.writer_op(1, &k, Some("two"), 31);
+    for (_, request) in op.start() {
+        rig.send(1, WRITER, request);
+    }
+    let reply = rig.take(1).pop().expect("the state to compute on");
+    let Progress::Send(write) = op.on_reply(Slot(0), reply) else {
+        panic!("a write to send");
+    };
+    // The write reaches the disk; its appends are refused: the log's process is gone.
+    rig.log_down = true;
+    rig.send(1, WRITER, write[0].1.clone());
+    assert!(
+        rig.take(1).is_empty(),
+        "a write the log did not take is not answered"
+    );
+    assert_eq!(rig.disk.last.as_ref().map(|l| l.2.seq), Some(2));
+    // A read meanwhile is refused, saying why; nothing is served from an unchecked log.
+    rig.send(
+        5,
+        READER,
+        Request::Read {
+            op: OpId(77),
+            key: k.clone(),
+            nonce: [5; 32],
+        },
+    );
+    match rig.take(5).pop() {
+        Some(Reply::Refused { reason, .. }) => assert!(reason.contains("trusted log"), "{reason}"),
+        other => panic!("a read with the log down: {other:?}"),
+    }
+    // The log returns: the server checks where it ends and appends the write it holds; the
+    // writer's retransmission gets the slots its write was given.
+    rig.log_down = false;
+    let output = rig.server.on_tick(Time(1));
+    rig.effects(output);
+    rig.send(1, WRITER, write[0].1.clone());
+    let reply = rig.take(1).pop().expect("the retransmission answered");
+    match op.on_reply(Slot(0), reply) {
+        Progress::Done(result) => assert_eq!(result.expect("written").seq, 2),
+        Progress::Send(_) => panic!("the write was computed again"),
+    }
+    let (read, at) = rig.read(5, &k).expect("read");
+    assert_eq!((read, at.seq), (value("two"), 2));
 }
 
 #[test]
