@@ -234,6 +234,26 @@ impl Remote {
         })
     }
 
+    /// Whether the component is known to be gone: its end of the connection closed (its
+    /// process was restarted, say) or the connection broke. A host checks before a batch and
+    /// connects again, so that a call is never sent where it cannot arrive.
+    pub fn is_closed(&self) -> bool {
+        if self.broken.is_some() {
+            return true;
+        }
+        let mut byte = [0u8; 1];
+        if self.stream.set_nonblocking(true).is_err() {
+            return true;
+        }
+        // Nothing is ever unasked-for on this connection: a readable byte or an end of stream
+        // both mean it can no longer pair answers with calls (so reading the byte loses nothing).
+        let closed = match io::Read::read(&mut &self.stream, &mut byte) {
+            Err(error) => error.kind() != io::ErrorKind::WouldBlock,
+            Ok(_) => true,
+        };
+        closed || self.stream.set_nonblocking(false).is_err()
+    }
+
     /// The component's report of itself.
     pub fn status(&mut self) -> Result<Status, A2mError> {
         match self.call(&Request::Status)? {

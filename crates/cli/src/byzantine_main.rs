@@ -4,6 +4,8 @@
 //! wrapped around the honest server. It is a separate binary so that the production `bulwark`
 //! binary cannot be switched into lying by any flag.
 
+mod forking;
+
 use bulwark_cli as bulwark_main;
 use clap::Parser;
 
@@ -11,14 +13,24 @@ use clap::Parser;
 #[derive(Parser)]
 #[command(name = "bulwark-byzantine")]
 struct Cli {
-    /// How to misbehave: silent, equivocating, stale, amnesiac, corrupting, forging, colluding.
+    /// How its PoWerStore servers misbehave: silent, equivocating, stale, amnesiac, corrupting,
+    /// forging, colluding (honest when absent).
     #[arg(long)]
-    behaviour: bulwark_sim::byzantine::Behaviour,
+    behaviour: Option<bulwark_sim::byzantine::Behaviour>,
+    /// How its single-server volumes misbehave: `fork` shows every client but the first the
+    /// state the first one saw (the A2M paper's Figure 1).
+    #[arg(long)]
+    volumes: Option<VolumeLie>,
     /// Seed for the behaviour's choices.
     #[arg(long, default_value_t = 1)]
     seed: u64,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum VolumeLie {
+    Fork,
 }
 
 #[derive(clap::Subcommand)]
@@ -31,17 +43,23 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     bulwark_main::init_tracing(true);
     let Command::Node(args) = cli.command;
-    let behaviour = cli.behaviour;
     let seed = cli.seed;
-    tracing::warn!(%behaviour, "this node is Byzantine on purpose");
+    let mut wrap = bulwark_node::Wrap::honest();
+    if let Some(behaviour) = cli.behaviour {
+        tracing::warn!(%behaviour, "this node's PoWerStore servers are Byzantine on purpose");
+        wrap.powerstore =
+            Box::new(move |server| bulwark_sim::byzantine::wrap(behaviour, server, seed));
+    }
+    if let Some(VolumeLie::Fork) = cli.volumes {
+        tracing::warn!("this node forks its single-server volumes on purpose");
+        wrap.volumes = Box::new(forking::wrap);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build();
     let Ok(runtime) = runtime else {
         return std::process::ExitCode::FAILURE;
     };
-    let wrap: bulwark_node::Wrap =
-        Box::new(move |server| bulwark_sim::byzantine::wrap(behaviour, server, seed));
     match runtime.block_on(bulwark_main::run_node(args, wrap)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {

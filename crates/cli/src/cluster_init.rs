@@ -68,6 +68,11 @@ pub struct InitArgs {
     /// See --contact-ms.
     #[arg(long, default_value_t = 60_000)]
     pub contact_grace_ms: u64,
+    /// Give every node a trusted log (A2M), made in `node-<id>/a2m` with its key in
+    /// cluster.toml; each must then be served with `bulwark a2m serve --dir node-<id>/a2m
+    /// --socket node-<id>/a2m.sock` before its node starts. Single-server volumes need one.
+    #[arg(long)]
+    pub a2m: bool,
 }
 
 impl InitArgs {
@@ -92,8 +97,24 @@ impl InitArgs {
             ping_cycle_ms: 60_000,
             contact_ms: 24 * 60 * 60 * 1000,
             contact_grace_ms: 60_000,
+            a2m: false,
         }
     }
+}
+
+/// Where `cluster init --a2m` puts a node's trusted log, within the node's directory.
+pub const A2M_DIR: &str = "a2m";
+/// The socket `cluster init --a2m` names in a node's `node.toml`, within the node's directory.
+pub const A2M_SOCKET: &str = "a2m.sock";
+
+/// Makes a node's trusted log in `node_dir/a2m` (anchored beside it) and returns its public key.
+fn trusted_log(node_dir: &Path) -> Result<[u8; 32]> {
+    let dir = node_dir.join(A2M_DIR);
+    let anchor = bulwark_a2m::FileAnchor::beside(&dir).context("the trusted log's anchor")?;
+    let component =
+        bulwark_a2m::Component::create(&dir, Box::new(anchor), bulwark_a2m::Limits::default())
+            .with_context(|| format!("making the trusted log in {}", dir.display()))?;
+    Ok(bulwark_a2m::A2m::public_key(&component).to_bytes())
 }
 
 /// `bulwark cluster init`, with the protocol choice.
@@ -225,11 +246,17 @@ pub fn run_protocol(args: &InitArgs, protocol: Protocol) -> Result<ClusterConfig
         std::fs::create_dir_all(&dir)?;
         let mac_key = MacKey(rand::random());
         let signing_seed: [u8; 32] = rand::random();
+        let a2m_key = if args.a2m {
+            Some(trusted_log(&dir)?)
+        } else {
+            None
+        };
         let secrets = NodeSecrets {
             id: i as u32,
             mac_key: mac_key.clone(),
             signing_key: signing_seed,
             address: None,
+            a2m_socket: a2m_key.map(|_| PathBuf::from(A2M_SOCKET)),
         };
         write_private(&dir.join("node.toml"), &toml_text(&secrets)?)?;
         let fingerprint = write_identity(&dir, &format!("bulwark-node-{i}"))?;
@@ -252,6 +279,7 @@ pub fn run_protocol(args: &InitArgs, protocol: Protocol) -> Result<ClusterConfig
             signing_key: bulwark_core::sign::SecretKey::from_seed(&signing_seed)
                 .public_key()
                 .to_bytes(),
+            a2m_key,
         });
     }
     let timestamp_key = MacKey(rand::random());

@@ -408,6 +408,7 @@ fn write_secrets(
         mac_key: bulwark_core::MacKey(rand::random()),
         signing_key: seed,
         address: Some(address),
+        a2m_socket: None,
     };
     crate::cluster_init::write_private(path, &crate::cluster_init::toml_text(&secrets)?)
 }

@@ -201,14 +201,24 @@ pub enum OwnedCommand {
 
 #[derive(Subcommand)]
 pub enum VolumeCommand {
-    /// Creates a volume served by one protocol; its objects are then reached with `--volume`.
+    /// Creates a volume, replicated by one protocol or served by one node with a trusted log;
+    /// its objects are then reached with `--volume`.
     Create {
         /// The volume's name: 1 to 63 characters of a-z, 0-9, '-', '_', '.'.
         name: String,
-        /// powerstore (Byzantine, erasure-coded), abd (crash-tolerant baseline) or phalanx
-        /// (signature-based Byzantine baseline).
-        #[arg(long, default_value = "powerstore")]
-        protocol: bulwark_core::config::Protocol,
+        /// replicated (every key on its replica group) or single-server (one node with a
+        /// trusted log serves it, A2M-Storage: clients catch a server that forks or rolls back
+        /// what they see, but the volume is down while its server is).
+        #[arg(long, default_value = "replicated")]
+        mode: objects::Mode,
+        /// For a replicated volume: powerstore (Byzantine, erasure-coded; the default), abd
+        /// (crash-tolerant baseline) or phalanx (signature-based Byzantine baseline).
+        #[arg(long)]
+        protocol: Option<bulwark_core::config::Protocol>,
+        /// For a single-server volume: the node that serves it (it needs a trusted log, see
+        /// `cluster init --a2m`).
+        #[arg(long)]
+        server: Option<u32>,
     },
 }
 
@@ -310,14 +320,14 @@ pub async fn run(cli: Cli) -> Result<std::process::ExitCode> {
             ..
         }) => {
             let args = configure::join(address, listen, metrics, data, &client).await?;
-            run_node(args, Box::new(|server| Box::new(server))).await?
+            run_node(args, bulwark_node::Wrap::honest()).await?
         }
         Command::Node(NodeCommand {
             change: Some(change),
             ..
         }) => configure::membership(&change).await?,
         Command::Node(NodeCommand { run, .. }) => {
-            run_node(run, Box::new(|server| Box::new(server))).await?
+            run_node(run, bulwark_node::Wrap::honest()).await?
         }
         Command::Config { command } => configure::config(&command).await?,
         Command::Epoch { command } => configure::epoch(&command).await?,
@@ -349,9 +359,15 @@ pub async fn run(cli: Cli) -> Result<std::process::ExitCode> {
         Command::Status { client } => return objects::status(&client).await,
         Command::Dev { dir, nodes, demo } => dev::run(&dir, nodes, demo).await?,
         Command::Volume {
-            command: VolumeCommand::Create { name, protocol },
+            command:
+                VolumeCommand::Create {
+                    name,
+                    mode,
+                    protocol,
+                    server,
+                },
             client,
-        } => objects::create_volume(&client, &name, protocol).await?,
+        } => objects::create_volume(&client, &name, mode, protocol, server).await?,
         Command::Bench(args) => bench::run(&args).await?,
         Command::Gateway(args) => gateway::run(&args).await?,
         Command::Sim(args) => return sim::run(&args),

@@ -41,18 +41,49 @@ async fn volume(client: &Client, args: &ClientArgs) -> Result<Volume> {
     })
 }
 
+/// How a volume is served (`bulwark volume create --mode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// Every key on its replica group.
+    Replicated,
+    /// One node with a trusted log.
+    SingleServer,
+}
+
 /// `bulwark volume create`.
 pub async fn create_volume(
     args: &ClientArgs,
     name: &str,
-    protocol: bulwark_core::config::Protocol,
+    mode: Mode,
+    protocol: Option<bulwark_core::config::Protocol>,
+    server: Option<u32>,
 ) -> Result<()> {
     let client = connect(args).await?;
-    let (volume, report) = client.create_volume(name, protocol).await?;
+    let (volume, report) = match (mode, server) {
+        (Mode::Replicated, None) => {
+            client
+                .create_volume(name, protocol.unwrap_or_default())
+                .await?
+        }
+        (Mode::Replicated, Some(_)) => {
+            anyhow::bail!("--server names a single-server volume's node; add --mode single-server")
+        }
+        (Mode::SingleServer, None) => {
+            anyhow::bail!("a single-server volume needs --server NODE")
+        }
+        (Mode::SingleServer, Some(server)) => {
+            if let Some(protocol) = protocol {
+                anyhow::bail!("--protocol {protocol} is for replicated volumes");
+            }
+            client
+                .create_single_server_volume(name, bulwark_core::NodeId(server))
+                .await?
+        }
+    };
     eprintln!(
         "volume {:?} is served by {}: {}",
         volume.name(),
-        volume.protocol,
+        volume.serving,
         summary(&report)
     );
     Ok(())
@@ -371,6 +402,35 @@ pub async fn status(args: &ClientArgs) -> Result<std::process::ExitCode> {
                         stats.transferred_bytes,
                         stats.gated
                     );
+                }
+                if let Some(log) = &status.trusted_log {
+                    let key = hex::encode(log.key);
+                    out!(
+                        text,
+                        "         trusted log: {}, key {}…, {} batches, {} attestations, {} refused",
+                        log.backend,
+                        &key[..16],
+                        log.batches,
+                        log.attestations,
+                        log.refused
+                    );
+                    if let Some(why) = &log.unreachable {
+                        out!(text, "         trusted log unreachable: {why}");
+                    }
+                    if let Some(why) = &log.last_refusal {
+                        out!(text, "         trusted log's last refusal: {why}");
+                    }
+                    for (id, low, high) in &log.heads {
+                        let name = match id.checked_sub(bulwark_protocol::a2m_storage::LOGS_BASE) {
+                            Some(at) => format!(
+                                "volume {}'s {} log",
+                                at / 2,
+                                if at % 2 == 0 { "writes" } else { "versions" }
+                            ),
+                            None => format!("log {id}"),
+                        };
+                        out!(text, "         trusted log, {name}: slots {low} to {high}");
+                    }
                 }
                 if status.server.damaged > 0 {
                     out!(

@@ -198,7 +198,10 @@ async fn volumes_of_two_protocols_are_served_at_the_same_time() {
         .await
         .expect("create a Phalanx volume");
     let default = admin.default_volume();
-    assert_eq!(default.protocol, Protocol::PowerStore);
+    assert_eq!(
+        default.serving,
+        bulwark_client::Serving::Replicated(Protocol::PowerStore)
+    );
 
     // Another client finds the volumes through the system volume.
     let writer2 = Arc::new(cluster.client("writer2").await);

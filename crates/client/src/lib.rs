@@ -15,11 +15,12 @@ mod configuration;
 mod content;
 pub mod evidence;
 mod pubkey;
+mod single_server;
 mod volumes;
 
 pub use configuration::{ConfigAction, ConfigOutcome, KNOWN_FILE};
 
-pub use volumes::{VOLUME_NAME_BYTES_MAX, Volume};
+pub use volumes::{Serving, VOLUME_NAME_BYTES_MAX, Volume};
 
 use bulwark_core::config::{ClientSecrets, ClusterConfig, Protocol, parse_secrets};
 use bulwark_core::envelope::{self, Header, Kind, Refusal as EnvelopeRefusal};
@@ -31,7 +32,7 @@ use bulwark_core::{ClientId, Epoch, Key, MacKey, NodeId, OBJECT_BYTES_MAX, Servi
 use bulwark_protocol::machine::{OpError, Operation, Progress};
 use bulwark_protocol::powerstore::{self, OpId, Pid, WriterKeys};
 use bulwark_protocol::service::{NodeStatus, SystemReply, SystemRequest};
-use bulwark_protocol::{abd, phalanx};
+use bulwark_protocol::{a2m_storage, abd, phalanx};
 use bulwark_transport::{Link, Router};
 use bytes::Bytes;
 use std::collections::{BTreeSet, HashMap};
@@ -119,6 +120,16 @@ pub enum ClientError {
     /// The protocol failed in a way that indicates a bug.
     #[error("protocol: {0}")]
     Protocol(String),
+    /// The server of a single-server volume answered what its trusted log's attestations
+    /// contradict (a fork, a rollback, a forged object): nothing it said is believed. Recorded
+    /// in the evidence log.
+    #[error("{node} misbehaved: {detail}")]
+    Misbehaved {
+        /// The server.
+        node: NodeId,
+        /// What it did.
+        detail: String,
+    },
     /// The configuration service has not confirmed this client's configuration for longer than
     /// the cluster allows: serving on may mean trusting groups whose fault bound no longer holds
     /// (Rosebud §3.8).
@@ -163,7 +174,7 @@ fn describe(nodes: &[(NodeId, SocketAddr)]) -> String {
 }
 
 /// What an operation learned besides its result.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct OpReport {
     /// Nodes whose answers completed the final round.
     pub answered: Vec<NodeId>,
@@ -205,6 +216,9 @@ pub struct Client {
     session: u64,
     codec: Arc<dyn ErasureCodec>,
     volumes: Mutex<HashMap<String, Volume>>,
+    /// The newest state this client saw of each single-server volume (server, number): a
+    /// server that later shows it an older one rolled back (A2M-Storage's timestamps).
+    seen: Mutex<HashMap<(NodeId, u32), a2m_storage::Timestamp>>,
     evidence_log: Option<PathBuf>,
     /// Where the newest configuration this client verified is kept between runs
     /// ([`configuration`]'s cache), when it has a directory of its own.
@@ -348,6 +362,7 @@ impl Client {
             session: rand::random::<u32>() as u64,
             codec: Arc::new(ReedSolomonSimd),
             volumes: Mutex::new(HashMap::new()),
+            seen: Mutex::new(HashMap::new()),
             evidence_log: None,
             known_file: None,
             authority: secrets.authority_key,
@@ -488,8 +503,16 @@ impl Client {
         };
         self.fresh().await?;
         let op = self.op_id();
-        let (view, n) = self.group(&key, volume.protocol);
-        let answered = match volume.protocol {
+        let protocol = match volume.serving {
+            Serving::Replicated(protocol) => protocol,
+            Serving::SingleServer { server, number } => {
+                return self
+                    .single_server_write(server, number, key, op, value)
+                    .await;
+            }
+        };
+        let (view, n) = self.group(&key, protocol);
+        let answered = match protocol {
             Protocol::PowerStore => {
                 let mut config = powerstore::ClientConfig::new(self.cluster.f);
                 config.epoch = self.epoch();
@@ -555,8 +578,14 @@ impl Client {
         let key = volume.register_key(key)?;
         self.fresh().await?;
         let op = self.op_id();
-        let (view, n) = self.group(&key, volume.protocol);
-        let (value, report) = match volume.protocol {
+        let protocol = match volume.serving {
+            Serving::Replicated(protocol) => protocol,
+            Serving::SingleServer { server, number } => {
+                return self.single_server_read(server, number, key, op).await;
+            }
+        };
+        let (view, n) = self.group(&key, protocol);
+        let (value, report) = match protocol {
             Protocol::PowerStore => {
                 let mut config = powerstore::ClientConfig::new(self.cluster.f);
                 config.epoch = self.epoch();

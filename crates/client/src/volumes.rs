@@ -1,14 +1,20 @@
-//! Volumes: named sets of objects, each served by one register protocol. A cluster serves every
-//! protocol at once; the protocol is chosen when the volume is created and recorded in the
-//! system volume (a PoWerStore register per volume, `\0sys\0volume/NAME`), so every client finds
-//! the same one. Objects of a named volume live under keys prefixed with the volume's name, so
-//! two volumes never share a register even on one protocol; the default volume's keys are the
-//! user's keys as they are, and may not begin with the NUL byte that starts every prefix.
+//! Volumes: named sets of objects, each served by one register protocol or by one server with a
+//! trusted log. A cluster serves every protocol at once; the choice is made when the volume is
+//! created and recorded in the system volume (a PoWerStore register per volume,
+//! `\0sys\0volume/NAME`), so every client finds the same one. Objects of a named volume live
+//! under keys prefixed with the volume's name, so two volumes never share a register even on one
+//! protocol; the default volume's keys are the user's keys as they are, and may not begin with
+//! the NUL byte that starts every prefix.
+//!
+//! A single-server volume (A2M-Storage, A2M §4.2) lives on the node named at its creation, under
+//! a number that node's volumes do not share: the name's hash, claimed in the system volume
+//! (`\0sys\0a2m/NODE/NUMBER` holds the name), the next number when another name holds it.
 
 use crate::{Client, ClientError, OpReport};
-use bulwark_core::Key;
 use bulwark_core::config::Protocol;
+use bulwark_core::{Digest, Key, NodeId};
 use bytes::Bytes;
+use std::fmt;
 
 /// The longest volume name.
 pub const VOLUME_NAME_BYTES_MAX: usize = 63;
@@ -16,12 +22,37 @@ pub const VOLUME_NAME_BYTES_MAX: usize = 63;
 /// The prefix of every system and volume key: no default-volume key may start with it.
 const RESERVED: u8 = 0;
 
-/// A volume: its name (empty for the default volume) and its protocol.
+/// How a volume's objects are kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Serving {
+    /// By the replica group of each key, with this register protocol.
+    Replicated(Protocol),
+    /// By one server with a trusted log (A2M-Storage): the node, and the volume's number there.
+    SingleServer {
+        /// The node that serves it.
+        server: NodeId,
+        /// Its number on that node.
+        number: u32,
+    },
+}
+
+impl fmt::Display for Serving {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Serving::Replicated(protocol) => write!(f, "{protocol}"),
+            Serving::SingleServer { server, number } => {
+                write!(f, "a2m-storage on {server} (volume {number} there)")
+            }
+        }
+    }
+}
+
+/// A volume: its name (empty for the default volume) and what serves it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Volume {
     name: String,
-    /// The register protocol that serves it.
-    pub protocol: Protocol,
+    /// What serves it.
+    pub serving: Serving,
     /// The system volume's keys carry their own reserved prefix.
     system: bool,
 }
@@ -31,7 +62,7 @@ impl Volume {
     pub fn default_of(protocol: Protocol) -> Volume {
         Volume {
             name: String::new(),
-            protocol,
+            serving: Serving::Replicated(protocol),
             system: false,
         }
     }
@@ -97,6 +128,26 @@ impl Volume {
     }
 }
 
+/// Where the system volume records which name holds volume `number` of `server`.
+fn claim_key(server: NodeId, number: u32) -> Vec<u8> {
+    let mut key = vec![RESERVED];
+    key.extend_from_slice(b"sys\0a2m/");
+    key.extend_from_slice(format!("{}/{number}", server.0).as_bytes());
+    key
+}
+
+/// The first number tried for single-server volume `name`: its hash, never `u32::MAX` (the
+/// node-wide replica's group).
+fn first_number(name: &str) -> u32 {
+    let digest = Digest::of("bulwark.volume.number", name.as_bytes());
+    let bytes: [u8; 4] = digest.0[..4].try_into().unwrap_or_default();
+    u32::from_be_bytes(bytes) % u32::MAX
+}
+
+/// Numbers tried before creation gives up: another name holding each of them is as unlikely as
+/// 32-bit hash collisions that many times over.
+const CLAIMS_MAX: u32 = 16;
+
 /// The system volume: always PoWerStore, whatever the default volume's protocol.
 fn system() -> Volume {
     Volume {
@@ -114,24 +165,92 @@ impl Client {
         protocol: Protocol,
     ) -> Result<(Volume, OpReport), ClientError> {
         Volume::check_name(name)?;
-        let key = Volume::record_key(name);
-        let (existing, _) = self.read(&system(), &key).await?;
-        if let Some(existing) = existing {
-            let volume = parse_record(name, &existing)?;
-            if volume.protocol != protocol {
-                return Err(ClientError::Volume {
+        if let Some(volume) = self.existing(name).await?
+            && volume.serving != Serving::Replicated(protocol)
+        {
+            return Err(ClientError::Volume {
+                name: name.to_string(),
+                problem: format!("exists already, served by {}", volume.serving),
+            });
+        }
+        self.record_volume(name, Serving::Replicated(protocol))
+            .await
+    }
+
+    /// Creates volume `name` served by node `server` alone, with its trusted log (A2M-Storage):
+    /// linearizable for its clients whatever the server does, which can stop serving but cannot
+    /// fork or roll back what they see without their noticing. Creating it again on the same
+    /// node is a no-op; on another node, or served otherwise, an error.
+    pub async fn create_single_server_volume(
+        &self,
+        name: &str,
+        server: NodeId,
+    ) -> Result<(Volume, OpReport), ClientError> {
+        Volume::check_name(name)?;
+        self.single_server(server, 0)?;
+        if let Some(volume) = self.existing(name).await? {
+            return match volume.serving {
+                Serving::SingleServer { server: on, .. } if on == server => {
+                    Ok((volume, OpReport::default()))
+                }
+                serving => Err(ClientError::Volume {
                     name: name.to_string(),
-                    problem: format!("exists already, served by {}", volume.protocol),
-                });
+                    problem: format!("exists already, served by {serving}"),
+                }),
+            };
+        }
+        let mut number = first_number(name);
+        for _ in 0..CLAIMS_MAX {
+            let claim = claim_key(server, number);
+            let (holder, _) = self.read(&system(), &claim).await?;
+            match holder {
+                Some(holder) if holder.as_ref() != name.as_bytes() => {
+                    number = (number + 1) % u32::MAX;
+                }
+                Some(_) => break,
+                None => {
+                    self.write(&system(), &claim, Some(Bytes::from(name.to_string())))
+                        .await?;
+                    break;
+                }
             }
         }
+        let (holder, _) = self.read(&system(), &claim_key(server, number)).await?;
+        if holder.as_deref() != Some(name.as_bytes()) {
+            return Err(ClientError::Volume {
+                name: name.to_string(),
+                problem: format!("found no free volume number on {server}"),
+            });
+        }
+        self.record_volume(name, Serving::SingleServer { server, number })
+            .await
+    }
+
+    /// The volume `name` as recorded, if it is.
+    async fn existing(&self, name: &str) -> Result<Option<Volume>, ClientError> {
+        let (existing, _) = self.read(&system(), &Volume::record_key(name)).await?;
+        existing
+            .map(|record| parse_record(name, &record))
+            .transpose()
+    }
+
+    /// Records volume `name` as served by `serving`.
+    async fn record_volume(
+        &self,
+        name: &str,
+        serving: Serving,
+    ) -> Result<(Volume, OpReport), ClientError> {
         // The record is a write like any other: its own register, linearizable.
         let report = self
-            .write(&system(), &key, Some(Bytes::from(protocol.name())))
+            .write(
+                &system(),
+                &Volume::record_key(name),
+                Some(Bytes::from(record_text(serving))),
+            )
             .await?;
         let volume = Volume {
             name: name.to_string(),
-            protocol,
+            serving,
             system: false,
         };
         if let Ok(mut known) = self.volumes.lock() {
@@ -162,17 +281,50 @@ impl Client {
     }
 }
 
+/// How the system volume records `serving`: a protocol's name, or
+/// `a2m-storage node=N number=V`.
+fn record_text(serving: Serving) -> String {
+    match serving {
+        Serving::Replicated(protocol) => protocol.name().to_string(),
+        Serving::SingleServer { server, number } => {
+            format!("{SINGLE_SERVER} node={} number={number}", server.0)
+        }
+    }
+}
+
+/// The record name of single-server volumes.
+const SINGLE_SERVER: &str = "a2m-storage";
+
+fn parse_serving(text: &str) -> Option<Serving> {
+    if let Ok(protocol) = text.parse::<Protocol>() {
+        return Some(Serving::Replicated(protocol));
+    }
+    let mut words = text.split(' ');
+    if words.next()? != SINGLE_SERVER {
+        return None;
+    }
+    let server = words.next()?.strip_prefix("node=")?.parse().ok()?;
+    let number = words.next()?.strip_prefix("number=")?.parse().ok()?;
+    if words.next().is_some() || number == u32::MAX {
+        return None;
+    }
+    Some(Serving::SingleServer {
+        server: NodeId(server),
+        number,
+    })
+}
+
 fn parse_record(name: &str, record: &[u8]) -> Result<Volume, ClientError> {
-    let protocol = std::str::from_utf8(record)
+    let serving = std::str::from_utf8(record)
         .ok()
-        .and_then(|text| text.parse::<Protocol>().ok())
+        .and_then(parse_serving)
         .ok_or_else(|| ClientError::Volume {
             name: name.to_string(),
-            problem: "its record names no protocol this client knows".into(),
+            problem: "its record names nothing this client knows to serve it".into(),
         })?;
     Ok(Volume {
         name: name.to_string(),
-        protocol,
+        serving,
         system: false,
     })
 }
@@ -186,7 +338,7 @@ mod tests {
         let default = Volume::default_of(Protocol::PowerStore);
         let photos = Volume {
             name: "photos".into(),
-            protocol: Protocol::PowerStore,
+            serving: Serving::Replicated(Protocol::PowerStore),
             system: false,
         };
         let photo = Volume {
@@ -201,6 +353,30 @@ mod tests {
         assert_eq!(default.register_key(b"a").unwrap().as_bytes(), b"a");
         assert_ne!(Volume::record_key("photos"), a.as_bytes());
         assert!(system().register_key(&Volume::record_key("photos")).is_ok());
+    }
+
+    #[test]
+    fn records_say_what_serves_a_volume_and_nothing_else_parses() {
+        let single = Serving::SingleServer {
+            server: NodeId(3),
+            number: 77,
+        };
+        for serving in [Serving::Replicated(Protocol::Abd), single] {
+            assert_eq!(parse_serving(&record_text(serving)), Some(serving));
+        }
+        for bad in [
+            "",
+            "a2m-storage",
+            "a2m-storage node=3",
+            "a2m-storage node=3 number=x",
+            "a2m-storage node=3 number=77 more",
+            "a2m-storage number=77 node=3",
+            "a2m-storage node=3 number=4294967295",
+        ] {
+            assert_eq!(parse_serving(bad), None, "{bad:?}");
+        }
+        assert_ne!(first_number("photos"), u32::MAX);
+        assert_ne!(claim_key(NodeId(1), 2), claim_key(NodeId(12), 2));
     }
 
     #[test]

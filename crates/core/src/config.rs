@@ -297,6 +297,10 @@ pub struct NodeEntry {
     /// The Ed25519 public key it signs with (proofs of what it said, configurations).
     #[serde(with = "hex32")]
     pub signing_key: [u8; 32],
+    /// The public key of its trusted log (`bulwark a2m init` prints it), if it has one: the
+    /// attestations its volumes' clients accept are signed by this key alone.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "hex32_opt")]
+    pub a2m_key: Option<[u8; 32]>,
 }
 
 /// One client in `cluster.toml`.
@@ -606,6 +610,10 @@ pub struct NodeSecrets {
     /// `cluster.toml` listen at their entry there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<SocketAddr>,
+    /// The socket of the node's trusted log (`bulwark a2m serve`), when `cluster.toml` names
+    /// one for it; a relative path is taken from the node's directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub a2m_socket: Option<std::path::PathBuf>,
 }
 
 /// A client's secrets: `client.toml` in its own directory.
@@ -667,6 +675,7 @@ mod tests {
                     signing_key: crate::sign::SecretKey::from_seed(&[i as u8 + 1; 32])
                         .public_key()
                         .to_bytes(),
+                    a2m_key: None,
                 })
                 .collect(),
             clients: vec![ClientEntry {

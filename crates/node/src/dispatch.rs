@@ -37,6 +37,8 @@ pub struct Dispatcher {
     /// The configuration service, when the cluster has one: the chain, and the shard that hosts
     /// this node's CS replica.
     pub cs: Option<(Arc<cs::Shared>, ShardHandle)>,
+    /// The node's trusted log, if it has one.
+    pub trusted: Option<crate::trusted::TrustedLog>,
 }
 
 impl Dispatcher {
@@ -92,6 +94,10 @@ impl Dispatcher {
             replicas: Vec::new(),
             requests: 0,
             rejected: Vec::new(),
+            trusted_log: match &self.trusted {
+                Some(log) => Some(Box::new(log.status().await)),
+                None => None,
+            },
         };
         let cs_shard = self.cs.as_ref().map(|(_, shard)| shard);
         for shard in self.shards.iter().chain(cs_shard) {

@@ -10,7 +10,7 @@ use bulwark_core::membership::{Arc as RingArc, Ring};
 use bulwark_core::wire::{self, FRAME_BYTES_MAX};
 use bulwark_core::{ClientId, Digest, Epoch, GroupId, Key, NodeId, Slot, Time};
 use bulwark_protocol::content;
-use bulwark_protocol::machine::{Access, Replica, ReplicaStats, TimerId};
+use bulwark_protocol::machine::{Access, Attested, Replica, ReplicaStats, TimerId};
 use bulwark_protocol::powerstore::{
     Change, Fragments, ServerLogic, StoredEntry, Timestamp, fragment_digest,
 };
@@ -42,6 +42,10 @@ pub struct Effects {
     pub notify: Vec<(ClientId, u64, Bytes)>,
     /// Timers to set.
     pub timers: Vec<(TimerId, Time)>,
+    /// Batches of calls to the node's trusted log, each with the replica's token, made in
+    /// order once `ops` (and all before) are durable; answered through
+    /// [`Hosted::on_attested`].
+    pub attest: Vec<(u64, Vec<bulwark_core::a2m::Call>)>,
     /// Why the input was refused.
     pub refused: Option<String>,
 }
@@ -79,6 +83,10 @@ pub trait Hosted: Send {
     fn on_tick(&mut self, now: Time, batch: u64) -> Effects;
     /// The certified ring of the next epoch.
     fn on_epoch(&mut self, _now: Time, _ring: Arc<Ring>, _batch: u64) -> Effects {
+        Effects::default()
+    }
+    /// What the trusted log answered to the batch the replica gave `token`.
+    fn on_attested(&mut self, _now: Time, _token: u64, _answers: Attested, _batch: u64) -> Effects {
         Effects::default()
     }
     /// Every batch up to `batch` is durable.
@@ -159,15 +167,6 @@ where
         reply_to: Option<&Header>,
         batch: u64,
     ) -> Effects {
-        // Nodes host no service that calls a trusted log yet (docs/a2m.md): one that did would
-        // wait forever for answers.
-        debug_assert!(output.attest.is_empty(), "trusted-log calls on a node");
-        if !output.attest.is_empty() {
-            tracing::error!(
-                service = self.service_name(),
-                "a hosted service asked for a trusted log, which nodes do not run yet"
-            );
-        }
         let mut ops = Vec::with_capacity(output.changes.len());
         for change in &output.changes {
             self.adapter.record(change, batch, &mut ops);
@@ -206,6 +205,11 @@ where
             sends,
             notify,
             timers: output.timers,
+            attest: output
+                .attest
+                .into_iter()
+                .map(|attest| (attest.token, attest.calls))
+                .collect(),
             refused: output.refused,
         }
     }
@@ -272,6 +276,13 @@ where
 
     fn on_epoch(&mut self, now: Time, ring: Arc<Ring>, batch: u64) -> Effects {
         let output = self.replica.on_epoch(now, ring);
+        self.effects(output, None, batch)
+    }
+
+    fn on_attested(&mut self, now: Time, token: u64, answers: Attested, batch: u64) -> Effects {
+        let output = self
+            .replica
+            .on_attested(now, token, answers, self.adapter.view());
         self.effects(output, None, batch)
     }
 

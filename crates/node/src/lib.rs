@@ -19,7 +19,9 @@ pub mod host;
 mod peers;
 mod rejections;
 mod shard;
+mod trusted;
 mod verified;
+pub mod volumes;
 
 pub use rejections::Rejections;
 
@@ -191,8 +193,9 @@ impl NodeOptions {
             }
             .into());
         }
-        let secrets: NodeSecrets =
+        let mut secrets: NodeSecrets =
             parse_secrets(&read(&secrets_file)?, &secrets_file.display().to_string())?;
+        secrets.a2m_socket = secrets.a2m_socket.map(|socket| node_dir.join(socket));
         // A node joined after the genesis is not in `cluster.toml`; it has its own address, and
         // the certified configuration that added it says the rest.
         let listed = cluster.node(NodeId(id)).is_some() || secrets.address.is_some();
@@ -229,9 +232,27 @@ impl NodeOptions {
     }
 }
 
-/// Wraps each honest PoWerStore server before it serves: the identity for production, a
-/// Byzantine behaviour in test builds that link one.
-pub type Wrap = Box<dyn Fn(Server) -> Box<dyn ServerLogic> + Send + Sync>;
+/// Wraps what a node serves before it serves it: the identity for production, a Byzantine
+/// behaviour in the test binary that links one (`bulwark-byzantine`).
+pub struct Wrap {
+    /// Each honest PoWerStore server.
+    pub powerstore: Box<dyn Fn(Server) -> Box<dyn ServerLogic> + Send + Sync>,
+    /// The host of the node's single-server volumes.
+    pub volumes: WrapHosted,
+}
+
+/// Wraps a hosted replica in another.
+pub type WrapHosted = Box<dyn Fn(Box<dyn Hosted>) -> Box<dyn Hosted> + Send + Sync>;
+
+impl Wrap {
+    /// Serves everything as the protocols say.
+    pub fn honest() -> Wrap {
+        Wrap {
+            powerstore: Box::new(|server| Box::new(server)),
+            volumes: Box::new(|volumes| volumes),
+        }
+    }
+}
 
 /// Runs a node until the process is killed, or until SIGTERM or SIGINT, after which it stops
 /// accepting, makes everything queued durable and closes its store cleanly.
@@ -287,7 +308,25 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
         },
         error => error,
     };
+    let trusted = trusted_log(&options).await?;
     let mut replicas: Vec<HostedReplica> = Vec::new();
+    if let Some(log) = &trusted {
+        let writers = bulwark_protocol::a2m_storage::writers(&options.cluster)
+            .into_iter()
+            .map(|(_, key)| key)
+            .collect();
+        let volumes = volumes::Volumes::new(
+            id,
+            log.key(),
+            writers,
+            store.clone(),
+            Epoch(options.cluster.epoch),
+        );
+        replicas.push((
+            (ServiceId::A2M_STORAGE, host::NODE_WIDE),
+            (wrap.volumes)(Box::new(volumes)),
+        ));
+    }
     for view in &groups {
         replicas.extend(
             build_replicas(&options, view, &store, &verified, &rejections, &wrap)
@@ -400,6 +439,7 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
             rejections: rejections.clone(),
             clock: shard::Clock::Monotonic,
             tick: shard::TICK_INTERVAL,
+            trusted: trusted.clone(),
         });
         shards.push(handle);
         stoppers.push(stopper);
@@ -441,6 +481,7 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
                 // PBFT's deadlines (view changes, STATUS, the epoch's STOP) are checked on the
                 // tick: finer than the storage shards' garbage collection needs.
                 tick: std::time::Duration::from_millis(100),
+                trusted: trusted.clone(),
             });
             stoppers.push(stopper);
             let settings = options
@@ -491,6 +532,7 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
         rejections: rejections.clone(),
         started,
         cs,
+        trusted,
     });
     {
         let dispatcher = dispatcher.clone();
@@ -574,6 +616,46 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
 /// A replica and the key the dispatcher routes it by.
 type HostedReplica = (ReplicaKey, Box<dyn Hosted>);
 
+/// The node's trusted log, when `cluster.toml` gives it one (`a2m_key`): reached at the socket
+/// its `node.toml` names, and refused unless the component there has that key.
+async fn trusted_log(options: &NodeOptions) -> Result<Option<trusted::TrustedLog>, NodeError> {
+    let id = options.id();
+    let key = options.cluster.node(id).and_then(|entry| entry.a2m_key);
+    let invalid = |file: &str, field: &str, problem: String| {
+        NodeError::Config(bulwark_core::config::ConfigError::Invalid {
+            file: file.into(),
+            field: field.into(),
+            problem,
+        })
+    };
+    let (key, socket) = match (key, options.secrets.a2m_socket.clone()) {
+        (None, None) => return Ok(None),
+        (Some(key), Some(socket)) => (key, socket),
+        (Some(_), None) => {
+            return Err(invalid(
+                "node.toml",
+                "a2m_socket",
+                format!("cluster.toml gives {id} a trusted log (a2m_key); say where it serves"),
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(invalid(
+                "cluster.toml",
+                "a2m_key",
+                format!("node.toml names a trusted log's socket but cluster.toml no key for {id}"),
+            ));
+        }
+    };
+    let key = bulwark_core::sign::PublicKey::from_bytes(&key)
+        .map_err(|error| invalid("cluster.toml", "a2m_key", error.to_string()))?;
+    let log = tokio::task::spawn_blocking(move || trusted::TrustedLog::start(&socket, key))
+        .await
+        .map_err(|error| invalid("node.toml", "a2m_socket", error.to_string()))?
+        .map_err(|problem| invalid("node.toml", "a2m_socket", problem))?;
+    tracing::info!(node = id.0, key = %log.key(), "trusted log reached");
+    Ok(Some(log))
+}
+
 /// Shard tasks per node: enough that one busy group does not hold up the others, few enough that
 /// their group commits still fold many requests into one fsync.
 const SHARDS: usize = 4;
@@ -626,7 +708,7 @@ fn build_replicas(
     replicas.push((
         (ServiceId::POWERSTORE, group),
         Box::new(host::Hosting {
-            replica: wrap(server),
+            replica: (wrap.powerstore)(server),
             adapter: host::PowerStoreStorage {
                 namespace,
                 store: store.clone(),

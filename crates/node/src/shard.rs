@@ -9,6 +9,7 @@
 use crate::Rejections;
 use crate::host::{Effects, Hosted};
 use crate::peers::Peers;
+use crate::trusted::{Answered, TrustedLog};
 use bulwark_core::envelope::Envelope;
 use bulwark_core::membership::Ring;
 use bulwark_core::{ClientId, GroupId, NodeId, ServiceId, Time};
@@ -118,6 +119,8 @@ pub struct ShardContext {
     /// How often replicas get `on_tick` (garbage collection; the configuration service's
     /// protocol timers).
     pub tick: Duration,
+    /// The node's trusted log, if it has one.
+    pub trusted: Option<TrustedLog>,
 }
 
 pub fn spawn(context: ShardContext) -> (ShardHandle, Stopper) {
@@ -143,6 +146,11 @@ enum Outgoing {
         client: ClientId,
         op: u64,
         frame: Bytes,
+    },
+    Attest {
+        replica: ReplicaKey,
+        token: u64,
+        calls: Vec<bulwark_core::a2m::Call>,
     },
 }
 
@@ -173,6 +181,9 @@ struct Shard {
     unanswered_order: std::collections::VecDeque<(ClientId, u64)>,
     /// How often replicas get `on_tick`.
     tick: Duration,
+    trusted: Option<TrustedLog>,
+    /// Where the trusted log answers this shard's batches.
+    attested: mpsc::UnboundedSender<Answered>,
 }
 
 impl Shard {
@@ -189,6 +200,7 @@ impl Shard {
             sends,
             notify,
             timers,
+            attest,
             refused: _,
         } = effects;
         if !ops.is_empty() {
@@ -214,6 +226,16 @@ impl Shard {
         }
         for (client, op, frame) in notify {
             if let Some(ready) = self.sequencer.send(Outgoing::Notify { client, op, frame }) {
+                self.release(ready);
+            }
+        }
+        for (token, calls) in attest {
+            let outgoing = Outgoing::Attest {
+                replica,
+                token,
+                calls,
+            };
+            if let Some(ready) = self.sequencer.send(outgoing) {
                 self.release(ready);
             }
         }
@@ -272,6 +294,25 @@ impl Shard {
                     let _ = replies.send(frame);
                 }
             }
+            Outgoing::Attest {
+                replica,
+                token,
+                calls,
+            } => match &self.trusted {
+                Some(log) => log.call(replica, token, calls, &self.attested),
+                None => {
+                    // Its replica waits for an answer: it gets one, and says the request failed.
+                    let refusal = bulwark_core::a2m::Refusal::Stopped(
+                        "this node has no trusted log (cluster.toml names no a2m_key for it)"
+                            .into(),
+                    );
+                    let _ = self.attested.send(Answered {
+                        replica,
+                        token,
+                        answers: vec![Err(refusal)],
+                    });
+                }
+            },
         }
     }
 
@@ -343,8 +384,10 @@ async fn run(
         rejections,
         clock,
         tick: tick_interval,
+        trusted,
     } = context;
     let (durable, mut durable_batches) = mpsc::unbounded_channel();
+    let (attested, mut answered) = mpsc::unbounded_channel();
     let mut shard = Shard {
         replicas,
         committer,
@@ -358,6 +401,8 @@ async fn run(
         unanswered: HashMap::new(),
         unanswered_order: std::collections::VecDeque::new(),
         tick: tick_interval,
+        trusted,
+        attested,
     };
     let mut tick = tokio::time::interval(shard.tick);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -380,6 +425,13 @@ async fn run(
         tokio::select! {
             _ = &mut stopped => break,
             Some(batch) = durable_batches.recv() => shard.on_durable(batch),
+            Some(Answered { replica, token, answers }) = answered.recv() => {
+                let batch = shard.sequencer.next_batch();
+                if let Some(hosted) = shard.replicas.get_mut(&replica) {
+                    let effects = hosted.on_attested(now(), token, answers, batch);
+                    shard.apply(replica, effects, None);
+                }
+            }
             job = jobs.recv() => {
                 let Some(job) = job else { break };
                 match job {

@@ -123,6 +123,33 @@ pub struct NodeStatus {
     pub requests: u64,
     /// Messages refused or dropped, by peer and reason.
     pub rejected: Vec<Rejected>,
+    /// Its trusted log, if it has one.
+    #[serde(default)]
+    pub trusted_log: Option<Box<TrustedLogStatus>>,
+}
+
+/// A node's trusted log (A2M), as `bulwark status` shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TrustedLogStatus {
+    /// Which backend (`software (a2m serve)`).
+    pub backend: String,
+    /// The component's public key: what its attestations verify under.
+    pub key: [u8; 32],
+    /// The socket the node reaches it on.
+    pub socket: String,
+    /// Each log's `(id, low, high)`.
+    pub heads: Vec<(u64, u128, u128)>,
+    /// Batches of calls made since the node started.
+    pub batches: u64,
+    /// Attestations the node received, each verified under `key`.
+    pub attestations: u64,
+    /// Batches refused (by the component, or because it could not be reached, or because an
+    /// attestation it returned did not verify).
+    pub refused: u64,
+    /// The last refusal.
+    pub last_refusal: Option<String>,
+    /// Why the component did not answer the status request, when it did not.
+    pub unreachable: Option<String>,
 }
 
 /// One replica a node hosts.

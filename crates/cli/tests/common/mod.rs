@@ -19,6 +19,8 @@ pub struct TestCluster {
     pub dir: tempfile::TempDir,
     pub n: usize,
     children: Vec<Option<Child>>,
+    /// Each node's `bulwark a2m serve`, for clusters made with `--a2m`.
+    trusted_logs: Vec<Option<Child>>,
     /// `bulwark node join` processes by the port they asked to serve at: their ids are known
     /// only once the configuration service certified them.
     joined: Vec<(u16, Child)>,
@@ -75,14 +77,63 @@ impl TestCluster {
             dir,
             n,
             children: (0..n).map(|_| None).collect(),
+            trusted_logs: (0..n).map(|_| None).collect(),
             joined: Vec::new(),
             ports,
             grace_ms,
         };
+        if init.contains(&"--a2m") {
+            for id in 0..n {
+                cluster.spawn_trusted_log(id);
+            }
+        }
         for id in 0..n {
             cluster.spawn(id, None);
         }
         cluster
+    }
+
+    /// Starts node `id`'s trusted log (`bulwark a2m serve`) on the socket its `node.toml`
+    /// names; kills any previous process first.
+    pub fn spawn_trusted_log(&mut self, id: usize) {
+        self.kill_trusted_log(id);
+        let node = self.path().join(format!("node-{id}"));
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(node.join("a2m.log"))
+            .expect("log");
+        let child = Command::new(BULWARK)
+            .args(["a2m", "serve", "--dir"])
+            .arg(node.join("a2m"))
+            .arg("--socket")
+            .arg(node.join("a2m.sock"))
+            .env("BULWARK_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn a2m serve");
+        self.trusted_logs[id] = Some(child);
+        // Serving once its socket accepts (the killed process's socket file refuses until then).
+        let socket = node.join("a2m.sock");
+        let started = Instant::now();
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "node {id}'s trusted log did not serve: {}",
+                std::fs::read_to_string(node.join("a2m.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// SIGKILL to node `id`'s trusted log.
+    pub fn kill_trusted_log(&mut self, id: usize) {
+        if let Some(mut child) = self.trusted_logs[id].take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -101,21 +152,28 @@ impl TestCluster {
     /// [`TestCluster::spawn`], with `seed` for the Byzantine behaviour's choices (how long it
     /// serves honestly first, among them).
     pub fn spawn_seeded(&mut self, id: usize, behaviour: Option<&str>, seed: u64) {
+        match behaviour {
+            Some(behaviour) => {
+                self.spawn_byzantine(id, &["--behaviour", behaviour, "--seed", &seed.to_string()])
+            }
+            None => self.spawn_program(id, BULWARK, &[]),
+        }
+    }
+
+    /// Starts node `id` as `bulwark-byzantine ARGS node …`; kills any previous process first.
+    pub fn spawn_byzantine(&mut self, id: usize, args: &[&str]) {
+        self.spawn_program(id, BYZANTINE, args);
+    }
+
+    fn spawn_program(&mut self, id: usize, program: &str, args: &[&str]) {
         self.kill(id);
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.log(id))
             .expect("log");
-        let mut command = match behaviour {
-            Some(behaviour) => {
-                let mut c = Command::new(BYZANTINE);
-                c.args(["--behaviour", behaviour, "--seed", &seed.to_string()]);
-                c
-            }
-            None => Command::new(BULWARK),
-        };
-        let child = command
+        let child = Command::new(program)
+            .args(args)
             .arg("node")
             .arg("--cluster")
             .arg(self.path())
@@ -208,6 +266,7 @@ impl Drop for TestCluster {
     fn drop(&mut self) {
         for id in 0..self.n {
             self.kill(id);
+            self.kill_trusted_log(id);
         }
         for (_, child) in &mut self.joined {
             let _ = child.kill();
