@@ -2,8 +2,10 @@
 //! process of its own (`cluster init --a2m`, `bulwark a2m serve`) serves a volume to two writers
 //! and two readers at once, linearizably; its state survives the node's restart; a node whose
 //! disk was rolled back stops serving the volume instead of serving the older state; its
-//! trusted log killed, the volume refuses (saying why) and serves again once the log is back;
-//! and a trusted log restored from an older copy refuses to start at all.
+//! trusted log killed, the volume refuses (saying why) and serves again once the log is back; a
+//! trusted log restored from an older copy refuses to start at all; a node restored whole from
+//! a copy is caught by the client that saw more, in a later run; and a node that forks the
+//! volume (the A2M paper's Figure 1) is caught and recorded by the clients it lies to.
 
 mod common;
 
@@ -306,5 +308,68 @@ async fn the_fork_of_figure_1_is_caught_and_recorded_on_real_processes() {
     assert_eq!(
         a.get_in(&volume, b"k").await.expect("read").0,
         Some(Bytes::from_static(b"2a"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_catches_a_server_rolled_back_whole_in_a_later_run() {
+    let mut cluster = TestCluster::start_with("powerstore", 1, 4, 10_000, &["--a2m"]);
+    cluster.wait_up(&[0, 1, 2, 3]).await;
+    let admin = cluster.client("admin").await;
+    let (vault, _) = admin
+        .create_single_server_volume("vault", NodeId(SERVER as u32))
+        .await
+        .expect("create the volume");
+    admin
+        .put_in(&vault, b"k", Bytes::from_static(b"1"))
+        .await
+        .expect("write 1");
+    // The operator of node 1 copies everything it has: its disk, its trusted log and the log's
+    // anchor. Nothing on the node can tell the copy from the original.
+    cluster.kill(SERVER);
+    cluster.kill_trusted_log(SERVER);
+    let node = cluster.path().join(format!("node-{SERVER}"));
+    let saved = cluster.path().join("saved");
+    for part in ["data", "a2m"] {
+        copy_dir(&node.join(part), &saved.join(part));
+    }
+    std::fs::copy(node.join("a2m.anchor"), saved.join("a2m.anchor")).expect("copy the anchor");
+    cluster.spawn_trusted_log(SERVER);
+    cluster.spawn(SERVER, None);
+    cluster.wait_up(&[SERVER]).await;
+    admin
+        .put_in(&vault, b"k", Bytes::from_static(b"2"))
+        .await
+        .expect("write 2");
+    let reader = cluster.client("reader").await;
+    assert_eq!(
+        reader.get_in(&vault, b"k").await.expect("read").0,
+        Some(Bytes::from_static(b"2"))
+    );
+    drop(reader);
+    // Then puts the copy back, whole: to the node and its trusted log, write 2 never happened.
+    cluster.kill(SERVER);
+    cluster.kill_trusted_log(SERVER);
+    for part in ["data", "a2m"] {
+        replace_dir(&node.join(part), &saved.join(part));
+    }
+    std::fs::copy(saved.join("a2m.anchor"), node.join("a2m.anchor")).expect("restore the anchor");
+    cluster.spawn_trusted_log(SERVER);
+    cluster.spawn(SERVER, None);
+    cluster.wait_up(&[SERVER]).await;
+    // The reader, in a later run, remembers write 2 and refuses the older state.
+    let reader = cluster.client("reader").await;
+    match reader.get_in(&vault, b"k").await {
+        Err(ClientError::Misbehaved { node, detail }) => {
+            assert_eq!(node, NodeId(SERVER as u32));
+            assert!(detail.contains("rollback"), "{detail}");
+        }
+        other => panic!("the rolled-back state was believed: {other:?}"),
+    }
+    // A client that never saw write 2 cannot tell: only what a client saw protects it.
+    let mallory = cluster.client("mallory").await;
+    assert_eq!(
+        mallory.get_in(&vault, b"k").await.expect("read").0,
+        Some(Bytes::from_static(b"1"))
     );
 }

@@ -219,6 +219,9 @@ pub struct Client {
     /// The newest state this client saw of each single-server volume (server, number): a
     /// server that later shows it an older one rolled back (A2M-Storage's timestamps).
     seen: Mutex<HashMap<(NodeId, u32), a2m_storage::Timestamp>>,
+    /// Where `seen` is kept between runs ([`single_server::SEEN_FILE`]), when the client has a
+    /// directory of its own.
+    seen_file: Option<PathBuf>,
     evidence_log: Option<PathBuf>,
     /// Where the newest configuration this client verified is kept between runs
     /// ([`configuration`]'s cache), when it has a directory of its own.
@@ -288,6 +291,7 @@ impl Client {
         let mut client = Client::new(cluster, secrets, identity).await?;
         client.evidence_log = Some(cluster_dir.join(evidence::LOG_FILE));
         client.known_file = Some(dir.join(configuration::KNOWN_FILE));
+        client.seen_file = Some(dir.join(single_server::SEEN_FILE));
         Ok(client)
     }
 
@@ -363,6 +367,7 @@ impl Client {
             codec: Arc::new(ReedSolomonSimd),
             volumes: Mutex::new(HashMap::new()),
             seen: Mutex::new(HashMap::new()),
+            seen_file: None,
             evidence_log: None,
             known_file: None,
             authority: secrets.authority_key,

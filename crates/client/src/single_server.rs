@@ -8,14 +8,34 @@ use crate::{Client, ClientError, OpReport};
 use bulwark_core::evidence::{Evidence, EvidenceKind};
 use bulwark_core::membership::GroupView;
 use bulwark_core::sign::PublicKey;
+use bulwark_core::wire;
 use bulwark_core::{GroupId, Key, NodeId};
 use bulwark_protocol::a2m_storage::{self, Read, Timestamp, Write};
 use bulwark_protocol::powerstore::OpId;
 use bytes::Bytes;
+use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 /// What a failed A2M-Storage check says first (the machines' `misbehaved`).
 const MISBEHAVED: &str = "the server misbehaved: ";
+
+/// Where a client with a directory keeps the newest state it saw of each single-server volume,
+/// so that its next run still catches a server showing it an older one.
+pub const SEEN_FILE: &str = "volumes-seen.bin";
+/// The largest [`SEEN_FILE`] read.
+const SEEN_BYTES_MAX: u64 = 1 << 20;
+/// Volumes [`SEEN_FILE`] keeps at most (the most written first).
+const SEEN_VOLUMES_MAX: usize = 4096;
+
+/// One volume's newest state seen, with the trusted log it was attested by: a cluster made
+/// again in the same directory has other keys, and its volumes start over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct Seen {
+    node: u32,
+    number: u32,
+    log_key: [u8; 32],
+    timestamp: Timestamp,
+}
 
 impl Client {
     /// Volume `number` of `server` as its clients check it: the server's trusted-log key from
@@ -50,18 +70,93 @@ impl Client {
         Ok((view, volume))
     }
 
-    /// The newest state this client saw of the volume.
-    fn seen(&self, server: NodeId, number: u32) -> Option<Timestamp> {
-        self.seen.lock().ok()?.get(&(server, number)).copied()
+    /// The newest state this client saw of `volume` on `server`, in this run or (for a client
+    /// with a directory) an earlier one.
+    fn seen(&self, server: NodeId, volume: &a2m_storage::Volume) -> Option<Timestamp> {
+        let number = volume.id as u32;
+        if let Some(timestamp) = self.seen.lock().ok()?.get(&(server, number)) {
+            return Some(*timestamp);
+        }
+        let kept = self
+            .load_seen()
+            .into_iter()
+            .find(|seen| seen.node == server.0 && seen.number == number)
+            .filter(|seen| seen.log_key == volume.log_key.to_bytes())?;
+        self.seen
+            .lock()
+            .ok()?
+            .insert((server, number), kept.timestamp);
+        Some(kept.timestamp)
     }
 
-    /// Remembers `timestamp` if it is newer than what this client saw.
-    fn saw(&self, server: NodeId, number: u32, timestamp: Timestamp) {
-        if let Ok(mut seen) = self.seen.lock() {
-            let newest = seen.entry((server, number)).or_insert(timestamp);
-            if timestamp.seq > newest.seq {
-                *newest = timestamp;
+    /// Remembers `timestamp` if it is newer than what this client saw, and keeps it for the
+    /// next run.
+    fn saw(&self, server: NodeId, volume: &a2m_storage::Volume, timestamp: Timestamp) {
+        let number = volume.id as u32;
+        let advanced = match self.seen.lock() {
+            Ok(mut seen) => {
+                let newest = seen.entry((server, number)).or_insert(Timestamp::GENESIS);
+                let advanced = timestamp.seq > newest.seq;
+                if advanced {
+                    *newest = timestamp;
+                }
+                advanced
             }
+            Err(_) => false,
+        };
+        if advanced {
+            self.save_seen(Seen {
+                node: server.0,
+                number,
+                log_key: volume.log_key.to_bytes(),
+                timestamp,
+            });
+        }
+    }
+
+    /// What [`SEEN_FILE`] holds; nothing when it is missing or damaged.
+    fn load_seen(&self) -> Vec<Seen> {
+        use std::io::Read;
+        let Some(path) = self.seen_file.as_ref() else {
+            return Vec::new();
+        };
+        let mut bytes = Vec::new();
+        let read = std::fs::File::open(path)
+            .and_then(|file| file.take(SEEN_BYTES_MAX).read_to_end(&mut bytes));
+        if read.is_err() {
+            return Vec::new();
+        }
+        wire::decode::<Vec<Seen>>(&bytes, SEEN_BYTES_MAX as usize).unwrap_or_else(|error| {
+            tracing::warn!(path = %path.display(), %error, "kept volume states ignored");
+            Vec::new()
+        })
+    }
+
+    /// Adds `seen` to [`SEEN_FILE`], keeping the newer of it and what the file holds (another
+    /// process of this client may have saved since), replacing the file whole. Best effort:
+    /// without it the next run checks freshness by its nonces alone.
+    fn save_seen(&self, seen: Seen) {
+        let Some(path) = self.seen_file.as_ref() else {
+            return;
+        };
+        let mut all = self.load_seen();
+        match all.iter_mut().find(|kept| {
+            (kept.node, kept.number, kept.log_key) == (seen.node, seen.number, seen.log_key)
+        }) {
+            Some(kept) if kept.timestamp.seq >= seen.timestamp.seq => return,
+            Some(kept) => *kept = seen,
+            None => all.push(seen),
+        }
+        if all.len() > SEEN_VOLUMES_MAX {
+            all.sort_by_key(|kept| std::cmp::Reverse(kept.timestamp.seq));
+            all.truncate(SEEN_VOLUMES_MAX);
+        }
+        let staged = path.with_extension(format!("{:016x}.tmp", rand::random::<u64>()));
+        let written = std::fs::write(&staged, wire::encode(&all))
+            .and_then(|()| std::fs::rename(&staged, path));
+        if let Err(error) = written {
+            let _ = std::fs::remove_file(&staged);
+            tracing::debug!(path = %path.display(), %error, "volume state not kept");
         }
     }
 
@@ -82,21 +177,22 @@ impl Client {
             .position(|(id, _)| *id == self.id)
             .ok_or_else(not_writer)?;
         let secret = self.signing.clone().ok_or_else(not_writer)?;
+        let known = self.seen(server, &volume);
         let mut machine = Write::new(
-            volume,
+            volume.clone(),
             op,
             key.clone(),
             value,
             writer as u32,
             secret,
             rand::random(),
-            self.seen(server, number),
+            known,
         );
         let timestamp = self
             .drive(&view, &key, 0, &mut machine)
             .await
             .map_err(|error| self.unwrap_op(&view, &key, error))?;
-        self.saw(server, number, timestamp);
+        self.saw(server, &volume, timestamp);
         Ok(OpReport {
             answered: vec![server],
             n: 1,
@@ -112,18 +208,13 @@ impl Client {
         op: OpId,
     ) -> Result<(Option<Bytes>, OpReport), ClientError> {
         let (view, volume) = self.single_server(server, number)?;
-        let mut machine = Read::new(
-            volume,
-            op,
-            key.clone(),
-            rand::random(),
-            self.seen(server, number),
-        );
+        let known = self.seen(server, &volume);
+        let mut machine = Read::new(volume.clone(), op, key.clone(), rand::random(), known);
         let (value, timestamp) = self
             .drive(&view, &key, 0, &mut machine)
             .await
             .map_err(|error| self.unwrap_op(&view, &key, error))?;
-        self.saw(server, number, timestamp);
+        self.saw(server, &volume, timestamp);
         let report = OpReport {
             answered: vec![server],
             n: 1,
