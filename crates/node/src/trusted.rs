@@ -149,7 +149,7 @@ impl TrustedLog {
             .map(|c| (c.batches, c.attestations, c.refused, c.last_refusal.clone()));
         let (batches, attestations, refused, last_refusal) =
             counters.unwrap_or((0, 0, 0, Some("counters unavailable".into())));
-        let (heads, reachable) = match reported {
+        let (heads, unreachable) = match reported {
             Ok(status) => (
                 status
                     .heads
@@ -169,7 +169,7 @@ impl TrustedLog {
             attestations,
             refused,
             last_refusal,
-            unreachable: reachable,
+            unreachable,
         }
     }
 

@@ -17,6 +17,7 @@ use bulwark_protocol::a2m_storage::{self, Change, Disk, RECENT_WRITES, Server, V
 use bulwark_protocol::machine::{Access, Attested, ReplicaStats, TimerId};
 use bulwark_storage::{Namespace, StorageOp, Store};
 use bytes::Bytes;
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
@@ -173,42 +174,41 @@ impl Volumes {
         if number == NODE_WIDE.0 {
             return Err(format!("{number} is no volume's number"));
         }
-        if !self.servers.contains_key(&number) {
-            if self.servers.len() >= VOLUMES_MAX {
-                return Err(format!(
-                    "node {} serves {VOLUMES_MAX} volumes already",
-                    self.me.0
-                ));
-            }
-            let namespace = Namespace::new(ServiceId::A2M_STORAGE, GroupId(number));
-            let disk = match restore(&self.store, namespace) {
-                Ok(disk) => disk,
-                Err(problem) => {
-                    let why = format!("volume {number}'s stored state is damaged: {problem}");
-                    tracing::error!(volume = number, %problem, "a volume's records do not restore");
-                    self.damaged.insert(number, why.clone());
-                    return Err(why);
-                }
-            };
-            let volume = Volume::numbered(number, self.log_key, self.writers.clone());
-            tracing::info!(
-                volume = number,
-                writes = disk.last.as_ref().map_or(0, |(_, _, t)| t.seq),
-                objects = disk.objects.len(),
-                "volume restored"
-            );
-            let hosting = Hosting {
-                replica: Server::restore(volume, &disk),
-                adapter: VolumeStorage { namespace },
-                members: Members::ById,
-                slot: Slot(self.me.0),
-                header: Header::request(ServiceId::A2M_STORAGE, GroupId(number), self.epoch, 0),
-            };
-            self.servers.insert(number, hosting);
+        let count = self.servers.len();
+        let entry = match self.servers.entry(number) {
+            Entry::Occupied(served) => return Ok(served.into_mut()),
+            Entry::Vacant(entry) => entry,
+        };
+        if count >= VOLUMES_MAX {
+            return Err(format!(
+                "node {} serves {VOLUMES_MAX} volumes already",
+                self.me.0
+            ));
         }
-        self.servers
-            .get_mut(&number)
-            .ok_or_else(|| "unreachable: inserted above".to_string())
+        let namespace = Namespace::new(ServiceId::A2M_STORAGE, GroupId(number));
+        let disk = match restore(&self.store, namespace) {
+            Ok(disk) => disk,
+            Err(problem) => {
+                let why = format!("volume {number}'s stored state is damaged: {problem}");
+                tracing::error!(volume = number, %problem, "a volume's records do not restore");
+                self.damaged.insert(number, why.clone());
+                return Err(why);
+            }
+        };
+        let volume = Volume::numbered(number, self.log_key, self.writers.clone());
+        tracing::info!(
+            volume = number,
+            writes = disk.last.as_ref().map_or(0, |(_, _, t)| t.seq),
+            objects = disk.objects.len(),
+            "volume restored"
+        );
+        Ok(entry.insert(Hosting {
+            replica: Server::restore(volume, &disk),
+            adapter: VolumeStorage { namespace },
+            members: Members::ById,
+            slot: Slot(self.me.0),
+            header: Header::request(ServiceId::A2M_STORAGE, GroupId(number), self.epoch, 0),
+        }))
     }
 
     /// `effects` of volume `number`, its batches for the trusted log renamed with this host's
