@@ -1,4 +1,4 @@
-//! Docker plumbing for the fault tests: the engine check, the static build and both images, and
+//! Docker plumbing for the fault tests: the engine check, both images, and
 //! a 4-node cluster of containers laid out exactly as `deploy/compose.yaml` lays it out (one
 //! container, one named volume and only its own secrets per node, ports published on 127.0.0.1
 //! only), under names unique to this run and removed when the [`DockerCluster`] is dropped.
@@ -19,9 +19,7 @@ pub const NODE_IMAGE: &str = "bulwark:local";
 pub const BYZANTINE_IMAGE: &str = "bulwark-byzantine:local";
 /// Every container, network and volume this suite creates carries this label.
 const LABEL: &str = "org.bulwark.test=docker_faults";
-const STATIC_TARGET: &str = "x86_64-unknown-linux-gnu";
 const DOCKER_TIMEOUT: Duration = Duration::from_secs(120);
-const BUILD_TIMEOUT: Duration = Duration::from_secs(1200);
 const UP_TIMEOUT: Duration = Duration::from_secs(40);
 /// Inside every container: the node port and the metrics port.
 const NODE_PORT: u16 = 7100;
@@ -148,45 +146,75 @@ fn target_dir() -> PathBuf {
     }
 }
 
-/// The static-build command of `deploy/up.sh`, so that both share one build.
-fn build_static() -> Result<(), String> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-    let mut command = Command::new(cargo);
-    command
-        .current_dir(workspace())
-        .args([
-            "build",
-            "--release",
-            "--locked",
-            "--target",
-            STATIC_TARGET,
-            "--bins",
-        ])
-        .env("RUSTFLAGS", "-C target-feature=+crt-static")
-        .env_remove("CARGO_ENCODED_RUSTFLAGS");
-    let started = Instant::now();
-    let output = run_bounded(command, BUILD_TIMEOUT)?;
+/// The shared libraries the dynamic loader maps for `binary`, by `ldd`: none for a static one.
+fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>, String> {
+    let mut command = Command::new("ldd");
+    command.arg(binary);
+    let output = run_bounded(command, DOCKER_TIMEOUT)?;
+    let text = output.text();
     if !output.ok {
-        let tail: Vec<&str> = output.stderr.lines().rev().take(40).collect();
-        let tail: Vec<&str> = tail.into_iter().rev().collect();
-        return Err(format!("static build failed:\n{}", tail.join("\n")));
+        return if text.contains("not a dynamic executable")
+            || output.stderr.contains("not a dynamic executable")
+        {
+            Ok(Vec::new())
+        } else {
+            Err(format!(
+                "ldd {}: {}",
+                binary.display(),
+                output.stderr.trim()
+            ))
+        };
     }
-    println!(
-        "docker_faults: static release build ready in {:.0}s",
-        started.elapsed().as_secs_f64()
-    );
-    Ok(())
+    let mut libraries = Vec::new();
+    for line in text.lines() {
+        // `libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)` or `/lib64/ld-linux-x86-64.so.2 (0x...)`;
+        // the vDSO has no file.
+        let path = match line.split_once("=>") {
+            Some((_, resolved)) => resolved.split_whitespace().next(),
+            None => line.split_whitespace().next(),
+        };
+        match path {
+            Some(path) if path.starts_with('/') => libraries.push(PathBuf::from(path)),
+            Some(path) if line.contains("not found") => {
+                return Err(format!("{}: {path} not found", binary.display()));
+            }
+            _ => {}
+        }
+    }
+    Ok(libraries)
 }
 
-/// Builds `image` from `dockerfile` with a context holding only `binary`, unless the image was
-/// already built from these exact bytes.
-fn build_image(binary: &str, image: &str, dockerfile: &str) -> Result<(), String> {
-    let built = target_dir()
-        .join(STATIC_TARGET)
-        .join("release")
-        .join(binary);
-    let bytes = std::fs::read(&built).map_err(|e| format!("{}: {e}", built.display()))?;
-    let hash = blake3::hash(&bytes).to_hex().to_string();
+/// Builds `image` from `dockerfile` with a context that is the image's whole file tree: `binary`
+/// at the root and each shared library it loads at its own path. Unless the image was already
+/// built from these exact bytes. Returns the paths it put in the image.
+///
+/// The binary is this test's own build of it (`CARGO_BIN_EXE_*`, the test profile), not the
+/// static release build of `deploy/up.sh`: that one would compile the whole workspace a second
+/// time in every CI run. Same code, same Dockerfile; only the linking differs.
+fn build_image(binary: &Path, image: &str, dockerfile: &str) -> Result<Vec<String>, String> {
+    let name = binary
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| format!("{}: no file name", binary.display()))?;
+    let mut files = vec![(name.to_string(), binary.to_path_buf())];
+    for library in shared_libraries(binary)? {
+        let inside = library
+            .to_string_lossy()
+            .trim_start_matches('/')
+            .to_string();
+        files.push((inside, library));
+    }
+    let mut hasher = blake3::Hasher::new();
+    let mut contents = Vec::with_capacity(files.len());
+    for (inside, from) in &files {
+        let bytes = std::fs::read(from).map_err(|e| format!("{}: {e}", from.display()))?;
+        hasher.update(inside.as_bytes());
+        hasher.update(&(bytes.len() as u64).to_le_bytes());
+        hasher.update(&bytes);
+        contents.push(bytes);
+    }
+    let inside: Vec<String> = files.iter().map(|(inside, _)| inside.clone()).collect();
+    let hash = hasher.finalize().to_hex().to_string();
     let label = format!("org.bulwark.binary={hash}");
     let current = docker(&[
         "image",
@@ -196,15 +224,17 @@ fn build_image(binary: &str, image: &str, dockerfile: &str) -> Result<(), String
         image,
     ])?;
     if current.ok && current.text().trim() == hash {
-        return Ok(());
+        return Ok(inside);
     }
     let previous = docker(&["image", "inspect", "--format", "{{.Id}}", image])?;
-    let context = target_dir().join("docker").join(binary);
+    let context = target_dir().join("docker").join(name);
     let _ = std::fs::remove_dir_all(&context);
-    std::fs::create_dir_all(&context).map_err(|e| e.to_string())?;
-    let copy = context.join(binary);
-    std::fs::write(&copy, &bytes).map_err(|e| e.to_string())?;
-    {
+    for ((inside, _), bytes) in files.iter().zip(&contents) {
+        let copy = context.join(inside);
+        if let Some(parent) = copy.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| e.to_string())?;
+        }
+        std::fs::write(&copy, bytes).map_err(|e| e.to_string())?;
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755))
             .map_err(|e| e.to_string())?;
@@ -228,23 +258,28 @@ fn build_image(binary: &str, image: &str, dockerfile: &str) -> Result<(), String
     if previous.ok {
         let _ = docker(&["image", "rm", previous.text().trim()]);
     }
-    Ok(())
+    Ok(inside)
 }
 
-/// Builds the static binaries and both images once per process.
-fn images() {
-    static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
+/// Builds both images once per process; returns the files of the node image.
+pub fn images() -> &'static [String] {
+    static BUILT: OnceLock<Result<Vec<String>, String>> = OnceLock::new();
     let built = BUILT.get_or_init(|| {
-        build_static()?;
-        build_image("bulwark", NODE_IMAGE, "deploy/Dockerfile")?;
+        let node = build_image(
+            Path::new(env!("CARGO_BIN_EXE_bulwark")),
+            NODE_IMAGE,
+            "deploy/Dockerfile",
+        )?;
         build_image(
-            "bulwark-byzantine",
+            Path::new(env!("CARGO_BIN_EXE_bulwark-byzantine")),
             BYZANTINE_IMAGE,
             "deploy/Dockerfile.byzantine",
-        )
+        )?;
+        Ok(node)
     });
-    if let Err(error) = built {
-        panic!("cannot build the images: {error}");
+    match built {
+        Ok(files) => files,
+        Err(error) => panic!("cannot build the images: {error}"),
     }
 }
 
@@ -304,7 +339,8 @@ pub struct DockerCluster {
     pub metrics: Vec<SocketAddr>,
     prefix: String,
     /// The network's /24: containers have fixed addresses in it, so nodes dial each other by IP
-    /// (the static binary resolves no names) across restarts and reconnections.
+    /// (the production image's static binary resolves no names) across restarts and
+    /// reconnections.
     subnet: [u8; 3],
     grace_ms: u64,
     _exclusive: std::fs::File,
