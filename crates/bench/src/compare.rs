@@ -3,7 +3,7 @@
 
 use crate::driver::{self, RunSpec, RunStats, Target, Work};
 use crate::report::{self, Machine, Report, Unsupported};
-use crate::targets::bulwark::{BulwarkOptions, BulwarkTarget};
+use crate::targets::bulwark::{BulwarkOptions, BulwarkTarget, POWERSTORE_TWO_ROUND_READS};
 use crate::targets::etcd::{self, EtcdTarget};
 use crate::ycsb::{CoreWorkload, WorkloadSpec};
 use anyhow::{Result, bail};
@@ -15,8 +15,8 @@ use std::time::Duration;
 /// What to compare, and how long.
 #[derive(Clone, Debug)]
 pub struct CompareOptions {
-    /// "powerstore", "etcd", or another Bulwark protocol name (passed to `cluster init
-    /// --protocol`).
+    /// "powerstore", "powerstore-2r" (its reads always in two rounds, as the paper's), "etcd",
+    /// or another Bulwark protocol name (passed to `cluster init --protocol`).
     pub systems: Vec<String>,
     pub workloads: Vec<char>,
     /// Client counts for the YCSB runs: one point each on the throughput-latency curves.
@@ -77,7 +77,9 @@ async fn start(system: &str, options: &CompareOptions) -> Result<Arc<dyn Target>
                 program: options.program.clone(),
                 dir,
                 f: 1,
-                protocol: (system != "powerstore").then(|| system.to_string()),
+                protocol: (system != "powerstore" && system != POWERSTORE_TWO_ROUND_READS)
+                    .then(|| system.to_string()),
+                two_round_reads: system == POWERSTORE_TWO_ROUND_READS,
             })
             .await?,
         )

@@ -67,8 +67,8 @@ pub struct CompareArgs {
     /// Minutes instead of most of an hour: 3 client counts, 3 s per run, 1000 records.
     #[arg(long)]
     pub quick: bool,
-    /// Systems to compare: powerstore, etcd, or any protocol `bulwark cluster init --protocol`
-    /// accepts.
+    /// Systems to compare: powerstore, powerstore-2r (reads always in two rounds, as the
+    /// paper's), etcd, or any protocol `bulwark cluster init --protocol` accepts.
     #[arg(
         long,
         value_delimiter = ',',

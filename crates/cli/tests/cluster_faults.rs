@@ -101,7 +101,7 @@ async fn a_malicious_reader_cannot_disturb_later_reads() {
             .raw_request(NodeId(node), request, Duration::from_secs(5))
             .await;
         if let Some(response) = response
-            && let bulwark_protocol::powerstore::ResponseBody::CollectAck { lc: Some(c) } =
+            && let bulwark_protocol::powerstore::ResponseBody::CollectAck { lc: Some(c), .. } =
                 response.body
         {
             genuine = Some(c);

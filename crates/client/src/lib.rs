@@ -240,6 +240,10 @@ pub struct Client {
         )>,
     >,
     /// How long an operation keeps trying.
+    /// Whether M-PoWerStore reads may end after their first round when the replies agree
+    /// (`powerstore::ClientConfig::one_round`). On by default; off reads as the paper does, for
+    /// comparisons.
+    pub one_round_reads: bool,
     pub deadline: Duration,
 }
 
@@ -374,6 +378,7 @@ impl Client {
             confirmed: Mutex::new(None),
             known: Mutex::new(None),
             deadline: DEADLINE_DEFAULT,
+            one_round_reads: true,
         })
     }
 
@@ -595,6 +600,7 @@ impl Client {
                 let mut config = powerstore::ClientConfig::new(self.cluster.f);
                 config.epoch = self.epoch();
                 config.group = view.id();
+                config.one_round = self.one_round_reads;
                 let mut machine =
                     powerstore::ReadOp::new(config, self.codec.clone(), key.clone(), op);
                 let outcome = self

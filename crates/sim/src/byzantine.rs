@@ -24,9 +24,9 @@ pub mod reader;
 use bulwark_core::erasure::{ErasureCodec, Layout, ReedSolomonSimd};
 use bulwark_core::{ClientId, Digest, Key, MacKey, Tag, Time};
 use bulwark_protocol::powerstore::{
-    Access, Candidate, Change, CrossChecksum, FilterAck, Fragments, Handled, MacVec, Nonce, Pid,
-    Refusal, Request, RequestBody, Response, ResponseBody, Server, ServerConfig, ServerLogic,
-    ServerStats, Timestamp, fragment_digest,
+    Access, Candidate, Change, CrossChecksum, FilterAck, Fragments, Handled, LcEntry, MacVec,
+    Nonce, Pid, Refusal, Request, RequestBody, Response, ResponseBody, Server, ServerConfig,
+    ServerLogic, ServerStats, Timestamp, fragment_digest,
 };
 use bytes::Bytes;
 use rand::{Rng, RngCore, SeedableRng};
@@ -280,7 +280,10 @@ fn initial_state_reply(request: &Request) -> Handled {
         RequestBody::Clock => ResponseBody::ClockAck { lc_ts: None },
         RequestBody::Store { ts, .. } => ResponseBody::StoreAck { ts: *ts },
         RequestBody::Complete { ts, .. } => ResponseBody::CompleteAck { ts: *ts },
-        RequestBody::Collect => ResponseBody::CollectAck { lc: None },
+        RequestBody::Collect => ResponseBody::CollectAck {
+            lc: None,
+            entry: None,
+        },
         RequestBody::Filter { .. } => ResponseBody::FilterAck(FilterAck::Initial),
         RequestBody::Repair { .. } => ResponseBody::RepairAck,
     };
@@ -448,7 +451,10 @@ impl ServerLogic for Equivocating {
             RequestBody::Clock if lied_to => Some(ResponseBody::ClockAck {
                 lc_ts: old.as_ref().map(|c| c.ts),
             }),
-            RequestBody::Collect if lied_to => Some(ResponseBody::CollectAck { lc: old }),
+            RequestBody::Collect if lied_to => Some(ResponseBody::CollectAck {
+                lc: old,
+                entry: None,
+            }),
             RequestBody::Filter { .. } if lied_to => {
                 Some(ResponseBody::FilterAck(FilterAck::Initial))
             }
@@ -568,10 +574,28 @@ impl Corrupting {
             }
             ResponseBody::CollectAck {
                 lc: Some(candidate),
-            } => match rng.random_range(0..4) {
-                0 | 1 => corrupt_vec(&mut candidate.vec, rng),
-                2 => flip_byte(&mut candidate.nonce.0, rng),
-                _ => flip_tag(&mut candidate.ts.tag, rng),
+                entry,
+            } => match (rng.random_range(0..7), entry.as_mut()) {
+                (2, _) => flip_byte(&mut candidate.nonce.0, rng),
+                (3, _) => flip_tag(&mut candidate.ts.tag, rng),
+                (4, Some(entry)) => {
+                    let mut bytes = entry.fragment.to_vec();
+                    flip_byte(&mut bytes, rng);
+                    entry.fragment = Bytes::from(bytes);
+                }
+                // A fragment of another value that matches its own, altered, cross-checksum
+                // slot: only agreement on `cc` can tell.
+                (5, Some(entry)) => {
+                    let mut bytes = entry.fragment.to_vec();
+                    flip_byte(&mut bytes, rng);
+                    let me = self.inner.config().node.index();
+                    if let Some(slot) = entry.cc.hashes.get_mut(me) {
+                        *slot = fragment_digest(&bytes);
+                    }
+                    entry.fragment = Bytes::from(bytes);
+                }
+                (6, Some(entry)) => flip_byte(&mut entry.nonce_hash.0, rng),
+                _ => corrupt_vec(&mut candidate.vec, rng),
             },
             ResponseBody::FilterAck(ack) => match ack {
                 FilterAck::Entry {
@@ -612,7 +636,7 @@ impl Corrupting {
                 }
             }
             ResponseBody::ClockAck { lc_ts: None }
-            | ResponseBody::CollectAck { lc: None }
+            | ResponseBody::CollectAck { lc: None, .. }
             | ResponseBody::Refused(_) => {}
         }
     }
@@ -668,8 +692,25 @@ impl Forging {
                 let above = lc_ts.map_or(0, |ts| ts.num);
                 *lc_ts = Some(forged_timestamp(rng, above));
             }
-            ResponseBody::CollectAck { lc } => {
-                let twin = lc.as_ref().filter(|_| rng.random_bool(0.5)).map(|genuine| {
+            ResponseBody::CollectAck { lc, entry } => {
+                let plan = rng.random_range(0..3);
+                if plan == 0
+                    && let Some(genuine) = lc.as_ref()
+                {
+                    // The genuine `lc` vouched for with another value's self-consistent entry:
+                    // one voucher must never be enough.
+                    if let Some(forged) = forge_value(rng, n, f)
+                        && let Some(fragment) = forged.fragments.get(me)
+                    {
+                        *entry = Some(LcEntry {
+                            fragment: fragment.clone(),
+                            cc: forged.cc,
+                            nonce_hash: genuine.nonce.commitment(),
+                        });
+                    }
+                    return;
+                }
+                let twin = lc.as_ref().filter(|_| plan == 1).map(|genuine| {
                     // §4.8(a): the genuine timestamp and MAC vector with a nonce nobody wrote.
                     Candidate {
                         ts: genuine.ts,
@@ -677,14 +718,23 @@ impl Forging {
                         vec: genuine.vec.clone(),
                     }
                 });
-                *lc = Some(twin.unwrap_or_else(|| {
+                let claimed = twin.unwrap_or_else(|| {
                     let above = lc.as_ref().map_or(0, |c| c.ts.num);
                     Candidate {
                         ts: forged_timestamp(rng, above),
                         nonce: random_nonce(rng),
                         vec: random_vec(rng, n),
                     }
-                }));
+                });
+                // Whatever it claims, it vouches for with a value of its own.
+                *entry = forge_value(rng, n, f).and_then(|forged| {
+                    Some(LcEntry {
+                        fragment: forged.fragments.get(me)?.clone(),
+                        cc: forged.cc,
+                        nonce_hash: claimed.nonce.commitment(),
+                    })
+                });
+                *lc = Some(claimed);
             }
             ResponseBody::FilterAck(ack) => match (rng.random_range(0..4), target) {
                 (0, Some(target)) => {
@@ -867,6 +917,15 @@ impl Colluding {
         damaged
     }
 
+    fn story_lc_entry(&self, forged: &Candidate, value: &ForgedValue) -> Option<LcEntry> {
+        let me = self.inner.config().node.index();
+        Some(LcEntry {
+            fragment: value.fragments.get(me)?.clone(),
+            cc: value.cc.clone(),
+            nonce_hash: forged.nonce.commitment(),
+        })
+    }
+
     fn story_entry(&self, forged: &Candidate, value: &ForgedValue) -> Option<FilterAck> {
         let me = self.inner.config().node.index();
         let fragment = value.fragments.get(me)?;
@@ -922,22 +981,31 @@ impl ServerLogic for Colluding {
             (ResponseBody::ClockAck { lc_ts }, Plot::Hide) => {
                 *lc_ts = previous.as_ref().map(|c| c.ts);
             }
-            (ResponseBody::CollectAck { lc }, Plot::Forge) => {
-                if let Some((forged, _)) = &story {
+            (ResponseBody::CollectAck { lc, entry }, Plot::Forge) => {
+                if let Some((forged, value)) = &story {
                     *lc = Some(forged.clone());
+                    *entry = self.story_lc_entry(forged, value);
                 }
             }
-            (ResponseBody::CollectAck { lc }, Plot::Twin) => {
+            (ResponseBody::CollectAck { lc, entry }, Plot::Twin) => {
                 if let Some(genuine) = lc.as_ref() {
+                    // The corrupted genuine keeps its honest entry: same timestamp and nonce.
                     *lc = Some(if twin_role {
+                        *entry = None;
                         self.twin_of(genuine)
                     } else {
                         self.big_mac_of(genuine)
                     });
                 }
             }
-            (ResponseBody::CollectAck { lc }, Plot::Hide) => *lc = previous,
-            (ResponseBody::CollectAck { lc }, Plot::Initial) => *lc = None,
+            (ResponseBody::CollectAck { lc, entry }, Plot::Hide) => {
+                *lc = previous;
+                *entry = None;
+            }
+            (ResponseBody::CollectAck { lc, entry }, Plot::Initial) => {
+                *lc = None;
+                *entry = None;
+            }
             (ResponseBody::FilterAck(ack), _) if requested_story => {
                 // Vouch for the story whenever a reader carries it: with f+1 colluders, that is
                 // exactly the voucher it needs.

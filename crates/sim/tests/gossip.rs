@@ -268,6 +268,7 @@ impl Finish for Added {
             evidence: Vec::new(),
             repaired: false,
             restarts: 0,
+            one_round: false,
         }
     }
 }
@@ -280,6 +281,7 @@ impl Finish for LatestValue {
             evidence: Vec::new(),
             repaired: false,
             restarts: 0,
+            one_round: false,
         }
     }
 }

@@ -88,6 +88,23 @@ fn reads_that_never_take_offers_are_caught() {
     caught_within("no-offers", &broken, &reference, 100);
 }
 
+// (h) The one-round read with agreement of f+1 COLLECT replies instead of n - f: a liar and a
+// node the last write's COMPLETE has not reached yet agree on the older version. Caught within
+// 100 seeds.
+#[test]
+fn one_round_reads_on_small_agreement_are_caught() {
+    let (broken, reference) = mutated("one-round-small-agreement");
+    caught_within("one-round-small-agreement", &broken, &reference, 100);
+}
+
+// (i) The one-round read with f vouching entries instead of f+1: a liar's cross-checksum for the
+// genuine `lc` decides the value. Caught within 100 seeds.
+#[test]
+fn one_round_reads_on_f_vouchers_are_caught() {
+    let (broken, reference) = mutated("one-round-f-vouchers");
+    caught_within("one-round-f-vouchers", &broken, &reference, 100);
+}
+
 // (e) One liar more than tolerated: f+1 colluding servers vouch for a forged value together.
 // Caught within 50 seeds, for f = 1 and f = 2.
 #[test]

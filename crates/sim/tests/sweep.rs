@@ -9,7 +9,7 @@
 //! reader's offers (see `powerstore::server`) must keep reads both linearizable and wait-free.
 
 use bulwark_core::config::Protocol;
-use bulwark_sim::sim::{FaultSet, SimConfig, SweepSummary, sweep};
+use bulwark_sim::sim::{FaultSet, SimConfig, SweepSummary, run, sweep};
 
 const THREADS: usize = 2;
 
@@ -65,6 +65,38 @@ fn a_reliable_network_with_honest_servers_is_clean_and_busy() {
     report("no faults", &config, &summary);
     assert!(summary.violations.is_empty(), "{}", summary.render(&config));
     assert_eq!(summary.ops_invoked, summary.ops_checked);
+}
+
+// The one-round read (docs/one-round-reads.md) is what reads take when nothing disagrees, and
+// under faults both it and FILTER run, so the sweeps above check both paths.
+#[test]
+fn reads_end_in_one_round_unless_replies_disagree() {
+    let count = |config: &SimConfig| {
+        (0..20).fold((0, 0), |(one, all), seed| {
+            let stats = run(seed, config).stats;
+            (one + stats.one_round_reads, all + stats.reads_completed)
+        })
+    };
+    let quiet = SimConfig {
+        faults: FaultSet::none(),
+        ..SimConfig::default()
+    };
+    let (one, all) = count(&quiet);
+    println!("no faults: {one} of {all} reads ended after COLLECT");
+    assert!(
+        one * 10 >= all * 7,
+        "only {one} of {all} reads took one round"
+    );
+    let faulty = SimConfig {
+        faults: FaultSet::all(),
+        ..SimConfig::default()
+    };
+    let (one, all) = count(&faulty);
+    println!("every fault: {one} of {all} reads ended after COLLECT");
+    assert!(
+        one > 0 && one < all,
+        "{one} of {all}: one path went untested"
+    );
 }
 
 // The baselines run in the same world. ABD promises linearizability and wait-freedom with at most

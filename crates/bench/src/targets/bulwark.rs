@@ -27,7 +27,12 @@ pub struct BulwarkOptions {
     /// Passed to `bulwark cluster init --protocol` when set (and shown in reports); `None`
     /// leaves init at its default protocol, M-PoWerStore.
     pub protocol: Option<String>,
+    /// M-PoWerStore reads always take FILTER, as the paper's do (`Client::one_round_reads`).
+    pub two_round_reads: bool,
 }
+
+/// The comparison's name for M-PoWerStore whose reads always run FILTER.
+pub const POWERSTORE_TWO_ROUND_READS: &str = "powerstore-2r";
 
 /// Node processes, killed when dropped, however the benchmark ends.
 struct Nodes(Vec<Child>);
@@ -114,10 +119,15 @@ impl BulwarkTarget {
                     .context("starting a node")?,
             );
         }
-        let client = Client::connect(&options.dir, "admin").await?;
+        let mut client = Client::connect(&options.dir, "admin").await?;
+        client.one_round_reads = !options.two_round_reads;
         wait_until_up(&client, &options.dir, &serving).await?;
         Ok(BulwarkTarget {
-            name: options.protocol.clone().unwrap_or("powerstore".into()),
+            name: match (&options.protocol, options.two_round_reads) {
+                (Some(protocol), _) => protocol.clone(),
+                (None, false) => "powerstore".into(),
+                (None, true) => POWERSTORE_TWO_ROUND_READS.into(),
+            },
             client,
             metrics: config
                 .nodes

@@ -5,7 +5,7 @@
 //! Safety never depends on when either happens. Each node's first reply per round is the only one
 //! counted (spec §7.1 item 10): a Byzantine node cannot vote twice.
 
-use super::msg::{FilterAck, OpId, Refusal, Request, RequestBody, Response, ResponseBody};
+use super::msg::{FilterAck, LcEntry, OpId, Refusal, Request, RequestBody, Response, ResponseBody};
 use super::{
     Candidate, CrossChecksum, MacVec, Nonce, Pid, Timestamp, WriterKeys, cmp_ts, fragment_digest,
 };
@@ -26,6 +26,9 @@ pub struct ClientConfig {
     pub epoch: Epoch,
     /// Group addressed.
     pub group: GroupId,
+    /// Whether a read may end after COLLECT (the one-round read, see [`ReadOp`]). Off, every
+    /// read runs FILTER as the paper's does: for tests of FILTER and for comparisons.
+    pub one_round: bool,
     /// Deliberate protocol breakage for the simulator's negative controls; all off in production.
     pub mutations: ClientMutations,
 }
@@ -42,6 +45,12 @@ pub struct ClientMutations {
     /// Never add the `lc`s that "superseded" replies offer: a read whose version was collected
     /// under it waits forever.
     pub no_offers: bool,
+    /// End a read in one round when `f+1` COLLECT replies (instead of `n - f`) name the same
+    /// `lc`: a version only `f+1` nodes hold need not be the newest completed one.
+    pub one_round_small_agreement: bool,
+    /// End a read in one round with `f` vouching entries (instead of `f+1`): the cross-checksum
+    /// may be a liar's.
+    pub one_round_f_vouchers: bool,
 }
 
 impl ClientConfig {
@@ -52,6 +61,7 @@ impl ClientConfig {
             f,
             epoch: Epoch(0),
             group: GroupId(0),
+            one_round: true,
             mutations: ClientMutations::default(),
         }
     }
@@ -121,6 +131,9 @@ pub struct ReadOutcome {
     pub answered_by: Vec<Slot>,
     /// Whether REPAIR ran.
     pub repaired: bool,
+    /// Whether the read ended after COLLECT (the one-round read; also every read of a key no
+    /// one has written).
+    pub one_round: bool,
     /// FILTER rounds beyond the first: each added newer candidates that "superseded" replies
     /// offered, because nothing the read had could become safe (a version garbage-collected
     /// under it, or a Byzantine node's bait).
@@ -436,7 +449,7 @@ impl WriteOp {
 #[allow(clippy::large_enum_variant)]
 enum ReadPhase {
     Collect {
-        replies: Replies<()>,
+        replies: Replies<Collected>,
         candidates: Vec<Candidate>,
     },
     Filter {
@@ -469,6 +482,14 @@ pub struct ReadOp {
     evidence: Vec<Evidence>,
     /// Nodes whose offers were excluded: their "superseded" replies offer nothing any more.
     suspects: Vec<Slot>,
+}
+
+/// One COLLECT reply, kept for the one-round rule.
+struct Collected {
+    /// The node's `lc`, if well-formed.
+    lc: Option<Candidate>,
+    /// Its `Hist` entry for that `lc`.
+    entry: Option<LcEntry>,
 }
 
 /// A candidate some nodes offered in "superseded" replies, carried into the next FILTER round.
@@ -564,9 +585,8 @@ impl ReadOp {
             return Vec::new();
         };
         let missing: Vec<Slot> = match &self.phase {
-            ReadPhase::Collect { replies, .. } | ReadPhase::Repair { replies, .. } => {
-                replies.missing().collect()
-            }
+            ReadPhase::Collect { replies, .. } => replies.missing().collect(),
+            ReadPhase::Repair { replies, .. } => replies.missing().collect(),
             ReadPhase::Filter { replies, .. } => replies.missing().collect(),
             ReadPhase::Done => Vec::new(),
         };
@@ -585,10 +605,9 @@ impl ReadOp {
     /// Nodes that have answered the current round.
     pub fn answered(&self) -> Vec<Slot> {
         match &self.phase {
-            ReadPhase::Collect { replies, .. } | ReadPhase::Repair { replies, .. } => {
-                replies.present().map(|(n, _)| n).collect()
-            }
-            ReadPhase::Filter { replies, .. } => replies.present().map(|(n, _)| n).collect(),
+            ReadPhase::Collect { replies, .. } => replies.nodes(),
+            ReadPhase::Repair { replies, .. } => replies.nodes(),
+            ReadPhase::Filter { replies, .. } => replies.nodes(),
             ReadPhase::Done => Vec::new(),
         }
     }
@@ -634,14 +653,19 @@ impl ReadOp {
             };
         }
         match response.body {
-            ResponseBody::CollectAck { lc } => self.on_collect(from, lc),
+            ResponseBody::CollectAck { lc, entry } => self.on_collect(from, lc, entry),
             ResponseBody::FilterAck(ack) => self.on_filter(from, ack),
             ResponseBody::RepairAck => self.on_repair(from),
             _ => Step::Continue(Vec::new()),
         }
     }
 
-    fn on_collect(&mut self, from: Slot, lc: Option<Candidate>) -> Step<ReadOutcome> {
+    fn on_collect(
+        &mut self,
+        from: Slot,
+        lc: Option<Candidate>,
+        entry: Option<LcEntry>,
+    ) -> Step<ReadOutcome> {
         let n = self.config.n;
         let quorum = self.config.quorum();
         let ReadPhase::Collect {
@@ -651,25 +675,35 @@ impl ReadOp {
         else {
             return Step::Continue(Vec::new());
         };
-        if !replies.record(from, ()) {
+        // l. 150: keep candidates above ts_0; a correct server's has one MAC per server.
+        let well_formed = lc
+            .as_ref()
+            .is_none_or(|c| c.vec.0.len() == n && c.ts.num >= 1);
+        let lc = lc.filter(|_| well_formed);
+        let entry = entry.filter(|_| lc.is_some());
+        if !replies.record(
+            from,
+            Collected {
+                lc: lc.clone(),
+                entry,
+            },
+        ) {
             return Step::Continue(Vec::new());
         }
         match lc {
-            // l. 150: keep candidates above ts_0; a correct server's has one MAC per server.
-            Some(c) if c.vec.0.len() == n && c.ts.num >= 1 && !candidates.contains(&c) => {
-                candidates.push(c)
-            }
-            Some(c) if c.vec.0.len() == n && c.ts.num >= 1 => {}
-            Some(_) => self.evidence.push(Evidence {
-                node: from,
-                kind: EvidenceKind::MalformedReply,
-            }),
-            None => {}
+            Some(c) if !candidates.contains(&c) => candidates.push(c),
+            _ => {}
         }
-        if replies.count() < quorum {
+        let enough = replies.count() >= quorum;
+        if !well_formed {
+            self.blame(from, EvidenceKind::MalformedReply);
+        }
+        if !enough {
             return Step::Continue(Vec::new());
         }
-        let candidates = std::mem::take(candidates);
+        let ReadPhase::Collect { candidates, .. } = &self.phase else {
+            return Step::Continue(Vec::new());
+        };
         if candidates.is_empty() {
             // No completed write or read precedes us (see the module docs): absent.
             return self.finish(ReadOutcome {
@@ -677,10 +711,23 @@ impl ReadOp {
                 ts: None,
                 answered_by: self.answered(),
                 repaired: false,
+                one_round: true,
                 restarts: self.attempt,
                 evidence: Vec::new(),
             });
         }
+        match self.one_round() {
+            Some(Ok(outcome)) => return self.finish(outcome),
+            Some(Err(error)) => {
+                self.phase = ReadPhase::Done;
+                return Step::Done(Err(error));
+            }
+            None => {}
+        }
+        let ReadPhase::Collect { candidates, .. } = &mut self.phase else {
+            return Step::Continue(Vec::new());
+        };
+        let candidates = std::mem::take(candidates);
         self.phase = ReadPhase::Filter {
             candidates: candidates.clone(),
             offers: Vec::new(),
@@ -688,6 +735,114 @@ impl ReadOp {
             intact: vec![false; n],
         };
         Step::Continue(self.broadcast(RequestBody::Filter { candidates }))
+    }
+
+    /// The one-round read: `n - f` COLLECT replies name the same `lc` (timestamp and nonce),
+    /// and `f+1` of them hold its version under one cross-checksum with fragments that hash to
+    /// it. `None` when that is not so: the read goes on to FILTER as the paper's does.
+    ///
+    /// Why this is safe (docs/one-round-reads.md): of `n - f` nodes naming `lc`, at least `f+1`
+    /// are correct and hold `lc` or newer from then on, exactly what a completed write or
+    /// FILTER write-back leaves; and any write completed before this read began left `f+1`
+    /// correct nodes at or above it, one of which is among the `n - f`, so `lc` is at least that
+    /// write. `f+1` vouchers include a correct one, so the cross-checksum is the writer's, and
+    /// its nonce `N` with `H(N) = N̄` proves the write's STORE round finished.
+    fn one_round(&mut self) -> Option<Result<ReadOutcome, ProtocolError>> {
+        if !self.config.one_round {
+            return None;
+        }
+        let (n, f) = (self.config.n, self.config.f);
+        let mutations = self.config.mutations;
+        let agreement = if mutations.one_round_small_agreement {
+            f + 1
+        } else {
+            n - f
+        };
+        let vouchers = if mutations.one_round_f_vouchers {
+            f.max(1)
+        } else {
+            f + 1
+        };
+        let ReadPhase::Collect { replies, .. } = &self.phase else {
+            return None;
+        };
+        // The `lc` most replies name, if enough do.
+        let mut named: Vec<(&Candidate, usize)> = Vec::new();
+        for (_, reply) in replies.present() {
+            let Some(lc) = &reply.lc else { continue };
+            match named
+                .iter_mut()
+                .find(|(c, _)| c.ts == lc.ts && c.nonce == lc.nonce)
+            {
+                Some((_, count)) => *count += 1,
+                None => named.push((lc, 1)),
+            }
+        }
+        let (lc, _) = named
+            .into_iter()
+            .filter(|(_, count)| *count >= agreement)
+            .max_by_key(|(_, count)| *count)?;
+        let lc = lc.clone();
+        let commitment = lc.nonce.commitment();
+        let mut groups: Vec<(&CrossChecksum, Vec<(usize, Bytes)>)> = Vec::new();
+        let mut blamed = Vec::new();
+        for (node, reply) in replies.present() {
+            let (Some(theirs), Some(entry)) = (&reply.lc, &reply.entry) else {
+                continue;
+            };
+            if theirs.ts != lc.ts || theirs.nonce != lc.nonce {
+                continue;
+            }
+            // A correct node sends an entry only for its `lc`'s version, as it stored it.
+            if entry.nonce_hash != commitment
+                || !entry.cc.is_well_formed(n)
+                || entry.fragment.len() != entry.cc.layout.fragment_len()
+            {
+                blamed.push((node, EvidenceKind::MalformedReply));
+                continue;
+            }
+            let group = groups.iter().position(|(cc, _)| **cc == entry.cc);
+            // Enough fragments under this cross-checksum already: do not hash another.
+            if group.is_some_and(|g| groups[g].1.len() >= vouchers) {
+                continue;
+            }
+            if fragment_digest(&entry.fragment) != entry.cc.hashes[node.index()] {
+                blamed.push((node, EvidenceKind::CorruptFragment));
+                continue;
+            }
+            let fragment = (node.index(), entry.fragment.clone());
+            match group {
+                Some(g) => groups[g].1.push(fragment),
+                None => groups.push((&entry.cc, vec![fragment])),
+            }
+        }
+        let agreed = groups
+            .into_iter()
+            .find(|(cc, fragments)| {
+                fragments.len() >= vouchers && fragments.len() >= cc.layout.needed()
+            })
+            .map(|(cc, fragments)| (cc.clone(), fragments));
+        for (node, kind) in blamed {
+            self.blame(node, kind);
+        }
+        let (cc, fragments) = agreed?;
+        let value = if cc.tombstone {
+            None
+        } else {
+            match self.codec.decode(&cc.layout, &fragments) {
+                Ok(value) => Some(value),
+                Err(error) => return Some(Err(ProtocolError::Coding(error.to_string()))),
+            }
+        };
+        Some(Ok(ReadOutcome {
+            value,
+            ts: Some(lc.ts),
+            answered_by: self.answered(),
+            repaired: false,
+            one_round: true,
+            restarts: 0,
+            evidence: Vec::new(),
+        }))
     }
 
     fn on_filter(&mut self, from: Slot, ack: FilterAck) -> Step<ReadOutcome> {
@@ -815,6 +970,7 @@ impl ReadOp {
                     ts: None,
                     answered_by,
                     repaired: false,
+                    one_round: false,
                     restarts: self.attempt,
                     evidence: Vec::new(),
                 })
@@ -882,6 +1038,7 @@ impl ReadOp {
             ts: Some(agreed.ts),
             answered_by,
             repaired,
+            one_round: false,
             restarts: self.attempt,
             evidence: Vec::new(),
         };

@@ -2,7 +2,9 @@
 //! "Proofs of Writing for Robust Storage" (Dobre et al.), §5, Algorithms 4–6, one register per key.
 //!
 //! A write takes three rounds (CLOCK, STORE, COMPLETE); a read takes two (COLLECT, FILTER) and a
-//! third (REPAIR) only when a candidate's MAC vector was corrupted. Readers write back metadata only:
+//! third (REPAIR) only when a candidate's MAC vector was corrupted, or one when `n - f` COLLECT
+//! replies name the same `lc` and `f+1` of them carry its version intact (our addition, argued in
+//! docs/one-round-reads.md). Readers write back metadata only:
 //! the nonce `N` revealed in COMPLETE is a proof of writing, because the writer reveals it only after
 //! `n - f` servers stored the data under `H(N)`.
 //!
@@ -29,7 +31,7 @@ pub use client::{
     ClientConfig, ClientMutations, Evidence, EvidenceKind, Outbound, ProtocolError, ReadOp,
     ReadOutcome, Step, WriteOp, WriteOutcome,
 };
-pub use msg::{FilterAck, OpId, Refusal, Request, RequestBody, Response, ResponseBody};
+pub use msg::{FilterAck, LcEntry, OpId, Refusal, Request, RequestBody, Response, ResponseBody};
 pub use server::{
     Access, Change, Fragments, Handled, MemoryFragments, Server, ServerConfig, ServerLogic,
     ServerMutations, ServerStats, StoredEntry,

@@ -110,10 +110,14 @@ pub enum ResponseBody {
         /// Echo.
         ts: Timestamp,
     },
-    /// COLLECT_ACK⟨tsr, lc⟩.
+    /// COLLECT_ACK⟨tsr, lc⟩, with what the server holds of `lc`'s version for the one-round
+    /// read (see `client`'s module docs).
     CollectAck {
         /// The server's `lc`; `None` is `c_0`.
         lc: Option<Candidate>,
+        /// `Hist[lc.ts]` when the server holds it with `N̄ = H(lc.N)` and a fragment that still
+        /// hashes to its slot of `cc`; `None` otherwise.
+        entry: Option<LcEntry>,
     },
     /// FILTER_ACK.
     FilterAck(FilterAck),
@@ -121,6 +125,19 @@ pub enum ResponseBody {
     RepairAck,
     /// The server will not serve this request, and says why.
     Refused(Refusal),
+}
+
+/// A server's `Hist` entry for its own `lc`, sent with COLLECT_ACK: what lets a read that finds
+/// `n - f` servers agreeing on `lc` return after one round.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LcEntry {
+    /// This server's fragment of `lc`'s version.
+    #[serde(with = "bulwark_core::wire::shared_bytes")]
+    pub fragment: Bytes,
+    /// The cross-checksum stored with it.
+    pub cc: CrossChecksum,
+    /// The stored `N̄`.
+    pub nonce_hash: Digest,
 }
 
 /// FILTER_ACK⟨tsr, c_hv.ts, fr, cc, vec⟩ with the §4.8(a) `N̄`, split by what the server could say.

@@ -34,7 +34,7 @@
 //! its simulated disk). A fragment that is missing, or no longer hashes to its cross-checksum slot
 //! (bit rot), is never served: the server answers as if it held no entry, and counts it.
 
-use super::msg::{FilterAck, Refusal, Request, RequestBody, Response, ResponseBody};
+use super::msg::{FilterAck, LcEntry, Refusal, Request, RequestBody, Response, ResponseBody};
 use super::{Candidate, CrossChecksum, MacVec, Timestamp, cmp_ts, fragment_digest};
 use bulwark_core::{ClientId, Digest, Epoch, GroupId, Key, MacKey, Slot, Time};
 use bytes::Bytes;
@@ -631,6 +631,32 @@ impl Server {
         Self::reply(request, changes, ResponseBody::FilterAck(ack))
     }
 
+    /// COLLECT_ACK: `lc` and, when `Hist` proves it here (the stored `N̄` is `H(lc.N)`) and its
+    /// fragment is intact, that entry, so a read may end in one round.
+    fn collect_reply(&mut self, key: &Key, fragments: &dyn Fragments) -> ResponseBody {
+        let me = self.config.node.index();
+        let state = self.keys.get(key);
+        let lc = state.and_then(|s| s.lc.clone());
+        let mut damaged = false;
+        let entry = lc.as_ref().and_then(|lc| {
+            let entry = state?.hist.get(&lc.ts)?;
+            if entry.nonce_hash != lc.nonce.commitment() {
+                return None;
+            }
+            let fragment = fragments.intact_fragment(key, &entry.ts, &entry.cc.hashes[me]);
+            damaged = fragment.is_none();
+            Some(LcEntry {
+                fragment: fragment?,
+                cc: entry.cc.clone(),
+                nonce_hash: entry.nonce_hash,
+            })
+        });
+        if damaged {
+            self.damaged_fragments += 1;
+        }
+        ResponseBody::CollectAck { lc, entry }
+    }
+
     fn handle_repair(&mut self, now: Time, request: &Request) -> Handled {
         let RequestBody::Repair { candidate } = &request.body else {
             unreachable!("dispatched on Repair")
@@ -690,8 +716,8 @@ impl ServerLogic for Server {
             RequestBody::Store { .. } => self.handle_store(now, &request),
             RequestBody::Complete { .. } => self.handle_complete(now, &request),
             RequestBody::Collect => {
-                let lc = self.lc(&request.key).cloned();
-                Self::reply(&request, Vec::new(), ResponseBody::CollectAck { lc })
+                let body = self.collect_reply(&request.key, fragments);
+                Self::reply(&request, Vec::new(), body)
             }
             RequestBody::Filter { .. } => self.handle_filter(now, &request, fragments),
             RequestBody::Repair { .. } => self.handle_repair(now, &request),

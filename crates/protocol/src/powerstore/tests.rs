@@ -194,6 +194,7 @@ fn write_then_read_for_small_and_coded_values_and_every_f() {
             );
             assert_eq!(outcome.ts, Some(written.ts));
             assert!(!outcome.repaired);
+            assert!(outcome.one_round, "nothing concurrent: COLLECT is enough");
             assert!(outcome.evidence.is_empty());
         }
     }
@@ -251,6 +252,8 @@ fn operations_complete_with_f_servers_down() {
 #[test]
 fn a_corrupted_fragment_is_blamed_and_the_value_still_returned() {
     let mut h = Harness::new(1);
+    // FILTER is what this tests: no read may end after COLLECT.
+    h.config.one_round = false;
     let value = vec![3u8; 20_000];
     h.write(&key("k"), Some(&value));
     let outcome = h.read_with(&key("k"), |h, to, request| {
@@ -277,6 +280,8 @@ fn a_corrupted_fragment_is_blamed_and_the_value_still_returned() {
 #[test]
 fn a_forged_cross_checksum_cannot_gather_f_plus_one_vouchers() {
     let mut h = Harness::new(1);
+    // FILTER is what this tests: no read may end after COLLECT.
+    h.config.one_round = false;
     let value = vec![5u8; 10_000];
     h.write(&key("k"), Some(&value));
     let forged_value = vec![6u8; 10_000];
@@ -319,7 +324,7 @@ fn a_fabricated_high_candidate_is_excluded() {
         let mut response = h.deliver(READER, to, request)?;
         if to == Slot(3) {
             match &mut response.body {
-                ResponseBody::CollectAck { lc } => {
+                ResponseBody::CollectAck { lc, .. } => {
                     *lc = Some(Candidate {
                         ts: fake_ts,
                         nonce: Nonce([2; 32]),
@@ -365,7 +370,7 @@ fn the_twin_with_a_garbage_nonce_is_never_selected() {
             repair_sent = Some(candidate.clone());
         }
         let mut response = h.deliver(READER, to, request)?;
-        if let ResponseBody::CollectAck { lc } = &mut response.body {
+        if let ResponseBody::CollectAck { lc, .. } = &mut response.body {
             *lc = Some(if to == Slot(0) {
                 twin.clone()
             } else {
@@ -635,6 +640,8 @@ fn garbage_collection_bounds_versions_under_endless_overwrites() {
 #[test]
 fn a_read_whose_version_was_collected_restarts_and_returns_a_newer_value() {
     let mut h = Harness::new(1);
+    // FILTER is what this tests: no read may end after COLLECT.
+    h.config.one_round = false;
     h.write(&key("k"), Some(b"old"));
     let mut overwritten = false;
     let outcome = h.read_with(&key("k"), |h, to, request| {
@@ -740,6 +747,8 @@ fn read_across_a_collected_version(h: &mut Harness) -> Option<ReadOutcome> {
 #[test]
 fn a_read_whose_version_was_collected_from_some_servers_takes_the_offered_newer_one() {
     let mut h = Harness::new(1);
+    // FILTER is what this tests: no read may end after COLLECT.
+    h.config.one_round = false;
     let outcome = read_across_a_collected_version(&mut h).expect("the read completes");
     assert_eq!(outcome.value.as_deref(), Some(&b"v2"[..]));
     assert_eq!(outcome.restarts, 1);
@@ -747,6 +756,7 @@ fn a_read_whose_version_was_collected_from_some_servers_takes_the_offered_newer_
 
     // The control: the same schedule with a reader that ignores offers waits forever.
     let mut h = Harness::new(1);
+    h.config.one_round = false;
     h.config.mutations.no_offers = true;
     assert!(read_across_a_collected_version(&mut h).is_none());
 }
@@ -789,6 +799,8 @@ fn a_server_never_answers_lower_than_a_collected_version_it_cannot_validate() {
 #[test]
 fn a_false_offer_is_excluded_and_its_maker_blamed() {
     let mut h = Harness::new(1);
+    // FILTER is what this tests: no read may end after COLLECT.
+    h.config.one_round = false;
     let k = key("k");
     // s2 misses v1's STORE, so the first FILTER round has one voucher when s1 is slow.
     h.write_where(&k, Some(b"v1"), |to, body| {
@@ -881,7 +893,7 @@ fn twin_trace(server: ServerMutations, client: ClientMutations) -> (Bytes, Bytes
             return None;
         }
         let mut response = h.deliver(READER, to, request)?;
-        if let (Slot(3), ResponseBody::CollectAck { lc }) = (to, &mut response.body) {
+        if let (Slot(3), ResponseBody::CollectAck { lc, .. }) = (to, &mut response.body) {
             *lc = Some(twin.clone());
         }
         Some(response)
@@ -891,7 +903,7 @@ fn twin_trace(server: ServerMutations, client: ClientMutations) -> (Bytes, Bytes
             return None;
         }
         let mut response = h.deliver(READER, to, request)?;
-        if let (Slot(3), ResponseBody::CollectAck { lc }) = (to, &mut response.body) {
+        if let (Slot(3), ResponseBody::CollectAck { lc, .. }) = (to, &mut response.body) {
             *lc = Some(v4.clone());
         }
         Some(response)
@@ -958,4 +970,192 @@ fn a_read_whose_quorum_disagrees_says_so() {
         .stalled()
         .expect("a quorum answered and the read is stuck");
     assert!(stalled.contains("did not agree"), "{stalled}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The one-round read (docs/one-round-reads.md)
+
+/// A COLLECT request for `key`, as a reader sends it.
+fn collect_request(key: &Key) -> Request {
+    Request {
+        op: OpId(77),
+        attempt: 0,
+        epoch: Epoch(0),
+        group: GroupId(0),
+        key: key.clone(),
+        body: RequestBody::Collect,
+    }
+}
+
+/// `lc`'s version as another value, with its own self-consistent cross-checksum: what a liar
+/// vouches with.
+fn forged_entry(lc: &Candidate, n: usize, f: usize, slot: usize) -> LcEntry {
+    let value = b"forged";
+    let layout = bulwark_core::erasure::Layout::for_value(value.len(), n, f);
+    let fragments = ReedSolomonSimd.encode(&layout, value).unwrap();
+    LcEntry {
+        fragment: fragments[slot].clone(),
+        cc: CrossChecksum {
+            layout,
+            tombstone: false,
+            hashes: fragments.iter().map(|f| fragment_digest(f)).collect(),
+        },
+        nonce_hash: lc.nonce.commitment(),
+    }
+}
+
+#[test]
+fn collect_carries_the_entry_of_lc_only_when_hist_proves_it() {
+    let mut h = Harness::new(1);
+    let k = key("k");
+    let reply = h.deliver(READER, Slot(0), collect_request(&k)).unwrap();
+    assert_eq!(
+        reply.body,
+        ResponseBody::CollectAck {
+            lc: None,
+            entry: None
+        }
+    );
+    h.write(&k, Some(b"value"));
+    let ResponseBody::CollectAck {
+        lc: Some(lc),
+        entry: Some(entry),
+    } = h
+        .deliver(READER, Slot(0), collect_request(&k))
+        .unwrap()
+        .body
+    else {
+        panic!("a server holding its lc's version sends it");
+    };
+    assert_eq!(entry.nonce_hash, lc.nonce.commitment());
+    assert_eq!(entry.fragment.as_ref(), b"value");
+    // Its fragment rotted on disk: the entry is withheld, not served damaged.
+    let stored = h.disks[0].0.get_mut(&(k.clone(), lc.ts)).unwrap();
+    *stored = Bytes::from_static(b"valuf");
+    let ResponseBody::CollectAck { lc: Some(_), entry } = h
+        .deliver(READER, Slot(0), collect_request(&k))
+        .unwrap()
+        .body
+    else {
+        panic!("lc is still sent");
+    };
+    assert_eq!(entry, None);
+    assert_eq!(h.servers[0].stats().damaged_fragments, 1);
+}
+
+#[test]
+fn a_read_that_finds_lc_only_at_some_nodes_runs_filter() {
+    let mut h = Harness::new(1);
+    let k = key("k");
+    h.write(&k, Some(b"old"));
+    // The newer write's COMPLETE reaches s0 and s1 only: it has not completed.
+    h.write_where(&k, Some(b"new"), |to, body| {
+        !matches!(body, RequestBody::Complete { .. }) || to.index() < 2
+    });
+    let outcome = h.read(&k);
+    assert!(!outcome.one_round, "three replies, two lcs: no agreement");
+    // FILTER finds `new` valid (its nonce was revealed to two nodes) and safe.
+    assert_eq!(outcome.value.as_deref(), Some(&b"new"[..]));
+}
+
+#[test]
+fn one_liar_cannot_vouch_for_another_value_in_one_round() {
+    for f_vouchers in [false, true] {
+        let mut h = Harness::new(1);
+        h.config.mutations.one_round_f_vouchers = f_vouchers;
+        let k = key("k");
+        h.write(&k, Some(b"genuine"));
+        let outcome = h.read_with(&k, |h, to, request| {
+            let mut response = h.deliver(READER, to, request)?;
+            // s0 names the genuine lc and vouches for it with another value.
+            if let (
+                Slot(0),
+                ResponseBody::CollectAck {
+                    lc: Some(lc),
+                    entry,
+                },
+            ) = (to, &mut response.body)
+            {
+                *entry = Some(forged_entry(lc, 4, 1, 0));
+            }
+            Some(response)
+        });
+        assert!(outcome.one_round);
+        if f_vouchers {
+            // The control: a rule that takes f vouchers returns the liar's value.
+            assert_eq!(outcome.value.as_deref(), Some(&b"forged"[..]));
+        } else {
+            assert_eq!(outcome.value.as_deref(), Some(&b"genuine"[..]));
+        }
+    }
+}
+
+#[test]
+fn a_stale_lc_at_a_liar_and_a_lagging_node_is_not_returned() {
+    for small_agreement in [false, true] {
+        let mut h = Harness::new(1);
+        h.config.mutations.one_round_small_agreement = small_agreement;
+        let k = key("k");
+        h.write(&k, Some(b"old"));
+        // `new` completes at s0, s1 and s2; s3 lags at `old`.
+        h.write_where(&k, Some(b"new"), |to, body| {
+            !matches!(body, RequestBody::Complete { .. }) || to.index() < 3
+        })
+        .expect("n - f COMPLETE acks");
+        let outcome = h.read_with(&k, |h, to, request| {
+            let lying = matches!(request.body, RequestBody::Collect) && to == Slot(0);
+            if matches!(request.body, RequestBody::Collect) && to == Slot(2) {
+                return None;
+            }
+            // s0 answers COLLECT as the lagging s3 does.
+            let response = h.deliver(READER, to, request.clone())?;
+            if lying {
+                let mut lie = h.deliver(READER, Slot(3), request)?;
+                lie.op = response.op;
+                return Some(lie);
+            }
+            Some(response)
+        });
+        if small_agreement {
+            // The control: f+1 agreeing replies let a completed write be missed.
+            assert!(outcome.one_round);
+            assert_eq!(outcome.value.as_deref(), Some(&b"old"[..]));
+        } else {
+            assert!(!outcome.one_round);
+            assert_eq!(outcome.value.as_deref(), Some(&b"new"[..]));
+        }
+    }
+}
+
+#[test]
+fn a_damaged_entry_is_blamed_and_the_read_still_ends_in_one_round() {
+    let mut h = Harness::new(1);
+    let k = key("k");
+    let value = vec![3u8; 20_000];
+    h.write(&k, Some(&value));
+    let outcome = h.read_with(&k, |h, to, request| {
+        let mut response = h.deliver(READER, to, request)?;
+        if let (
+            Slot(0),
+            ResponseBody::CollectAck {
+                entry: Some(entry), ..
+            },
+        ) = (to, &mut response.body)
+        {
+            let mut bytes = entry.fragment.to_vec();
+            bytes[0] ^= 1;
+            entry.fragment = Bytes::from(bytes);
+        }
+        Some(response)
+    });
+    assert!(outcome.one_round);
+    assert_eq!(outcome.value.as_deref(), Some(&value[..]));
+    assert!(
+        outcome
+            .evidence
+            .iter()
+            .any(|e| e.node == Slot(0) && e.kind == EvidenceKind::CorruptFragment),
+        "{:?}",
+        outcome.evidence
+    );
 }

@@ -187,11 +187,16 @@ impl Mutations {
         *self != Mutations::default()
     }
 
-    fn flags(&self) -> [(&'static str, bool); 17] {
+    fn flags(&self) -> [(&'static str, bool); 19] {
         [
             ("quorum-f-plus-one", self.client.quorum_f_plus_one),
             ("any-twin", self.client.any_twin),
             ("no-offers", self.client.no_offers),
+            (
+                "one-round-small-agreement",
+                self.client.one_round_small_agreement,
+            ),
+            ("one-round-f-vouchers", self.client.one_round_f_vouchers),
             ("no-write-back", self.server.no_write_back),
             ("accept-unproven", self.server.accept_unproven),
             ("naive-gc", self.server.naive_gc),
@@ -216,7 +221,7 @@ impl Mutations {
 /// A mutation name that does not exist.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown mutation {0:?}; expected quorum-f-plus-one, any-twin, no-offers, no-write-back, accept-unproven, naive-gc, candidate-vec-in-lc (PoWerStore), register-small-quorum, register-no-write-back or register-unverified (ABD, Phalanx; the first also content-hash objects), pbft-quorum-2f or pbft-drop-prepared (configuration service), serve-before-transfer, small-transfer-quorum, answer-without-entering or pull-unchanged-arcs (reconfiguration), send-before-durable (any)"
+    "unknown mutation {0:?}; expected quorum-f-plus-one, any-twin, no-offers, one-round-small-agreement, one-round-f-vouchers, no-write-back, accept-unproven, naive-gc, candidate-vec-in-lc (PoWerStore), register-small-quorum, register-no-write-back or register-unverified (ABD, Phalanx; the first also content-hash objects), pbft-quorum-2f or pbft-drop-prepared (configuration service), serve-before-transfer, small-transfer-quorum, answer-without-entering or pull-unchanged-arcs (reconfiguration), send-before-durable (any)"
 )]
 pub struct UnknownMutation(pub String);
 
@@ -231,6 +236,8 @@ impl FromStr for Mutations {
                 "quorum-f-plus-one" => mutations.client.quorum_f_plus_one = true,
                 "any-twin" => mutations.client.any_twin = true,
                 "no-offers" => mutations.client.no_offers = true,
+                "one-round-small-agreement" => mutations.client.one_round_small_agreement = true,
+                "one-round-f-vouchers" => mutations.client.one_round_f_vouchers = true,
                 "no-write-back" => mutations.server.no_write_back = true,
                 "accept-unproven" => mutations.server.accept_unproven = true,
                 "naive-gc" => mutations.server.naive_gc = true,

@@ -47,6 +47,8 @@ pub struct RunStats {
     pub failed: u64,
     /// Reads that ran REPAIR.
     pub repairs: u64,
+    /// Reads that ended after their first round.
+    pub one_round_reads: u64,
     /// Read restarts because a version was garbage-collected.
     pub read_restarts: u64,
     /// FILTER rounds of correct readers that carried a twin: two candidates with the same

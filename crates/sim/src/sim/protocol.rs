@@ -206,6 +206,8 @@ pub struct Finished {
     pub repaired: bool,
     /// The read restarted (a version was collected under it).
     pub restarts: u32,
+    /// The read ended after its first round.
+    pub one_round: bool,
 }
 
 /// What an operation's result means to the history and the counters.

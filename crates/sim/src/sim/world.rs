@@ -936,6 +936,7 @@ impl<'a, P: Protocol> World<'a, P> {
                     "read"
                 };
                 self.stats.repairs += u64::from(finished.repaired);
+                self.stats.one_round_reads += u64::from(finished.one_round);
                 self.stats.read_restarts += u64::from(finished.restarts);
                 self.stats.evidence += finished.evidence.len() as u64;
                 for (node, why) in &finished.evidence {

@@ -40,6 +40,7 @@ impl Finish for Timestamp {
             evidence: Vec::new(),
             repaired: false,
             restarts: 0,
+            one_round: false,
         }
     }
 }
@@ -52,6 +53,7 @@ impl Finish for (Option<Bytes>, Timestamp) {
             evidence: Vec::new(),
             repaired: false,
             restarts: 0,
+            one_round: false,
         }
     }
 }

@@ -245,6 +245,7 @@ impl Finish for WriteOutcome {
                 .collect(),
             repaired: false,
             restarts: 0,
+            one_round: false,
         }
     }
 }
@@ -265,6 +266,7 @@ impl Finish for ReadOutcome {
             read: Some(self.value),
             repaired: false,
             restarts: 0,
+            one_round: false,
         }
     }
 }

@@ -578,6 +578,7 @@ impl Finish for CsDone {
             evidence: Vec::new(),
             repaired: false,
             restarts: 0,
+            one_round: false,
         }
     }
 }

@@ -190,6 +190,7 @@ impl Finish for WriteOutcome {
             evidence: Vec::new(),
             repaired: false,
             restarts: 0,
+            one_round: false,
         }
     }
 }
@@ -206,6 +207,7 @@ impl Finish for ReadOutcome {
             read: Some(self.value),
             repaired: self.repaired,
             restarts: self.restarts,
+            one_round: self.one_round,
         }
     }
 }
@@ -254,6 +256,7 @@ impl Attacker<PowerStore> for ByzantineReader {
     fn heard(&mut self, response: Response) {
         let ResponseBody::CollectAck {
             lc: Some(candidate),
+            ..
         } = response.body
         else {
             return;
@@ -338,9 +341,12 @@ fn describe_response(response: &Response) -> String {
         ),
         ResponseBody::StoreAck { ts } => format!("store-ack ts={}", ts_label(ts)),
         ResponseBody::CompleteAck { ts } => format!("complete-ack ts={}", ts_label(ts)),
-        ResponseBody::CollectAck { lc } => format!(
-            "collect-ack lc={}",
-            lc.as_ref().map_or("c0".to_string(), candidate_label)
+        ResponseBody::CollectAck { lc, entry } => format!(
+            "collect-ack lc={}{}",
+            lc.as_ref().map_or("c0".to_string(), candidate_label),
+            entry
+                .as_ref()
+                .map_or(String::new(), |e| format!(" entry={}B", e.fragment.len()))
         ),
         ResponseBody::FilterAck(ack) => match ack {
             FilterAck::Initial => "filter-ack initial".to_string(),

@@ -137,6 +137,7 @@ impl Finish for WriteOutcome {
             evidence: Vec::new(),
             repaired: false,
             restarts: 0,
+            one_round: false,
         }
     }
 }
@@ -154,6 +155,7 @@ impl Finish for ReadOutcome {
             read: Some(self.value),
             repaired: false,
             restarts: 0,
+            one_round: false,
         }
     }
 }
