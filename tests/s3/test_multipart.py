@@ -319,3 +319,39 @@ def test_get_and_head_with_a_part_number_return_that_part(s3, bucket):
     s3.put_object(Bucket=bucket, Key="single", Body=b"just one")
     assert s3.get_object(Bucket=bucket, Key="single", PartNumber=1)["Body"].read() == b"just one"
     expect_error(s3.head_object, "416", 416, Bucket=bucket, Key="single", PartNumber=2)
+
+
+def test_upload_part_copy(s3, bucket):
+    """UploadPartCopy: ranges and whole objects become parts that outlive their source."""
+    source = det_bytes("copy-src", 6 * MiB + 77)
+    s3.put_object(Bucket=bucket, Key="copy/src", Body=source)
+    up = s3.create_multipart_upload(Bucket=bucket, Key="copy/dst")["UploadId"]
+
+    first = s3.upload_part_copy(Bucket=bucket, Key="copy/dst", UploadId=up, PartNumber=1,
+                                CopySource={"Bucket": bucket, "Key": "copy/src"},
+                                CopySourceRange=f"bytes=0-{5 * MiB - 1}")
+    assert first["CopyPartResult"]["ETag"] == quoted_md5(source[:5 * MiB])
+    second = s3.upload_part_copy(Bucket=bucket, Key="copy/dst", UploadId=up, PartNumber=2,
+                                 CopySource={"Bucket": bucket, "Key": "copy/src"})
+    assert second["CopyPartResult"]["ETag"] == quoted_md5(source)
+
+    for bad in (f"bytes=0-{len(source)}", "bytes=10-5", "bytes=5-", "5-10"):
+        expect_error(s3.upload_part_copy, "InvalidArgument", 400, Bucket=bucket, Key="copy/dst",
+                     UploadId=up, PartNumber=3, CopySourceRange=bad,
+                     CopySource={"Bucket": bucket, "Key": "copy/src"})
+    expect_error(s3.upload_part_copy, "PreconditionFailed", 412, Bucket=bucket, Key="copy/dst",
+                 UploadId=up, PartNumber=3, CopySource={"Bucket": bucket, "Key": "copy/src"},
+                 CopySourceIfMatch='"00000000000000000000000000000000"')
+    expect_error(s3.upload_part_copy, "NoSuchKey", 404, Bucket=bucket, Key="copy/dst",
+                 UploadId=up, PartNumber=3, CopySource={"Bucket": bucket, "Key": "copy/none"})
+
+    # The parts hold their own bytes: the source may go.
+    s3.delete_object(Bucket=bucket, Key="copy/src")
+    done = s3.complete_multipart_upload(
+        Bucket=bucket, Key="copy/dst", UploadId=up,
+        MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": first["CopyPartResult"]["ETag"]},
+                                   {"PartNumber": 2, "ETag": second["CopyPartResult"]["ETag"]}]},
+    )
+    assert done["ETag"] == multipart_etag([source[:5 * MiB], source])
+    got = s3.get_object(Bucket=bucket, Key="copy/dst")["Body"].read()
+    assert got == source[:5 * MiB] + source

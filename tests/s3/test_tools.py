@@ -130,6 +130,13 @@ def test_aws_cli(s3, bucket, src, tmp_path):
     run(aws + ["s3", "cp", "--recursive", uri, str(dst)] + quiet, env)
     assert tree_digest(dst) == tree_digest(src)
 
+    # A copy inside the store: above the multipart threshold aws-cli copies with UploadPartCopy.
+    copied = f"s3://{bucket}/aws-copy/big file.bin"
+    run(aws + ["s3", "cp", uri + "big file.bin", copied] + quiet, env)
+    got = s3.get_object(Bucket=bucket, Key="aws-copy/big file.bin")["Body"].read()
+    assert got == (src / "big file.bin").read_bytes()
+    run(aws + ["s3", "rm", copied] + quiet, env)
+
     run(aws + ["s3", "rm", "--recursive", uri] + quiet, env)
     assert remote_listing(s3, bucket, "aws/") == {}
 

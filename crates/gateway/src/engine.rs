@@ -284,7 +284,7 @@ fn stored_checksums(checksum: &Checksum) -> Checksums {
     }
 }
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
@@ -1280,6 +1280,57 @@ impl Engine {
         }
     }
 
+    /// UploadPartCopy: bytes `range` of `source` (all of it when `None`) become part
+    /// `part_number` of `upload_id`, written afresh under a new write id like any uploaded part,
+    /// so the part owns its chunks whatever later happens to the source. `range` is the header's
+    /// inclusive `(first, last)`.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn upload_part_copy<R: Registers>(
+        &self,
+        reg: &Arc<R>,
+        source: (&str, &str),
+        target: (&str, &str),
+        upload_id: &str,
+        part_number: i32,
+        range: Option<(u64, u64)>,
+        precondition: impl FnOnce(&Manifest) -> S3Result<()>,
+    ) -> S3Result<Written> {
+        self.upload(reg.as_ref(), target.0, target.1, upload_id)
+            .await?;
+        let src = self.manifest(reg.as_ref(), source.0, source.1).await?;
+        precondition(&src)?;
+        let range = match range {
+            None => 0..src.size,
+            Some((first, last)) if first <= last && last < src.size => first..last + 1,
+            Some(_) => {
+                return Err(s3_error!(
+                    InvalidArgument,
+                    "Range specified is not valid for source object of size: {}",
+                    src.size
+                ));
+            }
+        };
+        if range.end - range.start > self.limits.part_bytes_max {
+            return Err(s3_error!(
+                InvalidRequest,
+                "{} bytes to copy; a part is limited to {} bytes",
+                range.end - range.start,
+                self.limits.part_bytes_max
+            ));
+        }
+        let data = self.read(reg, &src, range).await?;
+        self.upload_part(
+            reg,
+            target.0,
+            target.1,
+            upload_id,
+            part_number,
+            data,
+            &Integrity::default(),
+        )
+        .await
+    }
+
     /// The upload's parts after `marker`, at most `max`; and whether more follow.
     pub async fn list_parts<R: Registers>(
         &self,
@@ -2062,6 +2113,80 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(*e.code(), S3ErrorCode::NoSuchUpload);
+    }
+
+    #[tokio::test]
+    async fn upload_part_copy_copies_a_range_that_outlives_its_source() {
+        let (engine, reg) = setup(Duration::ZERO).await;
+        let source = pattern(2 * CHUNK_BYTES + 10, 7);
+        engine
+            .put_object(
+                &reg,
+                "b",
+                "src",
+                ObjectMeta::default(),
+                body(&source, 1 << 20),
+                &Integrity::default(),
+            )
+            .await
+            .unwrap();
+        let id = engine
+            .create_upload(reg.as_ref(), "b", "dst", ObjectMeta::default())
+            .await
+            .unwrap();
+        let copy =
+            |part: i32, range: Option<(u64, u64)>| {
+                let (engine, reg, id) = (&engine, &reg, id.clone());
+                async move {
+                    engine
+                        .upload_part_copy(reg, ("b", "src"), ("b", "dst"), &id, part, range, |_| {
+                            Ok(())
+                        })
+                        .await
+                }
+            };
+        // Across a chunk boundary, then the whole object.
+        let first = (CHUNK_BYTES as u64 - 5, CHUNK_BYTES as u64 + 4);
+        let p1 = copy(1, Some(first)).await.unwrap();
+        let p2 = copy(2, None).await.unwrap();
+        for (range, code) in [
+            ((5, 4), S3ErrorCode::InvalidArgument),
+            ((0, source.len() as u64), S3ErrorCode::InvalidArgument),
+        ] {
+            let e = copy(3, Some(range)).await.unwrap_err();
+            assert_eq!(*e.code(), code, "{range:?}");
+        }
+        let e = engine
+            .upload_part_copy(&reg, ("b", "none"), ("b", "dst"), &id, 3, None, |_| Ok(()))
+            .await
+            .unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::NoSuchKey);
+        let e = engine
+            .upload_part_copy(
+                &reg,
+                ("b", "src"),
+                ("b", "dst"),
+                "abcd",
+                3,
+                None,
+                |_| Ok(()),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::NoSuchUpload);
+        // The source goes away; the parts own their bytes.
+        engine.delete_object(&reg, "b", "src").await.unwrap();
+        let listed = [
+            (1, Some(hex::encode(p1.md5))),
+            (2, Some(hex::encode(p2.md5))),
+        ];
+        let m = engine
+            .complete_upload(&reg, "b", "dst", &id, &listed)
+            .await
+            .unwrap();
+        let got = read_all(&engine, &reg, &m, 0..m.size).await.unwrap();
+        let expected = [&source[first.0 as usize..=first.1 as usize], &source[..]].concat();
+        assert_eq!(got, expected);
     }
 
     #[tokio::test]

@@ -1,7 +1,7 @@
 //! The S3 operations, on top of [`Engine`]: request fields in, response fields out. Everything
 //! not listed here answers NotImplemented (s3s's default).
 
-use crate::engine::{Algorithms, Engine, Integrity, ObjectMeta};
+use crate::engine::{Algorithms, Engine, Integrity, ObjectMeta, now_ms};
 use crate::index::{self, Page, Query};
 use crate::layout::{Headers, Manifest};
 use crate::store::Registers;
@@ -528,6 +528,28 @@ macro_rules! refuse_object_options {
     }};
 }
 
+/// `x-amz-copy-source-range`: `bytes=first-last`, both inclusive offsets, both required.
+fn copy_source_range(text: &str) -> S3Result<(u64, u64)> {
+    let malformed = || {
+        s3_error!(
+            InvalidArgument,
+            "The x-amz-copy-source-range value must be of the form bytes=first-last where first \
+             and last are the zero-based offsets of the first and last bytes to copy"
+        )
+    };
+    let (first, last) = text
+        .strip_prefix("bytes=")
+        .and_then(|span| span.split_once('-'))
+        .ok_or_else(malformed)?;
+    let number = |text: &str| {
+        (!text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| text.parse::<u64>().ok())
+            .flatten()
+            .ok_or_else(malformed)
+    };
+    Ok((number(first)?, number(last)?))
+}
+
 /// No object is encrypted, so a customer key given to read one is a mistake S3 names.
 fn refuse_customer_key(customer_algorithm: Option<&str>) -> S3Result<()> {
     if customer_algorithm.is_some() {
@@ -936,11 +958,12 @@ impl<R: Registers> S3 for BulwarkS3<R> {
         let CopySource::Bucket {
             bucket: src_bucket,
             key: src_key,
-            ..
+            version_id,
         } = &input.copy_source
         else {
             return Err(s3_error!(NotImplemented, "copy sources must be bucket/key"));
         };
+        check_version(version_id.as_deref())?;
         refuse_object_options!(input)?;
         refuse_customer_key(input.copy_source_sse_customer_algorithm.as_deref())?;
         if input.copy_source_if_modified_since.is_some()
@@ -1152,6 +1175,76 @@ impl<R: Registers> S3 for BulwarkS3<R> {
         )))
     }
 
+    async fn upload_part_copy(
+        &self,
+        req: S3Request<UploadPartCopyInput>,
+    ) -> S3Result<S3Response<UploadPartCopyOutput>> {
+        let reg = self.client(&req)?;
+        let input = req.input;
+        let CopySource::Bucket {
+            bucket: src_bucket,
+            key: src_key,
+            version_id,
+        } = &input.copy_source
+        else {
+            return Err(s3_error!(NotImplemented, "copy sources must be bucket/key"));
+        };
+        check_version(version_id.as_deref())?;
+        refuse_encryption(None, input.sse_customer_algorithm.as_deref(), None)?;
+        refuse_customer_key(input.copy_source_sse_customer_algorithm.as_deref())?;
+        if input.copy_source_if_modified_since.is_some()
+            || input.copy_source_if_unmodified_since.is_some()
+        {
+            return Err(s3_error!(
+                NotImplemented,
+                "date conditions on copies (x-amz-copy-source-if-[un]modified-since) are not supported"
+            ));
+        }
+        let range = input
+            .copy_source_range
+            .as_deref()
+            .map(copy_source_range)
+            .transpose()?;
+        let written = self
+            .engine
+            .upload_part_copy(
+                &reg,
+                (src_bucket, src_key),
+                (&input.bucket, &input.key),
+                &input.upload_id,
+                input.part_number,
+                range,
+                |src| {
+                    check_conditions(
+                        src,
+                        input.copy_source_if_match.as_ref(),
+                        input.copy_source_if_none_match.as_ref(),
+                        None,
+                        None,
+                    )
+                    .map_err(|e| {
+                        if *e.code() == s3s::S3ErrorCode::NotModified {
+                            s3_error!(
+                                PreconditionFailed,
+                                "x-amz-copy-source-if-none-match matched"
+                            )
+                        } else {
+                            e
+                        }
+                    })
+                },
+            )
+            .await?;
+        Ok(S3Response::new(UploadPartCopyOutput {
+            copy_part_result: Some(CopyPartResult {
+                e_tag: Some(etag(&hex::encode(written.md5))),
+                last_modified: Some(timestamp(now_ms())),
+                ..CopyPartResult::default()
+            }),
+            ..UploadPartCopyOutput::default()
+        }))
+    }
+
     async fn list_parts(
         &self,
         req: S3Request<ListPartsInput>,
@@ -1310,5 +1403,32 @@ impl<R: Registers> S3 for BulwarkS3<R> {
             .abort_upload(&reg, &input.bucket, &input.key, &input.upload_id)
             .await?;
         Ok(S3Response::new(AbortMultipartUploadOutput::default()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copy_source_ranges_are_both_offsets_or_refused() {
+        assert_eq!(copy_source_range("bytes=0-0").unwrap(), (0, 0));
+        assert_eq!(
+            copy_source_range("bytes=5-10485759").unwrap(),
+            (5, 10_485_759)
+        );
+        for bad in [
+            "bytes=5-",
+            "bytes=-5",
+            "5-10",
+            "bytes=a-b",
+            "bytes=1-2-3",
+            "bytes=+1-2",
+            "",
+            "bytes=99999999999999999999-1",
+        ] {
+            let e = copy_source_range(bad).unwrap_err();
+            assert_eq!(*e.code(), S3ErrorCode::InvalidArgument, "{bad}");
+        }
     }
 }
