@@ -95,7 +95,7 @@ async fn a_malicious_reader_cannot_disturb_later_reads() {
             epoch: Default::default(),
             group: Default::default(),
             key: bulwark_core::Key::new(&b"target"[..]).unwrap(),
-            body: RequestBody::Collect,
+            body: RequestBody::Collect { fragment: false },
         };
         let response = mallory
             .raw_request(NodeId(node), request, Duration::from_secs(5))

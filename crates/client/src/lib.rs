@@ -818,7 +818,7 @@ impl Client {
             epoch: self.epoch(),
             group: Default::default(),
             key,
-            body: powerstore::RequestBody::Collect,
+            body: powerstore::RequestBody::Collect { fragment: false },
         };
         Some(self.raw_request(node, request, wait).await.is_some())
     }

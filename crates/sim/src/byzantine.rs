@@ -280,7 +280,7 @@ fn initial_state_reply(request: &Request) -> Handled {
         RequestBody::Clock => ResponseBody::ClockAck { lc_ts: None },
         RequestBody::Store { ts, .. } => ResponseBody::StoreAck { ts: *ts },
         RequestBody::Complete { ts, .. } => ResponseBody::CompleteAck { ts: *ts },
-        RequestBody::Collect => ResponseBody::CollectAck {
+        RequestBody::Collect { .. } => ResponseBody::CollectAck {
             lc: None,
             entry: None,
         },
@@ -451,7 +451,7 @@ impl ServerLogic for Equivocating {
             RequestBody::Clock if lied_to => Some(ResponseBody::ClockAck {
                 lc_ts: old.as_ref().map(|c| c.ts),
             }),
-            RequestBody::Collect if lied_to => Some(ResponseBody::CollectAck {
+            RequestBody::Collect { .. } if lied_to => Some(ResponseBody::CollectAck {
                 lc: old,
                 entry: None,
             }),

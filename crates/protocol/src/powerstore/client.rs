@@ -549,7 +549,20 @@ impl ReadOp {
 
     /// The first round: COLLECT to every node.
     pub fn start(&mut self) -> Vec<Outbound> {
-        self.broadcast(RequestBody::Collect)
+        self.to_each((0..self.config.n).map(|i| Slot(i as u32)))
+    }
+
+    /// The current round's request to each of `nodes`.
+    fn to_each(&self, nodes: impl Iterator<Item = Slot>) -> Vec<Outbound> {
+        nodes
+            .filter_map(|node| {
+                let body = self.body(node)?;
+                Some((
+                    node,
+                    self.config.request(self.op, self.attempt, &self.key, body),
+                ))
+            })
+            .collect()
     }
 
     fn broadcast(&self, body: RequestBody) -> Vec<Outbound> {
@@ -564,9 +577,15 @@ impl ReadOp {
             .collect()
     }
 
-    fn body(&self) -> Option<RequestBody> {
+    /// The current round's request to `to`. COLLECT asks the first `n - f` slots (the data
+    /// fragments' nodes among them) for their entry of `lc` and the other `f` for `lc` alone:
+    /// any `n - f` replies hold `f+1` entries, all the one-round rule needs, and the `f` others'
+    /// fragments are neither sent nor decrypted.
+    fn body(&self, to: Slot) -> Option<RequestBody> {
         match &self.phase {
-            ReadPhase::Collect { .. } => Some(RequestBody::Collect),
+            ReadPhase::Collect { .. } => Some(RequestBody::Collect {
+                fragment: self.config.one_round && to.index() < self.config.n - self.config.f,
+            }),
             ReadPhase::Filter {
                 candidates, offers, ..
             } => Some(RequestBody::Filter {
@@ -581,25 +600,13 @@ impl ReadOp {
 
     /// The current round's request to every node that has not answered it.
     pub fn retransmit(&self) -> Vec<Outbound> {
-        let Some(body) = self.body() else {
-            return Vec::new();
-        };
         let missing: Vec<Slot> = match &self.phase {
             ReadPhase::Collect { replies, .. } => replies.missing().collect(),
             ReadPhase::Repair { replies, .. } => replies.missing().collect(),
             ReadPhase::Filter { replies, .. } => replies.missing().collect(),
             ReadPhase::Done => Vec::new(),
         };
-        missing
-            .into_iter()
-            .map(|n| {
-                (
-                    n,
-                    self.config
-                        .request(self.op, self.attempt, &self.key, body.clone()),
-                )
-            })
-            .collect()
+        self.to_each(missing.into_iter())
     }
 
     /// Nodes that have answered the current round.

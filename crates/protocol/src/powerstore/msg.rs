@@ -54,7 +54,11 @@ pub enum RequestBody {
         vec: MacVec,
     },
     /// COLLECT⟨tsr⟩ (Alg. 6).
-    Collect,
+    Collect {
+        /// Whether to send this node's `Hist` entry for its `lc`, fragment included (the
+        /// one-round read asks `n - f` nodes for it).
+        fragment: bool,
+    },
     /// FILTER⟨tsr, C⟩ (Alg. 6): the reader's candidates, written back.
     Filter {
         /// At most `n` candidates: one per COLLECT reply.
@@ -74,7 +78,7 @@ impl RequestBody {
             RequestBody::Clock => "clock",
             RequestBody::Store { .. } => "store",
             RequestBody::Complete { .. } => "complete",
-            RequestBody::Collect => "collect",
+            RequestBody::Collect { .. } => "collect",
             RequestBody::Filter { .. } => "filter",
             RequestBody::Repair { .. } => "repair",
         }

@@ -631,14 +631,14 @@ impl Server {
         Self::reply(request, changes, ResponseBody::FilterAck(ack))
     }
 
-    /// COLLECT_ACK: `lc` and, when `Hist` proves it here (the stored `N̄` is `H(lc.N)`) and its
-    /// fragment is intact, that entry, so a read may end in one round.
-    fn collect_reply(&mut self, key: &Key, fragments: &dyn Fragments) -> ResponseBody {
+    /// COLLECT_ACK: `lc` and, when asked (`fragments`), `Hist` proves it here (the stored `N̄` is
+    /// `H(lc.N)`) and its fragment is intact, that entry, so a read may end in one round.
+    fn collect_reply(&mut self, key: &Key, fragments: Option<&dyn Fragments>) -> ResponseBody {
         let me = self.config.node.index();
         let state = self.keys.get(key);
         let lc = state.and_then(|s| s.lc.clone());
         let mut damaged = false;
-        let entry = lc.as_ref().and_then(|lc| {
+        let entry = lc.as_ref().zip(fragments).and_then(|(lc, fragments)| {
             let entry = state?.hist.get(&lc.ts)?;
             if entry.nonce_hash != lc.nonce.commitment() {
                 return None;
@@ -715,8 +715,8 @@ impl ServerLogic for Server {
             }
             RequestBody::Store { .. } => self.handle_store(now, &request),
             RequestBody::Complete { .. } => self.handle_complete(now, &request),
-            RequestBody::Collect => {
-                let body = self.collect_reply(&request.key, fragments);
+            RequestBody::Collect { fragment } => {
+                let body = self.collect_reply(&request.key, fragment.then_some(fragments));
                 Self::reply(&request, Vec::new(), body)
             }
             RequestBody::Filter { .. } => self.handle_filter(now, &request, fragments),

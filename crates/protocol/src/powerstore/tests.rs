@@ -887,7 +887,7 @@ fn twin_trace(server: ServerMutations, client: ClientMutations) -> (Bytes, Bytes
     let rd = h.read_with(&k, |h, to, request| {
         let round = matches!(
             request.body,
-            RequestBody::Collect | RequestBody::Filter { .. }
+            RequestBody::Collect { .. } | RequestBody::Filter { .. }
         );
         if round && to == Slot(0) {
             return None;
@@ -983,7 +983,7 @@ fn collect_request(key: &Key) -> Request {
         epoch: Epoch(0),
         group: GroupId(0),
         key: key.clone(),
-        body: RequestBody::Collect,
+        body: RequestBody::Collect { fragment: true },
     }
 }
 
@@ -1029,6 +1029,16 @@ fn collect_carries_the_entry_of_lc_only_when_hist_proves_it() {
     };
     assert_eq!(entry.nonce_hash, lc.nonce.commitment());
     assert_eq!(entry.fragment.as_ref(), b"value");
+    // Asked for `lc` alone, it sends `lc` alone.
+    let mut lc_only = collect_request(&k);
+    lc_only.body = RequestBody::Collect { fragment: false };
+    assert_eq!(
+        h.deliver(READER, Slot(0), lc_only).unwrap().body,
+        ResponseBody::CollectAck {
+            lc: Some(lc.clone()),
+            entry: None
+        }
+    );
     // Its fragment rotted on disk: the entry is withheld, not served damaged.
     let stored = h.disks[0].0.get_mut(&(k.clone(), lc.ts)).unwrap();
     *stored = Bytes::from_static(b"valuf");
@@ -1041,6 +1051,26 @@ fn collect_carries_the_entry_of_lc_only_when_hist_proves_it() {
     };
     assert_eq!(entry, None);
     assert_eq!(h.servers[0].stats().damaged_fragments, 1);
+}
+
+#[test]
+fn collect_asks_n_minus_f_nodes_for_their_entry_and_the_rest_for_lc() {
+    let h = Harness::new(2);
+    let mut read = ReadOp::new(
+        h.config.clone(),
+        Arc::new(ReedSolomonSimd),
+        key("k"),
+        OpId(5),
+    );
+    let asked: Vec<bool> = read
+        .start()
+        .into_iter()
+        .map(|(_, request)| match request.body {
+            RequestBody::Collect { fragment } => fragment,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(asked, [true, true, true, true, true, false, false]);
 }
 
 #[test]
@@ -1097,20 +1127,20 @@ fn a_stale_lc_at_a_liar_and_a_lagging_node_is_not_returned() {
         h.config.mutations.one_round_small_agreement = small_agreement;
         let k = key("k");
         h.write(&k, Some(b"old"));
-        // `new` completes at s0, s1 and s2; s3 lags at `old`.
+        // `new` completes at s0, s1 and s3; s2 lags at `old`.
         h.write_where(&k, Some(b"new"), |to, body| {
-            !matches!(body, RequestBody::Complete { .. }) || to.index() < 3
+            !matches!(body, RequestBody::Complete { .. }) || to.index() != 2
         })
         .expect("n - f COMPLETE acks");
         let outcome = h.read_with(&k, |h, to, request| {
-            let lying = matches!(request.body, RequestBody::Collect) && to == Slot(0);
-            if matches!(request.body, RequestBody::Collect) && to == Slot(2) {
+            let lying = matches!(request.body, RequestBody::Collect { .. }) && to == Slot(0);
+            if matches!(request.body, RequestBody::Collect { .. }) && to == Slot(3) {
                 return None;
             }
-            // s0 answers COLLECT as the lagging s3 does.
+            // s0 answers COLLECT as the lagging s2 does.
             let response = h.deliver(READER, to, request.clone())?;
             if lying {
-                let mut lie = h.deliver(READER, Slot(3), request)?;
+                let mut lie = h.deliver(READER, Slot(2), request)?;
                 lie.op = response.op;
                 return Some(lie);
             }

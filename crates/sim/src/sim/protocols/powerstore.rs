@@ -229,7 +229,7 @@ impl Attacker<PowerStore> for ByzantineReader {
                     self.collects.pop_front();
                 }
                 self.collects.push_back((op, key.clone()));
-                (RequestBody::Collect, (0..n).collect())
+                (RequestBody::Collect { fragment: true }, (0..n).collect())
             }
             Attack::Send(body) => {
                 // Write back to an arbitrary subset: a Byzantine reader need not reach a quorum.
@@ -288,7 +288,7 @@ fn request_kind(body: &RequestBody) -> usize {
         RequestBody::Clock => 0,
         RequestBody::Store { .. } => 1,
         RequestBody::Complete { .. } => 2,
-        RequestBody::Collect => 3,
+        RequestBody::Collect { .. } => 3,
         RequestBody::Filter { .. } => 4,
         RequestBody::Repair { .. } => 5,
     }
@@ -322,7 +322,7 @@ fn describe_request(request: &Request) -> String {
                 .join(" ")
         ),
         RequestBody::Repair { candidate } => format!(" c={}", candidate_label(candidate)),
-        RequestBody::Clock | RequestBody::Collect => String::new(),
+        RequestBody::Clock | RequestBody::Collect { .. } => String::new(),
     };
     format!(
         "{} key={} op{}.{}{detail}",
