@@ -528,6 +528,57 @@ macro_rules! refuse_object_options {
     }};
 }
 
+/// The bucket and key a copy request (CopyObject, UploadPartCopy) reads, once what it asks of
+/// its source is known to be served: no version, no customer key, no date conditions.
+// Field by field, not through a reference to the whole input: the caller moves other fields
+// out while the source's bucket and key are borrowed.
+macro_rules! copy_source {
+    ($input:expr) => {{
+        match &$input.copy_source {
+            CopySource::Bucket {
+                bucket,
+                key,
+                version_id,
+            } => check_version(version_id.as_deref())
+                .and_then(|()| {
+                    refuse_customer_key($input.copy_source_sse_customer_algorithm.as_deref())
+                })
+                .and_then(|()| {
+                    if $input.copy_source_if_modified_since.is_some()
+                        || $input.copy_source_if_unmodified_since.is_some()
+                    {
+                        Err(s3_error!(
+                            NotImplemented,
+                            "date conditions on copies (x-amz-copy-source-if-[un]modified-since) are not supported"
+                        ))
+                    } else {
+                        Ok((&**bucket, &**key))
+                    }
+                }),
+            _ => Err(s3_error!(NotImplemented, "copy sources must be bucket/key")),
+        }
+    }};
+}
+
+/// `x-amz-copy-source-if-match` and `-if-none-match` on a copy's source: a failed one is 412
+/// either way.
+fn check_copy_conditions(
+    src: &Manifest,
+    if_match: Option<&ETagCondition>,
+    if_none_match: Option<&ETagCondition>,
+) -> S3Result<()> {
+    check_conditions(src, if_match, if_none_match, None, None).map_err(|e| {
+        if *e.code() == S3ErrorCode::NotModified {
+            s3_error!(
+                PreconditionFailed,
+                "x-amz-copy-source-if-none-match matched"
+            )
+        } else {
+            e
+        }
+    })
+}
+
 /// `x-amz-copy-source-range`: `bytes=first-last`, both inclusive offsets, both required.
 fn copy_source_range(text: &str) -> S3Result<(u64, u64)> {
     let malformed = || {
@@ -955,30 +1006,13 @@ impl<R: Registers> S3 for BulwarkS3<R> {
     ) -> S3Result<S3Response<CopyObjectOutput>> {
         let reg = self.client(&req)?;
         let input = req.input;
-        let CopySource::Bucket {
-            bucket: src_bucket,
-            key: src_key,
-            version_id,
-        } = &input.copy_source
-        else {
-            return Err(s3_error!(NotImplemented, "copy sources must be bucket/key"));
-        };
-        check_version(version_id.as_deref())?;
+        let (src_bucket, src_key) = copy_source!(input)?;
         refuse_object_options!(input)?;
-        refuse_customer_key(input.copy_source_sse_customer_algorithm.as_deref())?;
-        if input.copy_source_if_modified_since.is_some()
-            || input.copy_source_if_unmodified_since.is_some()
-        {
-            return Err(s3_error!(
-                NotImplemented,
-                "date conditions on copies (x-amz-copy-source-if-[un]modified-since) are not supported"
-            ));
-        }
         let replace = input
             .metadata_directive
             .as_ref()
             .is_some_and(|d| d.as_str() == MetadataDirective::REPLACE);
-        if !replace && **src_bucket == *input.bucket && **src_key == *input.key {
+        if !replace && src_bucket == &*input.bucket && src_key == &*input.key {
             return Err(s3_error!(
                 InvalidRequest,
                 "copying an object onto itself needs the REPLACE metadata directive"
@@ -993,24 +1027,11 @@ impl<R: Registers> S3 for BulwarkS3<R> {
                 (&input.bucket, &input.key),
                 new_meta,
                 |src| {
-                    // A failed source precondition on a copy is 412 either way.
-                    check_conditions(
+                    check_copy_conditions(
                         src,
                         input.copy_source_if_match.as_ref(),
                         input.copy_source_if_none_match.as_ref(),
-                        None,
-                        None,
                     )
-                    .map_err(|e| {
-                        if *e.code() == s3s::S3ErrorCode::NotModified {
-                            s3_error!(
-                                PreconditionFailed,
-                                "x-amz-copy-source-if-none-match matched"
-                            )
-                        } else {
-                            e
-                        }
-                    })
                 },
             )
             .await?;
@@ -1181,25 +1202,8 @@ impl<R: Registers> S3 for BulwarkS3<R> {
     ) -> S3Result<S3Response<UploadPartCopyOutput>> {
         let reg = self.client(&req)?;
         let input = req.input;
-        let CopySource::Bucket {
-            bucket: src_bucket,
-            key: src_key,
-            version_id,
-        } = &input.copy_source
-        else {
-            return Err(s3_error!(NotImplemented, "copy sources must be bucket/key"));
-        };
-        check_version(version_id.as_deref())?;
+        let (src_bucket, src_key) = copy_source!(input)?;
         refuse_encryption(None, input.sse_customer_algorithm.as_deref(), None)?;
-        refuse_customer_key(input.copy_source_sse_customer_algorithm.as_deref())?;
-        if input.copy_source_if_modified_since.is_some()
-            || input.copy_source_if_unmodified_since.is_some()
-        {
-            return Err(s3_error!(
-                NotImplemented,
-                "date conditions on copies (x-amz-copy-source-if-[un]modified-since) are not supported"
-            ));
-        }
         let range = input
             .copy_source_range
             .as_deref()
@@ -1215,23 +1219,11 @@ impl<R: Registers> S3 for BulwarkS3<R> {
                 input.part_number,
                 range,
                 |src| {
-                    check_conditions(
+                    check_copy_conditions(
                         src,
                         input.copy_source_if_match.as_ref(),
                         input.copy_source_if_none_match.as_ref(),
-                        None,
-                        None,
                     )
-                    .map_err(|e| {
-                        if *e.code() == s3s::S3ErrorCode::NotModified {
-                            s3_error!(
-                                PreconditionFailed,
-                                "x-amz-copy-source-if-none-match matched"
-                            )
-                        } else {
-                            e
-                        }
-                    })
                 },
             )
             .await?;
