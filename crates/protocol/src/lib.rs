@@ -12,6 +12,7 @@
 pub mod a2m_storage;
 pub mod content;
 pub mod cs;
+pub mod depot;
 pub mod machine;
 pub mod pbft;
 pub mod powerstore;

@@ -7,7 +7,9 @@
 //!   linked by the `bulwark-byzantine` node binary.
 //! - [`sim`]: the seeded discrete-event simulator, its swarm of faults, and seed sweeps.
 //! - [`durable`]: a server's simulated disk, replayed on restart.
+//! - [`depot`]: Depot's causal volumes in a world of their own, with the fork-join-causal checker.
 pub mod byzantine;
 pub mod checker;
+pub mod depot;
 pub mod durable;
 pub mod sim;

@@ -1,0 +1,820 @@
+//! One node's log of one causal volume (Depot §2.6, §3.3, §4): the updates it accepted, each only
+//! after everything it depends on, its frontier (the version vector, with a head per branch of a
+//! forked writer), the heads of every key, and the forks it found.
+//!
+//! The frontier is the expanded version vector of §4.5 kept by hash: for each writer, the latest
+//! updates of that writer this node holds, one per branch. A correct writer has one branch; a
+//! writer that forked has one head per branch, each the virtual node `writer + H(first update of
+//! the branch)` of the paper, and both branches are accepted and passed on like the writes of two
+//! nodes (fork join), so correct nodes can always exchange what they hold.
+
+use super::update::{
+    Dep, Malformed, Update, UpdateBody, UpdateId, ValueRef, VolumeConfig, WireUpdate, Writer,
+    history_hash,
+};
+use bulwark_core::Key;
+use bulwark_core::evidence::Proof;
+use bulwark_core::sign::{SecretKey, Signed};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+/// How far ahead of a node's own time (in microseconds) an update's clock may be before the node
+/// defers it (§4.8): a faulty writer cannot drag every correct node's clock to the end of its
+/// range.
+pub const CLOCK_AHEAD_MAX_MICROS: u64 = 60_000_000;
+
+/// Updates held while they wait for what they depend on. Beyond this the newest are dropped and
+/// fetched again later, so a peer cannot fill a node's memory with updates it can never accept.
+pub const PENDING_MAX: usize = 16_384;
+
+/// Deliberate breaks of Depot's rules, for the simulator's negative controls: each must be caught
+/// by its checker. All off in every real node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Mutations {
+    /// Accept an update once its writer's previous update is held, without the other updates it
+    /// names and without checking its history hash (§3.3 steps 3 and 4 skipped).
+    pub accept_without_deps: bool,
+    /// Take an update as known when its writer's clock here has reached its clock: stamps
+    /// compared instead of hashes (the pitfall of §8.1 item 2), which hides forks.
+    pub skip_by_stamp: bool,
+    /// Keep superseded updates among a key's heads (§3.7 not applied).
+    pub keep_superseded: bool,
+    /// Never ask a peer for updates by name: the fork point is not looked for (§4.4).
+    pub never_ask_by_name: bool,
+}
+
+/// A frontier: for each writer, its latest updates one holds (one per branch), by clock and id.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Frontier(BTreeMap<Writer, Vec<(u64, UpdateId)>>);
+
+impl Frontier {
+    /// Every head, in writer then id order: what the history hash covers.
+    pub fn flat(&self) -> Vec<(Writer, u64, UpdateId)> {
+        let mut flat = Vec::new();
+        for (writer, heads) in &self.0 {
+            let mut heads = heads.clone();
+            heads.sort_by_key(|(_, id)| *id);
+            flat.extend(heads.into_iter().map(|(clock, id)| (*writer, clock, id)));
+        }
+        flat
+    }
+
+    /// The heads of `writer`.
+    pub fn heads(&self, writer: Writer) -> &[(u64, UpdateId)] {
+        self.0.get(&writer).map_or(&[], Vec::as_slice)
+    }
+
+    /// The highest clock of any head.
+    pub fn max_clock(&self) -> u64 {
+        self.0
+            .values()
+            .flat_map(|heads| heads.iter().map(|(clock, _)| *clock))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Writers with more than one head: forks this frontier has joined.
+    pub fn forked(&self) -> impl Iterator<Item = Writer> + '_ {
+        self.0
+            .iter()
+            .filter(|(_, heads)| heads.len() > 1)
+            .map(|(writer, _)| *writer)
+    }
+}
+
+/// A frontier as a peer sends it: unverified claims, bounded by the message that carries them.
+pub type Summary = Vec<(Writer, u64, UpdateId)>;
+
+/// What became of one offered update.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Offer {
+    /// Already in the log.
+    Known,
+    /// Accepted now.
+    Accepted,
+    /// Waits for these updates it depends on.
+    Missing(Vec<UpdateId>),
+    /// Its clock is too far ahead of this node's time (§4.8); offered again later.
+    Deferred,
+    /// Refused: no correct writer signs it.
+    Refused(Refusal),
+}
+
+/// Why a verified update was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// Its signature or shape.
+    #[error(transparent)]
+    Malformed(#[from] Malformed),
+    /// A dependency's writer or clock is not the named update's.
+    #[error("dependency {0:?} does not name the update it hashes to")]
+    DepMismatch(UpdateId),
+    /// `prev` names another writer's update.
+    #[error("previous update {0:?} is not the writer's")]
+    ForeignPrev(UpdateId),
+    /// Its dependencies reach a newer update of its own writer than `prev`.
+    #[error("its dependencies include the writer's updates after its previous one")]
+    OwnPast,
+    /// Its clock does not exceed every clock it depends on (§2.4).
+    #[error("clock {clock} not above its dependencies' {max}")]
+    Clock {
+        /// Its clock.
+        clock: u64,
+        /// The highest clock in its past.
+        max: u64,
+    },
+    /// Its history hash is not the hash of the past its dependencies name (§3.3 step 4).
+    #[error("history hash does not match its dependencies")]
+    History,
+}
+
+/// A proof that a writer forked: two updates it signed that name the same previous update
+/// (§4.3, §4.7). Anyone holding the volume's configuration can check it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ForkProof {
+    /// Who forked.
+    pub writer: Writer,
+    /// Its two signed updates.
+    pub proof: Proof,
+}
+
+impl ForkProof {
+    /// The proof of `first` and `second`, if they are two different updates of one writer with
+    /// the same previous update.
+    pub fn of(first: &Update, second: &Update) -> Option<ForkProof> {
+        let (a, b) = (first.body(), second.body());
+        if a.writer != b.writer || a.volume != b.volume || a.prev != b.prev {
+            return None;
+        }
+        Some(ForkProof {
+            writer: a.writer,
+            proof: Proof::conflicting(first.signed(), second.signed())?,
+        })
+    }
+
+    /// Whether it proves what it says to someone who trusts only `config`: the writer's key signed
+    /// both, and both are this volume's updates of that writer naming one previous update.
+    pub fn verify(&self, config: &VolumeConfig) -> bool {
+        let Some(member) = config.member(self.writer) else {
+            return false;
+        };
+        self.proof.signer() == &member.key
+            && self.proof.verify_conflict::<UpdateBody>(|a, b| {
+                a.volume == config.volume
+                    && b.volume == config.volume
+                    && a.writer == self.writer
+                    && b.writer == self.writer
+                    && a.prev == b.prev
+            })
+    }
+}
+
+/// An accepted update and its whole past.
+#[derive(Debug)]
+struct Entry {
+    update: Update,
+    /// The frontier of its causal past (itself not included).
+    past: Arc<Frontier>,
+}
+
+/// One node's log of one volume.
+#[derive(Debug)]
+pub struct Log {
+    config: Arc<VolumeConfig>,
+    /// The node this log belongs to.
+    me: Writer,
+    entries: HashMap<UpdateId, Entry>,
+    /// Log order (§2.4): clock, then writer, then id (forks give one stamp two updates).
+    order: BTreeSet<(u64, Writer, UpdateId)>,
+    /// Each writer's updates by the previous update they name: a correct writer's have one each.
+    children: HashMap<(Writer, Option<UpdateId>), Vec<UpdateId>>,
+    /// Writers this log holds a fork of.
+    forked: BTreeSet<Writer>,
+    frontier: Frontier,
+    /// Lamport clock: at least every accepted clock.
+    clock: u64,
+    /// Per key, the authorised updates no other accepted update supersedes (§3.7).
+    heads: BTreeMap<Key, Vec<UpdateId>>,
+    /// Proofs of forks, one per writer (the first found or received).
+    forks: BTreeMap<Writer, ForkProof>,
+    /// Verified updates waiting for dependencies, in log order.
+    pending: BTreeMap<(u64, Writer, UpdateId), Update>,
+    /// The ids of `pending`.
+    waiting: std::collections::HashSet<UpdateId>,
+    /// Refusals since start, for status.
+    refused: u64,
+    /// Accepted since the owner last took them: what it must make durable.
+    fresh: Vec<UpdateId>,
+    /// How many accepted updates name each value hash.
+    values: HashMap<bulwark_core::Digest, u32>,
+    mutations: Mutations,
+}
+
+impl Log {
+    /// An empty log of `config`'s volume for member `me`.
+    pub fn new(config: Arc<VolumeConfig>, me: Writer) -> Log {
+        Log {
+            config,
+            me,
+            entries: HashMap::new(),
+            order: BTreeSet::new(),
+            children: HashMap::new(),
+            forked: BTreeSet::new(),
+            frontier: Frontier::default(),
+            clock: 0,
+            heads: BTreeMap::new(),
+            forks: BTreeMap::new(),
+            pending: BTreeMap::new(),
+            waiting: std::collections::HashSet::new(),
+            refused: 0,
+            fresh: Vec::new(),
+            values: HashMap::new(),
+            mutations: Mutations::default(),
+        }
+    }
+
+    /// This log with rules broken on purpose, for negative controls.
+    pub fn mutate(&mut self, mutations: Mutations) {
+        self.mutations = mutations;
+    }
+
+    /// The rules it breaks.
+    pub fn mutations(&self) -> Mutations {
+        self.mutations
+    }
+
+    /// The volume.
+    pub fn config(&self) -> &Arc<VolumeConfig> {
+        &self.config
+    }
+
+    /// The member this log belongs to.
+    pub fn me(&self) -> Writer {
+        self.me
+    }
+
+    /// Whether an accepted update names the value `hash`: the only values a node keeps.
+    pub fn names_value(&self, hash: &bulwark_core::Digest) -> bool {
+        self.values.contains_key(hash)
+    }
+
+    /// Whether `id` is accepted.
+    pub fn holds(&self, id: &UpdateId) -> bool {
+        self.entries.contains_key(id)
+    }
+
+    /// The accepted update `id`.
+    pub fn get(&self, id: &UpdateId) -> Option<&Update> {
+        self.entries.get(id).map(|entry| &entry.update)
+    }
+
+    /// How many updates are accepted.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether nothing is accepted.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Updates waiting for their dependencies.
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Updates refused since start.
+    pub fn refused(&self) -> u64 {
+        self.refused
+    }
+
+    /// The frontier: this node's version vector, a head per branch.
+    pub fn frontier(&self) -> &Frontier {
+        &self.frontier
+    }
+
+    /// The Lamport clock.
+    pub fn clock(&self) -> u64 {
+        self.clock
+    }
+
+    /// The forks found, by writer.
+    pub fn forks(&self) -> &BTreeMap<Writer, ForkProof> {
+        &self.forks
+    }
+
+    /// Every accepted update in log order.
+    pub fn in_order(&self) -> impl Iterator<Item = &Update> + '_ {
+        self.order
+            .iter()
+            .filter_map(|(_, _, id)| self.entries.get(id).map(|entry| &entry.update))
+    }
+
+    /// The updates a read of `key` returns: every authorised update to it that no accepted update
+    /// supersedes, concurrent ones (both branches of a fork among them) all returned (§2.2).
+    pub fn heads(&self, key: &Key) -> Vec<&Update> {
+        self.heads
+            .get(key)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.get(id))
+            .collect()
+    }
+
+    /// Whether update `a` is `b` or in `b`'s past, both by one writer and both held.
+    fn precedes_own(&self, a: UpdateId, b: UpdateId) -> bool {
+        if a == b {
+            return true;
+        }
+        let (Some(ea), Some(eb)) = (self.entries.get(&a), self.entries.get(&b)) else {
+            return false;
+        };
+        let (ba, bb) = (ea.update.body(), eb.update.body());
+        if ba.writer != bb.writer || ba.clock >= bb.clock {
+            return false;
+        }
+        if !self.forked.contains(&ba.writer) {
+            // Without a fork, a writer's held updates form one chain (each names its previous,
+            // which is held), and clocks grow along it.
+            return true;
+        }
+        let mut cursor = bb.prev;
+        while let Some(id) = cursor {
+            if id == a {
+                return true;
+            }
+            let Some(entry) = self.entries.get(&id) else {
+                return false;
+            };
+            if entry.update.body().clock <= ba.clock {
+                return false;
+            }
+            cursor = entry.update.body().prev;
+        }
+        false
+    }
+
+    /// Whether held update `id` is in the past that `frontier` describes.
+    fn covers(&self, frontier: &Frontier, id: UpdateId) -> bool {
+        let Some(entry) = self.entries.get(&id) else {
+            return false;
+        };
+        let body = entry.update.body();
+        frontier
+            .heads(body.writer)
+            .iter()
+            .any(|(clock, head)| *clock >= body.clock && self.precedes_own(id, *head))
+    }
+
+    /// Adds held update `id` to `frontier`, unless it is already in its past, dropping the heads
+    /// it succeeds.
+    fn extend(&self, frontier: &mut Frontier, id: UpdateId) {
+        let Some(entry) = self.entries.get(&id) else {
+            return;
+        };
+        let (writer, clock) = (entry.update.body().writer, entry.update.body().clock);
+        let heads = frontier.0.entry(writer).or_default();
+        if heads.iter().any(|(_, head)| self.precedes_own(id, *head)) {
+            return;
+        }
+        heads.retain(|(_, head)| !self.precedes_own(*head, id));
+        heads.push((clock, id));
+        heads.sort();
+    }
+
+    /// Adds every head of `other` to `frontier`.
+    fn merge(&self, frontier: &mut Frontier, other: &Frontier) {
+        for (_, clock_id) in other
+            .0
+            .iter()
+            .flat_map(|(w, heads)| heads.iter().map(move |h| (w, h)))
+        {
+            self.extend(frontier, clock_id.1);
+        }
+    }
+
+    /// The past of an update naming `prev` and `deps`, all held.
+    fn past_of(&self, prev: Option<UpdateId>, deps: &[Dep]) -> Frontier {
+        let mut past = Frontier::default();
+        for id in prev.into_iter().chain(deps.iter().map(|dep| dep.id)) {
+            if let Some(entry) = self.entries.get(&id) {
+                self.merge(&mut past, &entry.past);
+                self.extend(&mut past, id);
+            }
+        }
+        past
+    }
+
+    /// Offers one verified update: accepted if everything it depends on is, refused if no correct
+    /// writer could have signed it, else kept until its dependencies arrive. `now_micros` is this
+    /// node's time, for the clock bound.
+    pub fn offer(&mut self, update: Update, now_micros: u64) -> Offer {
+        let outcome = self.try_accept(&update, now_micros);
+        match &outcome {
+            Offer::Missing(_) | Offer::Deferred => self.hold(update),
+            Offer::Refused(_) => self.refused += 1,
+            Offer::Accepted => self.drain(now_micros),
+            Offer::Known => {}
+        }
+        outcome
+    }
+
+    /// Keeps a verified update until its dependencies arrive, within [`PENDING_MAX`].
+    fn hold(&mut self, update: Update) {
+        let body = update.body();
+        let slot = (body.clock, body.writer, update.id());
+        if self.pending.len() >= PENDING_MAX {
+            // Keep the oldest: they are the ones the others wait for.
+            match self.pending.last_key_value() {
+                Some((last, _)) if *last > slot => {
+                    let last = *last;
+                    self.pending.remove(&last);
+                    self.waiting.remove(&last.2);
+                }
+                _ => return,
+            }
+        }
+        self.pending.insert(slot, update);
+        self.waiting.insert(slot.2);
+    }
+
+    /// Accepts every held update whose dependencies have all arrived, in log order, until none
+    /// is left that can be.
+    fn drain(&mut self, now_micros: u64) {
+        loop {
+            let mut progress = false;
+            let slots: Vec<_> = self.pending.keys().copied().collect();
+            for slot in slots {
+                let Some(update) = self.pending.get(&slot).cloned() else {
+                    continue;
+                };
+                match self.try_accept(&update, now_micros) {
+                    Offer::Missing(_) | Offer::Deferred => {}
+                    Offer::Accepted => {
+                        self.pending.remove(&slot);
+                        self.waiting.remove(&slot.2);
+                        progress = true;
+                    }
+                    Offer::Known => {
+                        self.pending.remove(&slot);
+                        self.waiting.remove(&slot.2);
+                    }
+                    Offer::Refused(_) => {
+                        self.refused += 1;
+                        self.pending.remove(&slot);
+                        self.waiting.remove(&slot.2);
+                    }
+                }
+            }
+            if !progress {
+                return;
+            }
+        }
+    }
+
+    /// Offers every held update again (a deferred clock may have come within bounds).
+    pub fn retry(&mut self, now_micros: u64) {
+        self.drain(now_micros);
+    }
+
+    /// The updates held ones wait for and that are not held themselves: what to fetch.
+    pub fn wanted(&self) -> Vec<UpdateId> {
+        if self.mutations.never_ask_by_name {
+            return Vec::new();
+        }
+        let mut wanted = BTreeSet::new();
+        let waiting = &self.waiting;
+        for update in self.pending.values() {
+            let body = update.body();
+            for id in body
+                .prev
+                .into_iter()
+                .chain(body.deps.iter().map(|dep| dep.id))
+            {
+                if !self.holds(&id) && !waiting.contains(&id) {
+                    wanted.insert(id);
+                }
+            }
+        }
+        wanted.into_iter().collect()
+    }
+
+    /// Every check of §3.3 after the signature, and the acceptance itself.
+    fn try_accept(&mut self, update: &Update, now_micros: u64) -> Offer {
+        let id = update.id();
+        if self.holds(&id) {
+            return Offer::Known;
+        }
+        let body = update.body();
+        if body.clock > now_micros.saturating_add(CLOCK_AHEAD_MAX_MICROS) {
+            return Offer::Deferred;
+        }
+        if self.mutations.skip_by_stamp
+            && self
+                .frontier
+                .heads(body.writer)
+                .iter()
+                .any(|(clock, _)| *clock >= body.clock)
+        {
+            return Offer::Known;
+        }
+        let named = body.deps.iter().map(|dep| dep.id);
+        let missing: Vec<UpdateId> = if self.mutations.accept_without_deps {
+            body.prev.into_iter().filter(|id| !self.holds(id)).collect()
+        } else {
+            body.prev
+                .into_iter()
+                .chain(named)
+                .filter(|id| !self.holds(id))
+                .collect()
+        };
+        if !missing.is_empty() {
+            return Offer::Missing(missing);
+        }
+        if let Some(prev) = body.prev
+            && self.get(&prev).map(|p| p.body().writer) != Some(body.writer)
+        {
+            return Offer::Refused(Refusal::ForeignPrev(prev));
+        }
+        for dep in &body.deps {
+            let named = self.get(&dep.id).map(|d| (d.body().writer, d.body().clock));
+            if named != Some((dep.writer, dep.clock)) && !self.mutations.accept_without_deps {
+                return Offer::Refused(Refusal::DepMismatch(dep.id));
+            }
+        }
+        let past = self.past_of(body.prev, &body.deps);
+        let own: Vec<UpdateId> = past.heads(body.writer).iter().map(|(_, id)| *id).collect();
+        if own != body.prev.into_iter().collect::<Vec<_>>() {
+            return Offer::Refused(Refusal::OwnPast);
+        }
+        let max = past.max_clock();
+        if body.clock <= max {
+            return Offer::Refused(Refusal::Clock {
+                clock: body.clock,
+                max,
+            });
+        }
+        if history_hash(&past.flat()) != body.history && !self.mutations.accept_without_deps {
+            return Offer::Refused(Refusal::History);
+        }
+        self.insert(update.clone(), past);
+        Offer::Accepted
+    }
+
+    /// Adds an update that passed every check.
+    fn insert(&mut self, update: Update, past: Frontier) {
+        let id = update.id();
+        let body = update.body().clone();
+        let siblings = self.children.entry((body.writer, body.prev)).or_default();
+        let sibling = siblings.first().copied();
+        siblings.push(id);
+        if siblings.len() > 1 {
+            self.forked.insert(body.writer);
+        }
+        let supersedes: Vec<UpdateId> = if self.config.may_write(body.writer, &body.key) {
+            self.heads
+                .get(&body.key)
+                .into_iter()
+                .flatten()
+                .copied()
+                .filter(|head| self.covers(&past, *head))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        self.entries.insert(
+            id,
+            Entry {
+                update: update.clone(),
+                past: Arc::new(past),
+            },
+        );
+        self.order.insert((body.clock, body.writer, id));
+        self.fresh.push(id);
+        if let Some(reference) = body.value {
+            *self.values.entry(reference.hash).or_default() += 1;
+        }
+        let mut frontier = std::mem::take(&mut self.frontier);
+        self.extend(&mut frontier, id);
+        self.frontier = frontier;
+        self.clock = self.clock.max(body.clock);
+        if self.config.may_write(body.writer, &body.key) {
+            let keep_superseded = self.mutations.keep_superseded;
+            let heads = self.heads.entry(body.key.clone()).or_default();
+            heads.retain(|head| keep_superseded || !supersedes.contains(head));
+            heads.push(id);
+        }
+        if let Some(sibling) = sibling
+            && !self.forks.contains_key(&body.writer)
+            && let Some(proof) = self
+                .get(&sibling)
+                .and_then(|first| ForkProof::of(first, &update))
+        {
+            self.forks.insert(body.writer, proof);
+        }
+        debug_assert!(
+            self.frontier
+                .heads(body.writer)
+                .iter()
+                .any(|(_, h)| *h == id),
+            "a newly accepted update is a head of its writer"
+        );
+    }
+
+    /// Records a fork proof received from a peer, once checked.
+    pub fn learn_fork(&mut self, proof: ForkProof) -> bool {
+        if self.forks.contains_key(&proof.writer) || !proof.verify(&self.config) {
+            return false;
+        }
+        self.forks.insert(proof.writer, proof);
+        true
+    }
+
+    /// A new local write by this node (§3.1): the next clock, the previous own update, the
+    /// frontier entries that moved since it, and the history hash of the whole frontier, signed.
+    /// It is accepted into the log before it is returned; the caller makes it durable before
+    /// sending it anywhere (a crash must never look like a fork, §8.1).
+    pub fn write(
+        &mut self,
+        secret: &SecretKey,
+        key: Key,
+        value: Option<ValueRef>,
+        now_micros: u64,
+    ) -> Update {
+        // A correct node has one branch of its own. Two mean its key signed an update it did not
+        // make (a lost disk, or a stolen key); it continues from the newest, and peers refuse
+        // the result if its past holds the other (`Refusal::OwnPast`).
+        let prev = self.frontier.heads(self.me).iter().max().map(|(_, id)| *id);
+        // The past of `prev` with `prev` itself: what receivers start from before the deltas.
+        let base = self.past_of(prev, &[]);
+        let deps: Vec<Dep> = self
+            .frontier
+            .flat()
+            .into_iter()
+            .filter(|(writer, _, id)| {
+                *writer != self.me && !base.heads(*writer).iter().any(|(_, head)| head == id)
+            })
+            .map(|(writer, clock, id)| Dep { writer, clock, id })
+            .collect();
+        let body = UpdateBody {
+            volume: self.config.volume,
+            writer: self.me,
+            clock: self.clock + 1,
+            key,
+            value,
+            prev,
+            deps,
+            history: history_hash(&self.frontier.flat()),
+        };
+        let signed = Signed::sign(secret, body).unwrap_or_else(|e| {
+            unreachable!("an update of at most DEPS_MAX dependencies fits its bound: {e}")
+        });
+        let update = Update::new(signed);
+        let outcome = self.offer(update.clone(), now_micros.max(self.clock + 1));
+        debug_assert!(
+            outcome == Offer::Accepted || self.frontier.heads(self.me).len() > 1,
+            "a node accepts its own write: {outcome:?}"
+        );
+        update
+    }
+
+    /// The updates a peer whose frontier is `theirs` lacks, in log order, at most `limit`.
+    ///
+    /// A head of theirs this log holds covers its whole past. A head it does not hold (the peer is
+    /// ahead, or on another branch of a fork) covers this log's updates of that writer up to its
+    /// clock when this log knows no fork of the writer; on a fork the peer finds what it misses
+    /// by asking for it by hash ([`Log::ancestry`]).
+    pub fn missing_for(&self, theirs: &Summary, limit: usize) -> (Vec<&Update>, bool) {
+        let mut heads: BTreeMap<Writer, Vec<(u64, UpdateId)>> = BTreeMap::new();
+        for (writer, clock, id) in theirs {
+            heads.entry(*writer).or_default().push((*clock, *id));
+        }
+        let covered = |update: &Update| {
+            let body = update.body();
+            heads.get(&body.writer).is_some_and(|heads| {
+                heads.iter().any(|(clock, head)| {
+                    if self.holds(head) {
+                        *clock >= body.clock && self.precedes_own(update.id(), *head)
+                    } else {
+                        !self.forked.contains(&body.writer) && body.clock <= *clock
+                    }
+                })
+            })
+        };
+        // Without forks, what the peer lacks of a writer lies above the peer's clock for it, so
+        // the scan starts at the lowest such clock rather than at the start of the log.
+        let start = if self.forked.is_empty() {
+            self.frontier
+                .0
+                .keys()
+                .map(|writer| {
+                    heads
+                        .get(writer)
+                        .and_then(|heads| heads.iter().map(|(clock, _)| *clock).max())
+                        .unwrap_or(0)
+                })
+                .min()
+                .unwrap_or(0)
+        } else {
+            0
+        };
+        let lowest = UpdateId(bulwark_core::Digest([0; 32]));
+        let mut out = Vec::new();
+        for (_, _, id) in self.order.range((start, Writer(0), lowest)..) {
+            let Some(update) = self.get(id) else {
+                continue;
+            };
+            if covered(update) {
+                continue;
+            }
+            if out.len() == limit {
+                return (out, true);
+            }
+            out.push(update);
+        }
+        (out, false)
+    }
+
+    /// `wanted` and every update in their past a peer whose frontier is `theirs` is not known to
+    /// hold (judged by the heads of theirs this log holds only), in log order, at most `limit`:
+    /// how a peer on another branch of a fork gets the branch.
+    pub fn ancestry(
+        &self,
+        wanted: &[UpdateId],
+        theirs: &Summary,
+        limit: usize,
+    ) -> (Vec<&Update>, bool) {
+        let mut known = Frontier::default();
+        for (writer, clock, id) in theirs {
+            if self.holds(id) {
+                known.0.entry(*writer).or_default().push((*clock, *id));
+            }
+        }
+        let mut seen = BTreeSet::new();
+        let mut stack: Vec<UpdateId> = wanted.iter().copied().filter(|id| self.holds(id)).collect();
+        let mut found = BTreeSet::new();
+        // Bounded by the log: each id is visited once.
+        while let Some(id) = stack.pop() {
+            if !seen.insert(id) || self.covers(&known, id) {
+                continue;
+            }
+            let Some(update) = self.get(&id) else {
+                continue;
+            };
+            let body = update.body();
+            found.insert((body.clock, body.writer, id));
+            stack.extend(body.prev);
+            stack.extend(body.deps.iter().map(|dep| dep.id));
+        }
+        let more = found.len() > limit;
+        let out = found
+            .into_iter()
+            .take(limit)
+            .filter_map(|(_, _, id)| self.get(&id))
+            .collect();
+        (out, more)
+    }
+
+    /// Verifies and offers updates received from a peer, in the order given.
+    pub fn receive(&mut self, updates: Vec<WireUpdate>, now_micros: u64) -> Received {
+        let mut received = Received::default();
+        for wire in updates {
+            // Held or waiting already: verified once, never again (a peer resending what this
+            // node waits on costs it no signature checks).
+            if self.holds(&wire.id()) || self.waiting.contains(&wire.id()) {
+                continue;
+            }
+            match wire.verify(&self.config) {
+                Err(reason) => {
+                    self.refused += 1;
+                    received.refused.push(Refusal::Malformed(reason));
+                }
+                Ok(update) => {
+                    let id = update.id();
+                    match self.offer(update, now_micros) {
+                        Offer::Refused(reason) => received.refused.push(reason),
+                        Offer::Accepted => received.accepted.push(id),
+                        Offer::Known | Offer::Missing(_) | Offer::Deferred => {}
+                    }
+                }
+            }
+        }
+        received
+    }
+
+    /// Every update accepted since the last call, in the order accepted (dependencies first):
+    /// what the owner must make durable.
+    pub fn take_fresh(&mut self) -> Vec<UpdateId> {
+        std::mem::take(&mut self.fresh)
+    }
+}
+
+/// What a batch of received updates did.
+#[derive(Debug, Default)]
+pub struct Received {
+    /// Offered in the batch and accepted at once (held updates the batch freed are in
+    /// [`Log::take_fresh`]).
+    pub accepted: Vec<UpdateId>,
+    /// Refused, with why: the sender passed on what no correct writer signs.
+    pub refused: Vec<Refusal>,
+}

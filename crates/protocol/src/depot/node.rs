@@ -1,0 +1,760 @@
+//! A Depot node for one volume, server or client (they run the same protocol, §3): its log, the
+//! values it hoards, the log exchange with any other member (§3.2, §4.4 by hash), the client
+//! access protocol (PUT §5.1; GET with the compact hash, fast and slow path, and the fallback from
+//! server to server and then to the writer, §5.2-§5.6), and fork proofs passed on (§4.7).
+//!
+//! Sans-IO like every machine here: it answers inputs with changes to make durable and messages
+//! to send, and the driver sends nothing before the changes before it are durable. Peers are
+//! named by their [`Writer`] index in the volume.
+
+use super::log::{ForkProof, Log, Summary};
+use super::update::{
+    Role, Update, UpdateId, ValueRef, VolumeConfig, WireUpdate, Writer, value_hash,
+};
+use bulwark_core::sign::SecretKey;
+use bulwark_core::{Digest, Key};
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+/// The most updates one push carries; the receiver asks again for the rest.
+pub const PUSH_UPDATES_MAX: usize = 512;
+
+/// The most value bytes one push or answer carries beyond its first value.
+pub const PUSH_VALUE_BYTES_MAX: usize = 8 * 1024 * 1024;
+
+/// The most ids or hashes a peer may ask for in one pull.
+pub const WANT_MAX: usize = 1024;
+
+/// What nodes of a volume say to each other.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum Message {
+    /// Log exchange: "here is my frontier; send what I lack", with updates and values wanted by
+    /// name (the fork point found by hash), and whether to send the values of what it sends.
+    Pull {
+        /// The puller's frontier.
+        frontier: Summary,
+        /// Updates it wants with their past, by id.
+        want: Vec<UpdateId>,
+        /// Values it wants, by hash.
+        want_values: Vec<Digest>,
+        /// Send the values of the updates too (a hoarding puller).
+        values: bool,
+    },
+    /// The answer to a pull.
+    Push {
+        /// In log order: dependencies first.
+        updates: Vec<WireUpdate>,
+        /// Values of those updates, and those asked for.
+        values: Vec<Bytes>,
+        /// The sender's frontier: heads the puller does not hold are what to ask for next.
+        frontier: Summary,
+        /// Forks the sender knows of.
+        forks: Vec<ForkProof>,
+        /// The sender stopped at a bound: pull again.
+        more: bool,
+    },
+    /// A client's new update and its value (§5.1).
+    Put {
+        /// The client's operation id.
+        op: u64,
+        /// The update.
+        update: WireUpdate,
+        /// Its value (none for a delete).
+        value: Option<Bytes>,
+    },
+    /// The update of `op` is accepted and durable here.
+    PutAck {
+        /// The operation.
+        op: u64,
+        /// The update.
+        id: UpdateId,
+    },
+    /// A read (§5.2-§5.4): the key, the compact hash of the value hashes the reader holds for
+    /// it, and the reader's frontier for the slow path.
+    Get {
+        /// The reader's operation id.
+        op: u64,
+        /// The key.
+        key: Key,
+        /// [`compact_hash`] of the reader's heads of the key.
+        compact: u16,
+        /// The reader's frontier.
+        frontier: Summary,
+    },
+    /// The answer to a get: the values of the answerer's heads for the key and, when the compact
+    /// hashes differ (the slow path), the updates the reader lacks.
+    Got {
+        /// The operation.
+        op: u64,
+        /// Values, each checked by the reader against the updates it verified itself.
+        values: Vec<Bytes>,
+        /// Updates the reader lacks, in log order.
+        updates: Vec<WireUpdate>,
+        /// More updates than one answer carries: the reader pulls the rest.
+        more: bool,
+    },
+}
+
+/// A change a node makes durable before anything it sends after it.
+#[derive(Clone, Debug)]
+pub enum Change {
+    /// An accepted update, in acceptance order (dependencies first).
+    Update(WireUpdate),
+    /// A value, named by its hash.
+    Value(Bytes),
+    /// A fork found or learned.
+    Fork(Box<ForkProof>),
+}
+
+/// What a node asks of its driver after one input.
+#[derive(Debug, Default)]
+pub struct Output {
+    /// To make durable, in order, before any of `sends` leaves.
+    pub changes: Vec<Change>,
+    /// Messages to other members.
+    pub sends: Vec<(Writer, Message)>,
+    /// Reads that ended with this input.
+    pub reads: Vec<(u64, ReadResult)>,
+}
+
+/// One version a read returns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Version {
+    /// The update.
+    pub id: UpdateId,
+    /// Who wrote it.
+    pub writer: Writer,
+    /// Its logical clock.
+    pub clock: u64,
+    /// The value; `None` for a delete.
+    pub value: Option<Bytes>,
+}
+
+/// What a read returns: every version of the key no other supersedes (concurrent writes, both
+/// branches of a fork, all of them), in writer then clock order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadResult {
+    /// The versions, with their values.
+    pub versions: Vec<Version>,
+    /// Values no node asked could give (the read tried every server and every writer).
+    pub unavailable: Vec<UpdateId>,
+}
+
+/// How a read begins.
+#[derive(Debug)]
+pub enum ReadStart {
+    /// Nobody to ask: the versions this node holds.
+    Done(ReadResult),
+    /// Send this to that member, then feed the answer to [`Node::on_message`] and, if none comes
+    /// in time, call [`Node::read_timeout`].
+    Ask(Writer, Box<Message>),
+}
+
+/// A read in progress: who to ask next.
+#[derive(Debug)]
+struct Reading {
+    key: Key,
+    /// Still to ask, in order: servers first (the primary first), then the writers of the heads.
+    next: Vec<Writer>,
+    asked: BTreeSet<Writer>,
+}
+
+/// Counters, for status and tests.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeStats {
+    /// Updates refused (bad signature, bad history, bad dependencies).
+    pub refused: u64,
+    /// Values refused (their hash matched no update's).
+    pub values_refused: u64,
+    /// Reads answered on the fast path (compact hashes matched).
+    pub fast_gets: u64,
+    /// Reads answered on the slow path.
+    pub slow_gets: u64,
+    /// Puts refused (a bad signature, or a value that is not the update's).
+    pub puts_refused: u64,
+}
+
+/// One member's node for one volume.
+pub struct Node {
+    log: Log,
+    role: Role,
+    secret: SecretKey,
+    values: BTreeMap<Digest, Bytes>,
+    /// Puts acknowledged once their update is accepted: (client, op) per update.
+    owed: BTreeMap<UpdateId, Vec<(Writer, u64)>>,
+    /// Values of puts whose updates wait for dependencies, kept once the update is accepted.
+    owed_values: BTreeMap<UpdateId, Bytes>,
+    /// Values of accepted updates a hoarding node does not hold yet.
+    missing_values: BTreeSet<Digest>,
+    /// Per peer, what was asked of it by name without progress since (not asked twice).
+    asked: BTreeMap<Writer, BTreeSet<UpdateId>>,
+    reads: BTreeMap<u64, Reading>,
+    /// Peers this node sent a pull and has not had the push answering it from yet: only such a
+    /// push is pushed back to, so two nodes never push at each other for ever.
+    pulled: BTreeSet<Writer>,
+    stats: NodeStats,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("me", &self.log.me())
+            .field("updates", &self.log.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A 16-bit hash of value hashes, sent with a read so that the answerer can tell whether the
+/// reader is current (§5.3). Insecure on purpose: the reader checks every value by its full hash.
+pub fn compact_hash(mut hashes: Vec<Digest>) -> u16 {
+    hashes.sort();
+    let mut bytes = Vec::with_capacity(hashes.len() * 32);
+    for hash in &hashes {
+        bytes.extend_from_slice(&hash.0);
+    }
+    let digest = Digest::of("bulwark depot compact v1", &bytes);
+    u16::from_le_bytes([digest.0[0], digest.0[1]])
+}
+
+impl Node {
+    /// This node with rules broken on purpose, for negative controls.
+    pub fn mutate(&mut self, mutations: super::log::Mutations) {
+        self.log.mutate(mutations);
+    }
+
+    /// A fresh node of member `me` with no state.
+    pub fn new(config: Arc<VolumeConfig>, me: Writer, secret: SecretKey) -> Node {
+        let role = config.member(me).map_or(Role::Client, |member| member.role);
+        Node {
+            log: Log::new(config, me),
+            role,
+            secret,
+            values: BTreeMap::new(),
+            owed: BTreeMap::new(),
+            owed_values: BTreeMap::new(),
+            missing_values: BTreeSet::new(),
+            asked: BTreeMap::new(),
+            reads: BTreeMap::new(),
+            pulled: BTreeSet::new(),
+            stats: NodeStats::default(),
+        }
+    }
+
+    /// A node rebuilt from what it made durable, in the order it did. Every update is verified
+    /// and accepted again (a disk is not trusted more than a peer), every value checked against
+    /// its name.
+    pub fn restore(
+        config: Arc<VolumeConfig>,
+        me: Writer,
+        secret: SecretKey,
+        changes: &[Change],
+        now_micros: u64,
+    ) -> Node {
+        let mut node = Node::new(config, me, secret);
+        let mut updates = Vec::new();
+        for change in changes {
+            match change {
+                Change::Update(update) => updates.push(update.clone()),
+                Change::Value(value) => {
+                    node.values.insert(value_hash(value), value.clone());
+                }
+                Change::Fork(proof) => {
+                    node.log.learn_fork((**proof).clone());
+                }
+            }
+        }
+        node.log.receive(updates, now_micros);
+        let mut out = Output::default();
+        node.settle(0, &mut out);
+        node
+    }
+
+    /// The log.
+    pub fn log(&self) -> &Log {
+        &self.log
+    }
+
+    /// The log, to change directly in tests.
+    #[cfg(test)]
+    pub(super) fn log_mut(&mut self) -> &mut Log {
+        &mut self.log
+    }
+
+    /// The member this node is.
+    pub fn me(&self) -> Writer {
+        self.log.me()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> NodeStats {
+        NodeStats {
+            refused: self.log.refused(),
+            ..self.stats.clone()
+        }
+    }
+
+    /// Whether this node holds the value named `hash`.
+    pub fn has_value(&self, hash: &Digest) -> bool {
+        self.values.contains_key(hash)
+    }
+
+    /// The changes for everything the log accepted since the last call, with the fork proofs new
+    /// since, and the puts this acknowledges.
+    fn settle(&mut self, forks_before: usize, out: &mut Output) {
+        for id in self.log.take_fresh() {
+            if let Some(update) = self.log.get(&id) {
+                out.changes.push(Change::Update(update.to_wire()));
+                if let Some(reference) = update.body().value
+                    && !self.values.contains_key(&reference.hash)
+                    && self.role == Role::Server
+                {
+                    self.missing_values.insert(reference.hash);
+                }
+            }
+            if let Some(value) = self.owed_values.remove(&id) {
+                self.keep_value(value, out);
+            }
+            for (client, op) in self.owed.remove(&id).unwrap_or_default() {
+                out.sends.push((client, Message::PutAck { op, id }));
+            }
+        }
+        if self.log.forks().len() > forks_before {
+            // New proofs are few (one per writer); recording them all again is harmless.
+            out.changes.extend(
+                self.log
+                    .forks()
+                    .values()
+                    .cloned()
+                    .map(|p| Change::Fork(Box::new(p))),
+            );
+        }
+    }
+
+    /// Stores `value` if an accepted update names it: `None` when none does (the sender passed
+    /// on a value nobody wrote, or one whose update has not arrived), else whether it is new.
+    fn keep_value(&mut self, value: Bytes, out: &mut Output) -> Option<bool> {
+        let hash = value_hash(&value);
+        if !self.log.names_value(&hash) {
+            return None;
+        }
+        self.missing_values.remove(&hash);
+        if self.values.contains_key(&hash) {
+            return Some(false);
+        }
+        self.values.insert(hash, value.clone());
+        out.changes.push(Change::Value(value));
+        Some(true)
+    }
+
+    /// A local write (§3.1, §5.1 step 1): signed, accepted, and with its value kept (clients
+    /// hoard their own writes). Send the update to a server with [`Node::put_message`] once the
+    /// output's changes are durable.
+    pub fn write(&mut self, key: Key, value: Option<Bytes>, now_micros: u64) -> (Update, Output) {
+        let reference = value.as_ref().map(|value| ValueRef {
+            hash: value_hash(value),
+            len: value.len() as u64,
+        });
+        let forks = self.log.forks().len();
+        let update = self.log.write(&self.secret, key, reference, now_micros);
+        let mut out = Output::default();
+        self.settle(forks, &mut out);
+        if let Some(value) = value {
+            self.keep_value(value, &mut out);
+        }
+        (update, out)
+    }
+
+    /// The message that hands update `id` and its value to a server.
+    pub fn put_message(&self, op: u64, id: &UpdateId) -> Option<Message> {
+        let update = self.log.get(id)?;
+        let value = update
+            .body()
+            .value
+            .and_then(|reference| self.values.get(&reference.hash).cloned());
+        Some(Message::Put {
+            op,
+            update: update.to_wire(),
+            value,
+        })
+    }
+
+    /// A pull for `peer` (background gossip, §3.5).
+    pub fn pull(&mut self, peer: Writer) -> Message {
+        let want: Vec<UpdateId> = self.log.wanted().into_iter().take(WANT_MAX).collect();
+        self.asked
+            .entry(peer)
+            .or_default()
+            .extend(want.iter().copied());
+        self.pulled.insert(peer);
+        Message::Pull {
+            frontier: self.log.frontier().flat(),
+            want,
+            want_values: self.values_missing(),
+            values: self.role == Role::Server,
+        }
+    }
+
+    /// Values of accepted updates a hoarding node lacks (servers hoard every value, §5.7).
+    fn values_missing(&self) -> Vec<Digest> {
+        self.missing_values.iter().copied().take(WANT_MAX).collect()
+    }
+
+    /// The values named `hashes` this node holds, within [`PUSH_VALUE_BYTES_MAX`] (at least one).
+    fn values_for(&self, hashes: impl IntoIterator<Item = Digest>) -> Vec<Bytes> {
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        for hash in hashes {
+            if let Some(value) = self.values.get(&hash) {
+                if !out.is_empty() && bytes + value.len() > PUSH_VALUE_BYTES_MAX {
+                    break;
+                }
+                bytes += value.len();
+                out.push(value.clone());
+            }
+        }
+        out
+    }
+
+    /// Starts a read of `key` (§5.2-§5.6): asks `servers[0]` first, then the other servers, then
+    /// the writers of the versions it does not have the values of.
+    pub fn start_read(&mut self, op: u64, key: Key, servers: &[Writer]) -> ReadStart {
+        let mut reading = Reading {
+            key,
+            next: servers.iter().rev().copied().collect(),
+            asked: BTreeSet::new(),
+        };
+        match self.ask_next(op, &mut reading) {
+            None => ReadStart::Done(self.result(&reading.key)),
+            Some((to, message)) => {
+                self.reads.insert(op, reading);
+                ReadStart::Ask(to, Box::new(message))
+            }
+        }
+    }
+
+    /// The versions of `key` this node holds, with what it lacks.
+    fn result(&self, key: &Key) -> ReadResult {
+        let mut versions = Vec::new();
+        let mut unavailable = Vec::new();
+        for head in self.log.heads(key) {
+            let body = head.body();
+            let value = match body.value {
+                None => None,
+                Some(reference) => match self.values.get(&reference.hash) {
+                    Some(value) => Some(value.clone()),
+                    None => {
+                        unavailable.push(head.id());
+                        continue;
+                    }
+                },
+            };
+            versions.push(Version {
+                id: head.id(),
+                writer: body.writer,
+                clock: body.clock,
+                value,
+            });
+        }
+        versions.sort_by_key(|v| (v.writer, v.clock, v.id));
+        ReadResult {
+            versions,
+            unavailable,
+        }
+    }
+
+    /// The next member to ask for `reading`, and the request, or `None` when no one is left.
+    fn ask_next(&mut self, op: u64, reading: &mut Reading) -> Option<(Writer, Message)> {
+        let heads = self.log.heads(&reading.key);
+        // The writers of heads whose values are missing hoard them (§5.7): last resort.
+        for head in &heads {
+            let writer = head.body().writer;
+            if head
+                .body()
+                .value
+                .is_some_and(|r| !self.values.contains_key(&r.hash))
+                && !reading.asked.contains(&writer)
+                && !reading.next.contains(&writer)
+                && writer != self.me()
+            {
+                reading.next.insert(0, writer);
+            }
+        }
+        let hashes: Vec<Digest> = heads
+            .iter()
+            .filter_map(|head| head.body().value.map(|r| r.hash))
+            .collect();
+        let first_ask = reading.asked.is_empty();
+        let complete = hashes.iter().all(|hash| self.values.contains_key(hash));
+        if complete && !first_ask {
+            return None;
+        }
+        while let Some(peer) = reading.next.pop() {
+            if peer == self.me() || !reading.asked.insert(peer) {
+                continue;
+            }
+            return Some((
+                peer,
+                Message::Get {
+                    op,
+                    key: reading.key.clone(),
+                    compact: compact_hash(hashes),
+                    frontier: self.log.frontier().flat(),
+                },
+            ));
+        }
+        None
+    }
+
+    /// The member asked for read `op` did not answer in time: asks the next, or ends the read
+    /// with what this node holds.
+    pub fn read_timeout(&mut self, op: u64) -> Output {
+        let mut out = Output::default();
+        self.continue_read(op, &mut out);
+        out
+    }
+
+    fn continue_read(&mut self, op: u64, out: &mut Output) {
+        let Some(mut reading) = self.reads.remove(&op) else {
+            return;
+        };
+        match self.ask_next(op, &mut reading) {
+            Some(send) => {
+                out.sends.push(send);
+                self.reads.insert(op, reading);
+            }
+            None => out.reads.push((op, self.result(&reading.key))),
+        }
+    }
+
+    /// A message from member `from`. `now_micros` is this node's time, for the clock bound.
+    pub fn on_message(&mut self, from: Writer, message: Message, now_micros: u64) -> Output {
+        let mut out = Output::default();
+        let forks = self.log.forks().len();
+        match message {
+            Message::Pull {
+                frontier,
+                want,
+                want_values,
+                values,
+            } => {
+                let want: Vec<UpdateId> = want.into_iter().take(WANT_MAX).collect();
+                let (updates, more) = if want.is_empty() {
+                    self.log.missing_for(&frontier, PUSH_UPDATES_MAX)
+                } else {
+                    self.log.ancestry(&want, &frontier, PUSH_UPDATES_MAX)
+                };
+                let mut hashes: Vec<Digest> = want_values.into_iter().take(WANT_MAX).collect();
+                if values {
+                    hashes.extend(
+                        updates
+                            .iter()
+                            .filter_map(|update| update.body().value.map(|r| r.hash)),
+                    );
+                }
+                let push = Message::Push {
+                    updates: updates.iter().map(|update| update.to_wire()).collect(),
+                    values: self.values_for(hashes),
+                    frontier: self.log.frontier().flat(),
+                    forks: self.log.forks().values().cloned().collect(),
+                    more,
+                };
+                out.sends.push((from, push));
+            }
+            Message::Push {
+                updates,
+                values,
+                frontier,
+                forks: proofs,
+                more,
+            } => {
+                let before = self.log.len();
+                self.log.receive(updates, now_micros);
+                let mut learned = 0;
+                for value in values {
+                    match self.keep_value(value, &mut out) {
+                        Some(true) => learned += 1,
+                        Some(false) => {}
+                        None => self.stats.values_refused += 1,
+                    }
+                }
+                for proof in proofs.into_iter().take(self.log.config().members.len()) {
+                    self.log.learn_fork(proof);
+                }
+                let progress = self.log.len() > before || learned > 0;
+                if progress {
+                    self.asked.remove(&from);
+                }
+                let mut want: BTreeSet<UpdateId> = self.log.wanted().into_iter().collect();
+                // Heads of the sender's this node neither holds nor waits for: a branch its
+                // pull did not bring (a fork), asked for by name.
+                if !self.log.mutations().never_ask_by_name {
+                    want.extend(
+                        frontier
+                            .iter()
+                            .take(super::update::MEMBERS_MAX * 4)
+                            .map(|(_, _, id)| *id)
+                            .filter(|id| !self.log.holds(id)),
+                    );
+                }
+                let asked_before = self.asked.get(&from);
+                let want: Vec<UpdateId> = want
+                    .into_iter()
+                    .filter(|id| asked_before.is_none_or(|asked| !asked.contains(id)))
+                    .take(WANT_MAX)
+                    .collect();
+                // The exchange runs both ways: what the sender lacks of this node's log goes back
+                // (a client's updates reach servers this way too when its put was lost).
+                let answered = self.pulled.remove(&from);
+                let (back, _) = if answered {
+                    self.log.missing_for(&frontier, PUSH_UPDATES_MAX)
+                } else {
+                    (Vec::new(), false)
+                };
+                let back: Vec<WireUpdate> = back.iter().map(|u| u.to_wire()).collect();
+                if !back.is_empty() {
+                    let hashes: Vec<Digest> = back
+                        .iter()
+                        .filter_map(|w| self.log.get(&w.id()).and_then(|u| u.body().value))
+                        .map(|r| r.hash)
+                        .collect();
+                    out.sends.push((
+                        from,
+                        Message::Push {
+                            values: self.values_for(hashes),
+                            updates: back,
+                            frontier: self.log.frontier().flat(),
+                            forks: self.log.forks().values().cloned().collect(),
+                            more: false,
+                        },
+                    ));
+                }
+                let asked = self.asked.entry(from).or_default();
+                if !want.is_empty() || (more && progress) {
+                    asked.extend(want.iter().copied());
+                    self.pulled.insert(from);
+                    out.sends.push((
+                        from,
+                        Message::Pull {
+                            frontier: self.log.frontier().flat(),
+                            want,
+                            want_values: self.values_missing(),
+                            values: self.role == Role::Server,
+                        },
+                    ));
+                }
+            }
+            Message::Put { op, update, value } => match update.verify(self.log.config()) {
+                Err(_) => self.stats.puts_refused += 1,
+                Ok(update) => {
+                    let id = update.id();
+                    let reference = update.body().value;
+                    let value_ok = match (&value, reference) {
+                        (Some(value), Some(reference)) => value_hash(value) == reference.hash,
+                        (None, None) => true,
+                        // A put without the value of a value update: the client keeps it and a
+                        // server fetches it like any other value.
+                        (None, Some(_)) => true,
+                        (Some(_), None) => false,
+                    };
+                    if value_ok {
+                        if self.log.holds(&id) {
+                            if let Some(value) = value {
+                                self.keep_value(value, &mut out);
+                            }
+                            out.sends.push((from, Message::PutAck { op, id }));
+                        } else {
+                            if self.owed.len() < super::log::PENDING_MAX {
+                                self.owed.entry(id).or_default().push((from, op));
+                            }
+                            if let Some(value) = value
+                                && self.owed_values.len() < super::log::PENDING_MAX
+                            {
+                                self.owed_values.insert(id, value);
+                            }
+                            match self.log.offer(update, now_micros) {
+                                super::log::Offer::Refused(_) => {
+                                    self.owed.remove(&id);
+                                    self.owed_values.remove(&id);
+                                    self.stats.puts_refused += 1;
+                                }
+                                super::log::Offer::Missing(_) => {
+                                    // It depends on updates this node lacks: the client has them.
+                                    let pull = self.pull(from);
+                                    out.sends.push((from, pull));
+                                }
+                                _ => {}
+                            }
+                        }
+                    } else {
+                        self.stats.puts_refused += 1;
+                    }
+                }
+            },
+            Message::PutAck { .. } => {}
+            Message::Get {
+                op,
+                key,
+                compact,
+                frontier,
+            } => {
+                let heads = self.log.heads(&key);
+                let hashes: Vec<Digest> = heads
+                    .iter()
+                    .filter_map(|head| head.body().value.map(|r| r.hash))
+                    .collect();
+                let values = self.values_for(hashes.iter().copied());
+                let (updates, more) = if compact_hash(hashes) == compact {
+                    self.stats.fast_gets += 1;
+                    (Vec::new(), false)
+                } else {
+                    self.stats.slow_gets += 1;
+                    let (updates, more) = self.log.missing_for(&frontier, PUSH_UPDATES_MAX);
+                    (updates.iter().map(|u| u.to_wire()).collect(), more)
+                };
+                out.sends.push((
+                    from,
+                    Message::Got {
+                        op,
+                        values,
+                        updates,
+                        more,
+                    },
+                ));
+            }
+            Message::Got {
+                op,
+                values,
+                updates,
+                more,
+            } => {
+                if self.reads.contains_key(&op) {
+                    self.log.receive(updates, now_micros);
+                    // Only values of updates this node verified itself count (§5.2 step 3).
+                    for value in values {
+                        if self.keep_value(value, &mut out).is_none() {
+                            self.stats.values_refused += 1;
+                        }
+                    }
+                    if more {
+                        let pull = self.pull(from);
+                        out.sends.push((from, pull));
+                    }
+                    self.continue_read(op, &mut out);
+                }
+            }
+        }
+        self.settle(forks, &mut out);
+        out
+    }
+
+    /// Periodic housekeeping: updates whose clocks were too far ahead are offered again.
+    pub fn on_tick(&mut self, now_micros: u64) -> Output {
+        let forks = self.log.forks().len();
+        self.log.retry(now_micros);
+        let mut out = Output::default();
+        self.settle(forks, &mut out);
+        out
+    }
+}

@@ -1,0 +1,494 @@
+//! The log and the node against the rules of Depot §3-§5, one rule per test, with forks and
+//! tampering written by hand.
+
+use super::log::{CLOCK_AHEAD_MAX_MICROS, ForkProof, Offer, Refusal};
+use super::node::{Change, Message, Node, ReadStart};
+use super::update::{
+    Dep, Member, Role, Update, UpdateBody, UpdateId, ValueRef, VolumeConfig, VolumeId, WireUpdate,
+    Writer, history_hash, value_hash,
+};
+use bulwark_core::Key;
+use bulwark_core::sign::{SecretKey, Signed};
+use bytes::Bytes;
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+const NOW: u64 = 1_000_000_000;
+
+fn secret(i: u32) -> SecretKey {
+    SecretKey::from_seed(&[i as u8 + 1; 32])
+}
+
+/// Servers 0 and 1; clients 2, 3 and 4 (4 is the one that forks), each writing keys under its own
+/// prefix `c<i>/` and the shared prefix `shared/`.
+fn config() -> Arc<VolumeConfig> {
+    let members = (0..5)
+        .map(|i| Member {
+            key: secret(i).public_key(),
+            role: if i < 2 { Role::Server } else { Role::Client },
+            writes: if i < 2 {
+                Vec::new()
+            } else {
+                vec![format!("c{i}/").into_bytes(), b"shared/".to_vec()]
+            },
+        })
+        .collect();
+    Arc::new(VolumeConfig {
+        volume: VolumeId(7),
+        members,
+    })
+}
+
+fn node(i: u32) -> Node {
+    Node::new(config(), Writer(i), secret(i))
+}
+
+fn key(text: &str) -> Key {
+    Key::new(Bytes::from(text.to_string())).expect("a valid key")
+}
+
+fn put(node: &mut Node, k: &str, v: &str) -> Update {
+    node.write(key(k), Some(Bytes::from(v.to_string())), NOW).0
+}
+
+/// Delivers messages among `nodes` until none is left; starts with each pulling from each.
+fn exchange(nodes: &mut [&mut Node]) {
+    let mut queue: VecDeque<(Writer, Writer, Message)> = VecDeque::new();
+    for a in 0..nodes.len() {
+        for b in 0..nodes.len() {
+            if a != b {
+                let to = nodes[b].me();
+                let from = nodes[a].me();
+                queue.push_back((from, to, nodes[a].pull(to)));
+            }
+        }
+    }
+    let mut steps = 0;
+    while let Some((from, to, message)) = queue.pop_front() {
+        steps += 1;
+        assert!(steps < 10_000, "the exchange ends");
+        let Some(target) = nodes.iter_mut().find(|n| n.me() == to) else {
+            continue;
+        };
+        let out = target.on_message(from, message, NOW);
+        for (peer, message) in out.sends {
+            queue.push_back((to, peer, message));
+        }
+    }
+}
+
+fn values(node: &Node, k: &str) -> Vec<String> {
+    let mut values: Vec<String> = node
+        .log()
+        .heads(&key(k))
+        .iter()
+        .map(|head| {
+            let hash = head.body().value.expect("a value").hash;
+            assert!(node.has_value(&hash) || node.me().0 >= 2, "servers hoard");
+            format!("{}@{}", head.body().writer.0, head.body().clock)
+        })
+        .collect();
+    values.sort();
+    values
+}
+
+/// A signed update with every field chosen by the test: what a faulty writer can send.
+fn forge(
+    writer: u32,
+    clock: u64,
+    k: &str,
+    prev: Option<UpdateId>,
+    deps: Vec<Dep>,
+    history_of: &[(Writer, u64, UpdateId)],
+) -> Update {
+    forge_value(writer, clock, k, k, prev, deps, history_of)
+}
+
+/// [`forge`] with a value other than the key.
+fn forge_value(
+    writer: u32,
+    clock: u64,
+    k: &str,
+    v: &str,
+    prev: Option<UpdateId>,
+    deps: Vec<Dep>,
+    history_of: &[(Writer, u64, UpdateId)],
+) -> Update {
+    let body = UpdateBody {
+        volume: VolumeId(7),
+        writer: Writer(writer),
+        clock,
+        key: key(k),
+        value: Some(ValueRef {
+            hash: value_hash(v.as_bytes()),
+            len: v.len() as u64,
+        }),
+        prev,
+        deps,
+        history: history_hash(history_of),
+    };
+    Update::new(Signed::sign(&secret(writer), body).expect("fits"))
+}
+
+#[test]
+fn updates_cross_and_concurrent_writes_are_both_returned_until_one_supersedes_them() {
+    let (mut a, mut b, mut s) = (node(2), node(3), node(0));
+    put(&mut a, "shared/x", "from a");
+    put(&mut b, "shared/x", "from b");
+    exchange(&mut [&mut a, &mut b, &mut s]);
+    for n in [&a, &b, &s] {
+        assert_eq!(
+            values(n, "shared/x"),
+            vec!["2@1", "3@1"],
+            "concurrent writes are both heads"
+        );
+        assert_eq!(n.log().len(), 2);
+    }
+    // A write after reading both supersedes both, everywhere it arrives.
+    let merged = put(&mut a, "shared/x", "merged");
+    assert_eq!(
+        merged.body().deps.len(),
+        1,
+        "the delta names only what moved"
+    );
+    exchange(&mut [&mut a, &mut b, &mut s]);
+    for n in [&a, &b, &s] {
+        assert_eq!(values(n, "shared/x"), vec!["2@2"]);
+    }
+}
+
+#[test]
+fn an_update_waits_for_its_dependencies_and_is_accepted_when_they_arrive() {
+    let (mut a, mut b) = (node(2), node(3));
+    let first = put(&mut a, "c2/k", "1");
+    let second = put(&mut a, "c2/k", "2");
+    let mut received = b.log().frontier().flat();
+    assert!(received.is_empty());
+    let out = b.on_message(
+        Writer(2),
+        Message::Push {
+            updates: vec![second.to_wire()],
+            values: Vec::new(),
+            frontier: Vec::new(),
+            forks: Vec::new(),
+            more: false,
+        },
+        NOW,
+    );
+    assert!(!b.log().holds(&second.id()), "never before its dependency");
+    assert_eq!(b.log().pending(), 1);
+    assert!(
+        matches!(&out.sends[..], [(Writer(2), Message::Pull { want, .. })] if want == &vec![first.id()]),
+        "it asks the sender for what it waits for by name"
+    );
+    b.on_message(
+        Writer(2),
+        Message::Push {
+            updates: vec![first.to_wire()],
+            values: Vec::new(),
+            frontier: Vec::new(),
+            forks: Vec::new(),
+            more: false,
+        },
+        NOW,
+    );
+    assert!(b.log().holds(&second.id()));
+    received = b.log().frontier().flat();
+    assert_eq!(received, vec![(Writer(2), 2, second.id())]);
+}
+
+#[test]
+fn forged_tampered_and_inconsistent_updates_are_refused() {
+    let mut a = node(2);
+    let good = put(&mut a, "c2/k", "1");
+    let config = config();
+
+    // Signed by someone else than the writer it claims.
+    let mut stolen = forge(3, 1, "c2/k", None, Vec::new(), &[]).to_wire();
+    stolen.writer = Writer(2);
+    assert!(
+        stolen.verify(&config).is_err(),
+        "a fabrication fails its signature"
+    );
+
+    // A relay flips a byte of the signed body.
+    let wire = good.to_wire();
+    let mut bytes = wire.signed.bytes().to_vec();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    let tampered = WireUpdate {
+        writer: Writer(2),
+        signed: bulwark_core::sign::Unverified::new(Bytes::from(bytes), *wire.signed.signature()),
+    };
+    assert!(tampered.verify(&config).is_err());
+
+    // Validly signed, but the history hash does not match what its dependencies name.
+    let mut b = node(3);
+    assert_eq!(b.log_offer(good.clone()), Offer::Accepted);
+    let dep = Dep {
+        writer: Writer(2),
+        clock: 1,
+        id: good.id(),
+    };
+    let lying = forge(3, 2, "c3/k", None, vec![dep], &[]);
+    assert_eq!(b.log_offer(lying), Offer::Refused(Refusal::History));
+
+    // Its clock does not exceed a dependency's.
+    let history = [(Writer(2), 1, good.id())];
+    let stale = forge(3, 1, "c3/k", None, vec![dep], &history);
+    assert!(matches!(
+        b.log_offer(stale),
+        Offer::Refused(Refusal::Clock { .. })
+    ));
+
+    // A dependency whose clock is not the named update's.
+    let wrong = Dep { clock: 5, ..dep };
+    let mismatched = forge(3, 9, "c3/k", None, vec![wrong], &history);
+    assert_eq!(
+        b.log_offer(mismatched),
+        Offer::Refused(Refusal::DepMismatch(good.id()))
+    );
+
+    // The same update, well formed, is accepted.
+    let honest = forge(3, 2, "c3/k", None, vec![dep], &history);
+    assert_eq!(b.log_offer(honest), Offer::Accepted);
+}
+
+#[test]
+fn a_clock_far_ahead_of_the_receivers_time_is_deferred_not_followed() {
+    let mut b = node(3);
+    let far = forge(
+        2,
+        NOW + CLOCK_AHEAD_MAX_MICROS + 1,
+        "c2/k",
+        None,
+        Vec::new(),
+        &[],
+    );
+    assert_eq!(b.log_offer(far.clone()), Offer::Deferred);
+    assert_eq!(
+        b.log().clock(),
+        0,
+        "the receiver's clock is not dragged forward"
+    );
+    b.on_tick(NOW + 2 * CLOCK_AHEAD_MAX_MICROS);
+    assert!(b.log().holds(&far.id()), "accepted once its time has come");
+}
+
+#[test]
+fn an_unauthorised_write_is_kept_and_passed_on_but_never_read() {
+    let (mut a, mut b, mut s) = (node(2), node(3), node(0));
+    put(&mut a, "c2/k", "a's own");
+    exchange(&mut [&mut a, &mut b]);
+    // b writes under a's prefix: valid signature, no right.
+    let trespass = put(&mut b, "c2/k", "b's");
+    exchange(&mut [&mut a, &mut b, &mut s]);
+    for n in [&a, &b, &s] {
+        assert!(
+            n.log().holds(&trespass.id()),
+            "propagated (others may depend on it)"
+        );
+        assert_eq!(values(n, "c2/k"), vec!["2@1"], "a no-op for reads");
+    }
+    // And a's next write, which depends on it, is accepted everywhere.
+    let after = put(&mut a, "c2/k", "again");
+    exchange(&mut [&mut a, &mut b, &mut s]);
+    assert!(s.log().holds(&after.id()));
+}
+
+/// Client 4 forks: two updates after the same previous one, one to each of a and b, each of
+/// which then writes on top of the branch it saw.
+fn fork_setup() -> (Node, Node, Node, Node, Update, Update) {
+    let (mut a, mut b, mut s0, mut s1) = (node(2), node(3), node(0), node(1));
+    let mut m = node(4);
+    let base = put(&mut m, "shared/f", "base");
+    let base_history = [(Writer(4), base.body().clock, base.id())];
+    let left = forge(4, 2, "shared/f", Some(base.id()), Vec::new(), &base_history);
+    // One stamp, two updates: as a forking writer makes them.
+    let right = forge_value(
+        4,
+        2,
+        "shared/f",
+        "other",
+        Some(base.id()),
+        Vec::new(),
+        &base_history,
+    );
+    for (n, branch) in [(&mut a, &left), (&mut b, &right)] {
+        for u in [&base, branch] {
+            n.on_message(
+                Writer(4),
+                Message::Push {
+                    updates: vec![u.to_wire()],
+                    values: vec![Bytes::from("shared/f"), Bytes::from("other")],
+                    frontier: Vec::new(),
+                    forks: Vec::new(),
+                    more: false,
+                },
+                NOW,
+            );
+        }
+        assert!(n.log().holds(&branch.id()));
+    }
+    put(&mut a, "c2/after", "on left");
+    put(&mut b, "c3/after", "on right");
+    // Each server first hears from one side only.
+    exchange(&mut [&mut a, &mut s0]);
+    exchange(&mut [&mut b, &mut s1]);
+    (a, b, s0, s1, left, right)
+}
+
+#[test]
+fn a_fork_is_joined_both_branches_reach_every_node_and_the_forker_is_proven() {
+    let (mut a, mut b, mut s0, mut s1, left, right) = fork_setup();
+    exchange(&mut [&mut s0, &mut s1]);
+    exchange(&mut [&mut a, &mut s0]);
+    exchange(&mut [&mut b, &mut s1]);
+    let config = config();
+    for n in [&a, &b, &s0, &s1] {
+        assert!(n.log().holds(&left.id()) && n.log().holds(&right.id()));
+        assert_eq!(
+            n.log().len(),
+            5,
+            "{:?} holds every update of both branches",
+            n.me()
+        );
+        assert_eq!(
+            values(n, "shared/f"),
+            vec!["4@2", "4@2"],
+            "both branches are heads, as two virtual nodes' writes"
+        );
+        let proof = n.log().forks().get(&Writer(4)).expect("the fork is proven");
+        assert!(
+            proof.verify(&config),
+            "anyone with the configuration can check it"
+        );
+        assert_eq!(n.log().forks().len(), 1, "no correct node is blamed");
+        assert_eq!(
+            n.log().frontier().forked().collect::<Vec<_>>(),
+            vec![Writer(4)]
+        );
+    }
+}
+
+#[test]
+fn a_node_on_one_branch_gets_the_other_by_asking_for_the_peers_heads_by_name() {
+    // The branches carry one stamp: by the clock rule of the plain exchange each server has
+    // "seen" the other's branch, so without asking by hash it would never be sent.
+    let (_a, _b, mut s0, mut s1, left, right) = fork_setup();
+    assert!(s0.log().holds(&left.id()) && !s0.log().holds(&right.id()));
+    let (mut broken0, mut broken1) = (
+        Node::restore(config(), Writer(0), secret(0), &durable(&s0), NOW),
+        Node::restore(config(), Writer(1), secret(1), &durable(&s1), NOW),
+    );
+    exchange(&mut [&mut s0, &mut s1]);
+    assert!(s0.log().holds(&right.id()) && s1.log().holds(&left.id()));
+
+    // The control: the same two servers, never asking by name, stay apart for ever.
+    let never = super::log::Mutations {
+        never_ask_by_name: true,
+        ..Default::default()
+    };
+    broken0.mutate(never);
+    broken1.mutate(never);
+    exchange(&mut [&mut broken0, &mut broken1]);
+    assert!(!broken0.log().holds(&right.id()) && !broken1.log().holds(&left.id()));
+}
+
+/// What a node would have on its disk: its updates in log order and its values.
+fn durable(node: &Node) -> Vec<Change> {
+    node.log()
+        .in_order()
+        .map(|u| Change::Update(u.to_wire()))
+        .collect()
+}
+
+#[test]
+fn a_fork_proof_convicts_only_two_updates_naming_one_previous() {
+    let config = config();
+    let mut m = node(4);
+    let first = put(&mut m, "shared/f", "1");
+    let second = put(&mut m, "shared/f", "2");
+    assert!(
+        ForkProof::of(&first, &second).is_none(),
+        "a chain is not a fork"
+    );
+    let twin = forge(4, 1, "c4/other", None, Vec::new(), &[]);
+    let proof = ForkProof::of(&first, &twin).expect("same previous (none), different updates");
+    assert!(proof.verify(&config));
+    // Pinning it on someone else fails.
+    let framed = ForkProof {
+        writer: Writer(2),
+        ..proof
+    };
+    assert!(!framed.verify(&config));
+}
+
+#[test]
+fn a_restarted_node_rebuilds_the_same_log_from_what_it_made_durable() {
+    let (mut a, mut s) = (node(2), node(0));
+    let mut disk: Vec<Change> = Vec::new();
+    let (_, out) = a.write(key("c2/x"), Some(Bytes::from("v")), NOW);
+    let put_id = a.log().frontier().heads(Writer(2))[0].1;
+    assert!(out.changes.iter().any(|c| matches!(c, Change::Value(_))));
+    let message = a.put_message(9, &put_id).expect("held");
+    let out = s.on_message(Writer(2), message, NOW);
+    disk.extend(out.changes);
+    assert!(
+        matches!(&out.sends[..], [(Writer(2), Message::PutAck { op: 9, id })] if *id == put_id),
+        "the put is acknowledged, after its changes"
+    );
+    let restored = Node::restore(config(), Writer(0), secret(0), &disk, NOW);
+    assert_eq!(restored.log().frontier(), s.log().frontier());
+    assert_eq!(values(&restored, "c2/x"), vec!["2@1"]);
+}
+
+#[test]
+fn a_read_takes_the_fast_path_when_current_and_the_slow_path_when_not() {
+    let (mut a, mut b, mut s) = (node(2), node(3), node(0));
+    let (update, _) = a.write(key("shared/r"), Some(Bytes::from("v1")), NOW);
+    let put = a.put_message(1, &update.id()).expect("held");
+    s.on_message(Writer(2), put, NOW);
+    // b has never heard of it: the slow path brings the update and the value.
+    let ReadStart::Ask(to, get) = b.start_read(5, key("shared/r"), &[Writer(0)]) else {
+        panic!("b must ask a server");
+    };
+    let reply = s.on_message(Writer(3), *get, NOW).sends.remove(0).1;
+    let out = b.on_message(to, reply, NOW);
+    let (_, result) = &out.reads[0];
+    assert_eq!(result.versions.len(), 1);
+    assert_eq!(result.versions[0].value.as_deref(), Some(&b"v1"[..]));
+    assert_eq!(s.stats().slow_gets, 1);
+    // Now current: the fast path, and a lying value is not accepted.
+    let ReadStart::Ask(_, get) = b.start_read(6, key("shared/r"), &[Writer(0)]) else {
+        panic!("a read always asks a server");
+    };
+    let reply = s.on_message(Writer(3), *get, NOW).sends.remove(0).1;
+    assert!(matches!(&reply, Message::Got { updates, .. } if updates.is_empty()));
+    assert_eq!(s.stats().fast_gets, 1);
+    let forged = Message::Got {
+        op: 7,
+        values: vec![Bytes::from("not v1")],
+        updates: Vec::new(),
+        more: false,
+    };
+    let ReadStart::Ask(..) = b.start_read(7, key("shared/r"), &[Writer(0), Writer(1)]) else {
+        panic!("asks");
+    };
+    let out = b.on_message(Writer(0), forged, NOW);
+    assert!(
+        out.reads.is_empty() || out.reads[0].1.versions[0].value.as_deref() == Some(&b"v1"[..])
+    );
+    assert_eq!(
+        b.stats().values_refused,
+        1,
+        "a value no verified update names is refused"
+    );
+}
+
+impl Node {
+    /// Offers one update straight to the log, as if it arrived alone.
+    fn log_offer(&mut self, update: Update) -> Offer {
+        self.log_mut().offer(update, NOW)
+    }
+}

@@ -1,0 +1,284 @@
+//! What Depot nodes sign and exchange: a volume's members and who may write what, and the update
+//! (Depot §2.3), `dVV, {key, H(value), clock@writer, H(history)}σ_writer`.
+//!
+//! We take the option of the notes (depot.md §2.3 [impl]): every dependency the update names
+//! carries the hash of the update it means, and the writer's previous update is named by hash
+//! (`prev`). Dependencies are then found by hash, never by searching branches (§4.6), the fork
+//! point between two nodes is found by walking back from a hash rather than by a binary search
+//! over version vectors (§4.4), and two signed updates of one writer naming the same `prev` are a
+//! fork that anyone holding the writer's key can check (§4.7). The dependency delta is inside
+//! the signed bytes, so a relay cannot change it and a signed update is evidence on its own.
+
+use bulwark_core::sign::{Context, PublicKey, Signable, Signed, Unverified};
+use bulwark_core::wire;
+use bulwark_core::{Digest, Key};
+use serde::{Deserialize, Serialize};
+
+/// The signing context of every update: its signatures mean nothing anywhere else.
+pub const UPDATE_CONTEXT: Context = Context::new("bulwark.depot.update.v1");
+
+/// The most dependencies one update names: one per other writer whose frontier moved, twice for
+/// a writer seen forked. Bounds what a hostile writer can make every node walk.
+pub const DEPS_MAX: usize = 1024;
+
+/// The most members a volume has (writers' indices are below it).
+pub const MEMBERS_MAX: usize = 512;
+
+/// The longest signed update accepted: a key, a value reference and [`DEPS_MAX`] dependencies.
+pub const UPDATE_BYTES_MAX: usize = 64 * 1024;
+
+/// A causal volume's number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct VolumeId(pub u64);
+
+/// A member of a volume, by its index in the volume's configuration. Clients and servers alike
+/// are members: in Depot both are nodes that write, keep logs and exchange them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Writer(pub u32);
+
+/// What a member is for. Servers hoard every value of the volume; clients hoard what they wrote
+/// and keep every update's metadata (§5.7).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Role {
+    /// Stores the volume for its clients.
+    Server,
+    /// Writes and reads.
+    Client,
+}
+
+/// One member: its key, its role, and the key prefixes it may write (§6.5: a range of lookup
+/// keys bound to the key of the node allowed to write it; prefixes are our ranges).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    /// Verifies its updates.
+    pub key: PublicKey,
+    /// Server or client.
+    pub role: Role,
+    /// It may write a key that starts with one of these (an empty prefix: every key).
+    pub writes: Vec<Vec<u8>>,
+}
+
+/// A volume as it was created: fixed for its life (§1.4, §6.5).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeConfig {
+    /// Its number.
+    pub volume: VolumeId,
+    /// Every node that may take part, indexed by [`Writer`].
+    pub members: Vec<Member>,
+}
+
+impl VolumeConfig {
+    /// The member behind `writer`, if there is one.
+    pub fn member(&self, writer: Writer) -> Option<&Member> {
+        self.members.get(writer.0 as usize)
+    }
+
+    /// Whether `writer` may change what reads of `key` return. An update by anyone else is kept
+    /// and passed on (others may depend on it) but is a no-op for reads (§3.3 step 7).
+    pub fn may_write(&self, writer: Writer, key: &Key) -> bool {
+        self.member(writer).is_some_and(|member| {
+            member
+                .writes
+                .iter()
+                .any(|prefix| key.as_bytes().starts_with(prefix))
+        })
+    }
+
+    /// The servers, in index order.
+    pub fn servers(&self) -> impl Iterator<Item = Writer> + '_ {
+        self.members
+            .iter()
+            .enumerate()
+            .filter(|(_, member)| member.role == Role::Server)
+            .map(|(index, _)| Writer(index as u32))
+    }
+}
+
+/// The value an update binds its key to, by hash: values travel and are stored apart from the
+/// log (§2.1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ValueRef {
+    /// [`value_hash`] of the value.
+    pub hash: Digest,
+    /// Its length in bytes.
+    pub len: u64,
+}
+
+/// The hash an update names its value by.
+pub fn value_hash(value: &[u8]) -> Digest {
+    Digest::of("bulwark depot value v1", value)
+}
+
+/// An update the writer depends on: one entry of the dependency version vector, with the hash
+/// of the update it names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Dep {
+    /// Whose update.
+    pub writer: Writer,
+    /// Its logical clock.
+    pub clock: u64,
+    /// Its [`UpdateId`].
+    pub id: UpdateId,
+}
+
+/// An update's name: the hash of its signed bytes (§2.3 [impl]). Two signatures over the same
+/// bytes are one update; accept stamps are not names, since a fork gives one stamp two updates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct UpdateId(pub Digest);
+
+impl UpdateId {
+    /// The id of the update signed as `bytes`.
+    pub fn of(bytes: &[u8]) -> UpdateId {
+        UpdateId(Digest::of("bulwark depot update v1", bytes))
+    }
+}
+
+/// The signed part of an update.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpdateBody {
+    /// The volume it belongs to.
+    pub volume: VolumeId,
+    /// Who wrote it.
+    pub writer: Writer,
+    /// Its logical clock: above every clock it depends on.
+    pub clock: u64,
+    /// The key it writes.
+    pub key: Key,
+    /// The value, or `None` for a delete.
+    pub value: Option<ValueRef>,
+    /// The writer's previous update; `None` for its first.
+    pub prev: Option<UpdateId>,
+    /// The dependency delta: the writer's frontier entries that changed since `prev`, sorted by
+    /// writer then id, at most [`DEPS_MAX`].
+    pub deps: Vec<Dep>,
+    /// [`history_hash`] of the update's whole frontier.
+    pub history: Digest,
+}
+
+impl Signable for UpdateBody {
+    const CONTEXT: Context = UPDATE_CONTEXT;
+    const BYTES_MAX: usize = UPDATE_BYTES_MAX;
+}
+
+/// A verified update: the writer's signature checked over these exact bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Update {
+    signed: Signed<UpdateBody>,
+    id: UpdateId,
+}
+
+impl Update {
+    /// Wraps a signed body and names it.
+    pub fn new(signed: Signed<UpdateBody>) -> Update {
+        let id = UpdateId::of(signed.bytes());
+        Update { signed, id }
+    }
+
+    /// Its name.
+    pub fn id(&self) -> UpdateId {
+        self.id
+    }
+
+    /// What the writer signed.
+    pub fn body(&self) -> &UpdateBody {
+        self.signed.value()
+    }
+
+    /// The signed form, for proofs.
+    pub fn signed(&self) -> &Signed<UpdateBody> {
+        &self.signed
+    }
+
+    /// The form to send on.
+    pub fn to_wire(&self) -> WireUpdate {
+        WireUpdate {
+            writer: self.body().writer,
+            signed: self.signed.to_unverified(),
+        }
+    }
+}
+
+/// An update as it travels and is stored: the writer it claims (to find the key that checks
+/// it), bytes and a signature, checked by [`WireUpdate::verify`].
+#[derive(Clone, Serialize, Deserialize)]
+pub struct WireUpdate {
+    /// Whose key verifies it; the signed body must name the same writer.
+    pub writer: Writer,
+    /// The writer's signed body.
+    pub signed: Unverified<UpdateBody>,
+}
+
+impl WireUpdate {
+    /// The id the update has if it verifies.
+    pub fn id(&self) -> UpdateId {
+        UpdateId::of(self.signed.bytes())
+    }
+}
+
+impl std::fmt::Debug for WireUpdate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "WireUpdate({:?} by {:?})", self.id(), self.writer)
+    }
+}
+
+/// Why a received update was refused before it reached the log.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Malformed {
+    /// Not a member of this volume.
+    #[error("writer {0:?} is not a member of the volume")]
+    NotMember(Writer),
+    /// For another volume.
+    #[error("update of volume {0:?}")]
+    OtherVolume(VolumeId),
+    /// The signature does not verify under the writer's key, or the signed bytes do not decode.
+    #[error("bad signature or encoding: {0}")]
+    Signature(String),
+    /// More dependencies than any update may name, or not in canonical order.
+    #[error("dependencies not sorted, repeated or more than {DEPS_MAX}")]
+    Deps,
+    /// A dependency on the writer itself (its own past is `prev`), or on a non-member.
+    #[error("a dependency on {0:?} no correct writer names")]
+    BadDep(Writer),
+}
+
+impl WireUpdate {
+    /// Checks the signature of the member it claims, then the body's shape.
+    pub fn verify(self, config: &VolumeConfig) -> Result<Update, Malformed> {
+        let writer = self.writer;
+        let member = config.member(writer).ok_or(Malformed::NotMember(writer))?;
+        let signed = self
+            .signed
+            .verify(&member.key)
+            .map_err(|e| Malformed::Signature(e.to_string()))?;
+        let body = signed.value();
+        if body.volume != config.volume {
+            return Err(Malformed::OtherVolume(body.volume));
+        }
+        if body.writer != writer {
+            return Err(Malformed::Signature("writer changed under decoding".into()));
+        }
+        if body.deps.len() > DEPS_MAX
+            || !body
+                .deps
+                .windows(2)
+                .all(|pair| (pair[0].writer, pair[0].id) < (pair[1].writer, pair[1].id))
+        {
+            return Err(Malformed::Deps);
+        }
+        if let Some(dep) = body
+            .deps
+            .iter()
+            .find(|dep| dep.writer == writer || config.member(dep.writer).is_none())
+        {
+            return Err(Malformed::BadDep(dep.writer));
+        }
+        Ok(Update::new(signed))
+    }
+}
+
+/// The history hash (§2.3 [impl]) over an update's whole frontier: for every writer in its causal
+/// past, the ids and clocks of that writer's latest updates it includes, in writer then id order.
+/// Each named update carries its own history hash, so this covers the whole past.
+pub fn history_hash(frontier: &[(Writer, u64, UpdateId)]) -> Digest {
+    Digest::of("bulwark depot history v1", &wire::encode(&frontier))
+}
