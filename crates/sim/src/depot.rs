@@ -13,6 +13,8 @@
 //!   update names (dependencies strictly first), and it holds nothing nobody signed;
 //! - a read returns exactly the authorised updates to its key in that set that no other in it
 //!   supersedes (FJC condition 2), with each value the writer wrote;
+//! - a read holds every durable write of another correct client older than the staleness bound
+//!   (beacons, §6.4), or names that client among those it suspects;
 //! - a write depends on everything its writer had accepted (serial order at a correct node);
 //! - a correct node's accepted set never shrinks between its operations, crashes included;
 //!
@@ -26,8 +28,8 @@ use bulwark_core::Key;
 use bulwark_core::sign::{SecretKey, Signed, Unverified};
 use bulwark_protocol::depot::update::value_hash;
 use bulwark_protocol::depot::{
-    Member, Message, Mutations, Node, Output, ReadResult, ReadStart, Role, Update, UpdateId,
-    ValueRef, VolumeConfig, VolumeId, WireUpdate, Writer,
+    Member, Message, Mutations, Node, Output, ReadResult, ReadStart, Role, Staleness, Update,
+    UpdateId, ValueRef, VolumeConfig, VolumeId, WireUpdate, Writer,
 };
 use bytes::Bytes;
 use rand::{Rng, SeedableRng};
@@ -230,8 +232,8 @@ enum Held {
     Op {
         snapshot: BTreeSet<UpdateId>,
         violations: Vec<String>,
-        /// The update a write made: durable once this is released.
-        wrote: Option<UpdateId>,
+        /// The update a write made, and when: durable once this is released.
+        wrote: Option<(UpdateId, u64)>,
     },
 }
 
@@ -279,11 +281,18 @@ enum Event {
         incarnation: u64,
         op: u64,
     },
+    Beacon(usize),
     Crash(usize),
     Restart(usize),
     Split,
     Heal,
 }
+
+/// Within this many milliseconds of the start, clients make their operations and faults strike.
+const BUSY_MILLIS: u64 = 3_000;
+
+/// Between two beacons of a client.
+const ANNOUNCE_MILLIS: u64 = 100;
 
 /// How long the world keeps gossiping after the last operation before it is judged.
 const SETTLE_MILLIS: u64 = 30_000;
@@ -305,6 +314,10 @@ struct World {
     settling: bool,
     /// Writes of correct nodes that became durable: every one must reach every correct node.
     written: BTreeSet<UpdateId>,
+    /// The same writes with their writers and the times they were made, for bounded staleness.
+    written_at: Vec<(UpdateId, usize, u64)>,
+    /// When the run is judged.
+    end: u64,
 }
 
 fn key(text: String) -> Key {
@@ -351,6 +364,10 @@ impl World {
         let config = Arc::new(VolumeConfig {
             volume: VolumeId(seed),
             members,
+            staleness: Staleness {
+                announce_ms: ANNOUNCE_MILLIS,
+                propagate_ms: 100,
+            },
         });
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let procs = secrets
@@ -397,6 +414,8 @@ impl World {
             run: DepotRun::default(),
             settling: false,
             written: BTreeSet::new(),
+            written_at: Vec::new(),
+            end: BUSY_MILLIS + SETTLE_MILLIS,
             shape,
         }
     }
@@ -446,6 +465,22 @@ impl World {
             violations.push(format!(
                 "node {p}: read of {key} returned {returned:?}, but the latest writes it holds are {expected:?}"
             ));
+        }
+        // Bounded staleness (§6.4): a correct client's write older than the bound is held, or
+        // its writer is suspected.
+        let bound = self.config.staleness.bound_ms();
+        for (id, writer, at) in &self.written_at {
+            if *writer != p
+                && at + bound < self.now
+                && !snapshot.contains(id)
+                && !result.suspects.contains(&Writer(*writer as u32))
+            {
+                violations.push(format!(
+                    "node {p} at {} ms: a read misses {id:?}, written by node {writer} at {at} ms, \
+                     without suspecting it (staleness bound {bound} ms)",
+                    self.now
+                ));
+            }
         }
         for version in &result.versions {
             let written = self.truth.updates.get(&version.id).map(|u| &u.value);
@@ -556,7 +591,10 @@ impl World {
                 mut violations,
                 wrote,
             } => {
-                self.written.extend(wrote);
+                if let Some((id, at)) = wrote {
+                    self.written.insert(id);
+                    self.written_at.push((id, p, at));
+                }
                 let proc = &mut self.procs[p];
                 if let Some(lost) = proc.observed.difference(&snapshot).next() {
                     violations.push(format!(
@@ -612,6 +650,7 @@ impl World {
                 mut frontier,
                 forks,
                 more,
+                want_values,
             } => {
                 match roll {
                     0 | 1 if !updates.is_empty() => {
@@ -638,6 +677,7 @@ impl World {
                     frontier,
                     forks,
                     more,
+                    want_values,
                 })
             }
             Message::Got {
@@ -725,7 +765,7 @@ impl World {
                 extra.push(Held::Op {
                     snapshot,
                     violations,
-                    wrote: Some(update.id()),
+                    wrote: Some((update.id(), self.now)),
                 });
             }
             let order = self.server_order(p);
@@ -757,6 +797,7 @@ impl World {
                             frontier: Vec::new(),
                             forks: Vec::new(),
                             more: false,
+                            want_values: Vec::new(),
                         },
                     ));
                 }
@@ -775,7 +816,8 @@ impl World {
         } else {
             let order = self.server_order(p);
             let key = self.key_of(index);
-            match self.procs[p].node.start_read(op, key, &order) {
+            let now = self.micros();
+            match self.procs[p].node.start_read(op, key, &order, now) {
                 ReadStart::Done(result) => {
                     let out = Output {
                         reads: vec![(op, result)],
@@ -854,6 +896,7 @@ impl World {
                     frontier: Vec::new(),
                     forks: Vec::new(),
                     more: false,
+                    want_values: Vec::new(),
                 };
                 // Sent around its own tampering.
                 self.at(
@@ -909,6 +952,20 @@ impl World {
                 }
             }
             Event::Gossip(p) => self.gossip(p),
+            Event::Beacon(p) => {
+                // Beacons stop once the reads are over (they cost every node a signature check
+                // each), long before the world is judged.
+                if self.now > BUSY_MILLIS + 500 {
+                    return;
+                }
+                self.at(ANNOUNCE_MILLIS, Event::Beacon(p));
+                if self.procs[p].up {
+                    let now = self.micros();
+                    let (update, out) = self.procs[p].node.beacon(now);
+                    self.truth.record(&self.config, &update, None);
+                    self.apply(p, out, Vec::new());
+                }
+            }
             Event::Op(p) => self.op(p),
             Event::PutRetry {
                 client,
@@ -950,7 +1007,7 @@ impl World {
                 if proc.incarnation != incarnation || !proc.up || !proc.open_reads.contains(&op) {
                     return;
                 }
-                let out = proc.node.read_timeout(op);
+                let out = proc.node.read_timeout(op, self.now * 1000);
                 let ended = !out.reads.is_empty();
                 self.apply(client, out, Vec::new());
                 if !ended {
@@ -1021,9 +1078,11 @@ impl World {
             if p >= self.servers() {
                 let start = self.rng.random_range(0..50);
                 self.at(start, Event::Op(p));
+                let first = self.rng.random_range(0..ANNOUNCE_MILLIS);
+                self.at(first, Event::Beacon(p));
             }
         }
-        let busy = 3_000;
+        let busy = BUSY_MILLIS;
         if self.shape.crashes {
             for _ in 0..self.rng.random_range(1..6) {
                 let p = self.rng.random_range(0..n);
@@ -1039,7 +1098,7 @@ impl World {
                 self.at(at, Event::Split);
             }
         }
-        let end = busy + SETTLE_MILLIS;
+        let end = self.end;
         while let Some(((time, _), event)) = self.events.pop_first() {
             if time > end {
                 break;

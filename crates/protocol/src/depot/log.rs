@@ -41,6 +41,8 @@ pub struct Mutations {
     pub keep_superseded: bool,
     /// Never ask a peer for updates by name: the fork point is not looked for (§4.4).
     pub never_ask_by_name: bool,
+    /// Never suspect a silent client of hiding updates (§6.4 not applied).
+    pub never_suspect: bool,
 }
 
 /// A frontier: for each writer, its latest updates one holds (one per branch), by clock and id.
@@ -208,6 +210,8 @@ pub struct Log {
     /// How many accepted updates name each value hash.
     values: HashMap<bulwark_core::Digest, u32>,
     mutations: Mutations,
+    /// The newest beacon time accepted from each member, over all its branches.
+    beacons: BTreeMap<Writer, u64>,
 }
 
 impl Log {
@@ -230,6 +234,7 @@ impl Log {
             fresh: Vec::new(),
             values: HashMap::new(),
             mutations: Mutations::default(),
+            beacons: BTreeMap::new(),
         }
     }
 
@@ -251,6 +256,36 @@ impl Log {
     /// The member this log belongs to.
     pub fn me(&self) -> Writer {
         self.me
+    }
+
+    /// The newest beacon time accepted from `writer`.
+    pub fn beacon(&self, writer: Writer) -> Option<u64> {
+        self.beacons.get(&writer).copied()
+    }
+
+    /// The clients a reader at `now_ms` suspects of updates it has not seen (§6.4): those whose
+    /// newest beacon it holds is older than the bound, or that it has none of once the bound has
+    /// passed since the volume began.
+    pub fn suspects(&self, now_ms: u64) -> Vec<Writer> {
+        if self.mutations.never_suspect {
+            return Vec::new();
+        }
+        let bound = self.config.staleness.bound_ms();
+        let Some(oldest) = now_ms.checked_sub(bound) else {
+            return Vec::new();
+        };
+        self.config
+            .members
+            .iter()
+            .enumerate()
+            .map(|(index, member)| (Writer(index as u32), member))
+            .filter(|(writer, member)| {
+                member.role == super::update::Role::Client
+                    && *writer != self.me
+                    && self.beacon(*writer).is_none_or(|time| time < oldest)
+            })
+            .map(|(writer, _)| writer)
+            .collect()
     }
 
     /// Whether an accepted update names the value `hash`: the only values a node keeps.
@@ -594,6 +629,12 @@ impl Log {
         if let Some(reference) = body.value {
             *self.values.entry(reference.hash).or_default() += 1;
         }
+        if let Some(time) = body.beacon
+            && self.config.may_write(body.writer, &body.key)
+        {
+            let newest = self.beacons.entry(body.writer).or_default();
+            *newest = (*newest).max(time);
+        }
         let mut frontier = std::mem::take(&mut self.frontier);
         self.extend(&mut frontier, id);
         self.frontier = frontier;
@@ -641,6 +682,24 @@ impl Log {
         value: Option<ValueRef>,
         now_micros: u64,
     ) -> Update {
+        self.write_body(secret, key, value, None, now_micros)
+    }
+
+    /// This node's beacon (§6.4): an ordinary signed update to its beacon key carrying its time,
+    /// so a reader that holds it holds everything this node wrote before.
+    pub fn write_beacon(&mut self, secret: &SecretKey, now_micros: u64) -> Update {
+        let key = super::update::beacon_key(self.me);
+        self.write_body(secret, key, None, Some(now_micros / 1000), now_micros)
+    }
+
+    fn write_body(
+        &mut self,
+        secret: &SecretKey,
+        key: Key,
+        value: Option<ValueRef>,
+        beacon: Option<u64>,
+        now_micros: u64,
+    ) -> Update {
         // A correct node has one branch of its own. Two mean its key signed an update it did not
         // make (a lost disk, or a stolen key); it continues from the newest, and peers refuse
         // the result if its past holds the other (`Refusal::OwnPast`).
@@ -665,6 +724,7 @@ impl Log {
             prev,
             deps,
             history: history_hash(&self.frontier.flat()),
+            beacon,
         };
         let signed = Signed::sign(secret, body).unwrap_or_else(|e| {
             unreachable!("an update of at most DEPS_MAX dependencies fits its bound: {e}")

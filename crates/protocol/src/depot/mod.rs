@@ -18,8 +18,8 @@ pub mod update;
 pub use log::{ForkProof, Frontier, Log, Mutations, Offer, Refusal, Summary};
 pub use node::{Change, Message, Node, Output, ReadResult, ReadStart, Version};
 pub use update::{
-    Member, Role, Update, UpdateBody, UpdateId, ValueRef, VolumeConfig, VolumeId, WireUpdate,
-    Writer,
+    Member, Role, Staleness, Update, UpdateBody, UpdateId, ValueRef, VolumeConfig, VolumeId,
+    WireUpdate, Writer,
 };
 
 #[cfg(test)]

@@ -54,6 +54,9 @@ pub enum Message {
         forks: Vec<ForkProof>,
         /// The sender stopped at a bound: pull again.
         more: bool,
+        /// Values the sender lacks: a puller that holds them sends them back (a server learns
+        /// the values of updates that reached it without them from the clients that wrote them).
+        want_values: Vec<Digest>,
     },
     /// A client's new update and its value (§5.1).
     Put {
@@ -140,6 +143,9 @@ pub struct ReadResult {
     pub versions: Vec<Version>,
     /// Values no node asked could give (the read tried every server and every writer).
     pub unavailable: Vec<UpdateId>,
+    /// Clients whose recent updates this reader may be missing: it holds no beacon of theirs
+    /// within the staleness bound (§6.4). Empty when the read is as fresh as Depot promises.
+    pub suspects: Vec<Writer>,
 }
 
 /// How a read begins.
@@ -366,6 +372,16 @@ impl Node {
         (update, out)
     }
 
+    /// This node's beacon (§6.4), written every `announce_ms` by clients; it reaches servers in
+    /// the next exchange.
+    pub fn beacon(&mut self, now_micros: u64) -> (Update, Output) {
+        let forks = self.log.forks().len();
+        let update = self.log.write_beacon(&self.secret, now_micros);
+        let mut out = Output::default();
+        self.settle(forks, &mut out);
+        (update, out)
+    }
+
     /// The message that hands update `id` and its value to a server.
     pub fn put_message(&self, op: u64, id: &UpdateId) -> Option<Message> {
         let update = self.log.get(id)?;
@@ -419,14 +435,20 @@ impl Node {
 
     /// Starts a read of `key` (§5.2-§5.6): asks `servers[0]` first, then the other servers, then
     /// the writers of the versions it does not have the values of.
-    pub fn start_read(&mut self, op: u64, key: Key, servers: &[Writer]) -> ReadStart {
+    pub fn start_read(
+        &mut self,
+        op: u64,
+        key: Key,
+        servers: &[Writer],
+        now_micros: u64,
+    ) -> ReadStart {
         let mut reading = Reading {
             key,
             next: servers.iter().rev().copied().collect(),
             asked: BTreeSet::new(),
         };
         match self.ask_next(op, &mut reading) {
-            None => ReadStart::Done(self.result(&reading.key)),
+            None => ReadStart::Done(self.result(&reading.key, now_micros)),
             Some((to, message)) => {
                 self.reads.insert(op, reading);
                 ReadStart::Ask(to, Box::new(message))
@@ -434,8 +456,8 @@ impl Node {
         }
     }
 
-    /// The versions of `key` this node holds, with what it lacks.
-    fn result(&self, key: &Key) -> ReadResult {
+    /// The versions of `key` this node holds at `now_micros`, with what it lacks.
+    fn result(&self, key: &Key, now_micros: u64) -> ReadResult {
         let mut versions = Vec::new();
         let mut unavailable = Vec::new();
         for head in self.log.heads(key) {
@@ -461,6 +483,7 @@ impl Node {
         ReadResult {
             versions,
             unavailable,
+            suspects: self.log.suspects(now_micros / 1000),
         }
     }
 
@@ -509,13 +532,13 @@ impl Node {
 
     /// The member asked for read `op` did not answer in time: asks the next, or ends the read
     /// with what this node holds.
-    pub fn read_timeout(&mut self, op: u64) -> Output {
+    pub fn read_timeout(&mut self, op: u64, now_micros: u64) -> Output {
         let mut out = Output::default();
-        self.continue_read(op, &mut out);
+        self.continue_read(op, now_micros, &mut out);
         out
     }
 
-    fn continue_read(&mut self, op: u64, out: &mut Output) {
+    fn continue_read(&mut self, op: u64, now_micros: u64, out: &mut Output) {
         let Some(mut reading) = self.reads.remove(&op) else {
             return;
         };
@@ -524,7 +547,7 @@ impl Node {
                 out.sends.push(send);
                 self.reads.insert(op, reading);
             }
-            None => out.reads.push((op, self.result(&reading.key))),
+            None => out.reads.push((op, self.result(&reading.key, now_micros))),
         }
     }
 
@@ -559,6 +582,7 @@ impl Node {
                     frontier: self.log.frontier().flat(),
                     forks: self.log.forks().values().cloned().collect(),
                     more,
+                    want_values: self.values_missing(),
                 };
                 out.sends.push((from, push));
             }
@@ -568,6 +592,7 @@ impl Node {
                 frontier,
                 forks: proofs,
                 more,
+                want_values: wanted_values,
             } => {
                 let before = self.log.len();
                 self.log.receive(updates, now_micros);
@@ -613,12 +638,20 @@ impl Node {
                     (Vec::new(), false)
                 };
                 let back: Vec<WireUpdate> = back.iter().map(|u| u.to_wire()).collect();
-                if !back.is_empty() {
-                    let hashes: Vec<Digest> = back
-                        .iter()
-                        .filter_map(|w| self.log.get(&w.id()).and_then(|u| u.body().value))
-                        .map(|r| r.hash)
-                        .collect();
+                let mut hashes: Vec<Digest> = back
+                    .iter()
+                    .filter_map(|w| self.log.get(&w.id()).and_then(|u| u.body().value))
+                    .map(|r| r.hash)
+                    .collect();
+                if answered {
+                    hashes.extend(
+                        wanted_values
+                            .into_iter()
+                            .take(WANT_MAX)
+                            .filter(|hash| self.values.contains_key(hash)),
+                    );
+                }
+                if !back.is_empty() || !hashes.is_empty() {
                     out.sends.push((
                         from,
                         Message::Push {
@@ -627,6 +660,7 @@ impl Node {
                             frontier: self.log.frontier().flat(),
                             forks: self.log.forks().values().cloned().collect(),
                             more: false,
+                            want_values: Vec::new(),
                         },
                     ));
                 }
@@ -741,7 +775,7 @@ impl Node {
                         let pull = self.pull(from);
                         out.sends.push((from, pull));
                     }
-                    self.continue_read(op, &mut out);
+                    self.continue_read(op, now_micros, &mut out);
                 }
             }
         }

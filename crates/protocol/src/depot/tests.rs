@@ -4,8 +4,8 @@
 use super::log::{CLOCK_AHEAD_MAX_MICROS, ForkProof, Offer, Refusal};
 use super::node::{Change, Message, Node, ReadStart};
 use super::update::{
-    Dep, Member, Role, Update, UpdateBody, UpdateId, ValueRef, VolumeConfig, VolumeId, WireUpdate,
-    Writer, history_hash, value_hash,
+    Dep, Member, Role, Staleness, Update, UpdateBody, UpdateId, ValueRef, VolumeConfig, VolumeId,
+    WireUpdate, Writer, history_hash, value_hash,
 };
 use bulwark_core::Key;
 use bulwark_core::sign::{SecretKey, Signed};
@@ -36,6 +36,7 @@ fn config() -> Arc<VolumeConfig> {
     Arc::new(VolumeConfig {
         volume: VolumeId(7),
         members,
+        staleness: Staleness::default(),
     })
 }
 
@@ -126,6 +127,7 @@ fn forge_value(
         prev,
         deps,
         history: history_hash(history_of),
+        beacon: None,
     };
     Update::new(Signed::sign(&secret(writer), body).expect("fits"))
 }
@@ -172,6 +174,7 @@ fn an_update_waits_for_its_dependencies_and_is_accepted_when_they_arrive() {
             frontier: Vec::new(),
             forks: Vec::new(),
             more: false,
+            want_values: Vec::new(),
         },
         NOW,
     );
@@ -189,6 +192,7 @@ fn an_update_waits_for_its_dependencies_and_is_accepted_when_they_arrive() {
             frontier: Vec::new(),
             forks: Vec::new(),
             more: false,
+            want_values: Vec::new(),
         },
         NOW,
     );
@@ -324,6 +328,7 @@ fn fork_setup() -> (Node, Node, Node, Node, Update, Update) {
                     frontier: Vec::new(),
                     forks: Vec::new(),
                     more: false,
+                    want_values: Vec::new(),
                 },
                 NOW,
             );
@@ -450,7 +455,7 @@ fn a_read_takes_the_fast_path_when_current_and_the_slow_path_when_not() {
     let put = a.put_message(1, &update.id()).expect("held");
     s.on_message(Writer(2), put, NOW);
     // b has never heard of it: the slow path brings the update and the value.
-    let ReadStart::Ask(to, get) = b.start_read(5, key("shared/r"), &[Writer(0)]) else {
+    let ReadStart::Ask(to, get) = b.start_read(5, key("shared/r"), &[Writer(0)], NOW) else {
         panic!("b must ask a server");
     };
     let reply = s.on_message(Writer(3), *get, NOW).sends.remove(0).1;
@@ -460,7 +465,7 @@ fn a_read_takes_the_fast_path_when_current_and_the_slow_path_when_not() {
     assert_eq!(result.versions[0].value.as_deref(), Some(&b"v1"[..]));
     assert_eq!(s.stats().slow_gets, 1);
     // Now current: the fast path, and a lying value is not accepted.
-    let ReadStart::Ask(_, get) = b.start_read(6, key("shared/r"), &[Writer(0)]) else {
+    let ReadStart::Ask(_, get) = b.start_read(6, key("shared/r"), &[Writer(0)], NOW) else {
         panic!("a read always asks a server");
     };
     let reply = s.on_message(Writer(3), *get, NOW).sends.remove(0).1;
@@ -472,7 +477,7 @@ fn a_read_takes_the_fast_path_when_current_and_the_slow_path_when_not() {
         updates: Vec::new(),
         more: false,
     };
-    let ReadStart::Ask(..) = b.start_read(7, key("shared/r"), &[Writer(0), Writer(1)]) else {
+    let ReadStart::Ask(..) = b.start_read(7, key("shared/r"), &[Writer(0), Writer(1)], NOW) else {
         panic!("asks");
     };
     let out = b.on_message(Writer(0), forged, NOW);
@@ -491,4 +496,40 @@ impl Node {
     fn log_offer(&mut self, update: Update) -> Offer {
         self.log_mut().offer(update, NOW)
     }
+}
+
+#[test]
+fn a_reader_suspects_a_client_whose_beacons_stopped_and_a_beacon_proves_what_came_before() {
+    let (mut a, mut b, mut s) = (node(2), node(3), node(0));
+    let bound = config().staleness.bound_ms() * 1000;
+    let later = NOW + bound + 1;
+    // b has heard nothing from a (nor from client 4) for longer than the bound.
+    let ReadStart::Ask(_, get) = b.start_read(1, key("shared/z"), &[Writer(0)], later) else {
+        panic!("asks a server");
+    };
+    let reply = s.on_message(Writer(3), *get, later).sends.remove(0).1;
+    let out = b.on_message(Writer(0), reply, later);
+    assert_eq!(out.reads[0].1.suspects, vec![Writer(2), Writer(4)]);
+
+    // a writes, then beacons; the beacon carries the write with it.
+    let write = put(&mut a, "shared/z", "fresh");
+    a.beacon(later);
+    exchange(&mut [&mut a, &mut s]);
+    exchange(&mut [&mut s, &mut b]);
+    assert_eq!(b.log().beacon(Writer(2)), Some(later / 1000));
+    assert!(
+        b.log().holds(&write.id()),
+        "whoever holds the beacon holds what came before it"
+    );
+    assert_eq!(b.log().suspects(later / 1000), vec![Writer(4)]);
+
+    // A beacon time on another key, or on someone else's beacon, is refused or never read.
+    let config = config();
+    let mut wrong = forge(3, 1, "shared/z", None, Vec::new(), &[])
+        .body()
+        .clone();
+    wrong.beacon = Some(1);
+    let signed = Update::new(Signed::sign(&secret(3), wrong).expect("fits"));
+    assert!(signed.to_wire().verify(&config).is_err());
+    assert!(!config.may_write(Writer(3), &super::update::beacon_key(Writer(2))));
 }

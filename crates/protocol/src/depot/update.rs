@@ -65,6 +65,49 @@ pub struct VolumeConfig {
     pub volume: VolumeId,
     /// Every node that may take part, indexed by [`Writer`].
     pub members: Vec<Member>,
+    /// How often clients announce themselves, and how long it takes to hear (§6.4).
+    pub staleness: Staleness,
+}
+
+/// Bounded staleness (§6.4): every client writes a beacon with its time every `announce_ms`;
+/// a reader that has no beacon from a client newer than `2 * announce_ms + propagate_ms` suspects
+/// it has missed that client's updates, and says so with what it reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Staleness {
+    /// `T_announce`: between two beacons of one client.
+    pub announce_ms: u64,
+    /// `T_prop`: how long a beacon is expected to take to reach every node.
+    pub propagate_ms: u64,
+}
+
+impl Default for Staleness {
+    /// The notes' defaults: 10 s and 20 s.
+    fn default() -> Self {
+        Staleness {
+            announce_ms: 10_000,
+            propagate_ms: 20_000,
+        }
+    }
+}
+
+impl Staleness {
+    /// How old a client's newest beacon may be before a reader suspects it missed its updates.
+    pub fn bound_ms(&self) -> u64 {
+        self.announce_ms
+            .saturating_mul(2)
+            .saturating_add(self.propagate_ms)
+    }
+}
+
+/// Where every member's beacon lives: `BEACON_PREFIX` and its index. No prefix of a member's
+/// write rights reaches another member's beacon.
+pub const BEACON_PREFIX: &[u8] = b"\0depot/beacon/";
+
+/// The key of `writer`'s beacon.
+pub fn beacon_key(writer: Writer) -> Key {
+    let mut bytes = BEACON_PREFIX.to_vec();
+    bytes.extend_from_slice(writer.0.to_string().as_bytes());
+    Key::new(bytes).unwrap_or_else(|e| unreachable!("a beacon key is short: {e}"))
 }
 
 impl VolumeConfig {
@@ -76,6 +119,9 @@ impl VolumeConfig {
     /// Whether `writer` may change what reads of `key` return. An update by anyone else is kept
     /// and passed on (others may depend on it) but is a no-op for reads (§3.3 step 7).
     pub fn may_write(&self, writer: Writer, key: &Key) -> bool {
+        if key.as_bytes().starts_with(BEACON_PREFIX) {
+            return self.member(writer).is_some() && *key == beacon_key(writer);
+        }
         self.member(writer).is_some_and(|member| {
             member
                 .writes
@@ -153,6 +199,9 @@ pub struct UpdateBody {
     pub deps: Vec<Dep>,
     /// [`history_hash`] of the update's whole frontier.
     pub history: Digest,
+    /// A beacon's time, in the writer's milliseconds (§6.4): only on the writer's
+    /// [`beacon_key`].
+    pub beacon: Option<u64>,
 }
 
 impl Signable for UpdateBody {
@@ -239,6 +288,9 @@ pub enum Malformed {
     /// A dependency on the writer itself (its own past is `prev`), or on a non-member.
     #[error("a dependency on {0:?} no correct writer names")]
     BadDep(Writer),
+    /// A beacon time on a key other than the writer's beacon.
+    #[error("a beacon time outside the writer's beacon key")]
+    Beacon,
 }
 
 impl WireUpdate {
@@ -264,6 +316,9 @@ impl WireUpdate {
                 .all(|pair| (pair[0].writer, pair[0].id) < (pair[1].writer, pair[1].id))
         {
             return Err(Malformed::Deps);
+        }
+        if body.beacon.is_some() && body.key != beacon_key(writer) {
+            return Err(Malformed::Beacon);
         }
         if let Some(dep) = body
             .deps
