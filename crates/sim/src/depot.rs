@@ -791,14 +791,7 @@ impl World {
                     let client = self.rng.random_range(self.servers()..self.procs.len());
                     out.sends.push((
                         Writer(client as u32),
-                        Message::Push {
-                            updates: vec![fork.to_wire()],
-                            values: Vec::new(),
-                            frontier: Vec::new(),
-                            forks: Vec::new(),
-                            more: false,
-                            want_values: Vec::new(),
-                        },
+                        Message::push(vec![fork.to_wire()], Vec::new()),
                     ));
                 }
             }
@@ -890,14 +883,7 @@ impl World {
             self.truth.record(&self.config, &fork, Some(value.clone()));
             let to = self.rng.random_range(0..self.procs.len());
             if to != p {
-                let push = Message::Push {
-                    updates: vec![fork.to_wire()],
-                    values: vec![value],
-                    frontier: Vec::new(),
-                    forks: Vec::new(),
-                    more: false,
-                    want_values: Vec::new(),
-                };
+                let push = Message::push(vec![fork.to_wire()], vec![value]);
                 // Sent around its own tampering.
                 self.at(
                     1,

@@ -606,7 +606,9 @@ impl Log {
         if siblings.len() > 1 {
             self.forked.insert(body.writer);
         }
-        let supersedes: Vec<UpdateId> = if self.config.may_write(body.writer, &body.key) {
+        // Unauthorised updates are kept and passed on, but neither become heads nor end any.
+        let authorised = self.config.may_write(body.writer, &body.key);
+        let supersedes: Vec<UpdateId> = if authorised {
             self.heads
                 .get(&body.key)
                 .into_iter()
@@ -630,7 +632,7 @@ impl Log {
             *self.values.entry(reference.hash).or_default() += 1;
         }
         if let Some(time) = body.beacon
-            && self.config.may_write(body.writer, &body.key)
+            && authorised
         {
             let newest = self.beacons.entry(body.writer).or_default();
             *newest = (*newest).max(time);
@@ -639,7 +641,7 @@ impl Log {
         self.extend(&mut frontier, id);
         self.frontier = frontier;
         self.clock = self.clock.max(body.clock);
-        if self.config.may_write(body.writer, &body.key) {
+        if authorised {
             let keep_superseded = self.mutations.keep_superseded;
             let heads = self.heads.entry(body.key.clone()).or_default();
             heads.retain(|head| keep_superseded || !supersedes.contains(head));

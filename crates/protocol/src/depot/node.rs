@@ -100,6 +100,21 @@ pub enum Message {
     },
 }
 
+impl Message {
+    /// A push nobody asked for, carrying `updates` and `values` alone: how a writer hands its
+    /// updates to one node.
+    pub fn push(updates: Vec<WireUpdate>, values: Vec<Bytes>) -> Message {
+        Message::Push {
+            updates,
+            values,
+            frontier: Vec::new(),
+            forks: Vec::new(),
+            more: false,
+            want_values: Vec::new(),
+        }
+    }
+}
+
 /// A change a node makes durable before anything it sends after it.
 #[derive(Clone, Debug)]
 pub enum Change {

@@ -168,14 +168,7 @@ fn an_update_waits_for_its_dependencies_and_is_accepted_when_they_arrive() {
     assert!(received.is_empty());
     let out = b.on_message(
         Writer(2),
-        Message::Push {
-            updates: vec![second.to_wire()],
-            values: Vec::new(),
-            frontier: Vec::new(),
-            forks: Vec::new(),
-            more: false,
-            want_values: Vec::new(),
-        },
+        Message::push(vec![second.to_wire()], Vec::new()),
         NOW,
     );
     assert!(!b.log().holds(&second.id()), "never before its dependency");
@@ -186,14 +179,7 @@ fn an_update_waits_for_its_dependencies_and_is_accepted_when_they_arrive() {
     );
     b.on_message(
         Writer(2),
-        Message::Push {
-            updates: vec![first.to_wire()],
-            values: Vec::new(),
-            frontier: Vec::new(),
-            forks: Vec::new(),
-            more: false,
-            want_values: Vec::new(),
-        },
+        Message::push(vec![first.to_wire()], Vec::new()),
         NOW,
     );
     assert!(b.log().holds(&second.id()));
@@ -322,14 +308,10 @@ fn fork_setup() -> (Node, Node, Node, Node, Update, Update) {
         for u in [&base, branch] {
             n.on_message(
                 Writer(4),
-                Message::Push {
-                    updates: vec![u.to_wire()],
-                    values: vec![Bytes::from("shared/f"), Bytes::from("other")],
-                    frontier: Vec::new(),
-                    forks: Vec::new(),
-                    more: false,
-                    want_values: Vec::new(),
-                },
+                Message::push(
+                    vec![u.to_wire()],
+                    vec![Bytes::from("shared/f"), Bytes::from("other")],
+                ),
                 NOW,
             );
         }
