@@ -10,6 +10,7 @@ use bulwark_protocol::cs::ConfigService;
 use bulwark_protocol::pbft::{Answer, Message, Submitted};
 use bulwark_protocol::register::{self, reconfig};
 use bulwark_protocol::service::{NodeMessage, SystemReply, SystemRequest};
+use bulwark_protocol::depot::{self, served};
 use bulwark_protocol::{a2m_storage, abd, content, cs, phalanx, powerstore, pubkey};
 use libfuzzer_sys::fuzz_target;
 
@@ -54,6 +55,40 @@ fuzz_target!(|data: &[u8]| {
             drop(round_trip::<a2m_storage::Request>(body, max))
         }
         (ServiceId::A2M_STORAGE, _) => drop(round_trip::<a2m_storage::Reply>(body, max)),
+        (ServiceId::DEPOT, Kind::Request) => {
+            if let Some(served::Request::Exchange { message, .. }) =
+                round_trip::<served::Request>(body, max)
+            {
+                check_depot(message);
+            }
+        }
+        (ServiceId::DEPOT, Kind::Reply) => drop(round_trip::<served::Reply>(body, max)),
+        (ServiceId::DEPOT, _) => {
+            if let Some(peer) = round_trip::<served::PeerMessage>(body, max) {
+                check_depot(peer.message);
+            }
+        }
         _ => {}
     }
 });
+
+/// A decoded Depot message's updates checked against a volume, as a receiving node checks them
+/// first: hostile bytes are refused, never a panic.
+fn check_depot(message: depot::Message) {
+    let config = depot::VolumeConfig::new(
+        vec![depot::Member {
+            key: bulwark_core::sign::SecretKey::from_seed(&[1; 32]).public_key(),
+            role: depot::Role::Server,
+            writes: vec![Vec::new()],
+        }],
+        depot::Staleness::default(),
+    );
+    let updates = match message {
+        depot::Message::Push { updates, .. } | depot::Message::Got { updates, .. } => updates,
+        depot::Message::Put { update, .. } => vec![update],
+        _ => Vec::new(),
+    };
+    for update in updates {
+        let _ = update.verify(&config);
+    }
+}

@@ -10,7 +10,7 @@ use bulwark_gateway::layout::{self, BucketRecord, IndexShard, UploadRecord};
 use bulwark_protocol::cs::ConfigService;
 use bulwark_protocol::powerstore::{Candidate, StoredEntry};
 use bulwark_protocol::register::Policy;
-use bulwark_protocol::{abd, content, pbft, phalanx, pubkey};
+use bulwark_protocol::{abd, content, depot, pbft, phalanx, pubkey};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -18,7 +18,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let max = usize::MAX;
-    match kind % 12 {
+    match kind % 14 {
         0 => drop(round_trip::<(Key, StoredEntry)>(record, max)),
         1 => drop(round_trip::<(Key, Candidate)>(record, max)),
         2 => drop(round_trip::<content::Held>(record, max)),
@@ -43,6 +43,19 @@ fuzz_target!(|data: &[u8]| {
         9 => {
             let _ = layout::decode_manifest("bucket/key", record);
         }
+        12 => {
+            // A causal volume's records, split three ways at the first two bytes.
+            let (cut, rest) = record.split_at(record.len().min(2));
+            let cut = cut.iter().map(|b| *b as usize).sum::<usize>().min(rest.len());
+            let (values, updates) = rest.split_at(cut);
+            let one = |bytes: &[u8], key: Vec<u8>| vec![(key, bytes::Bytes::copy_from_slice(bytes))];
+            let _ = depot::records::restore(
+                one(values, depot::update::value_hash(values).0.to_vec()),
+                one(updates, vec![0; 4]),
+                one(updates, 0u64.to_be_bytes().to_vec()),
+            );
+        }
+        13 => drop(round_trip::<depot::VolumeConfig>(record, max)),
         10 => {
             let _ = layout::decode::<BucketRecord>("bucket", record);
             let _ = layout::decode_extended::<UploadRecord>("upload", record);

@@ -83,6 +83,18 @@ pub enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Lists the keys of a causal volume that start with PREFIX, with how many concurrent
+    /// versions each has.
+    List {
+        /// Only keys starting with this.
+        #[arg(default_value = "")]
+        prefix: String,
+        /// At most this many keys.
+        #[arg(long, default_value_t = 1000)]
+        limit: usize,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Deletes an object.
     Delete {
         /// The object's key.
@@ -219,6 +231,15 @@ pub enum VolumeCommand {
         /// `cluster init --a2m`).
         #[arg(long)]
         server: Option<u32>,
+        /// linearizable (the default: registers, by --mode) or causal (Depot: available and
+        /// fork-join-causal whatever number of its servers fail or lie; a get of a key written
+        /// concurrently returns every version).
+        #[arg(long, default_value = "linearizable")]
+        consistency: objects::Consistency,
+        /// For a causal volume: the nodes that serve it, comma-separated (default: every node
+        /// of cluster.toml).
+        #[arg(long, value_delimiter = ',')]
+        servers: Vec<u32>,
     },
 }
 
@@ -338,6 +359,11 @@ pub async fn run(cli: Cli) -> Result<std::process::ExitCode> {
             client,
         } => return objects::get(&client, &key, output).await,
         Command::Delete { key, client } => objects::delete(&client, &key).await?,
+        Command::List {
+            prefix,
+            limit,
+            client,
+        } => objects::list(&client, &prefix, limit).await?,
         Command::Content {
             command: ContentCommand::Put { file, client },
         } => objects::put_content(&client, file).await?,
@@ -365,9 +391,28 @@ pub async fn run(cli: Cli) -> Result<std::process::ExitCode> {
                     mode,
                     protocol,
                     server,
+                    consistency,
+                    servers,
                 },
             client,
-        } => objects::create_volume(&client, &name, mode, protocol, server).await?,
+        } => match consistency {
+            objects::Consistency::Linearizable => {
+                if !servers.is_empty() {
+                    anyhow::bail!(
+                        "--servers names a causal volume's nodes; add --consistency causal"
+                    );
+                }
+                objects::create_volume(&client, &name, mode, protocol, server).await?
+            }
+            objects::Consistency::Causal => {
+                if mode != objects::Mode::Replicated || protocol.is_some() || server.is_some() {
+                    anyhow::bail!(
+                        "a causal volume has no --mode, --protocol or --server; --servers names its nodes"
+                    );
+                }
+                objects::create_causal_volume(&client, &name, &servers).await?
+            }
+        },
         Command::Bench(args) => bench::run(&args).await?,
         Command::Gateway(args) => gateway::run(&args).await?,
         Command::Sim(args) => return sim::run(&args),

@@ -2,7 +2,8 @@
 
 use crate::ClientArgs;
 use anyhow::{Context, Result, bail};
-use bulwark_client::{Client, OpReport, Volume};
+use bulwark_client::{Client, OpReport, Serving, Volume};
+use bulwark_protocol::depot::VolumeId;
 use bytes::Bytes;
 use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
@@ -89,6 +90,73 @@ pub async fn create_volume(
     Ok(())
 }
 
+/// What a volume promises readers (`bulwark volume create --consistency`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Consistency {
+    /// Registers: every read returns the latest completed write.
+    Linearizable,
+    /// Depot: fork-join-causal, available whatever its servers do.
+    Causal,
+}
+
+/// `bulwark volume create --consistency causal`.
+pub async fn create_causal_volume(args: &ClientArgs, name: &str, servers: &[u32]) -> Result<()> {
+    let client = connect(args).await?;
+    let servers: Vec<bulwark_core::NodeId> =
+        servers.iter().map(|id| bulwark_core::NodeId(*id)).collect();
+    let (volume, report) = client.create_causal_volume(name, &servers).await?;
+    let nodes: Vec<String> = report.answered.iter().map(|n| n.0.to_string()).collect();
+    eprintln!(
+        "volume {:?} is {}: served by {} of {} nodes (nodes {})",
+        volume.name(),
+        volume.serving,
+        report.answered.len(),
+        report.n,
+        nodes.join(",")
+    );
+    Ok(())
+}
+
+/// The causal volume `--volume` names, if it is one.
+async fn causal(client: &Client, args: &ClientArgs) -> Result<Option<(Volume, VolumeId)>> {
+    let volume = volume(client, args).await?;
+    Ok(match volume.serving {
+        Serving::Causal { volume: number } => Some((volume, number)),
+        _ => None,
+    })
+}
+
+/// `bulwark list`: a causal volume's keys.
+pub async fn list(args: &ClientArgs, prefix: &str, limit: usize) -> Result<()> {
+    let client = connect(args).await?;
+    let Some((volume, number)) = causal(&client, args).await? else {
+        bail!("only causal volumes list their keys (name one with --volume)");
+    };
+    let (keys, answered) = client
+        .causal_list(volume.name(), number, prefix.as_bytes(), limit)
+        .await?;
+    let mut out = String::new();
+    for (key, versions) in &keys {
+        let key = String::from_utf8_lossy(key.as_bytes());
+        if *versions > 1 {
+            out!(out, "{key}\t({versions} concurrent versions)");
+        } else {
+            out!(out, "{key}");
+        }
+    }
+    std::io::stdout()
+        .write_all(out.as_bytes())
+        .context("writing standard output")?;
+    match answered {
+        Some(node) => eprintln!("{} keys, caught up with {node}", keys.len()),
+        None => eprintln!(
+            "{} keys, from this client's own log: no server answered",
+            keys.len()
+        ),
+    }
+    Ok(())
+}
+
 /// A spinner on standard error while a large transfer runs, only when a person is watching.
 fn progress(what: &str, bytes: usize) -> Option<indicatif::ProgressBar> {
     if bytes < PROGRESS_BYTES_MIN || !std::io::stderr().is_terminal() {
@@ -127,6 +195,17 @@ pub fn human_bytes(bytes: u64) -> String {
     }
 }
 
+/// What a causal write's report says: which server holds it durable, or that only this client
+/// does yet.
+fn causal_ack(report: &OpReport) -> String {
+    match report.answered.first() {
+        Some(node) => format!("durable here and on {node}"),
+        None => "durable in this client's log only: no server acknowledged it yet; it reaches \
+                 them with this client's next exchange"
+            .to_string(),
+    }
+}
+
 fn summary(report: &OpReport) -> String {
     let nodes: Vec<String> = report.answered.iter().map(|n| n.0.to_string()).collect();
     let mut text = format!(
@@ -160,10 +239,19 @@ pub async fn put(args: &ClientArgs, key: &str, file: Option<PathBuf>) -> Result<
     let started = Instant::now();
     let bar = progress("storing", len);
     let volume = volume(&client, args).await?;
+    let causal = matches!(volume.serving, Serving::Causal { .. });
     let report = client
         .put_in(&volume, key.as_bytes(), Bytes::from(value))
         .await?;
     finish(bar, len, started);
+    if causal {
+        eprintln!(
+            "stored {key:?} ({}): {}",
+            human_bytes(len as u64),
+            causal_ack(&report)
+        );
+        return Ok(());
+    }
     eprintln!(
         "stored {key:?} ({}): {}",
         human_bytes(len as u64),
@@ -197,8 +285,89 @@ pub async fn get(
     let client = connect(args).await?;
     let started = Instant::now();
     let volume = volume(&client, args).await?;
+    if let Serving::Causal { volume: number } = volume.serving {
+        let read = client
+            .causal_read(volume.name(), number, key.as_bytes())
+            .await?;
+        return deliver_causal(key, read, output, started);
+    }
     let (value, report) = client.get_in(&volume, key.as_bytes()).await?;
     deliver(&format!("{key:?}"), value, &report, output, started)
+}
+
+/// A causal read: the newest version written out (by clock, then writer, then update), every
+/// concurrent one named, and what the read could not vouch for said.
+fn deliver_causal(
+    key: &str,
+    read: bulwark_client::causal::CausalRead,
+    output: Option<PathBuf>,
+    started: Instant,
+) -> Result<std::process::ExitCode> {
+    let servers: Vec<String> = read.answered.iter().map(|n| n.0.to_string()).collect();
+    let from = if servers.is_empty() {
+        "from this client's own log: no server answered".to_string()
+    } else {
+        format!("with nodes {}", servers.join(","))
+    };
+    if read.versions.len() > 1 {
+        eprintln!(
+            "{key:?} has {} concurrent versions; the newest (highest clock) is written out:",
+            read.versions.len()
+        );
+        for version in &read.versions {
+            eprintln!(
+                "  {:?} clock {} by {}: {}",
+                version.id.0,
+                version.clock,
+                version.writer,
+                version
+                    .value
+                    .as_ref()
+                    .map_or("deleted".to_string(), |v| human_bytes(v.len() as u64))
+            );
+        }
+    }
+    if !read.forked.is_empty() {
+        eprintln!(
+            "warning: proof held that {} forked (signed two histories)",
+            read.forked.join(", ")
+        );
+    }
+    if !read.suspects.is_empty() {
+        eprintln!(
+            "note: nothing heard lately from {}: their newest writes may not be here yet",
+            read.suspects.join(", ")
+        );
+    }
+    if read.unavailable > 0 {
+        eprintln!(
+            "warning: {} version(s) whose values no one asked could give",
+            read.unavailable
+        );
+    }
+    let Some(value) = read.newest().cloned() else {
+        eprintln!("not found: {key:?} ({from})");
+        return Ok(std::process::ExitCode::from(2));
+    };
+    write_out(&value, output, started)?;
+    eprintln!(
+        "fetched {key:?} ({}) {from}",
+        human_bytes(value.len() as u64)
+    );
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// Writes a fetched value to `output`, or to standard output.
+fn write_out(value: &Bytes, output: Option<PathBuf>, started: Instant) -> Result<()> {
+    finish(progress("fetched", value.len()), value.len(), started);
+    match output {
+        Some(path) => {
+            std::fs::write(&path, value).with_context(|| format!("writing {}", path.display()))
+        }
+        None => std::io::stdout()
+            .write_all(value)
+            .context("writing standard output"),
+    }
 }
 
 /// Writes a fetched object out and says so, or says it was not found (exit code 2).
@@ -213,15 +382,7 @@ fn deliver(
         eprintln!("not found: {what} ({})", summary(report));
         return Ok(std::process::ExitCode::from(2));
     };
-    finish(progress("fetched", value.len()), value.len(), started);
-    match output {
-        Some(path) => {
-            std::fs::write(&path, &value).with_context(|| format!("writing {}", path.display()))?
-        }
-        None => std::io::stdout()
-            .write_all(&value)
-            .context("writing standard output")?,
-    }
+    write_out(&value, output, started)?;
     eprintln!(
         "fetched {what} ({}): {}",
         human_bytes(value.len() as u64),
@@ -284,6 +445,10 @@ pub async fn delete(args: &ClientArgs, key: &str) -> Result<()> {
     let client = connect(args).await?;
     let volume = volume(&client, args).await?;
     let report = client.delete_in(&volume, key.as_bytes()).await?;
+    if matches!(volume.serving, Serving::Causal { .. }) {
+        eprintln!("deleted {key:?}: {}", causal_ack(&report));
+        return Ok(());
+    }
     eprintln!("deleted {key:?}: {}", summary(&report));
     Ok(())
 }
@@ -430,6 +595,42 @@ pub async fn status(args: &ClientArgs) -> Result<std::process::ExitCode> {
                             None => format!("log {id}"),
                         };
                         out!(text, "         trusted log, {name}: slots {low} to {high}");
+                    }
+                }
+                for volume in &status.causal {
+                    let frontier: Vec<String> = volume
+                        .frontier
+                        .iter()
+                        .map(|(member, clocks)| {
+                            let clocks: Vec<String> =
+                                clocks.iter().map(|c| c.to_string()).collect();
+                            format!("{member}:{}", clocks.join("|"))
+                        })
+                        .collect();
+                    out!(
+                        text,
+                        "         causal volume {:016x}: {} updates ({} waiting), {} values ({}), {} refused; frontier {}",
+                        volume.volume,
+                        volume.updates,
+                        volume.pending,
+                        volume.values,
+                        human_bytes(volume.value_bytes),
+                        volume.refused,
+                        if frontier.is_empty() {
+                            "empty".to_string()
+                        } else {
+                            frontier.join(" ")
+                        }
+                    );
+                    if !volume.forks.is_empty() {
+                        let forks: Vec<String> =
+                            volume.forks.iter().map(|m| m.to_string()).collect();
+                        out!(
+                            text,
+                            "         causal volume {:016x}: proof held that member(s) {} forked",
+                            volume.volume,
+                            forks.join(",")
+                        );
                     }
                 }
                 if status.server.damaged > 0 {

@@ -11,6 +11,7 @@
 //! A cluster serves every register protocol at once; a [`Volume`] names one. Objects written
 //! without a volume go to the default volume, whose protocol `cluster.toml` names.
 
+pub mod causal;
 mod configuration;
 mod content;
 pub mod evidence;
@@ -223,6 +224,12 @@ pub struct Client {
     /// directory of its own.
     seen_file: Option<PathBuf>,
     evidence_log: Option<PathBuf>,
+    /// Where the client keeps its logs of causal volumes, when it has a directory.
+    depot_dir: Option<PathBuf>,
+    /// Its part in the causal volumes it used.
+    causal_local: Mutex<causal::Local>,
+    /// One causal operation at a time: each changes the client's log.
+    causal_turn: tokio::sync::Mutex<()>,
     /// Where the newest configuration this client verified is kept between runs
     /// ([`configuration`]'s cache), when it has a directory of its own.
     known_file: Option<PathBuf>,
@@ -296,6 +303,7 @@ impl Client {
         client.evidence_log = Some(cluster_dir.join(evidence::LOG_FILE));
         client.known_file = Some(dir.join(configuration::KNOWN_FILE));
         client.seen_file = Some(dir.join(single_server::SEEN_FILE));
+        client.depot_dir = Some(causal::store_dir(&dir));
         Ok(client)
     }
 
@@ -373,6 +381,9 @@ impl Client {
             seen: Mutex::new(HashMap::new()),
             seen_file: None,
             evidence_log: None,
+            depot_dir: None,
+            causal_local: Mutex::new(causal::Local::default()),
+            causal_turn: tokio::sync::Mutex::new(()),
             known_file: None,
             authority: secrets.authority_key,
             confirmed: Mutex::new(None),
@@ -505,6 +516,16 @@ impl Client {
         key: &[u8],
         value: Option<Bytes>,
     ) -> Result<OpReport, ClientError> {
+        if let Serving::Causal { volume: number } = volume.serving {
+            // A causal volume has its own key space and answers without the configuration
+            // service: its servers may be all a client can reach.
+            let written = self.causal_write(volume.name(), number, key, value).await?;
+            return Ok(OpReport {
+                answered: written.acknowledged_by.into_iter().collect(),
+                n: 1,
+                ..OpReport::default()
+            });
+        }
         let key = volume.register_key(key)?;
         // Refused here, before anything is sent: no node sees a write it would refuse.
         self.may_store(value.as_ref().map_or(0, Bytes::len))?;
@@ -520,6 +541,7 @@ impl Client {
                     .single_server_write(server, number, key, op, value)
                     .await;
             }
+            Serving::Causal { .. } => unreachable!("causal writes are taken above"),
         };
         let (view, n) = self.group(&key, protocol);
         let answered = match protocol {
@@ -585,6 +607,24 @@ impl Client {
         volume: &Volume,
         key: &[u8],
     ) -> Result<(Option<Bytes>, OpReport), ClientError> {
+        if let Serving::Causal { volume: number } = volume.serving {
+            let read = self.causal_read(volume.name(), number, key).await?;
+            let report = OpReport {
+                answered: read.answered.clone(),
+                n: 1,
+                ..OpReport::default()
+            };
+            return Ok((read.newest().cloned(), report));
+        }
+        self.read_replicated(volume, key).await
+    }
+
+    /// A read of a volume that is not causal.
+    async fn read_replicated(
+        &self,
+        volume: &Volume,
+        key: &[u8],
+    ) -> Result<(Option<Bytes>, OpReport), ClientError> {
         let key = volume.register_key(key)?;
         self.fresh().await?;
         let op = self.op_id();
@@ -593,6 +633,7 @@ impl Client {
             Serving::SingleServer { server, number } => {
                 return self.single_server_read(server, number, key, op).await;
             }
+            Serving::Causal { .. } => unreachable!("causal reads are taken above"),
         };
         let (view, n) = self.group(&key, protocol);
         let (value, report) = match protocol {

@@ -13,6 +13,7 @@
 use crate::{Client, ClientError, OpReport};
 use bulwark_core::config::Protocol;
 use bulwark_core::{Digest, Key, NodeId};
+use bulwark_protocol::depot::VolumeId;
 use bytes::Bytes;
 use std::fmt;
 
@@ -34,6 +35,12 @@ pub enum Serving {
         /// Its number on that node.
         number: u32,
     },
+    /// As a causal volume (Depot): available and fork-join-causal whatever its servers do;
+    /// its configuration is recorded beside it.
+    Causal {
+        /// Its number: the hash of its configuration.
+        volume: VolumeId,
+    },
 }
 
 impl fmt::Display for Serving {
@@ -43,6 +50,7 @@ impl fmt::Display for Serving {
             Serving::SingleServer { server, number } => {
                 write!(f, "a2m-storage on {server} (volume {number} there)")
             }
+            Serving::Causal { volume } => write!(f, "causal (volume {:016x})", volume.0),
         }
     }
 }
@@ -227,7 +235,7 @@ impl Client {
     }
 
     /// The volume `name` as recorded, if it is.
-    async fn existing(&self, name: &str) -> Result<Option<Volume>, ClientError> {
+    pub(crate) async fn existing(&self, name: &str) -> Result<Option<Volume>, ClientError> {
         let (existing, _) = self.read(&system(), &Volume::record_key(name)).await?;
         existing
             .map(|record| parse_record(name, &record))
@@ -235,7 +243,7 @@ impl Client {
     }
 
     /// Records volume `name` as served by `serving`.
-    async fn record_volume(
+    pub(crate) async fn record_volume(
         &self,
         name: &str,
         serving: Serving,
@@ -259,12 +267,33 @@ impl Client {
         Ok((volume, report))
     }
 
+    /// Writes `value` under the system volume's `key`.
+    pub(crate) async fn write_system(&self, key: &[u8], value: Bytes) -> Result<(), ClientError> {
+        self.write(&system(), key, Some(value)).await.map(|_| ())
+    }
+
+    /// Reads the system volume's `key`.
+    pub(crate) async fn read_system(
+        &self,
+        key: &[u8],
+    ) -> Result<(Option<Bytes>, OpReport), ClientError> {
+        self.read_replicated(&system(), key).await
+    }
+
     /// The volume `name`, as the system volume records it. A volume's protocol never changes,
-    /// so a client remembers what it read.
+    /// so a client remembers what it read; a causal volume it used, across runs too (its own
+    /// servers may be all it can reach).
     pub async fn volume(&self, name: &str) -> Result<Volume, ClientError> {
         Volume::check_name(name)?;
         if let Some(volume) = self.volumes.lock().ok().and_then(|v| v.get(name).cloned()) {
             return Ok(volume);
+        }
+        if let Some(volume) = self.remembered_causal(name)? {
+            return Ok(Volume {
+                name: name.to_string(),
+                serving: Serving::Causal { volume },
+                system: false,
+            });
         }
         let (record, _) = self.read(&system(), &Volume::record_key(name)).await?;
         let Some(record) = record else {
@@ -289,6 +318,7 @@ fn record_text(serving: Serving) -> String {
         Serving::SingleServer { server, number } => {
             format!("{SINGLE_SERVER} node={} number={number}", server.0)
         }
+        Serving::Causal { volume } => crate::causal::record_text(volume),
     }
 }
 
@@ -298,6 +328,9 @@ const SINGLE_SERVER: &str = "a2m-storage";
 fn parse_serving(text: &str) -> Option<Serving> {
     if let Ok(protocol) = text.parse::<Protocol>() {
         return Some(Serving::Replicated(protocol));
+    }
+    if let Some(volume) = crate::causal::parse_record(text) {
+        return Some(Serving::Causal { volume });
     }
     let mut words = text.split(' ');
     if words.next()? != SINGLE_SERVER {
@@ -361,7 +394,10 @@ mod tests {
             server: NodeId(3),
             number: 77,
         };
-        for serving in [Serving::Replicated(Protocol::Abd), single] {
+        let causal = Serving::Causal {
+            volume: VolumeId(0x0123_4567_89ab_cdef),
+        };
+        for serving in [Serving::Replicated(Protocol::Abd), single, causal] {
             assert_eq!(parse_serving(&record_text(serving)), Some(serving));
         }
         for bad in [
@@ -372,6 +408,10 @@ mod tests {
             "a2m-storage node=3 number=77 more",
             "a2m-storage number=77 node=3",
             "a2m-storage node=3 number=4294967295",
+            "causal",
+            "causal volume=123",
+            "causal volume=0123456789abcdefg",
+            "causal volume=0123456789abcdef more",
         ] {
             assert_eq!(parse_serving(bad), None, "{bad:?}");
         }

@@ -68,6 +68,8 @@ impl ServiceId {
     pub const A2M: ServiceId = ServiceId(7);
     /// Single-server volumes (A2M-Storage): one server with a trusted log, forks detected.
     pub const A2M_STORAGE: ServiceId = ServiceId(8);
+    /// Causal volumes (Depot): available and fork-join-causal whatever number of nodes fail.
+    pub const DEPOT: ServiceId = ServiceId(9);
 }
 
 impl fmt::Display for ServiceId {

@@ -98,6 +98,7 @@ impl Dispatcher {
                 Some(log) => Some(Box::new(log.status().await)),
                 None => None,
             },
+            causal: Vec::new(),
         };
         let cs_shard = self.cs.as_ref().map(|(_, shard)| shard);
         for shard in self.shards.iter().chain(cs_shard) {
@@ -109,9 +110,11 @@ impl Dispatcher {
                 requests,
                 replicas,
                 cs,
+                causal,
             }) = answered.await
             {
                 status.requests += requests;
+                status.causal.extend(causal);
                 if cs.is_some() {
                     status.cs = cs;
                 }
@@ -124,6 +127,7 @@ impl Dispatcher {
         status
             .replicas
             .sort_by(|a, b| (&a.service, a.group).cmp(&(&b.service, b.group)));
+        status.causal.sort_by_key(|volume| volume.volume);
         status.rejected = self.rejections.snapshot();
         status
     }

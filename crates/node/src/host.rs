@@ -60,6 +60,17 @@ impl Effects {
     }
 }
 
+/// `more` after `effects`, as one input's effects.
+pub(crate) fn merge(mut effects: Effects, more: Effects) -> Effects {
+    effects.ops.extend(more.ops);
+    effects.sends.extend(more.sends);
+    effects.notify.extend(more.notify);
+    effects.timers.extend(more.timers);
+    effects.attest.extend(more.attest);
+    effects.refused = effects.refused.or(more.refused);
+    effects
+}
+
 /// A hosted replica, as a shard drives it: frames in, effects out.
 pub trait Hosted: Send {
     /// The service's name, for status and metrics.
@@ -96,6 +107,10 @@ pub trait Hosted: Send {
     /// A configuration-service replica's view and primary, for status.
     fn cs_status(&self) -> Option<bulwark_protocol::service::CsStatus> {
         None
+    }
+    /// Each causal volume's state, for status.
+    fn causal_status(&self) -> Vec<bulwark_protocol::service::CausalStatus> {
+        Vec::new()
     }
     /// An operation this node submits to its own configuration-service replica (encoded).
     fn submit_own(&mut self, _now: Time, _op: &[u8], _batch: u64) -> Effects {

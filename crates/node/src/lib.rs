@@ -13,6 +13,7 @@
 //! checked it.
 
 pub mod cs;
+pub mod depots;
 mod dispatch;
 mod follow;
 pub mod host;
@@ -239,6 +240,8 @@ pub struct Wrap {
     pub powerstore: Box<dyn Fn(Server) -> Box<dyn ServerLogic> + Send + Sync>,
     /// The host of the node's single-server volumes.
     pub volumes: WrapHosted,
+    /// The host of the node's causal volumes.
+    pub depots: WrapHosted,
 }
 
 /// Wraps a hosted replica in another.
@@ -250,6 +253,7 @@ impl Wrap {
         Wrap {
             powerstore: Box::new(|server| Box::new(server)),
             volumes: Box::new(|volumes| volumes),
+            depots: Box::new(|depots| depots),
         }
     }
 }
@@ -325,6 +329,33 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
         replicas.push((
             (ServiceId::A2M_STORAGE, host::NODE_WIDE),
             (wrap.volumes)(Box::new(volumes)),
+        ));
+    }
+    {
+        // The shards' time zero on the wall clock: Depot's clocks are in the time members share.
+        let wall_at_zero_ms = (std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis() as u64)
+            .saturating_sub(started.elapsed().as_millis() as u64);
+        let depots = depots::Depots::restore(
+            id,
+            bulwark_core::sign::SecretKey::from_seed(&options.secrets.signing_key),
+            Arc::new(options.cluster.clone()),
+            store.clone(),
+            Epoch(options.cluster.epoch),
+            wall_at_zero_ms,
+            Time(started.elapsed().as_millis() as u64),
+        )
+        .map_err(|reason| {
+            damaged(NodeError::CorruptState {
+                table: depots::CONFIGS,
+                problem: reason,
+            })
+        })?;
+        replicas.push((
+            (ServiceId::DEPOT, host::NODE_WIDE),
+            (wrap.depots)(Box::new(depots)),
         ));
     }
     for view in &groups {

@@ -70,6 +70,7 @@ pub struct ShardStatus {
     pub requests: u64,
     pub replicas: Vec<ReplicaStatus>,
     pub cs: Option<bulwark_protocol::service::CsStatus>,
+    pub causal: Vec<bulwark_protocol::service::CausalStatus>,
 }
 
 /// The clock a shard's replicas are driven by.
@@ -358,6 +359,11 @@ impl Shard {
                 .replicas
                 .values()
                 .find_map(|replica| replica.cs_status()),
+            causal: self
+                .replicas
+                .values()
+                .flat_map(|replica| replica.causal_status())
+                .collect(),
         }
     }
 

@@ -8,7 +8,7 @@
 //! timestamp) and the hashes of the last `RECENT_WRITES` writes. What a server lends the node
 //! back is restored from exactly those.
 
-use crate::host::{Adapter, Effects, Hosted, Hosting, Members, NODE_WIDE};
+use crate::host::{Adapter, Effects, Hosted, Hosting, Members, NODE_WIDE, merge};
 use bulwark_core::envelope::{Envelope, Header};
 use bulwark_core::sign::PublicKey;
 use bulwark_core::wire::{self, FRAME_BYTES_MAX};
@@ -222,17 +222,6 @@ impl Volumes {
         }
         effects
     }
-}
-
-/// `more` after `effects`, as one input's effects.
-fn merge(mut effects: Effects, more: Effects) -> Effects {
-    effects.ops.extend(more.ops);
-    effects.sends.extend(more.sends);
-    effects.notify.extend(more.notify);
-    effects.timers.extend(more.timers);
-    effects.attest.extend(more.attest);
-    effects.refused = effects.refused.or(more.refused);
-    effects
 }
 
 impl Hosted for Volumes {

@@ -126,6 +126,31 @@ pub struct NodeStatus {
     /// Its trusted log, if it has one.
     #[serde(default)]
     pub trusted_log: Option<Box<TrustedLogStatus>>,
+    /// Each causal volume it serves.
+    #[serde(default)]
+    pub causal: Vec<CausalStatus>,
+}
+
+/// One causal volume on a node, as `bulwark status` shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CausalStatus {
+    /// The volume's number.
+    pub volume: u64,
+    /// Updates accepted.
+    pub updates: u64,
+    /// Updates waiting for what they depend on.
+    pub pending: u64,
+    /// The node's frontier: per member index, the clock of each branch's latest update (two
+    /// or more: a fork).
+    pub frontier: Vec<(u32, Vec<u64>)>,
+    /// Members this node holds a checked proof of forking against.
+    pub forks: Vec<u32>,
+    /// Updates refused (bad signature, history, dependencies), and values and puts refused.
+    pub refused: u64,
+    /// Values it holds, and their bytes.
+    pub values: u64,
+    /// Their bytes.
+    pub value_bytes: u64,
 }
 
 /// A node's trusted log (A2M), as `bulwark status` shows it.

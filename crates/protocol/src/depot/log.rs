@@ -356,6 +356,14 @@ impl Log {
             .collect()
     }
 
+    /// Keys with versions, in key order (their versions may all be deletes).
+    pub fn keys(&self) -> impl Iterator<Item = &Key> + '_ {
+        self.heads
+            .iter()
+            .filter(|(_, heads)| !heads.is_empty())
+            .map(|(key, _)| key)
+    }
+
     /// Whether update `a` is `b` or in `b`'s past, both by one writer and both held.
     fn precedes_own(&self, a: UpdateId, b: UpdateId) -> bool {
         if a == b {

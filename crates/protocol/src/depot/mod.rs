@@ -10,9 +10,13 @@
 //!   peer lacks (§3.2) and a branch's ancestry by hash (§4.4).
 //! - [`node`]: a node of either role: the log exchange, PUT, GET with its fast path, compact
 //!   hash, slow path and fallback (§5), and what it makes durable before it speaks.
+//! - [`records`]: a node's changes as storage records, and back.
+//! - [`served`]: a server member behind the hosted-replica contract, and a client's call to it.
 
 pub mod log;
 pub mod node;
+pub mod records;
+pub mod served;
 pub mod update;
 
 pub use log::{ForkProof, Frontier, Log, Mutations, Offer, Refusal, Summary};

@@ -24,6 +24,17 @@ pub const PUSH_UPDATES_MAX: usize = 512;
 /// The most value bytes one push or answer carries beyond its first value.
 pub const PUSH_VALUE_BYTES_MAX: usize = 8 * 1024 * 1024;
 
+/// The most signed update bytes one push or answer carries (a hostile writer's updates may be
+/// [`super::update::UPDATE_BYTES_MAX`] each): with the values and proofs, a message stays well
+/// inside one frame.
+pub const PUSH_UPDATE_BYTES_MAX: usize = 2 * 1024 * 1024;
+
+/// The most fork proofs one push carries; the puller asks again.
+pub const PUSH_FORKS_MAX: usize = 16;
+
+/// The largest value of a causal volume: every value travels whole in one message.
+pub const VALUE_BYTES_MAX: usize = 4 * 1024 * 1024;
+
 /// The most ids or hashes a peer may ask for in one pull.
 pub const WANT_MAX: usize = 1024;
 
@@ -239,6 +250,22 @@ pub fn compact_hash(mut hashes: Vec<Digest>) -> u16 {
     u16::from_le_bytes([digest.0[0], digest.0[1]])
 }
 
+/// `updates` as they travel, cut at [`PUSH_UPDATE_BYTES_MAX`] (at least one): whether any were
+/// left out, or `more` already.
+fn wire_bounded(updates: &[&Update], more: bool) -> (Vec<WireUpdate>, bool) {
+    let mut out = Vec::with_capacity(updates.len());
+    let mut bytes = 0;
+    for update in updates {
+        let size = update.signed().bytes().len();
+        if !out.is_empty() && bytes + size > PUSH_UPDATE_BYTES_MAX {
+            return (out, true);
+        }
+        bytes += size;
+        out.push(update.to_wire());
+    }
+    (out, more)
+}
+
 impl Node {
     /// This node with rules broken on purpose, for negative controls.
     pub fn mutate(&mut self, mutations: super::log::Mutations) {
@@ -316,6 +343,16 @@ impl Node {
         }
     }
 
+    /// How many values this node holds.
+    pub fn values_held(&self) -> usize {
+        self.values.len()
+    }
+
+    /// The bytes of the values this node holds.
+    pub fn value_bytes(&self) -> u64 {
+        self.values.values().map(|value| value.len() as u64).sum()
+    }
+
     /// Whether this node holds the value named `hash`.
     pub fn has_value(&self, hash: &Digest) -> bool {
         self.values.contains_key(hash)
@@ -357,7 +394,7 @@ impl Node {
     /// on a value nobody wrote, or one whose update has not arrived), else whether it is new.
     fn keep_value(&mut self, value: Bytes, out: &mut Output) -> Option<bool> {
         let hash = value_hash(&value);
-        if !self.log.names_value(&hash) {
+        if value.len() > VALUE_BYTES_MAX || !self.log.names_value(&hash) {
             return None;
         }
         self.missing_values.remove(&hash);
@@ -425,6 +462,22 @@ impl Node {
             want_values: self.values_missing(),
             values: self.role == Role::Server,
         }
+    }
+
+    /// The fork proofs for a peer whose frontier is `theirs`: of writers it does not hold two
+    /// branches of (it found those forks itself), at most [`PUSH_FORKS_MAX`].
+    fn forks_for(&self, theirs: &Summary) -> Vec<ForkProof> {
+        let mut branches: BTreeMap<Writer, usize> = BTreeMap::new();
+        for (writer, _, _) in theirs {
+            *branches.entry(*writer).or_default() += 1;
+        }
+        self.log
+            .forks()
+            .iter()
+            .filter(|(writer, _)| branches.get(writer).is_none_or(|count| *count < 2))
+            .map(|(_, proof)| proof.clone())
+            .take(PUSH_FORKS_MAX)
+            .collect()
     }
 
     /// Values of accepted updates a hoarding node lacks (servers hoard every value, §5.7).
@@ -583,19 +636,21 @@ impl Node {
                 } else {
                     self.log.ancestry(&want, &frontier, PUSH_UPDATES_MAX)
                 };
+                let (wire, more) = wire_bounded(&updates, more);
                 let mut hashes: Vec<Digest> = want_values.into_iter().take(WANT_MAX).collect();
                 if values {
                     hashes.extend(
-                        updates
+                        updates[..wire.len()]
                             .iter()
                             .filter_map(|update| update.body().value.map(|r| r.hash)),
                     );
                 }
+                let updates = wire;
                 let push = Message::Push {
-                    updates: updates.iter().map(|update| update.to_wire()).collect(),
+                    updates,
                     values: self.values_for(hashes),
                     frontier: self.log.frontier().flat(),
-                    forks: self.log.forks().values().cloned().collect(),
+                    forks: self.forks_for(&frontier),
                     more,
                     want_values: self.values_missing(),
                 };
@@ -652,7 +707,7 @@ impl Node {
                 } else {
                     (Vec::new(), false)
                 };
-                let back: Vec<WireUpdate> = back.iter().map(|u| u.to_wire()).collect();
+                let (back, _) = wire_bounded(&back, false);
                 let mut hashes: Vec<Digest> = back
                     .iter()
                     .filter_map(|w| self.log.get(&w.id()).and_then(|u| u.body().value))
@@ -673,7 +728,7 @@ impl Node {
                             values: self.values_for(hashes),
                             updates: back,
                             frontier: self.log.frontier().flat(),
-                            forks: self.log.forks().values().cloned().collect(),
+                            forks: self.forks_for(&frontier),
                             more: false,
                             want_values: Vec::new(),
                         },
@@ -760,7 +815,7 @@ impl Node {
                 } else {
                     self.stats.slow_gets += 1;
                     let (updates, more) = self.log.missing_for(&frontier, PUSH_UPDATES_MAX);
-                    (updates.iter().map(|u| u.to_wire()).collect(), more)
+                    wire_bounded(&updates, more)
                 };
                 out.sends.push((
                     from,

@@ -515,3 +515,189 @@ fn a_reader_suspects_a_client_whose_beacons_stopped_and_a_beacon_proves_what_cam
     assert!(signed.to_wire().verify(&config).is_err());
     assert!(!config.may_write(Writer(3), &super::update::beacon_key(Writer(2))));
 }
+
+// ---------------------------------------------------------------------------------------------
+// A volume on a node: its configuration's number, its records, and the hosted replica.
+
+mod served {
+    use super::super::records::{self, Recorder};
+    use super::super::served::{GOSSIP_EVERY_MS, PeerMessage, Peers, Reply, Request, Served};
+    use super::super::update::BadConfig;
+    use super::*;
+    use crate::machine::{Access, Replica};
+    use bulwark_core::{ClientId, NodeId, Slot, Time};
+
+    const ACCESS: Access = Access {
+        write: true,
+        read: true,
+    };
+
+    /// The test volume with its number made from the rest, as creation makes it.
+    fn numbered() -> Arc<VolumeConfig> {
+        let config = config();
+        Arc::new(VolumeConfig::new(config.members.clone(), config.staleness))
+    }
+
+    /// Servers 0 and 1 on nodes 10 and 11; clients 2-4 as client ids 0-2.
+    fn peers() -> Peers {
+        Peers {
+            nodes: [(Writer(0), NodeId(10)), (Writer(1), NodeId(11))].into(),
+            clients: (2..5).map(|i| (ClientId(i - 2), Writer(i))).collect(),
+        }
+    }
+
+    fn server(config: &Arc<VolumeConfig>) -> Served {
+        Served::new(
+            Node::new(config.clone(), Writer(0), secret(0)),
+            peers(),
+            NOW / 1000,
+        )
+    }
+
+    #[test]
+    fn a_configuration_s_number_is_the_hash_of_the_rest_and_bounds_are_checked() {
+        let config = numbered();
+        assert_eq!(config.check(), Ok(()));
+        let mut renumbered = (*config).clone();
+        renumbered.volume = VolumeId(config.volume.0 ^ 1);
+        assert_eq!(renumbered.check(), Err(BadConfig::Number));
+        let mut twice = (*config).clone();
+        twice.members.push(twice.members[2].clone());
+        let twice = VolumeConfig::new(twice.members, twice.staleness);
+        assert_eq!(twice.check(), Err(BadConfig::DuplicateKey));
+        let clients_only: Vec<Member> = config.members[2..].to_vec();
+        let clients_only = VolumeConfig::new(clients_only, config.staleness);
+        assert_eq!(clients_only.check(), Err(BadConfig::Members));
+        let mut hasty = config.staleness;
+        hasty.announce_ms = 10;
+        assert_eq!(
+            VolumeConfig::new(config.members.clone(), hasty).check(),
+            Err(BadConfig::Staleness)
+        );
+    }
+
+    #[test]
+    fn records_restore_the_node_they_came_from_and_damage_is_named() {
+        let config = numbered();
+        let mut writer = Node::new(config.clone(), Writer(2), secret(2));
+        let mut recorder = Recorder::default();
+        let mut tables: std::collections::BTreeMap<&str, Vec<(Vec<u8>, Bytes)>> =
+            Default::default();
+        for i in 0..5 {
+            let (_, out) =
+                writer.write(key(&format!("c2/{i}")), Some(Bytes::from(vec![i; 9])), NOW);
+            for change in &out.changes {
+                let record = recorder.record(change);
+                tables
+                    .entry(record.table)
+                    .or_default()
+                    .push((record.key, record.value));
+            }
+        }
+        let load = |table| tables.get(table).cloned().unwrap_or_default();
+        let (changes, _) = records::restore(
+            load(records::VALUES),
+            load(records::FORKS),
+            load(records::UPDATES),
+        )
+        .expect("restore");
+        let restored = Node::restore(config.clone(), Writer(2), secret(2), &changes, NOW);
+        assert_eq!(restored.log().len(), 5);
+        assert_eq!(restored.log().frontier(), writer.log().frontier());
+        assert_eq!(restored.values_held(), 5);
+        let mut values = load(records::VALUES);
+        values[0].1 = Bytes::from_static(b"another value");
+        let damaged = records::restore(values, Vec::new(), load(records::UPDATES));
+        assert!(damaged.is_err(), "a value under another hash is damage");
+        let mut updates = load(records::UPDATES);
+        updates[0].0 = vec![1, 2, 3];
+        let damaged = records::restore(Vec::new(), Vec::new(), updates);
+        assert!(damaged.unwrap_err().contains("acceptance number"));
+    }
+
+    #[test]
+    fn a_server_answers_members_only_and_acknowledges_a_put_in_its_reply() {
+        let config = numbered();
+        let mut served = server(&config);
+        let mut client = Node::new(config.clone(), Writer(2), secret(2));
+        let (update, _) = client.write(key("c2/a"), Some(Bytes::from_static(b"v")), NOW);
+        let put = client.put_message(9, &update.id()).expect("a put");
+        let exchange = |message: Message| Request::Exchange {
+            volume: config.volume,
+            message,
+        };
+        // Not a member of the volume: refused, and nothing changes.
+        let output = served.on_request(Time(0), ClientId(7), ACCESS, exchange(put.clone()), &());
+        assert!(matches!(output.reply, Some(Reply::Refused { .. })));
+        assert!(output.changes.is_empty());
+        // Another volume: refused.
+        let other = Request::Exchange {
+            volume: VolumeId(config.volume.0 ^ 1),
+            message: put.clone(),
+        };
+        let output = served.on_request(Time(0), ClientId(0), ACCESS, other, &());
+        assert!(matches!(output.reply, Some(Reply::Refused { .. })));
+        // The member: the update is a change to make durable, and the ack is in the reply the
+        // driver sends only after it.
+        let output = served.on_request(Time(0), ClientId(0), ACCESS, exchange(put), &());
+        assert!(!output.changes.is_empty());
+        let Some(Reply::Exchange { messages, .. }) = output.reply else {
+            panic!("no exchange reply");
+        };
+        assert!(
+            messages
+                .iter()
+                .any(|m| matches!(m, Message::PutAck { op: 9, id } if *id == update.id())),
+            "{messages:?}"
+        );
+        // Opening the same volume again is answered as opened; another configuration is not.
+        let open = Request::Open {
+            config: (*config).clone(),
+        };
+        let output = served.on_request(Time(0), ClientId(0), ACCESS, open, &());
+        assert!(matches!(output.reply, Some(Reply::Opened { .. })));
+        let mut other = (*config).clone();
+        other.staleness.announce_ms += 1;
+        let other = VolumeConfig::new(other.members, other.staleness);
+        let output = served.on_request(
+            Time(0),
+            ClientId(0),
+            ACCESS,
+            Request::Open { config: other },
+            &(),
+        );
+        assert!(matches!(output.reply, Some(Reply::Refused { .. })));
+    }
+
+    #[test]
+    fn servers_gossip_with_the_other_servers_in_turn_and_hear_only_from_them() {
+        let config = numbered();
+        let mut served = server(&config);
+        let first = served.on_tick(Time(0));
+        assert_eq!(first.sends.len(), 1);
+        assert_eq!(
+            first.sends[0].0,
+            Slot(11),
+            "the other server, by its node id"
+        );
+        assert!(matches!(first.sends[0].1.message, Message::Pull { .. }));
+        assert!(served.on_tick(Time(GOSSIP_EVERY_MS - 1)).sends.is_empty());
+        assert_eq!(served.on_tick(Time(GOSSIP_EVERY_MS)).sends.len(), 1);
+        // A node that serves no part of the volume is not heard.
+        let mut other = Node::new(config.clone(), Writer(1), secret(1));
+        let pull = other.pull(Writer(0));
+        let message = PeerMessage {
+            volume: config.volume,
+            message: pull,
+        };
+        let refused = served.on_message(Time(1), Slot(12), message.clone(), &());
+        assert!(refused.refused.is_some());
+        assert!(refused.sends.is_empty());
+        // The other server is, and its pull is answered to its node.
+        let answered = served.on_message(Time(1), Slot(11), message, &());
+        assert!(answered.refused.is_none());
+        assert_eq!(answered.sends.len(), 1);
+        assert_eq!(answered.sends[0].0, Slot(11));
+        assert!(matches!(answered.sends[0].1.message, Message::Push { .. }));
+    }
+}

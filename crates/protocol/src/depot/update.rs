@@ -110,7 +110,86 @@ pub fn beacon_key(writer: Writer) -> Key {
     Key::new(bytes).unwrap_or_else(|e| unreachable!("a beacon key is short: {e}"))
 }
 
+/// The most write prefixes one member holds.
+pub const PREFIXES_MAX: usize = 64;
+
+/// Why a volume configuration cannot be served.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BadConfig {
+    /// Its number is not the hash of the rest.
+    #[error("its number is not the hash of its members and staleness")]
+    Number,
+    /// No members, more than [`MEMBERS_MAX`], or no server among them.
+    #[error("a volume has 1 to {MEMBERS_MAX} members, at least one a server")]
+    Members,
+    /// One key named twice: the two members could fork each other's updates.
+    #[error("a member's key is named twice")]
+    DuplicateKey,
+    /// More than [`PREFIXES_MAX`] prefixes, or one longer than a key.
+    #[error("a member has more than {PREFIXES_MAX} write prefixes or one longer than a key")]
+    Prefixes,
+    /// An announce interval below 100 ms or a bound that overflows.
+    #[error("beacons are announced every 100 ms at the most often")]
+    Staleness,
+}
+
 impl VolumeConfig {
+    /// A volume of `members`: its number is the hash of the members and `staleness`, so that
+    /// two configurations never share a number and a server handed one can check it.
+    pub fn new(members: Vec<Member>, staleness: Staleness) -> VolumeConfig {
+        let volume = Self::number_of(&members, &staleness);
+        VolumeConfig {
+            volume,
+            members,
+            staleness,
+        }
+    }
+
+    fn number_of(members: &[Member], staleness: &Staleness) -> VolumeId {
+        let digest = Digest::of(
+            "bulwark depot volume v1",
+            &wire::encode(&(members, staleness)),
+        );
+        let mut bytes = [0; 8];
+        bytes.copy_from_slice(&digest.0[..8]);
+        VolumeId(u64::from_be_bytes(bytes))
+    }
+
+    /// Whether this configuration can be served as it says: every bound, and its number.
+    pub fn check(&self) -> Result<(), BadConfig> {
+        if self.members.is_empty()
+            || self.members.len() > MEMBERS_MAX
+            || self.servers().next().is_none()
+        {
+            return Err(BadConfig::Members);
+        }
+        let keys: std::collections::BTreeSet<[u8; 32]> =
+            self.members.iter().map(|m| m.key.to_bytes()).collect();
+        if keys.len() != self.members.len() {
+            return Err(BadConfig::DuplicateKey);
+        }
+        if self.members.iter().any(|m| {
+            m.writes.len() > PREFIXES_MAX || m.writes.iter().any(|p| p.len() > Key::BYTES_MAX)
+        }) {
+            return Err(BadConfig::Prefixes);
+        }
+        if self.staleness.announce_ms < 100 || self.staleness.announce_ms > u64::MAX / 4 {
+            return Err(BadConfig::Staleness);
+        }
+        if Self::number_of(&self.members, &self.staleness) != self.volume {
+            return Err(BadConfig::Number);
+        }
+        Ok(())
+    }
+
+    /// The member whose key is `key`.
+    pub fn member_with(&self, key: &PublicKey) -> Option<Writer> {
+        self.members
+            .iter()
+            .position(|m| m.key == *key)
+            .map(|index| Writer(index as u32))
+    }
+
     /// The member behind `writer`, if there is one.
     pub fn member(&self, writer: Writer) -> Option<&Member> {
         self.members.get(writer.0 as usize)

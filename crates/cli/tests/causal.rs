@@ -1,0 +1,210 @@
+//! Causal volumes (Depot) on real processes: a volume on the four nodes of a cluster, written by
+//! two clients. Writes that could not see each other (each made while only one server was up,
+//! a different one) are both returned by later reads, as concurrent versions, once the servers
+//! have gossiped; a write made after both supersedes them. The servers' logs survive their
+//! restart, and a client writes and reads through whichever server answers.
+
+mod common;
+
+use bulwark_client::Client;
+use bulwark_client::causal::CausalRead;
+use bulwark_core::NodeId;
+use bulwark_protocol::depot::VolumeId;
+use bytes::Bytes;
+use common::TestCluster;
+use std::time::{Duration, Instant};
+
+/// Reads `key` until `done` holds of what the read returns, for at most 30 s (servers gossip
+/// every second; a read may need a few rounds of it).
+async fn read_until(
+    client: &Client,
+    volume: VolumeId,
+    key: &[u8],
+    what: &str,
+    done: impl Fn(&CausalRead) -> bool,
+) -> CausalRead {
+    let started = Instant::now();
+    loop {
+        let read = client.causal_read("notes", volume, key).await;
+        if let Ok(read) = &read
+            && done(read)
+        {
+            return read.clone();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "never read {what}: last {read:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn values(read: &CausalRead) -> Vec<Option<Bytes>> {
+    read.versions.iter().map(|v| v.value.clone()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_causal_volume_keeps_concurrent_writes_as_versions_and_needs_no_particular_server() {
+    let mut cluster = TestCluster::start_nodes("powerstore", 1, 4, 10_000);
+    cluster.wait_up(&[0, 1, 2, 3]).await;
+    let admin = cluster.client("admin").await;
+    let writer2 = cluster.client("writer2").await;
+    let (volume, report) = admin
+        .create_causal_volume("notes", &[])
+        .await
+        .expect("create the volume");
+    assert_eq!(report.answered.len(), 4, "every node serves it");
+    let (again, _) = admin
+        .create_causal_volume("notes", &[])
+        .await
+        .expect("creating it again is a no-op");
+    assert_eq!(again, volume);
+    let found = writer2.volume("notes").await.expect("writer2 finds it");
+    assert_eq!(found, volume);
+    let bulwark_client::Serving::Causal { volume: number } = volume.serving else {
+        panic!("not causal: {volume:?}");
+    };
+
+    // A write another client then reads, through another server (gossip carries it).
+    admin
+        .put_in(&volume, b"greeting", Bytes::from_static(b"hello"))
+        .await
+        .expect("put");
+    let read = read_until(&writer2, number, b"greeting", "hello", |read| {
+        values(read) == vec![Some(Bytes::from_static(b"hello"))]
+    })
+    .await;
+    assert_eq!(read.versions[0].writer, "admin");
+
+    // Two writes that cannot see each other: each made while only one server, another one, is up.
+    for id in [1, 2, 3] {
+        cluster.kill(id);
+    }
+    let written = admin
+        .causal_write(
+            "notes",
+            number,
+            b"doc",
+            Some(Bytes::from_static(b"from admin")),
+        )
+        .await
+        .expect("write")
+        .acknowledged_by;
+    assert_eq!(written, Some(NodeId(0)), "node 0 alone is up");
+    cluster.kill(0);
+    cluster.spawn(1, None);
+    cluster.wait_up(&[1]).await;
+    let written = writer2
+        .causal_write(
+            "notes",
+            number,
+            b"doc",
+            Some(Bytes::from_static(b"from writer2")),
+        )
+        .await
+        .expect("write")
+        .acknowledged_by;
+    assert_eq!(written, Some(NodeId(1)), "node 1 alone is up");
+    for id in [0, 2, 3] {
+        cluster.spawn(id, None);
+    }
+    cluster.wait_up(&[0, 1, 2, 3]).await;
+    for client in [&admin, &writer2] {
+        let read = read_until(client, number, b"doc", "both versions", |read| {
+            read.versions.len() == 2
+        })
+        .await;
+        let mut seen = values(&read);
+        seen.sort();
+        assert_eq!(
+            seen,
+            vec![
+                Some(Bytes::from_static(b"from admin")),
+                Some(Bytes::from_static(b"from writer2"))
+            ]
+        );
+        assert!(read.forked.is_empty(), "nobody forked: {:?}", read.forked);
+        assert_eq!(read.newest(), read.versions[0].value.as_ref());
+    }
+    let (_, single) = admin.get_in(&volume, b"doc").await.expect("get");
+    assert_eq!(single.answered.len(), 1);
+
+    // A write made after both supersedes them.
+    admin
+        .put_in(&volume, b"doc", Bytes::from_static(b"merged"))
+        .await
+        .expect("put");
+    read_until(&writer2, number, b"doc", "the merge alone", |read| {
+        values(read) == vec![Some(Bytes::from_static(b"merged"))]
+    })
+    .await;
+
+    // The servers' logs survive their restart: every server ends with the same updates.
+    let updates = |statuses: &[(NodeId, _, Result<bulwark_protocol::service::NodeStatus, _>)]| {
+        statuses
+            .iter()
+            .map(|(_, _, status)| {
+                status
+                    .as_ref()
+                    .ok()
+                    .and_then(|s| s.causal.first())
+                    .map(|c| c.updates)
+            })
+            .collect::<Vec<_>>()
+    };
+    let started = Instant::now();
+    let before = loop {
+        let now = updates(&admin.status().await);
+        if now.iter().all(|u| u.is_some() && *u == now[0]) {
+            break now;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "servers never agreed: {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    for id in 0..4 {
+        cluster.kill(id);
+        cluster.spawn(id, None);
+    }
+    cluster.wait_up(&[0, 1, 2, 3]).await;
+    assert_eq!(updates(&admin.status().await), before, "restored whole");
+
+    // With its first server down, a client writes and reads through another.
+    cluster.kill(0);
+    let written = admin
+        .causal_write(
+            "notes",
+            number,
+            b"later",
+            Some(Bytes::from_static(b"still here")),
+        )
+        .await
+        .expect("write")
+        .acknowledged_by;
+    assert!(
+        matches!(written, Some(node) if node != NodeId(0)),
+        "{written:?}"
+    );
+    read_until(
+        &writer2,
+        number,
+        b"later",
+        "the write past node 0",
+        |read| values(read) == vec![Some(Bytes::from_static(b"still here"))],
+    )
+    .await;
+    admin.delete_in(&volume, b"later").await.expect("delete");
+    let read = admin
+        .causal_read("notes", number, b"later")
+        .await
+        .expect("read");
+    assert_eq!(read.newest(), None, "deleted");
+    let (keys, _) = admin
+        .causal_list("notes", number, b"", 100)
+        .await
+        .expect("list");
+    let keys: Vec<&[u8]> = keys.iter().map(|(key, _)| key.as_bytes()).collect();
+    assert_eq!(keys, vec![&b"doc"[..], b"greeting"]);
+}

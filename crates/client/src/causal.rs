@@ -1,0 +1,812 @@
+//! Causal volumes (Depot) as a client takes part in them: a client is a member of the volume
+//! with a log of its own, kept in its directory (`depot/`, a redb store), since Depot clients
+//! are nodes (§3). A write is accepted and made durable here first, then handed to a server,
+//! whose acknowledgement means it is durable there too; a read asks the servers in turn with
+//! the compact hash of what the client holds, and takes only values that updates it verified
+//! itself name. Nothing a server says is believed without a signature that checks.
+//!
+//! A volume's configuration (its members' keys and write prefixes, and its number, the hash of
+//! the rest) is made from `cluster.toml` when the volume is created: its servers are the nodes
+//! named then, its clients every client with a signing key, those that may write with the right
+//! to every key. It is recorded in the system volume, and in the client's own store once used,
+//! so that a client that has used a volume keeps using it whatever its servers do.
+
+use crate::{Client, ClientError, OpReport, Serving, Volume};
+use bulwark_core::membership::GroupView;
+use bulwark_core::{Key, NodeId, ServiceId};
+use bulwark_protocol::depot::node::{Output, ReadStart, VALUE_BYTES_MAX};
+use bulwark_protocol::depot::records::{self, Recorder};
+use bulwark_protocol::depot::served::{self, Call, Reply, Request};
+use bulwark_protocol::depot::{
+    Member, Message, Node, ReadResult, Role, Staleness, UpdateId, VolumeConfig, VolumeId, Writer,
+};
+use bulwark_storage::{Namespace, StorageOp, Store};
+use bytes::Bytes;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// The client's Depot store, in its directory.
+pub const DEPOT_DIR: &str = "depot";
+/// The store's table of configurations, by volume number (8 bytes, big-endian).
+const CONFIGS: &str = "configs";
+/// The store's table of volume names the client has used: name to volume number.
+const NAMES: &str = "names";
+/// The namespace group of the store's own tables: no volume's ([`served::group_of`] never
+/// gives it).
+const LOCAL: bulwark_core::GroupId = bulwark_core::GroupId(u32::MAX);
+/// Messages exchanged with one server for one operation at most: a pull and the pushes it
+/// makes, a put and the pull a server lacking its dependencies answers with.
+const ROUNDS_MAX: usize = 64;
+
+/// How long one call waits for a server before the operation moves to the next: a causal
+/// volume never needs a particular server.
+const CALL_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// A causal volume's record in the system volume names its number; its configuration is
+/// recorded beside it, under [`config_key`].
+pub(crate) const CAUSAL: &str = "causal";
+
+/// Where the system volume keeps the configuration of causal volume `volume`.
+pub(crate) fn config_key(volume: VolumeId) -> Vec<u8> {
+    let mut key = b"\0sys\0depot/".to_vec();
+    key.extend_from_slice(format!("{:016x}", volume.0).as_bytes());
+    key
+}
+
+/// The client's part in the causal volumes it uses.
+#[derive(Default)]
+pub(crate) struct Local {
+    store: Option<Arc<Store>>,
+    volumes: HashMap<VolumeId, Membership>,
+}
+
+/// One volume the client is a member of.
+struct Membership {
+    node: Node,
+    recorder: Recorder,
+    namespace: Namespace,
+    /// The servers, in the order a read asks them.
+    servers: Vec<(Writer, NodeId)>,
+}
+
+/// What one exchange with a server brought.
+#[derive(Default)]
+struct Exchanged {
+    /// Reads that ended.
+    reads: Vec<(u64, ReadResult)>,
+    /// Puts the server acknowledged durable, by operation.
+    acknowledged: Vec<u64>,
+}
+
+/// One version a causal read returns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CausalVersion {
+    /// The update that wrote it.
+    pub id: UpdateId,
+    /// Its writer's name in `cluster.toml`, or its member index.
+    pub writer: String,
+    /// Its logical clock.
+    pub clock: u64,
+    /// The value; `None` for a delete.
+    pub value: Option<Bytes>,
+}
+
+/// What a causal read returns: every version of the key no other supersedes, newest first by
+/// [`newest`]'s rule; more than one when writes were concurrent or a writer forked.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CausalRead {
+    /// The versions.
+    pub versions: Vec<CausalVersion>,
+    /// Versions whose values no member asked could give.
+    pub unavailable: usize,
+    /// Clients from whom this client has heard nothing within the volume's staleness bound:
+    /// their latest writes may be missing (Depot §6.4).
+    pub suspects: Vec<String>,
+    /// Writers this client holds proof of forking against.
+    pub forked: Vec<String>,
+    /// The servers that answered.
+    pub answered: Vec<NodeId>,
+}
+
+impl CausalRead {
+    /// The version a single-valued read returns: the highest clock, then the writer's name,
+    /// then the update's id (the order `versions` is in). `None` when there is none or the
+    /// newest is a delete.
+    pub fn newest(&self) -> Option<&Bytes> {
+        self.versions.first().and_then(|v| v.value.as_ref())
+    }
+}
+
+/// What a causal write did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CausalWrite {
+    /// The update.
+    pub id: UpdateId,
+    /// The server that acknowledged it durable, if one did; it is durable in the client's own
+    /// store either way and reaches the servers in a later exchange.
+    pub acknowledged_by: Option<NodeId>,
+}
+
+fn now_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_micros() as u64)
+}
+
+fn local_error(problem: impl std::fmt::Display) -> ClientError {
+    ClientError::Protocol(format!("the client's causal-volume store: {problem}"))
+}
+
+impl Client {
+    /// The configuration of a new causal volume served by `servers`: every client of
+    /// `cluster.toml` with a signing key is a member, the writers with the right to every key.
+    pub fn causal_config(&self, servers: &[NodeId]) -> Result<VolumeConfig, ClientError> {
+        let mut members = Vec::new();
+        for id in servers {
+            let entry = self.cluster.node(*id).ok_or_else(|| ClientError::Volume {
+                name: String::new(),
+                problem: format!("{id} is not in cluster.toml"),
+            })?;
+            let key = bulwark_core::sign::PublicKey::from_bytes(&entry.signing_key)
+                .map_err(|error| ClientError::Protocol(format!("{id}'s signing key: {error}")))?;
+            members.push(Member {
+                key,
+                role: Role::Server,
+                writes: Vec::new(),
+            });
+        }
+        for client in &self.cluster.clients {
+            let Some(key) = client.signing_key else {
+                continue;
+            };
+            let key = bulwark_core::sign::PublicKey::from_bytes(&key).map_err(|error| {
+                ClientError::Protocol(format!("{}'s signing key: {error}", client.name))
+            })?;
+            members.push(Member {
+                key,
+                role: Role::Client,
+                writes: if client.write {
+                    vec![Vec::new()]
+                } else {
+                    Vec::new()
+                },
+            });
+        }
+        let config = VolumeConfig::new(members, Staleness::default());
+        config
+            .check()
+            .map_err(|problem| ClientError::Protocol(format!("a causal volume: {problem}")))?;
+        Ok(config)
+    }
+
+    /// Creates causal volume `name` on `servers` (every node of `cluster.toml` when empty):
+    /// each is asked to serve it, and the volume is recorded once at least one does.
+    pub async fn create_causal_volume(
+        &self,
+        name: &str,
+        servers: &[NodeId],
+    ) -> Result<(Volume, OpReport), ClientError> {
+        Volume::check_name(name)?;
+        let servers: Vec<NodeId> = if servers.is_empty() {
+            self.cluster
+                .nodes
+                .iter()
+                .map(|node| NodeId(node.id))
+                .collect()
+        } else {
+            servers.to_vec()
+        };
+        let config = self.causal_config(&servers)?;
+        let volume = config.volume;
+        if let Some(existing) = self.existing(name).await?
+            && existing.serving != (Serving::Causal { volume })
+        {
+            return Err(ClientError::Volume {
+                name: name.to_string(),
+                problem: format!("exists already, served by {}", existing.serving),
+            });
+        }
+        let mut opened = Vec::new();
+        let mut refusals = Vec::new();
+        for server in &servers {
+            let request = Request::Open {
+                config: config.clone(),
+            };
+            match self.call(*server, volume, request).await {
+                Ok(Reply::Opened { .. }) => opened.push(*server),
+                Ok(other) => refusals.push(format!("{server} answered {other:?}")),
+                Err(error) => refusals.push(format!("{server}: {error}")),
+            }
+        }
+        if opened.is_empty() {
+            return Err(ClientError::Volume {
+                name: name.to_string(),
+                problem: format!("no server would serve it: {}", refusals.join("; ")),
+            });
+        }
+        for refusal in &refusals {
+            tracing::warn!(volume = name, %refusal, "a server did not open the causal volume");
+        }
+        self.write_system(&config_key(volume), Bytes::from(wire_encode(&config)))
+            .await?;
+        self.remember_causal(name, &config)?;
+        let (volume, mut report) = self.record_volume(name, Serving::Causal { volume }).await?;
+        report.answered = opened;
+        report.n = servers.len();
+        Ok((volume, report))
+    }
+
+    /// The configuration of causal volume `volume`: from the client's own store, or else from
+    /// the system volume, checked against its number.
+    pub(crate) async fn causal_volume_config(
+        &self,
+        name: &str,
+        volume: VolumeId,
+    ) -> Result<VolumeConfig, ClientError> {
+        if let Some(config) = self.stored_config(volume)? {
+            return Ok(config);
+        }
+        let (record, _) = self.read_system(&config_key(volume)).await?;
+        let problem = |problem: String| ClientError::Volume {
+            name: name.to_string(),
+            problem,
+        };
+        let record = record.ok_or_else(|| problem("its configuration is not recorded".into()))?;
+        let config: VolumeConfig =
+            bulwark_core::wire::decode(&record, bulwark_core::wire::FRAME_BYTES_MAX)
+                .map_err(|error| problem(format!("its configuration: {error}")))?;
+        config
+            .check()
+            .map_err(|error| problem(format!("its configuration: {error}")))?;
+        if config.volume != volume {
+            return Err(problem("its configuration is another volume's".into()));
+        }
+        self.remember_causal(name, &config)?;
+        Ok(config)
+    }
+
+    /// The causal volume this client used under `name` before, from its own store.
+    pub(crate) fn remembered_causal(&self, name: &str) -> Result<Option<VolumeId>, ClientError> {
+        let Some(store) = self.causal_store(false)? else {
+            return Ok(None);
+        };
+        let table = Namespace::new(ServiceId::DEPOT, LOCAL).table(NAMES);
+        Ok(store
+            .get(table, name.as_bytes())
+            .map_err(local_error)?
+            .and_then(|bytes| <[u8; 8]>::try_from(bytes.as_ref()).ok())
+            .map(|bytes| VolumeId(u64::from_be_bytes(bytes))))
+    }
+
+    fn stored_config(&self, volume: VolumeId) -> Result<Option<VolumeConfig>, ClientError> {
+        let Some(store) = self.causal_store(false)? else {
+            return Ok(None);
+        };
+        let table = Namespace::new(ServiceId::DEPOT, LOCAL).table(CONFIGS);
+        let Some(record) = store
+            .get(table, &volume.0.to_be_bytes())
+            .map_err(local_error)?
+        else {
+            return Ok(None);
+        };
+        let config: VolumeConfig =
+            bulwark_core::wire::decode(&record, bulwark_core::wire::FRAME_BYTES_MAX)
+                .map_err(local_error)?;
+        config.check().map_err(local_error)?;
+        if config.volume != volume {
+            return Err(local_error("a configuration stored under another number"));
+        }
+        Ok(Some(config))
+    }
+
+    /// Keeps `config` and `name` in the client's own store.
+    fn remember_causal(&self, name: &str, config: &VolumeConfig) -> Result<(), ClientError> {
+        let Some(store) = self.causal_store(true)? else {
+            return Ok(());
+        };
+        let node_wide = Namespace::new(ServiceId::DEPOT, LOCAL);
+        store
+            .apply(&[
+                StorageOp::Put {
+                    table: node_wide.table(CONFIGS),
+                    key: config.volume.0.to_be_bytes().to_vec(),
+                    value: Bytes::from(wire_encode(config)),
+                },
+                StorageOp::Put {
+                    table: node_wide.table(NAMES),
+                    key: name.as_bytes().to_vec(),
+                    value: Bytes::copy_from_slice(&config.volume.0.to_be_bytes()),
+                },
+            ])
+            .map_err(local_error)
+    }
+
+    /// The client's Depot store, opened once; `None` for a client without a directory, or,
+    /// unless `create`, one that has none yet.
+    fn causal_store(&self, create: bool) -> Result<Option<Arc<Store>>, ClientError> {
+        let Some(dir) = &self.depot_dir else {
+            return Ok(None);
+        };
+        let mut local = self
+            .causal_local
+            .lock()
+            .map_err(|_| local_error("poisoned"))?;
+        if let Some(store) = &local.store {
+            return Ok(Some(store.clone()));
+        }
+        if !create && !dir.exists() {
+            return Ok(None);
+        }
+        std::fs::create_dir_all(dir).map_err(|error| ClientError::File {
+            path: dir.clone(),
+            error,
+        })?;
+        let store = Arc::new(
+            Store::open(dir).map_err(|error| local_error(format!("{}: {error}", dir.display())))?,
+        );
+        local.store = Some(store.clone());
+        Ok(Some(store))
+    }
+
+    /// This client's node of `config`'s volume, restored from its store the first time.
+    fn causal_member(&self, config: &VolumeConfig) -> Result<Membership, ClientError> {
+        let store = self.causal_store(true)?.ok_or_else(|| {
+            ClientError::Protocol(
+                "causal volumes need a client directory to keep the client's log in".into(),
+            )
+        })?;
+        let secret = self.signing.clone().ok_or_else(|| ClientError::NotWriter {
+            name: self.name.clone(),
+        })?;
+        let me = config
+            .member_with(&secret.public_key())
+            .filter(|writer| config.member(*writer).map(|m| m.role) == Some(Role::Client))
+            .ok_or_else(|| ClientError::Volume {
+                name: format!("{:016x}", config.volume.0),
+                problem: format!("client {:?} is not a member", self.name),
+            })?;
+        let namespace = Namespace::new(ServiceId::DEPOT, served::group_of(config.volume));
+        let load = |table| store.load(namespace.table(table)).map_err(local_error);
+        let (changes, recorder) = records::restore(
+            load(records::VALUES)?,
+            load(records::FORKS)?,
+            load(records::UPDATES)?,
+        )
+        .map_err(local_error)?;
+        let node = Node::restore(
+            Arc::new(config.clone()),
+            me,
+            (*secret).clone(),
+            &changes,
+            now_micros(),
+        );
+        let peers_of = |writer: Writer| {
+            let key = config.member(writer)?.key.to_bytes();
+            self.cluster
+                .nodes
+                .iter()
+                .find(|node| node.signing_key == key)
+                .map(|node| NodeId(node.id))
+        };
+        let mut servers: Vec<(Writer, NodeId)> = config
+            .servers()
+            .filter_map(|writer| Some((writer, peers_of(writer)?)))
+            .collect();
+        // Clients start with different servers, so that no one server carries every client.
+        if !servers.is_empty() {
+            let turn = (self.id.0 as usize) % servers.len();
+            servers.rotate_left(turn);
+        }
+        Ok(Membership {
+            node,
+            recorder,
+            namespace,
+            servers,
+        })
+    }
+
+    /// Makes `out`'s changes durable in the client's store, in order.
+    fn persist(&self, member: &mut Membership, out: &Output) -> Result<(), ClientError> {
+        if out.changes.is_empty() {
+            return Ok(());
+        }
+        let store = self
+            .causal_store(true)?
+            .ok_or_else(|| local_error("no store"))?;
+        let ops: Vec<StorageOp> = out
+            .changes
+            .iter()
+            .map(|change| {
+                let record = member.recorder.record(change);
+                StorageOp::Put {
+                    table: member.namespace.table(record.table),
+                    key: record.key,
+                    value: record.value,
+                }
+            })
+            .collect();
+        store.apply(&ops).map_err(local_error)
+    }
+
+    /// One request to `server` about `volume`, and its reply.
+    async fn call(
+        &self,
+        server: NodeId,
+        volume: VolumeId,
+        request: Request,
+    ) -> Result<Reply, ClientError> {
+        let view = GroupView::new(served::group_of(volume), self.epoch(), vec![server])
+            .map_err(|error| ClientError::Protocol(error.to_string()))?;
+        let mut machine = Call::new(self.op_id().0, request);
+        let name = format!("{:016x}", volume.0);
+        let wait = CALL_WAIT.min(self.deadline);
+        match tokio::time::timeout(wait, self.drive(&view, &name, 0, &mut machine)).await {
+            Ok(answer) => answer,
+            Err(_) => Err(ClientError::Unavailable {
+                deadline: wait,
+                answered: 0,
+                quorum: 1,
+                n: 1,
+                unreachable: self
+                    .cluster
+                    .node(server)
+                    .map(|node| vec![(server, node.address)])
+                    .unwrap_or_default(),
+                stalled: None,
+            }),
+        }
+    }
+
+    /// Sends `message` to server `to` and feeds every answer back to the node, with what the
+    /// node says to that server in turn, until it says nothing more to it.
+    async fn exchange(
+        &self,
+        member: &mut Membership,
+        to: (Writer, NodeId),
+        message: Message,
+    ) -> Result<Exchanged, ClientError> {
+        let volume = member.node.log().config().volume;
+        let mut queue = vec![message];
+        let mut exchanged = Exchanged::default();
+        let mut rounds = 0;
+        while let Some(message) = queue.pop() {
+            rounds += 1;
+            if rounds > ROUNDS_MAX {
+                tracing::warn!(server = %to.1, "a causal exchange reached its bound");
+                break;
+            }
+            let reply = self
+                .call(to.1, volume, Request::Exchange { volume, message })
+                .await?;
+            let Reply::Exchange { messages, .. } = reply else {
+                return Err(ClientError::Protocol(format!(
+                    "{} answered an exchange with {reply:?}",
+                    to.1
+                )));
+            };
+            for answer in messages.into_iter().take(ROUNDS_MAX) {
+                if let Message::PutAck { op, .. } = &answer {
+                    exchanged.acknowledged.push(*op);
+                }
+                let out = member.node.on_message(to.0, answer, now_micros());
+                self.persist(member, &out)?;
+                exchanged.reads.extend(out.reads);
+                for (peer, next) in out.sends {
+                    if peer == to.0 {
+                        queue.insert(0, next);
+                    }
+                }
+            }
+        }
+        Ok(exchanged)
+    }
+
+    /// Brings this client's log up to date with the first server that answers (each in turn),
+    /// sending it what it lacks; the server that answered.
+    async fn sync(&self, member: &mut Membership) -> Option<NodeId> {
+        for server in member.servers.clone() {
+            let pull = member.node.pull(server.0);
+            match self.exchange(member, server, pull).await {
+                Ok(_) => return Some(server.1),
+                Err(error) => {
+                    tracing::debug!(server = %server.1, %error, "a server did not answer a pull")
+                }
+            }
+        }
+        None
+    }
+
+    /// Runs `f` on this client's member of causal volume `name` (`volume`), one operation at a
+    /// time per client.
+    async fn with_causal<T>(
+        &self,
+        name: &str,
+        volume: VolumeId,
+        f: impl AsyncFnOnce(&Client, &mut Membership) -> Result<T, ClientError>,
+    ) -> Result<T, ClientError> {
+        let _one = self.causal_turn.lock().await;
+        let taken = self
+            .causal_local
+            .lock()
+            .map_err(|_| local_error("poisoned"))?
+            .volumes
+            .remove(&volume);
+        let mut member = match taken {
+            Some(member) => member,
+            None => {
+                let config = self.causal_volume_config(name, volume).await?;
+                self.causal_member(&config)?
+            }
+        };
+        let result = f(self, &mut member).await;
+        if let Ok(mut local) = self.causal_local.lock() {
+            local.volumes.insert(volume, member);
+        }
+        result
+    }
+
+    /// Writes `value` (`None`: deletes) under `key` of causal volume `volume` (named `name`):
+    /// after catching up with a server, so that the write supersedes what that server holds;
+    /// accepted and durable in the client's store, then acknowledged durable by a server.
+    pub async fn causal_write(
+        &self,
+        name: &str,
+        volume: VolumeId,
+        key: &[u8],
+        value: Option<Bytes>,
+    ) -> Result<CausalWrite, ClientError> {
+        let key = causal_key(key)?;
+        if let Some(value) = &value
+            && value.len() > VALUE_BYTES_MAX
+        {
+            return Err(ClientError::TooLarge {
+                len: value.len(),
+                max: VALUE_BYTES_MAX,
+            });
+        }
+        self.with_causal(name, volume, async |client: &Client, member: &mut Membership| {
+            client.beacon_if_due(member)?;
+            client.sync(member).await;
+            let (update, out) = member.node.write(key, value, now_micros());
+            client.persist(member, &out)?;
+            let id = update.id();
+            let mut acknowledged_by = None;
+            for server in member.servers.clone() {
+                let op = client.op_id().0;
+                let Some(put) = member.node.put_message(op, &id) else {
+                    break;
+                };
+                match client.exchange(member, server, put).await {
+                    Ok(exchanged) if exchanged.acknowledged.contains(&op) => {
+                        acknowledged_by = Some(server.1);
+                        break;
+                    }
+                    Ok(_) => {}
+                    Err(error) => {
+                        tracing::debug!(server = %server.1, %error, "a server did not take a put")
+                    }
+                }
+            }
+            Ok(CausalWrite {
+                id,
+                acknowledged_by,
+            })
+        })
+        .await
+    }
+
+    /// Writes this client's beacon when the last is older than the volume's announce interval
+    /// (§6.4): a client that writes or reads is heard from.
+    fn beacon_if_due(&self, member: &mut Membership) -> Result<(), ClientError> {
+        let now = now_micros();
+        let me = member.node.me();
+        let announce_ms = member.node.log().config().staleness.announce_ms;
+        let due = member
+            .node
+            .log()
+            .beacon(me)
+            .is_none_or(|last| (now / 1000).saturating_sub(last) >= announce_ms);
+        if due {
+            let (_, out) = member.node.beacon(now);
+            self.persist(member, &out)?;
+        }
+        Ok(())
+    }
+
+    /// Reads `key` of causal volume `volume` (named `name`): every version no other supersedes.
+    pub async fn causal_read(
+        &self,
+        name: &str,
+        volume: VolumeId,
+        key: &[u8],
+    ) -> Result<CausalRead, ClientError> {
+        let key = causal_key(key)?;
+        self.with_causal(
+            name,
+            volume,
+            async |client: &Client, member: &mut Membership| {
+                client.beacon_if_due(member)?;
+                let op = client.op_id().0;
+                let servers: Vec<Writer> = member.servers.iter().map(|(w, _)| *w).collect();
+                let mut answered = Vec::new();
+                let mut result = None;
+                let mut next = match member.node.start_read(op, key, &servers, now_micros()) {
+                    ReadStart::Done(done) => {
+                        result = Some(done);
+                        None
+                    }
+                    ReadStart::Ask(to, message) => Some((to, *message)),
+                };
+                let mut asks = 0;
+                while let Some((to, message)) = next.take() {
+                    asks += 1;
+                    let server = member.servers.iter().copied().find(|(w, _)| *w == to);
+                    let outcome = match server {
+                        Some(server) if asks <= ROUNDS_MAX => client
+                            .exchange(member, server, message)
+                            .await
+                            .map(|r| (server, r)),
+                        _ => Err(ClientError::Protocol("no way to reach that member".into())),
+                    };
+                    match outcome {
+                        Ok((server, exchanged)) => {
+                            answered.push(server.1);
+                            let mut reads = exchanged.reads.into_iter();
+                            if let Some((_, done)) = reads.find(|(of, _)| *of == op) {
+                                result = Some(done);
+                            }
+                        }
+                        Err(error) => {
+                            tracing::debug!(%error, "a member did not answer a read");
+                        }
+                    }
+                    if result.is_none() {
+                        // Unanswered, or answered without ending the read: the next member.
+                        let out = member.node.read_timeout(op, now_micros());
+                        client.persist(member, &out)?;
+                        if let Some((_, done)) = out.reads.into_iter().find(|(of, _)| *of == op) {
+                            result = Some(done);
+                        }
+                        next = out.sends.into_iter().next();
+                    }
+                }
+                let result = result
+                    .ok_or_else(|| ClientError::Protocol("a read that never ended".into()))?;
+                Ok(client.causal_result(member, result, answered))
+            },
+        )
+        .await
+    }
+
+    /// A read's result with writers named and versions newest first.
+    fn causal_result(
+        &self,
+        member: &Membership,
+        result: ReadResult,
+        answered: Vec<NodeId>,
+    ) -> CausalRead {
+        let config = member.node.log().config().clone();
+        let name = |writer: Writer| self.member_name(&config, writer);
+        let mut versions: Vec<CausalVersion> = result
+            .versions
+            .into_iter()
+            .map(|version| CausalVersion {
+                id: version.id,
+                writer: name(version.writer),
+                clock: version.clock,
+                value: version.value,
+            })
+            .collect();
+        versions.sort_by(|a, b| (b.clock, &b.writer, b.id).cmp(&(a.clock, &a.writer, a.id)));
+        CausalRead {
+            versions,
+            unavailable: result.unavailable.len(),
+            suspects: result.suspects.into_iter().map(name).collect(),
+            forked: member.node.log().forks().keys().map(|w| name(*w)).collect(),
+            answered,
+        }
+    }
+
+    /// A member's name: its client's or node's in `cluster.toml`, or its index.
+    fn member_name(&self, config: &VolumeConfig, writer: Writer) -> String {
+        let Some(member) = config.member(writer) else {
+            return format!("member {}", writer.0);
+        };
+        let key = member.key.to_bytes();
+        if let Some(client) = self
+            .cluster
+            .clients
+            .iter()
+            .find(|client| client.signing_key == Some(key))
+        {
+            return client.name.clone();
+        }
+        if let Some(node) = self
+            .cluster
+            .nodes
+            .iter()
+            .find(|node| node.signing_key == key)
+        {
+            return format!("node {}", node.id);
+        }
+        format!("member {}", writer.0)
+    }
+
+    /// The keys of causal volume `volume` (named `name`) that start with `prefix` and whose
+    /// newest versions are not all deletes, after catching up with a server; at most `limit`.
+    pub async fn causal_list(
+        &self,
+        name: &str,
+        volume: VolumeId,
+        prefix: &[u8],
+        limit: usize,
+    ) -> Result<(Vec<(Key, usize)>, Option<NodeId>), ClientError> {
+        self.with_causal(
+            name,
+            volume,
+            async |client: &Client, member: &mut Membership| {
+                client.beacon_if_due(member)?;
+                let answered = client.sync(member).await;
+                let log = member.node.log();
+                let config = log.config();
+                let keys = log
+                    .keys()
+                    .filter(|key| key.as_bytes().starts_with(prefix))
+                    .filter(|key| !key.as_bytes().starts_with(&[0]))
+                    .filter_map(|key| {
+                        let heads = log.heads(key);
+                        let live = heads
+                            .iter()
+                            .filter(|head| head.body().value.is_some())
+                            .filter(|head| config.may_write(head.body().writer, key))
+                            .count();
+                        (live > 0).then(|| (key.clone(), heads.len()))
+                    })
+                    .take(limit)
+                    .collect();
+                Ok((keys, answered))
+            },
+        )
+        .await
+    }
+}
+
+/// A user's key in a causal volume: any key but those starting with NUL (Depot's own).
+fn causal_key(key: &[u8]) -> Result<Key, ClientError> {
+    if key.first() == Some(&0) {
+        return Err(ClientError::Volume {
+            name: String::new(),
+            problem: "keys of a causal volume may not begin with a NUL byte".into(),
+        });
+    }
+    Key::new(key.to_vec()).map_err(ClientError::Key)
+}
+
+fn wire_encode<T: serde::Serialize>(value: &T) -> Vec<u8> {
+    bulwark_core::wire::encode(value)
+}
+
+/// A volume's record text: `causal volume=<16 hex digits>`.
+pub(crate) fn record_text(volume: VolumeId) -> String {
+    format!("{CAUSAL} volume={:016x}", volume.0)
+}
+
+/// The volume a record names, if it is a causal one's.
+pub(crate) fn parse_record(text: &str) -> Option<VolumeId> {
+    let mut words = text.split(' ');
+    if words.next()? != CAUSAL {
+        return None;
+    }
+    let hex = words.next()?.strip_prefix("volume=")?;
+    if words.next().is_some() || hex.len() != 16 {
+        return None;
+    }
+    u64::from_str_radix(hex, 16).ok().map(VolumeId)
+}
+
+/// Where a client keeps its Depot store, under its directory.
+pub(crate) fn store_dir(client_dir: &std::path::Path) -> PathBuf {
+    client_dir.join(DEPOT_DIR)
+}
