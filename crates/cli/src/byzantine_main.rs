@@ -4,6 +4,7 @@
 //! wrapped around the honest server. It is a separate binary so that the production `bulwark`
 //! binary cannot be switched into lying by any flag.
 
+mod causal_lies;
 mod forking;
 
 use bulwark_cli as bulwark_main;
@@ -21,6 +22,9 @@ struct Cli {
     /// state the first one saw (the A2M paper's Figure 1).
     #[arg(long)]
     volumes: Option<VolumeLie>,
+    /// How its causal volumes' servers lie: withhold, tamper or fork.
+    #[arg(long)]
+    causal: Option<causal_lies::CausalLie>,
     /// Seed for the behaviour's choices.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -53,6 +57,22 @@ fn main() -> std::process::ExitCode {
     if let Some(VolumeLie::Fork) = cli.volumes {
         tracing::warn!("this node forks its single-server volumes on purpose");
         wrap.volumes = Box::new(forking::wrap);
+    }
+    if let Some(lie) = cli.causal {
+        tracing::warn!(?lie, "this node's causal volumes lie on purpose");
+        let Some(id) = args.id else {
+            eprintln!("error: --id is required to run a node");
+            return std::process::ExitCode::FAILURE;
+        };
+        let options = match bulwark_node::NodeOptions::load(&args.cluster, id, args.data.clone()) {
+            Ok(options) => options,
+            Err(error) => {
+                eprintln!("error: {error:#}");
+                return std::process::ExitCode::FAILURE;
+            }
+        };
+        let secret = bulwark_core::sign::SecretKey::from_seed(&options.secrets.signing_key);
+        wrap.depots = causal_lies::wrap(lie, secret);
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -2,7 +2,9 @@
 //! two clients. Writes that could not see each other (each made while only one server was up,
 //! a different one) are both returned by later reads, as concurrent versions, once the servers
 //! have gossiped; a write made after both supersedes them. The servers' logs survive their
-//! restart, and a client writes and reads through whichever server answers.
+//! restart, and a client writes and reads through whichever server answers. With three of the
+//! four servers lying (one forking, one withholding, one tampering), the clients still write and
+//! read, converge through the one correct server, and hold proof of the fork.
 
 mod common;
 
@@ -207,4 +209,100 @@ async fn a_causal_volume_keeps_concurrent_writes_as_versions_and_needs_no_partic
         .expect("list");
     let keys: Vec<&[u8]> = keys.iter().map(|(key, _)| key.as_bytes()).collect();
     assert_eq!(keys, vec![&b"doc"[..], b"greeting"]);
+}
+
+/// Each client's own keys in the Byzantine test, and what it writes there.
+fn own(client: &str, i: u32) -> (Vec<u8>, Bytes) {
+    (
+        format!("{client}/{i}").into_bytes(),
+        Bytes::from(format!("{client} wrote {i}")),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_three_of_four_servers_lying_correct_clients_converge_and_prove_the_fork() {
+    let mut cluster = TestCluster::start_nodes("powerstore", 1, 4, 10_000);
+    cluster.wait_up(&[0, 1, 2, 3]).await;
+    // Replaced before the volume exists: the forking node signs its branches for the volume it
+    // is asked to open. Their registers stay honest, so the system volume works.
+    cluster.spawn_byzantine(1, &["--causal", "fork"]);
+    cluster.spawn_byzantine(2, &["--causal", "withhold"]);
+    cluster.spawn_byzantine(3, &["--causal", "tamper"]);
+    cluster.wait_up(&[0, 1, 2, 3]).await;
+    let admin = cluster.client("admin").await;
+    let writer2 = cluster.client("writer2").await;
+    let (volume, _) = admin
+        .create_causal_volume("notes", &[])
+        .await
+        .expect("create the volume");
+    let bulwark_client::Serving::Causal { volume: number } = volume.serving else {
+        panic!("not causal: {volume:?}");
+    };
+    let found = writer2.volume("notes").await.expect("writer2 finds it");
+    assert_eq!(found, volume);
+
+    // admin's first server is the correct one, writer2's the forking one: both write.
+    for i in 0..4 {
+        for (client, name) in [(&admin, "admin"), (&writer2, "writer2")] {
+            let (key, value) = own(name, i);
+            let written = client
+                .causal_write("notes", number, &key, Some(value))
+                .await
+                .expect("write");
+            assert!(
+                matches!(written.acknowledged_by, Some(NodeId(0 | 1))),
+                "only the correct and the forking server acknowledge: {written:?}"
+            );
+        }
+    }
+    // Each reads the other's writes, through the one correct server.
+    for (reader, other) in [(&admin, "writer2"), (&writer2, "admin")] {
+        for i in 0..4 {
+            let (key, value) = own(other, i);
+            read_until(reader, number, &key, "the other client's write", |read| {
+                values(read) == vec![Some(value.clone())]
+            })
+            .await;
+        }
+    }
+    // Both hold proof that node 1 forked, and neither reads what it signed.
+    for client in [&admin, &writer2] {
+        let read = read_until(
+            client,
+            number,
+            b"admin/0",
+            "the proof of node 1's fork",
+            |read| read.forked == vec!["node 1".to_string()],
+        )
+        .await;
+        assert_eq!(read.versions.len(), 1);
+        let forged = client
+            .causal_read("notes", number, b"forged")
+            .await
+            .expect("read");
+        assert!(
+            forged.versions.is_empty(),
+            "a server's own writes are never read"
+        );
+    }
+    // The correct server holds the proof too.
+    let started = Instant::now();
+    loop {
+        let statuses = admin.status().await;
+        let correct = statuses[0]
+            .2
+            .as_ref()
+            .ok()
+            .and_then(|s| s.causal.first().cloned());
+        if let Some(correct) = &correct
+            && correct.forks == vec![1]
+        {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "node 0 never proved the fork: {correct:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
