@@ -241,6 +241,24 @@ pub enum VolumeCommand {
         #[arg(long, value_delimiter = ',')]
         servers: Vec<u32>,
     },
+    /// Serves this client's log of causal volume NAME to the volume's other clients at
+    /// --listen, until Ctrl-C: how clients exchange when no server answers.
+    Serve {
+        /// The causal volume.
+        name: String,
+        /// Where to listen (loopback or an address the other clients reach).
+        #[arg(long)]
+        listen: SocketAddr,
+    },
+    /// Exchanges this client's log of causal volume NAME with another client's
+    /// (`volume serve`): what each lacks goes to the other.
+    Sync {
+        /// The causal volume.
+        name: String,
+        /// The other client, as NAME@HOST:PORT.
+        #[arg(long)]
+        peer: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -413,6 +431,14 @@ pub async fn run(cli: Cli) -> Result<std::process::ExitCode> {
                 objects::create_causal_volume(&client, &name, &servers).await?
             }
         },
+        Command::Volume {
+            command: VolumeCommand::Serve { name, listen },
+            client,
+        } => objects::serve_causal(&client, &name, listen).await?,
+        Command::Volume {
+            command: VolumeCommand::Sync { name, peer },
+            client,
+        } => objects::sync_causal(&client, &name, &peer).await?,
         Command::Bench(args) => bench::run(&args).await?,
         Command::Gateway(args) => gateway::run(&args).await?,
         Command::Sim(args) => return sim::run(&args),

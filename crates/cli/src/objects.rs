@@ -126,6 +126,63 @@ async fn causal(client: &Client, args: &ClientArgs) -> Result<Option<(Volume, Vo
     })
 }
 
+/// The causal volume named `name`.
+async fn causal_named(client: &Client, name: &str) -> Result<VolumeId> {
+    match client.volume(name).await?.serving {
+        Serving::Causal { volume } => Ok(volume),
+        serving => bail!("volume {name:?} is not causal: it is served by {serving}"),
+    }
+}
+
+/// `bulwark volume serve`.
+pub async fn serve_causal(
+    args: &ClientArgs,
+    name: &str,
+    listen: std::net::SocketAddr,
+) -> Result<()> {
+    let client = std::sync::Arc::new(connect(args).await?);
+    let volume = causal_named(&client, name).await?;
+    let dir = args.cluster.join(format!("client-{}", args.client));
+    let read = |file: &str| {
+        std::fs::read_to_string(dir.join(file))
+            .with_context(|| format!("reading {}", dir.join(file).display()))
+    };
+    let identity = bulwark_transport::Identity::from_pem(&read("tls.crt")?, &read("tls.key")?)?;
+    client.open_causal(name, volume).await?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("listening on {listen}"))?;
+    let listen = listener.local_addr().unwrap_or(listen);
+    eprintln!(
+        "serving {:?}'s log of causal volume {name:?} to its other clients on {listen}; Ctrl-C stops",
+        args.client
+    );
+    let stop = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    client
+        .serve_causal_peers(name, volume, listener, &identity, stop)
+        .await?;
+    Ok(())
+}
+
+/// `bulwark volume sync`.
+pub async fn sync_causal(args: &ClientArgs, name: &str, peer: &str) -> Result<()> {
+    let Some((peer_name, address)) = peer.split_once('@') else {
+        bail!("--peer is NAME@HOST:PORT, not {peer:?}");
+    };
+    let address: std::net::SocketAddr = address
+        .parse()
+        .with_context(|| format!("--peer's address {address:?}"))?;
+    let client = connect(args).await?;
+    let volume = causal_named(&client, name).await?;
+    let learned = client
+        .sync_causal_with_client(name, volume, peer_name, address)
+        .await?;
+    eprintln!("exchanged with {peer_name}: {learned} updates learned");
+    Ok(())
+}
+
 /// `bulwark list`: a causal volume's keys.
 pub async fn list(args: &ClientArgs, prefix: &str, limit: usize) -> Result<()> {
     let client = connect(args).await?;

@@ -2,7 +2,8 @@
 //! two clients. Writes that could not see each other (each made while only one server was up,
 //! a different one) are both returned by later reads, as concurrent versions, once the servers
 //! have gossiped; a write made after both supersedes them. The servers' logs survive their
-//! restart, and a client writes and reads through whichever server answers. With three of the
+//! restart, and a client writes and reads through whichever server answers; with every server
+//! stopped, two clients exchange their logs directly. With three of the
 //! four servers lying (one forking, one withholding, one tampering), the clients still write and
 //! read, converge through the one correct server, and hold proof of the fork.
 
@@ -209,6 +210,75 @@ async fn a_causal_volume_keeps_concurrent_writes_as_versions_and_needs_no_partic
         .expect("list");
     let keys: Vec<&[u8]> = keys.iter().map(|(key, _)| key.as_bytes()).collect();
     assert_eq!(keys, vec![&b"doc"[..], b"greeting"]);
+
+    // Every server stopped: each client writes into its own log, and two clients exchange
+    // directly, one serving its log to the other (`volume serve`, `volume sync`).
+    for id in 0..4 {
+        cluster.kill(id);
+    }
+    let mut admin = admin;
+    let mut writer2 = writer2;
+    admin.deadline = Duration::from_millis(300);
+    writer2.deadline = Duration::from_millis(300);
+    let offline = admin
+        .causal_write(
+            "notes",
+            number,
+            b"offline/a",
+            Some(Bytes::from_static(b"a")),
+        )
+        .await
+        .expect("a write with no server up");
+    assert_eq!(offline.acknowledged_by, None);
+    writer2
+        .causal_write(
+            "notes",
+            number,
+            b"offline/b",
+            Some(Bytes::from_static(b"b")),
+        )
+        .await
+        .expect("a write with no server up");
+    let writer2 = std::sync::Arc::new(writer2);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("listen");
+    let address = listener.local_addr().expect("address");
+    let dir = cluster.path().join("client-writer2");
+    let identity = bulwark_transport::Identity::from_pem(
+        &std::fs::read_to_string(dir.join("tls.crt")).expect("cert"),
+        &std::fs::read_to_string(dir.join("tls.key")).expect("key"),
+    )
+    .expect("identity");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = {
+        let writer2 = writer2.clone();
+        tokio::spawn(async move {
+            writer2
+                .serve_causal_peers("notes", number, listener, &identity, async {
+                    let _ = stopped.await;
+                })
+                .await
+        })
+    };
+    let learned = admin
+        .sync_causal_with_client("notes", number, "writer2", address)
+        .await
+        .expect("sync with writer2");
+    assert!(learned >= 1, "writer2's write came over");
+    for (client, key, value) in [
+        (&admin, &b"offline/b"[..], &b"b"[..]),
+        (&*writer2, b"offline/a", b"a"),
+    ] {
+        let read = client
+            .causal_read("notes", number, key)
+            .await
+            .expect("read");
+        assert_eq!(read.newest().map(|v| &v[..]), Some(value), "{read:?}");
+        assert!(read.answered.is_empty(), "no server answered");
+    }
+    let _ = stop.send(());
+    serving.await.expect("join").expect("served");
 }
 
 /// Each client's own keys in the Byzantine test, and what it writes there.

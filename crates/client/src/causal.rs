@@ -78,6 +78,82 @@ struct Exchanged {
     reads: Vec<(u64, ReadResult)>,
     /// Puts the server acknowledged durable, by operation.
     acknowledged: Vec<u64>,
+    /// Updates accepted from what it sent.
+    learned: usize,
+}
+
+/// Who an exchange is with, and how requests reach it.
+enum End<'a> {
+    /// A server, through the client's links.
+    Server(NodeId),
+    /// A client serving its log, on a connection of its own.
+    Client(&'a mut bulwark_transport::FramedStream),
+}
+
+/// Answers the member clients that connect to a client serving its log.
+#[derive(Clone)]
+struct PeerHandler {
+    client: Arc<Client>,
+    name: String,
+    volume: VolumeId,
+}
+
+impl bulwark_transport::Handler for PeerHandler {
+    async fn handle(&self, incoming: bulwark_transport::Incoming) -> bool {
+        let bulwark_transport::Peer::Client(from) = incoming.from else {
+            return false;
+        };
+        let header = incoming.envelope.header;
+        if header.service != ServiceId::DEPOT
+            || header.kind != bulwark_core::envelope::Kind::Request
+        {
+            return true;
+        }
+        let reply = match incoming
+            .envelope
+            .body::<Request>(bulwark_core::wire::FRAME_BYTES_MAX)
+        {
+            Ok(request) => {
+                self.client
+                    .answer_peer(&self.name, self.volume, from, request)
+                    .await
+            }
+            Err(error) => Reply::Refused {
+                reason: format!("malformed request: {error}"),
+            },
+        };
+        let _ = incoming
+            .replies
+            .send(bulwark_core::envelope::frame(&header.reply(), &reply));
+        true
+    }
+}
+
+/// One request to a peer client on `stream`, and its reply.
+async fn peer_call(
+    stream: &mut bulwark_transport::FramedStream,
+    header: &bulwark_core::envelope::Header,
+    request: &Request,
+) -> Result<Reply, ClientError> {
+    use futures::{SinkExt, StreamExt};
+    let failed = |problem: String| ClientError::Protocol(format!("a peer client: {problem}"));
+    stream
+        .send(bulwark_core::envelope::frame(header, request))
+        .await
+        .map_err(|error| failed(error.to_string()))?;
+    let answer = tokio::time::timeout(CALL_WAIT, stream.next())
+        .await
+        .map_err(|_| failed("no answer in time".into()))?
+        .ok_or_else(|| failed("the connection closed".into()))?
+        .map_err(|error| failed(error.to_string()))?;
+    let envelope = bulwark_core::envelope::Envelope::decode(answer.freeze())
+        .map_err(|error| failed(error.to_string()))?;
+    if envelope.header.op != header.op {
+        return Err(failed("an answer to another request".into()));
+    }
+    envelope
+        .body::<Reply>(bulwark_core::wire::FRAME_BYTES_MAX)
+        .map_err(|error| failed(error.to_string()))
 }
 
 /// One version a causal read returns.
@@ -467,6 +543,42 @@ impl Client {
         to: (Writer, NodeId),
         message: Message,
     ) -> Result<Exchanged, ClientError> {
+        let label = to.1.to_string();
+        self.exchange_via(member, to.0, &label, message, &mut End::Server(to.1))
+            .await
+    }
+
+    /// One request to `end`, and its reply.
+    async fn send_to(
+        &self,
+        end: &mut End<'_>,
+        volume: VolumeId,
+        request: Request,
+    ) -> Result<Reply, ClientError> {
+        match end {
+            End::Server(node) => self.call(*node, volume, request).await,
+            End::Client(stream) => {
+                let header = bulwark_core::envelope::Header::request(
+                    ServiceId::DEPOT,
+                    served::group_of(volume),
+                    self.epoch(),
+                    self.op_id().0,
+                );
+                peer_call(stream, &header, &request).await
+            }
+        }
+    }
+
+    /// [`Client::exchange`] with member `to` (`label` names it in logs), whatever carries the
+    /// requests: `send` answers one request with the reply.
+    async fn exchange_via(
+        &self,
+        member: &mut Membership,
+        to: Writer,
+        label: &str,
+        message: Message,
+        end: &mut End<'_>,
+    ) -> Result<Exchanged, ClientError> {
         let volume = member.node.log().config().volume;
         let mut queue = vec![message];
         let mut exchanged = Exchanged::default();
@@ -474,33 +586,216 @@ impl Client {
         while let Some(message) = queue.pop() {
             rounds += 1;
             if rounds > ROUNDS_MAX {
-                tracing::warn!(server = %to.1, "a causal exchange reached its bound");
+                tracing::warn!(peer = label, "a causal exchange reached its bound");
                 break;
             }
             let reply = self
-                .call(to.1, volume, Request::Exchange { volume, message })
+                .send_to(end, volume, Request::Exchange { volume, message })
                 .await?;
             let Reply::Exchange { messages, .. } = reply else {
                 return Err(ClientError::Protocol(format!(
-                    "{} answered an exchange with {reply:?}",
-                    to.1
+                    "{label} answered an exchange with {reply:?}"
                 )));
             };
             for answer in messages.into_iter().take(ROUNDS_MAX) {
                 if let Message::PutAck { op, .. } = &answer {
                     exchanged.acknowledged.push(*op);
                 }
-                let out = member.node.on_message(to.0, answer, now_micros());
+                let out = member.node.on_message(to, answer, now_micros());
                 self.persist(member, &out)?;
+                exchanged.learned += out
+                    .changes
+                    .iter()
+                    .filter(|change| matches!(change, bulwark_protocol::depot::Change::Update(_)))
+                    .count();
                 exchanged.reads.extend(out.reads);
                 for (peer, next) in out.sends {
-                    if peer == to.0 {
+                    if peer == to {
                         queue.insert(0, next);
                     }
                 }
             }
         }
         Ok(exchanged)
+    }
+
+    /// The member client `client` is of `config`'s volume.
+    fn client_member(
+        &self,
+        config: &VolumeConfig,
+        client: bulwark_core::ClientId,
+    ) -> Option<Writer> {
+        let entry = self
+            .cluster
+            .clients
+            .iter()
+            .find(|entry| entry.id == client.0)?;
+        let key = bulwark_core::sign::PublicKey::from_bytes(&entry.signing_key?).ok()?;
+        config
+            .member_with(&key)
+            .filter(|writer| config.member(*writer).map(|m| m.role) == Some(Role::Client))
+    }
+
+    /// Exchanges this client's log of causal volume `volume` (named `name`) with member client
+    /// `peer`, which serves its own at `address` (`bulwark volume serve`): pulls what it lacks
+    /// and pushes back what the peer lacks (Depot §5.6, when no server answers). The updates
+    /// learned.
+    pub async fn sync_causal_with_client(
+        &self,
+        name: &str,
+        volume: VolumeId,
+        peer: &str,
+        address: std::net::SocketAddr,
+    ) -> Result<usize, ClientError> {
+        let (peer_id, entry) = self
+            .cluster
+            .client(peer)
+            .ok_or_else(|| ClientError::Volume {
+                name: name.to_string(),
+                problem: format!("no client named {peer:?} in cluster.toml"),
+            })?;
+        let fingerprint = entry.fingerprint;
+        let mut stream = self
+            .connector
+            .connect(address, fingerprint)
+            .await
+            .map_err(ClientError::Transport)?;
+        self.with_causal(
+            name,
+            volume,
+            async |client: &Client, member: &mut Membership| {
+                let to = client
+                    .client_member(member.node.log().config(), peer_id)
+                    .ok_or_else(|| ClientError::Volume {
+                        name: name.to_string(),
+                        problem: format!("client {peer:?} is not a member"),
+                    })?;
+                client.beacon_if_due(member)?;
+                let mut pull = member.node.pull(to);
+                // The values too: no server may be there to give them at read time.
+                if let Message::Pull { values, .. } = &mut pull {
+                    *values = true;
+                }
+                let exchanged = client
+                    .exchange_via(member, to, peer, pull, &mut End::Client(&mut stream))
+                    .await?;
+                Ok(exchanged.learned)
+            },
+        )
+        .await
+    }
+
+    /// Opens this client's log of causal volume `volume` (named `name`): an error says why this
+    /// client cannot take part (no directory, no signing key, not a member).
+    pub async fn open_causal(&self, name: &str, volume: VolumeId) -> Result<(), ClientError> {
+        self.with_causal(name, volume, async |_: &Client, _: &mut Membership| Ok(()))
+            .await
+    }
+
+    /// Serves this client's log of causal volume `volume` (named `name`) to the volume's other
+    /// member clients that connect to `listener` with their pinned certificates, as a server
+    /// does (Depot §5.6: clients exchange with each other when no server answers); `identity`
+    /// is this client's TLS identity. Runs until `stop` resolves.
+    pub async fn serve_causal_peers(
+        self: &Arc<Self>,
+        name: &str,
+        volume: VolumeId,
+        listener: tokio::net::TcpListener,
+        identity: &bulwark_transport::Identity,
+        stop: impl std::future::Future<Output = ()>,
+    ) -> Result<(), ClientError> {
+        self.open_causal(name, volume).await?;
+        let peers = self
+            .cluster
+            .clients
+            .iter()
+            .filter(|entry| entry.id != self.id.0)
+            .map(|entry| {
+                (
+                    entry.fingerprint,
+                    bulwark_transport::Peer::Client(bulwark_core::ClientId(entry.id)),
+                )
+            })
+            .collect();
+        let inbound = Arc::new(
+            bulwark_transport::Inbound::new(identity, peers).map_err(ClientError::Transport)?,
+        );
+        let handler = PeerHandler {
+            client: self.clone(),
+            name: name.to_string(),
+            volume,
+        };
+        tokio::pin!(stop);
+        loop {
+            let accepted = tokio::select! {
+                accepted = listener.accept() => accepted,
+                () = &mut stop => return Ok(()),
+            };
+            let Ok((tcp, _)) = accepted else {
+                continue;
+            };
+            let inbound = inbound.clone();
+            let handler = handler.clone();
+            tokio::spawn(async move {
+                if let Err(error) = inbound.serve(tcp, handler).await {
+                    tracing::debug!(%error, "a peer client's connection ended");
+                }
+            });
+        }
+    }
+
+    /// One request of member client `from`, answered as a server answers it.
+    async fn answer_peer(
+        &self,
+        name: &str,
+        volume: VolumeId,
+        from: bulwark_core::ClientId,
+        request: Request,
+    ) -> Reply {
+        let answered = self
+            .with_causal(
+                name,
+                volume,
+                async |client: &Client, member: &mut Membership| {
+                    let config = member.node.log().config().clone();
+                    let Some(peer) = client.client_member(&config, from) else {
+                        return Ok(Reply::Refused {
+                            reason: format!("client {} is not a member", from.0),
+                        });
+                    };
+                    let Request::Exchange {
+                        volume: asked,
+                        message,
+                    } = request
+                    else {
+                        return Ok(Reply::Refused {
+                            reason: "a client serves exchanges only".into(),
+                        });
+                    };
+                    if asked != config.volume {
+                        return Ok(Reply::Refused {
+                            reason: format!("volume {:016x} is not served here", asked.0),
+                        });
+                    }
+                    let out = member.node.on_message(peer, message, now_micros());
+                    // Durable before the answer leaves, as on a server.
+                    client.persist(member, &out)?;
+                    let messages = out
+                        .sends
+                        .into_iter()
+                        .filter(|(to, _)| *to == peer)
+                        .map(|(_, message)| message)
+                        .collect();
+                    Ok(Reply::Exchange {
+                        volume: asked,
+                        messages,
+                    })
+                },
+            )
+            .await;
+        answered.unwrap_or_else(|error| Reply::Refused {
+            reason: error.to_string(),
+        })
     }
 
     /// Brings this client's log up to date with the first server that answers (each in turn),
