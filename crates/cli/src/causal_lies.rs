@@ -152,11 +152,13 @@ fn tamper(message: Message) -> Option<Message> {
             values,
             updates,
             more,
+            forks,
         } => Message::Got {
             op,
             values: values.iter().map(flipped).collect(),
             updates: updates.into_iter().map(tampered).collect(),
             more,
+            forks,
         },
         Message::PutAck { .. } => return None,
         other => other,

@@ -390,6 +390,9 @@ fn deliver_causal(
             read.forked.join(", ")
         );
     }
+    for (node, refused) in &read.refused_from {
+        eprintln!("warning: {node} passed on {refused} update(s) or value(s) that do not check");
+    }
     if !read.suspects.is_empty() {
         eprintln!(
             "note: nothing heard lately from {}: their newest writes may not be here yet",

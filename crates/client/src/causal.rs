@@ -80,6 +80,8 @@ struct Exchanged {
     acknowledged: Vec<u64>,
     /// Updates accepted from what it sent.
     learned: usize,
+    /// Updates, values and puts refused from what it sent.
+    refused: usize,
 }
 
 /// Who an exchange is with, and how requests reach it.
@@ -184,6 +186,9 @@ pub struct CausalRead {
     pub forked: Vec<String>,
     /// The servers that answered.
     pub answered: Vec<NodeId>,
+    /// Servers that passed on what this client refused (updates whose signatures or histories
+    /// do not check, values no update names), with how many: faulty, or relaying for one.
+    pub refused_from: Vec<(NodeId, usize)>,
 }
 
 impl CausalRead {
@@ -603,6 +608,10 @@ impl Client {
                 }
                 let out = member.node.on_message(to, answer, now_micros());
                 self.persist(member, &out)?;
+                for refusal in &out.refused {
+                    tracing::warn!(peer = label, %refusal, "refused what a causal peer sent");
+                }
+                exchanged.refused += out.refused.len();
                 exchanged.learned += out
                     .changes
                     .iter()
@@ -926,6 +935,7 @@ impl Client {
                 let op = client.op_id().0;
                 let servers: Vec<Writer> = member.servers.iter().map(|(w, _)| *w).collect();
                 let mut answered = Vec::new();
+                let mut refused_from = Vec::new();
                 let mut result = None;
                 let mut next = match member.node.start_read(op, key, &servers, now_micros()) {
                     ReadStart::Done(done) => {
@@ -948,6 +958,9 @@ impl Client {
                     match outcome {
                         Ok((server, exchanged)) => {
                             answered.push(server.1);
+                            if exchanged.refused > 0 {
+                                refused_from.push((server.1, exchanged.refused));
+                            }
                             let mut reads = exchanged.reads.into_iter();
                             if let Some((_, done)) = reads.find(|(of, _)| *of == op) {
                                 result = Some(done);
@@ -969,7 +982,9 @@ impl Client {
                 }
                 let result = result
                     .ok_or_else(|| ClientError::Protocol("a read that never ended".into()))?;
-                Ok(client.causal_result(member, result, answered))
+                let mut read = client.causal_result(member, result, answered);
+                read.refused_from = refused_from;
+                Ok(read)
             },
         )
         .await
@@ -1001,6 +1016,7 @@ impl Client {
             suspects: result.suspects.into_iter().map(name).collect(),
             forked: member.node.log().forks().keys().map(|w| name(*w)).collect(),
             answered,
+            refused_from: Vec::new(),
         }
     }
 

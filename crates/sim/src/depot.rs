@@ -685,6 +685,7 @@ impl World {
                 mut values,
                 mut updates,
                 more,
+                forks,
             } => {
                 match roll {
                     0 => values = vec![Bytes::from_static(b"a lie")],
@@ -700,6 +701,7 @@ impl World {
                     values,
                     updates,
                     more,
+                    forks,
                 })
             }
             Message::PutAck { .. } if roll < 5 => None,

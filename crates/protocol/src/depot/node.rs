@@ -108,6 +108,9 @@ pub enum Message {
         updates: Vec<WireUpdate>,
         /// More updates than one answer carries: the reader pulls the rest.
         more: bool,
+        /// Fork proofs the reader's frontier does not show it holds (§4.7: proofs travel with
+        /// every exchange, reads included).
+        forks: Vec<ForkProof>,
     },
 }
 
@@ -146,6 +149,8 @@ pub struct Output {
     pub sends: Vec<(Writer, Message)>,
     /// Reads that ended with this input.
     pub reads: Vec<(u64, ReadResult)>,
+    /// What the sender passed on that this node refused, and why: what no correct node sends.
+    pub refused: Vec<String>,
 }
 
 /// One version a read returns.
@@ -665,13 +670,18 @@ impl Node {
                 want_values: wanted_values,
             } => {
                 let before = self.log.len();
-                self.log.receive(updates, now_micros);
+                let received = self.log.receive(updates, now_micros);
+                out.refused
+                    .extend(received.refused.iter().map(ToString::to_string));
                 let mut learned = 0;
                 for value in values {
                     match self.keep_value(value, &mut out) {
                         Some(true) => learned += 1,
                         Some(false) => {}
-                        None => self.stats.values_refused += 1,
+                        None => {
+                            self.stats.values_refused += 1;
+                            out.refused.push("a value no accepted update names".into());
+                        }
                     }
                 }
                 for proof in proofs.into_iter().take(self.log.config().members.len()) {
@@ -750,7 +760,10 @@ impl Node {
                 }
             }
             Message::Put { op, update, value } => match update.verify(self.log.config()) {
-                Err(_) => self.stats.puts_refused += 1,
+                Err(malformed) => {
+                    self.stats.puts_refused += 1;
+                    out.refused.push(format!("a put: {malformed}"));
+                }
                 Ok(update) => {
                     let id = update.id();
                     let reference = update.body().value;
@@ -778,10 +791,11 @@ impl Node {
                                 self.owed_values.insert(id, value);
                             }
                             match self.log.offer(update, now_micros) {
-                                super::log::Offer::Refused(_) => {
+                                super::log::Offer::Refused(refusal) => {
                                     self.owed.remove(&id);
                                     self.owed_values.remove(&id);
                                     self.stats.puts_refused += 1;
+                                    out.refused.push(format!("a put: {refusal}"));
                                 }
                                 super::log::Offer::Missing(_) => {
                                     // It depends on updates this node lacks: the client has them.
@@ -793,6 +807,8 @@ impl Node {
                         }
                     } else {
                         self.stats.puts_refused += 1;
+                        out.refused
+                            .push("a put whose value is not its update's".into());
                     }
                 }
             },
@@ -824,6 +840,7 @@ impl Node {
                         values,
                         updates,
                         more,
+                        forks: self.forks_for(&frontier),
                     },
                 ));
             }
@@ -832,13 +849,20 @@ impl Node {
                 values,
                 updates,
                 more,
+                forks: proofs,
             } => {
                 if self.reads.contains_key(&op) {
-                    self.log.receive(updates, now_micros);
+                    for proof in proofs.into_iter().take(PUSH_FORKS_MAX) {
+                        self.log.learn_fork(proof);
+                    }
+                    let received = self.log.receive(updates, now_micros);
+                    out.refused
+                        .extend(received.refused.iter().map(ToString::to_string));
                     // Only values of updates this node verified itself count (§5.2 step 3).
                     for value in values {
                         if self.keep_value(value, &mut out).is_none() {
                             self.stats.values_refused += 1;
+                            out.refused.push("a value no accepted update names".into());
                         }
                     }
                     if more {

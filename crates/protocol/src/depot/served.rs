@@ -204,6 +204,13 @@ impl Served {
         output: &mut Output<Self>,
         replies: &mut Vec<Message>,
     ) {
+        if let Some(first) = from_node.refused.first() {
+            // Counted against the peer that sent it, by the driver.
+            output.refused = Some(match from_node.refused.len() {
+                1 => first.clone(),
+                n => format!("{first} (and {} more)", n - 1),
+            });
+        }
         output.changes.extend(from_node.changes);
         let volume = self.config().volume;
         for (to, message) in from_node.sends {

@@ -359,6 +359,31 @@ fn a_fork_is_joined_both_branches_reach_every_node_and_the_forker_is_proven() {
 }
 
 #[test]
+fn a_read_carries_the_proofs_of_forks_the_reader_does_not_hold() {
+    let (mut a, _, mut s0, mut s1, _, _) = fork_setup();
+    exchange(&mut [&mut s0, &mut s1]);
+    assert!(s0.log().forks().contains_key(&Writer(4)));
+    assert!(
+        !a.log().forks().contains_key(&Writer(4)),
+        "a saw one branch"
+    );
+    // A read on the fast path carries no updates, yet the proof comes with it.
+    let ReadStart::Ask(to, get) = a.start_read(9, key("c2/after"), &[Writer(0)], NOW) else {
+        panic!("asks a server");
+    };
+    let mut answers = s0.on_message(Writer(2), *get, NOW).sends;
+    let (_, got) = answers.remove(0);
+    assert!(
+        matches!(&got, Message::Got { updates, forks, .. } if updates.is_empty() && forks.len() == 1)
+    );
+    a.on_message(to, got, NOW);
+    assert!(
+        a.log().forks().contains_key(&Writer(4)),
+        "the reader holds the proof"
+    );
+}
+
+#[test]
 fn a_node_on_one_branch_gets_the_other_by_asking_for_the_peers_heads_by_name() {
     // The branches carry one stamp: by the clock rule of the plain exchange each server has
     // "seen" the other's branch, so without asking by hash it would never be sent.
@@ -458,6 +483,7 @@ fn a_read_takes_the_fast_path_when_current_and_the_slow_path_when_not() {
         values: vec![Bytes::from("not v1")],
         updates: Vec::new(),
         more: false,
+        forks: Vec::new(),
     };
     let ReadStart::Ask(..) = b.start_read(7, key("shared/r"), &[Writer(0), Writer(1)], NOW) else {
         panic!("asks");
@@ -693,6 +719,19 @@ mod served {
         let refused = served.on_message(Time(1), Slot(12), message.clone(), &());
         assert!(refused.refused.is_some());
         assert!(refused.sends.is_empty());
+        // What a peer server passes on that does not check is refused and said, for the
+        // driver to count against that peer.
+        let mut client = Node::new(config.clone(), Writer(2), secret(2));
+        let (update, _) = client.write(key("c2/x"), None, NOW);
+        let mut wire = update.to_wire();
+        wire.writer = Writer(3);
+        let forged = PeerMessage {
+            volume: config.volume,
+            message: Message::push(vec![wire], Vec::new()),
+        };
+        let refused = served.on_message(Time(1), Slot(11), forged, &());
+        assert!(refused.refused.is_some(), "a forged update is refused");
+        assert!(refused.changes.is_empty());
         // The other server is, and its pull is answered to its node.
         let answered = served.on_message(Time(1), Slot(11), message, &());
         assert!(answered.refused.is_none());
