@@ -358,6 +358,32 @@ fn a_fork_is_joined_both_branches_reach_every_node_and_the_forker_is_proven() {
     }
 }
 
+/// Bytes an update carries beyond its key and value, as it travels: what Depot §7 calls its
+/// metadata (285 B in the paper's implementation).
+fn metadata_bytes(update: &Update) -> usize {
+    bulwark_core::wire::encode(&update.to_wire()).len() - update.body().key.as_bytes().len()
+}
+
+#[test]
+fn an_update_carries_at_most_its_budget_of_metadata() {
+    let mut a = node(2);
+    let mut b = node(3);
+    let first = put(&mut a, "shared/k", "v");
+    // A writer's first update depends on nothing; a later one that saw another writer's update
+    // names one dependency: the common case of a volume with one other active writer.
+    let alone = put(&mut b, "shared/k", "v");
+    exchange(&mut [&mut a, &mut b]);
+    let after = put(&mut b, "shared/k", "w");
+    assert_eq!(after.body().deps.len(), 1, "{:?}", after.body().deps);
+    assert_eq!(first.body().deps.len(), 0);
+    let (none, one) = (metadata_bytes(&alone), metadata_bytes(&after));
+    println!("metadata: {none} B with no dependency, {one} B with one");
+    // 64 signature, 32 each for the value's hash, the previous update, the history and each
+    // dependency, and small integers; the volume's number is 8 bytes of hash.
+    assert!(none <= 140, "{none} B");
+    assert!(one <= 210, "{one} B");
+}
+
 #[test]
 fn a_read_carries_the_proofs_of_forks_the_reader_does_not_hold() {
     let (mut a, _, mut s0, mut s1, _, _) = fork_setup();
