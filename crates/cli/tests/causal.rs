@@ -355,23 +355,25 @@ async fn with_three_of_four_servers_lying_correct_clients_converge_and_prove_the
             "a server's own writes are never read"
         );
     }
-    // The correct server holds the proof too.
+    // The correct server holds the proof too, and evicts the forker: its gossip is refused.
     let started = Instant::now();
     loop {
         let statuses = admin.status().await;
-        let correct = statuses[0]
-            .2
-            .as_ref()
-            .ok()
-            .and_then(|s| s.causal.first().cloned());
-        if let Some(correct) = &correct
-            && correct.forks == vec![1]
-        {
+        let correct = statuses[0].2.as_ref().ok();
+        let proven = correct
+            .and_then(|s| s.causal.first())
+            .is_some_and(|volume| volume.forks == vec![1]);
+        let evicted = correct.is_some_and(|s| {
+            s.rejected
+                .iter()
+                .any(|r| r.peer == NodeId(1).to_string() && r.reason.contains("evicted"))
+        });
+        if proven && evicted {
             break;
         }
         assert!(
             started.elapsed() < Duration::from_secs(30),
-            "node 0 never proved the fork: {correct:?}"
+            "node 0 never proved and evicted the fork: {correct:?}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

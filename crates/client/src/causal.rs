@@ -69,6 +69,10 @@ struct Membership {
     namespace: Namespace,
     /// The servers, in the order a read asks them.
     servers: Vec<(Writer, NodeId)>,
+    /// Which server the next pull starts with: pulls go round the servers (from a random
+    /// start), so that one faulty server cannot keep a client from what the others hold, the
+    /// proofs of its own forks among them.
+    turn: usize,
 }
 
 /// What one exchange with a server brought.
@@ -82,6 +86,8 @@ struct Exchanged {
     learned: usize,
     /// Updates, values and puts refused from what it sent.
     refused: usize,
+    /// What the node had to say to other members meanwhile (a read moving on to the next).
+    elsewhere: Vec<(Writer, Message)>,
 }
 
 /// Who an exchange is with, and how requests reach it.
@@ -485,7 +491,21 @@ impl Client {
             recorder,
             namespace,
             servers,
+            turn: rand::random::<u32>() as usize,
         })
+    }
+
+    /// The volume's servers in the order to try them: those proven to have forked last (§4.7:
+    /// evicted, but a client with nowhere else to go still tries them).
+    fn servers_in_order(member: &Membership) -> Vec<(Writer, NodeId)> {
+        let forks = member.node.log().forks();
+        let (mut trusted, evicted): (Vec<_>, Vec<_>) = member
+            .servers
+            .iter()
+            .copied()
+            .partition(|(writer, _)| !forks.contains_key(writer));
+        trusted.extend(evicted);
+        trusted
     }
 
     /// Makes `out`'s changes durable in the client's store, in order.
@@ -621,6 +641,8 @@ impl Client {
                 for (peer, next) in out.sends {
                     if peer == to {
                         queue.insert(0, next);
+                    } else {
+                        exchanged.elsewhere.push((peer, next));
                     }
                 }
             }
@@ -807,10 +829,19 @@ impl Client {
         })
     }
 
-    /// Brings this client's log up to date with the first server that answers (each in turn),
-    /// sending it what it lacks; the server that answered.
+    /// Brings this client's log up to date with the first server that answers, starting with
+    /// the next in turn, sending it what it lacks; the server that answered.
     async fn sync(&self, member: &mut Membership) -> Option<NodeId> {
-        for server in member.servers.clone() {
+        let mut servers = Self::servers_in_order(member);
+        let trusted = servers
+            .iter()
+            .filter(|(writer, _)| !member.node.log().forks().contains_key(writer))
+            .count();
+        if trusted > 0 {
+            servers[..trusted].rotate_left(member.turn % trusted);
+        }
+        member.turn = member.turn.wrapping_add(1);
+        for server in servers {
             let pull = member.node.pull(server.0);
             match self.exchange(member, server, pull).await {
                 Ok(_) => return Some(server.1),
@@ -877,7 +908,7 @@ impl Client {
             client.persist(member, &out)?;
             let id = update.id();
             let mut acknowledged_by = None;
-            for server in member.servers.clone() {
+            for server in Self::servers_in_order(member) {
                 let op = client.op_id().0;
                 let Some(put) = member.node.put_message(op, &id) else {
                     break;
@@ -933,7 +964,10 @@ impl Client {
             async |client: &Client, member: &mut Membership| {
                 client.beacon_if_due(member)?;
                 let op = client.op_id().0;
-                let servers: Vec<Writer> = member.servers.iter().map(|(w, _)| *w).collect();
+                let servers: Vec<Writer> = Self::servers_in_order(member)
+                    .iter()
+                    .map(|(w, _)| *w)
+                    .collect();
                 let mut answered = Vec::new();
                 let mut refused_from = Vec::new();
                 let mut result = None;
@@ -964,6 +998,12 @@ impl Client {
                             let mut reads = exchanged.reads.into_iter();
                             if let Some((_, done)) = reads.find(|(of, _)| *of == op) {
                                 result = Some(done);
+                            } else if let Some(ask) = exchanged.elsewhere.into_iter().find(
+                                |(_, message)| matches!(message, Message::Get { op: of, .. } if *of == op),
+                            ) {
+                                // The answer moved the read on to another member.
+                                next = Some(ask);
+                                continue;
                             }
                         }
                         Err(error) => {

@@ -840,7 +840,8 @@ impl Manager {
                     status
                         .replicas
                         .into_iter()
-                        .filter(|r| r.group == replica.1.0)
+                        // Node-wide replicas of several services share one group.
+                        .filter(|r| r.service_id == replica.0.0 && r.group == replica.1.0)
                         .map(|r| r.stats),
                 );
             }

@@ -348,8 +348,9 @@ impl Shard {
             replicas: self
                 .replicas
                 .iter()
-                .map(|((_, group), replica)| ReplicaStatus {
+                .map(|((service, group), replica)| ReplicaStatus {
                     service: replica.service_name().to_string(),
+                    service_id: service.0,
                     group: group.0,
                     slot: replica.slot().0,
                     stats: replica.stats(),

@@ -182,6 +182,9 @@ pub struct TrustedLogStatus {
 pub struct ReplicaStatus {
     /// The service's name (`powerstore`, `abd`, `phalanx`).
     pub service: String,
+    /// The service's id: node-wide replicas of several services share one group.
+    #[serde(default)]
+    pub service_id: u16,
     /// The replica group.
     pub group: u32,
     /// The node's position in the group.

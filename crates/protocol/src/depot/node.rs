@@ -520,7 +520,7 @@ impl Node {
             next: servers.iter().rev().copied().collect(),
             asked: BTreeSet::new(),
         };
-        match self.ask_next(op, &mut reading) {
+        match self.ask_next(op, &mut reading, false) {
             None => ReadStart::Done(self.result(&reading.key, now_micros)),
             Some((to, message)) => {
                 self.reads.insert(op, reading);
@@ -561,7 +561,14 @@ impl Node {
     }
 
     /// The next member to ask for `reading`, and the request, or `None` when no one is left.
-    fn ask_next(&mut self, op: u64, reading: &mut Reading) -> Option<(Writer, Message)> {
+    /// `answered`: the member asked last answered (rather than timed out); only an answer can
+    /// end a read that holds every value, since a member that withholds taught it nothing.
+    fn ask_next(
+        &mut self,
+        op: u64,
+        reading: &mut Reading,
+        answered: bool,
+    ) -> Option<(Writer, Message)> {
         let heads = self.log.heads(&reading.key);
         // The writers of heads whose values are missing hoard them (§5.7): last resort.
         for head in &heads {
@@ -583,7 +590,7 @@ impl Node {
             .collect();
         let first_ask = reading.asked.is_empty();
         let complete = hashes.iter().all(|hash| self.values.contains_key(hash));
-        if complete && !first_ask {
+        if complete && !first_ask && answered {
             return None;
         }
         while let Some(peer) = reading.next.pop() {
@@ -607,15 +614,15 @@ impl Node {
     /// with what this node holds.
     pub fn read_timeout(&mut self, op: u64, now_micros: u64) -> Output {
         let mut out = Output::default();
-        self.continue_read(op, now_micros, &mut out);
+        self.continue_read(op, now_micros, false, &mut out);
         out
     }
 
-    fn continue_read(&mut self, op: u64, now_micros: u64, out: &mut Output) {
+    fn continue_read(&mut self, op: u64, now_micros: u64, answered: bool, out: &mut Output) {
         let Some(mut reading) = self.reads.remove(&op) else {
             return;
         };
-        match self.ask_next(op, &mut reading) {
+        match self.ask_next(op, &mut reading, answered) {
             Some(send) => {
                 out.sends.push(send);
                 self.reads.insert(op, reading);
@@ -869,7 +876,10 @@ impl Node {
                         let pull = self.pull(from);
                         out.sends.push((from, pull));
                     }
-                    self.continue_read(op, now_micros, &mut out);
+                    // An answer carrying what does not check is no answer: the next member is
+                    // asked, as if this one had not answered.
+                    let trustworthy = out.refused.is_empty();
+                    self.continue_read(op, now_micros, trustworthy, &mut out);
                 }
             }
         }

@@ -178,6 +178,12 @@ impl Served {
         }
     }
 
+    /// Whether `member` is evicted (§4.7): this node holds a proof that it forked, so it is
+    /// neither answered nor sent to. Its updates already accepted stay, as both branches do.
+    fn evicted(&self, member: Writer) -> bool {
+        self.node.log().forks().contains_key(&member)
+    }
+
     fn micros(&self, now: Time) -> u64 {
         self.wall_at_zero_ms
             .saturating_add(now.0)
@@ -214,7 +220,9 @@ impl Served {
         output.changes.extend(from_node.changes);
         let volume = self.config().volume;
         for (to, message) in from_node.sends {
-            if Some(to) == asking {
+            if self.evicted(to) {
+                self.stats.unsent += 1;
+            } else if Some(to) == asking {
                 replies.push(message);
             } else if let Some(node) = self.peers.nodes.get(&to) {
                 output
@@ -268,6 +276,12 @@ impl Replica for Served {
                         client.0, volume.0
                     ));
                 };
+                if self.evicted(member) {
+                    return self.refuse(format!(
+                        "client {} is evicted from volume {:016x}: proven to have forked",
+                        client.0, volume.0
+                    ));
+                }
                 let micros = self.micros(now);
                 let answers = self.node.on_message(member, message, micros);
                 let mut output = Output::none();
@@ -307,6 +321,16 @@ impl Replica for Served {
                 ..Output::none()
             };
         }
+        if self.evicted(member) {
+            self.stats.refused += 1;
+            return Output {
+                refused: Some(format!(
+                    "node {} is evicted from volume {:016x}: proven to have forked",
+                    from.0, volume.0
+                )),
+                ..Output::none()
+            };
+        }
         let micros = self.micros(now);
         let answers = self.node.on_message(member, message.message, micros);
         let mut output = Output::none();
@@ -332,7 +356,7 @@ impl Replica for Served {
             .nodes
             .keys()
             .copied()
-            .filter(|writer| *writer != me)
+            .filter(|writer| *writer != me && !self.evicted(*writer))
             .collect();
         if due && !others.is_empty() {
             self.last_gossip = Some(now);

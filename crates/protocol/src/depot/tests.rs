@@ -385,6 +385,42 @@ fn an_update_carries_at_most_its_budget_of_metadata() {
 }
 
 #[test]
+fn a_read_moves_past_a_member_that_withholds_or_answers_what_does_not_check() {
+    let mut a = node(2);
+    put(&mut a, "c2/k", "mine");
+    // The reader holds every value of the key: only an answer may end the read, never silence.
+    let ReadStart::Ask(first, _) = a.start_read(5, key("c2/k"), &[Writer(0), Writer(1)], NOW)
+    else {
+        panic!("asks a server");
+    };
+    assert_eq!(first, Writer(0));
+    let out = a.read_timeout(5, NOW);
+    assert!(
+        out.reads.is_empty(),
+        "one silent server does not end the read"
+    );
+    assert!(matches!(
+        &out.sends[..],
+        [(Writer(1), Message::Get { op: 5, .. })]
+    ));
+    // An answer carrying a value nobody wrote is no answer either: with nobody left to ask, the
+    // read ends with what the reader holds.
+    let lie = Message::Got {
+        op: 5,
+        values: vec![Bytes::from_static(b"a lie")],
+        updates: Vec::new(),
+        more: false,
+        forks: Vec::new(),
+    };
+    let out = a.on_message(Writer(1), lie, NOW);
+    assert_eq!(out.refused.len(), 1);
+    let [(5, result)] = &out.reads[..] else {
+        panic!("the read ends: {:?}", out.reads);
+    };
+    assert_eq!(result.versions.len(), 1);
+}
+
+#[test]
 fn a_read_carries_the_proofs_of_forks_the_reader_does_not_hold() {
     let (mut a, _, mut s0, mut s1, _, _) = fork_setup();
     exchange(&mut [&mut s0, &mut s1]);
@@ -719,6 +755,37 @@ mod served {
             &(),
         );
         assert!(matches!(output.reply, Some(Reply::Refused { .. })));
+    }
+
+    #[test]
+    fn a_member_proven_to_fork_is_evicted_neither_answered_nor_gossiped_with() {
+        let config = numbered();
+        let mut served = server(&config);
+        // Server 1 (node 11) signs two first updates: a fork, proven to server 0.
+        let forker = |value: &str| {
+            let mut branch = Node::new(config.clone(), Writer(1), secret(1));
+            let (update, _) = branch.write(key("c2/x"), Some(Bytes::from(value.to_string())), NOW);
+            update
+        };
+        let (left, right) = (forker("left"), forker("right"));
+        let push = PeerMessage {
+            volume: config.volume,
+            message: Message::push(vec![left.to_wire(), right.to_wire()], Vec::new()),
+        };
+        served.on_message(Time(1), Slot(11), push, &());
+        assert!(served.node().log().forks().contains_key(&Writer(1)));
+        let pull = Node::new(config.clone(), Writer(1), secret(1)).pull(Writer(0));
+        let message = PeerMessage {
+            volume: config.volume,
+            message: pull,
+        };
+        let refused = served.on_message(Time(2), Slot(11), message, &());
+        assert!(refused.refused.is_some_and(|why| why.contains("evicted")));
+        assert!(refused.sends.is_empty());
+        for at in 0..4 {
+            let gossip = served.on_tick(Time(at * GOSSIP_EVERY_MS));
+            assert!(gossip.sends.is_empty(), "the only other server is evicted");
+        }
     }
 
     #[test]
