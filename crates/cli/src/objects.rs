@@ -134,6 +134,14 @@ async fn causal_named(client: &Client, name: &str) -> Result<VolumeId> {
     }
 }
 
+/// A causal volume's member by name where the node knows it, else by index.
+fn member_name(names: &[(u32, String)], member: u32) -> String {
+    names
+        .iter()
+        .find(|(index, _)| *index == member)
+        .map_or_else(|| format!("member {member}"), |(_, name)| name.clone())
+}
+
 /// `bulwark volume serve`.
 pub async fn serve_causal(
     args: &ClientArgs,
@@ -664,7 +672,11 @@ pub async fn status(args: &ClientArgs) -> Result<std::process::ExitCode> {
                         .map(|(member, clocks)| {
                             let clocks: Vec<String> =
                                 clocks.iter().map(|c| c.to_string()).collect();
-                            format!("{member}:{}", clocks.join("|"))
+                            format!(
+                                "{}:{}",
+                                member_name(&volume.names, *member),
+                                clocks.join("|")
+                            )
                         })
                         .collect();
                     out!(
@@ -683,11 +695,14 @@ pub async fn status(args: &ClientArgs) -> Result<std::process::ExitCode> {
                         }
                     );
                     if !volume.forks.is_empty() {
-                        let forks: Vec<String> =
-                            volume.forks.iter().map(|m| m.to_string()).collect();
+                        let forks: Vec<String> = volume
+                            .forks
+                            .iter()
+                            .map(|m| member_name(&volume.names, *m))
+                            .collect();
                         out!(
                             text,
-                            "         causal volume {:016x}: proof held that member(s) {} forked",
+                            "         causal volume {:016x}: proof held that {} forked (evicted)",
                             volume.volume,
                             forks.join(",")
                         );

@@ -113,6 +113,31 @@ pub fn peers(cluster: &ClusterConfig, config: &VolumeConfig) -> Result<Peers, St
     Ok(peers)
 }
 
+/// Each member's name in `cluster`: its client's name, or `node N`.
+fn member_names(cluster: &ClusterConfig, config: &VolumeConfig) -> Vec<(u32, String)> {
+    config
+        .members
+        .iter()
+        .enumerate()
+        .filter_map(|(index, member)| {
+            let key = member.key.to_bytes();
+            let name = match member.role {
+                Role::Server => cluster
+                    .nodes
+                    .iter()
+                    .find(|node| node.signing_key == key)
+                    .map(|node| format!("node {}", node.id)),
+                Role::Client => cluster
+                    .clients
+                    .iter()
+                    .find(|client| client.signing_key == Some(key))
+                    .map(|client| client.name.clone()),
+            }?;
+            Some((index as u32, name))
+        })
+        .collect()
+}
+
 impl Depots {
     /// The causal volumes of node `me`, restored from `store`: `secret` is the node's signing
     /// key; `wall_at_zero_ms` the wall clock at its shards' time zero.
@@ -345,7 +370,13 @@ impl Hosted for Depots {
     fn durable(&mut self, _batch: u64) {}
 
     fn causal_status(&self) -> Vec<bulwark_protocol::service::CausalStatus> {
-        self.served().map(Served::status).collect()
+        self.served()
+            .map(|served| {
+                let mut status = served.status();
+                status.names = member_names(&self.cluster, served.config());
+                status
+            })
+            .collect()
     }
 
     fn stats(&self) -> ReplicaStats {

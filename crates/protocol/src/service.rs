@@ -151,6 +151,10 @@ pub struct CausalStatus {
     pub values: u64,
     /// Their bytes.
     pub value_bytes: u64,
+    /// Members' names (a node's or client's of `cluster.toml`) by index, where the node knows
+    /// them.
+    #[serde(default)]
+    pub names: Vec<(u32, String)>,
 }
 
 /// A node's trusted log (A2M), as `bulwark status` shows it.

@@ -175,6 +175,7 @@ impl Served {
             refused: stats.refused + stats.values_refused + stats.puts_refused + self.stats.refused,
             values: self.node.values_held() as u64,
             value_bytes: self.node.value_bytes(),
+            names: Vec::new(),
         }
     }
 
