@@ -76,6 +76,7 @@ fuzz_target!(|data: &[u8]| {
 /// first: hostile bytes are refused, never a panic.
 fn check_depot(message: depot::Message) {
     let config = depot::VolumeConfig::new(
+            "fuzz",
         vec![depot::Member {
             key: bulwark_core::sign::SecretKey::from_seed(&[1; 32]).public_key(),
             role: depot::Role::Server,

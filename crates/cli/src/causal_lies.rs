@@ -299,6 +299,7 @@ mod tests {
     fn a_tampered_update_no_longer_verifies() {
         let secret = SecretKey::from_seed(&[3; 32]);
         let config = Arc::new(VolumeConfig::new(
+            "lies",
             vec![bulwark_protocol::depot::Member {
                 key: secret.public_key(),
                 role: bulwark_protocol::depot::Role::Client,

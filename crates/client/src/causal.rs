@@ -227,9 +227,13 @@ fn local_error(problem: impl std::fmt::Display) -> ClientError {
 }
 
 impl Client {
-    /// The configuration of a new causal volume served by `servers`: every client of
+    /// The configuration of a new causal volume `name` served by `servers`: every client of
     /// `cluster.toml` with a signing key is a member, the writers with the right to every key.
-    pub fn causal_config(&self, servers: &[NodeId]) -> Result<VolumeConfig, ClientError> {
+    pub fn causal_config(
+        &self,
+        name: &str,
+        servers: &[NodeId],
+    ) -> Result<VolumeConfig, ClientError> {
         let mut members = Vec::new();
         for id in servers {
             let entry = self.cluster.node(*id).ok_or_else(|| ClientError::Volume {
@@ -261,7 +265,7 @@ impl Client {
                 },
             });
         }
-        let config = VolumeConfig::new(members, Staleness::default());
+        let config = VolumeConfig::new(name, members, Staleness::default());
         config
             .check()
             .map_err(|problem| ClientError::Protocol(format!("a causal volume: {problem}")))?;
@@ -285,7 +289,7 @@ impl Client {
         } else {
             servers.to_vec()
         };
-        let config = self.causal_config(&servers)?;
+        let config = self.causal_config(name, &servers)?;
         let volume = config.volume;
         if let Some(existing) = self.existing(name).await?
             && existing.serving != (Serving::Causal { volume })

@@ -363,6 +363,7 @@ impl World {
             .collect();
         let config = Arc::new(VolumeConfig {
             volume: VolumeId(seed),
+            label: "sim".into(),
             members,
             staleness: Staleness {
                 announce_ms: ANNOUNCE_MILLIS,

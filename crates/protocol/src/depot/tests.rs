@@ -35,6 +35,7 @@ fn config() -> Arc<VolumeConfig> {
         .collect();
     Arc::new(VolumeConfig {
         volume: VolumeId(7),
+        label: "test".into(),
         members,
         staleness: Staleness::default(),
     })
@@ -623,7 +624,11 @@ mod served {
     /// The test volume with its number made from the rest, as creation makes it.
     fn numbered() -> Arc<VolumeConfig> {
         let config = config();
-        Arc::new(VolumeConfig::new(config.members.clone(), config.staleness))
+        Arc::new(VolumeConfig::new(
+            "test",
+            config.members.clone(),
+            config.staleness,
+        ))
     }
 
     /// Servers 0 and 1 on nodes 10 and 11; clients 2-4 as client ids 0-2.
@@ -651,15 +656,24 @@ mod served {
         assert_eq!(renumbered.check(), Err(BadConfig::Number));
         let mut twice = (*config).clone();
         twice.members.push(twice.members[2].clone());
-        let twice = VolumeConfig::new(twice.members, twice.staleness);
+        let twice = VolumeConfig::new("test", twice.members, twice.staleness);
         assert_eq!(twice.check(), Err(BadConfig::DuplicateKey));
         let clients_only: Vec<Member> = config.members[2..].to_vec();
-        let clients_only = VolumeConfig::new(clients_only, config.staleness);
+        let clients_only = VolumeConfig::new("test", clients_only, config.staleness);
         assert_eq!(clients_only.check(), Err(BadConfig::Members));
+        // Same members, another name: another volume, whose keys never mix with these.
+        let renamed = VolumeConfig::new("other", config.members.clone(), config.staleness);
+        assert_eq!(renamed.check(), Ok(()));
+        assert_ne!(renamed.volume, config.volume);
+        let mut relabelled = (*config).clone();
+        relabelled.label = "other".into();
+        assert_eq!(relabelled.check(), Err(BadConfig::Number));
+        let long = VolumeConfig::new(&"x".repeat(64), config.members.clone(), config.staleness);
+        assert_eq!(long.check(), Err(BadConfig::Label));
         let mut hasty = config.staleness;
         hasty.announce_ms = 10;
         assert_eq!(
-            VolumeConfig::new(config.members.clone(), hasty).check(),
+            VolumeConfig::new("test", config.members.clone(), hasty).check(),
             Err(BadConfig::Staleness)
         );
     }
@@ -746,7 +760,7 @@ mod served {
         assert!(matches!(output.reply, Some(Reply::Opened { .. })));
         let mut other = (*config).clone();
         other.staleness.announce_ms += 1;
-        let other = VolumeConfig::new(other.members, other.staleness);
+        let other = VolumeConfig::new("test", other.members, other.staleness);
         let output = served.on_request(
             Time(0),
             ClientId(0),

@@ -63,6 +63,9 @@ pub struct Member {
 pub struct VolumeConfig {
     /// Its number.
     pub volume: VolumeId,
+    /// Its name where it was created (at most [`LABEL_BYTES_MAX`] bytes): part of the number, so
+    /// that two volumes of the same members never share one, and their keys never mix.
+    pub label: String,
     /// Every node that may take part, indexed by [`Writer`].
     pub members: Vec<Member>,
     /// How often clients announce themselves, and how long it takes to hear (§6.4).
@@ -110,6 +113,9 @@ pub fn beacon_key(writer: Writer) -> Key {
     Key::new(bytes).unwrap_or_else(|e| unreachable!("a beacon key is short: {e}"))
 }
 
+/// The longest label a volume has (a volume name's bound).
+pub const LABEL_BYTES_MAX: usize = 63;
+
 /// The most write prefixes one member holds.
 pub const PREFIXES_MAX: usize = 64;
 
@@ -117,8 +123,11 @@ pub const PREFIXES_MAX: usize = 64;
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum BadConfig {
     /// Its number is not the hash of the rest.
-    #[error("its number is not the hash of its members and staleness")]
+    #[error("its number is not the hash of its label, members and staleness")]
     Number,
+    /// A label longer than [`LABEL_BYTES_MAX`].
+    #[error("a volume's label is at most {LABEL_BYTES_MAX} bytes")]
+    Label,
     /// No members, more than [`MEMBERS_MAX`], or no server among them.
     #[error("a volume has 1 to {MEMBERS_MAX} members, at least one a server")]
     Members,
@@ -134,21 +143,23 @@ pub enum BadConfig {
 }
 
 impl VolumeConfig {
-    /// A volume of `members`: its number is the hash of the members and `staleness`, so that
-    /// two configurations never share a number and a server handed one can check it.
-    pub fn new(members: Vec<Member>, staleness: Staleness) -> VolumeConfig {
-        let volume = Self::number_of(&members, &staleness);
+    /// Volume `label` of `members`: its number is the hash of the label, the members and
+    /// `staleness`, so that two configurations never share a number and a server handed one can
+    /// check it.
+    pub fn new(label: &str, members: Vec<Member>, staleness: Staleness) -> VolumeConfig {
+        let volume = Self::number_of(label, &members, &staleness);
         VolumeConfig {
             volume,
+            label: label.to_string(),
             members,
             staleness,
         }
     }
 
-    fn number_of(members: &[Member], staleness: &Staleness) -> VolumeId {
+    fn number_of(label: &str, members: &[Member], staleness: &Staleness) -> VolumeId {
         let digest = Digest::of(
-            "bulwark depot volume v1",
-            &wire::encode(&(members, staleness)),
+            "bulwark depot volume v2",
+            &wire::encode(&(label, members, staleness)),
         );
         let mut bytes = [0; 8];
         bytes.copy_from_slice(&digest.0[..8]);
@@ -176,7 +187,10 @@ impl VolumeConfig {
         if self.staleness.announce_ms < 100 || self.staleness.announce_ms > u64::MAX / 4 {
             return Err(BadConfig::Staleness);
         }
-        if Self::number_of(&self.members, &self.staleness) != self.volume {
+        if self.label.len() > LABEL_BYTES_MAX {
+            return Err(BadConfig::Label);
+        }
+        if Self::number_of(&self.label, &self.members, &self.staleness) != self.volume {
             return Err(BadConfig::Number);
         }
         Ok(())
