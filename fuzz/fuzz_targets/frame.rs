@@ -7,10 +7,10 @@ use bulwark_core::envelope::{Envelope, Kind, Refusal};
 use bulwark_core::wire::FRAME_BYTES_MAX;
 use bulwark_fuzz::round_trip;
 use bulwark_protocol::cs::ConfigService;
+use bulwark_protocol::depot::{self, served};
 use bulwark_protocol::pbft::{Answer, Message, Submitted};
 use bulwark_protocol::register::{self, reconfig};
 use bulwark_protocol::service::{NodeMessage, SystemReply, SystemRequest};
-use bulwark_protocol::depot::{self, served};
 use bulwark_protocol::{a2m_storage, abd, content, cs, phalanx, powerstore, pubkey};
 use libfuzzer_sys::fuzz_target;
 
@@ -76,7 +76,7 @@ fuzz_target!(|data: &[u8]| {
 /// first: hostile bytes are refused, never a panic.
 fn check_depot(message: depot::Message) {
     let config = depot::VolumeConfig::new(
-            "fuzz",
+        "fuzz",
         vec![depot::Member {
             key: bulwark_core::sign::SecretKey::from_seed(&[1; 32]).public_key(),
             role: depot::Role::Server,

@@ -46,9 +46,14 @@ fuzz_target!(|data: &[u8]| {
         12 => {
             // A causal volume's records, split three ways at the first two bytes.
             let (cut, rest) = record.split_at(record.len().min(2));
-            let cut = cut.iter().map(|b| *b as usize).sum::<usize>().min(rest.len());
+            let cut = cut
+                .iter()
+                .map(|b| *b as usize)
+                .sum::<usize>()
+                .min(rest.len());
             let (values, updates) = rest.split_at(cut);
-            let one = |bytes: &[u8], key: Vec<u8>| vec![(key, bytes::Bytes::copy_from_slice(bytes))];
+            let one =
+                |bytes: &[u8], key: Vec<u8>| vec![(key, bytes::Bytes::copy_from_slice(bytes))];
             let _ = depot::records::restore(
                 one(values, depot::update::value_hash(values).0.to_vec()),
                 one(updates, vec![0; 4]),

@@ -1,40 +1,24 @@
 //! The S3 gateway under an authenticated client that sends whatever the input holds: up to eight
 //! requests through the very service `bulwark gateway` serves (s3s routing, SigV4, headers,
-//! XML bodies, then Bulwark's handlers) over registers kept in memory. Most are signed with a
+//! XML bodies, then Bulwark's handlers) over registers and causal volumes kept in memory (a
+//! bucket created with `x-bulwark-consistency: causal` is one). Most are signed with a
 //! configured key so they reach the handlers; the rest test the refusals. Nothing may panic,
 //! and no request may end in an internal error.
 #![no_main]
 
 use arbitrary::{Result, Unstructured};
 use bulwark_gateway::engine::Limits;
-use bulwark_gateway::store::{Registers, StoreError};
+use bulwark_gateway::store::MemRegisters;
 use bytes::Bytes;
 use hmac::{KeyInit, Mac};
 use libfuzzer_sys::fuzz_target;
 use sha2::{Digest, Sha256};
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock};
 
 const ACCESS_KEY: &str = "fuzzer";
 const SECRET_KEY: &str = "fuzzer-secret";
 const REGION: &str = "us-east-1";
-
-#[derive(Default)]
-struct MemoryRegisters(Mutex<BTreeMap<Vec<u8>, Bytes>>);
-
-impl Registers for MemoryRegisters {
-    async fn put(&self, key: &[u8], value: Bytes) -> std::result::Result<(), StoreError> {
-        self.0.lock().unwrap().insert(key.to_vec(), value);
-        Ok(())
-    }
-    async fn get(&self, key: &[u8]) -> std::result::Result<Option<Bytes>, StoreError> {
-        Ok(self.0.lock().unwrap().get(key).cloned())
-    }
-    async fn delete(&self, key: &[u8]) -> std::result::Result<(), StoreError> {
-        self.0.lock().unwrap().remove(key);
-        Ok(())
-    }
-}
 
 static RUNTIME: LazyLock<tokio::runtime::Runtime> = LazyLock::new(|| {
     tokio::runtime::Builder::new_current_thread()
@@ -72,7 +56,7 @@ const PARAMS: [&str; 24] = [
     "x-id",
     "fetch-owner",
 ];
-const HEADERS: [&str; 20] = [
+const HEADERS: [&str; 21] = [
     "content-md5",
     "content-type",
     "x-amz-meta-a",
@@ -93,6 +77,7 @@ const HEADERS: [&str; 20] = [
     "cache-control",
     "x-amz-copy-source-if-match",
     "x-amz-server-side-encryption-customer-key",
+    "x-bulwark-consistency",
 ];
 
 /// Letters S3 names may use without percent-encoding: the canonical request is then the
@@ -106,9 +91,11 @@ fn safe(u: &mut Unstructured, max: usize) -> Result<String> {
 }
 
 fn value(u: &mut Unstructured) -> Result<String> {
-    Ok(match u.int_in_range(0..=3u8)? {
+    Ok(match u.int_in_range(0..=4u8)? {
         0 => u.int_in_range(0..=10_001u32)?.to_string(),
         1 => safe(u, 12)?,
+        // Causal buckets take their own paths through the gateway.
+        2 => ["causal", "registers"][u.choose_index(2)?].to_owned(),
         _ => {
             let len = u.int_in_range(0..=64)?;
             String::from_utf8_lossy(u.bytes(len)?).into_owned()
@@ -295,7 +282,7 @@ fn request(u: &mut Unstructured) -> Result<http::Request<s3s::Body>> {
 
 fuzz_target!(|data: &[u8]| {
     let mut u = Unstructured::new(data);
-    let clients = HashMap::from([(ACCESS_KEY.to_owned(), Arc::new(MemoryRegisters::default()))]);
+    let clients = HashMap::from([(ACCESS_KEY.to_owned(), Arc::new(MemRegisters::default()))]);
     let secrets = HashMap::from([(ACCESS_KEY.to_owned(), SECRET_KEY.to_owned())]);
     let service = bulwark_gateway::server::service(Limits::default(), clients, secrets);
     RUNTIME.block_on(async {

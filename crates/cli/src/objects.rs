@@ -198,12 +198,13 @@ pub async fn list(args: &ClientArgs, prefix: &str, limit: usize) -> Result<()> {
         bail!("only causal volumes list their keys (name one with --volume)");
     };
     let (keys, answered) = client
-        .causal_list(volume.name(), number, prefix.as_bytes(), limit)
+        .causal_list(volume.name(), number, prefix.as_bytes(), None, limit)
         .await?;
     let mut out = String::new();
-    for (key, versions) in &keys {
+    for (key, held) in &keys {
         let key = String::from_utf8_lossy(key.as_bytes());
-        if *versions > 1 {
+        let versions = held.versions.len() + held.unavailable;
+        if versions > 1 {
             out!(out, "{key}\t({versions} concurrent versions)");
         } else {
             out!(out, "{key}");

@@ -205,7 +205,7 @@ async fn a_causal_volume_keeps_concurrent_writes_as_versions_and_needs_no_partic
         .expect("read");
     assert_eq!(read.newest(), None, "deleted");
     let (keys, _) = admin
-        .causal_list("notes", number, b"", 100)
+        .causal_list("notes", number, b"", None, 100)
         .await
         .expect("list");
     let keys: Vec<&[u8]> = keys.iter().map(|(key, _)| key.as_bytes()).collect();

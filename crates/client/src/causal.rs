@@ -14,11 +14,13 @@
 use crate::{Client, ClientError, OpReport, Serving, Volume};
 use bulwark_core::membership::GroupView;
 use bulwark_core::{Key, NodeId, ServiceId};
+/// A causal volume's number.
+pub use bulwark_protocol::depot::VolumeId;
 use bulwark_protocol::depot::node::{Output, ReadStart, VALUE_BYTES_MAX};
 use bulwark_protocol::depot::records::{self, Recorder};
 use bulwark_protocol::depot::served::{self, Call, Reply, Request};
 use bulwark_protocol::depot::{
-    Member, Message, Node, ReadResult, Role, Staleness, UpdateId, VolumeConfig, VolumeId, Writer,
+    Member, Message, Node, ReadResult, Role, Staleness, UpdateId, VolumeConfig, Writer,
 };
 use bulwark_storage::{Namespace, StorageOp, Store};
 use bytes::Bytes;
@@ -1089,37 +1091,50 @@ impl Client {
         format!("member {}", writer.0)
     }
 
-    /// The keys of causal volume `volume` (named `name`) that start with `prefix` and whose
-    /// newest versions are not all deletes, after catching up with a server; at most `limit`.
+    /// The keys of causal volume `volume` (named `name`) that start with `prefix`, come after
+    /// `after` and whose versions are not all deletes, in key order, at most `limit`, after
+    /// catching up with a server (the one that answered, if one did). Each comes with what this
+    /// client holds of it: the versions whose values it has, and how many it lacks the values of
+    /// (`unavailable`; a read of that key fetches them).
     pub async fn causal_list(
         &self,
         name: &str,
         volume: VolumeId,
         prefix: &[u8],
+        after: Option<&[u8]>,
         limit: usize,
-    ) -> Result<(Vec<(Key, usize)>, Option<NodeId>), ClientError> {
+    ) -> Result<(Vec<(Key, CausalRead)>, Option<NodeId>), ClientError> {
+        let after = after
+            .map(|after| Key::new(after.to_vec()))
+            .transpose()
+            .map_err(|error| ClientError::Volume {
+                name: name.to_string(),
+                problem: format!("a listing's starting point: {error}"),
+            })?;
         self.with_causal(
             name,
             volume,
             async |client: &Client, member: &mut Membership| {
                 client.beacon_if_due(member)?;
                 let answered = client.sync(member).await;
+                let now = now_micros();
                 let log = member.node.log();
-                let config = log.config();
-                let keys = log
-                    .keys()
-                    .filter(|key| key.as_bytes().starts_with(prefix))
+                let listed: Vec<(Key, ReadResult)> = log
+                    .keys_after(after.as_ref())
+                    .skip_while(|key| key.as_bytes() < prefix)
+                    .take_while(|key| key.as_bytes().starts_with(prefix))
                     .filter(|key| !key.as_bytes().starts_with(&[0]))
                     .filter_map(|key| {
-                        let heads = log.heads(key);
-                        let live = heads
-                            .iter()
-                            .filter(|head| head.body().value.is_some())
-                            .filter(|head| config.may_write(head.body().writer, key))
-                            .count();
-                        (live > 0).then(|| (key.clone(), heads.len()))
+                        let held = member.node.held(key, now);
+                        let live = !held.unavailable.is_empty()
+                            || held.versions.iter().any(|v| v.value.is_some());
+                        live.then(|| (key.clone(), held))
                     })
                     .take(limit)
+                    .collect();
+                let keys = listed
+                    .into_iter()
+                    .map(|(key, held)| (key, client.causal_result(member, held, Vec::new())))
                     .collect();
                 Ok((keys, answered))
             },

@@ -14,6 +14,7 @@
 //!   that read the old manifest just before the switch can still stream it.
 //! - Lock order is upload → bucket → object → index shard; nothing takes them in another order.
 
+use crate::causal::CausalObjects;
 use crate::index::{self, Page, Query};
 use crate::layout::{
     self, BucketList, BucketRecord, CHUNK_BYTES, Checksums, ChunkRef, Data, Headers, INDEX_SHARDS,
@@ -378,7 +379,7 @@ fn forget_chunks<R: Registers>(reg: &Arc<R>, chunks: Vec<ChunkRef>, delay: Durat
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
         }
-        let mut keys: Vec<Vec<u8>> = chunks.iter().map(layout::chunk_key).collect();
+        let mut keys: Vec<Vec<u8>> = chunks.iter().map(|chunk| reg.chunk_key(chunk)).collect();
         keys.sort();
         keys.dedup();
         let reg = &reg;
@@ -390,6 +391,14 @@ fn forget_chunks<R: Registers>(reg: &Arc<R>, chunks: Vec<ChunkRef>, delay: Durat
             })
             .await;
     });
+}
+
+/// An object GET or HEAD answers with.
+pub struct Object<R> {
+    /// Its manifest.
+    pub manifest: Manifest,
+    /// In a causal bucket: where its chunks are, and the versions beside the one returned.
+    pub causal: Option<(Arc<CausalObjects<R>>, Vec<crate::causal::Other>)>,
 }
 
 /// A fetched piece of an object and the read buffer it occupies until handed to the client.
@@ -417,7 +426,7 @@ impl Stream for ObjectStream {
 
 async fn fetch_chunk<R: Registers>(reg: &R, chunk: &ChunkRef) -> S3Result<Bytes> {
     let data = reg
-        .get(&layout::chunk_key(chunk))
+        .get(&reg.chunk_key(chunk))
         .await
         .map_err(store_error)?
         .ok_or_else(|| {
@@ -480,27 +489,89 @@ impl Engine {
         reg: &R,
         bucket: &str,
     ) -> S3Result<BucketRecord> {
-        get_record(reg, "bucket", &layout::bucket_key(bucket))
-            .await?
-            .ok_or_else(|| s3_error!(NoSuchBucket, "no bucket named {bucket:?}"))
+        let record = match reg
+            .get(&layout::bucket_key(bucket))
+            .await
+            .map_err(store_error)?
+        {
+            Some(bytes) => layout::decode_extended("bucket", &bytes).map_err(layout_error)?,
+            None => return Err(s3_error!(NoSuchBucket, "no bucket named {bucket:?}")),
+        };
+        Ok(record)
     }
 
-    /// Creates a bucket.
-    pub async fn create_bucket<R: Registers>(&self, reg: &R, bucket: &str) -> S3Result<()> {
+    /// The bucket's record, or NoSuchBucket, or NotImplemented when `what` is not served on
+    /// causal buckets.
+    async fn require_register_bucket<R: Registers>(
+        &self,
+        reg: &R,
+        bucket: &str,
+        what: &str,
+    ) -> S3Result<BucketRecord> {
+        let record = self.require_bucket(reg, bucket).await?;
+        if record.extra.causal.is_some() {
+            return Err(s3_error!(
+                NotImplemented,
+                "{what} is not served on causal buckets ({bucket:?} is one)"
+            ));
+        }
+        Ok(record)
+    }
+
+    /// Creates a bucket; `causal`: its objects in a causal volume of the same name, created
+    /// (or adopted) first. Re-creating a bucket as it is answers BucketAlreadyOwnedByYou; as the
+    /// other kind, a conflict.
+    pub async fn create_bucket<R: Registers>(
+        &self,
+        reg: &R,
+        bucket: &str,
+        causal: bool,
+    ) -> S3Result<()> {
         let _list = self.bucket_list.lock().await;
         let _bucket = self.buckets.get(&[bucket.as_bytes()]).write().await;
         let key = layout::bucket_key(bucket);
-        if get_record::<R, BucketRecord>(reg, "bucket", &key)
-            .await?
-            .is_some()
-        {
-            return Err(s3_error!(
-                BucketAlreadyOwnedByYou,
-                "bucket {bucket:?} exists"
-            ));
+        match self.require_bucket(reg, bucket).await {
+            Ok(existing) if existing.extra.causal.is_some() == causal => {
+                return Err(s3_error!(
+                    BucketAlreadyOwnedByYou,
+                    "bucket {bucket:?} exists"
+                ));
+            }
+            Ok(_) => {
+                let mut error = s3_error!(
+                    BucketAlreadyExists,
+                    "bucket {bucket:?} exists, {} causal",
+                    if causal { "not" } else { "and is" }
+                );
+                error.set_status_code(http::StatusCode::CONFLICT);
+                return Err(error);
+            }
+            Err(error) if *error.code() == S3ErrorCode::NoSuchBucket => {}
+            Err(error) => return Err(error),
         }
         let created_ms = now_ms();
-        put_record(reg, "bucket", &key, &BucketRecord { created_ms }).await?;
+        let record = if causal {
+            reg.create_causal(bucket).await.map_err(store_error)?;
+            let record = BucketRecord {
+                created_ms,
+                extra: layout::BucketExtra {
+                    causal: Some(bucket.to_owned()),
+                },
+            };
+            layout::encode_extended("bucket", &record)
+        } else {
+            // Format 1, which every gateway reads.
+            layout::encode(
+                "bucket",
+                &BucketRecord {
+                    created_ms,
+                    extra: layout::BucketExtra::default(),
+                },
+            )
+        };
+        reg.put(&key, record.map_err(layout_error)?)
+            .await
+            .map_err(store_error)?;
         let list_key = layout::bucket_list_key();
         let mut list: BucketList = get_record(reg, "bucket list", &list_key)
             .await?
@@ -520,9 +591,15 @@ impl Engine {
     pub async fn delete_bucket<R: Registers>(&self, reg: &R, bucket: &str) -> S3Result<()> {
         let _list = self.bucket_list.lock().await;
         let _bucket = self.buckets.get(&[bucket.as_bytes()]).write().await;
-        self.require_bucket(reg, bucket).await?;
-        let shards = self.read_shards(reg, bucket).await?;
-        if shards.iter().any(|s| !s.is_empty()) {
+        let record = self.require_bucket(reg, bucket).await?;
+        let empty = match &record.extra.causal {
+            Some(volume) => crate::causal::is_empty(reg, volume).await?,
+            None => {
+                let shards = self.read_shards(reg, bucket).await?;
+                shards.iter().all(|s| s.is_empty())
+            }
+        };
+        if !empty {
             return Err(s3_error!(BucketNotEmpty, "bucket {bucket:?} is not empty"));
         }
         let uploads: UploadList = get_record(reg, "upload list", &layout::upload_list_key(bucket))
@@ -603,7 +680,10 @@ impl Engine {
         bucket: &str,
         query: &Query<'_>,
     ) -> S3Result<Page> {
-        self.require_bucket(reg, bucket).await?;
+        let record = self.require_bucket(reg, bucket).await?;
+        if let Some(volume) = &record.extra.causal {
+            return crate::causal::list(reg, volume, query).await;
+        }
         let shards = self.read_shards(reg, bucket).await?;
         let merged: BTreeMap<&String, &IndexEntry> = shards.iter().flat_map(|s| s.iter()).collect();
         Ok(index::list(merged, query))
@@ -612,14 +692,14 @@ impl Engine {
     // ---- object bodies ----
 
     /// Streams a body into chunks, at most `max` bytes, keeping at most a few chunks in memory.
-    /// Small bodies are returned inline when `inline` allows. On failure, chunks already written
+    /// Bodies of at most `inline_max` bytes are returned inline. On failure, chunks already written
     /// are deleted.
     pub async fn write_body<R: Registers, S>(
         &self,
         reg: &Arc<R>,
         mut body: S,
         max: u64,
-        inline: bool,
+        inline_max: usize,
         algorithms: Algorithms,
     ) -> S3Result<Written>
     where
@@ -633,7 +713,7 @@ impl Engine {
                 reg,
                 &mut body,
                 max,
-                inline,
+                inline_max,
                 algorithms,
                 write,
                 &mut chunks,
@@ -668,7 +748,7 @@ impl Engine {
         reg: &Arc<R>,
         body: &mut S,
         max: u64,
-        inline: bool,
+        inline_max: usize,
         algorithms: Algorithms,
         write: WriteId,
         chunks: &mut Vec<ChunkRef>,
@@ -717,7 +797,7 @@ impl Engine {
         }
         let md5: [u8; 16] = md5.finalize().into();
         let checksum = checksums.finalize();
-        if inline && chunks.is_empty() && size <= INLINE_BYTES_MAX as u64 {
+        if chunks.is_empty() && size <= inline_max as u64 {
             let data = buffer.map(|(buf, _)| buf.freeze()).unwrap_or_default();
             return Ok(Written {
                 size,
@@ -757,7 +837,7 @@ impl Engine {
         let reg = reg.clone();
         inflight.spawn(async move {
             let result = reg
-                .put(&layout::chunk_key(&chunk), data)
+                .put(&reg.chunk_key(&chunk), data)
                 .await
                 .map_err(store_error);
             drop(permit);
@@ -783,12 +863,59 @@ impl Engine {
         {
             Some(bytes) => layout::decode_manifest(key, &bytes).map_err(layout_error),
             None => {
-                self.require_bucket(reg, bucket).await?;
+                self.require_register_bucket(reg, bucket, "copying").await?;
                 Err(s3_error!(
                     NoSuchKey,
                     "no object {key:?} in bucket {bucket:?}"
                 ))
             }
+        }
+    }
+
+    /// The object GET and HEAD answer with: in a register bucket its manifest; in a causal
+    /// bucket the current version by [`crate::causal`]'s rule, with the others it has.
+    pub async fn object<R: Registers>(
+        &self,
+        reg: &Arc<R>,
+        bucket: &str,
+        key: &str,
+    ) -> S3Result<Object<R>> {
+        check_object_key(key)?;
+        if let Some(bytes) = reg
+            .get(&layout::object_key(bucket, key))
+            .await
+            .map_err(store_error)?
+        {
+            let manifest = layout::decode_manifest(key, &bytes).map_err(layout_error)?;
+            return Ok(Object {
+                manifest,
+                causal: None,
+            });
+        }
+        let record = self.require_bucket(reg.as_ref(), bucket).await?;
+        let missing = || s3_error!(NoSuchKey, "no object {key:?} in bucket {bucket:?}");
+        let Some(volume) = record.extra.causal else {
+            return Err(missing());
+        };
+        crate::causal::check_key(key)?;
+        let objects = Arc::new(CausalObjects::new(reg.clone(), volume));
+        let (manifest, others) = objects.current(key).await?.ok_or_else(missing)?;
+        Ok(Object {
+            manifest,
+            causal: Some((objects, others)),
+        })
+    }
+
+    /// Streams `range` of an object found by [`Engine::object`].
+    pub async fn read_object<R: Registers>(
+        &self,
+        reg: &Arc<R>,
+        object: &Object<R>,
+        range: Range<u64>,
+    ) -> S3Result<ObjectStream> {
+        match &object.causal {
+            None => self.read(reg, &object.manifest, range).await,
+            Some((objects, _)) => self.read(objects, &object.manifest, range).await,
         }
     }
 
@@ -851,8 +978,11 @@ impl Engine {
             .await;
         // Both reads happen under the locks, so neither can be overtaken; side by side they cost
         // one round trip instead of two.
-        let (exists, old) =
-            futures::future::join(self.require_bucket(reg, bucket), reg.get(&object_key)).await;
+        let (exists, old) = futures::future::join(
+            self.require_register_bucket(reg, bucket, "copying or completing a multipart upload"),
+            reg.get(&object_key),
+        )
+        .await;
         exists?;
         let old = match old.map_err(store_error)? {
             Some(bytes) => match layout::decode_manifest(key, &bytes) {
@@ -889,16 +1019,57 @@ impl Engine {
         S: Stream<Item = S3Result<Bytes>> + Unpin,
     {
         check_object_key(key)?;
-        let metadata = check_metadata(meta.metadata)?;
-        self.require_bucket(reg.as_ref(), bucket).await?;
-        let written = self
-            .write_body(
+        let record = self.require_bucket(reg.as_ref(), bucket).await?;
+        if let Some(volume) = record.extra.causal {
+            let objects = Arc::new(CausalObjects::new(reg.clone(), volume));
+            crate::causal::check_key(key)?;
+            let (manifest, checksum) = self
+                .store_object(
+                    &objects,
+                    key,
+                    meta,
+                    body,
+                    integrity,
+                    crate::causal::INLINE_BYTES_MAX,
+                    crate::causal::OBJECT_BYTES_MAX.min(self.limits.object_bytes_max),
+                )
+                .await?;
+            objects.commit(&manifest).await?;
+            return Ok((manifest, checksum));
+        }
+        let (manifest, checksum) = self
+            .store_object(
                 reg,
+                key,
+                meta,
                 body,
+                integrity,
+                INLINE_BYTES_MAX,
                 self.limits.object_bytes_max,
-                true,
-                integrity.algorithms,
             )
+            .await?;
+        self.commit(reg, bucket, &manifest, true).await?;
+        Ok((manifest, checksum))
+    }
+
+    /// A body's data stored and checked, and the manifest that would name it.
+    #[allow(clippy::too_many_arguments)]
+    async fn store_object<R: Registers, S>(
+        &self,
+        reg: &Arc<R>,
+        key: &str,
+        meta: ObjectMeta,
+        body: S,
+        integrity: &Integrity,
+        inline_max: usize,
+        max: u64,
+    ) -> S3Result<(Manifest, Checksum)>
+    where
+        S: Stream<Item = S3Result<Bytes>> + Unpin,
+    {
+        let metadata = check_metadata(meta.metadata)?;
+        let written = self
+            .write_body(reg, body, max, inline_max, integrity.algorithms)
             .await?;
         if let Err(refused) = integrity.check(&written) {
             forget_chunks(reg, written.data.chunks().to_vec(), Duration::ZERO);
@@ -919,7 +1090,6 @@ impl Engine {
                 checksums: stored_checksums(&written.checksum),
             },
         };
-        self.commit(reg, bucket, &manifest, true).await?;
         Ok((manifest, written.checksum))
     }
 
@@ -987,7 +1157,13 @@ impl Engine {
         let object_key = layout::object_key(bucket, key);
         let old = {
             let _bucket = self.buckets.get(&[bucket.as_bytes()]).read().await;
-            self.require_bucket(reg.as_ref(), bucket).await?;
+            let record = self.require_bucket(reg.as_ref(), bucket).await?;
+            if let Some(volume) = record.extra.causal {
+                crate::causal::check_key(key)?;
+                return CausalObjects::new(reg.clone(), volume)
+                    .delete_object(key)
+                    .await;
+            }
             let _object = self
                 .objects
                 .get(&[bucket.as_bytes(), key.as_bytes()])
@@ -1020,7 +1196,8 @@ impl Engine {
         check_object_key(target.1)?;
         let src = self.manifest(reg.as_ref(), source.0, source.1).await?;
         precondition(&src)?;
-        self.require_bucket(reg.as_ref(), target.0).await?;
+        self.require_register_bucket(reg.as_ref(), target.0, "copying")
+            .await?;
         if src.size > self.limits.object_bytes_max {
             return Err(s3_error!(
                 InvalidRequest,
@@ -1042,7 +1219,7 @@ impl Engine {
                             .map_err(|_| s3_error!(InternalError, "gateway shutting down"))?;
                         let data = fetch_chunk(reg.as_ref(), &chunk).await?;
                         let new = ChunkRef { write, ..chunk };
-                        reg.put(&layout::chunk_key(&new), data)
+                        reg.put(&reg.chunk_key(&new), data)
                             .await
                             .map_err(store_error)?;
                         Ok(new)
@@ -1131,7 +1308,8 @@ impl Engine {
     ) -> S3Result<String> {
         check_object_key(key)?;
         let metadata = check_metadata(meta.metadata)?;
-        self.require_bucket(reg, bucket).await?;
+        self.require_register_bucket(reg, bucket, "a multipart upload")
+            .await?;
         let upload_id = hex::encode(layout::new_write_id());
         let record = UploadRecord {
             bucket: bucket.to_owned(),
@@ -1236,7 +1414,7 @@ impl Engine {
                 reg,
                 body,
                 self.limits.part_bytes_max,
-                false,
+                0,
                 integrity.algorithms,
             )
             .await?;
@@ -1541,7 +1719,10 @@ mod tests {
     async fn setup(grace: Duration) -> (Engine, Arc<MemRegisters>) {
         let engine = engine(grace);
         let reg = Arc::new(MemRegisters::default());
-        engine.create_bucket(reg.as_ref(), "b").await.unwrap();
+        engine
+            .create_bucket(reg.as_ref(), "b", false)
+            .await
+            .unwrap();
         (engine, reg)
     }
 
@@ -1895,9 +2076,15 @@ mod tests {
     #[tokio::test]
     async fn buckets_are_created_listed_and_deleted_when_empty() {
         let (engine, reg) = setup(Duration::ZERO).await;
-        let e = engine.create_bucket(reg.as_ref(), "b").await.unwrap_err();
+        let e = engine
+            .create_bucket(reg.as_ref(), "b", false)
+            .await
+            .unwrap_err();
         assert_eq!(*e.code(), S3ErrorCode::BucketAlreadyOwnedByYou);
-        engine.create_bucket(reg.as_ref(), "c").await.unwrap();
+        engine
+            .create_bucket(reg.as_ref(), "c", false)
+            .await
+            .unwrap();
         let list = engine.list_buckets(reg.as_ref()).await.unwrap();
         assert_eq!(list.keys().collect::<Vec<_>>(), ["b", "c"]);
         engine.delete_bucket(reg.as_ref(), "c").await.unwrap();
@@ -2196,7 +2383,10 @@ mod tests {
             ..Limits::default()
         });
         let reg = Arc::new(MemRegisters::default());
-        engine.create_bucket(reg.as_ref(), "b").await.unwrap();
+        engine
+            .create_bucket(reg.as_ref(), "b", false)
+            .await
+            .unwrap();
         let id = engine
             .create_upload(reg.as_ref(), "b", "k", ObjectMeta::default())
             .await
@@ -2351,7 +2541,10 @@ mod tests {
             ..Limits::default()
         });
         let reg = Arc::new(MemRegisters::default());
-        engine.create_bucket(reg.as_ref(), "b").await.unwrap();
+        engine
+            .create_bucket(reg.as_ref(), "b", false)
+            .await
+            .unwrap();
         let data = pattern(3 * CHUNK_BYTES + 1, 6);
         let m = engine
             .put_object(
@@ -2371,5 +2564,185 @@ mod tests {
         );
         assert_eq!(a.unwrap(), data);
         assert_eq!(b.unwrap(), &data[1..data.len() - 1]);
+    }
+
+    /// A causal bucket: objects are keys of its volume (no register holds any), listed in the
+    /// volume's key order with no index, concurrent versions all kept, the newest object
+    /// returned and the others named, and what it does not serve refused.
+    #[tokio::test]
+    async fn causal_buckets_keep_concurrent_versions_and_list_from_the_volume() {
+        use crate::causal::OtherKind;
+        use crate::store::{CausalValue, CausalValues};
+        let engine = engine(Duration::ZERO);
+        let reg = Arc::new(MemRegisters::default());
+        engine.create_bucket(reg.as_ref(), "c", true).await.unwrap();
+        assert!(reg.causal_volumes.lock().unwrap().contains("c"));
+        let e = engine
+            .create_bucket(reg.as_ref(), "c", false)
+            .await
+            .unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::BucketAlreadyExists);
+        let e = engine
+            .create_bucket(reg.as_ref(), "c", true)
+            .await
+            .unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::BucketAlreadyOwnedByYou);
+
+        let big = pattern(CHUNK_BYTES + 100, 3);
+        let objects: [(&str, &[u8]); 3] = [("a/1", b"one"), ("a/2", &big), ("b", b"bee")];
+        for (key, data) in objects {
+            engine
+                .put_object(
+                    &reg,
+                    "c",
+                    key,
+                    ObjectMeta::default(),
+                    body(data, 4096),
+                    &Integrity::default(),
+                )
+                .await
+                .unwrap();
+        }
+        assert!(
+            reg.map
+                .lock()
+                .unwrap()
+                .keys()
+                .all(|k| k.starts_with(b"s3/b/") || k.as_slice() == b"s3/buckets"),
+            "nothing but the bucket's record in registers"
+        );
+        let object = engine.object(&reg, "c", "a/2").await.unwrap();
+        assert_eq!(object.manifest.data.chunks().len(), 2);
+        let mut stream = engine
+            .read_object(&reg, &object, 0..object.manifest.size)
+            .await
+            .unwrap();
+        let mut read = Vec::new();
+        while let Some(piece) = stream.next().await {
+            read.extend_from_slice(&piece.unwrap());
+        }
+        assert_eq!(read, big);
+
+        let query = |prefix, delimiter, marker, max_keys| Query {
+            prefix,
+            delimiter,
+            marker,
+            max_keys,
+        };
+        let page = engine
+            .list(reg.as_ref(), "c", &query("", Some("/"), None, 10))
+            .await
+            .unwrap();
+        assert_eq!(page.prefixes, vec!["a/".to_string()]);
+        assert_eq!(page.objects.len(), 1);
+        assert_eq!(
+            (page.objects[0].0.as_str(), page.objects[0].1.size),
+            ("b", 3)
+        );
+        let page = engine
+            .list(reg.as_ref(), "c", &query("a/", None, None, 1))
+            .await
+            .unwrap();
+        assert_eq!(page.objects[0].0, "a/1");
+        assert!(page.truncated);
+        assert_eq!(page.next_marker.as_deref(), Some("a/1"));
+        let page = engine
+            .list(reg.as_ref(), "c", &query("a/", None, Some("a/1"), 1))
+            .await
+            .unwrap();
+        assert_eq!(page.objects[0].0, "a/2");
+        assert_eq!(page.objects[0].1.size, big.len() as u64);
+        assert!(!page.truncated);
+
+        // Another writer's concurrent version, and a concurrent delete: all kept; the newest
+        // object is returned, the others named, the delete hides nothing.
+        let theirs = Manifest {
+            key: "b".into(),
+            size: 3,
+            etag: "theirs".into(),
+            content_type: None,
+            metadata: Vec::new(),
+            last_modified_ms: 1,
+            parts: 0,
+            data: Data::Inline(Bytes::from_static(b"zzz")),
+            extra: ObjectExtra::default(),
+        };
+        let theirs = layout::encode_extended("manifest", &theirs).unwrap();
+        let ours = engine.object(&reg, "c", "b").await.unwrap().manifest;
+        {
+            let mut causal = reg.causal.lock().unwrap();
+            let values: &mut CausalValues = causal.get_mut(&("c".into(), b"o/b".to_vec())).unwrap();
+            let clock = values.versions[0].clock;
+            values.versions.insert(
+                0,
+                CausalValue {
+                    writer: "zed".into(),
+                    clock,
+                    value: Some(theirs),
+                },
+            );
+            values.versions.insert(
+                0,
+                CausalValue {
+                    writer: "eve".into(),
+                    clock: clock + 1,
+                    value: None,
+                },
+            );
+        }
+        let object = engine.object(&reg, "c", "b").await.unwrap();
+        assert_eq!(object.manifest.etag, "theirs");
+        let (_, others) = object.causal.as_ref().unwrap();
+        let kinds: Vec<&OtherKind> = others.iter().map(|o| &o.kind).collect();
+        assert_eq!(
+            kinds,
+            vec![&OtherKind::Deleted, &OtherKind::Object(ours.etag.clone())]
+        );
+        let page = engine
+            .list(reg.as_ref(), "c", &query("b", None, None, 10))
+            .await
+            .unwrap();
+        assert_eq!(
+            page.objects[0].1.etag, "theirs",
+            "a listing shows what GET returns"
+        );
+
+        // Deleting supersedes every version seen.
+        engine.delete_object(&reg, "c", "b").await.unwrap();
+        let e = engine.object(&reg, "c", "b").await.err().unwrap();
+        assert_eq!(*e.code(), S3ErrorCode::NoSuchKey);
+
+        // What a causal bucket does not serve is refused, not half done.
+        let e = engine
+            .copy_object(&reg, ("c", "a/1"), ("c", "copy"), None, |_| Ok(()))
+            .await
+            .unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::NotImplemented);
+        let e = engine
+            .create_upload(reg.as_ref(), "c", "k", ObjectMeta::default())
+            .await
+            .unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::NotImplemented);
+        let long = "k".repeat(crate::causal::KEY_BYTES_MAX + 1);
+        let e = engine
+            .put_object(
+                &reg,
+                "c",
+                &long,
+                ObjectMeta::default(),
+                body(b"x", 1),
+                &Integrity::default(),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::KeyTooLongError);
+
+        // Empty only once every object is deleted.
+        let e = engine.delete_bucket(reg.as_ref(), "c").await.unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::BucketNotEmpty);
+        engine.delete_object(&reg, "c", "a/1").await.unwrap();
+        engine.delete_object(&reg, "c", "a/2").await.unwrap();
+        engine.delete_bucket(reg.as_ref(), "c").await.unwrap();
+        assert!(engine.require_bucket(reg.as_ref(), "c").await.is_err());
     }
 }

@@ -12,6 +12,9 @@
 //! | `s3/u/<upload id>` | [`UploadRecord`]: a multipart upload in progress and its parts |
 //! | `s3/ul/<bucket>` | [`UploadList`]: the bucket's uploads in progress, for listing them |
 //!
+//! A bucket created with `x-bulwark-consistency: causal` keeps its objects in a causal volume
+//! of the same name instead (its record, [`BucketRecord`] in format 2, names the volume; the
+//! bucket list stays in registers); see `crate::causal` for its keys.
 //! Object keys are hashed into the register key because S3 allows 1024-byte keys and a register
 //! key is bounded by the same number; the manifest repeats the full object key and a reader
 //! checks it.
@@ -23,7 +26,7 @@
 //! them (a fresh random id per PUT, per uploaded part, per copy), so two objects never share a
 //! chunk and deleting one object's chunks cannot touch another's, even for identical content.
 //!
-//! Every record starts with its format. Manifests and upload records are written in format 2
+//! Every record starts with its format. Manifests, upload and bucket records are written in format 2
 //! ([`Extended`]): format 1's fields, then what was added (part sizes, the response headers
 //! given at upload, checksums); format-1 records written by earlier gateways still read, but a
 //! gateway from before format 2 refuses format-2 records: upgrade every gateway of a cluster
@@ -445,6 +448,26 @@ pub fn verify_chunk(chunk: &ChunkRef, data: &[u8]) -> Result<(), LayoutError> {
 pub struct BucketRecord {
     /// Milliseconds since the Unix epoch.
     pub created_ms: u64,
+    /// What format 2 added.
+    #[serde(skip)]
+    pub extra: BucketExtra,
+}
+
+/// What a bucket record keeps beyond format 1.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BucketExtra {
+    /// The causal volume holding the bucket's objects; `None`: registers (format 1's only kind).
+    pub causal: Option<String>,
+}
+
+impl Extended for BucketRecord {
+    type Extra = BucketExtra;
+    fn extra(&self) -> &BucketExtra {
+        &self.extra
+    }
+    fn set_extra(&mut self, extra: BucketExtra) {
+        self.extra = extra;
+    }
 }
 
 /// Every bucket, by name, with its creation time.

@@ -7,10 +7,13 @@
 //!   index, multipart uploads), and why a reader never sees a mix of two versions.
 //! - [`engine`]: the operations over any [`store::Registers`]: streamed writes and reads with
 //!   bounded memory, ordering and locking.
+//! - [`causal`]: buckets whose objects live in a causal volume (`x-bulwark-consistency: causal`
+//!   at creation): which keys hold what, the current version among concurrent ones, listings.
 //! - [`index`]: listing pages (prefix, delimiter, markers, max-keys).
 //! - [`s3`]: the S3 operations, mapping requests and errors.
 //! - [`config`] and [`server`]: the configuration file and the HTTP front end with its bounds.
 
+pub mod causal;
 pub mod config;
 pub mod engine;
 pub mod index;

@@ -177,6 +177,23 @@ fn user_metadata(manifest: &Manifest) -> Option<Metadata> {
     (!manifest.metadata.is_empty()).then(|| manifest.metadata.iter().cloned().collect())
 }
 
+/// On an object of a causal bucket: how many current versions its key has, and the others.
+fn name_versions<R>(headers: &mut http::HeaderMap, object: &crate::engine::Object<R>) {
+    let Some((_, others)) = &object.causal else {
+        return;
+    };
+    headers.insert(
+        crate::causal::VERSIONS_HEADER,
+        http::HeaderValue::from(others.len() + 1),
+    );
+    if !others.is_empty()
+        && let Ok(value) =
+            http::HeaderValue::from_str(&crate::causal::other_versions_header(others))
+    {
+        headers.insert(crate::causal::OTHER_VERSIONS_HEADER, value);
+    }
+}
+
 /// A request body as the engine takes it: an error from the HTTP or signature layer stays an
 /// S3 error (e.g. a payload that does not match its signed SHA-256).
 ///
@@ -684,7 +701,25 @@ impl<R: Registers> S3 for BulwarkS3<R> {
                 input.grant_write_acp.as_ref(),
             ],
         )?;
-        match self.engine.create_bucket(reg.as_ref(), bucket).await {
+        let causal = match req.headers.get(crate::causal::CONSISTENCY_HEADER) {
+            None => false,
+            Some(value) => match value.to_str().map(str::trim) {
+                Ok(v) if v.eq_ignore_ascii_case("causal") => true,
+                Ok(v) if v.eq_ignore_ascii_case("registers") => false,
+                _ => {
+                    return Err(s3_error!(
+                        InvalidArgument,
+                        "{} is `causal` or `registers`",
+                        crate::causal::CONSISTENCY_HEADER
+                    ));
+                }
+            },
+        };
+        match self
+            .engine
+            .create_bucket(reg.as_ref(), bucket, causal)
+            .await
+        {
             Ok(()) => {}
             // GetBucketLocation reports us-east-1, where S3 answers re-creating a bucket one
             // owns with 200 and leaves it as it is.
@@ -826,12 +861,10 @@ impl<R: Registers> S3 for BulwarkS3<R> {
         let input = req.input;
         check_version(input.version_id.as_deref())?;
         refuse_customer_key(input.sse_customer_algorithm.as_deref())?;
-        let manifest = self
-            .engine
-            .manifest(reg.as_ref(), &input.bucket, &input.key)
-            .await?;
+        let object = self.engine.object(&reg, &input.bucket, &input.key).await?;
+        let manifest = &object.manifest;
         check_conditions(
-            &manifest,
+            manifest,
             input.if_match.as_ref(),
             input.if_none_match.as_ref(),
             input.if_modified_since.as_ref(),
@@ -839,7 +872,7 @@ impl<R: Registers> S3 for BulwarkS3<R> {
         )?;
         let whole = input.range.is_none() && input.part_number.is_none();
         let range = match (input.part_number, input.range) {
-            (Some(number), range) => part_range(&manifest, number, range.is_some())?,
+            (Some(number), range) => part_range(manifest, number, range.is_some())?,
             (None, None) => 0..manifest.size,
             (None, Some(range)) => range.check(manifest.size).map_err(|_| {
                 s3_error!(
@@ -852,7 +885,10 @@ impl<R: Registers> S3 for BulwarkS3<R> {
         let partial = !whole && range.end > range.start;
         let length = range.end - range.start;
         let checksums = whole && checksum_mode(input.checksum_mode.as_ref());
-        let stream = self.engine.read(&reg, &manifest, range.clone()).await?;
+        let stream = self
+            .engine
+            .read_object(&reg, &object, range.clone())
+            .await?;
         let output = stored_fields!(
             GetObjectOutput {
                 body: Some(StreamingBlob::wrap(stream)),
@@ -861,19 +897,20 @@ impl<R: Registers> S3 for BulwarkS3<R> {
                     .then(|| content_range(&range, manifest.size))
                     .flatten(),
                 accept_ranges: Some("bytes".into()),
-                content_type: Some(content_type(&manifest)),
+                content_type: Some(content_type(manifest)),
                 e_tag: Some(etag(&manifest.etag)),
                 last_modified: Some(timestamp(manifest.last_modified_ms)),
-                metadata: user_metadata(&manifest),
+                metadata: user_metadata(manifest),
                 parts_count: (manifest.parts > 0).then_some(manifest.parts as i32),
             },
-            &manifest,
+            manifest,
             checksums
         );
         let mut response = S3Response::new(output);
         if response.output.content_range.is_some() {
             response.status = Some(http::StatusCode::PARTIAL_CONTENT);
         }
+        name_versions(&mut response.headers, &object);
         Ok(response)
     }
 
@@ -885,19 +922,17 @@ impl<R: Registers> S3 for BulwarkS3<R> {
         let input = req.input;
         check_version(input.version_id.as_deref())?;
         refuse_customer_key(input.sse_customer_algorithm.as_deref())?;
-        let manifest = self
-            .engine
-            .manifest(reg.as_ref(), &input.bucket, &input.key)
-            .await?;
+        let object = self.engine.object(&reg, &input.bucket, &input.key).await?;
+        let manifest = &object.manifest;
         check_conditions(
-            &manifest,
+            manifest,
             input.if_match.as_ref(),
             input.if_none_match.as_ref(),
             input.if_modified_since.as_ref(),
             input.if_unmodified_since.as_ref(),
         )?;
         let (range, partial) = match input.part_number {
-            Some(number) => (part_range(&manifest, number, input.range.is_some())?, true),
+            Some(number) => (part_range(manifest, number, input.range.is_some())?, true),
             None => (0..manifest.size, false),
         };
         let checksums = !partial && checksum_mode(input.checksum_mode.as_ref());
@@ -908,19 +943,20 @@ impl<R: Registers> S3 for BulwarkS3<R> {
                     .then(|| content_range(&range, manifest.size))
                     .flatten(),
                 accept_ranges: Some("bytes".into()),
-                content_type: Some(content_type(&manifest)),
+                content_type: Some(content_type(manifest)),
                 e_tag: Some(etag(&manifest.etag)),
                 last_modified: Some(timestamp(manifest.last_modified_ms)),
-                metadata: user_metadata(&manifest),
+                metadata: user_metadata(manifest),
                 parts_count: (manifest.parts > 0).then_some(manifest.parts as i32),
             },
-            &manifest,
+            manifest,
             checksums
         );
         let mut response = S3Response::new(output);
         if response.output.content_range.is_some() {
             response.status = Some(http::StatusCode::PARTIAL_CONTENT);
         }
+        name_versions(&mut response.headers, &object);
         Ok(response)
     }
 

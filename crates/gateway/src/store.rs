@@ -1,6 +1,7 @@
 //! The registers the gateway stores into: a Bulwark client, or a map in tests.
 
-use bulwark_client::{Client, ClientError, OpReport};
+use crate::layout::ChunkRef;
+use bulwark_client::{Client, ClientError, OpReport, Serving};
 use bytes::Bytes;
 use std::future::Future;
 
@@ -28,7 +29,47 @@ impl From<ClientError> for StoreError {
     }
 }
 
-/// Linearizable registers: one value per key, replaced whole.
+/// One version of a key of a causal volume.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CausalValue {
+    /// Its writer's name.
+    pub writer: String,
+    /// Its logical clock.
+    pub clock: u64,
+    /// The value; `None` for a delete.
+    pub value: Option<Bytes>,
+}
+
+/// What a causal volume holds of one key: every version no other supersedes, newest first (the
+/// highest clock, then the writer's name, then the update), and how many more there are whose
+/// values could not be had.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CausalValues {
+    /// The versions.
+    pub versions: Vec<CausalValue>,
+    /// Versions whose values no member gave.
+    pub unavailable: usize,
+}
+
+impl From<bulwark_client::causal::CausalRead> for CausalValues {
+    fn from(read: bulwark_client::causal::CausalRead) -> Self {
+        CausalValues {
+            versions: read
+                .versions
+                .into_iter()
+                .map(|version| CausalValue {
+                    writer: version.writer,
+                    clock: version.clock,
+                    value: version.value,
+                })
+                .collect(),
+            unavailable: read.unavailable,
+        }
+    }
+}
+
+/// Where the gateway stores: linearizable registers, one value per key, replaced whole; and
+/// causal volumes (Depot), where concurrent writes are all kept.
 pub trait Registers: Send + Sync + 'static {
     /// Replaces `key`'s value.
     fn put(&self, key: &[u8], value: Bytes) -> impl Future<Output = Result<(), StoreError>> + Send;
@@ -36,6 +77,36 @@ pub trait Registers: Send + Sync + 'static {
     fn get(&self, key: &[u8]) -> impl Future<Output = Result<Option<Bytes>, StoreError>> + Send;
     /// Deletes `key`.
     fn delete(&self, key: &[u8]) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// The key a chunk of object data is stored under.
+    fn chunk_key(&self, chunk: &ChunkRef) -> Vec<u8> {
+        crate::layout::chunk_key(chunk)
+    }
+    /// Creates causal volume `volume` on every node, or adopts it if it is one already.
+    fn create_causal(&self, volume: &str) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// Writes `value` (`None`: deletes) under `key` of causal volume `volume`, superseding every
+    /// version this client has seen.
+    fn causal_put(
+        &self,
+        volume: &str,
+        key: &[u8],
+        value: Option<Bytes>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// Reads every current version of `key` of causal volume `volume`.
+    fn causal_get(
+        &self,
+        volume: &str,
+        key: &[u8],
+    ) -> impl Future<Output = Result<CausalValues, StoreError>> + Send;
+    /// The keys of causal volume `volume` that start with `prefix`, come after `after` and are
+    /// not only deleted, in key order, at most `limit`: each with what this client holds of it
+    /// (values it lacks counted as unavailable; [`Registers::causal_get`] fetches them).
+    fn causal_list(
+        &self,
+        volume: &str,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<(Vec<u8>, CausalValues)>, StoreError>> + Send;
 }
 
 /// The operation succeeded; what it proved about lying nodes goes to the log, so an operator
@@ -69,19 +140,98 @@ impl Registers for Client {
         log_evidence(key, &report);
         Ok(())
     }
+
+    async fn create_causal(&self, volume: &str) -> Result<(), StoreError> {
+        let (_, report) = self.create_causal_volume(volume, &[]).await?;
+        log_evidence(volume.as_bytes(), &report);
+        Ok(())
+    }
+
+    async fn causal_put(
+        &self,
+        volume: &str,
+        key: &[u8],
+        value: Option<Bytes>,
+    ) -> Result<(), StoreError> {
+        let number = causal_number(self, volume).await?;
+        let written = self.causal_write(volume, number, key, value).await?;
+        if written.acknowledged_by.is_none() {
+            // Durable in this gateway's own log, a member of the volume: it reaches the servers
+            // with the gateway's next exchange (Depot's writes stay available without servers).
+            tracing::warn!(
+                volume,
+                key = %String::from_utf8_lossy(key),
+                "no server acknowledged a causal write; it is in the gateway's own log"
+            );
+        }
+        Ok(())
+    }
+
+    async fn causal_get(&self, volume: &str, key: &[u8]) -> Result<CausalValues, StoreError> {
+        let number = causal_number(self, volume).await?;
+        let read = self.causal_read(volume, number, key).await?;
+        log_causal_warnings(volume, key, &read);
+        Ok(read.into())
+    }
+
+    async fn causal_list(
+        &self,
+        volume: &str,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, CausalValues)>, StoreError> {
+        let number = causal_number(self, volume).await?;
+        let (keys, _) = Client::causal_list(self, volume, number, prefix, after, limit).await?;
+        Ok(keys
+            .into_iter()
+            .map(|(key, held)| (key.as_bytes().to_vec(), held.into()))
+            .collect())
+    }
 }
 
-/// An in-memory register map, for tests: can be told to lie about chunks.
-#[cfg(test)]
+/// The number of causal volume `volume`, or why it is not one.
+async fn causal_number(
+    client: &Client,
+    volume: &str,
+) -> Result<bulwark_client::causal::VolumeId, StoreError> {
+    match client.volume(volume).await?.serving {
+        Serving::Causal { volume } => Ok(volume),
+        other => Err(StoreError::Internal(format!(
+            "volume {volume:?} is {other}, not causal"
+        ))),
+    }
+}
+
+/// What a causal read says beyond its versions goes to the log: forks proven, servers that
+/// relayed what did not check, clients that may hold writes not seen.
+fn log_causal_warnings(volume: &str, key: &[u8], read: &bulwark_client::causal::CausalRead) {
+    let key = String::from_utf8_lossy(key);
+    for writer in &read.forked {
+        tracing::warn!(volume, %key, writer, "writer proven to have forked");
+    }
+    for (node, count) in &read.refused_from {
+        tracing::warn!(volume, %key, node = node.0, count, "server relayed updates that do not check");
+    }
+    if !read.suspects.is_empty() {
+        tracing::info!(volume, %key, suspects = ?read.suspects, "writers not heard from within the staleness bound");
+    }
+}
+
+/// Registers and causal volumes in memory, for tests and fuzzing: writes can be made to fail,
+/// and concurrent causal versions added by hand.
 #[derive(Default)]
 pub struct MemRegisters {
     /// Every register.
     pub map: std::sync::Mutex<std::collections::BTreeMap<Vec<u8>, Bytes>>,
     /// Writes to keys starting with this fail as a cluster without quorum would.
     pub fail_puts: std::sync::Mutex<Option<Vec<u8>>>,
+    /// Every key of every causal volume, by (volume, key): a test adds concurrent versions here.
+    pub causal: std::sync::Mutex<std::collections::BTreeMap<(String, Vec<u8>), CausalValues>>,
+    /// The causal volumes created.
+    pub causal_volumes: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
-#[cfg(test)]
 impl Registers for MemRegisters {
     async fn put(&self, key: &[u8], value: Bytes) -> Result<(), StoreError> {
         if let Some(prefix) = self.fail_puts.lock().unwrap().as_deref()
@@ -100,5 +250,65 @@ impl Registers for MemRegisters {
     async fn delete(&self, key: &[u8]) -> Result<(), StoreError> {
         self.map.lock().unwrap().remove(key);
         Ok(())
+    }
+
+    async fn create_causal(&self, volume: &str) -> Result<(), StoreError> {
+        self.causal_volumes
+            .lock()
+            .unwrap()
+            .insert(volume.to_owned());
+        Ok(())
+    }
+
+    async fn causal_put(
+        &self,
+        volume: &str,
+        key: &[u8],
+        value: Option<Bytes>,
+    ) -> Result<(), StoreError> {
+        if !self.causal_volumes.lock().unwrap().contains(volume) {
+            return Err(StoreError::Internal(format!("no causal volume {volume:?}")));
+        }
+        let mut causal = self.causal.lock().unwrap();
+        let values = causal.entry((volume.to_owned(), key.to_vec())).or_default();
+        let clock = values.versions.iter().map(|v| v.clock).max().unwrap_or(0) + 1;
+        *values = CausalValues {
+            versions: vec![CausalValue {
+                writer: "test".into(),
+                clock,
+                value,
+            }],
+            unavailable: 0,
+        };
+        Ok(())
+    }
+
+    async fn causal_get(&self, volume: &str, key: &[u8]) -> Result<CausalValues, StoreError> {
+        let causal = self.causal.lock().unwrap();
+        Ok(causal
+            .get(&(volume.to_owned(), key.to_vec()))
+            .cloned()
+            .unwrap_or_default())
+    }
+
+    async fn causal_list(
+        &self,
+        volume: &str,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, CausalValues)>, StoreError> {
+        let causal = self.causal.lock().unwrap();
+        Ok(causal
+            .iter()
+            .filter(|((of, key), _)| {
+                of == volume && key.starts_with(prefix) && after.is_none_or(|after| **key > *after)
+            })
+            .filter(|(_, values)| {
+                values.unavailable > 0 || values.versions.iter().any(|v| v.value.is_some())
+            })
+            .take(limit)
+            .map(|((_, key), values)| (key.clone(), values.clone()))
+            .collect())
     }
 }

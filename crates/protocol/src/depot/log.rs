@@ -358,8 +358,15 @@ impl Log {
 
     /// Keys with versions, in key order (their versions may all be deletes).
     pub fn keys(&self) -> impl Iterator<Item = &Key> + '_ {
+        self.keys_after(None)
+    }
+
+    /// Keys with versions after `after` (all when `None`), in key order: a listing's next page.
+    pub fn keys_after(&self, after: Option<&Key>) -> impl Iterator<Item = &Key> + '_ {
+        use std::ops::Bound;
+        let from = after.map_or(Bound::Unbounded, Bound::Excluded);
         self.heads
-            .iter()
+            .range::<Key, _>((from, Bound::Unbounded))
             .filter(|(_, heads)| !heads.is_empty())
             .map(|(key, _)| key)
     }

@@ -521,7 +521,7 @@ impl Node {
             asked: BTreeSet::new(),
         };
         match self.ask_next(op, &mut reading, false) {
-            None => ReadStart::Done(self.result(&reading.key, now_micros)),
+            None => ReadStart::Done(self.held(&reading.key, now_micros)),
             Some((to, message)) => {
                 self.reads.insert(op, reading);
                 ReadStart::Ask(to, Box::new(message))
@@ -529,8 +529,9 @@ impl Node {
         }
     }
 
-    /// The versions of `key` this node holds at `now_micros`, with what it lacks.
-    fn result(&self, key: &Key, now_micros: u64) -> ReadResult {
+    /// The versions of `key` this node holds at `now_micros`, with what it lacks: what a read
+    /// would return without asking anyone (a listing shows this; a read first asks a member).
+    pub fn held(&self, key: &Key, now_micros: u64) -> ReadResult {
         let mut versions = Vec::new();
         let mut unavailable = Vec::new();
         for head in self.log.heads(key) {
@@ -627,7 +628,7 @@ impl Node {
                 out.sends.push(send);
                 self.reads.insert(op, reading);
             }
-            None => out.reads.push((op, self.result(&reading.key, now_micros))),
+            None => out.reads.push((op, self.held(&reading.key, now_micros))),
         }
     }
 
