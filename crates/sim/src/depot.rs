@@ -234,6 +234,8 @@ enum Held {
         violations: Vec<String>,
         /// The update a write made, and when: durable once this is released.
         wrote: Option<(UpdateId, u64)>,
+        /// The operation, for the history the FJC checker judges once it completes.
+        op: crate::fjc::Op<UpdateId>,
     },
 }
 
@@ -316,6 +318,8 @@ struct World {
     written: BTreeSet<UpdateId>,
     /// The same writes with their writers and the times they were made, for bounded staleness.
     written_at: Vec<(UpdateId, usize, u64)>,
+    /// Each correct node's completed operations, in order: the history judged for FJC.
+    history: BTreeMap<u32, Vec<crate::fjc::Op<UpdateId>>>,
     /// When the run is judged.
     end: u64,
 }
@@ -416,6 +420,7 @@ impl World {
             settling: false,
             written: BTreeSet::new(),
             written_at: Vec::new(),
+            history: BTreeMap::new(),
             end: BUSY_MILLIS + SETTLE_MILLIS,
             shape,
         }
@@ -535,10 +540,20 @@ impl World {
                 if result.versions.len() + result.unavailable.len() > 1 {
                     self.run.concurrent_reads += 1;
                 }
+                let returned = result
+                    .versions
+                    .iter()
+                    .map(|v| v.id)
+                    .chain(result.unavailable.iter().copied())
+                    .collect();
                 extra.push(Held::Op {
                     snapshot,
                     violations,
                     wrote: None,
+                    op: crate::fjc::Op::Read {
+                        key: key.as_bytes().to_vec(),
+                        returned,
+                    },
                 });
             }
         }
@@ -591,7 +606,9 @@ impl World {
                 snapshot,
                 mut violations,
                 wrote,
+                op,
             } => {
+                self.history.entry(p as u32).or_default().push(op);
                 if let Some((id, at)) = wrote {
                     self.written.insert(id);
                     self.written_at.push((id, p, at));
@@ -769,6 +786,7 @@ impl World {
                     snapshot,
                     violations,
                     wrote: Some((update.id(), self.now)),
+                    op: crate::fjc::Op::Write(update.id()),
                 });
             }
             let order = self.server_order(p);
@@ -1119,6 +1137,28 @@ impl World {
     fn judge_end(&mut self) {
         let correct: Vec<usize> = (0..self.procs.len()).filter(|p| self.correct(*p)).collect();
         self.run.updates = self.truth.updates.len();
+        let execution = crate::fjc::Execution {
+            updates: self
+                .truth
+                .updates
+                .iter()
+                .map(|(id, u)| {
+                    let update = crate::fjc::Update {
+                        node: u.writer.0,
+                        key: u.key.as_bytes().to_vec(),
+                        deps: u.named.clone(),
+                        authorised: u.authorised,
+                    };
+                    (*id, update)
+                })
+                .collect(),
+            correct: std::mem::take(&mut self.history),
+        };
+        for violation in crate::fjc::check(&execution) {
+            self.run
+                .violations
+                .push(format!("FJC (Appendix A): {violation}"));
+        }
         let sets: Vec<BTreeSet<UpdateId>> = correct.iter().map(|p| self.snapshot(*p)).collect();
         for (p, set) in correct.iter().zip(&sets) {
             if let Some(v) = self.truth.closure(set) {

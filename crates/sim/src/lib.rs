@@ -12,4 +12,5 @@ pub mod byzantine;
 pub mod checker;
 pub mod depot;
 pub mod durable;
+pub mod fjc;
 pub mod sim;

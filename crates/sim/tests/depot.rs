@@ -99,3 +99,29 @@ fn reading_stale_data_without_suspicion_is_caught() {
         "without suspecting",
     );
 }
+
+/// The history checker (Appendix A's observer graphs, `bulwark_sim::fjc`, run on every run's
+/// completed operations) catches broken reads on its own, beside the world's state checks.
+#[test]
+fn the_history_checker_alone_catches_broken_reads() {
+    let broken = [
+        Mutations {
+            keep_superseded: true,
+            ..Mutations::default()
+        },
+        Mutations {
+            accept_without_deps: true,
+            ..Mutations::default()
+        },
+    ];
+    for mutations in broken {
+        let found = (0..40).find_map(|seed| {
+            run(seed, mutations)
+                .violations
+                .into_iter()
+                .find(|v| v.starts_with("FJC"))
+        });
+        let violation = found.unwrap_or_else(|| panic!("{mutations:?}: no FJC violation"));
+        assert!(violation.contains("condition"), "{violation}");
+    }
+}
