@@ -851,6 +851,34 @@ impl Node {
                         forks: self.forks_for(&frontier),
                     },
                 ));
+                // The exchange runs both ways (§3.5): heads the reader holds and this node does
+                // not (its own writes acknowledged only by a server since evicted, say) are
+                // asked for, so a client that only reads still hands on what it wrote.
+                let asked = self.asked.get(&from);
+                let lacking: Vec<UpdateId> = frontier
+                    .iter()
+                    .take(super::update::MEMBERS_MAX * 4)
+                    .map(|(_, _, id)| *id)
+                    .filter(|id| !self.log.holds(id))
+                    .filter(|id| asked.is_none_or(|asked| !asked.contains(id)))
+                    .take(WANT_MAX)
+                    .collect();
+                if !lacking.is_empty() {
+                    self.asked
+                        .entry(from)
+                        .or_default()
+                        .extend(lacking.iter().copied());
+                    self.pulled.insert(from);
+                    out.sends.push((
+                        from,
+                        Message::Pull {
+                            frontier: self.log.frontier().flat(),
+                            want: lacking,
+                            want_values: self.values_missing(),
+                            values: self.role == Role::Server,
+                        },
+                    ));
+                }
             }
             Message::Got {
                 op,
