@@ -14,10 +14,13 @@ mod harness;
 
 use bulwark_core::NodeId;
 use bulwark_core::evidence::Evidence;
+use bulwark_protocol::depot::UpdateId;
 use bulwark_sim::checker::{self, History, Op, OpKind, Outcome};
+use bulwark_sim::fjc;
 use bytes::Bytes;
 use common::value_for;
 use harness::DockerCluster;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -474,6 +477,216 @@ async fn a_two_two_split_stalls_then_completes_after_healing() {
             (healed_at - split_at) as f64 / 1e6,
             (completed_at - healed_at) as f64 / 1e6
         ),
+    );
+}
+
+/// One round of a writer of causal volume `split`: a write and then a read of each key, as the
+/// FJC checker takes them, and how many reads saw concurrent versions.
+async fn causal_round(
+    client: &bulwark_client::Client,
+    me: u32,
+    number: bulwark_client::causal::VolumeId,
+    round: usize,
+) -> (Vec<fjc::Op<UpdateId>>, usize) {
+    let mut ops = Vec::new();
+    let mut concurrent = 0;
+    for (k, key) in CAUSAL_KEYS.iter().enumerate() {
+        let value = Bytes::from(format!("{me}:{round}:{k}"));
+        let written = client
+            .causal_write("split", number, key.as_bytes(), Some(value))
+            .await
+            .expect("a causal write always succeeds");
+        ops.push(fjc::Op::Write(written.id));
+        let read = client
+            .causal_read("split", number, key.as_bytes())
+            .await
+            .expect("a causal read answers while any server is reachable");
+        assert_eq!(
+            read.unavailable, 0,
+            "every value is held by a correct server"
+        );
+        if read.versions.len() > 1 {
+            concurrent += 1;
+        }
+        ops.push(fjc::Op::Read {
+            key: key.as_bytes().to_vec(),
+            returned: read.versions.iter().map(|v| v.id).collect(),
+        });
+    }
+    (ops, concurrent)
+}
+
+/// A round of both writers at once, recorded in `history`; the reads that saw concurrent
+/// versions.
+async fn causal_rounds(
+    clients: [(&bulwark_client::Client, u32); 2],
+    number: bulwark_client::causal::VolumeId,
+    round: usize,
+    history: &mut BTreeMap<u32, Vec<fjc::Op<UpdateId>>>,
+) -> usize {
+    let [(a, a_me), (b, b_me)] = clients;
+    let ((a_ops, a_seen), (b_ops, b_seen)) = tokio::join!(
+        causal_round(a, a_me, number, round),
+        causal_round(b, b_me, number, round)
+    );
+    history.entry(a_me).or_default().extend(a_ops);
+    history.entry(b_me).or_default().extend(b_ops);
+    a_seen + b_seen
+}
+
+const CAUSAL_KEYS: [&str; 3] = ["a", "b", "c"];
+
+/// Each node's accepted updates and frontier of the causal volume, as its status shows them.
+async fn causal_frontiers(
+    client: &bulwark_client::Client,
+    number: bulwark_client::causal::VolumeId,
+) -> Vec<Option<(u64, Vec<(u32, Vec<u64>)>)>> {
+    client
+        .status()
+        .await
+        .into_iter()
+        .map(|(_, _, status)| {
+            let status = status.ok()?;
+            let causal = status.causal.into_iter().find(|c| c.volume == number.0)?;
+            Some((causal.updates, causal.frontier))
+        })
+        .collect()
+}
+
+/// Waits until every server of the causal volume holds the same updates and frontier (they
+/// gossip every second), for at most a minute; returns them.
+async fn converge(
+    client: &bulwark_client::Client,
+    number: bulwark_client::causal::VolumeId,
+) -> Vec<Option<(u64, Vec<(u32, Vec<u64>)>)>> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let frontiers = causal_frontiers(client, number).await;
+        if frontiers.iter().all(Option::is_some) && frontiers.windows(2).all(|w| w[0] == w[1]) {
+            return frontiers;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "servers did not converge: {frontiers:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The servers of a causal volume split 2|2 and healed (issue 14): both writers keep writing
+/// and reading throughout, every operation answers, the history is fork-join-causal by Depot's
+/// Appendix A (`bulwark_sim::fjc`), and once healed every server holds every update. The servers'
+/// gossip is cut between the sides; the writers, on the host, reach both and carry updates
+/// across as Depot's clients do, so their concurrent writes meet in reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_causal_volume_split_two_two_and_healed_stays_fork_join_causal() {
+    let Some(mut cluster) = DockerCluster::start_two_sided("causal-split", &[2, 3]).await else {
+        return;
+    };
+    let admin = cluster.client("admin", Duration::from_secs(10)).await;
+    let writer2 = cluster.client("writer2", Duration::from_secs(10)).await;
+    let (volume, _) = admin
+        .create_causal_volume("split", &[])
+        .await
+        .expect("create the causal volume");
+    let bulwark_client::Serving::Causal { volume: number } = volume.serving else {
+        panic!("a causal volume: {:?}", volume.serving);
+    };
+    let clients = [&admin, &writer2];
+    let mut members = Vec::new();
+    for client in clients {
+        members.push(client.causal_index("split", number).await.expect("member"));
+    }
+    let pair = [(&admin, members[0]), (&writer2, members[1])];
+    let mut history: BTreeMap<u32, Vec<fjc::Op<UpdateId>>> = BTreeMap::new();
+    let mut concurrent = causal_rounds(pair, number, 0, &mut history).await;
+    let before: usize = history.values().map(Vec::len).sum();
+
+    // Split for several gossip periods, both writers working the whole time.
+    cluster.split().await;
+    let split_at = cluster.recorder.now();
+    let mut round = 1;
+    while cluster.recorder.now() - split_at < 5_000_000 && round <= 40 {
+        concurrent += causal_rounds(pair, number, round, &mut history).await;
+        round += 1;
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    let during: usize = history.values().map(Vec::len).sum::<usize>() - before;
+    let apart = causal_frontiers(&admin, number).await;
+    cluster.heal().await;
+    let healed_at = cluster.recorder.now();
+
+    // Gossip every second: every server ends with the same updates and frontier.
+    converge(&admin, number).await;
+    let converged_in = (cluster.recorder.now() - healed_at) as f64 / 1e6;
+    // A last round after healing, and gossip again: both writers read the same versions.
+    concurrent += causal_rounds(pair, number, round, &mut history).await;
+    let converged = converge(&admin, number).await;
+    let mut finals = Vec::new();
+    for client in clients {
+        let mut heads = Vec::new();
+        for key in CAUSAL_KEYS {
+            let read = client
+                .causal_read("split", number, key.as_bytes())
+                .await
+                .expect("read after healing");
+            heads.push(read.versions.iter().map(|v| v.id).collect::<Vec<_>>());
+        }
+        finals.push(heads);
+    }
+    assert_eq!(finals[0], finals[1], "both writers read the same versions");
+
+    let mut execution = fjc::Execution::default();
+    for client in clients {
+        for update in client
+            .causal_updates("split", number)
+            .await
+            .expect("the client's log")
+        {
+            execution.updates.insert(
+                update.id,
+                fjc::Update {
+                    node: update.writer,
+                    key: update.key.as_bytes().to_vec(),
+                    deps: update.named,
+                    authorised: update.authorised,
+                },
+            );
+        }
+    }
+    let ops: usize = history.values().map(Vec::len).sum();
+    execution.correct = history;
+    let violations = fjc::check(&execution);
+    assert!(
+        violations.is_empty(),
+        "not fork-join-causal: {violations:#?}"
+    );
+    // The checker is not vacuous on this history: a read that forgets a version is caught.
+    let mut forgetful = execution.clone();
+    let forgot = forgetful
+        .correct
+        .values_mut()
+        .flat_map(|ops| ops.iter_mut())
+        .rev()
+        .find_map(|op| match op {
+            fjc::Op::Read { returned, .. } => returned.pop_first(),
+            fjc::Op::Write(_) => None,
+        });
+    assert!(forgot.is_some(), "reads returned versions");
+    assert!(
+        !fjc::check(&forgetful).is_empty(),
+        "a read that forgot a version must be caught"
+    );
+    let updates = converged[0].as_ref().map_or(0, |(updates, _)| *updates);
+    println!(
+        "docker_faults[causal-split]: {ops} operations by 2 writers ({during} during the split, \
+         which lasted {:.1}s), {concurrent} reads returned concurrent versions; servers' updates \
+         and frontiers while split {apart:?}; after healing all 4 converged to {updates} updates \
+         within {converged_in:.1}s; faults: {:?}; fork-join-causal (Appendix A) on {} updates: \
+         no violation",
+        (healed_at - split_at) as f64 / 1e6,
+        cluster.faults,
+        execution.updates.len()
     );
 }
 

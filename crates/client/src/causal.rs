@@ -1143,6 +1143,61 @@ impl Client {
     }
 }
 
+/// One update a client's log of a causal volume holds, as a history checker needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoggedUpdate {
+    /// Its name.
+    pub id: UpdateId,
+    /// Its writer's member index.
+    pub writer: u32,
+    /// The key it writes.
+    pub key: Key,
+    /// What it names: its writer's previous update, then its dependencies.
+    pub named: Vec<UpdateId>,
+    /// Whether its writer may write its key (reads ignore it otherwise).
+    pub authorised: bool,
+}
+
+impl Client {
+    /// Every update this client's log of causal volume `volume` (named `name`) holds, in the
+    /// order it accepted them (dependencies first), without asking anyone.
+    pub async fn causal_updates(
+        &self,
+        name: &str,
+        volume: VolumeId,
+    ) -> Result<Vec<LoggedUpdate>, ClientError> {
+        self.with_causal(name, volume, async |_: &Client, member: &mut Membership| {
+            let log = member.node.log();
+            Ok(log
+                .in_order()
+                .map(|update| {
+                    let body = update.body();
+                    LoggedUpdate {
+                        id: update.id(),
+                        writer: body.writer.0,
+                        key: body.key.clone(),
+                        named: body
+                            .prev
+                            .into_iter()
+                            .chain(body.deps.iter().map(|dep| dep.id))
+                            .collect(),
+                        authorised: log.config().may_write(body.writer, &body.key),
+                    }
+                })
+                .collect())
+        })
+        .await
+    }
+
+    /// This client's member index in causal volume `volume` (named `name`).
+    pub async fn causal_index(&self, name: &str, volume: VolumeId) -> Result<u32, ClientError> {
+        self.with_causal(name, volume, async |_: &Client, member: &mut Membership| {
+            Ok(member.node.me().0)
+        })
+        .await
+    }
+}
+
 /// A user's key in a causal volume: any key but those starting with NUL (Depot's own).
 fn causal_key(key: &[u8]) -> Result<Key, ClientError> {
     if key.first() == Some(&0) {

@@ -135,15 +135,24 @@ pub fn check<Id: Copy + Ord + Debug>(execution: &Execution<Id>) -> Vec<String> {
                 })
                 .filter(|id| execution.updates[id].authorised && &execution.updates[id].key == key)
                 .collect();
+            // What precedes any of them, found in one walk from all of them at once.
             let mut superseded = BTreeSet::new();
-            for later in &writes {
-                for earlier in ancestors(&preds, Vertex::Write(*later)) {
-                    if let Vertex::Write(id) = earlier
-                        && writes.contains(&id)
-                    {
-                        superseded.insert(id);
-                    }
+            let mut seen = BTreeSet::new();
+            let mut stack: Vec<Vertex<Id>> = writes
+                .iter()
+                .flat_map(|id| preds.get(&Vertex::Write(*id)).into_iter().flatten())
+                .copied()
+                .collect();
+            while let Some(next) = stack.pop() {
+                if !seen.insert(next) {
+                    continue;
                 }
+                if let Vertex::Write(id) = next
+                    && writes.contains(&id)
+                {
+                    superseded.insert(id);
+                }
+                stack.extend(preds.get(&next).into_iter().flatten().copied());
             }
             let latest: BTreeSet<Id> = writes.difference(&superseded).copied().collect();
             if &latest != returned {

@@ -342,6 +342,9 @@ pub struct DockerCluster {
     /// (the production image's static binary resolves no names) across restarts and
     /// reconnections.
     subnet: [u8; 3],
+    /// Nodes that also share a second network, its /24: cut off the first, they still reach
+    /// each other (a split of the cluster in two, [`DockerCluster::split`]).
+    side: Option<(Vec<usize>, [u8; 3])>,
     grace_ms: u64,
     _exclusive: std::fs::File,
 }
@@ -397,6 +400,22 @@ impl DockerCluster {
         epoch_ms: u64,
         ping_cycle_ms: u64,
     ) -> Option<DockerCluster> {
+        Self::launch(scenario, byzantine, epoch_ms, ping_cycle_ms, &[]).await
+    }
+
+    /// A cluster that [`DockerCluster::split`] can cut in two: nodes `side` share a second
+    /// network, and reach each other over it.
+    pub async fn start_two_sided(scenario: &'static str, side: &[usize]) -> Option<DockerCluster> {
+        Self::launch(scenario, &[], 3_600_000, 60_000, side).await
+    }
+
+    async fn launch(
+        scenario: &'static str,
+        byzantine: &[(usize, &str)],
+        epoch_ms: u64,
+        ping_cycle_ms: u64,
+        side: &[usize],
+    ) -> Option<DockerCluster> {
         if !have_engine() {
             return None;
         }
@@ -430,10 +449,14 @@ impl DockerCluster {
                 .collect(),
             prefix,
             subnet: [0, 0, 0],
+            side: None,
             grace_ms: 1_000,
             _exclusive: exclusive,
         };
         cluster.subnet = create_network(&cluster.network());
+        if !side.is_empty() {
+            cluster.side = Some((side.to_vec(), create_network(&cluster.side_network())));
+        }
         for id in 0..cluster.n {
             docker_ok(&["volume", "create", "--label", LABEL, &cluster.volume(id)]);
         }
@@ -451,6 +474,50 @@ impl DockerCluster {
 
     fn network(&self) -> String {
         format!("{}-net", self.prefix)
+    }
+
+    fn side_network(&self) -> String {
+        format!("{}-side", self.prefix)
+    }
+
+    /// Node `id`'s address on the side network, if it is on it.
+    fn side_ip(&self, id: usize) -> Option<String> {
+        let (members, [a, b, c]) = self.side.as_ref()?;
+        members
+            .contains(&id)
+            .then(|| format!("{a}.{b}.{c}.{}", 10 + id))
+    }
+
+    /// Where node `id` dials `peer`: on the side network when both are on it.
+    fn peer_ip(&self, id: usize, peer: usize) -> String {
+        match (self.side_ip(id), self.side_ip(peer)) {
+            (Some(_), Some(theirs)) => theirs,
+            _ => self.ip(peer),
+        }
+    }
+
+    /// Cuts the cluster in two: the side's nodes leave the main network, so they reach each
+    /// other and not the rest; their published ports move with them to the side network, so
+    /// the host still reaches every node.
+    pub async fn split(&mut self) {
+        let members = self.side.as_ref().expect("a two-sided cluster").0.clone();
+        let network = self.network();
+        for id in &members {
+            self.on(&["network", "disconnect", &network], *id).await;
+        }
+        self.fault(format!("split off nodes {members:?}"));
+    }
+
+    /// Joins the two sides again.
+    pub async fn heal(&mut self) {
+        let members = self.side.as_ref().expect("a two-sided cluster").0.clone();
+        let network = self.network();
+        for id in &members {
+            let ip = self.ip(*id);
+            self.on(&["network", "connect", "--ip", &ip, &network], *id)
+                .await;
+        }
+        self.fault(format!("healed the split of nodes {members:?}"));
     }
 
     fn volume(&self, id: usize) -> String {
@@ -544,9 +611,14 @@ impl DockerCluster {
         // nodes that join later: ids are given out in order, so theirs are known in advance.
         for peer in 0..self.n + JOINERS_MAX {
             args.push("--peer".into());
-            args.push(format!("{peer}={}:{NODE_PORT}", self.ip(peer)));
+            args.push(format!("{peer}={}:{NODE_PORT}", self.peer_ip(id, peer)));
         }
         docker_async(args).await;
+        if let Some(ip) = self.side_ip(id) {
+            let network = self.side_network();
+            self.on(&["network", "connect", "--ip", &ip, &network], id)
+                .await;
+        }
     }
 
     async fn on(&self, verb: &[&str], id: usize) {
@@ -757,9 +829,14 @@ impl Drop for DockerCluster {
         let mut rm = vec!["rm", "--force", "--volumes"];
         rm.extend(containers.iter().map(String::as_str));
         let network = self.network();
+        let mut networks = vec!["network", "rm", &network];
+        let side = self.side_network();
+        if self.side.is_some() {
+            networks.push(&side);
+        }
         let mut volume_rm = vec!["volume", "rm", "--force"];
         volume_rm.extend(volumes.iter().map(String::as_str));
-        for args in [rm, vec!["network", "rm", &network], volume_rm] {
+        for args in [rm, networks, volume_rm] {
             match docker(&args) {
                 Ok(output) if output.ok => {}
                 Ok(output) => failed.push(format!("docker {}: {}", args[0], output.stderr.trim())),
