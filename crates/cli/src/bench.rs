@@ -24,6 +24,8 @@ mod a2m;
 mod cli;
 #[path = "bench_cs.rs"]
 pub mod cs;
+#[path = "bench_depot.rs"]
+mod depot;
 #[path = "bench_reconfig.rs"]
 mod reconfig;
 
@@ -59,6 +61,9 @@ pub enum BenchCommand {
     /// The cost of one trusted-log (A2M) call: in memory, durable in the node's process, and in
     /// its own process behind the local socket, fused and unfused; and of verifying one.
     A2m(a2m::A2mArgs),
+    /// A causal volume's PUT and GET beside Depot's baseline family built from the same code
+    /// (Plain, +Hash, +Hash+Sig): CPU per operation on each side and bytes per message.
+    Depot(depot::DepotArgs),
 }
 
 /// `bulwark bench compare`.
@@ -142,7 +147,7 @@ pub struct SizesArgs {
     pub dir: Option<PathBuf>,
 }
 
-fn parse_size(text: &str) -> Result<usize> {
+pub(crate) fn parse_size(text: &str) -> Result<usize> {
     let lower = text.trim().to_ascii_lowercase();
     let (digits, scale) = match lower
         .strip_suffix('m')
@@ -348,6 +353,7 @@ pub async fn run(args: &BenchArgs) -> Result<()> {
         BenchCommand::Reconfig(args) => reconfig::run(args).await,
         BenchCommand::Cli(args) => cli::run(args).await,
         BenchCommand::A2m(args) => a2m::run(args).await,
+        BenchCommand::Depot(args) => depot::run(args),
         BenchCommand::Memory(memory) => {
             run_sizes(&SizesArgs {
                 sizes: Vec::new(),
