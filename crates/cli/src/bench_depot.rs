@@ -283,3 +283,26 @@ fn exchange(nodes: &mut [Node], from: Writer, to: Writer, now: u64) -> Result<us
     }
     Ok(bytes)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every variant runs to the end with its checks passing, and a Depot PUT carries less than
+    /// 200 bytes beyond Plain's key and value (the signed update, its dependency, the framing).
+    #[test]
+    fn every_variant_round_trips_and_depot_adds_under_200_bytes_a_put() {
+        let value = Bytes::from(vec![1; 1024]);
+        let ops = 20;
+        let plain = baseline(ops, &value, Checks::None).unwrap();
+        baseline(ops, &value, Checks::Hash).unwrap();
+        baseline(ops, &value, Checks::Signature).unwrap();
+        let depot = depot(ops, &value).unwrap();
+        let extra = (depot.put_bytes - plain.put_bytes) / ops;
+        assert!((100..200).contains(&extra), "{extra} bytes");
+        assert!(
+            depot.gossip_bytes > depot.put_bytes,
+            "gossip carries every update"
+        );
+    }
+}
