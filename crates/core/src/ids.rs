@@ -70,6 +70,8 @@ impl ServiceId {
     pub const A2M_STORAGE: ServiceId = ServiceId(8);
     /// Causal volumes (Depot): available and fork-join-causal whatever number of nodes fail.
     pub const DEPOT: ServiceId = ServiceId(9);
+    /// Hardened tables: rows of client-signed cells read and written through Byzantine quorums.
+    pub const TABLE: ServiceId = ServiceId(10);
 }
 
 impl fmt::Display for ServiceId {

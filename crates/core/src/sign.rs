@@ -444,6 +444,12 @@ impl<T> Unverified<T> {
 }
 
 impl<T: Signable> Unverified<T> {
+    /// Decodes the bytes without checking the signature: for ordering candidates of which the
+    /// caller then verifies the one it trusts before acting on it. Size-bounded like `verify`.
+    pub fn peek(&self) -> Result<T, wire::WireError> {
+        wire::decode(&self.bytes, T::BYTES_MAX)
+    }
+
     /// Checks the size, then the signature under `signer` and `T`'s context, then decodes.
     ///
     /// The signature is checked before the bytes are decoded, so bytes that verify but do not

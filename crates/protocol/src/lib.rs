@@ -19,5 +19,6 @@ pub mod powerstore;
 pub mod register;
 pub mod round;
 pub mod service;
+pub mod table;
 
 pub use register::{abd, phalanx, pubkey};

@@ -346,6 +346,7 @@ impl<const PERSISTS: bool> Protocol for Gossip<PERSISTS> {
         _key: Key,
         op: OpId,
         value: Option<Bytes>,
+        _now: u64,
         rng: &mut ChaCha8Rng,
     ) -> Add {
         Add {

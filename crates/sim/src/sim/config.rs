@@ -170,6 +170,8 @@ pub struct Mutations {
     pub pbft: PbftMutations,
     /// Breakage of the transfer of keys between epochs (applied to every node).
     pub transfer: TransferMutations,
+    /// Breakage of hardened tables (clients and every replica).
+    pub table: bulwark_protocol::table::TableMutations,
 }
 
 /// Breakage of the driver's persist-then-send rule, which every protocol's safety argument
@@ -187,7 +189,7 @@ impl Mutations {
         *self != Mutations::default()
     }
 
-    fn flags(&self) -> [(&'static str, bool); 19] {
+    fn flags(&self) -> [(&'static str, bool); 23] {
         [
             ("quorum-f-plus-one", self.client.quorum_f_plus_one),
             ("any-twin", self.client.any_twin),
@@ -214,6 +216,10 @@ impl Mutations {
                 self.transfer.answer_without_entering,
             ),
             ("pull-unchanged-arcs", self.transfer.pull_unchanged_arcs),
+            ("table-accept-f-plus-one", self.table.accept_f_plus_one),
+            ("table-majority", self.table.majority),
+            ("table-unverified-cells", self.table.unverified_cells),
+            ("table-skip-write-back", self.table.skip_write_back),
         ]
     }
 }
@@ -221,7 +227,7 @@ impl Mutations {
 /// A mutation name that does not exist.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown mutation {0:?}; expected quorum-f-plus-one, any-twin, no-offers, one-round-small-agreement, one-round-f-vouchers, no-write-back, accept-unproven, naive-gc, candidate-vec-in-lc (PoWerStore), register-small-quorum, register-no-write-back or register-unverified (ABD, Phalanx; the first also content-hash objects), pbft-quorum-2f or pbft-drop-prepared (configuration service), serve-before-transfer, small-transfer-quorum, answer-without-entering or pull-unchanged-arcs (reconfiguration), send-before-durable (any)"
+    "unknown mutation {0:?}; expected quorum-f-plus-one, any-twin, no-offers, one-round-small-agreement, one-round-f-vouchers, no-write-back, accept-unproven, naive-gc, candidate-vec-in-lc (PoWerStore), register-small-quorum, register-no-write-back or register-unverified (ABD, Phalanx; the first also content-hash objects), pbft-quorum-2f or pbft-drop-prepared (configuration service), serve-before-transfer, small-transfer-quorum, answer-without-entering or pull-unchanged-arcs (reconfiguration), table-accept-f-plus-one, table-majority, table-unverified-cells or table-skip-write-back (tables), send-before-durable (any)"
 )]
 pub struct UnknownMutation(pub String);
 
@@ -252,6 +258,10 @@ impl FromStr for Mutations {
                 "small-transfer-quorum" => mutations.transfer.small_transfer_quorum = true,
                 "answer-without-entering" => mutations.transfer.answer_without_entering = true,
                 "pull-unchanged-arcs" => mutations.transfer.pull_unchanged_arcs = true,
+                "table-accept-f-plus-one" => mutations.table.accept_f_plus_one = true,
+                "table-majority" => mutations.table.majority = true,
+                "table-unverified-cells" => mutations.table.unverified_cells = true,
+                "table-skip-write-back" => mutations.table.skip_write_back = true,
                 _ => return Err(UnknownMutation(word.to_string())),
             }
         }

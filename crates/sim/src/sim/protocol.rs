@@ -85,14 +85,15 @@ pub trait Protocol: Sized {
     /// Versions on a disk, for the trace.
     fn disk_versions(disk: &Self::Disk) -> usize;
 
-    /// A write by `client` of `value` (`None` deletes). Writers that need randomness (nonces)
-    /// draw it from `rng`.
+    /// A write by `client` of `value` (`None` deletes), invoked at `now` (virtual milliseconds,
+    /// a clock every client shares). Writers that need randomness (nonces) draw it from `rng`.
     fn write(
         &self,
         client: usize,
         key: Key,
         op: OpId,
         value: Option<Bytes>,
+        now: u64,
         rng: &mut ChaCha8Rng,
     ) -> Self::Write;
 

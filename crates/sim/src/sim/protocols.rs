@@ -6,3 +6,4 @@ pub mod cs;
 pub(super) mod powerstore;
 pub mod reconfig;
 pub mod registers;
+pub mod table;

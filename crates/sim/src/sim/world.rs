@@ -1057,9 +1057,9 @@ impl<'a, P: Protocol> World<'a, P> {
                     .as_ref()
                     .map(|_| value_name(self.written.len() as u64 - 1)),
             );
-            let write = self
-                .protocol
-                .write(client, key.clone(), op, value, &mut self.rng);
+            let write =
+                self.protocol
+                    .write(client, key.clone(), op, value, self.now, &mut self.rng);
             (ClientOp::Write(write), kind)
         } else {
             (

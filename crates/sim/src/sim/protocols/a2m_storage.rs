@@ -130,6 +130,7 @@ impl Protocol for A2mStorageSim {
         key: Key,
         op: OpId,
         value: Option<Bytes>,
+        _now: u64,
         rng: &mut ChaCha8Rng,
     ) -> Write {
         let writer = client % self.writers.len();

@@ -164,6 +164,7 @@ impl Protocol for ContentSim {
         key: Key,
         op: OpId,
         _value: Option<Bytes>,
+        _now: u64,
         _rng: &mut ChaCha8Rng,
     ) -> WriteOp {
         WriteOp::new(self.place(0), self.keys.clone(), op, self.encoded(&key))

@@ -745,6 +745,7 @@ impl Protocol for ConfigServiceSim {
         _key: Key,
         op: OpId,
         value: Option<Bytes>,
+        _now: u64,
         rng: &mut ChaCha8Rng,
     ) -> CsOp {
         let roll: f64 = rng.random();

@@ -117,6 +117,7 @@ impl Protocol for PowerStore {
         key: Key,
         op: OpId,
         value: Option<Bytes>,
+        _now: u64,
         rng: &mut ChaCha8Rng,
     ) -> WriteOp {
         WriteOp::new(

@@ -469,6 +469,7 @@ impl<const NODES: usize> Protocol for ReconfigSim<NODES> {
         key: Key,
         op: OpId,
         value: Option<Bytes>,
+        _now: u64,
         _rng: &mut ChaCha8Rng,
     ) -> Self::Write {
         let owner = owner_of(&key);

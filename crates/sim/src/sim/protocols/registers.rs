@@ -226,6 +226,7 @@ impl Protocol for Abd {
         key: Key,
         op: OpId,
         value: Option<Bytes>,
+        _now: u64,
         _rng: &mut ChaCha8Rng,
     ) -> abd::WriteOp {
         abd::WriteOp::new(
@@ -348,6 +349,7 @@ impl Protocol for Phalanx {
         key: Key,
         op: OpId,
         value: Option<Bytes>,
+        _now: u64,
         _rng: &mut ChaCha8Rng,
     ) -> phalanx::WriteOp {
         phalanx::WriteOp::new(
@@ -461,6 +463,7 @@ impl Protocol for PubKeySim {
         key: Key,
         op: OpId,
         value: Option<Bytes>,
+        _now: u64,
         _rng: &mut ChaCha8Rng,
     ) -> pubkey::WriteOp {
         pubkey::WriteOp::new(

@@ -1,0 +1,678 @@
+//! The client of a table: it trusts no proxy and no replica, only signatures it checked itself
+//! (spec §3.2-§3.6). A write succeeds with a quorum of valid acknowledgements from distinct
+//! members of the row's group; a read with a quorum of valid answers that agree, or with a
+//! resolution it re-derives from the original answers and a quorum of replicas known current.
+//!
+//! When a reply falls short, the client re-asks the same proxy (for acknowledgements from
+//! replicas not heard yet, or for a read without the replicas whose signatures failed) while
+//! that brings new valid signatures, at most `f` times; then it moves to the next member of the
+//! group as proxy. Replies from every proxy it asked count: signatures are what it checks, not
+//! who relayed them.
+
+use super::{
+    Answer, Answered, Cell, Consistency, Nonce, Place, Refusal, Request, RequestBody, Response,
+    ResponseBody, RowKey, SignedCell, TableMutations, WriteAck, WriteBackAck, Writers, entries_of,
+};
+use crate::machine::{OpError, Operation, Progress};
+use crate::round::{Evidence, EvidenceKind, OpId, Refusals};
+use bulwark_core::sign::{PublicKey, Signable, Signed, Unverified};
+use bulwark_core::{Digest, ServiceId, Slot};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+/// Retransmissions to one proxy that hear nothing before the client moves to the next.
+const SILENT_TIMEOUTS_MAX: u32 = 2;
+
+/// What both operations share: the group, the proxy in use and the bookkeeping of moving on.
+struct Proxies {
+    place: Place,
+    keys: Arc<[PublicKey]>,
+    op: u64,
+    /// The proxy asked now.
+    proxy: Slot,
+    /// Proxies asked so far, counting re-asks of one as one.
+    tried: usize,
+    /// Re-asks of the current proxy.
+    retries: usize,
+    /// Timeouts since the current proxy last answered.
+    silent: u32,
+    answered: BTreeSet<Slot>,
+    refusals: Refusals<Refusal>,
+    evidence: Vec<Evidence>,
+    mutations: TableMutations,
+}
+
+impl Proxies {
+    fn new(place: Place, keys: Arc<[PublicKey]>, op: OpId, proxy: Slot) -> Proxies {
+        assert_eq!(keys.len(), place.n, "a key per member");
+        Proxies {
+            place,
+            keys,
+            op: op.0,
+            proxy: Slot(proxy.0 % place.n as u32),
+            tried: 1,
+            retries: 0,
+            silent: 0,
+            answered: BTreeSet::new(),
+            refusals: Refusals::new(place.n),
+            evidence: Vec::new(),
+            mutations: TableMutations::default(),
+        }
+    }
+
+    fn quorum(&self, level: Consistency) -> usize {
+        self.mutations.threshold(level, self.place.n, self.place.f)
+    }
+
+    fn request(&self, body: RequestBody) -> Vec<(Slot, Request)> {
+        let request = Request {
+            op: self.op,
+            epoch: self.place.epoch,
+            group: self.place.group,
+            body,
+        };
+        vec![(self.proxy, request)]
+    }
+
+    fn next(&mut self) {
+        self.proxy = Slot((self.proxy.0 + 1) % self.place.n as u32);
+        self.tried += 1;
+        self.retries = 0;
+        self.silent = 0;
+    }
+
+    /// Whether `signed` is slot `slot`'s valid statement satisfying `check`.
+    fn verify<T: Signable>(
+        &self,
+        slot: Slot,
+        signed: &Unverified<T>,
+        check: impl FnOnce(&T) -> bool,
+    ) -> Option<Signed<T>> {
+        let key = self.keys.get(slot.index())?;
+        let verified = signed.clone().verify(key).ok()?;
+        check(verified.value()).then_some(verified)
+    }
+
+    /// A refusal from `from`: the operation ends once `f+1` proxies refused.
+    fn refused(&mut self, from: Slot, refusal: Refusal) -> Option<OpError> {
+        let (reason, by) = self.refusals.record(from, refusal, self.place.f)?;
+        Some(OpError::Refused {
+            reason: reason.to_string(),
+            by,
+        })
+    }
+
+    /// Whether to re-ask the current proxy after a reply from it that fell short.
+    fn retry_here(&mut self, from: Slot, progress: bool, valid: usize) -> bool {
+        if from != self.proxy {
+            return false;
+        }
+        if progress && valid > self.place.f && self.retries < self.place.f {
+            self.retries += 1;
+            true
+        } else {
+            self.next();
+            false
+        }
+    }
+
+    fn on_timeout(&mut self) {
+        self.silent += 1;
+        if self.silent >= SILENT_TIMEOUTS_MAX {
+            self.next();
+        }
+    }
+
+    fn heard(&mut self, from: Slot) {
+        self.answered.insert(from);
+        if from == self.proxy {
+            self.silent = 0;
+        }
+    }
+}
+
+/// A completed write: the acknowledgements that prove it.
+#[derive(Clone, Debug)]
+pub struct WriteOutcome {
+    /// Valid acknowledgements, by replica: a quorum of distinct members.
+    pub acks: Vec<(Slot, Signed<WriteAck>)>,
+    /// Proxies asked, counting re-asks of one as one.
+    pub proxies: usize,
+    /// Misbehaviour proven along the way.
+    pub evidence: Vec<Evidence>,
+}
+
+/// A hardened write (Figures 5 and 19): the cells go to a proxy, which stores them on the row's
+/// replicas; done at a quorum of acknowledgements the client verified, each bound to these
+/// cells' digests.
+pub struct WriteOp {
+    proxies: Proxies,
+    cells: Vec<SignedCell>,
+    digests: Vec<Digest>,
+    level: Consistency,
+    acks: BTreeMap<Slot, Signed<WriteAck>>,
+    /// Replicas whose acknowledgements failed: not asked again.
+    bad: BTreeSet<Slot>,
+}
+
+impl WriteOp {
+    /// A write of `cells` (one row's, each signed by this client) to the group at `place`,
+    /// checking acknowledgements against the group's `keys`, through `proxy` first.
+    pub fn new(
+        place: Place,
+        keys: Arc<[PublicKey]>,
+        op: OpId,
+        cells: Vec<SignedCell>,
+        level: Consistency,
+        proxy: Slot,
+    ) -> WriteOp {
+        let digests = cells.iter().map(Cell::digest).collect();
+        WriteOp {
+            proxies: Proxies::new(place, keys, op, proxy),
+            cells,
+            digests,
+            level,
+            acks: BTreeMap::new(),
+            bad: BTreeSet::new(),
+        }
+    }
+
+    /// The same write with deliberate breakage (negative controls only).
+    pub fn with_mutations(mut self, mutations: TableMutations) -> WriteOp {
+        self.proxies.mutations = mutations;
+        self
+    }
+
+    fn needed(&self) -> usize {
+        if self.proxies.mutations.accept_f_plus_one {
+            self.proxies.place.f + 1
+        } else {
+            self.proxies.quorum(self.level)
+        }
+    }
+
+    fn request(&self) -> Vec<(Slot, Request)> {
+        let skip: Vec<Slot> = self.acks.keys().chain(&self.bad).copied().collect();
+        let want = self.needed().saturating_sub(self.acks.len()).max(1);
+        self.proxies.request(RequestBody::Write {
+            cells: self.cells.clone(),
+            level: self.level,
+            skip,
+            want: want as u32,
+        })
+    }
+
+    /// A bad acknowledgement blames proxy or replica alike, so a new proxy starts with a clean
+    /// slate (spec §3.4): only acknowledgements already verified carry over.
+    fn moved_on(&mut self, tried: usize) {
+        if self.proxies.tried != tried {
+            self.bad.clear();
+        }
+    }
+
+    fn done(&mut self) -> Progress<Self> {
+        Progress::Done(Ok(WriteOutcome {
+            acks: std::mem::take(&mut self.acks).into_iter().collect(),
+            proxies: self.proxies.tried,
+            evidence: std::mem::take(&mut self.proxies.evidence),
+        }))
+    }
+}
+
+impl Operation for WriteOp {
+    const SERVICE: ServiceId = ServiceId::TABLE;
+    type Request = Request;
+    type Reply = Response;
+    type Output = WriteOutcome;
+
+    fn op(&self) -> u64 {
+        self.proxies.op
+    }
+
+    fn start(&mut self) -> Vec<(Slot, Request)> {
+        self.request()
+    }
+
+    fn on_reply(&mut self, from: Slot, reply: Response) -> Progress<Self> {
+        if reply.op != self.proxies.op {
+            return Progress::Send(Vec::new());
+        }
+        self.proxies.heard(from);
+        let acks = match reply.body {
+            ResponseBody::Acks(acks) => acks,
+            ResponseBody::Refused(refusal) => {
+                if let Some(error) = self.proxies.refused(from, refusal) {
+                    return Progress::Done(Err(error));
+                }
+                if from == self.proxies.proxy {
+                    let tried = self.proxies.tried;
+                    self.proxies.next();
+                    self.moved_on(tried);
+                    return Progress::Send(self.request());
+                }
+                return Progress::Send(Vec::new());
+            }
+            ResponseBody::Read { .. } => return Progress::Send(Vec::new()),
+        };
+        let (epoch, group) = (self.proxies.place.epoch, self.proxies.place.group);
+        let mut new = 0;
+        for (slot, ack) in acks {
+            if slot.index() >= self.proxies.place.n || self.acks.contains_key(&slot) {
+                continue;
+            }
+            let digests = &self.digests;
+            let verified = self.proxies.verify(slot, &ack, |ack| {
+                ack.slot == slot
+                    && ack.epoch == epoch
+                    && ack.group == group
+                    && ack.cells == *digests
+            });
+            match verified {
+                Some(ack) => {
+                    self.acks.insert(slot, ack);
+                    self.bad.remove(&slot);
+                    new += 1;
+                }
+                // Proxy or replica: either could have made it bad (spec §2.8), so no blame.
+                None => {
+                    self.bad.insert(slot);
+                }
+            }
+        }
+        if self.acks.len() >= self.needed() {
+            return self.done();
+        }
+        if from != self.proxies.proxy {
+            // A late reply from a proxy asked before; the current one is still at work.
+            return Progress::Send(Vec::new());
+        }
+        let tried = self.proxies.tried;
+        self.proxies.retry_here(from, new > 0, self.acks.len());
+        self.moved_on(tried);
+        Progress::Send(self.request())
+    }
+
+    fn on_timeout(&mut self) -> Vec<(Slot, Request)> {
+        let tried = self.proxies.tried;
+        self.proxies.on_timeout();
+        self.moved_on(tried);
+        self.request()
+    }
+
+    fn answered(&self) -> Vec<Slot> {
+        self.proxies.answered.iter().copied().collect()
+    }
+
+    fn quorum(&self) -> usize {
+        1
+    }
+}
+
+/// How a read ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadPath {
+    /// A quorum of answers agreed.
+    Fast,
+    /// They did not: the proxy resolved, and brought stale replicas up to date.
+    Resolved {
+        /// Replicas that acknowledged the write-back.
+        written_back: usize,
+    },
+}
+
+/// A completed read.
+#[derive(Clone, Debug)]
+pub struct ReadOutcome {
+    /// The newest cell of each column asked for that any replica of the quorum holds, in
+    /// column order; a tombstone is a cell with no value.
+    pub cells: Vec<Cell>,
+    /// How it ended.
+    pub path: ReadPath,
+    /// Proxies asked, counting re-asks of one as one.
+    pub proxies: usize,
+    /// Misbehaviour proven along the way: replicas that signed answers holding forged cells.
+    pub evidence: Vec<Evidence>,
+}
+
+/// One version of a cell among the original answers, with the replicas that answered it.
+type Version<'a> = (&'a Cell, &'a SignedCell, Vec<Slot>);
+
+/// One valid answer, decoded, with its cells when it carried them and they match it.
+struct Valid {
+    answer: Answer,
+    cells: Option<Vec<(Cell, SignedCell)>>,
+}
+
+/// A hardened read (Figures 7 and 20, with spec §3.6's check of a resolution).
+pub struct ReadOp {
+    proxies: Proxies,
+    writers: Arc<Writers>,
+    row: RowKey,
+    columns: Vec<String>,
+    nonce: Nonce,
+    level: Consistency,
+    /// Replicas whose signatures failed (spec §3.5): it only grows.
+    blacklist: BTreeSet<Slot>,
+    /// Ask every replica for data on the next request.
+    full: bool,
+    /// Cells already found forged, so each is blamed once.
+    forged: BTreeSet<Vec<u8>>,
+}
+
+impl ReadOp {
+    /// A read of `columns` (all when empty) of `row` in the group at `place`, checking answers
+    /// against the group's `keys` and cells against `writers`, with a fresh `nonce`, through
+    /// `proxy` first.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        place: Place,
+        keys: Arc<[PublicKey]>,
+        writers: Arc<Writers>,
+        op: OpId,
+        row: RowKey,
+        columns: Vec<String>,
+        nonce: Nonce,
+        level: Consistency,
+        proxy: Slot,
+    ) -> ReadOp {
+        ReadOp {
+            proxies: Proxies::new(place, keys, op, proxy),
+            writers,
+            row,
+            columns,
+            nonce,
+            level,
+            blacklist: BTreeSet::new(),
+            full: false,
+            forged: BTreeSet::new(),
+        }
+    }
+
+    /// The same read with deliberate breakage (negative controls only).
+    pub fn with_mutations(mut self, mutations: TableMutations) -> ReadOp {
+        self.proxies.mutations = mutations;
+        self
+    }
+
+    fn request(&self) -> Vec<(Slot, Request)> {
+        self.proxies.request(RequestBody::Read {
+            row: self.row.clone(),
+            columns: self.columns.clone(),
+            nonce: self.nonce,
+            level: self.level,
+            blacklist: self.blacklist.iter().copied().collect(),
+            full: self.full,
+        })
+    }
+
+    /// The answers that verify as their slot's, for this row and nonce; the others blacklisted.
+    fn valid_answers(&mut self, answers: Vec<(Slot, Answered)>) -> BTreeMap<Slot, Valid> {
+        let (epoch, group) = (self.proxies.place.epoch, self.proxies.place.group);
+        let mut valid = BTreeMap::new();
+        for (slot, answered) in answers {
+            if slot.index() >= self.proxies.place.n
+                || self.blacklist.contains(&slot)
+                || valid.contains_key(&slot)
+            {
+                continue;
+            }
+            let (row, nonce) = (&self.row, self.nonce);
+            let verified = self.proxies.verify(slot, &answered.answer, |answer| {
+                answer.slot == slot
+                    && answer.epoch == epoch
+                    && answer.group == group
+                    && answer.row == *row
+                    && answer.nonce == nonce
+            });
+            let Some(verified) = verified else {
+                self.blacklist.insert(slot);
+                continue;
+            };
+            let answer = verified.into_value();
+            // Cells that are not the ones the answer names were swapped by someone: the answer
+            // still counts, as a digest.
+            let cells = answered.cells.and_then(|cells| {
+                let decoded: Vec<(Cell, SignedCell)> = cells
+                    .into_iter()
+                    .map(|signed| Some((signed.peek().ok()?, signed)))
+                    .collect::<Option<_>>()?;
+                let matches = decoded.iter().all(|(cell, _)| cell.row == self.row)
+                    && entries_of(decoded.iter().map(|(c, s)| (c, s))) == answer.entries;
+                matches.then_some(decoded)
+            });
+            valid.insert(slot, Valid { answer, cells });
+        }
+        valid
+    }
+
+    /// Judges a fast-path reply: a quorum of matching answers, one carrying the cells.
+    fn fast(&self, valid: &BTreeMap<Slot, Valid>) -> Option<Vec<Cell>> {
+        let first = valid.values().next()?;
+        let agree = valid
+            .values()
+            .all(|v| v.answer.entries == first.answer.entries);
+        if !agree || valid.len() < self.proxies.quorum(self.level) {
+            return None;
+        }
+        let cells = valid.values().find_map(|v| v.cells.as_ref())?;
+        Some(cells.iter().map(|(cell, _)| cell.clone()).collect())
+    }
+
+    /// Judges a resolved reply (spec §3.6 [R]): the resolution must be the newest genuine
+    /// version of each cell among a quorum of original data answers, and a quorum of replicas
+    /// must hold it (their original answer, or a write-back acknowledgement for this read).
+    fn resolved(
+        &mut self,
+        valid: &BTreeMap<Slot, Valid>,
+        resolved: Vec<SignedCell>,
+        write_backs: Vec<(Slot, Unverified<WriteBackAck>)>,
+    ) -> Option<(Vec<Cell>, usize)> {
+        let quorum = self.proxies.quorum(self.level);
+        let mut decoded: Vec<(Cell, SignedCell)> = Vec::new();
+        for signed in resolved {
+            let cell = signed.peek().ok()?;
+            let wanted = self.columns.is_empty() || self.columns.contains(&cell.column);
+            if cell.row != self.row
+                || !wanted
+                || decoded.iter().any(|(c, _)| c.column == cell.column)
+            {
+                return None;
+            }
+            decoded.push((cell, signed));
+        }
+        let entries = entries_of(decoded.iter().map(|(c, s)| (c, s)));
+        let originals: Vec<(Slot, &Vec<(Cell, SignedCell)>)> = valid
+            .iter()
+            .filter_map(|(slot, v)| Some((*slot, v.cells.as_ref()?)))
+            .collect();
+        if originals.len() < quorum {
+            return None;
+        }
+        // Every version of every column the originals hold, newest first.
+        let mut candidates: BTreeMap<&str, Vec<Version>> = BTreeMap::new();
+        for (slot, cells) in &originals {
+            for (cell, signed) in cells.iter() {
+                let versions = candidates.entry(cell.column.as_str()).or_default();
+                match versions
+                    .iter_mut()
+                    .find(|(_, s, _)| s.bytes() == signed.bytes())
+                {
+                    Some((_, _, holders)) => holders.push(*slot),
+                    None => versions.push((cell, signed, vec![*slot])),
+                }
+            }
+        }
+        if decoded
+            .iter()
+            .any(|(cell, _)| !candidates.contains_key(cell.column.as_str()))
+        {
+            return None;
+        }
+        let mut forged = Vec::new();
+        for (column, versions) in &mut candidates {
+            versions.sort_by(|a, b| b.0.rank().cmp(&a.0.rank()));
+            let chosen = decoded.iter().find(|(cell, _)| cell.column == *column);
+            let mut matched = false;
+            for (_, signed, holders) in versions.iter() {
+                let genuine = self.proxies.mutations.unverified_cells
+                    || self.writers.verify(signed).is_some();
+                let is_chosen = chosen.is_some_and(|(_, c)| c.bytes() == signed.bytes());
+                if genuine {
+                    // The newest genuine version must be the one resolved.
+                    if !is_chosen {
+                        return None;
+                    }
+                    matched = true;
+                    break;
+                }
+                if is_chosen {
+                    return None;
+                }
+                forged.push((signed.bytes().to_vec(), holders.clone()));
+            }
+            if !matched && chosen.is_some() {
+                return None;
+            }
+        }
+        for (bytes, holders) in forged {
+            if self.forged.insert(bytes) {
+                for node in holders {
+                    self.proxies.evidence.push(Evidence {
+                        node,
+                        kind: EvidenceKind::ForgedVersion,
+                    });
+                }
+            }
+        }
+        let (epoch, group) = (self.proxies.place.epoch, self.proxies.place.group);
+        let mut current: BTreeSet<Slot> = valid
+            .iter()
+            .filter(|(_, v)| v.answer.entries == entries)
+            .map(|(slot, _)| *slot)
+            .collect();
+        let mut written_back = 0;
+        for (slot, ack) in write_backs {
+            if slot.index() >= self.proxies.place.n || current.contains(&slot) {
+                continue;
+            }
+            let (row, nonce) = (&self.row, self.nonce);
+            let good = self.proxies.verify(slot, &ack, |ack| {
+                ack.slot == slot
+                    && ack.epoch == epoch
+                    && ack.group == group
+                    && ack.row == *row
+                    && ack.nonce == nonce
+                    && ack.entries == entries
+            });
+            if good.is_some() {
+                current.insert(slot);
+                written_back += 1;
+            }
+        }
+        if current.len() < quorum && !self.proxies.mutations.skip_write_back {
+            return None;
+        }
+        Some((
+            decoded.into_iter().map(|(cell, _)| cell).collect(),
+            written_back,
+        ))
+    }
+
+    /// The blacklist is the current proxy's (spec §3.5): a bad signature blames proxy or
+    /// replica alike, so a new proxy starts with a clean slate.
+    fn moved_on(&mut self, tried: usize) {
+        if self.proxies.tried != tried {
+            self.blacklist.clear();
+            self.full = false;
+        }
+    }
+
+    fn done(&mut self, cells: Vec<Cell>, path: ReadPath) -> Progress<Self> {
+        Progress::Done(Ok(ReadOutcome {
+            cells,
+            path,
+            proxies: self.proxies.tried,
+            evidence: std::mem::take(&mut self.proxies.evidence),
+        }))
+    }
+}
+
+impl Operation for ReadOp {
+    const SERVICE: ServiceId = ServiceId::TABLE;
+    type Request = Request;
+    type Reply = Response;
+    type Output = ReadOutcome;
+
+    fn op(&self) -> u64 {
+        self.proxies.op
+    }
+
+    fn start(&mut self) -> Vec<(Slot, Request)> {
+        self.request()
+    }
+
+    fn on_reply(&mut self, from: Slot, reply: Response) -> Progress<Self> {
+        if reply.op != self.proxies.op {
+            return Progress::Send(Vec::new());
+        }
+        self.proxies.heard(from);
+        let (answers, resolved, write_backs) = match reply.body {
+            ResponseBody::Read {
+                answers,
+                resolved,
+                write_backs,
+            } => (answers, resolved, write_backs),
+            ResponseBody::Refused(refusal) => {
+                if let Some(error) = self.proxies.refused(from, refusal) {
+                    return Progress::Done(Err(error));
+                }
+                if from == self.proxies.proxy {
+                    let tried = self.proxies.tried;
+                    self.proxies.next();
+                    self.moved_on(tried);
+                    return Progress::Send(self.request());
+                }
+                return Progress::Send(Vec::new());
+            }
+            ResponseBody::Acks(_) => return Progress::Send(Vec::new()),
+        };
+        let blacklisted = self.blacklist.len();
+        let valid = self.valid_answers(answers);
+        let outcome = match resolved {
+            None => self.fast(&valid).map(|cells| (cells, ReadPath::Fast)),
+            Some(resolved) => self
+                .resolved(&valid, resolved, write_backs)
+                .map(|(cells, written_back)| (cells, ReadPath::Resolved { written_back })),
+        };
+        if let Some((cells, path)) = outcome {
+            return self.done(cells, path);
+        }
+        let grew = self.blacklist.len() > blacklisted;
+        if grew {
+            // Without the replicas that failed, every remaining one sends data (spec §3.5).
+            self.full = true;
+        }
+        if from != self.proxies.proxy {
+            return Progress::Send(Vec::new());
+        }
+        let tried = self.proxies.tried;
+        self.proxies.retry_here(from, grew, valid.len());
+        self.moved_on(tried);
+        Progress::Send(self.request())
+    }
+
+    fn on_timeout(&mut self) -> Vec<(Slot, Request)> {
+        let tried = self.proxies.tried;
+        self.proxies.on_timeout();
+        self.moved_on(tried);
+        self.request()
+    }
+
+    fn answered(&self) -> Vec<Slot> {
+        self.proxies.answered.iter().copied().collect()
+    }
+
+    fn quorum(&self) -> usize {
+        1
+    }
+}

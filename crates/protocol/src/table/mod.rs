@@ -1,0 +1,685 @@
+//! Hardened tables (Friedman and Licher, "Hardening Cassandra against Byzantine failures"; notes
+//! in `shared/specs/cassandra.md`): rows of cells, each cell signed by the client that wrote it,
+//! written and read through a proxy (any member of the row's group) that talks to the row's
+//! replicas for the client, with Byzantine quorums of `⌈(n+f+1)/2⌉` instead of majorities.
+//!
+//! What a client can rely on, with at most `f` faulty replicas in the group and any number of
+//! faulty proxies (spec §2.13): a cell is only ever one its writer signed; at `QUORUM` a read
+//! returns, per cell, a version at least as new as every write that completed before it, and
+//! never an older one than an earlier read returned. Versions are ordered by the writer's clock
+//! (greater timestamp, then a tombstone, then the greater value, then the writer: spec §5.1 item
+//! 8 and its tie-break made total), so the guarantee holds up to clock skew (spec §2.16).
+//!
+//! The pieces, in the spec's terms:
+//! - [`Cell`]: what a writer signs, covering the table, the row, the column, the timestamp and
+//!   the value or tombstone (spec §2.11 [R]), so no cell can be moved or turned into a delete.
+//! - Three statements replicas sign, each under its own context (spec §5.1 item 9): a
+//!   [`WriteAck`] names the replica and the digests of the cells it made durable, so it counts for
+//!   no other write; an [`Answer`] names the replica, the row, the reader's nonce and each cell's
+//!   column, timestamp and digest (the empty answer is signed too), so it cannot be replayed to
+//!   another read and the reader can order versions without verifying writers' signatures
+//!   (items 1, 2, 4); a [`WriteBackAck`] binds a write-back to the read's nonce and the resolved
+//!   cells.
+//! - [`Server`]: the replica (stores only cells whose writer's signature verifies and whose
+//!   timestamp is not beyond its clock plus the skew allowed; acknowledges once durable) and the
+//!   proxy (Figures 5 and 7 for [`Variant::ProxyVerifies`], 19 and 20 for
+//!   [`Variant::ProxyNoVerify`]): digest reads of a quorum first, full reads of every replica on
+//!   a mismatch, per-cell resolution among versions whose writer's signature verifies, write-back
+//!   until a quorum is current.
+//! - [`WriteOp`] and [`ReadOp`]: the client, which counts only what it verified itself
+//!   (signatures by the group's members, each once), checks a resolved read against the original
+//!   answers (spec §3.6 [R]), re-asks the same proxy without the replicas whose signatures failed,
+//!   and moves to another proxy when one fails it.
+//!
+//! Where Bulwark departs from the paper: the proxy is a member of the row's group (a client
+//! picks among the group's members), so replicas only ever talk within their group; the client
+//! keeps trying proxies, in turn, until its deadline rather than giving up after `f+1` (under
+//! asynchrony a correct proxy can time out too); a replica keeps only the newest version of each
+//! cell, acknowledging an older one it is sent (it holds a newer version, which is all a later
+//! read needs, spec §5.1 item 7).
+
+mod client;
+mod server;
+#[cfg(test)]
+mod tests;
+
+pub use client::{ReadOp, ReadOutcome, ReadPath, WriteOp, WriteOutcome};
+pub use server::{Server, Settings, TableStats};
+
+use bulwark_core::sign::{Context, PublicKey, SecretKey, Signable, Signed, Unverified};
+use bulwark_core::{ClientId, Digest, Epoch, GroupId, Slot};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+
+/// The longest table or column name.
+pub const NAME_BYTES_MAX: usize = 48;
+/// The longest partition key, and the longest clustering key.
+pub const KEY_BYTES_MAX: usize = 512;
+/// The largest cell value.
+pub const VALUE_BYTES_MAX: usize = 64 * 1024;
+/// The most columns a table has, so the most cells a row or a write holds.
+pub const COLUMNS_MAX: usize = 64;
+/// The longest encoding of a signed cell: its value and its row's names and keys.
+const CELL_BYTES_MAX: usize = VALUE_BYTES_MAX + 2 * KEY_BYTES_MAX + 2 * NAME_BYTES_MAX + 64;
+/// The longest encoding of a replica's statement: a row's address and one entry per column.
+const STATEMENT_BYTES_MAX: usize =
+    2 * KEY_BYTES_MAX + NAME_BYTES_MAX + COLUMNS_MAX * (NAME_BYTES_MAX + 48) + 128;
+
+/// A read's nonce: fresh randomness from the reader, which every answer signs.
+pub type Nonce = [u8; 16];
+
+/// Where a row lives in its table.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct RowKey {
+    /// The table.
+    pub table: String,
+    /// The partition key: what places the row on its group.
+    pub partition: Vec<u8>,
+    /// The clustering key within the partition (empty for a table without clustering columns).
+    pub clustering: Vec<u8>,
+}
+
+impl RowKey {
+    /// Whether every part is within its bound.
+    pub fn is_well_formed(&self) -> bool {
+        !self.table.is_empty()
+            && self.table.len() <= NAME_BYTES_MAX
+            && !self.partition.is_empty()
+            && self.partition.len() <= KEY_BYTES_MAX
+            && self.clustering.len() <= KEY_BYTES_MAX
+    }
+}
+
+/// One cell as its writer signed it: a value, or a tombstone (`value: None`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cell {
+    /// The row.
+    pub row: RowKey,
+    /// The column.
+    pub column: String,
+    /// The writer's clock when it wrote, in microseconds since the Unix epoch.
+    pub ts: u64,
+    /// Who wrote it; its registered key must verify the signature.
+    pub writer: ClientId,
+    /// The value; `None` deletes.
+    pub value: Option<Vec<u8>>,
+}
+
+impl Signable for Cell {
+    const CONTEXT: Context = Context::new("bulwark/table/cell/v1");
+    const BYTES_MAX: usize = CELL_BYTES_MAX;
+}
+
+/// A cell as it travels and is stored: the writer's bytes and signature.
+pub type SignedCell = Unverified<Cell>;
+
+/// Hash domain of a signed cell's digest.
+const DOMAIN_CELL: &str = "bulwark/table/cell-digest/v1";
+
+impl Cell {
+    /// What answers and acknowledgements name a signed cell by: the hash of the bytes its writer
+    /// signed (the signature is not part of it: one cell, one digest).
+    pub fn digest(signed: &SignedCell) -> Digest {
+        Digest::of(DOMAIN_CELL, signed.bytes())
+    }
+
+    /// The order of versions of one cell: greater timestamp, then a tombstone over a value, then
+    /// the greater value, then the greater writer id (spec §5.1 item 8, made total).
+    pub fn rank(&self) -> (u64, bool, &[u8], ClientId) {
+        (
+            self.ts,
+            self.value.is_none(),
+            self.value.as_deref().unwrap_or_default(),
+            self.writer,
+        )
+    }
+
+    /// The cell signed by its writer's `secret`; `None` when it is out of bounds.
+    pub fn sign(self, secret: &SecretKey) -> Option<SignedCell> {
+        if !self.is_well_formed() {
+            return None;
+        }
+        Signed::sign(secret, self)
+            .ok()
+            .map(|signed| signed.to_unverified())
+    }
+
+    /// Whether every field is within its bound.
+    pub fn is_well_formed(&self) -> bool {
+        self.row.is_well_formed()
+            && !self.column.is_empty()
+            && self.column.len() <= NAME_BYTES_MAX
+            && self
+                .value
+                .as_ref()
+                .is_none_or(|v| v.len() <= VALUE_BYTES_MAX)
+    }
+}
+
+/// One cell as an answer names it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Entry {
+    /// The column.
+    pub column: String,
+    /// The cell's timestamp, signed by the replica so a reader can order without the writer's
+    /// signature (spec §5.1 item 4).
+    pub ts: u64,
+    /// [`Cell::digest`].
+    pub digest: Digest,
+}
+
+/// A replica's statement that the cells named are durable in it (spec §3.7 `StoreAck`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteAck {
+    /// The replica.
+    pub slot: Slot,
+    /// Its epoch.
+    pub epoch: Epoch,
+    /// Its group.
+    pub group: GroupId,
+    /// The write's cells, by digest, in the write's order.
+    pub cells: Vec<Digest>,
+}
+
+impl Signable for WriteAck {
+    const CONTEXT: Context = Context::new("bulwark/table/write-ack/v1");
+    const BYTES_MAX: usize = COLUMNS_MAX * 40 + 64;
+}
+
+/// A replica's answer to a read: the newest cell it holds of each column asked for, bound to
+/// the reader's nonce (spec §3.7 `ReadAns`). No entries: it holds none of them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Answer {
+    /// The replica.
+    pub slot: Slot,
+    /// Its epoch.
+    pub epoch: Epoch,
+    /// Its group.
+    pub group: GroupId,
+    /// The row.
+    pub row: RowKey,
+    /// The reader's nonce.
+    pub nonce: Nonce,
+    /// One entry per column it holds of those asked for, in column order.
+    pub entries: Vec<Entry>,
+}
+
+impl Signable for Answer {
+    const CONTEXT: Context = Context::new("bulwark/table/read-answer/v1");
+    const BYTES_MAX: usize = STATEMENT_BYTES_MAX;
+}
+
+/// A replica's statement that it holds cells at least as new as a read resolved, made in
+/// answer to that read's write-back (spec §3.7 `WriteBackAck`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteBackAck {
+    /// The replica.
+    pub slot: Slot,
+    /// Its epoch.
+    pub epoch: Epoch,
+    /// Its group.
+    pub group: GroupId,
+    /// The row.
+    pub row: RowKey,
+    /// The read's nonce.
+    pub nonce: Nonce,
+    /// The resolved cells written back, in column order.
+    pub entries: Vec<Entry>,
+}
+
+impl Signable for WriteBackAck {
+    const CONTEXT: Context = Context::new("bulwark/table/write-back-ack/v1");
+    const BYTES_MAX: usize = STATEMENT_BYTES_MAX;
+}
+
+/// A signed answer, with the cells it names when the replica was asked for data rather than a
+/// digest.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Answered {
+    /// The signed statement.
+    pub answer: Unverified<Answer>,
+    /// The cells, in entry order, for a data read.
+    pub cells: Option<Vec<SignedCell>>,
+}
+
+/// Who checks replicas' signatures on the way to the client (spec §2.8, §2.12).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Variant {
+    /// The proxy verifies every acknowledgement and answer before it counts it (Figures 5, 7):
+    /// fewest client retries, most proxy CPU.
+    ProxyVerifies,
+    /// Only the client verifies (Figures 19, 20): the proxy returns the first quorum of answers,
+    /// and the client re-asks without the replicas whose signatures failed.
+    ProxyNoVerify,
+}
+
+/// How many replicas an operation waits for, chosen per request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Consistency {
+    /// `f+1`: at least one correct replica. With `ONE` reads, only eventual consistency.
+    One,
+    /// The Byzantine quorum `⌈(n+f+1)/2⌉` (never a majority: from `f = 2` a majority of `3f+1`
+    /// can meet another in faulty replicas alone).
+    Quorum,
+    /// Every replica: strongest, and not live with a faulty one.
+    All,
+}
+
+impl Consistency {
+    /// Replicas an operation at this level waits for in a group of `n` tolerating `f`.
+    pub fn threshold(self, n: usize, f: usize) -> usize {
+        match self {
+            Consistency::One => f + 1,
+            Consistency::Quorum => byzantine_quorum(n, f),
+            Consistency::All => n,
+        }
+    }
+}
+
+/// The smallest symmetric Byzantine quorum: any two meet in `f+1` replicas (spec §2.2.1).
+pub fn byzantine_quorum(n: usize, f: usize) -> usize {
+    (n + f + 1).div_ceil(2)
+}
+
+/// What a pair of read and write thresholds gives on `n` replicas tolerating `f`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Guarantee {
+    /// Every read quorum meets every write quorum in a correct replica, and faulty replicas
+    /// cannot block either: reads see every completed write.
+    Strong,
+    /// Reads and writes each reach a correct replica and cannot be blocked; anti-entropy brings
+    /// the rest (spec §2.3).
+    Eventual,
+}
+
+/// Why a pair of thresholds is refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum QuorumError {
+    /// A threshold above `n - f`: `f` silent replicas block it.
+    #[error("a threshold of {threshold} on {n} replicas is not live with {f} faulty")]
+    NotLive {
+        /// The threshold.
+        threshold: usize,
+        /// Replicas.
+        n: usize,
+        /// Faults tolerated.
+        f: usize,
+    },
+    /// A threshold below `f+1`: it may hear only faulty replicas.
+    #[error("a threshold of {threshold} may hear only the {f} faulty replicas")]
+    TooSmall {
+        /// The threshold.
+        threshold: usize,
+        /// Faults tolerated.
+        f: usize,
+    },
+}
+
+/// Judges read and write thresholds on `n` replicas tolerating `f` (spec §5.1 item 11).
+pub fn judge_quorums(
+    n: usize,
+    f: usize,
+    read: usize,
+    write: usize,
+) -> Result<Guarantee, QuorumError> {
+    for threshold in [read, write] {
+        if threshold > n.saturating_sub(f) {
+            return Err(QuorumError::NotLive { threshold, n, f });
+        }
+        if threshold <= f {
+            return Err(QuorumError::TooSmall { threshold, f });
+        }
+    }
+    if read + write > n + f {
+        Ok(Guarantee::Strong)
+    } else {
+        Ok(Guarantee::Eventual)
+    }
+}
+
+/// A table's shape (spec §1.5, §2.11): the names of its partition key, its clustering columns
+/// and its regular columns, and the variant its proxies run.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Schema {
+    /// The table.
+    pub name: String,
+    /// The partition key's name.
+    pub partition_key: String,
+    /// The clustering columns' names, in order.
+    pub clustering: Vec<String>,
+    /// The regular columns: the only ones cells may name.
+    pub columns: Vec<String>,
+    /// Who verifies replicas' signatures.
+    pub variant: Variant,
+}
+
+impl Schema {
+    /// Whether `column` is one of the table's regular columns.
+    pub fn has_column(&self, column: &str) -> bool {
+        self.columns.iter().any(|c| c == column)
+    }
+
+    /// Why the schema cannot be a table's, if it cannot.
+    pub fn problem(&self) -> Option<String> {
+        let name_ok = |n: &str| !n.is_empty() && n.len() <= NAME_BYTES_MAX;
+        if !name_ok(&self.name) || !name_ok(&self.partition_key) {
+            return Some("table and key names are 1 to 48 bytes".into());
+        }
+        if self.columns.is_empty() || self.columns.len() > COLUMNS_MAX {
+            return Some(format!("a table has 1 to {COLUMNS_MAX} columns"));
+        }
+        let mut names: Vec<&str> = self.columns.iter().map(String::as_str).collect();
+        names.extend(self.clustering.iter().map(String::as_str));
+        names.push(&self.partition_key);
+        if names.iter().any(|n| !name_ok(n)) {
+            return Some("column names are 1 to 48 bytes".into());
+        }
+        let count = names.len();
+        names.sort_unstable();
+        names.dedup();
+        (names.len() != count).then(|| "a name appears twice".into())
+    }
+}
+
+/// The tables replicas serve, by name.
+#[derive(Clone, Debug, Default)]
+pub struct Catalog(BTreeMap<String, Schema>);
+
+impl Catalog {
+    /// Adds `schema`, refusing one that is malformed or already there.
+    pub fn add(&mut self, schema: Schema) -> Result<(), String> {
+        if let Some(problem) = schema.problem() {
+            return Err(problem);
+        }
+        if self.0.contains_key(&schema.name) {
+            return Err(format!("table {} exists", schema.name));
+        }
+        self.0.insert(schema.name.clone(), schema);
+        Ok(())
+    }
+
+    /// The table named `name`.
+    pub fn get(&self, name: &str) -> Option<&Schema> {
+        self.0.get(name)
+    }
+}
+
+/// Clients' signing keys, by id: whose cells a replica accepts (the access list of spec §1.1).
+#[derive(Clone, Debug, Default)]
+pub struct Writers(HashMap<ClientId, PublicKey>);
+
+impl Writers {
+    /// Registers `writer`'s key.
+    pub fn insert(&mut self, writer: ClientId, key: PublicKey) {
+        self.0.insert(writer, key);
+    }
+
+    /// Whether `signed` verifies under its writer's key, decoded if it does.
+    pub fn verify(&self, signed: &SignedCell) -> Option<Cell> {
+        let cell = signed.peek().ok()?;
+        let key = self.0.get(&cell.writer)?;
+        let verified = signed.clone().verify(key).ok()?;
+        verified
+            .value()
+            .is_well_formed()
+            .then(|| verified.into_value())
+    }
+}
+
+/// One member's place: its slot and group, the group's size and fault bound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Place {
+    /// This replica's slot (for client machines: ignored).
+    pub slot: Slot,
+    /// Members of the group.
+    pub n: usize,
+    /// Faults tolerated.
+    pub f: usize,
+    /// The epoch.
+    pub epoch: Epoch,
+    /// The group.
+    pub group: GroupId,
+}
+
+/// Deliberate breakage for the simulator's negative controls: each flag removes one thing the
+/// protocol's safety argument needs. All off in every real machine.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TableMutations {
+    /// The client accepts a write with `f+1` valid acknowledgements (spec §2.8 scenario 2).
+    pub accept_f_plus_one: bool,
+    /// Thresholds are majorities of the group instead of Byzantine quorums.
+    pub majority: bool,
+    /// Resolvers take the newest version without checking its writer's signature.
+    pub unverified_cells: bool,
+    /// The proxy answers a resolved read without writing it back, and the client does not ask
+    /// for a quorum of current replicas.
+    pub skip_write_back: bool,
+}
+
+impl TableMutations {
+    /// The threshold for `level`, broken when `majority` is on.
+    pub fn threshold(&self, level: Consistency, n: usize, f: usize) -> usize {
+        if self.majority && level == Consistency::Quorum {
+            n / 2 + 1
+        } else {
+            level.threshold(n, f)
+        }
+    }
+}
+
+/// A client's request to a proxy.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    /// The operation.
+    pub op: u64,
+    /// The epoch the client believes in.
+    pub epoch: Epoch,
+    /// The group addressed.
+    pub group: GroupId,
+    /// What to do.
+    pub body: RequestBody,
+}
+
+/// Writes and reads.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RequestBody {
+    /// Store these cells of one row (spec §3.7 `Write`, and `AckMore` when `have` is not empty).
+    Write {
+        /// The cells, each signed by the client.
+        cells: Vec<SignedCell>,
+        /// How many acknowledgements the client needs.
+        level: Consistency,
+        /// Replicas whose acknowledgements the client holds already, or whose signatures failed:
+        /// not to be asked again.
+        skip: Vec<Slot>,
+        /// Acknowledgements still wanted.
+        want: u32,
+    },
+    /// Read these columns of one row (all of them when empty).
+    Read {
+        /// The row.
+        row: RowKey,
+        /// The columns.
+        columns: Vec<String>,
+        /// The reader's nonce.
+        nonce: Nonce,
+        /// How many replicas must vouch.
+        level: Consistency,
+        /// Replicas whose signatures failed: not to be asked (spec §3.5).
+        blacklist: Vec<Slot>,
+        /// Skip the digest round: every replica sends data.
+        full: bool,
+    },
+}
+
+/// A proxy's answer to a client.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Response {
+    /// Echoes the request's operation.
+    pub op: u64,
+    /// The answer.
+    pub body: ResponseBody,
+}
+
+/// What a proxy answers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ResponseBody {
+    /// Acknowledgements collected, by replica.
+    Acks(Vec<(Slot, Unverified<WriteAck>)>),
+    /// A read: on the fast path a quorum of matching answers (one with data); on the resolved
+    /// path the resolved cells, the data answers they were resolved from, and the write-back
+    /// acknowledgements of the replicas brought up to date.
+    Read {
+        /// Answers, by replica.
+        answers: Vec<(Slot, Answered)>,
+        /// The resolved cells, when the answers disagreed.
+        resolved: Option<Vec<SignedCell>>,
+        /// Write-back acknowledgements, by replica.
+        write_backs: Vec<(Slot, Unverified<WriteBackAck>)>,
+    },
+    /// The proxy will not serve the request.
+    Refused(Refusal),
+}
+
+/// What replicas of one group say to each other: a proxy to the replicas it asks, and their
+/// answers. `pop` is the proxy's own number for the client operation it serves.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Message {
+    /// Store these cells.
+    Store {
+        /// The proxy's operation.
+        pop: u64,
+        /// The cells.
+        cells: Vec<SignedCell>,
+    },
+    /// They are durable.
+    StoreAck {
+        /// The proxy's operation.
+        pop: u64,
+        /// The signed acknowledgement.
+        ack: Unverified<WriteAck>,
+    },
+    /// Answer for these columns of a row.
+    Read {
+        /// The proxy's operation.
+        pop: u64,
+        /// The row.
+        row: RowKey,
+        /// The columns (all when empty).
+        columns: Vec<String>,
+        /// The reader's nonce.
+        nonce: Nonce,
+        /// Send the cells, not only their digests.
+        data: bool,
+    },
+    /// The answer.
+    Answer {
+        /// The proxy's operation.
+        pop: u64,
+        /// The signed answer (with cells for a data read).
+        answered: Answered,
+    },
+    /// Store these resolved cells and say so, bound to the read's nonce.
+    WriteBack {
+        /// The proxy's operation.
+        pop: u64,
+        /// The row.
+        row: RowKey,
+        /// The read's nonce.
+        nonce: Nonce,
+        /// The resolved cells.
+        cells: Vec<SignedCell>,
+    },
+    /// They are durable.
+    WriteBackAck {
+        /// The proxy's operation.
+        pop: u64,
+        /// The signed acknowledgement.
+        ack: Unverified<WriteBackAck>,
+    },
+    /// The replica refused.
+    Refused {
+        /// The proxy's operation.
+        pop: u64,
+        /// Why.
+        refusal: Refusal,
+    },
+}
+
+/// Why a replica or a proxy refused.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum Refusal {
+    /// The client may not write.
+    #[error("not a writer")]
+    NotWriter,
+    /// The client may not read.
+    #[error("not a reader")]
+    NotReader,
+    /// Another epoch.
+    #[error("wrong epoch")]
+    WrongEpoch,
+    /// A group this replica does not serve.
+    #[error("wrong replica group")]
+    WrongGroup,
+    /// No such table.
+    #[error("no table {0:?}")]
+    UnknownTable(String),
+    /// The table has no such column.
+    #[error("table {table:?} has no column {column:?}")]
+    UnknownColumn {
+        /// The table.
+        table: String,
+        /// The column.
+        column: String,
+    },
+    /// A cell's writer signature does not verify (or its writer is not registered).
+    #[error("a cell's signature does not verify")]
+    BadSignature,
+    /// A cell's timestamp is beyond this replica's clock plus the skew allowed (spec §2.16).
+    #[error("a cell's timestamp is {ahead_micros} µs in the future")]
+    FromFuture {
+        /// How far ahead.
+        ahead_micros: u64,
+    },
+    /// A new write's timestamp is older than the freshness window (spec §5.1 item 13).
+    #[error("a new write's timestamp is {behind_micros} µs old")]
+    NotFresh {
+        /// How far behind.
+        behind_micros: u64,
+    },
+    /// Cells of more than one row, none, too many, or out of bounds.
+    #[error("malformed: {0}")]
+    Malformed(String),
+    /// The proxy has too many operations in flight.
+    #[error("busy")]
+    Busy,
+}
+
+/// A change to a replica's durable state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// `cell` is now the newest version of its row and column.
+    Put {
+        /// The row.
+        row: RowKey,
+        /// The column.
+        column: String,
+        /// The cell as its writer signed it.
+        cell: SignedCell,
+    },
+}
+
+/// The entries naming `cells` (verified or peeked), in column order: what an answer or a
+/// write-back acknowledgement signs.
+pub fn entries_of<'a>(cells: impl IntoIterator<Item = (&'a Cell, &'a SignedCell)>) -> Vec<Entry> {
+    let mut entries: Vec<Entry> = cells
+        .into_iter()
+        .map(|(cell, signed)| Entry {
+            column: cell.column.clone(),
+            ts: cell.ts,
+            digest: Cell::digest(signed),
+        })
+        .collect();
+    entries.sort();
+    entries
+}

@@ -1,0 +1,1059 @@
+//! A table replica, which is also the proxy for the clients that pick it (spec §3.2-§3.5).
+//!
+//! As a replica it answers its group's proxies: it stores a cell only if its writer's signature
+//! verifies, its row and column are the table's and its timestamp is not beyond the replica's
+//! clock plus the skew allowed, keeps the newest version of each cell, and signs what it did
+//! once the change is durable (the driver's persist-then-send rule). As a proxy it runs the
+//! client's operation among the row's replicas: itself first (it is a replica of the row), then
+//! the others by message, and answers the client when a quorum is in or its wait ends, with
+//! whatever it has: the client judges.
+
+use super::{
+    Answer, Answered, COLUMNS_MAX, Catalog, Cell, Change, Consistency, Entry, Message, Nonce,
+    Place, Refusal, Request, RequestBody, Response, ResponseBody, RowKey, SignedCell,
+    TableMutations, Variant, WriteAck, WriteBackAck, Writers, entries_of,
+};
+use crate::machine::{Access, Output, Replica, ReplicaStats, TimerId};
+use bulwark_core::sign::{PublicKey, SecretKey, Signable, Signed, Unverified};
+use bulwark_core::{ClientId, Digest, ServiceId, Slot, Time};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+/// Proxy operations in flight at one replica; more are refused as busy.
+const PENDING_MAX: usize = 4096;
+
+/// A replica's clock rules and its patience as a proxy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// How far ahead of this replica's clock a cell's timestamp may be (spec §2.16).
+    pub skew_max_micros: u64,
+    /// How far behind it a new write's timestamp may be (spec §5.1 item 13); write-backs of
+    /// older cells are accepted, they are how replicas catch up.
+    pub fresh_micros: u64,
+    /// How long a proxy waits for replicas before it answers with what it has; a read in its
+    /// digest round asks every replica after one such wait, and answers after a second.
+    pub proxy_wait_millis: u64,
+}
+
+impl Default for Settings {
+    fn default() -> Settings {
+        Settings {
+            skew_max_micros: 2_000_000,
+            fresh_micros: 60_000_000,
+            proxy_wait_millis: 500,
+        }
+    }
+}
+
+/// What a table replica counts beyond the common counters, for `bulwark status`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TableStats {
+    /// Signatures by other replicas that failed this proxy's checks, by slot.
+    pub bad_signatures: BTreeMap<Slot, u64>,
+    /// Cells refused because their writer's signature failed.
+    pub forged_cells: u64,
+    /// Reads this proxy resolved, and cells it wrote back.
+    pub resolved_reads: u64,
+    /// Write-backs it accepted as a replica.
+    pub repairs: u64,
+}
+
+/// The newest version this replica holds of one cell.
+#[derive(Clone, Debug)]
+struct Held {
+    cell: Cell,
+    signed: SignedCell,
+}
+
+/// A client operation this replica is proxy for.
+struct Pending {
+    client: ClientId,
+    op: u64,
+    /// Replies it waits for.
+    want: usize,
+    /// Whether its wait ran out once (a read then asks everyone).
+    waited: bool,
+    kind: Kind,
+}
+
+enum Kind {
+    Write {
+        cells: Vec<SignedCell>,
+        digests: Vec<Digest>,
+        acks: BTreeMap<Slot, Unverified<WriteAck>>,
+        refused: BTreeMap<Slot, Refusal>,
+        skip: Vec<Slot>,
+    },
+    Read(ReadState),
+}
+
+struct ReadState {
+    row: RowKey,
+    columns: Vec<String>,
+    nonce: Nonce,
+    blacklist: Vec<Slot>,
+    /// Replicas asked in the current round.
+    asked: BTreeSet<Slot>,
+    /// Answers of the current round (the digest round, then the data round).
+    answers: BTreeMap<Slot, Answered>,
+    /// Whether the current round asks for data from everyone.
+    data_round: bool,
+    /// Once resolved: the cells and their entries, the replicas current, and their acks.
+    resolved: Option<(Vec<SignedCell>, Vec<Entry>)>,
+    current: BTreeSet<Slot>,
+    write_backs: BTreeMap<Slot, Unverified<WriteBackAck>>,
+}
+
+/// A member of a table's replica group: replica and proxy.
+pub struct Server {
+    place: Place,
+    secret: SecretKey,
+    /// The group's keys, by slot.
+    keys: Arc<[PublicKey]>,
+    writers: Arc<Writers>,
+    catalog: Arc<Catalog>,
+    settings: Settings,
+    mutations: TableMutations,
+    rows: BTreeMap<RowKey, BTreeMap<String, Held>>,
+    pending: BTreeMap<u64, Pending>,
+    /// The proxy operation serving each client's operation, so a retransmission joins it.
+    serving: HashMap<(ClientId, u64), u64>,
+    next_pop: u64,
+    /// The clock reading of the input being handled.
+    now: Time,
+    stats: ReplicaStats,
+    table_stats: TableStats,
+}
+
+impl Server {
+    /// A replica at `place` that signs with `secret`, checks its group by `keys` and cells by
+    /// `writers`, and serves the tables of `catalog`.
+    pub fn new(
+        place: Place,
+        secret: SecretKey,
+        keys: Arc<[PublicKey]>,
+        writers: Arc<Writers>,
+        catalog: Arc<Catalog>,
+        settings: Settings,
+    ) -> Server {
+        assert!(place.slot.index() < place.n, "the slot is in the group");
+        assert_eq!(keys.len(), place.n, "a key per member");
+        assert!(place.n > place.f, "a group larger than its faults");
+        Server {
+            place,
+            secret,
+            keys,
+            writers,
+            catalog,
+            settings,
+            mutations: TableMutations::default(),
+            rows: BTreeMap::new(),
+            pending: BTreeMap::new(),
+            serving: HashMap::new(),
+            next_pop: 0,
+            now: Time(0),
+            stats: ReplicaStats::default(),
+            table_stats: TableStats::default(),
+        }
+    }
+
+    /// The same replica with deliberate breakage (negative controls only).
+    pub fn with_mutations(mut self, mutations: TableMutations) -> Server {
+        self.mutations = mutations;
+        self
+    }
+
+    /// Takes back a cell this replica made durable before a restart. A cell that no longer
+    /// verifies (a damaged disk) is dropped and counted.
+    pub fn restore(&mut self, cell: SignedCell) {
+        match self.writers.verify(&cell) {
+            Some(decoded) => {
+                self.keep(decoded, cell);
+            }
+            None => self.stats.damaged += 1,
+        }
+    }
+
+    /// The table-specific counters.
+    pub fn table_stats(&self) -> &TableStats {
+        &self.table_stats
+    }
+
+    /// The newest cells this replica holds of `row`, in column order.
+    pub fn cells(&self, row: &RowKey) -> Vec<Cell> {
+        self.rows
+            .get(row)
+            .map(|cells| cells.values().map(|held| held.cell.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    /// This replica's slot.
+    pub fn slot(&self) -> Slot {
+        self.place.slot
+    }
+
+    /// Keeps `cell` if it is newer than what this replica holds; whether it was.
+    fn keep(&mut self, cell: Cell, signed: SignedCell) -> bool {
+        let row = self.rows.entry(cell.row.clone()).or_default();
+        match row.get(&cell.column) {
+            Some(held) if held.cell.rank() >= cell.rank() => false,
+            previous => {
+                let old_bytes = previous.map_or(0, |held| held.signed.bytes().len() as u64);
+                if previous.is_none_or(|held| held.cell.value.is_none()) && cell.value.is_some() {
+                    self.stats.objects += 1;
+                } else if previous.is_some_and(|held| held.cell.value.is_some())
+                    && cell.value.is_none()
+                {
+                    self.stats.objects = self.stats.objects.saturating_sub(1);
+                }
+                if previous.is_none() {
+                    self.stats.keys += 1;
+                    self.stats.versions += 1;
+                }
+                self.stats.bytes = self.stats.bytes - old_bytes.min(self.stats.bytes)
+                    + signed.bytes().len() as u64;
+                row.insert(cell.column.clone(), Held { cell, signed });
+                true
+            }
+        }
+    }
+
+    fn sign<T: Signable>(&self, statement: T) -> Option<Unverified<T>> {
+        // Signing fails only for a statement over its bound, which the bounds on rows exclude;
+        // a replica that cannot sign says nothing rather than something unverifiable.
+        Signed::sign(&self.secret, statement)
+            .ok()
+            .map(|signed| signed.to_unverified())
+    }
+
+    /// Checks every cell of a write and returns them decoded: one row, the table's columns,
+    /// each signed by a registered writer, none from the future (nor, for a new write, too old).
+    fn check_cells(
+        &mut self,
+        now: Time,
+        cells: &[SignedCell],
+        fresh: bool,
+    ) -> Result<Vec<Cell>, Refusal> {
+        if cells.is_empty() || cells.len() > COLUMNS_MAX {
+            return Err(Refusal::Malformed(format!(
+                "{} cells; a write has 1 to {COLUMNS_MAX}",
+                cells.len()
+            )));
+        }
+        let now_micros = now.0.saturating_mul(1000);
+        let mut decoded: Vec<Cell> = Vec::with_capacity(cells.len());
+        for signed in cells {
+            let cell = if self.mutations.unverified_cells {
+                signed.peek().ok().filter(Cell::is_well_formed)
+            } else {
+                self.writers.verify(signed)
+            };
+            let Some(cell) = cell else {
+                self.table_stats.forged_cells += 1;
+                return Err(Refusal::BadSignature);
+            };
+            if decoded.first().is_some_and(|first| first.row != cell.row) {
+                return Err(Refusal::Malformed("cells of more than one row".into()));
+            }
+            if decoded.iter().any(|other| other.column == cell.column) {
+                return Err(Refusal::Malformed("a column written twice".into()));
+            }
+            let Some(schema) = self.catalog.get(&cell.row.table) else {
+                return Err(Refusal::UnknownTable(cell.row.table.clone()));
+            };
+            if !schema.has_column(&cell.column) {
+                return Err(Refusal::UnknownColumn {
+                    table: cell.row.table.clone(),
+                    column: cell.column.clone(),
+                });
+            }
+            let horizon = now_micros.saturating_add(self.settings.skew_max_micros);
+            if cell.ts > horizon {
+                return Err(Refusal::FromFuture {
+                    ahead_micros: cell.ts - now_micros,
+                });
+            }
+            let oldest = now_micros.saturating_sub(self.settings.fresh_micros);
+            if fresh && cell.ts < oldest {
+                return Err(Refusal::NotFresh {
+                    behind_micros: now_micros - cell.ts,
+                });
+            }
+            decoded.push(cell);
+        }
+        Ok(decoded)
+    }
+
+    /// STORE as a replica: the changes to make durable and the acknowledgement to send after.
+    fn store(
+        &mut self,
+        now: Time,
+        cells: &[SignedCell],
+        fresh: bool,
+    ) -> Result<(Vec<Change>, Unverified<WriteAck>), Refusal> {
+        let decoded = self.check_cells(now, cells, fresh)?;
+        let mut changes = Vec::new();
+        for (cell, signed) in decoded.into_iter().zip(cells) {
+            let (row, column) = (cell.row.clone(), cell.column.clone());
+            if self.keep(cell, signed.clone()) {
+                changes.push(Change::Put {
+                    row,
+                    column,
+                    cell: signed.clone(),
+                });
+            }
+        }
+        let ack = WriteAck {
+            slot: self.place.slot,
+            epoch: self.place.epoch,
+            group: self.place.group,
+            cells: cells.iter().map(Cell::digest).collect(),
+        };
+        let ack = self
+            .sign(ack)
+            .ok_or_else(|| Refusal::Malformed("unsignable".into()))?;
+        Ok((changes, ack))
+    }
+
+    /// READ as a replica: the newest cell of each column asked for (all when none named),
+    /// signed with the nonce; with the cells themselves for a data read.
+    pub(super) fn answer(
+        &self,
+        row: &RowKey,
+        columns: &[String],
+        nonce: Nonce,
+        data: bool,
+    ) -> Option<Answered> {
+        let held: Vec<&Held> = self
+            .rows
+            .get(row)
+            .map(|cells| {
+                cells
+                    .values()
+                    .filter(|held| columns.is_empty() || columns.contains(&held.cell.column))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let answer = Answer {
+            slot: self.place.slot,
+            epoch: self.place.epoch,
+            group: self.place.group,
+            row: row.clone(),
+            nonce,
+            entries: entries_of(held.iter().map(|h| (&h.cell, &h.signed))),
+        };
+        // Entries are in column order and so are the held cells (a BTreeMap by column).
+        let cells = data.then(|| held.iter().map(|h| h.signed.clone()).collect());
+        Some(Answered {
+            answer: self.sign(answer)?,
+            cells,
+        })
+    }
+
+    /// WRITE-BACK as a replica: keeps what is newer, and says it holds at least the resolved
+    /// cells for this read.
+    pub(super) fn write_back(
+        &mut self,
+        now: Time,
+        row: &RowKey,
+        nonce: Nonce,
+        cells: &[SignedCell],
+    ) -> Result<(Vec<Change>, Unverified<WriteBackAck>), Refusal> {
+        let (changes, _) = self.store(now, cells, false)?;
+        let decoded: Vec<Cell> = cells.iter().filter_map(|c| c.peek().ok()).collect();
+        if decoded.iter().any(|cell| cell.row != *row) {
+            return Err(Refusal::Malformed(
+                "a written-back cell of another row".into(),
+            ));
+        }
+        self.table_stats.repairs += 1;
+        let ack = WriteBackAck {
+            slot: self.place.slot,
+            epoch: self.place.epoch,
+            group: self.place.group,
+            row: row.clone(),
+            nonce,
+            entries: entries_of(decoded.iter().zip(cells)),
+        };
+        let ack = self
+            .sign(ack)
+            .ok_or_else(|| Refusal::Malformed("unsignable".into()))?;
+        Ok((changes, ack))
+    }
+
+    fn refuse(&self, op: u64, refusal: Refusal) -> Output<Self> {
+        Output {
+            refused: Some(refusal.to_string()),
+            ..Output::reply(
+                Vec::new(),
+                Response {
+                    op,
+                    body: ResponseBody::Refused(refusal),
+                },
+            )
+        }
+    }
+
+    /// Whether the proxy checks replicas' signatures for `table`.
+    fn verifies(&self, table: &str) -> bool {
+        self.catalog
+            .get(table)
+            .is_some_and(|schema| schema.variant == Variant::ProxyVerifies)
+    }
+
+    /// Whether `signed` is slot `from`'s valid statement, when this proxy verifies; counts it
+    /// against `from` when it is not.
+    fn valid<T: Signable>(
+        &mut self,
+        verify: bool,
+        from: Slot,
+        signed: &Unverified<T>,
+        check: impl FnOnce(&T) -> bool,
+    ) -> bool {
+        if !verify {
+            return true;
+        }
+        let good = self.keys.get(from.index()).is_some_and(|key| {
+            signed
+                .clone()
+                .verify(key)
+                .is_ok_and(|verified| check(verified.value()))
+        });
+        if !good {
+            *self.table_stats.bad_signatures.entry(from).or_default() += 1;
+        }
+        good
+    }
+
+    fn level_threshold(&self, level: Consistency) -> usize {
+        self.mutations.threshold(level, self.place.n, self.place.f)
+    }
+
+    fn start(
+        &mut self,
+        now: Time,
+        client: ClientId,
+        access: Access,
+        request: Request,
+    ) -> Output<Self> {
+        let op = request.op;
+        if request.epoch != self.place.epoch {
+            return self.refuse(op, Refusal::WrongEpoch);
+        }
+        if request.group != self.place.group {
+            return self.refuse(op, Refusal::WrongGroup);
+        }
+        if let Some(pop) = self.serving.get(&(client, op))
+            && self.pending.contains_key(pop)
+        {
+            // A retransmission of an operation under way: its answer is coming.
+            return Output::none();
+        }
+        if self.pending.len() >= PENDING_MAX {
+            return self.refuse(op, Refusal::Busy);
+        }
+        self.next_pop += 1;
+        let pop = self.next_pop;
+        let me = self.place.slot;
+        match request.body {
+            RequestBody::Write {
+                cells,
+                level,
+                skip,
+                want,
+            } => {
+                if !access.write {
+                    return self.refuse(op, Refusal::NotWriter);
+                }
+                let wanted = (want as usize).clamp(1, self.level_threshold(level));
+                let mut acks = BTreeMap::new();
+                let mut changes = Vec::new();
+                if !skip.contains(&me) {
+                    match self.store(now, &cells, true) {
+                        Ok((stored, ack)) => {
+                            changes = stored;
+                            acks.insert(me, ack);
+                        }
+                        // A correct proxy refuses a write no correct replica would take.
+                        Err(refusal) => return self.refuse(op, refusal),
+                    }
+                }
+                let sends: Vec<(Slot, Message)> = self
+                    .others()
+                    .filter(|slot| !skip.contains(slot))
+                    .map(|slot| {
+                        let message = Message::Store {
+                            pop,
+                            cells: cells.clone(),
+                        };
+                        (slot, message)
+                    })
+                    .collect();
+                let digests = cells.iter().map(Cell::digest).collect();
+                self.pending.insert(
+                    pop,
+                    Pending {
+                        client,
+                        op,
+                        want: wanted,
+                        waited: false,
+                        kind: Kind::Write {
+                            cells,
+                            digests,
+                            acks,
+                            refused: BTreeMap::new(),
+                            skip,
+                        },
+                    },
+                );
+                self.serving.insert((client, op), pop);
+                let out = Output {
+                    changes,
+                    sends,
+                    timers: vec![(
+                        TimerId(pop),
+                        now.plus_millis(self.settings.proxy_wait_millis),
+                    )],
+                    ..Output::none()
+                };
+                out.and(self.progress(pop))
+            }
+            RequestBody::Read {
+                row,
+                columns,
+                nonce,
+                level,
+                blacklist,
+                full,
+            } => {
+                if !access.read {
+                    return self.refuse(op, Refusal::NotReader);
+                }
+                if !row.is_well_formed() || columns.len() > COLUMNS_MAX {
+                    return self.refuse(op, Refusal::Malformed("a row out of bounds".into()));
+                }
+                let Some(schema) = self.catalog.get(&row.table) else {
+                    return self.refuse(op, Refusal::UnknownTable(row.table.clone()));
+                };
+                if let Some(column) = columns.iter().find(|c| !schema.has_column(c)) {
+                    let refusal = Refusal::UnknownColumn {
+                        table: row.table.clone(),
+                        column: column.clone(),
+                    };
+                    return self.refuse(op, refusal);
+                }
+                let wanted = self.level_threshold(level);
+                let mut state = ReadState {
+                    row,
+                    columns,
+                    nonce,
+                    blacklist,
+                    asked: BTreeSet::new(),
+                    answers: BTreeMap::new(),
+                    data_round: full,
+                    resolved: None,
+                    current: BTreeSet::new(),
+                    write_backs: BTreeMap::new(),
+                };
+                // The proxy is the data replica of the digest round (spec §1.6): its own answer.
+                if !state.blacklist.contains(&me)
+                    && let Some(own) = self.answer(&state.row, &state.columns, nonce, true)
+                {
+                    state.answers.insert(me, own);
+                    state.asked.insert(me);
+                }
+                let targets: Vec<Slot> = self
+                    .others()
+                    .filter(|slot| !state.blacklist.contains(slot))
+                    .take(if full {
+                        usize::MAX
+                    } else {
+                        wanted.saturating_sub(1)
+                    })
+                    .collect();
+                let sends = state.ask(pop, &targets);
+                self.pending.insert(
+                    pop,
+                    Pending {
+                        client,
+                        op,
+                        want: wanted,
+                        waited: false,
+                        kind: Kind::Read(state),
+                    },
+                );
+                self.serving.insert((client, op), pop);
+                let out = Output {
+                    sends,
+                    timers: vec![(
+                        TimerId(pop),
+                        now.plus_millis(self.settings.proxy_wait_millis),
+                    )],
+                    ..Output::none()
+                };
+                out.and(self.progress(pop))
+            }
+        }
+    }
+
+    /// The other members, starting after this one, so proxies spread their first choices.
+    fn others(&self) -> impl Iterator<Item = Slot> + use<> {
+        others(&self.place)
+    }
+}
+
+/// The members other than `place`'s, starting after it.
+fn others(place: &Place) -> impl Iterator<Item = Slot> + use<> {
+    let (n, me) = (place.n as u32, place.slot.0);
+    (1..n).map(move |i| Slot((me + i) % n))
+}
+
+impl ReadState {
+    /// Read requests to `targets` for the current round, recorded as asked.
+    fn ask(&mut self, pop: u64, targets: &[Slot]) -> Vec<(Slot, Message)> {
+        let state = self;
+        targets
+            .iter()
+            .filter(|slot| state.asked.insert(**slot))
+            .map(|slot| {
+                let message = Message::Read {
+                    pop,
+                    row: state.row.clone(),
+                    columns: state.columns.clone(),
+                    nonce: state.nonce,
+                    data: state.data_round,
+                };
+                (*slot, message)
+            })
+            .collect()
+    }
+}
+
+impl Server {
+    /// Moves operation `pop` on as far as what it holds allows: answers the client when done.
+    fn progress(&mut self, pop: u64) -> Output<Self> {
+        let Some(pending) = self.pending.get_mut(&pop) else {
+            return Output::none();
+        };
+        let want = pending.want;
+        let done = match &mut pending.kind {
+            Kind::Write { acks, refused, .. } => {
+                if refused.len() > self.place.f {
+                    let refusal = refused.values().next().cloned();
+                    refusal.map(ResponseBody::Refused)
+                } else if acks.len() >= want {
+                    Some(ResponseBody::Acks(
+                        acks.iter().map(|(s, a)| (*s, a.clone())).collect(),
+                    ))
+                } else {
+                    None
+                }
+            }
+            Kind::Read(state) => {
+                if state.resolved.is_some() {
+                    (state.current.len() >= want || self.mutations.skip_write_back)
+                        .then(|| read_reply(state))
+                } else if state.answers.len() < want {
+                    None
+                } else if !state.data_round && agree(state) {
+                    Some(read_reply(state))
+                } else if !state.data_round {
+                    // The digests disagree: every replica sends data (spec §3.3, all of them).
+                    state.data_round = true;
+                    state.asked.clear();
+                    state.answers.retain(|_, answered| answered.cells.is_some());
+                    state.asked.extend(state.answers.keys().copied());
+                    let targets: Vec<Slot> = others(&self.place)
+                        .filter(|slot| !state.blacklist.contains(slot))
+                        .collect();
+                    let sends = state.ask(pop, &targets);
+                    return Output {
+                        sends,
+                        ..Output::none()
+                    }
+                    .and(self.progress_more(pop));
+                } else {
+                    return self.resolve(pop);
+                }
+            }
+        };
+        match done {
+            Some(body) => self.finish(pop, body),
+            None => Output::none(),
+        }
+    }
+
+    /// `progress` again after a round changed, when the answers already in may suffice.
+    fn progress_more(&mut self, pop: u64) -> Output<Self> {
+        let enough = self.pending.get(&pop).is_some_and(|p| match &p.kind {
+            Kind::Read(state) => state.answers.len() >= p.want,
+            Kind::Write { .. } => false,
+        });
+        if enough {
+            self.progress(pop)
+        } else {
+            Output::none()
+        }
+    }
+
+    /// The data round has a quorum: resolves each cell among versions whose writer's signature
+    /// verifies, then writes the result back to every replica not known to hold it.
+    fn resolve(&mut self, pop: u64) -> Output<Self> {
+        let Some(Pending {
+            kind: Kind::Read(state),
+            want,
+            ..
+        }) = self.pending.get(&pop)
+        else {
+            return Output::none();
+        };
+        let want = *want;
+        let mut best: BTreeMap<String, (Cell, SignedCell)> = BTreeMap::new();
+        let mut candidates: Vec<(Cell, SignedCell)> = state
+            .answers
+            .values()
+            .flat_map(|answered| answered.cells.iter().flatten())
+            .filter_map(|signed| Some((signed.peek().ok()?, signed.clone())))
+            .filter(|(cell, _)| cell.row == state.row)
+            .filter(|(cell, _)| state.columns.is_empty() || state.columns.contains(&cell.column))
+            .collect();
+        candidates.sort_by(|a, b| b.0.rank().cmp(&a.0.rank()));
+        candidates.dedup_by(|a, b| a.1.bytes() == b.1.bytes());
+        let mut forged = 0;
+        for (cell, signed) in candidates {
+            if best.contains_key(&cell.column) {
+                continue;
+            }
+            let genuine = self.mutations.unverified_cells || self.writers.verify(&signed).is_some();
+            if genuine {
+                best.insert(cell.column.clone(), (cell, signed));
+            } else {
+                forged += 1;
+            }
+        }
+        self.table_stats.forged_cells += forged;
+        self.table_stats.resolved_reads += 1;
+        let cells: Vec<SignedCell> = best.values().map(|(_, signed)| signed.clone()).collect();
+        let entries = entries_of(best.values().map(|(cell, signed)| (cell, signed)));
+        let me = self.place.slot;
+        let others: Vec<Slot> = self.others().collect();
+        let Some(Pending {
+            kind: Kind::Read(state),
+            ..
+        }) = self.pending.get_mut(&pop)
+        else {
+            return Output::none();
+        };
+        state.current = state
+            .answers
+            .iter()
+            .filter(|(_, answered)| {
+                answered
+                    .answer
+                    .peek()
+                    .is_ok_and(|answer| answer.entries == entries)
+            })
+            .map(|(slot, _)| *slot)
+            .collect();
+        state.resolved = Some((cells.clone(), entries));
+        if state.current.len() >= want || self.mutations.skip_write_back {
+            return self.progress(pop);
+        }
+        let stale: Vec<Slot> = std::iter::once(me)
+            .chain(others)
+            .filter(|slot| !state.current.contains(slot) && !state.blacklist.contains(slot))
+            .collect();
+        let (row, nonce) = (state.row.clone(), state.nonce);
+        let mut out = Output::none();
+        for slot in stale {
+            if slot == me {
+                // Itself first: its own write-back, durable before anything it says after.
+                if let Ok((changes, ack)) = self.write_back(self.now, &row, nonce, &cells) {
+                    out.changes.extend(changes);
+                    if let Some(Pending {
+                        kind: Kind::Read(state),
+                        ..
+                    }) = self.pending.get_mut(&pop)
+                    {
+                        state.current.insert(me);
+                        state.write_backs.insert(me, ack);
+                    }
+                }
+            } else {
+                let message = Message::WriteBack {
+                    pop,
+                    row: row.clone(),
+                    nonce,
+                    cells: cells.clone(),
+                };
+                out.sends.push((slot, message));
+            }
+        }
+        out.and(self.progress(pop))
+    }
+
+    /// Answers the client of `pop` and forgets the operation.
+    fn finish(&mut self, pop: u64, body: ResponseBody) -> Output<Self> {
+        let Some(pending) = self.pending.remove(&pop) else {
+            return Output::none();
+        };
+        self.serving.remove(&(pending.client, pending.op));
+        Output {
+            notify: vec![(
+                pending.client,
+                pending.op,
+                Response {
+                    op: pending.op,
+                    body,
+                },
+            )],
+            ..Output::none()
+        }
+    }
+
+    /// A replica's message to this proxy about operation `pop`.
+    fn on_proxy_message(&mut self, from: Slot, message: Message) -> Output<Self> {
+        let pop = match &message {
+            Message::StoreAck { pop, .. }
+            | Message::Answer { pop, .. }
+            | Message::WriteBackAck { pop, .. }
+            | Message::Refused { pop, .. } => *pop,
+            _ => return Output::none(),
+        };
+        let Some(pending) = self.pending.get(&pop) else {
+            return Output::none();
+        };
+        let (epoch, group) = (self.place.epoch, self.place.group);
+        match (message, &pending.kind) {
+            (Message::StoreAck { ack, .. }, Kind::Write { digests, cells, .. }) => {
+                let verify = cells
+                    .first()
+                    .and_then(|c| c.peek().ok())
+                    .is_some_and(|cell| self.verifies(&cell.row.table));
+                let digests = digests.clone();
+                let good = self.valid(verify, from, &ack, |ack| {
+                    ack.slot == from
+                        && ack.epoch == epoch
+                        && ack.group == group
+                        && ack.cells == digests
+                });
+                if let Some(Pending {
+                    kind: Kind::Write { acks, skip, .. },
+                    ..
+                }) = self.pending.get_mut(&pop)
+                    && good
+                    && !skip.contains(&from)
+                {
+                    acks.entry(from).or_insert(ack);
+                }
+            }
+            (Message::Refused { refusal, .. }, Kind::Write { .. }) => {
+                if let Some(Pending {
+                    kind: Kind::Write { refused, .. },
+                    ..
+                }) = self.pending.get_mut(&pop)
+                {
+                    refused.entry(from).or_insert(refusal);
+                }
+            }
+            (Message::Answer { answered, .. }, Kind::Read(state)) => {
+                if !state.asked.contains(&from) || state.resolved.is_some() {
+                    return Output::none();
+                }
+                let verify = self.verifies(&state.row.table);
+                let (row, nonce, data) = (state.row.clone(), state.nonce, state.data_round);
+                let good = self.valid(verify, from, &answered.answer, |answer| {
+                    answer.slot == from
+                        && answer.epoch == epoch
+                        && answer.group == group
+                        && answer.row == row
+                        && answer.nonce == nonce
+                }) && (!data || answered.cells.is_some());
+                if let Some(Pending {
+                    kind: Kind::Read(state),
+                    ..
+                }) = self.pending.get_mut(&pop)
+                    && good
+                {
+                    state.answers.entry(from).or_insert(answered);
+                }
+            }
+            (Message::WriteBackAck { ack, .. }, Kind::Read(state)) => {
+                let Some((_, entries)) = &state.resolved else {
+                    return Output::none();
+                };
+                let verify = self.verifies(&state.row.table);
+                let (row, nonce, entries) = (state.row.clone(), state.nonce, entries.clone());
+                let good = self.valid(verify, from, &ack, |ack| {
+                    ack.slot == from
+                        && ack.epoch == epoch
+                        && ack.group == group
+                        && ack.row == row
+                        && ack.nonce == nonce
+                        && ack.entries == entries
+                });
+                if let Some(Pending {
+                    kind: Kind::Read(state),
+                    ..
+                }) = self.pending.get_mut(&pop)
+                    && good
+                {
+                    state.current.insert(from);
+                    state.write_backs.entry(from).or_insert(ack);
+                }
+            }
+            _ => return Output::none(),
+        }
+        self.progress(pop)
+    }
+
+    /// A proxy's request to this replica.
+    fn on_replica_message(&mut self, now: Time, from: Slot, message: Message) -> Output<Self> {
+        let (pop, result) = match message {
+            Message::Store { pop, cells } => (
+                pop,
+                self.store(now, &cells, true)
+                    .map(|(changes, ack)| (changes, Message::StoreAck { pop, ack })),
+            ),
+            Message::Read {
+                pop,
+                row,
+                columns,
+                nonce,
+                data,
+            } => {
+                if !row.is_well_formed() || columns.len() > COLUMNS_MAX {
+                    (pop, Err(Refusal::Malformed("a row out of bounds".into())))
+                } else {
+                    match self.answer(&row, &columns, nonce, data) {
+                        Some(answered) => {
+                            (pop, Ok((Vec::new(), Message::Answer { pop, answered })))
+                        }
+                        None => return Output::none(),
+                    }
+                }
+            }
+            Message::WriteBack {
+                pop,
+                row,
+                nonce,
+                cells,
+            } => (
+                pop,
+                self.write_back(now, &row, nonce, &cells)
+                    .map(|(changes, ack)| (changes, Message::WriteBackAck { pop, ack })),
+            ),
+            other => return self.on_proxy_message(from, other),
+        };
+        match result {
+            Ok((changes, answer)) => Output {
+                changes,
+                sends: vec![(from, answer)],
+                ..Output::none()
+            },
+            Err(refusal) => Output {
+                refused: Some(refusal.to_string()),
+                sends: vec![(from, Message::Refused { pop, refusal })],
+                ..Output::none()
+            },
+        }
+    }
+}
+
+/// Whether a digest round's answers all name the same cells, one of them with the data.
+fn agree(state: &ReadState) -> bool {
+    let entries: Vec<Option<Vec<Entry>>> = state
+        .answers
+        .values()
+        .map(|answered| answered.answer.peek().ok().map(|answer| answer.entries))
+        .collect();
+    let has_data = state.answers.values().any(|a| a.cells.is_some());
+    has_data
+        && entries.windows(2).all(|pair| pair[0] == pair[1])
+        && entries.first().is_some_and(Option::is_some)
+}
+
+fn read_reply(state: &ReadState) -> ResponseBody {
+    ResponseBody::Read {
+        answers: state
+            .answers
+            .iter()
+            .map(|(slot, answered)| (*slot, answered.clone()))
+            .collect(),
+        resolved: state.resolved.as_ref().map(|(cells, _)| cells.clone()),
+        write_backs: state
+            .write_backs
+            .iter()
+            .map(|(slot, ack)| (*slot, ack.clone()))
+            .collect(),
+    }
+}
+
+impl Replica for Server {
+    const SERVICE: ServiceId = ServiceId::TABLE;
+    type Request = Request;
+    type Reply = Response;
+    type Message = Message;
+    type Change = Change;
+    type View = ();
+
+    fn on_request(
+        &mut self,
+        now: Time,
+        client: ClientId,
+        access: Access,
+        request: Request,
+        _view: &(),
+    ) -> Output<Self> {
+        self.now = now;
+        self.start(now, client, access, request)
+    }
+
+    fn on_message(&mut self, now: Time, from: Slot, message: Message, _view: &()) -> Output<Self> {
+        self.now = now;
+        if from.index() >= self.place.n || from == self.place.slot {
+            return Output {
+                refused: Some("a message from outside the group".into()),
+                ..Output::none()
+            };
+        }
+        self.on_replica_message(now, from, message)
+    }
+
+    fn on_timer(&mut self, now: Time, timer: TimerId, _view: &()) -> Output<Self> {
+        self.now = now;
+        let pop = timer.0;
+        let Some(pending) = self.pending.get_mut(&pop) else {
+            return Output::none();
+        };
+        let retry = now.plus_millis(self.settings.proxy_wait_millis);
+        if !pending.waited
+            && let Kind::Read(state) = &mut pending.kind
+            && state.resolved.is_none()
+        {
+            // The replicas asked first were slow: ask every other one too, and wait once more.
+            pending.waited = true;
+            let targets: Vec<Slot> = others(&self.place)
+                .filter(|slot| !state.blacklist.contains(slot))
+                .collect();
+            let sends = state.ask(pop, &targets);
+            return Output {
+                sends,
+                timers: vec![(timer, retry)],
+                ..Output::none()
+            };
+        }
+        // The wait is over: the client gets what there is and judges it.
+        let body = match &pending.kind {
+            Kind::Write { acks, .. } => {
+                ResponseBody::Acks(acks.iter().map(|(s, a)| (*s, a.clone())).collect())
+            }
+            Kind::Read(state) => read_reply(state),
+        };
+        self.finish(pop, body)
+    }
+
+    fn stats(&self) -> ReplicaStats {
+        self.stats.clone()
+    }
+}

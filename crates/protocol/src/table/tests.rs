@@ -1,0 +1,752 @@
+//! The scenarios of spec §5.2 on real replica, proxy and client machines, delivered by a small
+//! synchronous driver whose hooks let a test make any replica or proxy lie.
+
+use super::*;
+use crate::machine::{Access, OpError, Operation, Progress, Replica, TimerId};
+use crate::round::{EvidenceKind, OpId};
+use bulwark_core::sign::{SecretKey, Signature, Signed};
+use bulwark_core::{ClientId, Epoch, GroupId, Slot, Time};
+use proptest::prelude::*;
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+const NOW: Time = Time(1_700_000_000_000);
+const WRITER: ClientId = ClientId(7);
+
+fn row(key: &str) -> RowKey {
+    RowKey {
+        table: "users".into(),
+        partition: key.as_bytes().to_vec(),
+        clustering: Vec::new(),
+    }
+}
+
+/// What travels in the driver, so hooks can see and change it.
+#[derive(Clone, Debug)]
+enum Event {
+    /// Client to proxy.
+    Request(Slot, Request),
+    /// Replica to replica.
+    Peer {
+        from: Slot,
+        to: Slot,
+        message: Message,
+    },
+    /// Proxy to client.
+    Reply(Slot, Response),
+}
+
+/// A hook: may change an event, or drop it by returning `false`.
+type Hook = Box<dyn FnMut(&mut Event, &[SecretKey]) -> bool>;
+
+struct Cluster {
+    f: usize,
+    secrets: Vec<SecretKey>,
+    keys: Arc<[PublicKey]>,
+    writer: SecretKey,
+    writers: Arc<Writers>,
+    servers: Vec<Server>,
+    hooks: Vec<Hook>,
+    /// Messages delivered, for counting rounds.
+    delivered: usize,
+    next_op: u64,
+}
+
+impl Cluster {
+    /// A group whose replicas take any timestamp up to their clock as fresh, so tests can
+    /// name versions 10, 20, ...
+    fn new(f: usize, variant: Variant) -> Cluster {
+        let settings = Settings {
+            fresh_micros: u64::MAX,
+            ..Settings::default()
+        };
+        Cluster::with_settings(f, variant, settings)
+    }
+
+    fn with_settings(f: usize, variant: Variant, settings: Settings) -> Cluster {
+        let n = 3 * f + 1;
+        let secrets: Vec<SecretKey> = (0..n)
+            .map(|i| SecretKey::from_seed(&[i as u8 + 1; 32]))
+            .collect();
+        let keys: Arc<[PublicKey]> = secrets.iter().map(SecretKey::public_key).collect();
+        let writer = SecretKey::from_seed(&[99; 32]);
+        let mut writers = Writers::default();
+        writers.insert(WRITER, writer.public_key());
+        let writers = Arc::new(writers);
+        let mut catalog = Catalog::default();
+        catalog
+            .add(Schema {
+                name: "users".into(),
+                partition_key: "id".into(),
+                clustering: Vec::new(),
+                columns: vec!["a".into(), "b".into(), "c".into()],
+                variant,
+            })
+            .unwrap();
+        let catalog = Arc::new(catalog);
+        let servers = (0..n)
+            .map(|i| {
+                Server::new(
+                    place(i, n, f),
+                    secrets[i].clone(),
+                    keys.clone(),
+                    writers.clone(),
+                    catalog.clone(),
+                    settings,
+                )
+            })
+            .collect();
+        Cluster {
+            f,
+            secrets,
+            keys,
+            writer,
+            writers,
+            servers,
+            hooks: Vec::new(),
+            delivered: 0,
+            next_op: 0,
+        }
+    }
+
+    fn n(&self) -> usize {
+        self.servers.len()
+    }
+
+    fn cell(&self, key: &str, column: &str, ts: u64, value: Option<&str>) -> SignedCell {
+        Cell {
+            row: row(key),
+            column: column.into(),
+            ts,
+            writer: WRITER,
+            value: value.map(|v| v.as_bytes().to_vec()),
+        }
+        .sign(&self.writer)
+        .unwrap()
+    }
+
+    fn write_op(&mut self, cells: Vec<SignedCell>, proxy: usize) -> WriteOp {
+        self.next_op += 1;
+        WriteOp::new(
+            place(0, self.n(), self.f),
+            self.keys.clone(),
+            OpId(self.next_op),
+            cells,
+            Consistency::Quorum,
+            Slot(proxy as u32),
+        )
+    }
+
+    fn read_op(&mut self, key: &str, proxy: usize) -> ReadOp {
+        self.next_op += 1;
+        ReadOp::new(
+            place(0, self.n(), self.f),
+            self.keys.clone(),
+            self.writers.clone(),
+            OpId(self.next_op),
+            row(key),
+            Vec::new(),
+            (self.next_op as u128).to_le_bytes(),
+            Consistency::Quorum,
+            Slot(proxy as u32),
+        )
+    }
+
+    /// Runs `op` to its end: events in order, then proxies' timers, then the client's timeout,
+    /// at most `rounds` times.
+    fn run<O>(&mut self, op: &mut O, rounds: usize) -> Result<O::Output, OpError>
+    where
+        O: Operation<Request = Request, Reply = Response>,
+    {
+        let mut queue: VecDeque<Event> = op
+            .start()
+            .into_iter()
+            .map(|(slot, request)| Event::Request(slot, request))
+            .collect();
+        let mut timers: Vec<(usize, TimerId)> = Vec::new();
+        for _ in 0..rounds {
+            while let Some(mut event) = queue.pop_front() {
+                if !self
+                    .hooks
+                    .iter_mut()
+                    .all(|hook| hook(&mut event, &self.secrets))
+                {
+                    continue;
+                }
+                self.delivered += 1;
+                let (at, out) = match event {
+                    Event::Request(slot, request) => {
+                        let access = Access {
+                            write: true,
+                            read: true,
+                        };
+                        let server = &mut self.servers[slot.index()];
+                        (slot, server.on_request(NOW, WRITER, access, request, &()))
+                    }
+                    Event::Peer { from, to, message } => {
+                        let server = &mut self.servers[to.index()];
+                        (to, server.on_message(NOW, from, message, &()))
+                    }
+                    Event::Reply(slot, response) => match op.on_reply(slot, response) {
+                        Progress::Done(result) => return result,
+                        Progress::Send(sends) => {
+                            queue.extend(sends.into_iter().map(|(s, r)| Event::Request(s, r)));
+                            continue;
+                        }
+                    },
+                };
+                queue.extend(out.reply.map(|reply| Event::Reply(at, reply)));
+                queue.extend(
+                    out.notify
+                        .into_iter()
+                        .map(|(_, _, reply)| Event::Reply(at, reply)),
+                );
+                queue.extend(out.sends.into_iter().map(|(to, message)| Event::Peer {
+                    from: at,
+                    to,
+                    message,
+                }));
+                timers.extend(out.timers.into_iter().map(|(id, _)| (at.index(), id)));
+            }
+            if let Some((server, timer)) = timers.pop() {
+                let out = self.servers[server].on_timer(NOW, timer, &());
+                let at = Slot(server as u32);
+                queue.extend(
+                    out.notify
+                        .into_iter()
+                        .map(|(_, _, reply)| Event::Reply(at, reply)),
+                );
+                queue.extend(out.sends.into_iter().map(|(to, message)| Event::Peer {
+                    from: at,
+                    to,
+                    message,
+                }));
+                timers.extend(out.timers.into_iter().map(|(id, _)| (server, id)));
+                continue;
+            }
+            queue.extend(
+                op.on_timeout()
+                    .into_iter()
+                    .map(|(slot, request)| Event::Request(slot, request)),
+            );
+        }
+        Err(OpError::Failed("did not finish".into()))
+    }
+
+    fn write(&mut self, cells: Vec<SignedCell>, proxy: usize) -> WriteOutcome {
+        let mut op = self.write_op(cells, proxy);
+        self.run(&mut op, 50).expect("the write completes")
+    }
+
+    fn read(&mut self, key: &str, proxy: usize) -> ReadOutcome {
+        let mut op = self.read_op(key, proxy);
+        self.run(&mut op, 50).expect("the read completes")
+    }
+}
+
+fn place(slot: usize, n: usize, f: usize) -> Place {
+    Place {
+        slot: Slot(slot as u32),
+        n,
+        f,
+        epoch: Epoch(3),
+        group: GroupId(5),
+    }
+}
+
+fn values(outcome: &ReadOutcome) -> Vec<(String, Option<String>)> {
+    outcome
+        .cells
+        .iter()
+        .map(|cell| {
+            let value = cell
+                .value
+                .as_ref()
+                .map(|v| String::from_utf8_lossy(v).into_owned());
+            (cell.column.clone(), value)
+        })
+        .collect()
+}
+
+fn col(column: &str, value: &str) -> (String, Option<String>) {
+    (column.to_string(), Some(value.to_string()))
+}
+
+/// Flips a bit of every signature on what `slot` sends: a replica that always signs badly.
+fn signs_badly(slot: Slot) -> Hook {
+    fn spoil<T>(signed: &mut Unverified<T>) {
+        let mut bytes = signed.signature().0;
+        bytes[5] ^= 1;
+        *signed = Unverified::new(signed.bytes().clone(), Signature(bytes));
+    }
+    Box::new(move |event, _| {
+        if let Event::Peer { from, message, .. } = event
+            && *from == slot
+        {
+            match message {
+                Message::StoreAck { ack, .. } => spoil(ack),
+                Message::Answer { answered, .. } => spoil(&mut answered.answer),
+                Message::WriteBackAck { ack, .. } => spoil(ack),
+                _ => {}
+            }
+        }
+        true
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Quorum arithmetic (spec §5.2, first scenario)
+
+proptest! {
+    #[test]
+    fn byzantine_quorums_intersect_in_a_correct_replica_and_stay_live(f in 0usize..=5, extra in 0usize..=5) {
+        let n = 3 * f + 1 + extra;
+        let q = byzantine_quorum(n, f);
+        // Two quorums of q out of n share at least 2q - n replicas.
+        prop_assert!(2 * q > n + f, "n={n} f={f} q={q}");
+        prop_assert!(q <= n - f, "n={n} f={f} q={q}");
+        prop_assert_eq!(judge_quorums(n, f, q, q), Ok(Guarantee::Strong));
+    }
+}
+
+#[test]
+fn majorities_are_not_byzantine_quorums_from_f_2() {
+    for f in 0..=5 {
+        let n = 3 * f + 1;
+        let majority = n / 2 + 1;
+        let overlap = 2 * majority - n;
+        assert_eq!(overlap > f, f < 2, "f={f}: majorities overlap in {overlap}");
+    }
+    assert_eq!(
+        judge_quorums(7, 2, 4, 4),
+        Ok(Guarantee::Eventual),
+        "majorities of 7 with f=2 are only eventual"
+    );
+    assert!(matches!(
+        judge_quorums(4, 1, 4, 2),
+        Err(QuorumError::NotLive { .. })
+    ));
+    assert!(matches!(
+        judge_quorums(4, 1, 1, 3),
+        Err(QuorumError::TooSmall { .. })
+    ));
+    assert_eq!(judge_quorums(3, 1, 2, 2), Ok(Guarantee::Eventual));
+    assert_eq!(Consistency::Quorum.threshold(4, 1), 3);
+    assert_eq!(Consistency::Quorum.threshold(7, 2), 5);
+    assert_eq!(Consistency::One.threshold(7, 2), 3);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Happy path and merges
+
+#[test]
+fn both_variants_write_and_read_back_on_the_fast_path() {
+    for variant in [Variant::ProxyVerifies, Variant::ProxyNoVerify] {
+        let mut cluster = Cluster::new(1, variant);
+        let cells = vec![
+            cluster.cell("k", "a", 10, Some("alpha")),
+            cluster.cell("k", "b", 10, Some("beta")),
+        ];
+        let written = cluster.write(cells, 1);
+        assert!(written.acks.len() >= 3, "{variant:?}: a quorum of acks");
+        assert_eq!(written.proxies, 1);
+        let read = cluster.read("k", 2);
+        assert_eq!(read.path, ReadPath::Fast, "{variant:?}");
+        assert_eq!(values(&read), vec![col("a", "alpha"), col("b", "beta")]);
+        let missing = cluster.read("nobody", 0);
+        assert!(
+            missing.cells.is_empty(),
+            "an empty answer is signed and counts"
+        );
+    }
+}
+
+#[test]
+fn cells_written_on_different_replicas_merge_per_column() {
+    // One replica set holds a new A and a stale B, the other the reverse (spec §2.11).
+    let mut cluster = Cluster::new(1, Variant::ProxyNoVerify);
+    let (a_old, a_new) = (
+        cluster.cell("k", "a", 10, Some("a-old")),
+        cluster.cell("k", "a", 20, Some("a-new")),
+    );
+    let (b_old, b_new) = (
+        cluster.cell("k", "b", 10, Some("b-old")),
+        cluster.cell("k", "b", 20, Some("b-new")),
+    );
+    for (i, server) in cluster.servers.iter_mut().enumerate() {
+        let (a, b) = if i < 2 {
+            (&a_new, &b_old)
+        } else {
+            (&a_old, &b_new)
+        };
+        server.restore(a.clone());
+        server.restore(b.clone());
+    }
+    let read = cluster.read("k", 0);
+    assert!(matches!(read.path, ReadPath::Resolved { .. }));
+    assert_eq!(values(&read), vec![col("a", "a-new"), col("b", "b-new")]);
+    let again = cluster.read("k", 3);
+    assert_eq!(
+        again.path,
+        ReadPath::Fast,
+        "the write-back made a quorum current"
+    );
+    assert_eq!(values(&again), values(&read));
+}
+
+#[test]
+fn a_stale_replica_is_repaired_and_the_next_read_is_fast() {
+    let mut cluster = Cluster::new(1, Variant::ProxyVerifies);
+    let old = cluster.cell("k", "a", 10, Some("old"));
+    let new = cluster.cell("k", "a", 20, Some("new"));
+    for server in &mut cluster.servers {
+        server.restore(old.clone());
+    }
+    // Replica 3 misses the second write.
+    cluster.hooks.push(Box::new(|event, _| {
+        !matches!(
+            event,
+            Event::Peer {
+                to: Slot(3),
+                message: Message::Store { .. },
+                ..
+            }
+        )
+    }));
+    cluster.write(vec![new], 0);
+    cluster.hooks.clear();
+    assert_eq!(cluster.servers[3].cells(&row("k"))[0].ts, 10);
+    // Proxy 3 answers with its stale cell itself; the digests disagree and it resolves.
+    let read = cluster.read("k", 3);
+    assert_eq!(read.path, ReadPath::Resolved { written_back: 1 });
+    assert_eq!(values(&read), vec![col("a", "new")]);
+    assert_eq!(
+        cluster.servers[3].cells(&row("k"))[0].ts,
+        20,
+        "written back"
+    );
+    assert_eq!(cluster.read("k", 3).path, ReadPath::Fast);
+}
+
+#[test]
+fn a_tombstone_hides_the_value_and_wins_a_tie() {
+    let mut cluster = Cluster::new(1, Variant::ProxyVerifies);
+    cluster.write(vec![cluster.cell("k", "a", 10, Some("v"))], 0);
+    cluster.write(vec![cluster.cell("k", "a", 10, None)], 1);
+    let read = cluster.read("k", 2);
+    assert_eq!(values(&read), vec![("a".to_string(), None)]);
+    // An older write arriving late is acknowledged but never served (spec §5.1 item 7).
+    cluster.write(vec![cluster.cell("k", "a", 5, Some("late"))], 3);
+    assert_eq!(values(&cluster.read("k", 0)), vec![("a".to_string(), None)]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Byzantine replicas
+
+#[test]
+fn a_forged_high_timestamp_cell_is_ignored_and_its_replica_blamed() {
+    let mut cluster = Cluster::new(1, Variant::ProxyNoVerify);
+    cluster.write(vec![cluster.cell("k", "a", 10, Some("real"))], 0);
+    // Replica 2 answers with a cell "signed" by the writer with a made-up signature, and signs
+    // its answer properly: it vouches for a forgery.
+    let forged = Unverified::<Cell>::new(
+        bulwark_core::wire::encode(&Cell {
+            row: row("k"),
+            column: "a".into(),
+            ts: 1_000,
+            writer: WRITER,
+            value: Some(b"forged".to_vec()),
+        })
+        .into(),
+        Signature([7; 64]),
+    );
+    cluster.hooks.push(Box::new(move |event, secrets| {
+        if let Event::Peer {
+            from: Slot(2),
+            message: Message::Answer { answered, .. },
+            ..
+        } = event
+        {
+            let mut answer = answered.answer.peek().unwrap();
+            let decoded = forged.peek().unwrap();
+            answer.entries = entries_of([(&decoded, &forged)]);
+            answered.answer = Signed::sign(&secrets[2], answer).unwrap().to_unverified();
+            answered.cells = answered.cells.as_ref().map(|_| vec![forged.clone()]);
+        }
+        true
+    }));
+    let read = cluster.read("k", 0);
+    assert_eq!(values(&read), vec![col("a", "real")]);
+    assert_eq!(
+        read.evidence
+            .iter()
+            .map(|e| (e.node, e.kind.clone()))
+            .collect::<Vec<_>>(),
+        vec![(Slot(2), EvidenceKind::ForgedVersion)]
+    );
+    assert!(cluster.servers[0].table_stats().forged_cells >= 1);
+}
+
+#[test]
+fn a_replica_that_always_signs_badly_is_survived_by_both_variants() {
+    for variant in [Variant::ProxyVerifies, Variant::ProxyNoVerify] {
+        let mut cluster = Cluster::new(1, variant);
+        cluster.hooks.push(signs_badly(Slot(2)));
+        let written = cluster.write(vec![cluster.cell("k", "a", 10, Some("v"))], 0);
+        assert!(written.acks.iter().all(|(slot, _)| *slot != Slot(2)));
+        // Within (f+1)^2 requests (spec §5.2).
+        assert!(
+            written.proxies <= 4,
+            "{variant:?}: {} proxies",
+            written.proxies
+        );
+        let read = cluster.read("k", 1);
+        assert_eq!(values(&read), vec![col("a", "v")], "{variant:?}");
+        if variant == Variant::ProxyVerifies {
+            assert!(cluster.servers[0].table_stats().bad_signatures[&Slot(2)] >= 1);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Byzantine proxies
+
+/// Proxy 0 plays spec §2.8 scenario 2 with f = 1: it stores nothing, has one correct replica
+/// (slot 1) store, signs its own acknowledgement, and makes up one for slot 2.
+fn scenario_two(event: &mut Event, secrets: &[SecretKey]) -> bool {
+    match event {
+        Event::Peer {
+            from: Slot(0),
+            to,
+            message: Message::Store { .. },
+        } => *to == Slot(1),
+        Event::Reply(Slot(0), Response { body, .. }) => {
+            if let ResponseBody::Acks(acks) = body
+                && let Some((_, ack)) = acks.iter().find(|(slot, _)| *slot == Slot(1))
+            {
+                let ack = ack.peek().unwrap();
+                acks.retain(|(slot, _)| *slot == Slot(1));
+                let own = WriteAck {
+                    slot: Slot(0),
+                    ..ack.clone()
+                };
+                acks.push((
+                    Slot(0),
+                    Signed::sign(&secrets[0], own).unwrap().to_unverified(),
+                ));
+                let made_up = Unverified::new(
+                    bulwark_core::wire::encode(&WriteAck {
+                        slot: Slot(2),
+                        ..ack
+                    })
+                    .into(),
+                    Signature([1; 64]),
+                );
+                acks.push((Slot(2), made_up));
+            }
+            true
+        }
+        _ => true,
+    }
+}
+
+#[test]
+fn f_plus_one_valid_acknowledgements_are_not_a_write() {
+    let mut cluster = Cluster::new(1, Variant::ProxyNoVerify);
+    cluster.hooks.push(Box::new(scenario_two));
+    let cell = cluster.cell("k", "a", 10, Some("v"));
+    let written = cluster.write(vec![cell.clone()], 0);
+    assert!(
+        written.proxies >= 2,
+        "the lying proxy's reply was not enough"
+    );
+    assert!(written.acks.len() >= 3);
+
+    // The broken variant takes the lying proxy's f+1 valid acknowledgements as a write.
+    let mut broken = Cluster::new(1, Variant::ProxyNoVerify);
+    broken.hooks.push(Box::new(scenario_two));
+    let mut op = broken
+        .write_op(vec![cell], 0)
+        .with_mutations(TableMutations {
+            accept_f_plus_one: true,
+            ..TableMutations::default()
+        });
+    let written = broken.run(&mut op, 50).unwrap();
+    assert_eq!(written.proxies, 1, "accepted from the lying proxy");
+    assert_eq!(written.acks.len(), 2, "only f+1");
+}
+
+#[test]
+fn replayed_answers_and_acknowledgements_do_not_count() {
+    let mut cluster = Cluster::new(1, Variant::ProxyNoVerify);
+    let w1 = cluster.cell("k", "a", 10, Some("one"));
+    let w2 = cluster.cell("k", "a", 20, Some("two"));
+    let first = cluster.write(vec![w1], 0);
+    // A proxy replays w1's acknowledgements as w2's.
+    let mut op = cluster.write_op(vec![w2], 0);
+    op.start();
+    let replay = Response {
+        op: op.op(),
+        body: ResponseBody::Acks(
+            first
+                .acks
+                .iter()
+                .map(|(slot, ack)| (*slot, ack.to_unverified()))
+                .collect(),
+        ),
+    };
+    assert!(matches!(op.on_reply(Slot(0), replay), Progress::Send(_)));
+
+    // A proxy replays answers made for another read's nonce.
+    let mut old = cluster.read_op("k", 1);
+    let mut new = cluster.read_op("k", 1);
+    new.start();
+    let answers: Vec<(Slot, Answered)> = (0..4)
+        .map(|i| {
+            let nonce = match old.start().pop().unwrap().1.body {
+                RequestBody::Read { nonce, .. } => nonce,
+                _ => unreachable!(),
+            };
+            let server = &cluster.servers[i];
+            (
+                Slot(i as u32),
+                server.answer(&row("k"), &[], nonce, true).unwrap(),
+            )
+        })
+        .collect();
+    let replay = Response {
+        op: new.op(),
+        body: ResponseBody::Read {
+            answers,
+            resolved: None,
+            write_backs: Vec::new(),
+        },
+    };
+    assert!(matches!(new.on_reply(Slot(1), replay), Progress::Send(_)));
+}
+
+/// Stores `cell` on the replicas of `slots` directly.
+fn plant(cluster: &mut Cluster, slots: &[usize], cell: &SignedCell) {
+    for slot in slots {
+        cluster.servers[*slot].restore(cell.clone());
+    }
+}
+
+#[test]
+fn a_stale_write_back_is_caught_by_the_original_answers() {
+    let mut cluster = Cluster::new(1, Variant::ProxyNoVerify);
+    let old = cluster.cell("k", "a", 10, Some("old"));
+    let new = cluster.cell("k", "a", 20, Some("new"));
+    plant(&mut cluster, &[0, 1, 2, 3], &old);
+    plant(&mut cluster, &[1, 2, 3], &new);
+    let mut read = cluster.read_op("k", 0);
+    let nonce = match &read.start()[0].1.body {
+        RequestBody::Read { nonce, .. } => *nonce,
+        _ => unreachable!(),
+    };
+    // Proxy 0 presents its old cell as resolved, with genuine write-back acknowledgements (the
+    // replicas hold newer and say so for the old cell too) and the original answers.
+    let answers: Vec<(Slot, Answered)> = (0..3)
+        .map(|i| {
+            let answered = cluster.servers[i]
+                .answer(&row("k"), &[], nonce, true)
+                .unwrap();
+            (Slot(i as u32), answered)
+        })
+        .collect();
+    let write_backs: Vec<(Slot, Unverified<WriteBackAck>)> = (0..4)
+        .map(|i| {
+            let (_, ack) = cluster.servers[i]
+                .write_back(NOW, &row("k"), nonce, std::slice::from_ref(&old))
+                .unwrap();
+            (Slot(i as u32), ack)
+        })
+        .collect();
+    let op = read.op();
+    let reply = |answers: Vec<(Slot, Answered)>| Response {
+        op,
+        body: ResponseBody::Read {
+            answers,
+            resolved: Some(vec![old.clone()]),
+            write_backs: write_backs.clone(),
+        },
+    };
+    assert!(matches!(
+        read.on_reply(Slot(0), reply(answers)),
+        Progress::Send(_)
+    ));
+    // Without the original answers, nothing shows the resolution was needed: refused too.
+    assert!(matches!(
+        read.on_reply(Slot(0), reply(Vec::new())),
+        Progress::Send(_)
+    ));
+}
+
+#[test]
+fn a_split_brain_write_is_resolved_to_the_greater_value_on_first_read() {
+    // A Byzantine client signs two values with one timestamp and a colluding proxy stores one
+    // on each half (spec §2.13).
+    let mut cluster = Cluster::new(1, Variant::ProxyVerifies);
+    let a = cluster.cell("k", "a", 10, Some("aaa"));
+    let b = cluster.cell("k", "a", 10, Some("bbb"));
+    plant(&mut cluster, &[0, 1], &a);
+    plant(&mut cluster, &[2, 3], &b);
+    let first = cluster.read("k", 0);
+    assert_eq!(values(&first), vec![col("a", "bbb")]);
+    for proxy in 0..4 {
+        let read = cluster.read("k", proxy);
+        assert_eq!(values(&read), vec![col("a", "bbb")]);
+        assert_eq!(read.path, ReadPath::Fast, "consistent after the first read");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Refusals
+
+#[test]
+fn bad_cells_are_refused_with_a_reason_and_counted() {
+    let mut cluster = Cluster::with_settings(1, Variant::ProxyVerifies, Settings::default());
+    let now_micros = NOW.0 * 1000;
+    let refused = |cluster: &mut Cluster, cell: SignedCell| {
+        let mut op = cluster.write_op(vec![cell], 0);
+        match cluster.run(&mut op, 20) {
+            Err(OpError::Refused { reason, .. }) => reason,
+            other => panic!("expected a refusal, got {:?}", other.map(|o| o.acks.len())),
+        }
+    };
+    let future = cluster.cell("k", "a", now_micros + 60_000_000, Some("v"));
+    assert!(refused(&mut cluster, future).contains("future"));
+    let skewed = cluster.cell("k", "a", now_micros + 1_000_000, Some("v"));
+    assert!(
+        cluster.write(vec![skewed], 1).acks.len() >= 3,
+        "within the skew allowed"
+    );
+    let old = cluster.cell("k", "a", now_micros - 3_600_000_000, Some("v"));
+    assert!(refused(&mut cluster, old.clone()).contains("old"));
+    // The same old cell is taken as a write-back: that is how a stale replica catches up.
+    assert!(
+        cluster.servers[2]
+            .write_back(NOW, &row("k"), [0; 16], &[old])
+            .is_ok()
+    );
+    let unknown = cluster.cell("k", "zzz", now_micros, Some("v"));
+    assert!(refused(&mut cluster, unknown).contains("no column"));
+    let mut other_table = cluster
+        .cell("k", "a", now_micros, Some("v"))
+        .peek()
+        .unwrap();
+    other_table.row.table = "orders".into();
+    let other_table = other_table.sign(&cluster.writer).unwrap();
+    assert!(refused(&mut cluster, other_table).contains("no table"));
+    let stranger = Cell {
+        row: row("k"),
+        column: "a".into(),
+        ts: now_micros,
+        writer: ClientId(8),
+        value: Some(b"v".to_vec()),
+    }
+    .sign(&SecretKey::from_seed(&[50; 32]))
+    .unwrap();
+    assert!(refused(&mut cluster, stranger).contains("signature"));
+    assert!(cluster.servers[0].table_stats().forged_cells >= 1);
+}

@@ -1,0 +1,599 @@
+//! Hardened tables (spec `cassandra.md`) in the simulator: the real replica, proxy and client
+//! machines on one group of `3f+1`, under every network and server fault and up to `f` lying
+//! members, each of which lies both as a replica and as a proxy.
+//!
+//! The world's workload writes and reads whole values of one key; here each key is the row of
+//! its name in a table with one column, and each write is one cell signed by its client, stamped
+//! with the clock every simulated client shares (virtual milliseconds, plus the client's index
+//! in the microseconds so no two clients' cells tie). With a synchronised clock the paper's
+//! per-cell guarantee at `QUORUM` (a read returns a version at least as new as every write that
+//! completed before it, and reads never go back) makes a cell a linearizable register: writes
+//! take effect in timestamp order, which is their real-time order, and a read writes back what
+//! it returns before it returns. So the world's linearizability checker judges these runs, and a
+//! broken variant is caught as a history no order explains.
+
+use crate::byzantine::Behaviour;
+use crate::sim::config::{FaultSet, Nemesis, SimConfig};
+use crate::sim::protocol::{Finish, Finished, Protocol, Storage};
+use crate::sim::swarm::Swarm;
+use bulwark_core::sign::{PublicKey, SecretKey, Signature, Signed, Unverified};
+use bulwark_core::{ClientId, Digest, Epoch, GroupId, Key, ServiceId, Slot, Time};
+use bulwark_protocol::machine::{Access, Output, Replica, ReplicaStats};
+use bulwark_protocol::round::OpId;
+use bulwark_protocol::table::{
+    Answered, Catalog, Cell, Change, Consistency, Message, Place, ReadOp, ReadOutcome, ReadPath,
+    Request, RequestBody, Response, ResponseBody, RowKey, Schema, Server, Settings, SignedCell,
+    TableMutations, Variant, WriteAck, WriteOp, WriteOutcome, Writers, entries_of,
+};
+use bytes::Bytes;
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+/// The one table and column every run uses.
+const TABLE: &str = "sim";
+const COLUMN: &str = "v";
+
+/// One run's group of table replicas and its clients' keys.
+pub struct TableSim {
+    f: usize,
+    secrets: Vec<SecretKey>,
+    keys: Arc<[PublicKey]>,
+    clients: Vec<SecretKey>,
+    writers: Arc<Writers>,
+    catalog: Arc<Catalog>,
+    mutations: TableMutations,
+}
+
+fn row(key: &Key) -> RowKey {
+    RowKey {
+        table: TABLE.into(),
+        partition: key.as_bytes().to_vec(),
+        clustering: Vec::new(),
+    }
+}
+
+fn settings() -> Settings {
+    Settings {
+        skew_max_micros: 1_000_000,
+        // Runs last minutes of virtual time at most: every write is fresh.
+        fresh_micros: 3_600_000_000,
+        proxy_wait_millis: 300,
+    }
+}
+
+impl TableSim {
+    fn place(&self, slot: usize) -> Place {
+        Place {
+            slot: Slot(slot as u32),
+            n: self.secrets.len(),
+            f: self.f,
+            epoch: Epoch(0),
+            group: GroupId(0),
+        }
+    }
+
+    fn honest(&self, index: usize) -> Server {
+        Server::new(
+            self.place(index),
+            self.secrets[index].clone(),
+            self.keys.clone(),
+            self.writers.clone(),
+            self.catalog.clone(),
+            settings(),
+        )
+        .with_mutations(self.mutations)
+    }
+
+    /// Each operation starts at a proxy its id picks, so proxies (lying ones too) share the load.
+    fn proxy(&self, op: OpId) -> Slot {
+        Slot((op.0 % self.secrets.len() as u64) as u32)
+    }
+}
+
+/// One server's disk: the newest cell of each row and column.
+#[derive(Default)]
+pub struct TableDisk(BTreeMap<(RowKey, String), SignedCell>);
+
+impl Protocol for TableSim {
+    type Request = Request;
+    type Response = Response;
+    type Change = Change;
+    type Disk = TableDisk;
+    type Server = TableNode;
+    type Write = WriteOp;
+    type Read = ReadOp;
+
+    fn nodes(f: usize) -> usize {
+        3 * f + 1
+    }
+
+    /// The storage catalogue and every network and server fault; no catalogue of Byzantine
+    /// readers (a read changes what a replica holds only through a write-back of a cell its
+    /// writer signed, which a reader cannot make up).
+    fn tolerated(wanted: &FaultSet) -> FaultSet {
+        let mut faults = wanted.clone();
+        faults.behaviours.retain(|behaviour| behaviour.is_storage());
+        faults.nemeses.remove(&Nemesis::ByzantineReaders);
+        faults
+    }
+
+    fn new(rng: &mut ChaCha8Rng, config: &SimConfig, _swarm: &Swarm) -> TableSim {
+        let n = Self::nodes(config.f);
+        let secrets: Vec<SecretKey> = (0..n)
+            .map(|_| SecretKey::from_seed(&rng.random()))
+            .collect();
+        let keys = secrets.iter().map(SecretKey::public_key).collect();
+        let clients: Vec<SecretKey> = (0..config.clients)
+            .map(|_| SecretKey::from_seed(&rng.random()))
+            .collect();
+        let mut writers = Writers::default();
+        for (i, secret) in clients.iter().enumerate() {
+            writers.insert(ClientId(i as u32), secret.public_key());
+        }
+        let variant = if rng.random_bool(0.5) {
+            Variant::ProxyVerifies
+        } else {
+            Variant::ProxyNoVerify
+        };
+        let mut catalog = Catalog::default();
+        let schema = Schema {
+            name: TABLE.into(),
+            partition_key: "key".into(),
+            clustering: Vec::new(),
+            columns: vec![COLUMN.into()],
+            variant,
+        };
+        if let Err(problem) = catalog.add(schema) {
+            unreachable!("the simulated table is well formed: {problem}");
+        }
+        TableSim {
+            f: config.f,
+            secrets,
+            keys,
+            clients,
+            writers: Arc::new(writers),
+            catalog: Arc::new(catalog),
+            mutations: config.mutations.table,
+        }
+    }
+
+    fn server(&self, index: usize, behaviour: Behaviour, _seed: u64) -> TableNode {
+        TableNode {
+            honest: self.honest(index),
+            behaviour,
+            secret: self.secrets[index].clone(),
+            place: self.place(index),
+            collusions: HashMap::new(),
+            next_collusion: 0,
+        }
+    }
+
+    fn restore(&self, index: usize, disk: &TableDisk, _now: u64) -> TableNode {
+        let mut node = self.server(index, Behaviour::Honest, 0);
+        for cell in disk.0.values() {
+            node.honest.restore(cell.clone());
+        }
+        node
+    }
+
+    fn view(_storage: &Storage<Self>) -> &() {
+        &()
+    }
+
+    fn persist(disk: &mut TableDisk, change: &Change) {
+        let Change::Put { row, column, cell } = change;
+        disk.0.insert((row.clone(), column.clone()), cell.clone());
+    }
+
+    fn disk_versions(disk: &TableDisk) -> usize {
+        disk.0.len()
+    }
+
+    fn write(
+        &self,
+        client: usize,
+        key: Key,
+        op: OpId,
+        value: Option<Bytes>,
+        now: u64,
+        _rng: &mut ChaCha8Rng,
+    ) -> WriteOp {
+        let cell = Cell {
+            row: row(&key),
+            column: COLUMN.into(),
+            ts: now * 1000 + client as u64,
+            writer: ClientId(client as u32),
+            value: value.map(|v| v.to_vec()),
+        };
+        let Some(signed) = cell.sign(&self.clients[client]) else {
+            unreachable!("simulated values are within a cell's bounds");
+        };
+        WriteOp::new(
+            self.place(0),
+            self.keys.clone(),
+            op,
+            vec![signed],
+            Consistency::Quorum,
+            self.proxy(op),
+        )
+        .with_mutations(self.mutations)
+    }
+
+    fn read(&self, client: usize, key: Key, op: OpId) -> ReadOp {
+        // Unique per operation, which is all a nonce must be against replicas that do not see
+        // the reader's generator.
+        let mut seed = op.0.to_le_bytes().to_vec();
+        seed.extend((client as u64).to_le_bytes());
+        let digest = Digest::of("bulwark/sim/table-nonce", &seed);
+        let mut nonce = [0u8; 16];
+        nonce.copy_from_slice(&digest.0[..16]);
+        ReadOp::new(
+            self.place(0),
+            self.keys.clone(),
+            self.writers.clone(),
+            op,
+            row(&key),
+            vec![COLUMN.into()],
+            nonce,
+            Consistency::Quorum,
+            self.proxy(op),
+        )
+        .with_mutations(self.mutations)
+    }
+
+    fn response_op(response: &Response) -> OpId {
+        OpId(response.op)
+    }
+
+    fn request_name(request: &Request) -> &'static str {
+        match request.body {
+            RequestBody::Write { .. } => "write",
+            RequestBody::Read { .. } => "read",
+        }
+    }
+
+    fn request_kind(request: &Request) -> usize {
+        match request.body {
+            RequestBody::Write { .. } => 1,
+            RequestBody::Read { .. } => 3,
+        }
+    }
+
+    fn describe_request(request: &Request) -> String {
+        let detail = match &request.body {
+            RequestBody::Write { skip, want, .. } => format!(" want={want} skip={skip:?}"),
+            RequestBody::Read {
+                blacklist, full, ..
+            } => format!(" blacklist={blacklist:?} full={full}"),
+        };
+        format!("{} op{}{detail}", Self::request_name(request), request.op)
+    }
+
+    fn describe_response(response: &Response) -> String {
+        let detail = match &response.body {
+            ResponseBody::Acks(acks) => format!("{} acks", acks.len()),
+            ResponseBody::Read {
+                answers, resolved, ..
+            } => format!(
+                "{} answers{}",
+                answers.len(),
+                if resolved.is_some() { ", resolved" } else { "" }
+            ),
+            ResponseBody::Refused(refusal) => format!("refused: {refusal}"),
+        };
+        format!("{detail} op{}", response.op)
+    }
+
+    fn describe_message(message: &Message) -> String {
+        match message {
+            Message::Store { pop, .. } => format!("store p{pop}"),
+            Message::StoreAck { pop, .. } => format!("store-ack p{pop}"),
+            Message::Read { pop, data, .. } => format!("read p{pop} data={data}"),
+            Message::Answer { pop, .. } => format!("answer p{pop}"),
+            Message::WriteBack { pop, .. } => format!("write-back p{pop}"),
+            Message::WriteBackAck { pop, .. } => format!("write-back-ack p{pop}"),
+            Message::Refused { pop, refusal } => format!("refused p{pop}: {refusal}"),
+        }
+    }
+}
+
+impl Finish for WriteOutcome {
+    fn finish(self) -> Finished {
+        Finished {
+            read: None,
+            version: format!("{} acks via {} proxies", self.acks.len(), self.proxies),
+            evidence: self
+                .evidence
+                .iter()
+                .map(|e| (e.node, format!("{:?}", e.kind)))
+                .collect(),
+            repaired: false,
+            restarts: self.proxies.saturating_sub(1) as u32,
+            one_round: false,
+        }
+    }
+}
+
+impl Finish for ReadOutcome {
+    fn finish(self) -> Finished {
+        let value = self
+            .cells
+            .iter()
+            .find(|cell| cell.column == COLUMN)
+            .and_then(|cell| cell.value.clone())
+            .map(Bytes::from);
+        Finished {
+            version: format!("{:?}", self.cells.first().map(|cell| cell.ts)),
+            evidence: self
+                .evidence
+                .iter()
+                .map(|e| (e.node, format!("{:?}", e.kind)))
+                .collect(),
+            read: Some(value),
+            repaired: matches!(self.path, ReadPath::Resolved { written_back } if written_back > 0),
+            restarts: self.proxies.saturating_sub(1) as u32,
+            one_round: self.path == ReadPath::Fast,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lying members
+
+/// A table member: honest, or lying as a replica and as a proxy.
+///
+/// - Silent: never answers anyone.
+/// - Stale, Amnesiac, Equivocating: acknowledges every store without storing it, and answers
+///   reads from what it holds (nothing new): the replica that drops writes.
+/// - Corrupting: signs nothing validly, and as a proxy spoils every signature it relays, framing
+///   correct replicas.
+/// - Forging: answers reads with a cell newer than any write whose writer's signature it made
+///   up, vouching for it with its own valid signature.
+/// - Colluding: acknowledges stores without storing; as a proxy it plays spec §2.8 scenario 2,
+///   storing a write on one other replica only and relaying that acknowledgement with its own
+///   and `f` made-up ones.
+pub struct TableNode {
+    honest: Server,
+    behaviour: Behaviour,
+    secret: SecretKey,
+    place: Place,
+    /// Writes it is proxy for as a colluder: the client, its operation and the acks so far.
+    collusions: HashMap<u64, Collusion>,
+    next_collusion: u64,
+}
+
+/// A colluding proxy's write: its client, the client's operation and the acks so far.
+type Collusion = (ClientId, u64, Vec<(Slot, Unverified<WriteAck>)>);
+
+/// Colluders number their own writes from here, apart from the honest proxy's numbers.
+const COLLUSION_BASE: u64 = 1 << 62;
+
+fn spoil<T>(signed: &mut Unverified<T>) {
+    let mut bytes = signed.signature().0;
+    bytes[0] ^= 0x40;
+    *signed = Unverified::new(signed.bytes().clone(), Signature(bytes));
+}
+
+impl TableNode {
+    fn drops_writes(&self) -> bool {
+        matches!(
+            self.behaviour,
+            Behaviour::Stale | Behaviour::Amnesiac | Behaviour::Equivocating | Behaviour::Colluding
+        )
+    }
+
+    fn ack(&self, cells: &[SignedCell]) -> Option<Unverified<WriteAck>> {
+        let ack = WriteAck {
+            slot: self.place.slot,
+            epoch: self.place.epoch,
+            group: self.place.group,
+            cells: cells.iter().map(Cell::digest).collect(),
+        };
+        Signed::sign(&self.secret, ack)
+            .ok()
+            .map(|s| s.to_unverified())
+    }
+
+    /// An answer naming a forged cell of `row`, validly signed by this member: newer than any
+    /// write so far, and within the skew replicas allow, so only its signature gives it away.
+    fn forged_answer(&self, now: Time, answered: &mut Answered, row: &RowKey) {
+        let Ok(mut answer) = answered.answer.peek() else {
+            return;
+        };
+        let cell = Cell {
+            row: row.clone(),
+            column: COLUMN.into(),
+            ts: now.0 * 1000 + settings().skew_max_micros / 2,
+            writer: ClientId(0),
+            value: Some(b"forged by a replica".to_vec()),
+        };
+        let forged = Unverified::<Cell>::new(
+            Bytes::from(bulwark_core::wire::encode(&cell)),
+            Signature([0x5a; 64]),
+        );
+        answer.entries = entries_of([(&cell, &forged)]);
+        if let Ok(signed) = Signed::sign(&self.secret, answer) {
+            answered.answer = signed.to_unverified();
+            if answered.cells.is_some() {
+                answered.cells = Some(vec![forged]);
+            }
+        }
+    }
+
+    /// A colluding proxy's write: stored on the next member only.
+    fn collude(&mut self, client: ClientId, request: Request) -> Output<Self> {
+        let RequestBody::Write { cells, .. } = request.body else {
+            return Output::none();
+        };
+        let Some(own) = self.ack(&cells) else {
+            return Output::none();
+        };
+        self.next_collusion += 1;
+        let pop = COLLUSION_BASE + self.next_collusion;
+        self.collusions
+            .insert(pop, (client, request.op, vec![(self.place.slot, own)]));
+        let next = Slot((self.place.slot.0 + 1) % self.place.n as u32);
+        Output {
+            sends: vec![(next, Message::Store { pop, cells })],
+            ..Output::none()
+        }
+    }
+
+    /// The one acknowledgement a colluding write waited for: relayed with the colluder's own and
+    /// `f` made up for replicas that never saw the write.
+    fn collusion_acked(&mut self, from: Slot, pop: u64, ack: Unverified<WriteAck>) -> Output<Self> {
+        let Some((client, op, mut acks)) = self.collusions.remove(&pop) else {
+            return Output::none();
+        };
+        let Ok(genuine) = ack.peek() else {
+            return Output::none();
+        };
+        acks.push((from, ack));
+        let strangers = (0..self.place.n as u32)
+            .map(Slot)
+            .filter(|slot| acks.iter().all(|(s, _)| s != slot))
+            .take(self.place.f);
+        let made_up: Vec<(Slot, Unverified<WriteAck>)> = strangers
+            .map(|slot| {
+                let statement = WriteAck {
+                    slot,
+                    ..genuine.clone()
+                };
+                let bytes = Bytes::from(bulwark_core::wire::encode(&statement));
+                (slot, Unverified::new(bytes, Signature([0x33; 64])))
+            })
+            .collect();
+        acks.extend(made_up);
+        Output {
+            notify: vec![(
+                client,
+                op,
+                Response {
+                    op,
+                    body: ResponseBody::Acks(acks),
+                },
+            )],
+            ..Output::none()
+        }
+    }
+
+    /// What a corrupting member does to everything it says or relays.
+    fn corrupt(out: &mut Output<Self>) {
+        for (_, message) in &mut out.sends {
+            match message {
+                Message::StoreAck { ack, .. } => spoil(ack),
+                Message::Answer { answered, .. } => spoil(&mut answered.answer),
+                Message::WriteBackAck { ack, .. } => spoil(ack),
+                _ => {}
+            }
+        }
+        for (_, _, response) in &mut out.notify {
+            match &mut response.body {
+                ResponseBody::Acks(acks) => acks.iter_mut().for_each(|(_, ack)| spoil(ack)),
+                ResponseBody::Read {
+                    answers,
+                    write_backs,
+                    ..
+                } => {
+                    answers.iter_mut().for_each(|(_, a)| spoil(&mut a.answer));
+                    write_backs.iter_mut().for_each(|(_, ack)| spoil(ack));
+                }
+                ResponseBody::Refused(_) => {}
+            }
+        }
+    }
+}
+
+impl Replica for TableNode {
+    const SERVICE: ServiceId = ServiceId::TABLE;
+    type Request = Request;
+    type Reply = Response;
+    type Message = Message;
+    type Change = Change;
+    type View = ();
+
+    fn on_request(
+        &mut self,
+        now: Time,
+        client: ClientId,
+        access: Access,
+        request: Request,
+        view: &(),
+    ) -> Output<Self> {
+        match self.behaviour {
+            Behaviour::Silent => return Output::none(),
+            Behaviour::Colluding if matches!(request.body, RequestBody::Write { .. }) => {
+                return self.collude(client, request);
+            }
+            _ => {}
+        }
+        let mut out = self
+            .honest
+            .on_request(now, client, access, request, view)
+            .retyped();
+        if self.behaviour == Behaviour::Corrupting {
+            Self::corrupt(&mut out);
+        }
+        out
+    }
+
+    fn on_message(&mut self, now: Time, from: Slot, message: Message, view: &()) -> Output<Self> {
+        match (&self.behaviour, &message) {
+            (Behaviour::Silent, _) => return Output::none(),
+            (Behaviour::Colluding, Message::StoreAck { pop, ack }) if *pop >= COLLUSION_BASE => {
+                return self.collusion_acked(from, *pop, ack.clone());
+            }
+            (_, Message::Store { pop, cells }) if self.drops_writes() => {
+                let Some(ack) = self.ack(cells) else {
+                    return Output::none();
+                };
+                return Output {
+                    sends: vec![(from, Message::StoreAck { pop: *pop, ack })],
+                    ..Output::none()
+                };
+            }
+            _ => {}
+        }
+        let forge_row = match (&self.behaviour, &message) {
+            (Behaviour::Forging, Message::Read { row, .. }) => Some(row.clone()),
+            _ => None,
+        };
+        let mut out: Output<Self> = self.honest.on_message(now, from, message, view).retyped();
+        match self.behaviour {
+            Behaviour::Corrupting => Self::corrupt(&mut out),
+            Behaviour::Forging => {
+                if let Some(row) = forge_row {
+                    for (_, message) in &mut out.sends {
+                        if let Message::Answer { answered, .. } = message {
+                            self.forged_answer(now, answered, &row);
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+        out
+    }
+
+    fn on_timer(
+        &mut self,
+        now: Time,
+        timer: bulwark_protocol::machine::TimerId,
+        view: &(),
+    ) -> Output<Self> {
+        if self.behaviour == Behaviour::Silent {
+            return Output::none();
+        }
+        let mut out: Output<Self> = self.honest.on_timer(now, timer, view).retyped();
+        if self.behaviour == Behaviour::Corrupting {
+            Self::corrupt(&mut out);
+        }
+        out
+    }
+
+    fn stats(&self) -> ReplicaStats {
+        self.honest.stats()
+    }
+}
