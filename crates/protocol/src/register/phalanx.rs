@@ -60,6 +60,11 @@ impl Writers {
         Ok(writers)
     }
 
+    /// Every writer with its key.
+    pub fn keys(&self) -> impl Iterator<Item = (ClientId, PublicKey)> + '_ {
+        self.0.iter().map(|(writer, key)| (*writer, *key))
+    }
+
     /// Registers `writer`'s public key, refusing malformed, non-canonical and weak keys.
     pub fn register(&mut self, writer: ClientId, public: &[u8; 32]) -> Result<(), SignError> {
         self.0.insert(writer, PublicKey::from_bytes(public)?);

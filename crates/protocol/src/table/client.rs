@@ -11,17 +11,19 @@
 
 use super::{
     Answer, Answered, Cell, Consistency, Nonce, Place, Refusal, Request, RequestBody, Response,
-    ResponseBody, RowKey, SignedCell, TableMutations, WriteAck, WriteBackAck, Writers, entries_of,
+    ResponseBody, RowKey, Schema, SignedCell, TableMutations, WriteAck, WriteBackAck, Writers,
+    entries_of,
 };
 use crate::machine::{OpError, Operation, Progress};
-use crate::round::{Evidence, EvidenceKind, OpId, Refusals};
+use crate::round::{Evidence, EvidenceKind, OpId, Refusals, Replies};
 use bulwark_core::sign::{PublicKey, Signable, Signed, Unverified};
 use bulwark_core::{Digest, ServiceId, Slot};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-/// Retransmissions to one proxy that hear nothing before the client moves to the next.
-const SILENT_TIMEOUTS_MAX: u32 = 2;
+/// Retransmissions to one proxy that hear nothing before the client moves to the next: the
+/// first, since a proxy answers within its own wait, shorter than the driver's retransmission.
+const SILENT_TIMEOUTS_MAX: u32 = 1;
 
 /// What both operations share: the group, the proxy in use and the bookkeeping of moving on.
 struct Proxies {
@@ -37,6 +39,8 @@ struct Proxies {
     /// Timeouts since the current proxy last answered.
     silent: u32,
     answered: BTreeSet<Slot>,
+    /// Every proxy sent a request.
+    asked: BTreeSet<Slot>,
     refusals: Refusals<Refusal>,
     evidence: Vec<Evidence>,
     mutations: TableMutations,
@@ -54,6 +58,7 @@ impl Proxies {
             retries: 0,
             silent: 0,
             answered: BTreeSet::new(),
+            asked: BTreeSet::new(),
             refusals: Refusals::new(place.n),
             evidence: Vec::new(),
             mutations: TableMutations::default(),
@@ -64,7 +69,8 @@ impl Proxies {
         self.mutations.threshold(level, self.place.n, self.place.f)
     }
 
-    fn request(&self, body: RequestBody) -> Vec<(Slot, Request)> {
+    fn request(&mut self, body: RequestBody) -> Vec<(Slot, Request)> {
+        self.asked.insert(self.proxy);
         let request = Request {
             op: self.op,
             epoch: self.place.epoch,
@@ -123,6 +129,11 @@ impl Proxies {
         }
     }
 
+    /// Proxies asked that never answered: the client's driver avoids them for a while.
+    fn silent(&self) -> Vec<Slot> {
+        self.asked.difference(&self.answered).copied().collect()
+    }
+
     fn heard(&mut self, from: Slot) {
         self.answered.insert(from);
         if from == self.proxy {
@@ -138,6 +149,8 @@ pub struct WriteOutcome {
     pub acks: Vec<(Slot, Signed<WriteAck>)>,
     /// Proxies asked, counting re-asks of one as one.
     pub proxies: usize,
+    /// Proxies asked that never answered.
+    pub silent: Vec<Slot>,
     /// Misbehaviour proven along the way.
     pub evidence: Vec<Evidence>,
 }
@@ -191,7 +204,7 @@ impl WriteOp {
         }
     }
 
-    fn request(&self) -> Vec<(Slot, Request)> {
+    fn request(&mut self) -> Vec<(Slot, Request)> {
         let skip: Vec<Slot> = self.acks.keys().chain(&self.bad).copied().collect();
         let want = self.needed().saturating_sub(self.acks.len()).max(1);
         self.proxies.request(RequestBody::Write {
@@ -214,6 +227,7 @@ impl WriteOp {
         Progress::Done(Ok(WriteOutcome {
             acks: std::mem::take(&mut self.acks).into_iter().collect(),
             proxies: self.proxies.tried,
+            silent: self.proxies.silent(),
             evidence: std::mem::take(&mut self.proxies.evidence),
         }))
     }
@@ -252,7 +266,9 @@ impl Operation for WriteOp {
                 }
                 return Progress::Send(Vec::new());
             }
-            ResponseBody::Read { .. } => return Progress::Send(Vec::new()),
+            ResponseBody::Read { .. } | ResponseBody::Created => {
+                return Progress::Send(Vec::new());
+            }
         };
         let (epoch, group) = (self.proxies.place.epoch, self.proxies.place.group);
         let mut new = 0;
@@ -330,6 +346,8 @@ pub struct ReadOutcome {
     pub path: ReadPath,
     /// Proxies asked, counting re-asks of one as one.
     pub proxies: usize,
+    /// Proxies asked that never answered.
+    pub silent: Vec<Slot>,
     /// Misbehaviour proven along the way: replicas that signed answers holding forged cells.
     pub evidence: Vec<Evidence>,
 }
@@ -394,15 +412,16 @@ impl ReadOp {
         self
     }
 
-    fn request(&self) -> Vec<(Slot, Request)> {
-        self.proxies.request(RequestBody::Read {
+    fn request(&mut self) -> Vec<(Slot, Request)> {
+        let body = RequestBody::Read {
             row: self.row.clone(),
             columns: self.columns.clone(),
             nonce: self.nonce,
             level: self.level,
             blacklist: self.blacklist.iter().copied().collect(),
             full: self.full,
-        })
+        };
+        self.proxies.request(body)
     }
 
     /// The answers that verify as their slot's, for this row and nonce; the others blacklisted.
@@ -592,6 +611,7 @@ impl ReadOp {
             cells,
             path,
             proxies: self.proxies.tried,
+            silent: self.proxies.silent(),
             evidence: std::mem::take(&mut self.proxies.evidence),
         }))
     }
@@ -634,7 +654,7 @@ impl Operation for ReadOp {
                 }
                 return Progress::Send(Vec::new());
             }
-            ResponseBody::Acks(_) => return Progress::Send(Vec::new()),
+            ResponseBody::Acks(_) | ResponseBody::Created => return Progress::Send(Vec::new()),
         };
         let blacklisted = self.blacklist.len();
         let valid = self.valid_answers(answers);
@@ -674,5 +694,96 @@ impl Operation for ReadOp {
 
     fn quorum(&self) -> usize {
         1
+    }
+}
+
+/// Creating a table on one group: every member is asked, and the table exists once `n - f`
+/// created it. At least `f+1` of those are correct, enough for the rest to learn it from the
+/// proxies they refuse (a replica takes a schema `f+1` members offered).
+pub struct CreateOp {
+    place: Place,
+    op: u64,
+    schema: Schema,
+    created: Replies<()>,
+    refusals: Refusals<Refusal>,
+}
+
+impl CreateOp {
+    /// Creates `schema` on the group at `place`.
+    pub fn new(place: Place, op: OpId, schema: Schema) -> CreateOp {
+        CreateOp {
+            place,
+            op: op.0,
+            schema,
+            created: Replies::new(place.n),
+            refusals: Refusals::new(place.n),
+        }
+    }
+
+    fn create(&self, slot: Slot) -> (Slot, Request) {
+        let request = Request {
+            op: self.op,
+            epoch: self.place.epoch,
+            group: self.place.group,
+            body: RequestBody::Create {
+                schema: self.schema.clone(),
+            },
+        };
+        (slot, request)
+    }
+}
+
+impl Operation for CreateOp {
+    const SERVICE: ServiceId = ServiceId::TABLE;
+    type Request = Request;
+    type Reply = Response;
+    /// The members that created it.
+    type Output = Vec<Slot>;
+
+    fn op(&self) -> u64 {
+        self.op
+    }
+
+    fn start(&mut self) -> Vec<(Slot, Request)> {
+        (0..self.place.n as u32)
+            .map(|slot| self.create(Slot(slot)))
+            .collect()
+    }
+
+    fn on_reply(&mut self, from: Slot, reply: Response) -> Progress<Self> {
+        if reply.op != self.op {
+            return Progress::Send(Vec::new());
+        }
+        match reply.body {
+            ResponseBody::Created => {
+                self.created.record(from, ());
+            }
+            ResponseBody::Refused(refusal) => {
+                if let Some((reason, by)) = self.refusals.record(from, refusal, self.place.f) {
+                    return Progress::Done(Err(OpError::Refused {
+                        reason: reason.to_string(),
+                        by,
+                    }));
+                }
+            }
+            ResponseBody::Acks(_) | ResponseBody::Read { .. } => {}
+        }
+        if self.created.count() >= self.quorum() {
+            return Progress::Done(Ok(self.created.nodes()));
+        }
+        Progress::Send(Vec::new())
+    }
+
+    fn on_timeout(&mut self) -> Vec<(Slot, Request)> {
+        let missing: Vec<Slot> = self.created.missing().collect();
+        missing.into_iter().map(|slot| self.create(slot)).collect()
+    }
+
+    fn answered(&self) -> Vec<Slot> {
+        self.created.nodes()
+    }
+
+    fn quorum(&self) -> usize {
+        self.place.n - self.place.f
     }
 }

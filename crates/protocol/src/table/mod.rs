@@ -43,7 +43,7 @@ mod server;
 #[cfg(test)]
 mod tests;
 
-pub use client::{ReadOp, ReadOutcome, ReadPath, WriteOp, WriteOutcome};
+pub use client::{CreateOp, ReadOp, ReadOutcome, ReadPath, WriteOp, WriteOutcome};
 pub use server::{Server, Settings, TableStats};
 
 use bulwark_core::sign::{Context, PublicKey, SecretKey, Signable, Signed, Unverified};
@@ -381,6 +381,9 @@ impl Schema {
     }
 }
 
+/// The longest encoding of a schema.
+pub const SCHEMA_BYTES_MAX: usize = (COLUMNS_MAX * 2 + 2) * (NAME_BYTES_MAX + 8) + 16;
+
 /// The tables replicas serve, by name.
 #[derive(Clone, Debug, Default)]
 pub struct Catalog(BTreeMap<String, Schema>);
@@ -402,11 +405,30 @@ impl Catalog {
     pub fn get(&self, name: &str) -> Option<&Schema> {
         self.0.get(name)
     }
+
+    /// Tables known.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether no table is known.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
 }
+
+/// The most tables a replica keeps.
+pub const TABLES_MAX: usize = 1024;
 
 /// Clients' signing keys, by id: whose cells a replica accepts (the access list of spec §1.1).
 #[derive(Clone, Debug, Default)]
 pub struct Writers(HashMap<ClientId, PublicKey>);
+
+impl FromIterator<(ClientId, PublicKey)> for Writers {
+    fn from_iter<I: IntoIterator<Item = (ClientId, PublicKey)>>(keys: I) -> Writers {
+        Writers(keys.into_iter().collect())
+    }
+}
 
 impl Writers {
     /// Registers `writer`'s key.
@@ -495,6 +517,12 @@ pub enum RequestBody {
         /// Acknowledgements still wanted.
         want: u32,
     },
+    /// Create a table on this replica (every member of every group is asked; spec §1.5's
+    /// schema agreement is the administrator's here: a client with write access).
+    Create {
+        /// The table.
+        schema: Schema,
+    },
     /// Read these columns of one row (all of them when empty).
     Read {
         /// The row.
@@ -537,6 +565,8 @@ pub enum ResponseBody {
         /// Write-back acknowledgements, by replica.
         write_backs: Vec<(Slot, Unverified<WriteBackAck>)>,
     },
+    /// The table is created on this replica (it was already, with the same schema).
+    Created,
     /// The proxy will not serve the request.
     Refused(Refusal),
 }
@@ -597,6 +627,12 @@ pub enum Message {
         /// The signed acknowledgement.
         ack: Unverified<WriteBackAck>,
     },
+    /// The schema of a table the replica refused as unknown: a replica takes it once `f+1`
+    /// members offered the same, so at least one correct member holds it.
+    Schema {
+        /// The table.
+        schema: Schema,
+    },
     /// The replica refused.
     Refused {
         /// The proxy's operation.
@@ -650,6 +686,9 @@ pub enum Refusal {
     /// Cells of more than one row, none, too many, or out of bounds.
     #[error("malformed: {0}")]
     Malformed(String),
+    /// A table of this name exists with another schema, or the schema is malformed.
+    #[error("cannot create the table: {0}")]
+    BadSchema(String),
     /// The proxy has too many operations in flight.
     #[error("busy")]
     Busy,
@@ -667,6 +706,8 @@ pub enum Change {
         /// The cell as its writer signed it.
         cell: SignedCell,
     },
+    /// A table the replica now serves.
+    Schema(Schema),
 }
 
 /// The entries naming `cells` (verified or peeked), in column order: what an answer or a

@@ -10,8 +10,8 @@
 
 use super::{
     Answer, Answered, COLUMNS_MAX, Catalog, Cell, Change, Consistency, Entry, Message, Nonce,
-    Place, Refusal, Request, RequestBody, Response, ResponseBody, RowKey, SignedCell,
-    TableMutations, Variant, WriteAck, WriteBackAck, Writers, entries_of,
+    Place, Refusal, Request, RequestBody, Response, ResponseBody, RowKey, Schema, SignedCell,
+    TABLES_MAX, TableMutations, Variant, WriteAck, WriteBackAck, Writers, entries_of,
 };
 use crate::machine::{Access, Output, Replica, ReplicaStats, TimerId};
 use bulwark_core::sign::{PublicKey, SecretKey, Signable, Signed, Unverified};
@@ -33,6 +33,9 @@ pub struct Settings {
     /// How long a proxy waits for replicas before it answers with what it has; a read in its
     /// digest round asks every replica after one such wait, and answers after a second.
     pub proxy_wait_millis: u64,
+    /// The wall clock at the driver's time zero, in milliseconds since the Unix epoch: cells
+    /// are stamped with the time clients and replicas share.
+    pub wall_at_zero_millis: u64,
 }
 
 impl Default for Settings {
@@ -41,6 +44,7 @@ impl Default for Settings {
             skew_max_micros: 2_000_000,
             fresh_micros: 60_000_000,
             proxy_wait_millis: 500,
+            wall_at_zero_millis: 0,
         }
     }
 }
@@ -111,7 +115,9 @@ pub struct Server {
     /// The group's keys, by slot.
     keys: Arc<[PublicKey]>,
     writers: Arc<Writers>,
-    catalog: Arc<Catalog>,
+    catalog: Catalog,
+    /// Schemas members offered for tables this replica lacks, by table and member.
+    offers: BTreeMap<String, BTreeMap<Slot, Schema>>,
     settings: Settings,
     mutations: TableMutations,
     rows: BTreeMap<RowKey, BTreeMap<String, Held>>,
@@ -121,6 +127,10 @@ pub struct Server {
     next_pop: u64,
     /// The clock reading of the input being handled.
     now: Time,
+    /// By slot: waits that ran out since the member last answered this proxy. Digest rounds ask
+    /// the members that answer first (spec §1.6's "fastest"), so a member that is down costs a
+    /// read no wait.
+    missed: Vec<u32>,
     stats: ReplicaStats,
     table_stats: TableStats,
 }
@@ -133,7 +143,7 @@ impl Server {
         secret: SecretKey,
         keys: Arc<[PublicKey]>,
         writers: Arc<Writers>,
-        catalog: Arc<Catalog>,
+        catalog: Catalog,
         settings: Settings,
     ) -> Server {
         assert!(place.slot.index() < place.n, "the slot is in the group");
@@ -145,6 +155,7 @@ impl Server {
             keys,
             writers,
             catalog,
+            offers: BTreeMap::new(),
             settings,
             mutations: TableMutations::default(),
             rows: BTreeMap::new(),
@@ -152,6 +163,7 @@ impl Server {
             serving: HashMap::new(),
             next_pop: 0,
             now: Time(0),
+            missed: vec![0; place.n],
             stats: ReplicaStats::default(),
             table_stats: TableStats::default(),
         }
@@ -174,6 +186,69 @@ impl Server {
         }
     }
 
+    /// Takes back a table this replica created before a restart.
+    pub fn restore_schema(&mut self, schema: Schema) {
+        if self.catalog.add(schema).is_err() {
+            self.stats.damaged += 1;
+        }
+    }
+
+    /// The tables this replica serves.
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    /// CREATE: adds `schema` unless a table of its name exists with another one.
+    fn create(&mut self, schema: Schema) -> Result<Vec<Change>, Refusal> {
+        if let Some(problem) = schema.problem() {
+            return Err(Refusal::BadSchema(problem));
+        }
+        match self.catalog.get(&schema.name) {
+            Some(existing) if *existing == schema => return Ok(Vec::new()),
+            Some(_) => {
+                return Err(Refusal::BadSchema(format!(
+                    "table {} exists with another schema",
+                    schema.name
+                )));
+            }
+            None if self.catalog.len() >= TABLES_MAX => {
+                return Err(Refusal::BadSchema(format!(
+                    "a replica serves at most {TABLES_MAX} tables"
+                )));
+            }
+            None => {}
+        }
+        self.offers.remove(&schema.name);
+        self.catalog
+            .add(schema.clone())
+            .map_err(Refusal::BadSchema)?;
+        Ok(vec![Change::Schema(schema)])
+    }
+
+    /// A member's offer of a table this replica refused as unknown: taken once `f+1` members
+    /// offered the same schema.
+    fn offered(&mut self, from: Slot, schema: Schema) -> Output<Self> {
+        if self.catalog.get(&schema.name).is_some()
+            || schema.problem().is_some()
+            || (!self.offers.contains_key(&schema.name) && self.offers.len() >= TABLES_MAX)
+        {
+            return Output::none();
+        }
+        let offers = self.offers.entry(schema.name.clone()).or_default();
+        offers.insert(from, schema.clone());
+        let agreeing = offers.values().filter(|offer| **offer == schema).count();
+        if agreeing <= self.place.f {
+            return Output::none();
+        }
+        match self.create(schema) {
+            Ok(changes) => Output {
+                changes,
+                ..Output::none()
+            },
+            Err(_) => Output::none(),
+        }
+    }
+
     /// The table-specific counters.
     pub fn table_stats(&self) -> &TableStats {
         &self.table_stats
@@ -187,9 +262,9 @@ impl Server {
             .unwrap_or_default()
     }
 
-    /// This replica's slot.
-    pub fn slot(&self) -> Slot {
-        self.place.slot
+    /// Where this replica is.
+    pub fn place(&self) -> Place {
+        self.place
     }
 
     /// Keeps `cell` if it is newer than what this replica holds; whether it was.
@@ -240,7 +315,10 @@ impl Server {
                 cells.len()
             )));
         }
-        let now_micros = now.0.saturating_mul(1000);
+        let now_micros = now
+            .0
+            .saturating_add(self.settings.wall_at_zero_millis)
+            .saturating_mul(1000);
         let mut decoded: Vec<Cell> = Vec::with_capacity(cells.len());
         for signed in cells {
             let cell = if self.mutations.unverified_cells {
@@ -421,6 +499,10 @@ impl Server {
         });
         if !good {
             *self.table_stats.bad_signatures.entry(from).or_default() += 1;
+            // Asked last from now on, as a member that does not answer is.
+            if let Some(missed) = self.missed.get_mut(from.index()) {
+                *missed = missed.saturating_add(1);
+            }
         }
         good
     }
@@ -452,10 +534,26 @@ impl Server {
         if self.pending.len() >= PENDING_MAX {
             return self.refuse(op, Refusal::Busy);
         }
+        if let RequestBody::Create { schema } = request.body {
+            if !access.write {
+                return self.refuse(op, Refusal::NotWriter);
+            }
+            return match self.create(schema) {
+                Ok(changes) => Output::reply(
+                    changes,
+                    Response {
+                        op,
+                        body: ResponseBody::Created,
+                    },
+                ),
+                Err(refusal) => self.refuse(op, refusal),
+            };
+        }
         self.next_pop += 1;
         let pop = self.next_pop;
         let me = self.place.slot;
         match request.body {
+            RequestBody::Create { .. } => Output::none(),
             RequestBody::Write {
                 cells,
                 level,
@@ -562,15 +660,14 @@ impl Server {
                     state.answers.insert(me, own);
                     state.asked.insert(me);
                 }
-                let targets: Vec<Slot> = self
+                let mut targets: Vec<Slot> = self
                     .others()
                     .filter(|slot| !state.blacklist.contains(slot))
-                    .take(if full {
-                        usize::MAX
-                    } else {
-                        wanted.saturating_sub(1)
-                    })
                     .collect();
+                targets.sort_by_key(|slot| self.missed.get(slot.index()).copied());
+                if !full {
+                    targets.truncate(wanted.saturating_sub(1));
+                }
                 let sends = state.ask(pop, &targets);
                 self.pending.insert(
                     pop,
@@ -813,6 +910,9 @@ impl Server {
 
     /// A replica's message to this proxy about operation `pop`.
     fn on_proxy_message(&mut self, from: Slot, message: Message) -> Output<Self> {
+        if let Some(missed) = self.missed.get_mut(from.index()) {
+            *missed = 0;
+        }
         let pop = match &message {
             Message::StoreAck { pop, .. }
             | Message::Answer { pop, .. }
@@ -820,8 +920,22 @@ impl Server {
             | Message::Refused { pop, .. } => *pop,
             _ => return Output::none(),
         };
+        let teach = match &message {
+            Message::Refused {
+                refusal: Refusal::UnknownTable(name),
+                ..
+            } => self.catalog.get(name).cloned(),
+            _ => None,
+        };
+        let taught = Output {
+            sends: teach
+                .map(|schema| (from, Message::Schema { schema }))
+                .into_iter()
+                .collect(),
+            ..Output::none()
+        };
         let Some(pending) = self.pending.get(&pop) else {
-            return Output::none();
+            return taught;
         };
         let (epoch, group) = (self.place.epoch, self.place.group);
         match (message, &pending.kind) {
@@ -869,13 +983,25 @@ impl Server {
                         && answer.row == row
                         && answer.nonce == nonce
                 }) && (!data || answered.cells.is_some());
+                let place = self.place;
                 if let Some(Pending {
                     kind: Kind::Read(state),
                     ..
                 }) = self.pending.get_mut(&pop)
-                    && good
                 {
-                    state.answers.entry(from).or_insert(answered);
+                    if good {
+                        state.answers.entry(from).or_insert(answered);
+                    } else {
+                        // One answer short now: ask the members not asked yet rather than wait.
+                        let targets: Vec<Slot> = others(&place)
+                            .filter(|slot| !state.blacklist.contains(slot))
+                            .collect();
+                        let sends = state.ask(pop, &targets);
+                        return taught.and(Output {
+                            sends,
+                            ..Output::none()
+                        });
+                    }
                 }
             }
             (Message::WriteBackAck { ack, .. }, Kind::Read(state)) => {
@@ -902,9 +1028,9 @@ impl Server {
                     state.write_backs.entry(from).or_insert(ack);
                 }
             }
-            _ => return Output::none(),
+            _ => return taught,
         }
-        self.progress(pop)
+        taught.and(self.progress(pop))
     }
 
     /// A proxy's request to this replica.
@@ -924,6 +1050,8 @@ impl Server {
             } => {
                 if !row.is_well_formed() || columns.len() > COLUMNS_MAX {
                     (pop, Err(Refusal::Malformed("a row out of bounds".into())))
+                } else if self.catalog.get(&row.table).is_none() {
+                    (pop, Err(Refusal::UnknownTable(row.table.clone())))
                 } else {
                     match self.answer(&row, &columns, nonce, data) {
                         Some(answered) => {
@@ -943,6 +1071,7 @@ impl Server {
                 self.write_back(now, &row, nonce, &cells)
                     .map(|(changes, ack)| (changes, Message::WriteBackAck { pop, ack })),
             ),
+            Message::Schema { schema } => return self.offered(from, schema),
             other => return self.on_proxy_message(from, other),
         };
         match result {
@@ -1026,6 +1155,27 @@ impl Replica for Server {
         let Some(pending) = self.pending.get_mut(&pop) else {
             return Output::none();
         };
+        let silent: Vec<Slot> = match &pending.kind {
+            Kind::Write {
+                acks,
+                refused,
+                skip,
+                ..
+            } => others(&self.place)
+                .filter(|s| !acks.contains_key(s) && !refused.contains_key(s) && !skip.contains(s))
+                .collect(),
+            Kind::Read(state) => state
+                .asked
+                .iter()
+                .filter(|s| !state.answers.contains_key(s) && !state.current.contains(s))
+                .copied()
+                .collect(),
+        };
+        for slot in silent {
+            if let Some(missed) = self.missed.get_mut(slot.index()) {
+                *missed = missed.saturating_add(1);
+            }
+        }
         let retry = now.plus_millis(self.settings.proxy_wait_millis);
         if !pending.waited
             && let Kind::Read(state) = &mut pending.kind

@@ -83,7 +83,6 @@ impl Cluster {
                 variant,
             })
             .unwrap();
-        let catalog = Arc::new(catalog);
         let servers = (0..n)
             .map(|i| {
                 Server::new(
@@ -749,4 +748,87 @@ fn bad_cells_are_refused_with_a_reason_and_counted() {
     .unwrap();
     assert!(refused(&mut cluster, stranger).contains("signature"));
     assert!(cluster.servers[0].table_stats().forged_cells >= 1);
+}
+
+#[test]
+fn a_replica_that_missed_a_table_learns_it_from_f_plus_one_members() {
+    let mut cluster = Cluster::new(1, Variant::ProxyVerifies);
+    let orders = Schema {
+        name: "orders".into(),
+        partition_key: "id".into(),
+        clustering: vec!["line".into()],
+        columns: vec!["item".into()],
+        variant: Variant::ProxyNoVerify,
+    };
+    // Replica 3 is down while the table is created: n - f members suffice.
+    cluster.hooks.push(Box::new(|event, _| {
+        !matches!(event, Event::Request(Slot(3), _))
+    }));
+    let mut create = CreateOp::new(place(0, 4, 1), OpId(900), orders.clone());
+    let created = cluster.run(&mut create, 5).unwrap();
+    assert_eq!(created, vec![Slot(0), Slot(1), Slot(2)]);
+    cluster.hooks.clear();
+    assert!(cluster.servers[3].catalog().get("orders").is_none());
+    // One member's offer is not enough (it could be the faulty one's)...
+    let out = cluster.servers[3].on_message(
+        NOW,
+        Slot(0),
+        Message::Schema {
+            schema: orders.clone(),
+        },
+        &(),
+    );
+    assert!(out.changes.is_empty());
+    // ...and a made-up schema offered by another does not count towards it.
+    let forged = Schema {
+        columns: vec!["item".into(), "price".into()],
+        ..orders.clone()
+    };
+    let out = cluster.servers[3].on_message(NOW, Slot(1), Message::Schema { schema: forged }, &());
+    assert!(out.changes.is_empty());
+    // Writes through proxies that hold the table teach it.
+    let now_micros = NOW.0 * 1000;
+    let writer = cluster.writer.clone();
+    let cell = |line: &str, item: &str| {
+        Cell {
+            row: RowKey {
+                table: "orders".into(),
+                partition: b"o1".to_vec(),
+                clustering: line.as_bytes().to_vec(),
+            },
+            column: "item".into(),
+            ts: now_micros,
+            writer: WRITER,
+            value: Some(item.as_bytes().to_vec()),
+        }
+        .sign(&writer)
+        .unwrap()
+    };
+    cluster.write(vec![cell("1", "apple")], 2);
+    assert_eq!(cluster.servers[3].catalog().get("orders"), Some(&orders));
+    cluster.write(vec![cell("2", "pear")], 0);
+    assert_eq!(
+        cluster.servers[3]
+            .cells(&RowKey {
+                table: "orders".into(),
+                partition: b"o1".to_vec(),
+                clustering: b"2".to_vec(),
+            })
+            .len(),
+        1,
+        "and then stores its rows"
+    );
+    // Creating it again with another schema is refused by every correct member.
+    let mut again = CreateOp::new(
+        place(0, 4, 1),
+        OpId(901),
+        Schema {
+            columns: vec!["x".into()],
+            ..orders
+        },
+    );
+    assert!(matches!(
+        cluster.run(&mut again, 5),
+        Err(OpError::Refused { .. })
+    ));
 }

@@ -42,7 +42,7 @@ pub struct TableSim {
     keys: Arc<[PublicKey]>,
     clients: Vec<SecretKey>,
     writers: Arc<Writers>,
-    catalog: Arc<Catalog>,
+    catalog: Catalog,
     mutations: TableMutations,
 }
 
@@ -60,6 +60,8 @@ fn settings() -> Settings {
         // Runs last minutes of virtual time at most: every write is fresh.
         fresh_micros: 3_600_000_000,
         proxy_wait_millis: 300,
+        // Virtual time is the clock clients and replicas share.
+        wall_at_zero_millis: 0,
     }
 }
 
@@ -92,9 +94,13 @@ impl TableSim {
     }
 }
 
-/// One server's disk: the newest cell of each row and column.
+/// One server's disk: the newest cell of each row and column, and the tables it learned after
+/// the run's own.
 #[derive(Default)]
-pub struct TableDisk(BTreeMap<(RowKey, String), SignedCell>);
+pub struct TableDisk {
+    cells: BTreeMap<(RowKey, String), SignedCell>,
+    schemas: BTreeMap<String, Schema>,
+}
 
 impl Protocol for TableSim {
     type Request = Request;
@@ -154,25 +160,23 @@ impl Protocol for TableSim {
             keys,
             clients,
             writers: Arc::new(writers),
-            catalog: Arc::new(catalog),
+            catalog,
             mutations: config.mutations.table,
         }
     }
 
     fn server(&self, index: usize, behaviour: Behaviour, _seed: u64) -> TableNode {
-        TableNode {
-            honest: self.honest(index),
-            behaviour,
-            secret: self.secrets[index].clone(),
-            place: self.place(index),
-            collusions: HashMap::new(),
-            next_collusion: 0,
-        }
+        TableNode::lying(self.honest(index), behaviour, self.secrets[index].clone())
     }
 
     fn restore(&self, index: usize, disk: &TableDisk, _now: u64) -> TableNode {
         let mut node = self.server(index, Behaviour::Honest, 0);
-        for cell in disk.0.values() {
+        for schema in disk.schemas.values() {
+            if self.catalog.get(&schema.name).is_none() {
+                node.honest.restore_schema(schema.clone());
+            }
+        }
+        for cell in disk.cells.values() {
             node.honest.restore(cell.clone());
         }
         node
@@ -183,12 +187,19 @@ impl Protocol for TableSim {
     }
 
     fn persist(disk: &mut TableDisk, change: &Change) {
-        let Change::Put { row, column, cell } = change;
-        disk.0.insert((row.clone(), column.clone()), cell.clone());
+        match change {
+            Change::Put { row, column, cell } => {
+                disk.cells
+                    .insert((row.clone(), column.clone()), cell.clone());
+            }
+            Change::Schema(schema) => {
+                disk.schemas.insert(schema.name.clone(), schema.clone());
+            }
+        }
     }
 
     fn disk_versions(disk: &TableDisk) -> usize {
-        disk.0.len()
+        disk.cells.len()
     }
 
     fn write(
@@ -251,6 +262,7 @@ impl Protocol for TableSim {
         match request.body {
             RequestBody::Write { .. } => "write",
             RequestBody::Read { .. } => "read",
+            RequestBody::Create { .. } => "create",
         }
     }
 
@@ -258,6 +270,7 @@ impl Protocol for TableSim {
         match request.body {
             RequestBody::Write { .. } => 1,
             RequestBody::Read { .. } => 3,
+            RequestBody::Create { .. } => 0,
         }
     }
 
@@ -267,6 +280,7 @@ impl Protocol for TableSim {
             RequestBody::Read {
                 blacklist, full, ..
             } => format!(" blacklist={blacklist:?} full={full}"),
+            RequestBody::Create { schema } => format!(" {}", schema.name),
         };
         format!("{} op{}{detail}", Self::request_name(request), request.op)
     }
@@ -281,6 +295,7 @@ impl Protocol for TableSim {
                 answers.len(),
                 if resolved.is_some() { ", resolved" } else { "" }
             ),
+            ResponseBody::Created => "created".to_string(),
             ResponseBody::Refused(refusal) => format!("refused: {refusal}"),
         };
         format!("{detail} op{}", response.op)
@@ -295,6 +310,7 @@ impl Protocol for TableSim {
             Message::WriteBack { pop, .. } => format!("write-back p{pop}"),
             Message::WriteBackAck { pop, .. } => format!("write-back-ack p{pop}"),
             Message::Refused { pop, refusal } => format!("refused p{pop}: {refusal}"),
+            Message::Schema { schema } => format!("schema {}", schema.name),
         }
     }
 }
@@ -377,6 +393,20 @@ fn spoil<T>(signed: &mut Unverified<T>) {
 }
 
 impl TableNode {
+    /// `honest` lying as `behaviour`, signing its lies with `secret` (its own key: a lying
+    /// member cannot sign as another). For real processes, `bulwark-byzantine --table`.
+    pub fn lying(honest: Server, behaviour: Behaviour, secret: SecretKey) -> TableNode {
+        let place = honest.place();
+        TableNode {
+            honest,
+            behaviour,
+            secret,
+            place,
+            collusions: HashMap::new(),
+            next_collusion: 0,
+        }
+    }
+
     fn drops_writes(&self) -> bool {
         matches!(
             self.behaviour,
@@ -500,7 +530,7 @@ impl TableNode {
                     answers.iter_mut().for_each(|(_, a)| spoil(&mut a.answer));
                     write_backs.iter_mut().for_each(|(_, ack)| spoil(ack));
                 }
-                ResponseBody::Refused(_) => {}
+                ResponseBody::Refused(_) | ResponseBody::Created => {}
             }
         }
     }
