@@ -11,7 +11,7 @@ use bulwark_protocol::depot::{self, served};
 use bulwark_protocol::pbft::{Answer, Message, Submitted};
 use bulwark_protocol::register::{self, reconfig};
 use bulwark_protocol::service::{NodeMessage, SystemReply, SystemRequest};
-use bulwark_protocol::{a2m_storage, abd, content, cs, phalanx, powerstore, pubkey};
+use bulwark_protocol::{a2m_storage, abd, content, cs, phalanx, powerstore, pubkey, table};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -55,6 +55,9 @@ fuzz_target!(|data: &[u8]| {
             drop(round_trip::<a2m_storage::Request>(body, max))
         }
         (ServiceId::A2M_STORAGE, _) => drop(round_trip::<a2m_storage::Reply>(body, max)),
+        (ServiceId::TABLE, Kind::Request) => drop(round_trip::<table::Request>(body, max)),
+        (ServiceId::TABLE, Kind::Reply) => drop(round_trip::<table::Response>(body, max)),
+        (ServiceId::TABLE, _) => drop(round_trip::<table::Message>(body, max)),
         (ServiceId::DEPOT, Kind::Request) => {
             if let Some(served::Request::Exchange { message, .. }) =
                 round_trip::<served::Request>(body, max)

@@ -10,7 +10,7 @@ use bulwark_gateway::layout::{self, BucketRecord, IndexShard, UploadRecord};
 use bulwark_protocol::cs::ConfigService;
 use bulwark_protocol::powerstore::{Candidate, StoredEntry};
 use bulwark_protocol::register::Policy;
-use bulwark_protocol::{abd, content, depot, pbft, phalanx, pubkey};
+use bulwark_protocol::{abd, content, depot, pbft, phalanx, pubkey, table};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -18,7 +18,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let max = usize::MAX;
-    match kind % 14 {
+    match kind % 15 {
         0 => drop(round_trip::<(Key, StoredEntry)>(record, max)),
         1 => drop(round_trip::<(Key, Candidate)>(record, max)),
         2 => drop(round_trip::<content::Held>(record, max)),
@@ -61,6 +61,11 @@ fuzz_target!(|data: &[u8]| {
             );
         }
         13 => drop(round_trip::<depot::VolumeConfig>(record, max)),
+        14 => {
+            // A table replica's records: a schema, or a signed cell.
+            drop(round_trip::<table::Schema>(record, table::SCHEMA_BYTES_MAX));
+            drop(round_trip::<table::SignedCell>(record, max));
+        }
         10 => {
             let _ = layout::decode::<BucketRecord>("bucket", record);
             let _ = layout::decode_extended::<UploadRecord>("upload", record);

@@ -6,6 +6,7 @@
 
 mod causal_lies;
 mod forking;
+mod table_lies;
 
 use bulwark_cli as bulwark_main;
 use clap::Parser;
@@ -25,6 +26,11 @@ struct Cli {
     /// How its causal volumes' servers lie: withhold, tamper or fork.
     #[arg(long)]
     causal: Option<causal_lies::CausalLie>,
+    /// How its table replicas lie, as replica and as proxy: silent, stale, corrupting (signs
+    /// nothing validly and spoils what it relays), forging, colluding (the lying coordinator of
+    /// spec §2.8).
+    #[arg(long)]
+    table: Option<bulwark_sim::byzantine::Behaviour>,
     /// Seed for the behaviour's choices.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -58,8 +64,7 @@ fn main() -> std::process::ExitCode {
         tracing::warn!("this node forks its single-server volumes on purpose");
         wrap.volumes = Box::new(forking::wrap);
     }
-    if let Some(lie) = cli.causal {
-        tracing::warn!(?lie, "this node's causal volumes lie on purpose");
+    if cli.causal.is_some() || cli.table.is_some() {
         let Some(id) = args.id else {
             eprintln!("error: --id is required to run a node");
             return std::process::ExitCode::FAILURE;
@@ -72,7 +77,14 @@ fn main() -> std::process::ExitCode {
             }
         };
         let secret = bulwark_core::sign::SecretKey::from_seed(&options.secrets.signing_key);
-        wrap.depots = causal_lies::wrap(lie, secret);
+        if let Some(lie) = cli.causal {
+            tracing::warn!(?lie, "this node's causal volumes lie on purpose");
+            wrap.depots = causal_lies::wrap(lie, secret.clone());
+        }
+        if let Some(behaviour) = cli.table {
+            tracing::warn!(%behaviour, "this node's table replicas lie on purpose");
+            wrap.table = table_lies::wrap(behaviour, secret);
+        }
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

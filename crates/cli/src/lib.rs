@@ -11,6 +11,7 @@ pub mod dev;
 pub mod gateway;
 pub mod objects;
 pub mod sim;
+pub mod tables;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -112,6 +113,12 @@ pub enum Command {
     Owned {
         #[command(subcommand)]
         command: OwnedCommand,
+    },
+    /// Hardened tables: rows of cells signed by their writers, read and written through
+    /// Byzantine quorums (`table create` first).
+    Table {
+        #[command(subcommand)]
+        command: tables::TableCommand,
     },
     /// Volumes: named sets of objects, each served by the protocol chosen at creation.
     Volume {
@@ -388,6 +395,7 @@ pub async fn run(cli: Cli) -> Result<std::process::ExitCode> {
         Command::Content {
             command: ContentCommand::Get { id, output, client },
         } => return objects::get_content(&client, &id, output).await,
+        Command::Table { command } => tables::run(command).await?,
         Command::Owned { command } => match command {
             OwnedCommand::NewKey { file } => objects::new_owner_key(&file)?,
             OwnedCommand::Put { key, file, client } => {

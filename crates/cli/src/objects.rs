@@ -272,7 +272,7 @@ fn causal_ack(report: &OpReport) -> String {
     }
 }
 
-fn summary(report: &OpReport) -> String {
+pub(crate) fn summary(report: &OpReport) -> String {
     let nodes: Vec<String> = report.answered.iter().map(|n| n.0.to_string()).collect();
     let mut text = format!(
         "{} of {} nodes answered (nodes {})",

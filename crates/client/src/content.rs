@@ -72,22 +72,9 @@ impl Client {
 
     /// The signing keys of `view`'s members, by slot: what their acknowledgements are checked
     /// against.
-    fn content_keys(&self, view: &GroupView) -> Result<Arc<[PublicKey]>, ClientError> {
-        view.members()
-            .iter()
-            .map(|node| {
-                let entry = self
-                    .cluster
-                    .nodes
-                    .iter()
-                    .find(|entry| entry.id == node.0)
-                    .ok_or_else(|| {
-                        ClientError::Protocol(format!("{node} is not in cluster.toml"))
-                    })?;
-                PublicKey::from_bytes(&entry.signing_key).map_err(|error| {
-                    ClientError::Protocol(format!("{node}'s signing key: {error}"))
-                })
-            })
-            .collect()
+    pub(crate) fn content_keys(&self, view: &GroupView) -> Result<Arc<[PublicKey]>, ClientError> {
+        self.cluster
+            .signing_keys(view.members())
+            .map_err(ClientError::Protocol)
     }
 }

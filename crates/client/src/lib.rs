@@ -17,6 +17,7 @@ mod content;
 pub mod evidence;
 mod pubkey;
 mod single_server;
+pub mod table;
 mod volumes;
 
 pub use configuration::{ConfigAction, ConfigOutcome, KNOWN_FILE};
@@ -214,6 +215,10 @@ pub struct Client {
     connector: Arc<bulwark_transport::Connector>,
     router: Router,
     next_op: AtomicU64,
+    /// The last timestamp this client stamped a table cell with, in microseconds.
+    last_stamp: AtomicU64,
+    /// Table proxies that left an operation unanswered, and until when they are not asked first.
+    table_avoid: Mutex<HashMap<NodeId, std::time::Instant>>,
     session: u64,
     codec: Arc<dyn ErasureCodec>,
     volumes: Mutex<HashMap<String, Volume>>,
@@ -375,6 +380,8 @@ impl Client {
             connector,
             router,
             next_op: AtomicU64::new(1),
+            last_stamp: AtomicU64::new(0),
+            table_avoid: Mutex::new(HashMap::new()),
             session: rand::random::<u32>() as u64,
             codec: Arc::new(ReedSolomonSimd),
             volumes: Mutex::new(HashMap::new()),

@@ -352,6 +352,26 @@ pub enum ConfigError {
 }
 
 impl ClusterConfig {
+    /// The Ed25519 keys `members` sign with, in order: what their signed statements are checked
+    /// against. Fails naming the first member that is not here or whose key is not one.
+    pub fn signing_keys(
+        &self,
+        members: &[NodeId],
+    ) -> Result<std::sync::Arc<[crate::sign::PublicKey]>, String> {
+        members
+            .iter()
+            .map(|node| {
+                let entry = self
+                    .nodes
+                    .iter()
+                    .find(|entry| entry.id == node.0)
+                    .ok_or_else(|| format!("{node} is not in cluster.toml"))?;
+                crate::sign::PublicKey::from_bytes(&entry.signing_key)
+                    .map_err(|error| format!("{node}'s signing key: {error}"))
+            })
+            .collect()
+    }
+
     /// Parses and validates `cluster.toml`'s text; `file` names it in errors.
     pub fn parse(text: &str, file: &str) -> Result<ClusterConfig, ConfigError> {
         let config: ClusterConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {

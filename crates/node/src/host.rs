@@ -9,13 +9,13 @@ use bulwark_core::envelope::{self, Envelope, Header};
 use bulwark_core::membership::{Arc as RingArc, Ring};
 use bulwark_core::wire::{self, FRAME_BYTES_MAX};
 use bulwark_core::{ClientId, Digest, Epoch, GroupId, Key, NodeId, Slot, Time};
-use bulwark_protocol::content;
-use bulwark_protocol::machine::{Access, Attested, Replica, ReplicaStats, TimerId};
+use bulwark_protocol::machine::{Access, Attested, Output, Replica, ReplicaStats, TimerId};
 use bulwark_protocol::powerstore::{
     Change, Fragments, ServerLogic, StoredEntry, Timestamp, fragment_digest,
 };
 use bulwark_protocol::register::reconfig::{self, EpochServer};
 use bulwark_protocol::register::{self, Policy};
+use bulwark_protocol::{content, table};
 use bulwark_storage::{Namespace, StorageOp, Store, Table};
 use bytes::Bytes;
 use std::collections::HashMap;
@@ -611,3 +611,135 @@ impl content::Fragments for ContentStorage {
 
 /// A content-hash replica as the node hosts it.
 pub type ContentReplica = Hosting<content::Server, ContentStorage>;
+
+// ---------------------------------------------------------------------------------------------
+// Hardened tables
+
+/// A table replica's cells: one record per row and column, the newest version it holds.
+pub const TABLE_CELLS: &str = "cells";
+/// The tables it serves: one record per table, its schema.
+pub const TABLE_SCHEMAS: &str = "schemas";
+
+/// The storage record of one table change.
+pub fn table_op(namespace: Namespace, change: &table::Change) -> StorageOp {
+    match change {
+        table::Change::Put { row, column, cell } => StorageOp::Put {
+            table: namespace.table(TABLE_CELLS),
+            key: wire::encode(&(row, column)),
+            value: Bytes::from(wire::encode(cell)),
+        },
+        table::Change::Schema(schema) => StorageOp::Put {
+            table: namespace.table(TABLE_SCHEMAS),
+            key: schema.name.as_bytes().to_vec(),
+            value: Bytes::from(wire::encode(schema)),
+        },
+    }
+}
+
+/// A table replica's storage: it keeps its rows in memory and reads nothing back.
+pub struct TableStorage {
+    pub namespace: Namespace,
+}
+
+/// A table replica as the node hosts it: the honest one, or (in `bulwark-byzantine`) one that
+/// lies around it. Its outputs are the honest replica's kind.
+pub trait TableLogic: Send {
+    /// A client's request.
+    fn on_request(
+        &mut self,
+        now: Time,
+        client: ClientId,
+        access: Access,
+        request: table::Request,
+    ) -> Output<table::Server>;
+    /// A message from the member in `from`.
+    fn on_message(
+        &mut self,
+        now: Time,
+        from: Slot,
+        message: table::Message,
+    ) -> Output<table::Server>;
+    /// A timer it set.
+    fn on_timer(&mut self, now: Time, timer: TimerId) -> Output<table::Server>;
+    /// Counters.
+    fn stats(&self) -> ReplicaStats;
+}
+
+impl TableLogic for table::Server {
+    fn on_request(
+        &mut self,
+        now: Time,
+        client: ClientId,
+        access: Access,
+        request: table::Request,
+    ) -> Output<table::Server> {
+        Replica::on_request(self, now, client, access, request, &())
+    }
+
+    fn on_message(
+        &mut self,
+        now: Time,
+        from: Slot,
+        message: table::Message,
+    ) -> Output<table::Server> {
+        Replica::on_message(self, now, from, message, &())
+    }
+
+    fn on_timer(&mut self, now: Time, timer: TimerId) -> Output<table::Server> {
+        Replica::on_timer(self, now, timer, &())
+    }
+
+    fn stats(&self) -> ReplicaStats {
+        Replica::stats(self)
+    }
+}
+
+impl Replica for Box<dyn TableLogic> {
+    const SERVICE: bulwark_core::ServiceId = bulwark_core::ServiceId::TABLE;
+    type Request = table::Request;
+    type Reply = table::Response;
+    type Message = table::Message;
+    type Change = table::Change;
+    type View = ();
+
+    fn on_request(
+        &mut self,
+        now: Time,
+        client: ClientId,
+        access: Access,
+        request: table::Request,
+        _view: &(),
+    ) -> Output<Self> {
+        (**self).on_request(now, client, access, request).retyped()
+    }
+
+    fn on_message(
+        &mut self,
+        now: Time,
+        from: Slot,
+        message: table::Message,
+        _view: &(),
+    ) -> Output<Self> {
+        (**self).on_message(now, from, message).retyped()
+    }
+
+    fn on_timer(&mut self, now: Time, timer: TimerId, _view: &()) -> Output<Self> {
+        (**self).on_timer(now, timer).retyped()
+    }
+
+    fn stats(&self) -> ReplicaStats {
+        (**self).stats()
+    }
+}
+
+impl Adapter<Box<dyn TableLogic>> for TableStorage {
+    const NAME: &'static str = "table";
+
+    fn record(&mut self, change: &table::Change, _batch: u64, ops: &mut Vec<StorageOp>) {
+        ops.push(table_op(self.namespace, change));
+    }
+
+    fn view(&self) -> &() {
+        &()
+    }
+}

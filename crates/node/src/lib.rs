@@ -34,7 +34,7 @@ use bulwark_core::{ClientId, Epoch, NodeId, ServiceId, Time};
 use bulwark_protocol::powerstore::{
     Server, ServerConfig, ServerLogic, StoredEntry, fragment_digest,
 };
-use bulwark_protocol::{abd, content, phalanx};
+use bulwark_protocol::{abd, content, phalanx, table};
 use bulwark_storage::{Committer, Namespace, StorageError, Store};
 use bulwark_transport::Peer;
 use host::Hosted;
@@ -242,6 +242,8 @@ pub struct Wrap {
     pub volumes: WrapHosted,
     /// The host of the node's causal volumes.
     pub depots: WrapHosted,
+    /// Each honest table replica.
+    pub table: Box<dyn Fn(table::Server) -> Box<dyn host::TableLogic> + Send + Sync>,
 }
 
 /// Wraps a hosted replica in another.
@@ -254,6 +256,7 @@ impl Wrap {
             powerstore: Box::new(|server| Box::new(server)),
             volumes: Box::new(|volumes| volumes),
             depots: Box::new(|depots| depots),
+            table: Box::new(|server| Box::new(server)),
         }
     }
 }
@@ -331,13 +334,14 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
             (wrap.volumes)(Box::new(volumes)),
         ));
     }
+    // The shards' time zero on the wall clock: Depot's clocks and table cells' timestamps are in
+    // the time members and clients share.
+    let wall_at_zero_ms = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64)
+        .saturating_sub(started.elapsed().as_millis() as u64);
     {
-        // The shards' time zero on the wall clock: Depot's clocks are in the time members share.
-        let wall_at_zero_ms = (std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_millis() as u64)
-            .saturating_sub(started.elapsed().as_millis() as u64);
         let depots = depots::Depots::restore(
             id,
             bulwark_core::sign::SecretKey::from_seed(&options.secrets.signing_key),
@@ -360,8 +364,16 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
     }
     for view in &groups {
         replicas.extend(
-            build_replicas(&options, view, &store, &verified, &rejections, &wrap)
-                .map_err(damaged)?,
+            build_replicas(
+                &options,
+                view,
+                &store,
+                &verified,
+                &rejections,
+                &wrap,
+                wall_at_zero_ms,
+            )
+            .map_err(damaged)?,
         );
     }
     // The certified configurations, when the cluster has a configuration service; otherwise
@@ -701,6 +713,7 @@ fn build_replicas(
     verified: &Arc<Mutex<Verified>>,
     rejections: &Rejections,
     wrap: &Wrap,
+    wall_at_zero_ms: u64,
 ) -> Result<Vec<HostedReplica>, NodeError> {
     let id = options.id();
     let Some(slot) = view.slot_of(id) else {
@@ -789,7 +802,7 @@ fn build_replicas(
     replicas.push((
         (ServiceId::CONTENT, group),
         Box::new(host::Hosting {
-            replica: content::Server::new(place, secret, objects, 0),
+            replica: content::Server::new(place, secret.clone(), objects, 0),
             adapter: host::ContentStorage {
                 namespace,
                 store: store.clone(),
@@ -803,6 +816,7 @@ fn build_replicas(
 
     let namespace = Namespace::new(ServiceId::PHALANX, group);
     let writers = phalanx::Writers::from_config(&options.cluster, "cluster.toml")?;
+    let table_writers: table::Writers = writers.keys().collect();
     let mut server = phalanx::Server::new(slot, epoch, group, Arc::new(writers));
     restore_register(store, namespace, rejections, |record, value| {
         let (key, entry) = decode_register::<phalanx::Entry>(record, value)?;
@@ -816,9 +830,71 @@ fn build_replicas(
         Box::new(host::Hosting {
             replica: server,
             adapter: host::RegisterStorage { namespace },
-            members: host::Members::Group(members),
+            members: host::Members::Group(members.clone()),
             slot,
             header: header(ServiceId::PHALANX),
+        }),
+    ));
+
+    let namespace = Namespace::new(ServiceId::TABLE, group);
+    let place = table::Place {
+        slot,
+        n: members.len(),
+        f,
+        epoch,
+        group,
+    };
+    let keys = options.cluster.signing_keys(&members).map_err(|problem| {
+        NodeError::Config(bulwark_core::config::ConfigError::Invalid {
+            file: "cluster.toml".into(),
+            field: "nodes".into(),
+            problem,
+        })
+    })?;
+    let mut server = table::Server::new(
+        place,
+        secret,
+        keys,
+        Arc::new(table_writers),
+        table::Catalog::default(),
+        table::Settings {
+            wall_at_zero_millis: wall_at_zero_ms,
+            ..table::Settings::default()
+        },
+    );
+    restore_records(
+        store,
+        namespace,
+        host::TABLE_SCHEMAS,
+        rejections,
+        |_, value| {
+            let schema: table::Schema = bulwark_core::wire::decode(value, table::SCHEMA_BYTES_MAX)
+                .map_err(|error| format!("a stored schema does not decode: {error}"))?;
+            server.restore_schema(schema);
+            Ok(())
+        },
+    )?;
+    restore_records(
+        store,
+        namespace,
+        host::TABLE_CELLS,
+        rejections,
+        |_, value| {
+            let cell: table::SignedCell =
+                bulwark_core::wire::decode(value, bulwark_core::wire::FRAME_BYTES_MAX)
+                    .map_err(|error| format!("a stored cell does not decode: {error}"))?;
+            server.restore(cell);
+            Ok(())
+        },
+    )?;
+    replicas.push((
+        (ServiceId::TABLE, group),
+        Box::new(host::Hosting {
+            replica: (wrap.table)(server),
+            adapter: host::TableStorage { namespace },
+            members: host::Members::Group(members),
+            slot,
+            header: header(ServiceId::TABLE),
         }),
     ));
     Ok(replicas)
@@ -905,9 +981,21 @@ fn restore_register(
     store: &Store,
     namespace: Namespace,
     rejections: &Rejections,
+    adopt: impl FnMut(&[u8], &[u8]) -> Result<(), String>,
+) -> Result<usize, NodeError> {
+    restore_records(store, namespace, host::REGISTER, rejections, adopt)
+}
+
+/// Hands every record of `namespace`'s table `name` to `adopt`; a record it refuses is dropped
+/// from the store, logged and counted, as if it had never been stored.
+fn restore_records(
+    store: &Store,
+    namespace: Namespace,
+    name: &'static str,
+    rejections: &Rejections,
     mut adopt: impl FnMut(&[u8], &[u8]) -> Result<(), String>,
 ) -> Result<usize, NodeError> {
-    let table = namespace.table(host::REGISTER);
+    let table = namespace.table(name);
     let mut restored = 0;
     let mut dropped = Vec::new();
     for (record, value) in store.load(table)? {

@@ -1,0 +1,243 @@
+//! `bulwark table`: hardened tables from the command line.
+
+use crate::ClientArgs;
+use crate::objects::{connect, summary};
+use anyhow::{Context, Result, bail};
+use bulwark_protocol::table::{Consistency, RowKey, Schema, Variant};
+use clap::{Subcommand, ValueEnum};
+
+#[derive(Subcommand)]
+pub enum TableCommand {
+    /// Creates table NAME on every node.
+    Create {
+        /// The table's name.
+        name: String,
+        /// The partition key and clustering columns, a colon, then the regular columns:
+        /// `user,ts: name,email` (the key first; no clustering columns: `user: name,email`).
+        #[arg(long)]
+        schema: String,
+        /// Who checks the replicas' signatures: the proxy and the client, or the client alone.
+        #[arg(long, value_enum, default_value_t = VariantArg::ProxyVerifies)]
+        variant: VariantArg,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Writes COLUMN=VALUE cells of one row, signed by this client.
+    Put {
+        /// The table.
+        name: String,
+        /// The row's partition key.
+        key: String,
+        /// Cells to write, each `column=value`.
+        #[arg(required = true)]
+        cells: Vec<String>,
+        #[command(flatten)]
+        row: RowArgs,
+    },
+    /// Prints a row's live cells, one `column=value` a line.
+    Get {
+        /// The table.
+        name: String,
+        /// The row's partition key.
+        key: String,
+        /// Only these columns (comma-separated); every column when absent.
+        #[arg(long, value_delimiter = ',')]
+        columns: Vec<String>,
+        #[command(flatten)]
+        row: RowArgs,
+    },
+    /// Deletes cells of a row with signed tombstones: the --columns named, or every live one.
+    Delete {
+        /// The table.
+        name: String,
+        /// The row's partition key.
+        key: String,
+        /// Only these columns (comma-separated); every live column when absent.
+        #[arg(long, value_delimiter = ',')]
+        columns: Vec<String>,
+        #[command(flatten)]
+        row: RowArgs,
+    },
+}
+
+/// What every row operation takes besides the table and key.
+#[derive(clap::Args)]
+pub struct RowArgs {
+    /// The row's clustering key within its partition (empty for tables without one).
+    #[arg(long, default_value = "")]
+    clustering: String,
+    /// How many replicas must answer: one (f+1), quorum (⌈(n+f+1)/2⌉) or all.
+    #[arg(long, value_enum, default_value_t = Level::Quorum)]
+    consistency: Level,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum VariantArg {
+    /// The proxy verifies every replica's signature before it counts it.
+    ProxyVerifies,
+    /// Only the client verifies; it re-asks the proxy without replicas whose signatures fail.
+    ProxyNoVerify,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum Level {
+    One,
+    Quorum,
+    All,
+}
+
+impl From<Level> for Consistency {
+    fn from(level: Level) -> Consistency {
+        match level {
+            Level::One => Consistency::One,
+            Level::Quorum => Consistency::Quorum,
+            Level::All => Consistency::All,
+        }
+    }
+}
+
+/// Parses `key,clustering..: column,column..`.
+pub fn parse_schema(name: &str, text: &str, variant: Variant) -> Result<Schema> {
+    let Some((keys, columns)) = text.split_once(':') else {
+        bail!("--schema {text:?}: expected `key[,clustering..]: column[,column..]`");
+    };
+    let names = |list: &str| -> Vec<String> {
+        list.split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .map(String::from)
+            .collect()
+    };
+    let mut keys = names(keys);
+    if keys.is_empty() {
+        bail!("--schema {text:?}: name the partition key before the colon");
+    }
+    let partition_key = keys.remove(0);
+    let schema = Schema {
+        name: name.to_string(),
+        partition_key,
+        clustering: keys,
+        columns: names(columns),
+        variant,
+    };
+    if let Some(problem) = schema.problem() {
+        bail!("--schema {text:?}: {problem}");
+    }
+    Ok(schema)
+}
+
+fn row(name: &str, key: &str, args: &RowArgs) -> RowKey {
+    RowKey {
+        table: name.to_string(),
+        partition: key.as_bytes().to_vec(),
+        clustering: args.clustering.as_bytes().to_vec(),
+    }
+}
+
+pub async fn run(command: TableCommand) -> Result<()> {
+    match command {
+        TableCommand::Create {
+            name,
+            schema,
+            variant,
+            client,
+        } => {
+            let variant = match variant {
+                VariantArg::ProxyVerifies => Variant::ProxyVerifies,
+                VariantArg::ProxyNoVerify => Variant::ProxyNoVerify,
+            };
+            let schema = parse_schema(&name, &schema, variant)?;
+            let client = connect(&client).await?;
+            let created = client.create_table(&schema).await?;
+            eprintln!("created table {name:?} on {created} replicas");
+        }
+        TableCommand::Put {
+            name,
+            key,
+            cells,
+            row: args,
+        } => {
+            let cells = cells
+                .iter()
+                .map(|cell| {
+                    let (column, value) = cell
+                        .split_once('=')
+                        .with_context(|| format!("{cell:?}: expected column=value"))?;
+                    Ok((column.to_string(), Some(value.as_bytes().to_vec())))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let client = connect(&args.client).await?;
+            let report = client
+                .table_write(&row(&name, &key, &args), &cells, args.consistency.into())
+                .await?;
+            eprintln!(
+                "wrote {} cells of {name}/{key}: {}",
+                cells.len(),
+                summary(&report)
+            );
+        }
+        TableCommand::Get {
+            name,
+            key,
+            columns,
+            row: args,
+        } => {
+            let client = connect(&args.client).await?;
+            let (found, report) = client
+                .table_read(&row(&name, &key, &args), &columns, args.consistency.into())
+                .await?;
+            for cell in &found.cells {
+                if let Some(value) = &cell.value {
+                    println!("{}={}", cell.column, String::from_utf8_lossy(value));
+                }
+            }
+            let live = found.cells.iter().filter(|c| c.value.is_some()).count();
+            let resolved = if found.resolved {
+                " (replicas disagreed; resolved and written back)"
+            } else {
+                ""
+            };
+            eprintln!(
+                "read {live} live cells of {name}/{key}{resolved}: {} misbehaviour",
+                report.evidence.len()
+            );
+        }
+        TableCommand::Delete {
+            name,
+            key,
+            columns,
+            row: args,
+        } => {
+            let client = connect(&args.client).await?;
+            let at = row(&name, &key, &args);
+            let columns = if columns.is_empty() {
+                let (found, _) = client.table_read(&at, &[], args.consistency.into()).await?;
+                found
+                    .cells
+                    .into_iter()
+                    .filter(|cell| cell.value.is_some())
+                    .map(|cell| cell.column)
+                    .collect()
+            } else {
+                columns
+            };
+            if columns.is_empty() {
+                eprintln!("{name}/{key} has no live cells");
+                return Ok(());
+            }
+            let tombstones: Vec<(String, Option<Vec<u8>>)> =
+                columns.iter().map(|c| (c.clone(), None)).collect();
+            let report = client
+                .table_write(&at, &tombstones, args.consistency.into())
+                .await?;
+            eprintln!(
+                "deleted {} cells of {name}/{key}: {}",
+                columns.len(),
+                summary(&report)
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,319 @@
+//! Hardened tables on real node processes: `bulwark table` against a four-node cluster, and
+//! concurrent clients writing and reading cells while a node is SIGKILLed and restarted, every
+//! cell's history checked (with one machine's clock, the per-cell guarantee at QUORUM makes each
+//! cell a linearizable register), then read again once another node is down too, so the
+//! restarted node's cells must have come back from its disk.
+
+mod common;
+
+use bulwark_protocol::table::{Consistency, RowKey, Schema, Variant};
+use bulwark_sim::checker::{OpKind, Outcome};
+use common::{BULWARK, Recorder, TestCluster};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+fn bulwark(cluster: &TestCluster, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(BULWARK)
+        .args(args)
+        .arg("--cluster")
+        .arg(cluster.path())
+        .output()
+        .expect("run bulwark")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_creates_writes_reads_and_deletes_rows_and_refuses_bad_input() {
+    let cluster = TestCluster::start(1, 1_000);
+    cluster.wait_up(&[0, 1, 2, 3]).await;
+    let create = bulwark(
+        &cluster,
+        &["table", "create", "users", "--schema", "id: name,email"],
+    );
+    assert!(create.status.success(), "{create:?}");
+    let put = bulwark(
+        &cluster,
+        &[
+            "table",
+            "put",
+            "users",
+            "ada",
+            "name=Ada",
+            "email=ada@x.org",
+        ],
+    );
+    assert!(put.status.success(), "{put:?}");
+    let get = bulwark(&cluster, &["table", "get", "users", "ada"]);
+    assert!(get.status.success(), "{get:?}");
+    assert_eq!(text(&get.stdout), "email=ada@x.org\nname=Ada\n");
+    let delete = bulwark(
+        &cluster,
+        &["table", "delete", "users", "ada", "--columns", "email"],
+    );
+    assert!(delete.status.success(), "{delete:?}");
+    let get = bulwark(
+        &cluster,
+        &["table", "get", "users", "ada", "--consistency", "all"],
+    );
+    assert_eq!(text(&get.stdout), "name=Ada\n", "{get:?}");
+
+    // Each refused with its reason, by the nodes themselves or before anything is sent.
+    let refusals = [
+        (
+            vec!["table", "put", "users", "ada", "phone=1"],
+            "has no column \"phone\"",
+        ),
+        (vec!["table", "get", "orders", "o1"], "no table \"orders\""),
+        (
+            vec![
+                "table", "put", "users", "ada", "name=x", "--client", "reader",
+            ],
+            "not a writer",
+        ),
+        (
+            vec!["table", "create", "users", "--schema", "id: name"],
+            "exists with another schema",
+        ),
+        (
+            vec!["table", "create", "t", "--schema", "id: id"],
+            "a name appears twice",
+        ),
+    ];
+    for (args, reason) in refusals {
+        let out = bulwark(&cluster, &args);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(
+            text(&out.stderr).contains(reason),
+            "{args:?}: expected {reason:?} in {:?}",
+            text(&out.stderr)
+        );
+    }
+    let big = format!("name={}", "x".repeat(70_000));
+    let out = bulwark(&cluster, &["table", "put", "users", "ada", &big]);
+    assert!(
+        text(&out.stderr).contains("out of bounds"),
+        "{}",
+        text(&out.stderr)
+    );
+    // The nodes counted what they refused, by client.
+    let status = bulwark(&cluster, &["status"]);
+    assert!(
+        text(&status.stdout).contains("has no column"),
+        "{}",
+        text(&status.stdout)
+    );
+}
+
+/// Concurrent clients on three rows of each of two tables (one per proxy variant): three
+/// writers and two readers, each operation recorded for the checker, until `stop`.
+struct Workload {
+    rows: Vec<RowKey>,
+    recorder: Recorder,
+    stop: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<u32>>,
+}
+
+fn cell_name(row: &RowKey) -> Vec<u8> {
+    format!("{}/{}", row.table, text(&row.partition)).into_bytes()
+}
+
+impl Workload {
+    async fn start(cluster: &TestCluster) -> Workload {
+        const OPS_PER_CLIENT_MAX: u64 = 1_500;
+        let admin = cluster.client("admin").await;
+        for (name, variant) in [
+            ("verified", Variant::ProxyVerifies),
+            ("unverified", Variant::ProxyNoVerify),
+        ] {
+            let schema = Schema {
+                name: name.into(),
+                partition_key: "key".into(),
+                clustering: Vec::new(),
+                columns: vec!["v".into()],
+                variant,
+            };
+            admin.create_table(&schema).await.expect("create");
+        }
+        let rows: Vec<RowKey> = ["verified", "unverified"]
+            .iter()
+            .flat_map(|table| {
+                (0..3).map(move |r| RowKey {
+                    table: table.to_string(),
+                    partition: format!("row-{r}").into_bytes(),
+                    clustering: Vec::new(),
+                })
+            })
+            .collect();
+        let recorder = Recorder::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut tasks = Vec::new();
+        for writer in 0..3u64 {
+            let client = cluster
+                .client(if writer == 0 { "admin" } else { "writer2" })
+                .await;
+            let (recorder, rows, stop) = (recorder.clone(), rows.clone(), stop.clone());
+            tasks.push(tokio::spawn(async move {
+                let (mut sequence, mut retries) = (0, 0);
+                while !stop.load(Ordering::Relaxed) && sequence < OPS_PER_CLIENT_MAX {
+                    sequence += 1;
+                    let row = &rows[((writer + sequence) % rows.len() as u64) as usize];
+                    let value = format!("w{writer}-s{sequence}").into_bytes();
+                    let invoke = recorder.now();
+                    let cells = [("v".to_string(), Some(value.clone()))];
+                    let outcome = match client.table_write(row, &cells, Consistency::Quorum).await {
+                        Ok(report) => {
+                            retries += report.restarts;
+                            Outcome::Ok
+                        }
+                        Err(_) => Outcome::Unknown,
+                    };
+                    let kind = OpKind::Write(Some(value));
+                    recorder.record(writer, &cell_name(row), kind, invoke, outcome);
+                }
+                retries
+            }));
+        }
+        for reader in 0..2u64 {
+            let client = cluster.client("reader").await;
+            let (recorder, rows, stop) = (recorder.clone(), rows.clone(), stop.clone());
+            tasks.push(tokio::spawn(async move {
+                let (mut sequence, mut retries) = (0, 0);
+                while !stop.load(Ordering::Relaxed) && sequence < OPS_PER_CLIENT_MAX {
+                    sequence += 1;
+                    let row = &rows[((reader + 2 * sequence) % rows.len() as u64) as usize];
+                    let invoke = recorder.now();
+                    let outcome = match client.table_read(row, &[], Consistency::Quorum).await {
+                        Ok((found, report)) => {
+                            retries += report.restarts;
+                            Outcome::Read(found.value("v").map(<[u8]>::to_vec))
+                        }
+                        Err(_) => Outcome::Unknown,
+                    };
+                    recorder.record(100 + reader, &cell_name(row), OpKind::Read, invoke, outcome);
+                }
+                retries
+            }));
+        }
+        Workload {
+            rows,
+            recorder,
+            stop,
+            tasks,
+        }
+    }
+
+    /// Stops the clients; how many times their operations moved to another proxy.
+    async fn stop(&mut self) -> u32 {
+        self.stop.store(true, Ordering::Relaxed);
+        let mut retries = 0;
+        for task in self.tasks.drain(..) {
+            retries += task.await.expect("client task");
+        }
+        retries
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_survives_a_sigkilled_node_and_every_cell_stays_linearizable() {
+    let mut cluster = TestCluster::start(1, 1_000);
+    cluster.wait_up(&[0, 1, 2, 3]).await;
+    let mut workload = Workload::start(&cluster).await;
+    let recorder = workload.recorder.clone();
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let killed_at = recorder.now();
+    cluster.kill(1);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let restarted_at = recorder.now();
+    cluster.spawn(1, None);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    workload.stop().await;
+    cluster.wait_up(&[1]).await;
+
+    // With node 3 down too, every quorum needs node 1: what it acknowledged came back from disk.
+    cluster.kill(3);
+    let client = cluster.client("reader").await;
+    for row in &workload.rows {
+        let invoke = recorder.now();
+        let (found, _) = client
+            .table_read(row, &[], Consistency::Quorum)
+            .await
+            .expect("a read with node 3 down");
+        assert!(
+            found.value("v").is_some(),
+            "an acknowledged write to {row:?} vanished"
+        );
+        let value = found.value("v").map(<[u8]>::to_vec);
+        recorder.record(
+            999,
+            &cell_name(row),
+            OpKind::Read,
+            invoke,
+            Outcome::Read(value),
+        );
+    }
+    let report = recorder.assert_linearizable("tables");
+    let history = recorder.history();
+    let ops = history.ops();
+    let acknowledged = ops.iter().filter(|op| op.outcome == Outcome::Ok).count();
+    let during_outage = ops
+        .iter()
+        .filter(|op| {
+            op.outcome != Outcome::Unknown
+                && op.invoke > killed_at
+                && op.complete.is_some_and(|c| c < restarted_at)
+        })
+        .count();
+    eprintln!(
+        "tables: checked {} operations ({acknowledged} acknowledged writes, {during_outage} completed while node 1 was down) on {} cells",
+        report.ops_checked, report.keys_checked
+    );
+    assert!(
+        acknowledged >= 60,
+        "too few writes completed ({acknowledged})"
+    );
+    assert!(
+        during_outage >= 20,
+        "operations must continue while a node is down ({during_outage})"
+    );
+}
+
+// Seven nodes tolerate two liars: node 5 signs nothing validly and, as proxy, spoils every
+// signature it relays (framing correct replicas); node 6 acknowledges writes it never stores
+// and, as proxy, relays f+1 valid acknowledgements of a write one correct replica holds
+// (spec §2.8 scenario 2). Clients must pass over both and every cell's history stay correct.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_with_a_bad_signer_and_a_lying_coordinator_stays_linearizable() {
+    let mut cluster = TestCluster::start(2, 1_000);
+    let all: Vec<usize> = (0..7).collect();
+    cluster.wait_up(&all).await;
+    cluster.spawn_byzantine(5, &["--table", "corrupting"]);
+    cluster.spawn_byzantine(6, &["--table", "colluding"]);
+    cluster.wait_up(&[5, 6]).await;
+    let mut workload = Workload::start(&cluster).await;
+    tokio::time::sleep(Duration::from_millis(4_000)).await;
+    let retries = workload.stop().await;
+    let report = workload
+        .recorder
+        .assert_linearizable("tables with two liars");
+    let history = workload.recorder.history();
+    let ops = history.ops();
+    let acknowledged = ops.iter().filter(|op| op.outcome == Outcome::Ok).count();
+    let reads = ops
+        .iter()
+        .filter(|op| matches!(op.outcome, Outcome::Read(Some(_))))
+        .count();
+    eprintln!(
+        "tables with two liars: checked {} operations ({acknowledged} acknowledged writes, {reads} reads of a value) on {} cells; operations moved to another proxy {retries} times",
+        report.ops_checked, report.keys_checked
+    );
+    assert!(
+        acknowledged >= 60,
+        "too few writes completed ({acknowledged})"
+    );
+    assert!(reads >= 60, "too few reads found a value ({reads})");
+    assert!(retries > 0, "no operation ever met a lying proxy");
+}
