@@ -28,6 +28,8 @@ pub mod cs;
 mod depot;
 #[path = "bench_reconfig.rs"]
 mod reconfig;
+#[path = "bench_table.rs"]
+pub mod table;
 
 /// `bulwark bench`.
 #[derive(clap::Args)]
@@ -64,6 +66,9 @@ pub enum BenchCommand {
     /// A causal volume's PUT and GET beside Depot's baseline family built from the same code
     /// (Plain, +Hash, +Hash+Sig): CPU per operation on each side and bytes per message.
     Depot(depot::DepotArgs),
+    /// YCSB workloads on hardened tables, every variant beside Plain (majority quorums, no
+    /// signatures, the same code): CPU per operation for every party together, and bytes.
+    Table(table::TableArgs),
 }
 
 /// `bulwark bench compare`.
@@ -354,6 +359,7 @@ pub async fn run(args: &BenchArgs) -> Result<()> {
         BenchCommand::Cli(args) => cli::run(args).await,
         BenchCommand::A2m(args) => a2m::run(args).await,
         BenchCommand::Depot(args) => depot::run(args),
+        BenchCommand::Table(args) => table::run(args),
         BenchCommand::Memory(memory) => {
             run_sizes(&SizesArgs {
                 sizes: Vec::new(),

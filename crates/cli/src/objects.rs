@@ -637,6 +637,28 @@ pub async fn status(args: &ClientArgs) -> Result<std::process::ExitCode> {
                         stats.gated
                     );
                 }
+                {
+                    // Every group's table replica on this node, together.
+                    let mut stats = bulwark_protocol::machine::ReplicaStats::default();
+                    for tables in status.replicas.iter().filter(|r| r.service == "table") {
+                        stats.add(&tables.stats);
+                    }
+                    if stats.bad_signatures
+                        + stats.forged_cells
+                        + stats.resolved_reads
+                        + stats.repairs
+                        > 0
+                    {
+                        out!(
+                            text,
+                            "         tables: {} signatures of other members refused as proxy, {} forged cells refused, {} reads resolved, {} write-backs taken",
+                            stats.bad_signatures,
+                            stats.forged_cells,
+                            stats.resolved_reads,
+                            stats.repairs
+                        );
+                    }
+                }
                 if let Some(log) = &status.trusted_log {
                     let key = hex::encode(log.key);
                     out!(

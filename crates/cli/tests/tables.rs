@@ -316,4 +316,10 @@ async fn a_table_with_a_bad_signer_and_a_lying_coordinator_stays_linearizable() 
     );
     assert!(reads >= 60, "too few reads found a value ({reads})");
     assert!(retries > 0, "no operation ever met a lying proxy");
+    // The correct proxies counted the signatures of the bad signer they refused.
+    let status = text(&bulwark(&cluster, &["status"]).stdout);
+    assert!(
+        status.contains("signatures of other members refused as proxy"),
+        "{status}"
+    );
 }

@@ -536,7 +536,11 @@ async fn run(
                 metrics::gauge!("bulwark_node_transfers_pending", "shard" => label.clone()).set(stats.transfers_pending as f64);
                 metrics::gauge!("bulwark_node_transferred_keys_total", "shard" => label.clone()).set(stats.transferred_keys as f64);
                 metrics::gauge!("bulwark_node_transferred_bytes_total", "shard" => label.clone()).set(stats.transferred_bytes as f64);
-                metrics::gauge!("bulwark_node_gated_requests_total", "shard" => label).set(stats.gated as f64);
+                metrics::gauge!("bulwark_node_gated_requests_total", "shard" => label.clone()).set(stats.gated as f64);
+                metrics::gauge!("bulwark_node_table_bad_signatures_total", "shard" => label.clone()).set(stats.bad_signatures as f64);
+                metrics::gauge!("bulwark_node_table_forged_cells_total", "shard" => label.clone()).set(stats.forged_cells as f64);
+                metrics::gauge!("bulwark_node_table_resolved_reads_total", "shard" => label.clone()).set(stats.resolved_reads as f64);
+                metrics::gauge!("bulwark_node_table_repairs_total", "shard" => label).set(stats.repairs as f64);
             }
         }
     }

@@ -58,6 +58,14 @@ pub struct ReplicaStats {
     pub transferred_bytes: u64,
     /// Requests held until their key's transfer finished, since start.
     pub gated: u64,
+    /// Tables: signatures of other members this replica, as proxy, refused to count.
+    pub bad_signatures: u64,
+    /// Tables: cells refused or passed over because their writer's signature failed.
+    pub forged_cells: u64,
+    /// Tables: reads this replica, as proxy, resolved because the answers disagreed.
+    pub resolved_reads: u64,
+    /// Tables: write-backs this replica took from a proxy's resolution.
+    pub repairs: u64,
 }
 
 impl ReplicaStats {
@@ -74,6 +82,10 @@ impl ReplicaStats {
         self.transferred_keys += other.transferred_keys;
         self.transferred_bytes += other.transferred_bytes;
         self.gated += other.gated;
+        self.bad_signatures += other.bad_signatures;
+        self.forged_cells += other.forged_cells;
+        self.resolved_reads += other.resolved_reads;
+        self.repairs += other.repairs;
     }
 }
 

@@ -11,12 +11,12 @@
 
 use super::{
     Answer, Answered, Cell, Consistency, Nonce, Place, Refusal, Request, RequestBody, Response,
-    ResponseBody, RowKey, Schema, SignedCell, TableMutations, WriteAck, WriteBackAck, Writers,
-    entries_of,
+    ResponseBody, RowKey, Schema, SignedCell, TableMutations, Variant, WriteAck, WriteBackAck,
+    Writers, entries_of,
 };
 use crate::machine::{OpError, Operation, Progress};
 use crate::round::{Evidence, EvidenceKind, OpId, Refusals, Replies};
-use bulwark_core::sign::{PublicKey, Signable, Signed, Unverified};
+use bulwark_core::sign::{PublicKey, Signable, Unverified};
 use bulwark_core::{Digest, ServiceId, Slot};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -44,6 +44,8 @@ struct Proxies {
     refusals: Refusals<Refusal>,
     evidence: Vec<Evidence>,
     mutations: TableMutations,
+    /// The table's variant: what is signed, and the quorums.
+    variant: Variant,
 }
 
 impl Proxies {
@@ -62,11 +64,13 @@ impl Proxies {
             refusals: Refusals::new(place.n),
             evidence: Vec::new(),
             mutations: TableMutations::default(),
+            variant: Variant::ProxyVerifies,
         }
     }
 
     fn quorum(&self, level: Consistency) -> usize {
-        self.mutations.threshold(level, self.place.n, self.place.f)
+        self.mutations
+            .threshold(self.variant, level, self.place.n, self.place.f)
     }
 
     fn request(&mut self, body: RequestBody) -> Vec<(Slot, Request)> {
@@ -87,16 +91,31 @@ impl Proxies {
         self.silent = 0;
     }
 
-    /// Whether `signed` is slot `slot`'s valid statement satisfying `check`.
+    /// `signed` decoded, if it is slot `slot`'s valid statement satisfying `check` (in the
+    /// unsigned variants, any statement satisfying it).
     fn verify<T: Signable>(
         &self,
         slot: Slot,
         signed: &Unverified<T>,
         check: impl FnOnce(&T) -> bool,
-    ) -> Option<Signed<T>> {
-        let key = self.keys.get(slot.index())?;
-        let verified = signed.clone().verify(key).ok()?;
-        check(verified.value()).then_some(verified)
+    ) -> Option<T> {
+        let statement = if self.variant.signs() {
+            let key = self.keys.get(slot.index())?;
+            signed.clone().verify(key).ok()?.into_value()
+        } else {
+            signed.peek().ok()?
+        };
+        check(&statement).then_some(statement)
+    }
+
+    /// Whether `signed` is a cell its writer signed (in the unsigned variants, any cell).
+    fn genuine(&self, writers: &Writers, signed: &SignedCell) -> bool {
+        self.mutations.unverified_cells
+            || if self.variant.signs() {
+                writers.verify(signed).is_some()
+            } else {
+                signed.peek().is_ok()
+            }
     }
 
     /// A refusal from `from`: the operation ends once `f+1` proxies refused.
@@ -145,8 +164,9 @@ impl Proxies {
 /// A completed write: the acknowledgements that prove it.
 #[derive(Clone, Debug)]
 pub struct WriteOutcome {
-    /// Valid acknowledgements, by replica: a quorum of distinct members.
-    pub acks: Vec<(Slot, Signed<WriteAck>)>,
+    /// Valid acknowledgements as received, by replica: a quorum of distinct members. Anyone
+    /// holding the group's keys can check them again.
+    pub acks: Vec<(Slot, Unverified<WriteAck>)>,
     /// Proxies asked, counting re-asks of one as one.
     pub proxies: usize,
     /// Proxies asked that never answered.
@@ -163,7 +183,7 @@ pub struct WriteOp {
     cells: Vec<SignedCell>,
     digests: Vec<Digest>,
     level: Consistency,
-    acks: BTreeMap<Slot, Signed<WriteAck>>,
+    acks: BTreeMap<Slot, Unverified<WriteAck>>,
     /// Replicas whose acknowledgements failed: not asked again.
     bad: BTreeSet<Slot>,
 }
@@ -193,6 +213,12 @@ impl WriteOp {
     /// The same write with deliberate breakage (negative controls only).
     pub fn with_mutations(mut self, mutations: TableMutations) -> WriteOp {
         self.proxies.mutations = mutations;
+        self
+    }
+
+    /// The same write for a table of `variant` (a signing one unless told).
+    pub fn with_variant(mut self, variant: Variant) -> WriteOp {
+        self.proxies.variant = variant;
         self
     }
 
@@ -284,7 +310,7 @@ impl Operation for WriteOp {
                     && ack.cells == *digests
             });
             match verified {
-                Some(ack) => {
+                Some(_) => {
                     self.acks.insert(slot, ack);
                     self.bad.remove(&slot);
                     new += 1;
@@ -412,6 +438,12 @@ impl ReadOp {
         self
     }
 
+    /// The same read for a table of `variant` (a signing one unless told).
+    pub fn with_variant(mut self, variant: Variant) -> ReadOp {
+        self.proxies.variant = variant;
+        self
+    }
+
     fn request(&mut self) -> Vec<(Slot, Request)> {
         let body = RequestBody::Read {
             row: self.row.clone(),
@@ -447,7 +479,7 @@ impl ReadOp {
                 self.blacklist.insert(slot);
                 continue;
             };
-            let answer = verified.into_value();
+            let answer = verified;
             // Cells that are not the ones the answer names were swapped by someone: the answer
             // still counts, as a digest.
             let cells = answered.cells.and_then(|cells| {
@@ -533,8 +565,7 @@ impl ReadOp {
             let chosen = decoded.iter().find(|(cell, _)| cell.column == *column);
             let mut matched = false;
             for (_, signed, holders) in versions.iter() {
-                let genuine = self.proxies.mutations.unverified_cells
-                    || self.writers.verify(signed).is_some();
+                let genuine = self.proxies.genuine(&self.writers, signed);
                 let is_chosen = chosen.is_some_and(|(_, c)| c.bytes() == signed.bytes());
                 if genuine {
                     // The newest genuine version must be the one resolved.

@@ -39,6 +39,7 @@
 //! read needs, spec §5.1 item 7).
 
 mod client;
+pub mod local;
 mod server;
 #[cfg(test)]
 mod tests;
@@ -142,6 +143,11 @@ impl Cell {
         Signed::sign(secret, self)
             .ok()
             .map(|signed| signed.to_unverified())
+    }
+
+    /// The cell with no signature, for the unsigned variants ([`Variant::signs`]).
+    pub fn unsigned(self) -> Option<SignedCell> {
+        self.is_well_formed().then(|| unsigned(&self))
     }
 
     /// Whether every field is within its bound.
@@ -251,6 +257,30 @@ pub enum Variant {
     /// Only the client verifies (Figures 19, 20): the proxy returns the first quorum of answers,
     /// and the client re-asks without the replicas whose signatures failed.
     ProxyNoVerify,
+    /// Byzantine quorums and every message of Proxy-Verifies, with no signature made or checked
+    /// (the paper's No-Sign, §4.3): the algorithm's cost without the cryptography's. For
+    /// measurement only: it protects nothing.
+    NoSign,
+    /// Majority quorums and no signatures: plain Cassandra run by the same code, the baseline
+    /// the others are measured against. For measurement only.
+    Plain,
+}
+
+impl Variant {
+    /// Whether cells and statements are signed and checked.
+    pub fn signs(self) -> bool {
+        matches!(self, Variant::ProxyVerifies | Variant::ProxyNoVerify)
+    }
+
+    /// Replicas an operation at `level` waits for in a group of `n` tolerating `f`: a majority
+    /// for `QUORUM` in the plain variant, the Byzantine quorum otherwise.
+    pub fn threshold(self, level: Consistency, n: usize, f: usize) -> usize {
+        match (self, level) {
+            (Variant::Plain, Consistency::Quorum) => n / 2 + 1,
+            (Variant::Plain, Consistency::One) => 1,
+            _ => level.threshold(n, f),
+        }
+    }
 }
 
 /// How many replicas an operation waits for, chosen per request.
@@ -479,12 +509,12 @@ pub struct TableMutations {
 }
 
 impl TableMutations {
-    /// The threshold for `level`, broken when `majority` is on.
-    pub fn threshold(&self, level: Consistency, n: usize, f: usize) -> usize {
+    /// The threshold for `level` in `variant`, broken when `majority` is on.
+    pub fn threshold(&self, variant: Variant, level: Consistency, n: usize, f: usize) -> usize {
         if self.majority && level == Consistency::Quorum {
             n / 2 + 1
         } else {
-            level.threshold(n, f)
+            variant.threshold(level, n, f)
         }
     }
 }
@@ -708,6 +738,14 @@ pub enum Change {
     },
     /// A table the replica now serves.
     Schema(Schema),
+}
+
+/// `statement` with an empty signature: what the unsigned variants send where the others sign.
+pub fn unsigned<T: Signable>(statement: &T) -> Unverified<T> {
+    Unverified::new(
+        bulwark_core::wire::encode(statement).into(),
+        bulwark_core::sign::Signature([0; 64]),
+    )
 }
 
 /// The entries naming `cells` (verified or peeked), in column order: what an answer or a

@@ -178,7 +178,7 @@ impl Server {
     /// Takes back a cell this replica made durable before a restart. A cell that no longer
     /// verifies (a damaged disk) is dropped and counted.
     pub fn restore(&mut self, cell: SignedCell) {
-        match self.writers.verify(&cell) {
+        match self.genuine(&cell) {
             Some(decoded) => {
                 self.keep(decoded, cell);
             }
@@ -202,6 +202,12 @@ impl Server {
     fn create(&mut self, schema: Schema) -> Result<Vec<Change>, Refusal> {
         if let Some(problem) = schema.problem() {
             return Err(Refusal::BadSchema(problem));
+        }
+        if !schema.variant.signs() {
+            // A table that signs nothing protects nothing: the bench builds its own replicas.
+            return Err(Refusal::BadSchema(
+                "the unsigned variants are for measurement only".into(),
+            ));
         }
         match self.catalog.get(&schema.name) {
             Some(existing) if *existing == schema => return Ok(Vec::new()),
@@ -293,7 +299,11 @@ impl Server {
         }
     }
 
-    fn sign<T: Signable>(&self, statement: T) -> Option<Unverified<T>> {
+    /// `statement` signed, unless `table` runs an unsigned variant.
+    fn sign<T: Signable>(&self, table: &str, statement: T) -> Option<Unverified<T>> {
+        if !self.variant(table).signs() {
+            return Some(super::unsigned(&statement));
+        }
         // Signing fails only for a statement over its bound, which the bounds on rows exclude;
         // a replica that cannot sign says nothing rather than something unverifiable.
         Signed::sign(&self.secret, statement)
@@ -324,7 +334,7 @@ impl Server {
             let cell = if self.mutations.unverified_cells {
                 signed.peek().ok().filter(Cell::is_well_formed)
             } else {
-                self.writers.verify(signed)
+                self.genuine(signed)
             };
             let Some(cell) = cell else {
                 self.table_stats.forged_cells += 1;
@@ -370,6 +380,10 @@ impl Server {
         fresh: bool,
     ) -> Result<(Vec<Change>, Unverified<WriteAck>), Refusal> {
         let decoded = self.check_cells(now, cells, fresh)?;
+        let table = decoded
+            .first()
+            .map(|cell| cell.row.table.clone())
+            .unwrap_or_default();
         let mut changes = Vec::new();
         for (cell, signed) in decoded.into_iter().zip(cells) {
             let (row, column) = (cell.row.clone(), cell.column.clone());
@@ -388,7 +402,7 @@ impl Server {
             cells: cells.iter().map(Cell::digest).collect(),
         };
         let ack = self
-            .sign(ack)
+            .sign(&table, ack)
             .ok_or_else(|| Refusal::Malformed("unsignable".into()))?;
         Ok((changes, ack))
     }
@@ -423,7 +437,7 @@ impl Server {
         // Entries are in column order and so are the held cells (a BTreeMap by column).
         let cells = data.then(|| held.iter().map(|h| h.signed.clone()).collect());
         Some(Answered {
-            answer: self.sign(answer)?,
+            answer: self.sign(&row.table, answer)?,
             cells,
         })
     }
@@ -454,7 +468,7 @@ impl Server {
             entries: entries_of(decoded.iter().zip(cells)),
         };
         let ack = self
-            .sign(ack)
+            .sign(&row.table, ack)
             .ok_or_else(|| Refusal::Malformed("unsignable".into()))?;
         Ok((changes, ack))
     }
@@ -469,6 +483,23 @@ impl Server {
                     body: ResponseBody::Refused(refusal),
                 },
             )
+        }
+    }
+
+    /// The variant `table` runs; the signing ones for a table this replica does not know.
+    fn variant(&self, table: &str) -> Variant {
+        self.catalog
+            .get(table)
+            .map_or(Variant::ProxyVerifies, |schema| schema.variant)
+    }
+
+    /// `signed` decoded if it is a cell its writer signed, or one of a table that signs nothing.
+    fn genuine(&self, signed: &SignedCell) -> Option<Cell> {
+        let cell = signed.peek().ok()?;
+        if self.variant(&cell.row.table).signs() {
+            self.writers.verify(signed)
+        } else {
+            cell.is_well_formed().then_some(cell)
         }
     }
 
@@ -507,8 +538,10 @@ impl Server {
         good
     }
 
-    fn level_threshold(&self, level: Consistency) -> usize {
-        self.mutations.threshold(level, self.place.n, self.place.f)
+    fn level_threshold(&self, table: &str, level: Consistency) -> usize {
+        let variant = self.variant(table);
+        self.mutations
+            .threshold(variant, level, self.place.n, self.place.f)
     }
 
     fn start(
@@ -563,7 +596,12 @@ impl Server {
                 if !access.write {
                     return self.refuse(op, Refusal::NotWriter);
                 }
-                let wanted = (want as usize).clamp(1, self.level_threshold(level));
+                let table = cells
+                    .first()
+                    .and_then(|cell| cell.peek().ok())
+                    .map(|cell| cell.row.table)
+                    .unwrap_or_default();
+                let wanted = (want as usize).clamp(1, self.level_threshold(&table, level));
                 let mut acks = BTreeMap::new();
                 let mut changes = Vec::new();
                 if !skip.contains(&me) {
@@ -640,7 +678,7 @@ impl Server {
                     };
                     return self.refuse(op, refusal);
                 }
-                let wanted = self.level_threshold(level);
+                let wanted = self.level_threshold(&row.table, level);
                 let mut state = ReadState {
                     row,
                     columns,
@@ -821,7 +859,7 @@ impl Server {
             if best.contains_key(&cell.column) {
                 continue;
             }
-            let genuine = self.mutations.unverified_cells || self.writers.verify(&signed).is_some();
+            let genuine = self.mutations.unverified_cells || self.genuine(&signed).is_some();
             if genuine {
                 best.insert(cell.column.clone(), (cell, signed));
             } else {
@@ -1204,6 +1242,13 @@ impl Replica for Server {
     }
 
     fn stats(&self) -> ReplicaStats {
-        self.stats.clone()
+        let table = &self.table_stats;
+        ReplicaStats {
+            bad_signatures: table.bad_signatures.values().sum(),
+            forged_cells: table.forged_cells,
+            resolved_reads: table.resolved_reads,
+            repairs: table.repairs,
+            ..self.stats.clone()
+        }
     }
 }

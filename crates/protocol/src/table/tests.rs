@@ -1,13 +1,13 @@
 //! The scenarios of spec §5.2 on real replica, proxy and client machines, delivered by a small
 //! synchronous driver whose hooks let a test make any replica or proxy lie.
 
+use super::local::{Event, Hook, LocalGroup};
 use super::*;
-use crate::machine::{Access, OpError, Operation, Progress, Replica, TimerId};
+use crate::machine::{OpError, Operation, Progress, Replica};
 use crate::round::{EvidenceKind, OpId};
 use bulwark_core::sign::{SecretKey, Signature, Signed};
 use bulwark_core::{ClientId, Epoch, GroupId, Slot, Time};
 use proptest::prelude::*;
-use std::collections::VecDeque;
 use std::sync::Arc;
 
 const NOW: Time = Time(1_700_000_000_000);
@@ -21,34 +21,13 @@ fn row(key: &str) -> RowKey {
     }
 }
 
-/// What travels in the driver, so hooks can see and change it.
-#[derive(Clone, Debug)]
-enum Event {
-    /// Client to proxy.
-    Request(Slot, Request),
-    /// Replica to replica.
-    Peer {
-        from: Slot,
-        to: Slot,
-        message: Message,
-    },
-    /// Proxy to client.
-    Reply(Slot, Response),
-}
-
-/// A hook: may change an event, or drop it by returning `false`.
-type Hook = Box<dyn FnMut(&mut Event, &[SecretKey]) -> bool>;
-
 struct Cluster {
     f: usize,
     secrets: Vec<SecretKey>,
     keys: Arc<[PublicKey]>,
     writer: SecretKey,
     writers: Arc<Writers>,
-    servers: Vec<Server>,
-    hooks: Vec<Hook>,
-    /// Messages delivered, for counting rounds.
-    delivered: usize,
+    group: LocalGroup,
     next_op: u64,
 }
 
@@ -101,15 +80,13 @@ impl Cluster {
             keys,
             writer,
             writers,
-            servers,
-            hooks: Vec::new(),
-            delivered: 0,
+            group: LocalGroup::new(servers, NOW, WRITER),
             next_op: 0,
         }
     }
 
     fn n(&self) -> usize {
-        self.servers.len()
+        self.group.servers.len()
     }
 
     fn cell(&self, key: &str, column: &str, ts: u64, value: Option<&str>) -> SignedCell {
@@ -151,85 +128,11 @@ impl Cluster {
         )
     }
 
-    /// Runs `op` to its end: events in order, then proxies' timers, then the client's timeout,
-    /// at most `rounds` times.
     fn run<O>(&mut self, op: &mut O, rounds: usize) -> Result<O::Output, OpError>
     where
         O: Operation<Request = Request, Reply = Response>,
     {
-        let mut queue: VecDeque<Event> = op
-            .start()
-            .into_iter()
-            .map(|(slot, request)| Event::Request(slot, request))
-            .collect();
-        let mut timers: Vec<(usize, TimerId)> = Vec::new();
-        for _ in 0..rounds {
-            while let Some(mut event) = queue.pop_front() {
-                if !self
-                    .hooks
-                    .iter_mut()
-                    .all(|hook| hook(&mut event, &self.secrets))
-                {
-                    continue;
-                }
-                self.delivered += 1;
-                let (at, out) = match event {
-                    Event::Request(slot, request) => {
-                        let access = Access {
-                            write: true,
-                            read: true,
-                        };
-                        let server = &mut self.servers[slot.index()];
-                        (slot, server.on_request(NOW, WRITER, access, request, &()))
-                    }
-                    Event::Peer { from, to, message } => {
-                        let server = &mut self.servers[to.index()];
-                        (to, server.on_message(NOW, from, message, &()))
-                    }
-                    Event::Reply(slot, response) => match op.on_reply(slot, response) {
-                        Progress::Done(result) => return result,
-                        Progress::Send(sends) => {
-                            queue.extend(sends.into_iter().map(|(s, r)| Event::Request(s, r)));
-                            continue;
-                        }
-                    },
-                };
-                queue.extend(out.reply.map(|reply| Event::Reply(at, reply)));
-                queue.extend(
-                    out.notify
-                        .into_iter()
-                        .map(|(_, _, reply)| Event::Reply(at, reply)),
-                );
-                queue.extend(out.sends.into_iter().map(|(to, message)| Event::Peer {
-                    from: at,
-                    to,
-                    message,
-                }));
-                timers.extend(out.timers.into_iter().map(|(id, _)| (at.index(), id)));
-            }
-            if let Some((server, timer)) = timers.pop() {
-                let out = self.servers[server].on_timer(NOW, timer, &());
-                let at = Slot(server as u32);
-                queue.extend(
-                    out.notify
-                        .into_iter()
-                        .map(|(_, _, reply)| Event::Reply(at, reply)),
-                );
-                queue.extend(out.sends.into_iter().map(|(to, message)| Event::Peer {
-                    from: at,
-                    to,
-                    message,
-                }));
-                timers.extend(out.timers.into_iter().map(|(id, _)| (server, id)));
-                continue;
-            }
-            queue.extend(
-                op.on_timeout()
-                    .into_iter()
-                    .map(|(slot, request)| Event::Request(slot, request)),
-            );
-        }
-        Err(OpError::Failed("did not finish".into()))
+        self.group.run(op, rounds)
     }
 
     fn write(&mut self, cells: Vec<SignedCell>, proxy: usize) -> WriteOutcome {
@@ -278,7 +181,7 @@ fn signs_badly(slot: Slot) -> Hook {
         bytes[5] ^= 1;
         *signed = Unverified::new(signed.bytes().clone(), Signature(bytes));
     }
-    Box::new(move |event, _| {
+    Box::new(move |event| {
         if let Event::Peer { from, message, .. } = event
             && *from == slot
         {
@@ -372,7 +275,7 @@ fn cells_written_on_different_replicas_merge_per_column() {
         cluster.cell("k", "b", 10, Some("b-old")),
         cluster.cell("k", "b", 20, Some("b-new")),
     );
-    for (i, server) in cluster.servers.iter_mut().enumerate() {
+    for (i, server) in cluster.group.servers.iter_mut().enumerate() {
         let (a, b) = if i < 2 {
             (&a_new, &b_old)
         } else {
@@ -398,11 +301,11 @@ fn a_stale_replica_is_repaired_and_the_next_read_is_fast() {
     let mut cluster = Cluster::new(1, Variant::ProxyVerifies);
     let old = cluster.cell("k", "a", 10, Some("old"));
     let new = cluster.cell("k", "a", 20, Some("new"));
-    for server in &mut cluster.servers {
+    for server in &mut cluster.group.servers {
         server.restore(old.clone());
     }
     // Replica 3 misses the second write.
-    cluster.hooks.push(Box::new(|event, _| {
+    cluster.group.hooks.push(Box::new(|event| {
         !matches!(
             event,
             Event::Peer {
@@ -413,14 +316,14 @@ fn a_stale_replica_is_repaired_and_the_next_read_is_fast() {
         )
     }));
     cluster.write(vec![new], 0);
-    cluster.hooks.clear();
-    assert_eq!(cluster.servers[3].cells(&row("k"))[0].ts, 10);
+    cluster.group.hooks.clear();
+    assert_eq!(cluster.group.servers[3].cells(&row("k"))[0].ts, 10);
     // Proxy 3 answers with its stale cell itself; the digests disagree and it resolves.
     let read = cluster.read("k", 3);
     assert_eq!(read.path, ReadPath::Resolved { written_back: 1 });
     assert_eq!(values(&read), vec![col("a", "new")]);
     assert_eq!(
-        cluster.servers[3].cells(&row("k"))[0].ts,
+        cluster.group.servers[3].cells(&row("k"))[0].ts,
         20,
         "written back"
     );
@@ -459,7 +362,8 @@ fn a_forged_high_timestamp_cell_is_ignored_and_its_replica_blamed() {
         .into(),
         Signature([7; 64]),
     );
-    cluster.hooks.push(Box::new(move |event, secrets| {
+    let secrets = cluster.secrets.clone();
+    cluster.group.hooks.push(Box::new(move |event| {
         if let Event::Peer {
             from: Slot(2),
             message: Message::Answer { answered, .. },
@@ -483,14 +387,14 @@ fn a_forged_high_timestamp_cell_is_ignored_and_its_replica_blamed() {
             .collect::<Vec<_>>(),
         vec![(Slot(2), EvidenceKind::ForgedVersion)]
     );
-    assert!(cluster.servers[0].table_stats().forged_cells >= 1);
+    assert!(cluster.group.servers[0].table_stats().forged_cells >= 1);
 }
 
 #[test]
 fn a_replica_that_always_signs_badly_is_survived_by_both_variants() {
     for variant in [Variant::ProxyVerifies, Variant::ProxyNoVerify] {
         let mut cluster = Cluster::new(1, variant);
-        cluster.hooks.push(signs_badly(Slot(2)));
+        cluster.group.hooks.push(signs_badly(Slot(2)));
         let written = cluster.write(vec![cluster.cell("k", "a", 10, Some("v"))], 0);
         assert!(written.acks.iter().all(|(slot, _)| *slot != Slot(2)));
         // Within (f+1)^2 requests (spec §5.2).
@@ -502,7 +406,7 @@ fn a_replica_that_always_signs_badly_is_survived_by_both_variants() {
         let read = cluster.read("k", 1);
         assert_eq!(values(&read), vec![col("a", "v")], "{variant:?}");
         if variant == Variant::ProxyVerifies {
-            assert!(cluster.servers[0].table_stats().bad_signatures[&Slot(2)] >= 1);
+            assert!(cluster.group.servers[0].table_stats().bad_signatures[&Slot(2)] >= 1);
         }
     }
 }
@@ -552,7 +456,11 @@ fn scenario_two(event: &mut Event, secrets: &[SecretKey]) -> bool {
 #[test]
 fn f_plus_one_valid_acknowledgements_are_not_a_write() {
     let mut cluster = Cluster::new(1, Variant::ProxyNoVerify);
-    cluster.hooks.push(Box::new(scenario_two));
+    let secrets = cluster.secrets.clone();
+    cluster
+        .group
+        .hooks
+        .push(Box::new(move |event| scenario_two(event, &secrets)));
     let cell = cluster.cell("k", "a", 10, Some("v"));
     let written = cluster.write(vec![cell.clone()], 0);
     assert!(
@@ -563,7 +471,11 @@ fn f_plus_one_valid_acknowledgements_are_not_a_write() {
 
     // The broken variant takes the lying proxy's f+1 valid acknowledgements as a write.
     let mut broken = Cluster::new(1, Variant::ProxyNoVerify);
-    broken.hooks.push(Box::new(scenario_two));
+    let secrets = broken.secrets.clone();
+    broken
+        .group
+        .hooks
+        .push(Box::new(move |event| scenario_two(event, &secrets)));
     let mut op = broken
         .write_op(vec![cell], 0)
         .with_mutations(TableMutations {
@@ -590,7 +502,7 @@ fn replayed_answers_and_acknowledgements_do_not_count() {
             first
                 .acks
                 .iter()
-                .map(|(slot, ack)| (*slot, ack.to_unverified()))
+                .map(|(slot, ack)| (*slot, ack.clone()))
                 .collect(),
         ),
     };
@@ -606,7 +518,7 @@ fn replayed_answers_and_acknowledgements_do_not_count() {
                 RequestBody::Read { nonce, .. } => nonce,
                 _ => unreachable!(),
             };
-            let server = &cluster.servers[i];
+            let server = &cluster.group.servers[i];
             (
                 Slot(i as u32),
                 server.answer(&row("k"), &[], nonce, true).unwrap(),
@@ -627,7 +539,7 @@ fn replayed_answers_and_acknowledgements_do_not_count() {
 /// Stores `cell` on the replicas of `slots` directly.
 fn plant(cluster: &mut Cluster, slots: &[usize], cell: &SignedCell) {
     for slot in slots {
-        cluster.servers[*slot].restore(cell.clone());
+        cluster.group.servers[*slot].restore(cell.clone());
     }
 }
 
@@ -647,7 +559,7 @@ fn a_stale_write_back_is_caught_by_the_original_answers() {
     // replicas hold newer and say so for the old cell too) and the original answers.
     let answers: Vec<(Slot, Answered)> = (0..3)
         .map(|i| {
-            let answered = cluster.servers[i]
+            let answered = cluster.group.servers[i]
                 .answer(&row("k"), &[], nonce, true)
                 .unwrap();
             (Slot(i as u32), answered)
@@ -655,7 +567,7 @@ fn a_stale_write_back_is_caught_by_the_original_answers() {
         .collect();
     let write_backs: Vec<(Slot, Unverified<WriteBackAck>)> = (0..4)
         .map(|i| {
-            let (_, ack) = cluster.servers[i]
+            let (_, ack) = cluster.group.servers[i]
                 .write_back(NOW, &row("k"), nonce, std::slice::from_ref(&old))
                 .unwrap();
             (Slot(i as u32), ack)
@@ -724,7 +636,7 @@ fn bad_cells_are_refused_with_a_reason_and_counted() {
     assert!(refused(&mut cluster, old.clone()).contains("old"));
     // The same old cell is taken as a write-back: that is how a stale replica catches up.
     assert!(
-        cluster.servers[2]
+        cluster.group.servers[2]
             .write_back(NOW, &row("k"), [0; 16], &[old])
             .is_ok()
     );
@@ -747,7 +659,7 @@ fn bad_cells_are_refused_with_a_reason_and_counted() {
     .sign(&SecretKey::from_seed(&[50; 32]))
     .unwrap();
     assert!(refused(&mut cluster, stranger).contains("signature"));
-    assert!(cluster.servers[0].table_stats().forged_cells >= 1);
+    assert!(cluster.group.servers[0].table_stats().forged_cells >= 1);
 }
 
 #[test]
@@ -761,16 +673,16 @@ fn a_replica_that_missed_a_table_learns_it_from_f_plus_one_members() {
         variant: Variant::ProxyNoVerify,
     };
     // Replica 3 is down while the table is created: n - f members suffice.
-    cluster.hooks.push(Box::new(|event, _| {
+    cluster.group.hooks.push(Box::new(|event| {
         !matches!(event, Event::Request(Slot(3), _))
     }));
     let mut create = CreateOp::new(place(0, 4, 1), OpId(900), orders.clone());
     let created = cluster.run(&mut create, 5).unwrap();
     assert_eq!(created, vec![Slot(0), Slot(1), Slot(2)]);
-    cluster.hooks.clear();
-    assert!(cluster.servers[3].catalog().get("orders").is_none());
+    cluster.group.hooks.clear();
+    assert!(cluster.group.servers[3].catalog().get("orders").is_none());
     // One member's offer is not enough (it could be the faulty one's)...
-    let out = cluster.servers[3].on_message(
+    let out = cluster.group.servers[3].on_message(
         NOW,
         Slot(0),
         Message::Schema {
@@ -784,7 +696,8 @@ fn a_replica_that_missed_a_table_learns_it_from_f_plus_one_members() {
         columns: vec!["item".into(), "price".into()],
         ..orders.clone()
     };
-    let out = cluster.servers[3].on_message(NOW, Slot(1), Message::Schema { schema: forged }, &());
+    let out =
+        cluster.group.servers[3].on_message(NOW, Slot(1), Message::Schema { schema: forged }, &());
     assert!(out.changes.is_empty());
     // Writes through proxies that hold the table teach it.
     let now_micros = NOW.0 * 1000;
@@ -805,10 +718,13 @@ fn a_replica_that_missed_a_table_learns_it_from_f_plus_one_members() {
         .unwrap()
     };
     cluster.write(vec![cell("1", "apple")], 2);
-    assert_eq!(cluster.servers[3].catalog().get("orders"), Some(&orders));
+    assert_eq!(
+        cluster.group.servers[3].catalog().get("orders"),
+        Some(&orders)
+    );
     cluster.write(vec![cell("2", "pear")], 0);
     assert_eq!(
-        cluster.servers[3]
+        cluster.group.servers[3]
             .cells(&RowKey {
                 table: "orders".into(),
                 partition: b"o1".to_vec(),
@@ -818,6 +734,19 @@ fn a_replica_that_missed_a_table_learns_it_from_f_plus_one_members() {
         1,
         "and then stores its rows"
     );
+    // A table that signs nothing is for the bench alone: nodes refuse to create one.
+    let plain = Schema {
+        name: "plain".into(),
+        partition_key: "id".into(),
+        clustering: Vec::new(),
+        columns: vec!["v".into()],
+        variant: Variant::Plain,
+    };
+    let mut create = CreateOp::new(place(0, 4, 1), OpId(902), plain);
+    assert!(matches!(
+        cluster.run(&mut create, 5),
+        Err(OpError::Refused { .. })
+    ));
     // Creating it again with another schema is refused by every correct member.
     let mut again = CreateOp::new(
         place(0, 4, 1),
