@@ -748,6 +748,40 @@ pub async fn status(args: &ClientArgs) -> Result<std::process::ExitCode> {
             ),
         }
     }
+    // Table replicas whose signatures other members' proxies refused, by node: a bad signature
+    // alone proves nothing a third party can check (the proxy could be lying), so this is what
+    // the correct proxies saw, counted where they saw it.
+    let mut bad_signers: std::collections::BTreeMap<u32, (u64, Vec<u32>)> = Default::default();
+    for (by, _, status) in &statuses {
+        let Ok(status) = status else { continue };
+        for replica in status.replicas.iter().filter(|r| r.service == "table") {
+            let group = client
+                .placement()
+                .group(bulwark_core::GroupId(replica.group));
+            for (slot, count) in &replica.stats.bad_signers {
+                let Some(node) = group
+                    .as_ref()
+                    .and_then(|view| view.node(bulwark_core::Slot(*slot)))
+                else {
+                    continue;
+                };
+                let entry = bad_signers.entry(node.0).or_default();
+                entry.0 += count;
+                entry.1.push(by.0);
+            }
+        }
+    }
+    if !bad_signers.is_empty() {
+        out!(text, "table replicas whose signatures proxies refused:");
+        for (node, (count, by)) in bad_signers {
+            let by: Vec<String> = by.iter().map(u32::to_string).collect();
+            out!(
+                text,
+                "  node {node}: {count} signatures, refused by nodes {}",
+                by.join(",")
+            );
+        }
+    }
     let caught = bulwark_client::evidence::summary(&args.cluster);
     if !caught.is_empty() {
         out!(

@@ -322,4 +322,12 @@ async fn a_table_with_a_bad_signer_and_a_lying_coordinator_stays_linearizable() 
         status.contains("signatures of other members refused as proxy"),
         "{status}"
     );
+    assert!(
+        status.contains("\n  node 5: "),
+        "the bad signer is named: {status}"
+    );
+    assert!(
+        !status.contains("\n  node 6: "),
+        "the colluder signs validly: {status}"
+    );
 }

@@ -66,10 +66,14 @@ pub struct ReplicaStats {
     pub resolved_reads: u64,
     /// Tables: write-backs this replica took from a proxy's resolution.
     pub repairs: u64,
+    /// Tables: by slot of this replica's group, the signatures this replica, as proxy, refused
+    /// from that member. Per group: [`ReplicaStats::add`] leaves it out of totals.
+    pub bad_signers: Vec<(u32, u64)>,
 }
 
 impl ReplicaStats {
-    /// Adds `other` into `self`, for a node's totals over its replicas.
+    /// Adds `other` into `self`, for a node's totals over its replicas (counters only: what is
+    /// counted per slot belongs to one group).
     pub fn add(&mut self, other: &ReplicaStats) {
         self.objects += other.objects;
         self.keys += other.keys;

@@ -1248,6 +1248,11 @@ impl Replica for Server {
             forged_cells: table.forged_cells,
             resolved_reads: table.resolved_reads,
             repairs: table.repairs,
+            bad_signers: table
+                .bad_signatures
+                .iter()
+                .map(|(slot, count)| (slot.0, *count))
+                .collect(),
             ..self.stats.clone()
         }
     }
