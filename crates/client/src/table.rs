@@ -11,8 +11,10 @@ use crate::{Client, ClientError, OpReport, blame, nodes};
 use bulwark_core::membership::GroupView;
 use bulwark_core::{ClientId, Slot};
 use bulwark_protocol::table::{
-    self, Cell, Consistency, CreateOp, Place, ReadOp, ReadPath, RowKey, Schema, WriteOp,
+    self, Cell, Consistency, CreateOp, Place, Position, Range, RangeOp, ReadOp, ReadPath, RowKey,
+    Schema, WriteOp,
 };
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -170,6 +172,139 @@ impl Client {
             resolved: outcome.path != ReadPath::Fast,
         };
         Ok((row, report))
+    }
+
+    /// Reads up to `limit` live rows of `table` in scan order, `columns` of each (all when
+    /// empty): of one partition between clustering keys `start` (inclusive) and `end`
+    /// (exclusive) when `partition` is given, else of every partition in token order (the
+    /// partition key's point on the placement ring), from every group. Rows whose cells are
+    /// all deleted are left out. Each page is resolved by this client from a quorum of signed
+    /// answers at `level` and written back before it is returned.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn table_scan(
+        &self,
+        table: &str,
+        partition: Option<&[u8]>,
+        start: Option<&[u8]>,
+        end: Option<&[u8]>,
+        columns: &[String],
+        limit: usize,
+        level: Consistency,
+    ) -> Result<(Vec<(RowKey, Row)>, OpReport), ClientError> {
+        self.fresh().await?;
+        let views = match partition {
+            Some(partition) => vec![self.placement.group_of(partition)],
+            None => self.placement.groups(),
+        };
+        let query = Range {
+            partition: partition.map(<[u8]>::to_vec),
+            start: start.map(<[u8]>::to_vec),
+            end: end.map(<[u8]>::to_vec),
+            columns: columns.to_vec(),
+            ..Range::scan(table, table::RANGE_ROWS_MAX as u32)
+        };
+        if let Some(problem) = query.problem() {
+            return Err(ClientError::Protocol(format!("range: {problem}")));
+        }
+        /// One group's walk: rows fetched and not yet returned, and where its next page starts.
+        struct Walk {
+            view: GroupView,
+            rows: VecDeque<(RowKey, Vec<Cell>)>,
+            after: Option<Position>,
+            done: bool,
+        }
+        let mut walks: Vec<Walk> = views
+            .into_iter()
+            .map(|view| Walk {
+                view,
+                rows: VecDeque::new(),
+                after: None,
+                done: false,
+            })
+            .collect();
+        let mut report = OpReport {
+            answered: Vec::new(),
+            n: walks.first().map_or(0, |walk| walk.view.len()),
+            evidence: Vec::new(),
+            restarts: 0,
+            repaired: false,
+        };
+        let writers: Arc<table::Writers> = Arc::new(self.writers.keys().collect());
+        let what = format!("table {table} range");
+        let mut out: Vec<(RowKey, Row)> = Vec::new();
+        while out.len() < limit {
+            for walk in walks.iter_mut().filter(|w| w.rows.is_empty() && !w.done) {
+                let op = self.op_id();
+                let range = Range {
+                    after: walk.after.clone(),
+                    ..query.clone()
+                };
+                let mut machine = RangeOp::new(
+                    self.table_place(&walk.view),
+                    self.content_keys(&walk.view)?,
+                    writers.clone(),
+                    op,
+                    range,
+                    rand::random(),
+                    level,
+                    self.table_proxy(op.0, &walk.view),
+                );
+                let page = self
+                    .drive(&walk.view, &what, self.cluster.f, &mut machine)
+                    .await?;
+                self.table_silent(&walk.view, &page.silent);
+                let evidence = blame(&walk.view, &what, &page.evidence);
+                self.record(&evidence);
+                report.evidence.extend(evidence);
+                report.restarts += page.proxies.saturating_sub(1) as u32;
+                report.repaired |= page.written_back > 0;
+                // A page's rows are after its start and its end is its last row or later.
+                debug_assert!(page.next.is_none() || page.next > walk.after);
+                walk.rows.extend(page.rows);
+                walk.done = page.next.is_none();
+                walk.after = page.next;
+            }
+            // No group still walking has a row before its next page's start: rows up to the
+            // earliest such start are final, in order.
+            let horizon = walks
+                .iter()
+                .filter(|walk| !walk.done)
+                .filter_map(|walk| walk.after.clone())
+                .min();
+            let mut emitted = false;
+            loop {
+                let next = walks
+                    .iter_mut()
+                    .filter(|walk| !walk.rows.is_empty())
+                    .min_by_key(|walk| walk.rows.front().map(|(row, _)| Position::of(row)));
+                let Some(walk) = next else { break };
+                let position = walk.rows.front().map(|(row, _)| Position::of(row));
+                if horizon.is_some() && position > horizon {
+                    break;
+                }
+                let Some((row, cells)) = walk.rows.pop_front() else {
+                    break;
+                };
+                emitted = true;
+                if cells.iter().any(|cell| cell.value.is_some()) {
+                    out.push((
+                        row,
+                        Row {
+                            cells,
+                            resolved: false,
+                        },
+                    ));
+                    if out.len() == limit {
+                        break;
+                    }
+                }
+            }
+            let finished = walks.iter().all(|walk| walk.done && walk.rows.is_empty());
+            if finished || (!emitted && walks.iter().all(|w| !w.rows.is_empty() || w.done)) {
+                break;
+            }
+        }
+        Ok((out, report))
     }
 
     fn table_place(&self, view: &GroupView) -> Place {

@@ -10,9 +10,10 @@
 //! who relayed them.
 
 use super::{
-    Answer, Answered, Cell, Consistency, Nonce, Place, Refusal, Request, RequestBody, Response,
-    ResponseBody, RowKey, Schema, SignedCell, TableMutations, Variant, WriteAck, WriteBackAck,
-    Writers, entries_of,
+    Answer, Answered, Cell, Consistency, Nonce, Page, Place, Position, Range, RangeAnswered,
+    RangeWriteBackAck, Refusal, Request, RequestBody, Response, ResponseBody, RowKey, Schema,
+    SignedCell, TableMutations, Variant, WriteAck, WriteBackAck, Writers, check_page, entries_of,
+    listing_digest, resolve,
 };
 use crate::machine::{OpError, Operation, Progress};
 use crate::round::{Evidence, EvidenceKind, OpId, Refusals, Replies};
@@ -127,6 +128,19 @@ impl Proxies {
         })
     }
 
+    /// A proxy's refusal: the operation's end once `f+1` proxies refused; else whether the
+    /// current proxy refused, so the client moved to the next and asks it.
+    fn on_refusal(&mut self, from: Slot, refusal: Refusal) -> Result<bool, OpError> {
+        if let Some(error) = self.refused(from, refusal) {
+            return Err(error);
+        }
+        if from == self.proxy {
+            self.next();
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
     /// Whether to re-ask the current proxy after a reply from it that fell short.
     fn retry_here(&mut self, from: Slot, progress: bool, valid: usize) -> bool {
         if from != self.proxy {
@@ -160,6 +174,27 @@ impl Proxies {
         }
     }
 }
+
+/// `with_mutations` and `with_variant` for an operation that goes through [`Proxies`].
+macro_rules! through_proxies {
+    ($($op:ty),*) => {$(
+        impl $op {
+            /// The same operation with deliberate breakage (negative controls only).
+            pub fn with_mutations(mut self, mutations: TableMutations) -> $op {
+                self.proxies.mutations = mutations;
+                self
+            }
+
+            /// The same operation for a table of `variant` (a signing one unless told).
+            pub fn with_variant(mut self, variant: Variant) -> $op {
+                self.proxies.variant = variant;
+                self
+            }
+        }
+    )*};
+}
+
+through_proxies!(WriteOp, ReadOp, RangeOp);
 
 /// A completed write: the acknowledgements that prove it.
 #[derive(Clone, Debug)]
@@ -208,18 +243,6 @@ impl WriteOp {
             acks: BTreeMap::new(),
             bad: BTreeSet::new(),
         }
-    }
-
-    /// The same write with deliberate breakage (negative controls only).
-    pub fn with_mutations(mut self, mutations: TableMutations) -> WriteOp {
-        self.proxies.mutations = mutations;
-        self
-    }
-
-    /// The same write for a table of `variant` (a signing one unless told).
-    pub fn with_variant(mut self, variant: Variant) -> WriteOp {
-        self.proxies.variant = variant;
-        self
     }
 
     fn needed(&self) -> usize {
@@ -281,18 +304,17 @@ impl Operation for WriteOp {
         let acks = match reply.body {
             ResponseBody::Acks(acks) => acks,
             ResponseBody::Refused(refusal) => {
-                if let Some(error) = self.proxies.refused(from, refusal) {
-                    return Progress::Done(Err(error));
-                }
-                if from == self.proxies.proxy {
-                    let tried = self.proxies.tried;
-                    self.proxies.next();
-                    self.moved_on(tried);
-                    return Progress::Send(self.request());
-                }
-                return Progress::Send(Vec::new());
+                let tried = self.proxies.tried;
+                return match self.proxies.on_refusal(from, refusal) {
+                    Err(error) => Progress::Done(Err(error)),
+                    Ok(true) => {
+                        self.moved_on(tried);
+                        Progress::Send(self.request())
+                    }
+                    Ok(false) => Progress::Send(Vec::new()),
+                };
             }
-            ResponseBody::Read { .. } | ResponseBody::Created => {
+            ResponseBody::Read { .. } | ResponseBody::Range { .. } | ResponseBody::Created => {
                 return Progress::Send(Vec::new());
             }
         };
@@ -430,18 +452,6 @@ impl ReadOp {
             full: false,
             forged: BTreeSet::new(),
         }
-    }
-
-    /// The same read with deliberate breakage (negative controls only).
-    pub fn with_mutations(mut self, mutations: TableMutations) -> ReadOp {
-        self.proxies.mutations = mutations;
-        self
-    }
-
-    /// The same read for a table of `variant` (a signing one unless told).
-    pub fn with_variant(mut self, variant: Variant) -> ReadOp {
-        self.proxies.variant = variant;
-        self
     }
 
     fn request(&mut self) -> Vec<(Slot, Request)> {
@@ -674,18 +684,19 @@ impl Operation for ReadOp {
                 write_backs,
             } => (answers, resolved, write_backs),
             ResponseBody::Refused(refusal) => {
-                if let Some(error) = self.proxies.refused(from, refusal) {
-                    return Progress::Done(Err(error));
-                }
-                if from == self.proxies.proxy {
-                    let tried = self.proxies.tried;
-                    self.proxies.next();
-                    self.moved_on(tried);
-                    return Progress::Send(self.request());
-                }
+                let tried = self.proxies.tried;
+                return match self.proxies.on_refusal(from, refusal) {
+                    Err(error) => Progress::Done(Err(error)),
+                    Ok(true) => {
+                        self.moved_on(tried);
+                        Progress::Send(self.request())
+                    }
+                    Ok(false) => Progress::Send(Vec::new()),
+                };
+            }
+            ResponseBody::Acks(_) | ResponseBody::Range { .. } | ResponseBody::Created => {
                 return Progress::Send(Vec::new());
             }
-            ResponseBody::Acks(_) | ResponseBody::Created => return Progress::Send(Vec::new()),
         };
         let blacklisted = self.blacklist.len();
         let valid = self.valid_answers(answers);
@@ -708,6 +719,265 @@ impl Operation for ReadOp {
         }
         let tried = self.proxies.tried;
         self.proxies.retry_here(from, grew, valid.len());
+        self.moved_on(tried);
+        Progress::Send(self.request())
+    }
+
+    fn on_timeout(&mut self) -> Vec<(Slot, Request)> {
+        let tried = self.proxies.tried;
+        self.proxies.on_timeout();
+        self.moved_on(tried);
+        self.request()
+    }
+
+    fn answered(&self) -> Vec<Slot> {
+        self.proxies.answered.iter().copied().collect()
+    }
+
+    fn quorum(&self) -> usize {
+        1
+    }
+}
+
+/// A completed page of a range read.
+#[derive(Clone, Debug)]
+pub struct RangeOutcome {
+    /// The rows in scan order, each with the newest cell of each column asked for that any
+    /// replica of the quorum holds; a tombstone is a cell with no value, and a row of
+    /// tombstones is a deleted row.
+    pub rows: Vec<(RowKey, Vec<Cell>)>,
+    /// Where the next page starts; `None` when the range is done (in this group).
+    pub next: Option<Position>,
+    /// Replicas that acknowledged the write-back of this page.
+    pub written_back: usize,
+    /// Proxies asked, counting re-asks of one as one.
+    pub proxies: usize,
+    /// Proxies asked that never answered.
+    pub silent: Vec<Slot>,
+    /// Misbehaviour proven along the way: replicas that signed answers holding forged cells.
+    pub evidence: Vec<Evidence>,
+}
+
+/// A page of a range read: the client resolves for itself from a quorum of signed pages (the
+/// proxy only relays them and runs the write-back), so what it checks is what it returns.
+pub struct RangeOp {
+    proxies: Proxies,
+    writers: Arc<Writers>,
+    range: Range,
+    nonce: Nonce,
+    level: Consistency,
+    /// Replicas whose signatures or pages failed (spec §3.5).
+    blacklist: BTreeSet<Slot>,
+    /// Cells already found forged, so each is blamed once.
+    forged: BTreeSet<Vec<u8>>,
+}
+
+impl RangeOp {
+    /// A page of `range` from the group at `place`, checking answers against the group's
+    /// `keys` and cells against `writers`, with a fresh `nonce`, through `proxy` first.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        place: Place,
+        keys: Arc<[PublicKey]>,
+        writers: Arc<Writers>,
+        op: OpId,
+        range: Range,
+        nonce: Nonce,
+        level: Consistency,
+        proxy: Slot,
+    ) -> RangeOp {
+        RangeOp {
+            proxies: Proxies::new(place, keys, op, proxy),
+            writers,
+            range,
+            nonce,
+            level,
+            blacklist: BTreeSet::new(),
+            forged: BTreeSet::new(),
+        }
+    }
+
+    fn request(&mut self) -> Vec<(Slot, Request)> {
+        let body = RequestBody::Range {
+            range: self.range.clone(),
+            nonce: self.nonce,
+            level: self.level,
+            blacklist: self.blacklist.iter().copied().collect(),
+        };
+        self.proxies.request(body)
+    }
+
+    /// The pages that verify as their slot's and check out for this query; the others'
+    /// replicas blacklisted.
+    fn pages(&mut self, answers: Vec<(Slot, RangeAnswered)>) -> BTreeMap<Slot, Page> {
+        let place = self.proxies.place;
+        let mut pages = BTreeMap::new();
+        for (slot, answered) in answers {
+            if slot.index() >= place.n
+                || self.blacklist.contains(&slot)
+                || pages.contains_key(&slot)
+            {
+                continue;
+            }
+            let page = self
+                .proxies
+                .verify(slot, &answered.answer, |_| true)
+                .and_then(|answer| {
+                    check_page(
+                        &place,
+                        slot,
+                        &self.range,
+                        self.nonce,
+                        answer,
+                        answered.cells,
+                    )
+                });
+            match page {
+                Some(page) => {
+                    pages.insert(slot, page);
+                }
+                // A bad signature or a page that does not match its signed entries: proxy or
+                // replica may be at fault, so no blame, but not asked again.
+                None => {
+                    self.blacklist.insert(slot);
+                }
+            }
+        }
+        pages
+    }
+
+    /// Resolves a quorum of pages, and returns the outcome if a quorum of replicas holds the
+    /// resolution (their pages, or a write-back acknowledgement for this read and listing).
+    fn judge(
+        &mut self,
+        pages: &BTreeMap<Slot, Page>,
+        write_backs: Vec<(Slot, Unverified<RangeWriteBackAck>)>,
+    ) -> Option<(super::Resolution, usize)> {
+        let quorum = self.proxies.quorum(self.level);
+        if pages.len() < quorum {
+            return None;
+        }
+        let vouched = if self.proxies.variant.signs() {
+            self.proxies.place.f + 1
+        } else {
+            usize::MAX
+        };
+        let proxies = &self.proxies;
+        let writers = &self.writers;
+        let resolution = resolve(&self.range, pages, vouched, |signed| {
+            proxies.genuine(writers, signed)
+        });
+        if !resolution.forged.is_empty() {
+            for (signed, holders) in &resolution.forged {
+                self.blacklist.extend(holders.iter().copied());
+                if self.forged.insert(signed.bytes().to_vec()) {
+                    for node in holders {
+                        self.proxies.evidence.push(Evidence {
+                            node: *node,
+                            kind: EvidenceKind::ForgedVersion,
+                        });
+                    }
+                }
+            }
+            return None;
+        }
+        let listing = listing_digest(&resolution.listing());
+        let (epoch, group, nonce) = (
+            self.proxies.place.epoch,
+            self.proxies.place.group,
+            self.nonce,
+        );
+        let mut current = resolution.current.clone();
+        let mut written_back = 0;
+        for (slot, ack) in write_backs {
+            if slot.index() >= self.proxies.place.n || current.contains(&slot) {
+                continue;
+            }
+            let good = self.proxies.verify(slot, &ack, |ack| {
+                ack.slot == slot
+                    && ack.epoch == epoch
+                    && ack.group == group
+                    && ack.nonce == nonce
+                    && ack.listing == listing
+            });
+            if good.is_some() {
+                current.insert(slot);
+                written_back += 1;
+            }
+        }
+        (current.len() >= quorum || self.proxies.mutations.skip_write_back)
+            .then_some((resolution, written_back))
+    }
+
+    /// The blacklist is the current proxy's: a new proxy starts with a clean slate.
+    fn moved_on(&mut self, tried: usize) {
+        if self.proxies.tried != tried {
+            self.blacklist.clear();
+        }
+    }
+}
+
+impl Operation for RangeOp {
+    const SERVICE: ServiceId = ServiceId::TABLE;
+    type Request = Request;
+    type Reply = Response;
+    type Output = RangeOutcome;
+
+    fn op(&self) -> u64 {
+        self.proxies.op
+    }
+
+    fn start(&mut self) -> Vec<(Slot, Request)> {
+        self.request()
+    }
+
+    fn on_reply(&mut self, from: Slot, reply: Response) -> Progress<Self> {
+        if reply.op != self.proxies.op {
+            return Progress::Send(Vec::new());
+        }
+        self.proxies.heard(from);
+        let (answers, write_backs) = match reply.body {
+            ResponseBody::Range {
+                answers,
+                write_backs,
+            } => (answers, write_backs),
+            ResponseBody::Refused(refusal) => {
+                let tried = self.proxies.tried;
+                return match self.proxies.on_refusal(from, refusal) {
+                    Err(error) => Progress::Done(Err(error)),
+                    Ok(true) => {
+                        self.moved_on(tried);
+                        Progress::Send(self.request())
+                    }
+                    Ok(false) => Progress::Send(Vec::new()),
+                };
+            }
+            ResponseBody::Acks(_) | ResponseBody::Read { .. } | ResponseBody::Created => {
+                return Progress::Send(Vec::new());
+            }
+        };
+        let blacklisted = self.blacklist.len();
+        let pages = self.pages(answers);
+        if let Some((resolution, written_back)) = self.judge(&pages, write_backs) {
+            return Progress::Done(Ok(RangeOutcome {
+                rows: resolution
+                    .rows
+                    .into_iter()
+                    .map(|(row, cells)| (row, cells.into_iter().map(|(cell, _)| cell).collect()))
+                    .collect(),
+                next: resolution.next,
+                written_back,
+                proxies: self.proxies.tried,
+                silent: self.proxies.silent(),
+                evidence: std::mem::take(&mut self.proxies.evidence),
+            }));
+        }
+        if from != self.proxies.proxy {
+            return Progress::Send(Vec::new());
+        }
+        let grew = self.blacklist.len() > blacklisted;
+        let tried = self.proxies.tried;
+        self.proxies.retry_here(from, grew, pages.len());
         self.moved_on(tried);
         Progress::Send(self.request())
     }
@@ -797,7 +1067,7 @@ impl Operation for CreateOp {
                     }));
                 }
             }
-            ResponseBody::Acks(_) | ResponseBody::Read { .. } => {}
+            ResponseBody::Acks(_) | ResponseBody::Read { .. } | ResponseBody::Range { .. } => {}
         }
         if self.created.count() >= self.quorum() {
             return Progress::Done(Ok(self.created.nodes()));

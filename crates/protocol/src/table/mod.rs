@@ -40,11 +40,18 @@
 
 mod client;
 pub mod local;
+mod range;
 mod server;
 #[cfg(test)]
 mod tests;
 
-pub use client::{CreateOp, ReadOp, ReadOutcome, ReadPath, WriteOp, WriteOutcome};
+pub use client::{
+    CreateOp, RangeOp, RangeOutcome, ReadOp, ReadOutcome, ReadPath, WriteOp, WriteOutcome,
+};
+pub use range::{
+    Listing, PAGE_BYTES, Page, Position, RANGE_ROWS_MAX, Range, RangeAnswer, RangeAnswered,
+    RangeWriteBackAck, Resolution, check_page, listing_digest, listing_of, resolve,
+};
 pub use server::{Server, Settings, TableStats};
 
 use bulwark_core::sign::{Context, PublicKey, SecretKey, Signable, Signed, Unverified};
@@ -568,6 +575,17 @@ pub enum RequestBody {
         /// Skip the digest round: every replica sends data.
         full: bool,
     },
+    /// Read a page of rows: a range within a partition, or a scan in token order.
+    Range {
+        /// The query.
+        range: Range,
+        /// The reader's nonce.
+        nonce: Nonce,
+        /// How many replicas must vouch.
+        level: Consistency,
+        /// Replicas whose signatures failed: not to be asked (spec §3.5).
+        blacklist: Vec<Slot>,
+    },
 }
 
 /// A proxy's answer to a client.
@@ -594,6 +612,14 @@ pub enum ResponseBody {
         resolved: Option<Vec<SignedCell>>,
         /// Write-back acknowledgements, by replica.
         write_backs: Vec<(Slot, Unverified<WriteBackAck>)>,
+    },
+    /// A range read: the data answers of a quorum, and the write-back acknowledgements of the
+    /// replicas brought up to date; the client resolves for itself.
+    Range {
+        /// Answers, by replica.
+        answers: Vec<(Slot, RangeAnswered)>,
+        /// Write-back acknowledgements, by replica.
+        write_backs: Vec<(Slot, Unverified<RangeWriteBackAck>)>,
     },
     /// The table is created on this replica (it was already, with the same schema).
     Created,
@@ -656,6 +682,40 @@ pub enum Message {
         pop: u64,
         /// The signed acknowledgement.
         ack: Unverified<WriteBackAck>,
+    },
+    /// Answer for a page of rows.
+    RangeRead {
+        /// The proxy's operation.
+        pop: u64,
+        /// The query.
+        range: Range,
+        /// The reader's nonce.
+        nonce: Nonce,
+    },
+    /// The page.
+    RangeAnswer {
+        /// The proxy's operation.
+        pop: u64,
+        /// The signed answer and its cells.
+        answered: RangeAnswered,
+    },
+    /// Store these resolved cells (of several rows) and say so, bound to the read's nonce.
+    RangeWriteBack {
+        /// The proxy's operation.
+        pop: u64,
+        /// The table.
+        table: String,
+        /// The read's nonce.
+        nonce: Nonce,
+        /// The resolved cells, row by row.
+        cells: Vec<SignedCell>,
+    },
+    /// They are durable.
+    RangeWriteBackAck {
+        /// The proxy's operation.
+        pop: u64,
+        /// The signed acknowledgement.
+        ack: Unverified<RangeWriteBackAck>,
     },
     /// The schema of a table the replica refused as unknown: a replica takes it once `f+1`
     /// members offered the same, so at least one correct member holds it.

@@ -10,8 +10,10 @@
 
 use super::{
     Answer, Answered, COLUMNS_MAX, Catalog, Cell, Change, Consistency, Entry, Message, Nonce,
-    Place, Refusal, Request, RequestBody, Response, ResponseBody, RowKey, Schema, SignedCell,
-    TABLES_MAX, TableMutations, Variant, WriteAck, WriteBackAck, Writers, entries_of,
+    PAGE_BYTES, Page, Place, Position, RANGE_ROWS_MAX, Range, RangeAnswer, RangeAnswered,
+    RangeWriteBackAck, Refusal, Request, RequestBody, Response, ResponseBody, RowKey, Schema,
+    SignedCell, TABLES_MAX, TableMutations, Variant, WriteAck, WriteBackAck, Writers, check_page,
+    entries_of, listing_digest, listing_of, resolve,
 };
 use crate::machine::{Access, Output, Replica, ReplicaStats, TimerId};
 use bulwark_core::sign::{PublicKey, SecretKey, Signable, Signed, Unverified};
@@ -89,6 +91,22 @@ enum Kind {
         skip: Vec<Slot>,
     },
     Read(ReadState),
+    Range(RangeState),
+}
+
+struct RangeState {
+    range: Range,
+    nonce: Nonce,
+    /// The client's blacklist, and the replicas found vouching for forged cells.
+    blacklist: BTreeSet<Slot>,
+    asked: BTreeSet<Slot>,
+    /// Answers whose pages checked out, as received (for the client) and decoded.
+    answers: BTreeMap<Slot, RangeAnswered>,
+    pages: BTreeMap<Slot, Page>,
+    /// Once written back: the resolved listing's digest.
+    resolved: Option<bulwark_core::Digest>,
+    current: BTreeSet<Slot>,
+    write_backs: BTreeMap<Slot, Unverified<RangeWriteBackAck>>,
 }
 
 struct ReadState {
@@ -120,7 +138,8 @@ pub struct Server {
     offers: BTreeMap<String, BTreeMap<Slot, Schema>>,
     settings: Settings,
     mutations: TableMutations,
-    rows: BTreeMap<RowKey, BTreeMap<String, Held>>,
+    /// By table and scan order, so a range read is a walk.
+    rows: BTreeMap<(String, Position), BTreeMap<String, Held>>,
     pending: BTreeMap<u64, Pending>,
     /// The proxy operation serving each client's operation, so a retransmission joins it.
     serving: HashMap<(ClientId, u64), u64>,
@@ -263,7 +282,7 @@ impl Server {
     /// The newest cells this replica holds of `row`, in column order.
     pub fn cells(&self, row: &RowKey) -> Vec<Cell> {
         self.rows
-            .get(row)
+            .get(&(row.table.clone(), Position::of(row)))
             .map(|cells| cells.values().map(|held| held.cell.clone()).collect())
             .unwrap_or_default()
     }
@@ -275,7 +294,8 @@ impl Server {
 
     /// Keeps `cell` if it is newer than what this replica holds; whether it was.
     fn keep(&mut self, cell: Cell, signed: SignedCell) -> bool {
-        let row = self.rows.entry(cell.row.clone()).or_default();
+        let key = (cell.row.table.clone(), Position::of(&cell.row));
+        let row = self.rows.entry(key).or_default();
         match row.get(&cell.column) {
             Some(held) if held.cell.rank() >= cell.rank() => false,
             previous => {
@@ -418,7 +438,7 @@ impl Server {
     ) -> Option<Answered> {
         let held: Vec<&Held> = self
             .rows
-            .get(row)
+            .get(&(row.table.clone(), Position::of(row)))
             .map(|cells| {
                 cells
                     .values()
@@ -587,6 +607,31 @@ impl Server {
         let me = self.place.slot;
         match request.body {
             RequestBody::Create { .. } => Output::none(),
+            RequestBody::Range {
+                range,
+                nonce,
+                level,
+                blacklist,
+            } => {
+                if !access.read {
+                    return self.refuse(op, Refusal::NotReader);
+                }
+                if let Some(problem) = range.problem() {
+                    return self.refuse(op, Refusal::Malformed(problem));
+                }
+                let Some(schema) = self.catalog.get(&range.table) else {
+                    return self.refuse(op, Refusal::UnknownTable(range.table.clone()));
+                };
+                if let Some(column) = range.columns.iter().find(|c| !schema.has_column(c)) {
+                    let refusal = Refusal::UnknownColumn {
+                        table: range.table.clone(),
+                        column: column.clone(),
+                    };
+                    return self.refuse(op, refusal);
+                }
+                let wanted = self.level_threshold(&range.table, level);
+                self.start_range(now, pop, client, op, wanted, range, nonce, blacklist)
+            }
             RequestBody::Write {
                 cells,
                 level,
@@ -771,6 +816,9 @@ impl Server {
             return Output::none();
         };
         let want = pending.want;
+        if matches!(pending.kind, Kind::Range(_)) {
+            return self.progress_range(pop);
+        }
         let done = match &mut pending.kind {
             Kind::Write { acks, refused, .. } => {
                 if refused.len() > self.place.f {
@@ -784,6 +832,7 @@ impl Server {
                     None
                 }
             }
+            Kind::Range(_) => None,
             Kind::Read(state) => {
                 if state.resolved.is_some() {
                     (state.current.len() >= want || self.mutations.skip_write_back)
@@ -822,7 +871,7 @@ impl Server {
     fn progress_more(&mut self, pop: u64) -> Output<Self> {
         let enough = self.pending.get(&pop).is_some_and(|p| match &p.kind {
             Kind::Read(state) => state.answers.len() >= p.want,
-            Kind::Write { .. } => false,
+            Kind::Write { .. } | Kind::Range(_) => false,
         });
         if enough {
             self.progress(pop)
@@ -955,6 +1004,8 @@ impl Server {
             Message::StoreAck { pop, .. }
             | Message::Answer { pop, .. }
             | Message::WriteBackAck { pop, .. }
+            | Message::RangeAnswer { pop, .. }
+            | Message::RangeWriteBackAck { pop, .. }
             | Message::Refused { pop, .. } => *pop,
             _ => return Output::none(),
         };
@@ -1066,6 +1117,32 @@ impl Server {
                     state.write_backs.entry(from).or_insert(ack);
                 }
             }
+            (Message::RangeAnswer { answered, .. }, Kind::Range(_)) => {
+                return taught.and(self.on_range_answer(pop, from, answered));
+            }
+            (Message::RangeWriteBackAck { ack, .. }, Kind::Range(state)) => {
+                let Some(listing) = state.resolved else {
+                    return taught;
+                };
+                let verify = self.verifies(&state.range.table);
+                let nonce = state.nonce;
+                let good = self.valid(verify, from, &ack, |ack| {
+                    ack.slot == from
+                        && ack.epoch == epoch
+                        && ack.group == group
+                        && ack.nonce == nonce
+                        && ack.listing == listing
+                });
+                if let Some(Pending {
+                    kind: Kind::Range(state),
+                    ..
+                }) = self.pending.get_mut(&pop)
+                    && good
+                {
+                    state.current.insert(from);
+                    state.write_backs.entry(from).or_insert(ack);
+                }
+            }
             _ => return taught,
         }
         taught.and(self.progress(pop))
@@ -1108,6 +1185,31 @@ impl Server {
                 pop,
                 self.write_back(now, &row, nonce, &cells)
                     .map(|(changes, ack)| (changes, Message::WriteBackAck { pop, ack })),
+            ),
+            Message::RangeRead { pop, range, nonce } => {
+                if let Some(problem) = range.problem() {
+                    (pop, Err(Refusal::Malformed(problem)))
+                } else if self.catalog.get(&range.table).is_none() {
+                    (pop, Err(Refusal::UnknownTable(range.table.clone())))
+                } else {
+                    match self.range_answered(&range, nonce) {
+                        Some(answered) => (
+                            pop,
+                            Ok((Vec::new(), Message::RangeAnswer { pop, answered })),
+                        ),
+                        None => return Output::none(),
+                    }
+                }
+            }
+            Message::RangeWriteBack {
+                pop,
+                table,
+                nonce,
+                cells,
+            } => (
+                pop,
+                self.range_write_back(now, &table, nonce, &cells)
+                    .map(|(changes, ack)| (changes, Message::RangeWriteBackAck { pop, ack })),
             ),
             Message::Schema { schema } => return self.offered(from, schema),
             other => return self.on_proxy_message(from, other),
@@ -1208,6 +1310,12 @@ impl Replica for Server {
                 .filter(|s| !state.answers.contains_key(s) && !state.current.contains(s))
                 .copied()
                 .collect(),
+            Kind::Range(state) => state
+                .asked
+                .iter()
+                .filter(|s| !state.answers.contains_key(s) && !state.current.contains(s))
+                .copied()
+                .collect(),
         };
         for slot in silent {
             if let Some(missed) = self.missed.get_mut(slot.index()) {
@@ -1231,12 +1339,28 @@ impl Replica for Server {
                 ..Output::none()
             };
         }
+        if !pending.waited
+            && let Kind::Range(state) = &mut pending.kind
+            && state.resolved.is_none()
+        {
+            pending.waited = true;
+            let targets: Vec<Slot> = others(&self.place)
+                .filter(|slot| !state.blacklist.contains(slot))
+                .collect();
+            let sends = state.ask(pop, &targets);
+            return Output {
+                sends,
+                timers: vec![(timer, retry)],
+                ..Output::none()
+            };
+        }
         // The wait is over: the client gets what there is and judges it.
         let body = match &pending.kind {
             Kind::Write { acks, .. } => {
                 ResponseBody::Acks(acks.iter().map(|(s, a)| (*s, a.clone())).collect())
             }
             Kind::Read(state) => read_reply(state),
+            Kind::Range(state) => state.reply(),
         };
         self.finish(pop, body)
     }
@@ -1255,5 +1379,383 @@ impl Replica for Server {
                 .collect(),
             ..self.stats.clone()
         }
+    }
+}
+
+impl RangeState {
+    /// Range reads to `targets`, recorded as asked.
+    fn ask(&mut self, pop: u64, targets: &[Slot]) -> Vec<(Slot, Message)> {
+        let state = self;
+        targets
+            .iter()
+            .filter(|slot| state.asked.insert(**slot))
+            .map(|slot| {
+                let message = Message::RangeRead {
+                    pop,
+                    range: state.range.clone(),
+                    nonce: state.nonce,
+                };
+                (*slot, message)
+            })
+            .collect()
+    }
+
+    fn reply(&self) -> ResponseBody {
+        ResponseBody::Range {
+            answers: self
+                .answers
+                .iter()
+                .map(|(slot, answered)| (*slot, answered.clone()))
+                .collect(),
+            write_backs: self
+                .write_backs
+                .iter()
+                .map(|(slot, ack)| (*slot, ack.clone()))
+                .collect(),
+        }
+    }
+}
+
+/// Range reads: the replica's walk and write-back, and the proxy's rounds.
+impl Server {
+    /// A page of `range` as this replica holds it: rows in scan order until the limit, the
+    /// byte budget or the range's end, the newest cell of each column asked for.
+    fn range_page(&self, range: &Range, nonce: Nonce) -> (RangeAnswer, Vec<SignedCell>) {
+        let origin = Position {
+            token: bulwark_core::membership::RingPoint([0; 32]),
+            partition: Vec::new(),
+            clustering: Vec::new(),
+        };
+        let lower = (range.table.clone(), range.first().unwrap_or(origin));
+        let mut rows = Vec::new();
+        let mut cells = Vec::new();
+        let mut bytes = 0;
+        let mut complete = true;
+        for ((table, position), held) in self.rows.range(lower..) {
+            if range.passed(table, position) {
+                break;
+            }
+            let Some(row) = held.values().next().map(|h| &h.cell.row) else {
+                continue;
+            };
+            let chosen: Vec<&Held> = held
+                .values()
+                .filter(|h| range.columns.is_empty() || range.columns.contains(&h.cell.column))
+                .collect();
+            if chosen.is_empty() || !range.contains(row, position) {
+                continue;
+            }
+            if rows.len() == range.limit as usize || bytes >= PAGE_BYTES {
+                complete = false;
+                break;
+            }
+            rows.push((
+                row.clone(),
+                entries_of(chosen.iter().map(|h| (&h.cell, &h.signed))),
+            ));
+            // Entries are in column order and so are the held cells (a BTreeMap by column).
+            for h in chosen {
+                bytes += h.signed.bytes().len();
+                cells.push(h.signed.clone());
+            }
+        }
+        let answer = RangeAnswer {
+            slot: self.place.slot,
+            epoch: self.place.epoch,
+            group: self.place.group,
+            range: range.clone(),
+            nonce,
+            rows,
+            complete,
+        };
+        (answer, cells)
+    }
+
+    /// RANGE-READ as a replica: its page, signed.
+    fn range_answered(&self, range: &Range, nonce: Nonce) -> Option<RangeAnswered> {
+        let (answer, cells) = self.range_page(range, nonce);
+        Some(RangeAnswered {
+            answer: self.sign(&range.table, answer)?,
+            cells,
+        })
+    }
+
+    /// RANGE-WRITE-BACK as a replica: keeps what is newer, row by row, and says it holds at
+    /// least the cells sent, by the digest of their listing.
+    fn range_write_back(
+        &mut self,
+        now: Time,
+        table: &str,
+        nonce: Nonce,
+        cells: &[SignedCell],
+    ) -> Result<(Vec<Change>, Unverified<RangeWriteBackAck>), Refusal> {
+        if cells.len() > RANGE_ROWS_MAX * COLUMNS_MAX {
+            return Err(Refusal::Malformed("a write-back over a page".into()));
+        }
+        let decoded: Vec<Cell> = cells
+            .iter()
+            .map(|signed| signed.peek().ok().filter(|cell| cell.row.table == table))
+            .collect::<Option<_>>()
+            .ok_or_else(|| Refusal::Malformed("an undecodable or foreign cell".into()))?;
+        let mut changes = Vec::new();
+        let mut first = 0;
+        while first < cells.len() {
+            let row = &decoded[first].row;
+            let end = first
+                + decoded[first..]
+                    .iter()
+                    .take_while(|cell| cell.row == *row)
+                    .count();
+            let (stored, _) = self.store(now, &cells[first..end], false)?;
+            changes.extend(stored);
+            first = end;
+        }
+        self.table_stats.repairs += 1;
+        let listing = listing_of(decoded.iter().zip(cells));
+        let ack = RangeWriteBackAck {
+            slot: self.place.slot,
+            epoch: self.place.epoch,
+            group: self.place.group,
+            nonce,
+            listing: listing_digest(&listing),
+        };
+        let ack = self
+            .sign(table, ack)
+            .ok_or_else(|| Refusal::Malformed("unsignable".into()))?;
+        Ok((changes, ack))
+    }
+
+    /// A range read as proxy: its own page, then the members that answer first until a quorum.
+    #[allow(clippy::too_many_arguments)]
+    fn start_range(
+        &mut self,
+        now: Time,
+        pop: u64,
+        client: ClientId,
+        op: u64,
+        wanted: usize,
+        range: Range,
+        nonce: Nonce,
+        blacklist: Vec<Slot>,
+    ) -> Output<Self> {
+        let me = self.place.slot;
+        let mut state = RangeState {
+            range,
+            nonce,
+            blacklist: blacklist.into_iter().collect(),
+            asked: BTreeSet::new(),
+            answers: BTreeMap::new(),
+            pages: BTreeMap::new(),
+            resolved: None,
+            current: BTreeSet::new(),
+            write_backs: BTreeMap::new(),
+        };
+        if !state.blacklist.contains(&me)
+            && let Some(own) = self.range_answered(&state.range, nonce)
+            && let Some(page) = own.answer.peek().ok().and_then(|answer| {
+                check_page(
+                    &self.place,
+                    me,
+                    &state.range,
+                    nonce,
+                    answer,
+                    own.cells.clone(),
+                )
+            })
+        {
+            state.asked.insert(me);
+            state.pages.insert(me, page);
+            state.answers.insert(me, own);
+        }
+        let mut targets: Vec<Slot> = self
+            .others()
+            .filter(|slot| !state.blacklist.contains(slot))
+            .collect();
+        targets.sort_by_key(|slot| self.missed.get(slot.index()).copied());
+        targets.truncate(wanted.saturating_sub(state.pages.len()));
+        let sends = state.ask(pop, &targets);
+        self.pending.insert(
+            pop,
+            Pending {
+                client,
+                op,
+                want: wanted,
+                waited: false,
+                kind: Kind::Range(state),
+            },
+        );
+        self.serving.insert((client, op), pop);
+        let out = Output {
+            sends,
+            timers: vec![(
+                TimerId(pop),
+                now.plus_millis(self.settings.proxy_wait_millis),
+            )],
+            ..Output::none()
+        };
+        out.and(self.progress_range(pop))
+    }
+
+    /// A member's page for range read `pop`: kept if it checks out, else the members not asked
+    /// yet are asked.
+    fn on_range_answer(&mut self, pop: u64, from: Slot, answered: RangeAnswered) -> Output<Self> {
+        let Some(Pending {
+            kind: Kind::Range(state),
+            ..
+        }) = self.pending.get(&pop)
+        else {
+            return Output::none();
+        };
+        if !state.asked.contains(&from)
+            || state.resolved.is_some()
+            || state.pages.contains_key(&from)
+            || state.blacklist.contains(&from)
+        {
+            return Output::none();
+        }
+        let verify = self.verifies(&state.range.table);
+        let (range, nonce) = (state.range.clone(), state.nonce);
+        let signed = self.valid(verify, from, &answered.answer, |_| true);
+        let place = self.place;
+        let page = signed
+            .then(|| answered.answer.peek().ok())
+            .flatten()
+            .and_then(|answer| {
+                check_page(&place, from, &range, nonce, answer, answered.cells.clone())
+            });
+        if page.is_none()
+            && let Some(missed) = self.missed.get_mut(from.index())
+        {
+            *missed = missed.saturating_add(1);
+        }
+        let Some(Pending {
+            kind: Kind::Range(state),
+            ..
+        }) = self.pending.get_mut(&pop)
+        else {
+            return Output::none();
+        };
+        match page {
+            Some(page) => {
+                state.pages.insert(from, page);
+                state.answers.insert(from, answered);
+                self.progress_range(pop)
+            }
+            None => {
+                // One answer short now: ask the members not asked yet rather than wait.
+                state.blacklist.insert(from);
+                let targets: Vec<Slot> = others(&place)
+                    .filter(|slot| !state.blacklist.contains(slot))
+                    .collect();
+                Output {
+                    sends: state.ask(pop, &targets),
+                    ..Output::none()
+                }
+            }
+        }
+    }
+
+    /// Moves range read `pop` on: resolves once a quorum of pages is in, answers at once when
+    /// a quorum already holds the resolution, else writes it back to the others.
+    fn progress_range(&mut self, pop: u64) -> Output<Self> {
+        let Some(Pending {
+            kind: Kind::Range(state),
+            want,
+            ..
+        }) = self.pending.get_mut(&pop)
+        else {
+            return Output::none();
+        };
+        let want = *want;
+        if state.resolved.is_some() {
+            if state.current.len() >= want || self.mutations.skip_write_back {
+                let body = state.reply();
+                return self.finish(pop, body);
+            }
+            return Output::none();
+        }
+        if state.pages.len() < want {
+            return Output::none();
+        }
+        let pages = std::mem::take(&mut state.pages);
+        let range = state.range.clone();
+        let verify = self.verifies(&range.table);
+        // Versions `f+1` verified answers vouch for are held by a correct replica, which
+        // stored only what verified; the rest are checked here.
+        let vouched = if verify { self.place.f + 1 } else { usize::MAX };
+        let unverified = self.mutations.unverified_cells;
+        let resolution = resolve(&range, &pages, vouched, |signed| {
+            unverified || self.genuine(signed).is_some()
+        });
+        let Some(Pending {
+            kind: Kind::Range(state),
+            ..
+        }) = self.pending.get_mut(&pop)
+        else {
+            return Output::none();
+        };
+        state.pages = pages;
+        if !resolution.forged.is_empty() {
+            // Whoever vouched for a forged cell is faulty: its answer goes, the others are asked.
+            self.table_stats.forged_cells += resolution.forged.len() as u64;
+            for (_, holders) in &resolution.forged {
+                for slot in holders {
+                    state.pages.remove(slot);
+                    state.answers.remove(slot);
+                    state.blacklist.insert(*slot);
+                }
+            }
+            let targets: Vec<Slot> = others(&self.place)
+                .filter(|slot| !state.blacklist.contains(slot))
+                .collect();
+            let sends = state.ask(pop, &targets);
+            return Output {
+                sends,
+                ..Output::none()
+            }
+            .and(self.progress_range(pop));
+        }
+        state.current = resolution.current.clone();
+        if state.current.len() >= want || self.mutations.skip_write_back {
+            let body = state.reply();
+            return self.finish(pop, body);
+        }
+        self.table_stats.resolved_reads += 1;
+        let cells = resolution.cells();
+        state.resolved = Some(listing_digest(&resolution.listing()));
+        let me = self.place.slot;
+        let stale: Vec<Slot> = std::iter::once(me)
+            .chain(others(&self.place))
+            .filter(|slot| !state.current.contains(slot) && !state.blacklist.contains(slot))
+            .collect();
+        let nonce = state.nonce;
+        let mut out = Output::none();
+        for slot in stale {
+            if slot == me {
+                // Itself first: its own write-back, durable before anything it says after.
+                if let Ok((changes, ack)) =
+                    self.range_write_back(self.now, &range.table, nonce, &cells)
+                {
+                    out.changes.extend(changes);
+                    if let Some(Pending {
+                        kind: Kind::Range(state),
+                        ..
+                    }) = self.pending.get_mut(&pop)
+                    {
+                        state.current.insert(me);
+                        state.write_backs.insert(me, ack);
+                    }
+                }
+            } else {
+                let message = Message::RangeWriteBack {
+                    pop,
+                    table: range.table.clone(),
+                    nonce,
+                    cells: cells.clone(),
+                };
+                out.sends.push((slot, message));
+            }
+        }
+        out.and(self.progress_range(pop))
     }
 }

@@ -761,3 +761,398 @@ fn a_replica_that_missed_a_table_learns_it_from_f_plus_one_members() {
         Err(OpError::Refused { .. })
     ));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Range reads and scans
+
+impl Cluster {
+    fn cell_at(&self, row: RowKey, column: &str, ts: u64, value: Option<&str>) -> SignedCell {
+        Cell {
+            row,
+            column: column.into(),
+            ts,
+            writer: WRITER,
+            value: value.map(|v| v.as_bytes().to_vec()),
+        }
+        .sign(&self.writer)
+        .unwrap()
+    }
+
+    fn range_op(&mut self, range: Range, proxy: usize) -> RangeOp {
+        self.next_op += 1;
+        RangeOp::new(
+            place(0, self.n(), self.f),
+            self.keys.clone(),
+            self.writers.clone(),
+            OpId(self.next_op),
+            range,
+            (self.next_op as u128).to_le_bytes(),
+            Consistency::Quorum,
+            Slot(proxy as u32),
+        )
+    }
+
+    /// Every page of `range` through `proxy`: the rows in the order returned.
+    fn scan_all(&mut self, mut range: Range, proxy: usize) -> Vec<(RowKey, Vec<Cell>)> {
+        let mut rows = Vec::new();
+        for _ in 0..100 {
+            let mut op = self.range_op(range.clone(), proxy);
+            let page = self.run(&mut op, 50).expect("the page completes");
+            assert!(page.rows.len() <= range.limit as usize);
+            rows.extend(page.rows);
+            match page.next {
+                Some(next) => range.after = Some(next),
+                None => return rows,
+            }
+        }
+        panic!("the scan never ended");
+    }
+}
+
+fn scan(limit: u32) -> Range {
+    Range::scan("users", limit)
+}
+
+fn clustered(partition: &str, clustering: &str) -> RowKey {
+    RowKey {
+        table: "users".into(),
+        partition: partition.as_bytes().to_vec(),
+        clustering: clustering.as_bytes().to_vec(),
+    }
+}
+
+/// Replaces what replica `slot` answers to range reads with `lie(answer, cells)`, re-signed
+/// with its own key: a replica that vouches for what it says.
+fn lies_in_pages(
+    slot: usize,
+    secret: SecretKey,
+    mut lie: impl FnMut(&mut RangeAnswer, &mut Vec<SignedCell>) + 'static,
+) -> Hook {
+    Box::new(move |event| {
+        let answered = match event {
+            Event::Peer {
+                from,
+                message: Message::RangeAnswer { answered, .. },
+                ..
+            } if from.index() == slot => answered,
+            // As proxy, its own page goes straight into its reply.
+            Event::Reply(
+                from,
+                Response {
+                    body: ResponseBody::Range { answers, .. },
+                    ..
+                },
+            ) if from.index() == slot => {
+                match answers.iter_mut().find(|(s, _)| s.index() == slot) {
+                    Some((_, answered)) => answered,
+                    None => return true,
+                }
+            }
+            _ => return true,
+        };
+        let mut answer = answered.answer.peek().unwrap();
+        lie(&mut answer, &mut answered.cells);
+        answered.answer = Signed::sign(&secret, answer).unwrap().to_unverified();
+        true
+    })
+}
+
+#[test]
+fn a_scan_returns_every_row_once_in_token_order_across_pages_and_replicas() {
+    let mut cluster = Cluster::new(1, Variant::ProxyVerifies);
+    // 25 rows, each on a different quorum of 3 of the 4 replicas.
+    let mut expected = Vec::new();
+    for i in 0..25 {
+        let key = format!("k{i:02}");
+        let cell = cluster.cell(&key, "a", 10 + i, Some(&key));
+        let missing = (i % 4) as usize;
+        let holders: Vec<usize> = (0..4).filter(|s| *s != missing).collect();
+        plant(&mut cluster, &holders, &cell);
+        expected.push(row(&key));
+    }
+    expected.sort_by_key(Position::of);
+    for proxy in 0..4 {
+        let rows = cluster.scan_all(scan(7), proxy);
+        let keys: Vec<RowKey> = rows.iter().map(|(row, _)| row.clone()).collect();
+        assert_eq!(keys, expected, "through proxy {proxy}");
+        for (row, cells) in &rows {
+            assert_eq!(cells.len(), 1);
+            assert_eq!(cells[0].value.as_deref(), Some(&row.partition[..]));
+        }
+    }
+    // The first scan wrote back what it read: every replica now holds every row.
+    for server in &cluster.group.servers {
+        for row in &expected {
+            assert_eq!(server.cells(row).len(), 1, "{:?}", server.place().slot);
+        }
+    }
+}
+
+#[test]
+fn a_range_reads_the_clustering_keys_of_one_partition_between_its_bounds() {
+    let mut cluster = Cluster::new(1, Variant::ProxyNoVerify);
+    for partition in ["p", "q"] {
+        for c in 0..10 {
+            let row = clustered(partition, &format!("c{c}"));
+            let cell = cluster.cell_at(row, "b", 10, Some(partition));
+            cluster.write(vec![cell], c % 4);
+        }
+    }
+    let range = Range {
+        partition: Some(b"p".to_vec()),
+        start: Some(b"c3".to_vec()),
+        end: Some(b"c7".to_vec()),
+        ..scan(2)
+    };
+    let rows = cluster.scan_all(range, 1);
+    let keys: Vec<&[u8]> = rows.iter().map(|(row, _)| &row.clustering[..]).collect();
+    assert_eq!(keys, vec![&b"c3"[..], b"c4", b"c5", b"c6"]);
+    assert!(
+        rows.iter()
+            .all(|(row, cells)| row.partition == b"p"
+                && cells[0].value.as_deref() == Some(&b"p"[..]))
+    );
+}
+
+#[test]
+fn deleted_cells_come_back_as_tombstones_and_columns_can_be_chosen() {
+    let mut cluster = Cluster::new(1, Variant::ProxyVerifies);
+    let r = row("k");
+    cluster.write(
+        vec![
+            cluster.cell_at(r.clone(), "a", 10, Some("x")),
+            cluster.cell_at(r.clone(), "b", 10, Some("y")),
+        ],
+        0,
+    );
+    cluster.write(vec![cluster.cell_at(r.clone(), "a", 20, None)], 1);
+    let rows = cluster.scan_all(scan(10), 2);
+    let cells: Vec<(&str, Option<&[u8]>)> = rows[0]
+        .1
+        .iter()
+        .map(|c| (c.column.as_str(), c.value.as_deref()))
+        .collect();
+    assert_eq!(cells, vec![("a", None), ("b", Some(&b"y"[..]))]);
+    let only_b = cluster.scan_all(
+        Range {
+            columns: vec!["b".into()],
+            ..scan(10)
+        },
+        3,
+    );
+    assert_eq!(only_b[0].1.len(), 1);
+    assert_eq!(only_b[0].1[0].column, "b");
+}
+
+#[test]
+fn a_replica_that_omits_rows_or_serves_old_versions_cannot_hide_a_write() {
+    for proxy in 0..4 {
+        let mut cluster = Cluster::new(1, Variant::ProxyNoVerify);
+        for i in 0..6 {
+            let key = format!("k{i}");
+            cluster.write(vec![cluster.cell(&key, "a", 10, Some("old"))], 0);
+            cluster.write(vec![cluster.cell(&key, "a", 20, Some("new"))], 1);
+        }
+        // Replica 3 drops every other row from its pages, and serves the rest at their first
+        // version (which it kept aside): an honest-looking, signed, stale answer.
+        let old: Vec<SignedCell> = (0..6)
+            .map(|i| cluster.cell(&format!("k{i}"), "a", 10, Some("old")))
+            .collect();
+        let secret = cluster.secrets[3].clone();
+        cluster
+            .group
+            .hooks
+            .push(lies_in_pages(3, secret, move |answer, cells| {
+                let mut kept_rows = Vec::new();
+                let mut kept_cells = Vec::new();
+                for (index, (row, _)) in answer.rows.iter().enumerate() {
+                    if index % 2 == 1 {
+                        continue;
+                    }
+                    let stale = old
+                        .iter()
+                        .find(|c| c.peek().unwrap().row == *row)
+                        .unwrap()
+                        .clone();
+                    let decoded = stale.peek().unwrap();
+                    kept_rows.push((row.clone(), entries_of([(&decoded, &stale)])));
+                    kept_cells.push(stale);
+                }
+                answer.rows = kept_rows;
+                *cells = kept_cells;
+            }));
+        let rows = cluster.scan_all(scan(4), proxy);
+        assert_eq!(rows.len(), 6, "through proxy {proxy}");
+        for (row, cells) in &rows {
+            assert_eq!(cells[0].value.as_deref(), Some(&b"new"[..]), "{row:?}");
+        }
+    }
+}
+
+#[test]
+fn a_forged_row_in_a_page_is_left_out_and_its_replica_blamed() {
+    let mut cluster = Cluster::new(1, Variant::ProxyNoVerify);
+    for i in 0..3 {
+        let key = format!("k{i}");
+        cluster.write(vec![cluster.cell(&key, "a", 10, Some("real"))], 0);
+    }
+    let forged = Unverified::<Cell>::new(
+        bulwark_core::wire::encode(&Cell {
+            row: row("zz-forged"),
+            column: "a".into(),
+            ts: 1_000,
+            writer: WRITER,
+            value: Some(b"forged".to_vec()),
+        })
+        .into(),
+        Signature([7; 64]),
+    );
+    let secret = cluster.secrets[2].clone();
+    cluster
+        .group
+        .hooks
+        .push(lies_in_pages(2, secret, move |answer, cells| {
+            let decoded = forged.peek().unwrap();
+            let mut listed: Vec<(Position, (RowKey, Vec<Entry>), SignedCell)> = answer
+                .rows
+                .drain(..)
+                .zip(cells.drain(..))
+                .map(|(row, cell)| (Position::of(&row.0), row, cell))
+                .collect();
+            listed.push((
+                Position::of(&decoded.row),
+                (decoded.row.clone(), entries_of([(&decoded, &forged)])),
+                forged.clone(),
+            ));
+            listed.sort_by(|a, b| a.0.cmp(&b.0));
+            for (_, row, cell) in listed {
+                answer.rows.push(row);
+                cells.push(cell);
+            }
+        }));
+    let mut op = cluster.range_op(scan(10), 0);
+    let page = cluster.run(&mut op, 50).expect("the page completes");
+    assert_eq!(page.rows.len(), 3);
+    assert!(
+        page.rows
+            .iter()
+            .all(|(row, _)| row.partition != b"zz-forged")
+    );
+    assert_eq!(page.next, None);
+    let mut op = cluster.range_op(scan(10), 2);
+    let page = cluster.run(&mut op, 50).expect("the page completes");
+    assert_eq!(page.rows.len(), 3);
+    assert!(
+        page.evidence
+            .iter()
+            .any(|e| e.node == Slot(2) && e.kind == EvidenceKind::ForgedVersion),
+        "{:?}",
+        page.evidence
+    );
+    assert!(cluster.group.servers[0].table_stats().forged_cells >= 1);
+
+    // The negative control: a reader that takes cells unchecked returns the forgery.
+    let mutations = TableMutations {
+        unverified_cells: true,
+        ..TableMutations::default()
+    };
+    for server in std::mem::take(&mut cluster.group.servers) {
+        cluster.group.servers.push(server.with_mutations(mutations));
+    }
+    let mut op = cluster.range_op(scan(10), 1).with_mutations(mutations);
+    let page = cluster.run(&mut op, 50).expect("the page completes");
+    assert!(
+        page.rows
+            .iter()
+            .any(|(row, _)| row.partition == b"zz-forged")
+    );
+}
+
+#[test]
+fn a_page_cut_short_without_reason_does_not_count() {
+    let mut cluster = Cluster::new(1, Variant::ProxyVerifies);
+    for i in 0..8 {
+        let key = format!("k{i}");
+        cluster.write(vec![cluster.cell(&key, "a", 10, Some("v"))], i % 4);
+    }
+    // Replica 1 answers one row and says there are more: it would pin every scan's bound.
+    let secret = cluster.secrets[1].clone();
+    cluster
+        .group
+        .hooks
+        .push(lies_in_pages(1, secret, |answer, cells| {
+            let first = answer.rows[0].1.len();
+            answer.rows.truncate(1);
+            cells.truncate(first);
+            answer.complete = false;
+        }));
+    let mut op = cluster.range_op(scan(5), 0);
+    let page = cluster.run(&mut op, 50).expect("the page completes");
+    assert_eq!(page.rows.len(), 5);
+    let rows = cluster.scan_all(scan(5), 2);
+    assert_eq!(rows.len(), 8);
+}
+
+#[test]
+fn bad_range_queries_are_refused_with_a_reason() {
+    let mut cluster = Cluster::new(1, Variant::ProxyVerifies);
+    for (range, reason) in [
+        (scan(0), "1 to 100 rows"),
+        (scan(101), "1 to 100 rows"),
+        (
+            Range {
+                start: Some(b"a".to_vec()),
+                ..scan(5)
+            },
+            "need a partition",
+        ),
+        (
+            Range {
+                table: "nope".into(),
+                ..scan(5)
+            },
+            "no table",
+        ),
+        (
+            Range {
+                columns: vec!["zz".into()],
+                ..scan(5)
+            },
+            "no column",
+        ),
+    ] {
+        let mut op = cluster.range_op(range, 0);
+        let error = cluster.run(&mut op, 50).expect_err("refused");
+        assert!(error.to_string().contains(reason), "{error} vs {reason}");
+    }
+}
+
+#[test]
+fn pages_cut_by_bytes_at_different_rows_are_read_up_to_the_earliest_end() {
+    let mut cluster = Cluster::new(1, Variant::ProxyVerifies);
+    let big = "x".repeat(60 * 1024);
+    let mut expected = Vec::new();
+    for i in 0..12 {
+        expected.push(row(&format!("k{i:02}")));
+    }
+    expected.sort_by_key(Position::of);
+    // Replica 0 lacks the rows at places 1, 2, 3 and 7 of the scan, so its page (about six
+    // rows of 180 KiB) reaches further than the others'.
+    for (place, row) in expected.iter().enumerate() {
+        let holders: &[usize] = if [1, 2, 3, 7].contains(&place) {
+            &[1, 2, 3]
+        } else {
+            &[0, 1, 2, 3]
+        };
+        for column in ["a", "b", "c"] {
+            let cell = cluster.cell_at(row.clone(), column, 10, Some(&big));
+            plant(&mut cluster, holders, &cell);
+        }
+    }
+    let rows = cluster.scan_all(scan(100), 0);
+    let keys: Vec<RowKey> = rows.into_iter().map(|(row, _)| row).collect();
+    assert_eq!(keys, expected);
+    let mut op = cluster.range_op(scan(100), 0);
+    let page = cluster.run(&mut op, 50).expect("the page completes");
+    assert!(page.next.is_some(), "pages are cut by bytes");
+}

@@ -18,12 +18,13 @@ use crate::sim::protocol::{Finish, Finished, Protocol, Storage};
 use crate::sim::swarm::Swarm;
 use bulwark_core::sign::{PublicKey, SecretKey, Signature, Signed, Unverified};
 use bulwark_core::{ClientId, Digest, Epoch, GroupId, Key, ServiceId, Slot, Time};
-use bulwark_protocol::machine::{Access, Output, Replica, ReplicaStats};
+use bulwark_protocol::machine::{Access, Operation, Output, Progress, Replica, ReplicaStats};
 use bulwark_protocol::round::OpId;
 use bulwark_protocol::table::{
-    Answered, Catalog, Cell, Change, Consistency, Message, Place, ReadOp, ReadOutcome, ReadPath,
-    Request, RequestBody, Response, ResponseBody, RowKey, Schema, Server, Settings, SignedCell,
-    TableMutations, Variant, WriteAck, WriteOp, WriteOutcome, Writers, entries_of,
+    Answered, Catalog, Cell, Change, Consistency, Message, Place, Range, RangeAnswered, RangeOp,
+    RangeOutcome, ReadOp, ReadOutcome, ReadPath, Request, RequestBody, Response, ResponseBody,
+    RowKey, Schema, Server, Settings, SignedCell, TableMutations, Variant, WriteAck, WriteOp,
+    WriteOutcome, Writers, entries_of,
 };
 use bytes::Bytes;
 use rand::Rng;
@@ -109,7 +110,7 @@ impl Protocol for TableSim {
     type Disk = TableDisk;
     type Server = TableNode;
     type Write = WriteOp;
-    type Read = ReadOp;
+    type Read = TableRead;
 
     fn nodes(f: usize) -> usize {
         3 * f + 1
@@ -232,7 +233,9 @@ impl Protocol for TableSim {
         .with_mutations(self.mutations)
     }
 
-    fn read(&self, client: usize, key: Key, op: OpId) -> ReadOp {
+    /// Every third read is a range read of the key's partition: the same cell through the
+    /// page path (a walk, a bound, client-side resolution, a listing written back).
+    fn read(&self, client: usize, key: Key, op: OpId) -> TableRead {
         // Unique per operation, which is all a nonce must be against replicas that do not see
         // the reader's generator.
         let mut seed = op.0.to_le_bytes().to_vec();
@@ -240,18 +243,39 @@ impl Protocol for TableSim {
         let digest = Digest::of("bulwark/sim/table-nonce", &seed);
         let mut nonce = [0u8; 16];
         nonce.copy_from_slice(&digest.0[..16]);
-        ReadOp::new(
-            self.place(0),
-            self.keys.clone(),
-            self.writers.clone(),
-            op,
-            row(&key),
-            vec![COLUMN.into()],
-            nonce,
-            Consistency::Quorum,
-            self.proxy(op),
+        if op.0.is_multiple_of(3) {
+            let range = Range {
+                columns: vec![COLUMN.into()],
+                ..Range::partition(TABLE, key.as_bytes(), 1)
+            };
+            return TableRead::Range(
+                RangeOp::new(
+                    self.place(0),
+                    self.keys.clone(),
+                    self.writers.clone(),
+                    op,
+                    range,
+                    nonce,
+                    Consistency::Quorum,
+                    self.proxy(op),
+                )
+                .with_mutations(self.mutations),
+            );
+        }
+        TableRead::Point(
+            ReadOp::new(
+                self.place(0),
+                self.keys.clone(),
+                self.writers.clone(),
+                op,
+                row(&key),
+                vec![COLUMN.into()],
+                nonce,
+                Consistency::Quorum,
+                self.proxy(op),
+            )
+            .with_mutations(self.mutations),
         )
-        .with_mutations(self.mutations)
     }
 
     fn response_op(response: &Response) -> OpId {
@@ -262,6 +286,7 @@ impl Protocol for TableSim {
         match request.body {
             RequestBody::Write { .. } => "write",
             RequestBody::Read { .. } => "read",
+            RequestBody::Range { .. } => "range",
             RequestBody::Create { .. } => "create",
         }
     }
@@ -269,7 +294,7 @@ impl Protocol for TableSim {
     fn request_kind(request: &Request) -> usize {
         match request.body {
             RequestBody::Write { .. } => 1,
-            RequestBody::Read { .. } => 3,
+            RequestBody::Read { .. } | RequestBody::Range { .. } => 3,
             RequestBody::Create { .. } => 0,
         }
     }
@@ -280,6 +305,7 @@ impl Protocol for TableSim {
             RequestBody::Read {
                 blacklist, full, ..
             } => format!(" blacklist={blacklist:?} full={full}"),
+            RequestBody::Range { blacklist, .. } => format!(" blacklist={blacklist:?}"),
             RequestBody::Create { schema } => format!(" {}", schema.name),
         };
         format!("{} op{}{detail}", Self::request_name(request), request.op)
@@ -294,6 +320,14 @@ impl Protocol for TableSim {
                 "{} answers{}",
                 answers.len(),
                 if resolved.is_some() { ", resolved" } else { "" }
+            ),
+            ResponseBody::Range {
+                answers,
+                write_backs,
+            } => format!(
+                "{} pages, {} written back",
+                answers.len(),
+                write_backs.len()
             ),
             ResponseBody::Created => "created".to_string(),
             ResponseBody::Refused(refusal) => format!("refused: {refusal}"),
@@ -310,6 +344,10 @@ impl Protocol for TableSim {
             Message::WriteBack { pop, .. } => format!("write-back p{pop}"),
             Message::WriteBackAck { pop, .. } => format!("write-back-ack p{pop}"),
             Message::Refused { pop, refusal } => format!("refused p{pop}: {refusal}"),
+            Message::RangeRead { pop, .. } => format!("range p{pop}"),
+            Message::RangeAnswer { pop, .. } => format!("page p{pop}"),
+            Message::RangeWriteBack { pop, .. } => format!("range-write-back p{pop}"),
+            Message::RangeWriteBackAck { pop, .. } => format!("range-write-back-ack p{pop}"),
             Message::Schema { schema } => format!("schema {}", schema.name),
         }
     }
@@ -351,6 +389,105 @@ impl Finish for ReadOutcome {
             repaired: matches!(self.path, ReadPath::Resolved { written_back } if written_back > 0),
             restarts: self.proxies.saturating_sub(1) as u32,
             one_round: self.path == ReadPath::Fast,
+        }
+    }
+}
+
+/// A read of one key: of its row, or of its partition as a range.
+pub enum TableRead {
+    /// A row read.
+    Point(ReadOp),
+    /// A range read of the key's partition.
+    Range(RangeOp),
+}
+
+/// How a [`TableRead`] ended.
+pub enum TableReadOutcome {
+    /// A row read's outcome.
+    Point(ReadOutcome),
+    /// A range read's page.
+    Range(RangeOutcome),
+}
+
+fn lift<O: Operation<Request = Request>>(
+    progress: Progress<O>,
+    wrap: impl FnOnce(O::Output) -> TableReadOutcome,
+) -> Progress<TableRead> {
+    match progress {
+        Progress::Send(sends) => Progress::Send(sends),
+        Progress::Done(result) => Progress::Done(result.map(wrap)),
+    }
+}
+
+impl Operation for TableRead {
+    const SERVICE: ServiceId = ServiceId::TABLE;
+    type Request = Request;
+    type Reply = Response;
+    type Output = TableReadOutcome;
+
+    fn op(&self) -> u64 {
+        match self {
+            TableRead::Point(op) => op.op(),
+            TableRead::Range(op) => op.op(),
+        }
+    }
+
+    fn start(&mut self) -> Vec<(Slot, Request)> {
+        match self {
+            TableRead::Point(op) => op.start(),
+            TableRead::Range(op) => op.start(),
+        }
+    }
+
+    fn on_reply(&mut self, from: Slot, reply: Response) -> Progress<Self> {
+        match self {
+            TableRead::Point(op) => lift(op.on_reply(from, reply), TableReadOutcome::Point),
+            TableRead::Range(op) => lift(op.on_reply(from, reply), TableReadOutcome::Range),
+        }
+    }
+
+    fn on_timeout(&mut self) -> Vec<(Slot, Request)> {
+        match self {
+            TableRead::Point(op) => op.on_timeout(),
+            TableRead::Range(op) => op.on_timeout(),
+        }
+    }
+
+    fn answered(&self) -> Vec<Slot> {
+        match self {
+            TableRead::Point(op) => op.answered(),
+            TableRead::Range(op) => op.answered(),
+        }
+    }
+
+    fn quorum(&self) -> usize {
+        1
+    }
+}
+
+impl Finish for TableReadOutcome {
+    fn finish(self) -> Finished {
+        let page = match self {
+            TableReadOutcome::Point(outcome) => return outcome.finish(),
+            TableReadOutcome::Range(page) => page,
+        };
+        // A page of the key's partition: its one row, or none.
+        let cell = page
+            .rows
+            .iter()
+            .flat_map(|(_, cells)| cells)
+            .find(|cell| cell.column == COLUMN);
+        Finished {
+            version: format!("{:?} (page)", cell.map(|cell| cell.ts)),
+            evidence: page
+                .evidence
+                .iter()
+                .map(|e| (e.node, format!("{:?}", e.kind)))
+                .collect(),
+            read: Some(cell.and_then(|cell| cell.value.clone()).map(Bytes::from)),
+            repaired: page.written_back > 0,
+            restarts: page.proxies.saturating_sub(1) as u32,
+            one_round: false,
         }
     }
 }
@@ -452,6 +589,34 @@ impl TableNode {
         }
     }
 
+    /// A page of `partition` holding only a forged cell, validly signed by this member.
+    fn forged_page(&self, now: Time, answered: &mut RangeAnswered, partition: &[u8]) {
+        let Ok(mut answer) = answered.answer.peek() else {
+            return;
+        };
+        let cell = Cell {
+            row: RowKey {
+                table: TABLE.into(),
+                partition: partition.to_vec(),
+                clustering: Vec::new(),
+            },
+            column: COLUMN.into(),
+            ts: now.0 * 1000 + settings().skew_max_micros / 2,
+            writer: ClientId(0),
+            value: Some(b"forged by a replica".to_vec()),
+        };
+        let forged = Unverified::<Cell>::new(
+            Bytes::from(bulwark_core::wire::encode(&cell)),
+            Signature([0x5a; 64]),
+        );
+        answer.rows = vec![(cell.row.clone(), entries_of([(&cell, &forged)]))];
+        answer.complete = true;
+        if let Ok(signed) = Signed::sign(&self.secret, answer) {
+            answered.answer = signed.to_unverified();
+            answered.cells = vec![forged];
+        }
+    }
+
     /// A colluding proxy's write: stored on the next member only.
     fn collude(&mut self, client: ClientId, request: Request) -> Output<Self> {
         let RequestBody::Write { cells, .. } = request.body else {
@@ -516,6 +681,8 @@ impl TableNode {
                 Message::StoreAck { ack, .. } => spoil(ack),
                 Message::Answer { answered, .. } => spoil(&mut answered.answer),
                 Message::WriteBackAck { ack, .. } => spoil(ack),
+                Message::RangeAnswer { answered, .. } => spoil(&mut answered.answer),
+                Message::RangeWriteBackAck { ack, .. } => spoil(ack),
                 _ => {}
             }
         }
@@ -526,6 +693,13 @@ impl TableNode {
                     answers,
                     write_backs,
                     ..
+                } => {
+                    answers.iter_mut().for_each(|(_, a)| spoil(&mut a.answer));
+                    write_backs.iter_mut().for_each(|(_, ack)| spoil(ack));
+                }
+                ResponseBody::Range {
+                    answers,
+                    write_backs,
                 } => {
                     answers.iter_mut().for_each(|(_, a)| spoil(&mut a.answer));
                     write_backs.iter_mut().for_each(|(_, ack)| spoil(ack));
@@ -590,6 +764,10 @@ impl Replica for TableNode {
             (Behaviour::Forging, Message::Read { row, .. }) => Some(row.clone()),
             _ => None,
         };
+        let forge_partition = match (&self.behaviour, &message) {
+            (Behaviour::Forging, Message::RangeRead { range, .. }) => range.partition.clone(),
+            _ => None,
+        };
         let mut out: Output<Self> = self.honest.on_message(now, from, message, view).retyped();
         match self.behaviour {
             Behaviour::Corrupting => Self::corrupt(&mut out),
@@ -598,6 +776,13 @@ impl Replica for TableNode {
                     for (_, message) in &mut out.sends {
                         if let Message::Answer { answered, .. } = message {
                             self.forged_answer(now, answered, &row);
+                        }
+                    }
+                }
+                if let Some(partition) = forge_partition {
+                    for (_, message) in &mut out.sends {
+                        if let Message::RangeAnswer { answered, .. } = message {
+                            self.forged_page(now, answered, &partition);
                         }
                     }
                 }
