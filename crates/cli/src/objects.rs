@@ -647,15 +647,17 @@ pub async fn status(args: &ClientArgs) -> Result<std::process::ExitCode> {
                         + stats.forged_cells
                         + stats.resolved_reads
                         + stats.repairs
+                        + stats.synced
                         > 0
                     {
                         out!(
                             text,
-                            "         tables: {} signatures of other members refused as proxy, {} forged cells refused, {} reads resolved, {} write-backs taken",
+                            "         tables: {} signatures of other members refused as proxy, {} forged cells refused, {} reads resolved, {} write-backs taken, {} cells taken by anti-entropy",
                             stats.bad_signatures,
                             stats.forged_cells,
                             stats.resolved_reads,
-                            stats.repairs
+                            stats.repairs,
+                            stats.synced
                         );
                     }
                 }

@@ -47,6 +47,10 @@ impl TableLogic for Lying {
         self.0.on_timer(now, timer, &()).retyped()
     }
 
+    fn on_tick(&mut self, now: Time) -> Output<table::Server> {
+        self.0.on_tick(now).retyped()
+    }
+
     fn stats(&self) -> ReplicaStats {
         self.0.stats()
     }

@@ -661,6 +661,8 @@ pub trait TableLogic: Send {
     ) -> Output<table::Server>;
     /// A timer it set.
     fn on_timer(&mut self, now: Time, timer: TimerId) -> Output<table::Server>;
+    /// Periodic work: anti-entropy.
+    fn on_tick(&mut self, now: Time) -> Output<table::Server>;
     /// Counters.
     fn stats(&self) -> ReplicaStats;
 }
@@ -687,6 +689,10 @@ impl TableLogic for table::Server {
 
     fn on_timer(&mut self, now: Time, timer: TimerId) -> Output<table::Server> {
         Replica::on_timer(self, now, timer, &())
+    }
+
+    fn on_tick(&mut self, now: Time) -> Output<table::Server> {
+        Replica::on_tick(self, now)
     }
 
     fn stats(&self) -> ReplicaStats {
@@ -725,6 +731,10 @@ impl Replica for Box<dyn TableLogic> {
 
     fn on_timer(&mut self, now: Time, timer: TimerId, _view: &()) -> Output<Self> {
         (**self).on_timer(now, timer).retyped()
+    }
+
+    fn on_tick(&mut self, now: Time) -> Output<Self> {
+        (**self).on_tick(now).retyped()
     }
 
     fn stats(&self) -> ReplicaStats {

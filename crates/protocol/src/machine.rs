@@ -66,6 +66,8 @@ pub struct ReplicaStats {
     pub resolved_reads: u64,
     /// Tables: write-backs this replica took from a proxy's resolution.
     pub repairs: u64,
+    /// Tables: cells this replica took from other members' anti-entropy.
+    pub synced: u64,
     /// Tables: by slot of this replica's group, the signatures this replica, as proxy, refused
     /// from that member. Per group: [`ReplicaStats::add`] leaves it out of totals.
     pub bad_signers: Vec<(u32, u64)>,
@@ -90,6 +92,7 @@ impl ReplicaStats {
         self.forged_cells += other.forged_cells;
         self.resolved_reads += other.resolved_reads;
         self.repairs += other.repairs;
+        self.synced += other.synced;
     }
 }
 

@@ -133,6 +133,32 @@ impl LocalGroup {
     }
 }
 
+impl LocalGroup {
+    /// Moves the clock on by `millis`, ticks every member once (anti-entropy rounds fall due)
+    /// and delivers what follows until the group is quiet.
+    pub fn tick(&mut self, millis: u64) {
+        self.now = self.now.plus_millis(millis);
+        let mut queue: VecDeque<Event> = VecDeque::new();
+        let mut timers: Vec<(Slot, TimerId)> = Vec::new();
+        for index in 0..self.servers.len() {
+            let out = self.servers[index].on_tick(self.now);
+            deliver(Slot(index as u32), out, &mut queue, &mut timers);
+        }
+        while let Some(mut event) = queue.pop_front() {
+            if !self.hooks.iter_mut().all(|hook| hook(&mut event)) {
+                continue;
+            }
+            self.delivered += 1;
+            if let Event::Peer { from, to, message } = event
+                && let Some(server) = self.servers.get_mut(to.index())
+            {
+                let out = server.on_message(self.now, from, message, &());
+                deliver(to, out, &mut queue, &mut timers);
+            }
+        }
+    }
+}
+
 /// Queues what member `at` said.
 fn deliver(
     at: Slot,

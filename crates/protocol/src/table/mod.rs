@@ -717,6 +717,36 @@ pub enum Message {
         /// The signed acknowledgement.
         ack: Unverified<RangeWriteBackAck>,
     },
+    /// Anti-entropy (spec §2.3, §2.7, §2.14): the newest cells the sender holds in a window of
+    /// rows (after `after`, up to and with `until`; to the end when `None`), by entry. The
+    /// receiver answers with what it lacks and what it holds newer.
+    SyncOffer {
+        /// The sender's round, echoed.
+        round: u64,
+        /// The window's start, exclusive (from the first row when `None`).
+        after: Option<(String, Position)>,
+        /// The window's end, inclusive.
+        until: Option<(String, Position)>,
+        /// The sender's rows in the window.
+        listing: Listing,
+    },
+    /// The window compared: the cells wanted, and the cells the receiver holds newer (each
+    /// signed by its writer, checked by whoever keeps it).
+    SyncReply {
+        /// The offer's round.
+        round: u64,
+        /// Rows and columns whose cells the receiver wants.
+        want: Vec<(RowKey, String)>,
+        /// Cells newer than, or missing from, the offer.
+        cells: Vec<SignedCell>,
+    },
+    /// The cells a reply wanted.
+    SyncCells {
+        /// The offer's round.
+        round: u64,
+        /// The cells, row by row.
+        cells: Vec<SignedCell>,
+    },
     /// The schema of a table the replica refused as unknown: a replica takes it once `f+1`
     /// members offered the same, so at least one correct member holds it.
     Schema {

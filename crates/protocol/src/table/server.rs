@@ -38,6 +38,9 @@ pub struct Settings {
     /// The wall clock at the driver's time zero, in milliseconds since the Unix epoch: cells
     /// are stamped with the time clients and replicas share.
     pub wall_at_zero_millis: u64,
+    /// How often a replica offers the next window of its rows to the next member (anti-entropy;
+    /// 0: never). A full pass over `R` rows takes `R / 100` rounds.
+    pub anti_entropy_millis: u64,
 }
 
 impl Default for Settings {
@@ -47,6 +50,7 @@ impl Default for Settings {
             fresh_micros: 60_000_000,
             proxy_wait_millis: 500,
             wall_at_zero_millis: 0,
+            anti_entropy_millis: 1_000,
         }
     }
 }
@@ -62,6 +66,30 @@ pub struct TableStats {
     pub resolved_reads: u64,
     /// Write-backs it accepted as a replica.
     pub repairs: u64,
+    /// Cells it took from other members' anti-entropy.
+    pub synced: u64,
+    /// Cells members sent it by anti-entropy that it refused (a bad writer's signature, a
+    /// timestamp from the future, a cell it did not ask for), by slot.
+    pub bad_syncs: BTreeMap<Slot, u64>,
+}
+
+/// Rows a window of anti-entropy holds.
+const SYNC_ROWS: usize = 100;
+
+/// Where this replica's anti-entropy is.
+#[derive(Default)]
+struct Sync {
+    round: u64,
+    /// Its next window starts after this row (from the first when `None`).
+    cursor: Option<(String, Position)>,
+    /// The member offered to last.
+    peer: u32,
+    /// When the next offer is due.
+    next_at: Option<Time>,
+    /// Offers not answered yet, by member: the round.
+    offered: BTreeMap<Slot, u64>,
+    /// What this replica asked each member for, answering its offer of that round.
+    wanted: BTreeMap<Slot, (u64, BTreeSet<(RowKey, String)>)>,
 }
 
 /// The newest version this replica holds of one cell.
@@ -152,6 +180,7 @@ pub struct Server {
     missed: Vec<u32>,
     stats: ReplicaStats,
     table_stats: TableStats,
+    sync: Sync,
 }
 
 impl Server {
@@ -185,6 +214,7 @@ impl Server {
             missed: vec![0; place.n],
             stats: ReplicaStats::default(),
             table_stats: TableStats::default(),
+            sync: Sync::default(),
         }
     }
 
@@ -399,11 +429,33 @@ impl Server {
         cells: &[SignedCell],
         fresh: bool,
     ) -> Result<(Vec<Change>, Unverified<WriteAck>), Refusal> {
-        let decoded = self.check_cells(now, cells, fresh)?;
-        let table = decoded
+        let changes = self.accept(now, cells, fresh)?;
+        let table = cells
             .first()
-            .map(|cell| cell.row.table.clone())
+            .and_then(|cell| cell.peek().ok())
+            .map(|cell| cell.row.table)
             .unwrap_or_default();
+        let ack = WriteAck {
+            slot: self.place.slot,
+            epoch: self.place.epoch,
+            group: self.place.group,
+            cells: cells.iter().map(Cell::digest).collect(),
+        };
+        let ack = self
+            .sign(&table, ack)
+            .ok_or_else(|| Refusal::Malformed("unsignable".into()))?;
+        Ok((changes, ack))
+    }
+
+    /// Checks the cells of one row and keeps those newer than what this replica holds: the
+    /// changes to make durable.
+    fn accept(
+        &mut self,
+        now: Time,
+        cells: &[SignedCell],
+        fresh: bool,
+    ) -> Result<Vec<Change>, Refusal> {
+        let decoded = self.check_cells(now, cells, fresh)?;
         let mut changes = Vec::new();
         for (cell, signed) in decoded.into_iter().zip(cells) {
             let (row, column) = (cell.row.clone(), cell.column.clone());
@@ -415,16 +467,38 @@ impl Server {
                 });
             }
         }
-        let ack = WriteAck {
-            slot: self.place.slot,
-            epoch: self.place.epoch,
-            group: self.place.group,
-            cells: cells.iter().map(Cell::digest).collect(),
-        };
-        let ack = self
-            .sign(&table, ack)
-            .ok_or_else(|| Refusal::Malformed("unsignable".into()))?;
-        Ok((changes, ack))
+        Ok(changes)
+    }
+
+    /// Cells of several rows, each row's checked and kept as a write of it would be; the
+    /// changes, and the first refusal if any row's cells were refused (the others still count).
+    fn accept_rows(&mut self, now: Time, cells: &[SignedCell]) -> (Vec<Change>, Option<Refusal>) {
+        let mut changes = Vec::new();
+        let mut refused = None;
+        let rows: Vec<Option<RowKey>> = cells
+            .iter()
+            .map(|signed| signed.peek().ok().map(|cell| cell.row))
+            .collect();
+        let mut first = 0;
+        while first < cells.len() {
+            let end = first
+                + rows[first..]
+                    .iter()
+                    .take_while(|row| **row == rows[first])
+                    .count();
+            let result = match rows[first] {
+                Some(_) => self.accept(now, &cells[first..end], false),
+                None => Err(Refusal::Malformed("an undecodable cell".into())),
+            };
+            match result {
+                Ok(kept) => changes.extend(kept),
+                Err(refusal) => {
+                    refused.get_or_insert(refusal);
+                }
+            }
+            first = end;
+        }
+        (changes, refused)
     }
 
     /// READ as a replica: the newest cell of each column asked for (all when none named),
@@ -1206,12 +1280,35 @@ impl Server {
                 table,
                 nonce,
                 cells,
-            } => (
-                pop,
-                self.range_write_back(now, &table, nonce, &cells)
-                    .map(|(changes, ack)| (changes, Message::RangeWriteBackAck { pop, ack })),
-            ),
+            } => {
+                let (changes, result) = self.range_write_back(now, &table, nonce, &cells);
+                let (message, refused) = match result {
+                    Ok(ack) => (Message::RangeWriteBackAck { pop, ack }, None),
+                    Err(refusal) => {
+                        let reason = refusal.to_string();
+                        (Message::Refused { pop, refusal }, Some(reason))
+                    }
+                };
+                return Output {
+                    changes,
+                    refused,
+                    sends: vec![(from, message)],
+                    ..Output::none()
+                };
+            }
             Message::Schema { schema } => return self.offered(from, schema),
+            Message::SyncOffer {
+                round,
+                after,
+                until,
+                listing,
+            } => return self.on_sync_offer(from, round, after, until, listing),
+            Message::SyncReply { round, want, cells } => {
+                return self.on_sync_reply(now, from, round, want, cells);
+            }
+            Message::SyncCells { round, cells } => {
+                return self.on_sync_cells(now, from, round, cells);
+            }
             other => return self.on_proxy_message(from, other),
         };
         match result {
@@ -1365,9 +1462,15 @@ impl Replica for Server {
         self.finish(pop, body)
     }
 
+    fn on_tick(&mut self, now: Time) -> Output<Self> {
+        self.now = now;
+        self.anti_entropy(now)
+    }
+
     fn stats(&self) -> ReplicaStats {
         let table = &self.table_stats;
         ReplicaStats {
+            synced: table.synced,
             bad_signatures: table.bad_signatures.values().sum(),
             forged_cells: table.forged_cells,
             resolved_reads: table.resolved_reads,
@@ -1488,27 +1591,23 @@ impl Server {
         table: &str,
         nonce: Nonce,
         cells: &[SignedCell],
-    ) -> Result<(Vec<Change>, Unverified<RangeWriteBackAck>), Refusal> {
+    ) -> (Vec<Change>, Result<Unverified<RangeWriteBackAck>, Refusal>) {
         if cells.len() > RANGE_ROWS_MAX * COLUMNS_MAX {
-            return Err(Refusal::Malformed("a write-back over a page".into()));
+            let refusal = Refusal::Malformed("a write-back over a page".into());
+            return (Vec::new(), Err(refusal));
         }
-        let decoded: Vec<Cell> = cells
+        let Some(decoded) = cells
             .iter()
             .map(|signed| signed.peek().ok().filter(|cell| cell.row.table == table))
-            .collect::<Option<_>>()
-            .ok_or_else(|| Refusal::Malformed("an undecodable or foreign cell".into()))?;
-        let mut changes = Vec::new();
-        let mut first = 0;
-        while first < cells.len() {
-            let row = &decoded[first].row;
-            let end = first
-                + decoded[first..]
-                    .iter()
-                    .take_while(|cell| cell.row == *row)
-                    .count();
-            let (stored, _) = self.store(now, &cells[first..end], false)?;
-            changes.extend(stored);
-            first = end;
+            .collect::<Option<Vec<Cell>>>()
+        else {
+            let refusal = Refusal::Malformed("an undecodable or foreign cell".into());
+            return (Vec::new(), Err(refusal));
+        };
+        // What it kept stays kept, and durable (every cell verified), refused rows or not.
+        let (changes, refused) = self.accept_rows(now, cells);
+        if let Some(refusal) = refused {
+            return (changes, Err(refusal));
         }
         self.table_stats.repairs += 1;
         let listing = listing_of(decoded.iter().zip(cells));
@@ -1521,8 +1620,8 @@ impl Server {
         };
         let ack = self
             .sign(table, ack)
-            .ok_or_else(|| Refusal::Malformed("unsignable".into()))?;
-        Ok((changes, ack))
+            .ok_or_else(|| Refusal::Malformed("unsignable".into()));
+        (changes, ack)
     }
 
     /// A range read as proxy: its own page, then the members that answer first until a quorum.
@@ -1733,18 +1832,17 @@ impl Server {
         for slot in stale {
             if slot == me {
                 // Itself first: its own write-back, durable before anything it says after.
-                if let Ok((changes, ack)) =
-                    self.range_write_back(self.now, &range.table, nonce, &cells)
-                {
-                    out.changes.extend(changes);
-                    if let Some(Pending {
+                let (changes, result) =
+                    self.range_write_back(self.now, &range.table, nonce, &cells);
+                out.changes.extend(changes);
+                if let Ok(ack) = result
+                    && let Some(Pending {
                         kind: Kind::Range(state),
                         ..
                     }) = self.pending.get_mut(&pop)
-                    {
-                        state.current.insert(me);
-                        state.write_backs.insert(me, ack);
-                    }
+                {
+                    state.current.insert(me);
+                    state.write_backs.insert(me, ack);
                 }
             } else {
                 let message = Message::RangeWriteBack {
@@ -1757,5 +1855,260 @@ impl Server {
             }
         }
         out.and(self.progress_range(pop))
+    }
+}
+
+/// Anti-entropy: every member offers a window of its rows to the next member in turn, so a
+/// member that missed writes (down, partitioned, or passed over by a proxy that stored a write
+/// on a bare quorum, spec §2.7) catches up without a read, and a tombstone reaches every member
+/// (spec §2.14). Every cell travels with its writer's signature and is checked by whoever
+/// keeps it, so a member can only withhold through anti-entropy, never forge.
+impl Server {
+    /// The next round, when due: the window after the cursor, offered to the next member.
+    fn anti_entropy(&mut self, now: Time) -> Output<Self> {
+        let interval = self.settings.anti_entropy_millis;
+        if interval == 0 || self.place.n < 2 || self.catalog.is_empty() {
+            return Output::none();
+        }
+        match self.sync.next_at {
+            Some(at) if now >= at => {}
+            Some(_) => return Output::none(),
+            None => {
+                self.sync.next_at = Some(now.plus_millis(interval));
+                return Output::none();
+            }
+        }
+        self.sync.next_at = Some(now.plus_millis(interval));
+        let n = self.place.n as u32;
+        let mut peer = (self.sync.peer + 1) % n;
+        if peer == self.place.slot.0 {
+            peer = (peer + 1) % n;
+        }
+        self.sync.peer = peer;
+        self.sync.round += 1;
+        let after = self.sync.cursor.clone();
+        let mut listing = Vec::new();
+        let mut until = None;
+        let walk = match &after {
+            Some(key) => self.rows.range((
+                std::ops::Bound::Excluded(key.clone()),
+                std::ops::Bound::Unbounded,
+            )),
+            None => self.rows.range(..),
+        };
+        for (key, held) in walk {
+            if listing.len() == SYNC_ROWS {
+                break;
+            }
+            let Some(row) = held.values().next().map(|h| h.cell.row.clone()) else {
+                continue;
+            };
+            listing.push((row, entries_of(held.values().map(|h| (&h.cell, &h.signed)))));
+            until = Some(key.clone());
+        }
+        let more = until.as_ref().is_some_and(|last| {
+            self.rows
+                .range((
+                    std::ops::Bound::Excluded(last.clone()),
+                    std::ops::Bound::Unbounded,
+                ))
+                .next()
+                .is_some()
+        });
+        // The last window reaches the end, so the receiver offers back what lies after it too.
+        let until = if more { until } else { None };
+        self.sync.cursor = until.clone();
+        let (slot, round) = (Slot(peer), self.sync.round);
+        self.sync.offered.insert(slot, round);
+        Output {
+            sends: vec![(
+                slot,
+                Message::SyncOffer {
+                    round,
+                    after,
+                    until,
+                    listing,
+                },
+            )],
+            ..Output::none()
+        }
+    }
+
+    /// The cell this replica holds of `row` and `column`.
+    fn held(&self, row: &RowKey, column: &str) -> Option<&Held> {
+        self.rows
+            .get(&(row.table.clone(), Position::of(row)))?
+            .get(column)
+    }
+
+    /// An offer: what this replica lacks or holds older is wanted; what it holds newer, or the
+    /// offer lacks within the window, goes back (up to a page of bytes).
+    fn on_sync_offer(
+        &mut self,
+        from: Slot,
+        round: u64,
+        after: Option<(String, Position)>,
+        until: Option<(String, Position)>,
+        listing: super::Listing,
+    ) -> Output<Self> {
+        if listing.len() > SYNC_ROWS
+            || listing
+                .iter()
+                .any(|(row, entries)| entries.len() > COLUMNS_MAX || !row.is_well_formed())
+        {
+            return Output {
+                refused: Some("an anti-entropy offer out of bounds".into()),
+                ..Output::none()
+            };
+        }
+        let mut offered: BTreeMap<(RowKey, &str), &Entry> = BTreeMap::new();
+        let mut want = Vec::new();
+        for (row, entries) in &listing {
+            for entry in entries {
+                offered.insert((row.clone(), entry.column.as_str()), entry);
+                let wanted = match self.held(row, &entry.column) {
+                    None => self
+                        .catalog
+                        .get(&row.table)
+                        .is_some_and(|s| s.has_column(&entry.column)),
+                    Some(held) => {
+                        held.cell.ts < entry.ts
+                            || (held.cell.ts == entry.ts
+                                && Cell::digest(&held.signed) != entry.digest)
+                    }
+                };
+                if wanted {
+                    want.push((row.clone(), entry.column.clone()));
+                }
+            }
+        }
+        let mut cells = Vec::new();
+        let mut bytes = 0;
+        let walk = match &after {
+            Some(key) => self.rows.range((
+                std::ops::Bound::Excluded(key.clone()),
+                std::ops::Bound::Unbounded,
+            )),
+            None => self.rows.range(..),
+        };
+        'rows: for (key, held) in walk {
+            if until.as_ref().is_some_and(|until| key > until) {
+                break;
+            }
+            for h in held.values() {
+                let newer = offered
+                    .get(&(h.cell.row.clone(), h.cell.column.as_str()))
+                    .is_none_or(|entry| {
+                        h.cell.ts > entry.ts
+                            || (h.cell.ts == entry.ts && Cell::digest(&h.signed) != entry.digest)
+                    });
+                if newer {
+                    if bytes >= PAGE_BYTES {
+                        break 'rows;
+                    }
+                    bytes += h.signed.bytes().len();
+                    cells.push(h.signed.clone());
+                }
+            }
+        }
+        let wanted: BTreeSet<(RowKey, String)> = want.iter().cloned().collect();
+        self.sync.wanted.insert(from, (round, wanted));
+        // A table it lacks (it missed the create, or lost its disk): refused as a proxy's
+        // request would be, so the member offers the schema, taken once f+1 offered the same.
+        let unknown: BTreeSet<&str> = listing
+            .iter()
+            .map(|(row, _)| row.table.as_str())
+            .filter(|table| self.catalog.get(table).is_none())
+            .collect();
+        let mut sends: Vec<(Slot, Message)> = unknown
+            .into_iter()
+            .map(|table| {
+                let refusal = Refusal::UnknownTable(table.to_string());
+                (from, Message::Refused { pop: 0, refusal })
+            })
+            .collect();
+        sends.push((from, Message::SyncReply { round, want, cells }));
+        Output {
+            sends,
+            ..Output::none()
+        }
+    }
+
+    /// Cells from anti-entropy: kept where newer, each checked as a write of its row would be;
+    /// what is refused is counted against the member that sent it.
+    fn take_synced(&mut self, now: Time, from: Slot, cells: &[SignedCell]) -> Vec<Change> {
+        let (changes, refused) = self.accept_rows(now, cells);
+        self.table_stats.synced += changes.len() as u64;
+        if refused.is_some() {
+            *self.table_stats.bad_syncs.entry(from).or_default() += 1;
+        }
+        changes
+    }
+
+    /// The answer to this replica's offer: keep the newer cells, send the wanted ones.
+    fn on_sync_reply(
+        &mut self,
+        now: Time,
+        from: Slot,
+        round: u64,
+        want: Vec<(RowKey, String)>,
+        cells: Vec<SignedCell>,
+    ) -> Output<Self> {
+        if self.sync.offered.get(&from) != Some(&round) {
+            return Output::none();
+        }
+        self.sync.offered.remove(&from);
+        let changes = self.take_synced(now, from, &cells);
+        let mut sent = Vec::new();
+        let mut bytes = 0;
+        for (row, column) in want.iter().take(SYNC_ROWS * COLUMNS_MAX) {
+            if bytes >= PAGE_BYTES {
+                break;
+            }
+            if let Some(held) = self.held(row, column) {
+                bytes += held.signed.bytes().len();
+                sent.push(held.signed.clone());
+            }
+        }
+        // Row by row, as the receiver checks them.
+        sent.sort_by_key(|signed| {
+            signed
+                .peek()
+                .ok()
+                .map(|cell| (Position::of(&cell.row), cell.row.table))
+        });
+        Output {
+            changes,
+            sends: vec![(from, Message::SyncCells { round, cells: sent })],
+            ..Output::none()
+        }
+    }
+
+    /// The cells this replica wanted from an offer: only those are taken.
+    fn on_sync_cells(
+        &mut self,
+        now: Time,
+        from: Slot,
+        round: u64,
+        cells: Vec<SignedCell>,
+    ) -> Output<Self> {
+        let Some((wanted_round, wanted)) = self.sync.wanted.remove(&from) else {
+            return Output::none();
+        };
+        if wanted_round != round {
+            return Output::none();
+        }
+        let asked: Vec<SignedCell> = cells
+            .into_iter()
+            .filter(|signed| {
+                signed
+                    .peek()
+                    .is_ok_and(|cell| wanted.contains(&(cell.row, cell.column)))
+            })
+            .collect();
+        Output {
+            changes: self.take_synced(now, from, &asked),
+            ..Output::none()
+        }
     }
 }

@@ -1156,3 +1156,135 @@ fn pages_cut_by_bytes_at_different_rows_are_read_up_to_the_earliest_end() {
     let page = cluster.run(&mut op, 50).expect("the page completes");
     assert!(page.next.is_some(), "pages are cut by bytes");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Anti-entropy
+
+#[test]
+fn a_member_that_missed_writes_and_deletes_catches_up_by_anti_entropy_alone() {
+    let mut cluster = Cluster::new(1, Variant::ProxyVerifies);
+    // Replica 3 misses every write.
+    cluster.group.hooks.push(Box::new(|event| {
+        !matches!(
+            event,
+            Event::Peer {
+                to: Slot(3),
+                message: Message::Store { .. },
+                ..
+            }
+        )
+    }));
+    for i in 0..250 {
+        let key = format!("k{i:03}");
+        cluster.write(vec![cluster.cell(&key, "a", 10, Some("v"))], i % 3);
+    }
+    cluster.write(vec![cluster.cell("k007", "a", 20, None)], 0);
+    cluster.group.hooks.clear();
+    assert!(cluster.group.servers[3].cells(&row("k000")).is_empty());
+    // Rounds every second; each member offers 100 rows to the next member in turn.
+    for _ in 0..12 {
+        cluster.group.tick(1_000);
+    }
+    for i in 0..250 {
+        let key = format!("k{i:03}");
+        let cells = cluster.group.servers[3].cells(&row(&key));
+        assert_eq!(cells.len(), 1, "{key}");
+        assert_eq!(cells[0].value.is_none(), i == 7, "{key}");
+    }
+    let synced = cluster.group.servers[3].table_stats().synced;
+    assert_eq!(synced, 250, "each missing cell taken once");
+    assert_eq!(cluster.group.servers[0].table_stats().synced, 0);
+}
+
+#[test]
+fn anti_entropy_takes_no_forged_cell_and_no_cell_it_did_not_ask_for() {
+    let mut cluster = Cluster::new(1, Variant::ProxyVerifies);
+    for i in 0..5 {
+        let key = format!("k{i}");
+        cluster.write(vec![cluster.cell(&key, "a", 10, Some("v"))], 0);
+    }
+    let forged = Unverified::<Cell>::new(
+        bulwark_core::wire::encode(&Cell {
+            row: row("k1"),
+            column: "a".into(),
+            ts: 1_000,
+            writer: WRITER,
+            value: Some(b"forged".to_vec()),
+        })
+        .into(),
+        Signature([7; 64]),
+    );
+    let unasked = cluster.cell("zz", "a", 10, Some("pushed"));
+    // Replica 2 answers every offer with a forged newer cell, and sends an unasked one with
+    // what it is asked for.
+    cluster.group.hooks.push(Box::new(move |event| {
+        if let Event::Peer {
+            from: Slot(2),
+            message,
+            ..
+        } = event
+        {
+            match message {
+                Message::SyncReply { cells, .. } => cells.push(forged.clone()),
+                Message::SyncCells { cells, .. } => cells.push(unasked.clone()),
+                _ => {}
+            }
+        }
+        true
+    }));
+    for _ in 0..8 {
+        cluster.group.tick(1_000);
+    }
+    for server in &cluster.group.servers {
+        assert_eq!(
+            server.cells(&row("k1"))[0].value.as_deref(),
+            Some(&b"v"[..])
+        );
+        assert!(server.cells(&row("zz")).is_empty());
+    }
+    let refused: u64 = cluster
+        .group
+        .servers
+        .iter()
+        .map(|s| {
+            s.table_stats()
+                .bad_syncs
+                .get(&Slot(2))
+                .copied()
+                .unwrap_or(0)
+        })
+        .sum();
+    assert!(refused >= 1, "the forger is counted");
+}
+
+#[test]
+fn a_member_that_lost_everything_learns_the_table_and_its_rows_by_anti_entropy() {
+    let mut cluster = Cluster::new(1, Variant::ProxyVerifies);
+    for i in 0..30 {
+        let key = format!("k{i:02}");
+        cluster.write(vec![cluster.cell(&key, "b", 10, Some("v"))], i % 4);
+    }
+    let settings = Settings {
+        fresh_micros: u64::MAX,
+        ..Settings::default()
+    };
+    cluster.group.servers[2] = Server::new(
+        place(2, 4, 1),
+        cluster.secrets[2].clone(),
+        cluster.keys.clone(),
+        cluster.writers.clone(),
+        Catalog::default(),
+        settings,
+    );
+    for _ in 0..10 {
+        cluster.group.tick(1_000);
+    }
+    let rebuilt = &cluster.group.servers[2];
+    assert!(
+        rebuilt.catalog().get("users").is_some(),
+        "the schema, from f+1 members"
+    );
+    for i in 0..30 {
+        assert_eq!(rebuilt.cells(&row(&format!("k{i:02}"))).len(), 1);
+    }
+}

@@ -63,6 +63,7 @@ fn settings() -> Settings {
         proxy_wait_millis: 300,
         // Virtual time is the clock clients and replicas share.
         wall_at_zero_millis: 0,
+        anti_entropy_millis: 500,
     }
 }
 
@@ -348,6 +349,17 @@ impl Protocol for TableSim {
             Message::RangeAnswer { pop, .. } => format!("page p{pop}"),
             Message::RangeWriteBack { pop, .. } => format!("range-write-back p{pop}"),
             Message::RangeWriteBackAck { pop, .. } => format!("range-write-back-ack p{pop}"),
+            Message::SyncOffer { round, listing, .. } => {
+                format!("sync-offer r{round} {} rows", listing.len())
+            }
+            Message::SyncReply { round, want, cells } => {
+                format!(
+                    "sync-reply r{round} want {} cells {}",
+                    want.len(),
+                    cells.len()
+                )
+            }
+            Message::SyncCells { round, cells } => format!("sync-cells r{round} {}", cells.len()),
             Message::Schema { schema } => format!("schema {}", schema.name),
         }
     }
@@ -569,17 +581,10 @@ impl TableNode {
         let Ok(mut answer) = answered.answer.peek() else {
             return;
         };
-        let cell = Cell {
-            row: row.clone(),
-            column: COLUMN.into(),
-            ts: now.0 * 1000 + settings().skew_max_micros / 2,
-            writer: ClientId(0),
-            value: Some(b"forged by a replica".to_vec()),
+        let forged = self.forged_cell(now, row);
+        let Ok(cell) = forged.peek() else {
+            return;
         };
-        let forged = Unverified::<Cell>::new(
-            Bytes::from(bulwark_core::wire::encode(&cell)),
-            Signature([0x5a; 64]),
-        );
         answer.entries = entries_of([(&cell, &forged)]);
         if let Ok(signed) = Signed::sign(&self.secret, answer) {
             answered.answer = signed.to_unverified();
@@ -589,27 +594,37 @@ impl TableNode {
         }
     }
 
-    /// A page of `partition` holding only a forged cell, validly signed by this member.
-    fn forged_page(&self, now: Time, answered: &mut RangeAnswered, partition: &[u8]) {
-        let Ok(mut answer) = answered.answer.peek() else {
-            return;
-        };
+    /// A cell of `row` newer than any write so far and within the skew replicas allow, whose
+    /// writer's signature is made up: only its signature gives it away.
+    fn forged_cell(&self, now: Time, row: &RowKey) -> SignedCell {
         let cell = Cell {
-            row: RowKey {
-                table: TABLE.into(),
-                partition: partition.to_vec(),
-                clustering: Vec::new(),
-            },
+            row: row.clone(),
             column: COLUMN.into(),
             ts: now.0 * 1000 + settings().skew_max_micros / 2,
             writer: ClientId(0),
             value: Some(b"forged by a replica".to_vec()),
         };
-        let forged = Unverified::<Cell>::new(
+        Unverified::<Cell>::new(
             Bytes::from(bulwark_core::wire::encode(&cell)),
             Signature([0x5a; 64]),
-        );
-        answer.rows = vec![(cell.row.clone(), entries_of([(&cell, &forged)]))];
+        )
+    }
+
+    /// A page of `partition` holding only a forged cell, validly signed by this member.
+    fn forged_page(&self, now: Time, answered: &mut RangeAnswered, partition: &[u8]) {
+        let Ok(mut answer) = answered.answer.peek() else {
+            return;
+        };
+        let row = RowKey {
+            table: TABLE.into(),
+            partition: partition.to_vec(),
+            clustering: Vec::new(),
+        };
+        let forged = self.forged_cell(now, &row);
+        let Ok(cell) = forged.peek() else {
+            return;
+        };
+        answer.rows = vec![(row, entries_of([(&cell, &forged)]))];
         answer.complete = true;
         if let Ok(signed) = Signed::sign(&self.secret, answer) {
             answered.answer = signed.to_unverified();
@@ -749,6 +764,10 @@ impl Replica for TableNode {
             (Behaviour::Colluding, Message::StoreAck { pop, ack }) if *pop >= COLLUSION_BASE => {
                 return self.collusion_acked(from, *pop, ack.clone());
             }
+            // It takes nothing by anti-entropy either, staying as stale as it chooses.
+            (_, Message::SyncReply { .. } | Message::SyncCells { .. }) if self.drops_writes() => {
+                return Output::none();
+            }
             (_, Message::Store { pop, cells }) if self.drops_writes() => {
                 let Some(ack) = self.ack(cells) else {
                     return Output::none();
@@ -764,6 +783,12 @@ impl Replica for TableNode {
             (Behaviour::Forging, Message::Read { row, .. }) => Some(row.clone()),
             _ => None,
         };
+        let forge_sync = match (&self.behaviour, &message) {
+            (Behaviour::Forging, Message::SyncOffer { listing, .. }) => {
+                listing.first().map(|(row, _)| row.clone())
+            }
+            _ => None,
+        };
         let forge_partition = match (&self.behaviour, &message) {
             (Behaviour::Forging, Message::RangeRead { range, .. }) => range.partition.clone(),
             _ => None,
@@ -776,6 +801,15 @@ impl Replica for TableNode {
                     for (_, message) in &mut out.sends {
                         if let Message::Answer { answered, .. } = message {
                             self.forged_answer(now, answered, &row);
+                        }
+                    }
+                }
+                if let Some(row) = forge_sync {
+                    // A forged newer version of the first row offered, pushed as anti-entropy.
+                    let forged = self.forged_cell(now, &row);
+                    for (_, message) in &mut out.sends {
+                        if let Message::SyncReply { cells, .. } = message {
+                            cells.insert(0, forged.clone());
                         }
                     }
                 }
@@ -806,6 +840,13 @@ impl Replica for TableNode {
             Self::corrupt(&mut out);
         }
         out
+    }
+
+    fn on_tick(&mut self, now: Time) -> Output<Self> {
+        if self.behaviour == Behaviour::Silent {
+            return Output::none();
+        }
+        self.honest.on_tick(now).retyped()
     }
 
     fn stats(&self) -> ReplicaStats {
