@@ -286,7 +286,10 @@ impl Client {
                     break;
                 };
                 emitted = true;
-                if cells.iter().any(|cell| cell.value.is_some()) {
+                // A row of another group's partition is not this group's to answer for (a
+                // faulty member could plant an old version of it): its own group's walk has it.
+                let owned = self.placement.group_of(&row.partition).id() == walk.view.id();
+                if owned && cells.iter().any(|cell| cell.value.is_some()) {
                     out.push((
                         row,
                         Row {
