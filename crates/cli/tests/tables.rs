@@ -498,3 +498,48 @@ async fn a_node_back_from_an_outage_or_a_lost_disk_catches_up() {
         assert_eq!(found.value("v"), Some(format!("value-{i}").as_bytes()));
     }
 }
+
+/// Six nodes make six overlapping groups: a scan walks each and merges their rows by token,
+/// every row once, in token order, however the partitions fell.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scan_over_several_groups_returns_every_row_once_in_token_order() {
+    let cluster = TestCluster::start_nodes("powerstore", 1, 6, 1_000);
+    cluster.wait_up(&[0, 1, 2, 3, 4, 5]).await;
+    let admin = cluster.client("admin").await;
+    let schema = Schema {
+        name: "spread".into(),
+        partition_key: "key".into(),
+        clustering: Vec::new(),
+        columns: vec!["v".into()],
+        variant: Variant::ProxyVerifies,
+    };
+    admin.create_table(&schema).await.expect("create");
+    let mut keys: Vec<String> = (0..40).map(|i| format!("key-{i:02}")).collect();
+    for key in &keys {
+        let row = RowKey {
+            table: "spread".into(),
+            partition: key.clone().into_bytes(),
+            clustering: Vec::new(),
+        };
+        let cells = [("v".to_string(), Some(key.clone().into_bytes()))];
+        admin
+            .table_write(&row, &cells, Consistency::Quorum)
+            .await
+            .expect("write");
+    }
+    keys.sort_by_key(|key| bulwark_core::membership::RingPoint::of_key(key.as_bytes()));
+    for limit in [40, 7] {
+        let (rows, _) = admin
+            .table_scan("spread", None, None, None, &[], limit, Consistency::Quorum)
+            .await
+            .expect("scan");
+        let got: Vec<String> = rows
+            .iter()
+            .map(|(row, found)| {
+                assert_eq!(found.value("v"), Some(&row.partition[..]));
+                String::from_utf8(row.partition.clone()).unwrap()
+            })
+            .collect();
+        assert_eq!(got, keys[..limit], "limit {limit}");
+    }
+}

@@ -201,7 +201,8 @@ impl Client {
             start: start.map(<[u8]>::to_vec),
             end: end.map(<[u8]>::to_vec),
             columns: columns.to_vec(),
-            ..Range::scan(table, table::RANGE_ROWS_MAX as u32)
+            // Pages no larger than the scan: a short scan moves only what it returns.
+            ..Range::scan(table, limit.clamp(1, table::RANGE_ROWS_MAX) as u32)
         };
         if let Some(problem) = query.problem() {
             return Err(ClientError::Protocol(format!("range: {problem}")));
