@@ -749,33 +749,25 @@ impl Server {
                     })
                     .collect();
                 let digests = cells.iter().map(Cell::digest).collect();
-                self.pending.insert(
-                    pop,
-                    Pending {
-                        client,
-                        op,
-                        want: wanted,
-                        waited: false,
-                        kind: Kind::Write {
-                            cells,
-                            digests,
-                            acks,
-                            refused: BTreeMap::new(),
-                            skip,
-                        },
+                let pending = Pending {
+                    client,
+                    op,
+                    want: wanted,
+                    waited: false,
+                    kind: Kind::Write {
+                        cells,
+                        digests,
+                        acks,
+                        refused: BTreeMap::new(),
+                        skip,
                     },
-                );
-                self.serving.insert((client, op), pop);
-                let out = Output {
-                    changes,
-                    sends,
-                    timers: vec![(
-                        TimerId(pop),
-                        now.plus_millis(self.settings.proxy_wait_millis),
-                    )],
-                    ..Output::none()
                 };
-                out.and(self.progress(pop))
+                // Its own store is durable before anything goes out.
+                Output {
+                    changes,
+                    ..Output::none()
+                }
+                .and(self.track(now, pop, pending, sends))
             }
             RequestBody::Read {
                 row,
@@ -830,28 +822,38 @@ impl Server {
                     targets.truncate(wanted.saturating_sub(1));
                 }
                 let sends = state.ask(pop, &targets);
-                self.pending.insert(
-                    pop,
-                    Pending {
-                        client,
-                        op,
-                        want: wanted,
-                        waited: false,
-                        kind: Kind::Read(state),
-                    },
-                );
-                self.serving.insert((client, op), pop);
-                let out = Output {
-                    sends,
-                    timers: vec![(
-                        TimerId(pop),
-                        now.plus_millis(self.settings.proxy_wait_millis),
-                    )],
-                    ..Output::none()
+                let pending = Pending {
+                    client,
+                    op,
+                    want: wanted,
+                    waited: false,
+                    kind: Kind::Read(state),
                 };
-                out.and(self.progress(pop))
+                self.track(now, pop, pending, sends)
             }
         }
+    }
+
+    /// Takes on client operation `pending` as proxy operation `pop`: its first `sends`, the
+    /// wait after which it answers with what it has, and whatever it can do already.
+    fn track(
+        &mut self,
+        now: Time,
+        pop: u64,
+        pending: Pending,
+        sends: Vec<(Slot, Message)>,
+    ) -> Output<Self> {
+        self.serving.insert((pending.client, pending.op), pop);
+        self.pending.insert(pop, pending);
+        let out = Output {
+            sends,
+            timers: vec![(
+                TimerId(pop),
+                now.plus_millis(self.settings.proxy_wait_millis),
+            )],
+            ..Output::none()
+        };
+        out.and(self.progress(pop))
     }
 
     /// The other members, starting after this one, so proxies spread their first choices.
@@ -1677,26 +1679,14 @@ impl Server {
         targets.sort_by_key(|slot| self.missed.get(slot.index()).copied());
         targets.truncate(wanted.saturating_sub(state.pages.len()));
         let sends = state.ask(pop, &targets);
-        self.pending.insert(
-            pop,
-            Pending {
-                client,
-                op,
-                want: wanted,
-                waited: false,
-                kind: Kind::Range(state),
-            },
-        );
-        self.serving.insert((client, op), pop);
-        let out = Output {
-            sends,
-            timers: vec![(
-                TimerId(pop),
-                now.plus_millis(self.settings.proxy_wait_millis),
-            )],
-            ..Output::none()
+        let pending = Pending {
+            client,
+            op,
+            want: wanted,
+            waited: false,
+            kind: Kind::Range(state),
         };
-        out.and(self.progress_range(pop))
+        self.track(now, pop, pending, sends)
     }
 
     /// A member's page for range read `pop`: kept if it checks out, else the members not asked
