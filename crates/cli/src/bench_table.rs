@@ -17,8 +17,8 @@ use bulwark_core::{ClientId, Epoch, GroupId, Slot, Time};
 use bulwark_protocol::round::OpId;
 use bulwark_protocol::table::local::LocalGroup;
 use bulwark_protocol::table::{
-    Catalog, Cell, Consistency, Place, Position, RANGE_ROWS_MAX, Range, RangeOp, ReadOp, RowKey,
-    Schema, Server, Settings, SignedCell, Variant, WriteOp, Writers,
+    Catalog, Cell, Consistency, PairKeys, Place, Position, RANGE_ROWS_MAX, Range, RangeOp, ReadOp,
+    RowKey, Schema, Server, Settings, SignedCell, Variant, WriteOp, Writers, replica_pair_keys,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -59,7 +59,7 @@ pub struct Setup {
 }
 
 /// Every configuration of one run, the baseline first.
-pub const SETUPS: [Setup; 5] = [
+pub const SETUPS: [Setup; 7] = [
     Setup {
         short: "plain4",
         name: "Plain 4 nodes",
@@ -90,6 +90,18 @@ pub const SETUPS: [Setup; 5] = [
         variant: Variant::ProxyNoVerify,
         n: 4,
     },
+    Setup {
+        short: "halfsym",
+        name: "Half-Sym 4 nodes",
+        variant: Variant::HalfSym,
+        n: 4,
+    },
+    Setup {
+        short: "fullsym",
+        name: "Full-Sym 4 nodes",
+        variant: Variant::FullSym,
+        n: 4,
+    },
 ];
 
 /// What one run measured.
@@ -116,6 +128,8 @@ struct Bench {
     keys: Arc<[PublicKey]>,
     writers: Arc<Writers>,
     secret: SecretKey,
+    /// The MAC keys the client shares with each replica, by slot.
+    pairs: Arc<[PairKeys]>,
     columns: Vec<String>,
     next_op: u64,
     stamp: u64,
@@ -130,7 +144,8 @@ impl Bench {
             .collect();
         let keys: Arc<[PublicKey]> = secrets.iter().map(SecretKey::public_key).collect();
         let secret = SecretKey::from_seed(&[42; 32]);
-        let writers: Arc<Writers> = Arc::new([(WRITER, secret.public_key())].into_iter().collect());
+        let client_key = secret.public_key();
+        let writers: Arc<Writers> = Arc::new([(WRITER, client_key)].into_iter().collect());
         let columns: Vec<String> = (0..spec.field_count).map(|i| format!("field{i}")).collect();
         let mut catalog = Catalog::default();
         catalog
@@ -158,7 +173,12 @@ impl Bench {
                     catalog.clone(),
                     settings,
                 )
+                .with_pair_keys(Arc::new(replica_pair_keys(secret, [(WRITER, client_key)])))
             })
+            .collect();
+        let pairs = secrets
+            .iter()
+            .map(|replica| PairKeys::between(&secret, &replica.public_key()))
             .collect();
         Ok(Bench {
             setup,
@@ -166,6 +186,7 @@ impl Bench {
             keys,
             writers,
             secret,
+            pairs,
             columns,
             next_op: 0,
             stamp: NOW.0 * 1000 - 1_000_000_000,
@@ -218,7 +239,8 @@ impl Bench {
             Consistency::Quorum,
             self.proxy(),
         )
-        .with_variant(self.setup.variant);
+        .with_variant(self.setup.variant)
+        .with_pair_keys(self.pairs.clone());
         self.group
             .run(&mut machine, 20)
             .map_err(|error| anyhow::anyhow!("a write failed: {error}"))?;
@@ -239,7 +261,8 @@ impl Bench {
             Consistency::Quorum,
             self.proxy(),
         )
-        .with_variant(self.setup.variant);
+        .with_variant(self.setup.variant)
+        .with_pair_keys(self.pairs.clone());
         let read = self
             .group
             .run(&mut machine, 20)
@@ -274,7 +297,8 @@ impl Bench {
                 Consistency::Quorum,
                 self.proxy(),
             )
-            .with_variant(self.setup.variant);
+            .with_variant(self.setup.variant)
+            .with_pair_keys(self.pairs.clone());
             let page = self
                 .group
                 .run(&mut machine, 20)
@@ -356,6 +380,10 @@ pub fn measure(setup: Setup, spec: &WorkloadSpec, records: usize, ops: usize) ->
     })
 }
 
+/// Operations between two ticks of the replicas (a millisecond of their clock each): how
+/// often their periodic work runs.
+const TICK_EVERY: usize = 64;
+
 /// The measured operations, in a function of their own so callgrind can count just them.
 #[inline(never)]
 fn timed(
@@ -365,8 +393,20 @@ fn timed(
     workload: &CoreWorkload,
 ) -> Result<Duration> {
     let started = Instant::now();
-    for op in planned {
+    for (i, op) in planned.iter().enumerate() {
         bench.run(op, spec, workload)?;
+        if i % TICK_EVERY == TICK_EVERY - 1 {
+            bench.group.tick(1);
+        }
+    }
+    // Full-Sym's signature checks off the write path are part of what its writes cost.
+    while bench
+        .group
+        .servers
+        .iter()
+        .any(|server| server.unchecked() > 0)
+    {
+        bench.group.tick(1);
     }
     Ok(started.elapsed())
 }
@@ -377,7 +417,10 @@ pub fn run(args: &TableArgs) -> Result<()> {
         .iter()
         .find(|name| !SETUPS.iter().any(|setup| setup.short == name.as_str()))
     {
-        bail!("--only {unknown:?}: expected plain4, plain3, nosign, verifies or noverify");
+        bail!(
+            "--only {unknown:?}: expected plain4, plain3, nosign, verifies, noverify, halfsym or \
+             fullsym"
+        );
     }
     if args.ops == 0 || args.records == 0 {
         bail!("--ops and --records must be at least 1");

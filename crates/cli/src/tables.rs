@@ -106,6 +106,12 @@ pub enum VariantArg {
     ProxyVerifies,
     /// Only the client verifies; it re-asks the proxy without replicas whose signatures fail.
     ProxyNoVerify,
+    /// Proxy-No-Verify with replicas MACing what they tell the client instead of signing it.
+    HalfSym,
+    /// Half-Sym, and the client MACs each write to each replica, which then skips the cells'
+    /// signatures on the write path (checking them soon after): no public-key verification on
+    /// the normal path.
+    FullSym,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -174,6 +180,8 @@ pub async fn run(command: TableCommand) -> Result<()> {
             let variant = match variant {
                 VariantArg::ProxyVerifies => Variant::ProxyVerifies,
                 VariantArg::ProxyNoVerify => Variant::ProxyNoVerify,
+                VariantArg::HalfSym => Variant::HalfSym,
+                VariantArg::FullSym => Variant::FullSym,
             };
             let schema = parse_schema(&name, &schema, variant)?;
             let client = connect(&client).await?;

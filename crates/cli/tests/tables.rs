@@ -158,8 +158,17 @@ async fn the_cli_creates_writes_reads_and_deletes_rows_and_refuses_bad_input() {
     );
 }
 
-/// Concurrent clients on three rows of each of two tables (one per proxy variant): three
-/// writers and two readers, each operation recorded for the checker, until `stop`.
+/// The workload's tables: one per signing variant.
+const TABLES: [(&str, Variant); 4] = [
+    ("verified", Variant::ProxyVerifies),
+    ("unverified", Variant::ProxyNoVerify),
+    ("halfsym", Variant::HalfSym),
+    ("fullsym", Variant::FullSym),
+];
+
+/// Concurrent clients on three rows of each of four tables (one per signing variant): three
+/// writers and two readers, each operation recorded for the checker, until `stop`. The writers
+/// share MAC keys with the nodes; the readers have no signing key, so replicas sign for them.
 struct Workload {
     rows: Vec<RowKey>,
     recorder: Recorder,
@@ -175,10 +184,7 @@ impl Workload {
     async fn start(cluster: &TestCluster) -> Workload {
         const OPS_PER_CLIENT_MAX: u64 = 1_500;
         let admin = cluster.client("admin").await;
-        for (name, variant) in [
-            ("verified", Variant::ProxyVerifies),
-            ("unverified", Variant::ProxyNoVerify),
-        ] {
+        for (name, variant) in TABLES {
             let schema = Schema {
                 name: name.into(),
                 partition_key: "key".into(),
@@ -188,9 +194,9 @@ impl Workload {
             };
             admin.create_table(&schema).await.expect("create");
         }
-        let rows: Vec<RowKey> = ["verified", "unverified"]
+        let rows: Vec<RowKey> = TABLES
             .iter()
-            .flat_map(|table| {
+            .flat_map(|(table, _)| {
                 (0..3).map(move |r| RowKey {
                     table: table.to_string(),
                     partition: format!("row-{r}").into_bytes(),

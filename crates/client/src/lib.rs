@@ -219,6 +219,10 @@ pub struct Client {
     last_stamp: AtomicU64,
     /// Table proxies that left an operation unanswered, and until when they are not asked first.
     table_avoid: Mutex<HashMap<NodeId, std::time::Instant>>,
+    /// Tables' schemas as `f+1` members described them, by name.
+    table_schemas: Mutex<HashMap<String, bulwark_protocol::table::Schema>>,
+    /// The MAC keys this client shares with each node it used a table through.
+    table_pairs: Mutex<HashMap<NodeId, bulwark_protocol::table::PairKeys>>,
     session: u64,
     codec: Arc<dyn ErasureCodec>,
     volumes: Mutex<HashMap<String, Volume>>,
@@ -382,6 +386,8 @@ impl Client {
             next_op: AtomicU64::new(1),
             last_stamp: AtomicU64::new(0),
             table_avoid: Mutex::new(HashMap::new()),
+            table_schemas: Mutex::new(HashMap::new()),
+            table_pairs: Mutex::new(HashMap::new()),
             session: rand::random::<u32>() as u64,
             codec: Arc::new(ReedSolomonSimd),
             volumes: Mutex::new(HashMap::new()),

@@ -11,10 +11,10 @@ use crate::{Client, ClientError, OpReport, blame, nodes};
 use bulwark_core::membership::GroupView;
 use bulwark_core::{ClientId, Slot};
 use bulwark_protocol::table::{
-    self, Cell, Consistency, CreateOp, Place, Position, Range, RangeOp, ReadOp, ReadPath, RowKey,
-    Schema, WriteOp,
+    self, Cell, Consistency, CreateOp, DescribeOp, PairKeys, Place, Position, Range, RangeOp,
+    ReadOp, ReadPath, RowKey, Schema, WriteOp,
 };
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -62,6 +62,8 @@ impl Client {
                 .await?
                 .len();
         }
+        self.lock_schemas()
+            .insert(schema.name.clone(), schema.clone());
         Ok(created)
     }
 
@@ -81,6 +83,7 @@ impl Client {
                 "a write names at least one column".into(),
             ));
         }
+        let schema = self.table_schema(&row.table, &row.partition).await?;
         let ts = self.table_clock();
         let signed = cells
             .iter()
@@ -114,7 +117,11 @@ impl Client {
             signed,
             level,
             self.table_proxy(op.0, &view),
-        );
+        )
+        .with_variant(schema.variant);
+        if let Some(pairs) = self.table_pair_keys(&view)? {
+            machine = machine.with_pair_keys(pairs);
+        }
         let what = format!("table {} row", row.table);
         let outcome = self
             .drive(&view, &what, self.cluster.f, &mut machine)
@@ -140,6 +147,7 @@ impl Client {
         level: Consistency,
     ) -> Result<(Row, OpReport), ClientError> {
         self.fresh().await?;
+        let schema = self.table_schema(&row.table, &row.partition).await?;
         let view = self.placement.group_of(&row.partition);
         let op = self.op_id();
         let writers: table::Writers = self.writers.keys().collect();
@@ -153,7 +161,11 @@ impl Client {
             rand::random(),
             level,
             self.table_proxy(op.0, &view),
-        );
+        )
+        .with_variant(schema.variant);
+        if let Some(pairs) = self.table_pair_keys(&view)? {
+            machine = machine.with_pair_keys(pairs);
+        }
         let what = format!("table {} row", row.table);
         let outcome = self
             .drive(&view, &what, self.cluster.f, &mut machine)
@@ -230,6 +242,7 @@ impl Client {
             restarts: 0,
             repaired: false,
         };
+        let schema = self.table_schema(table, partition.unwrap_or(b"")).await?;
         let writers: Arc<table::Writers> = Arc::new(self.writers.keys().collect());
         let what = format!("table {table} range");
         let mut out: Vec<(RowKey, Row)> = Vec::new();
@@ -249,7 +262,11 @@ impl Client {
                     rand::random(),
                     level,
                     self.table_proxy(op.0, &walk.view),
-                );
+                )
+                .with_variant(schema.variant);
+                if let Some(pairs) = self.table_pair_keys(&walk.view)? {
+                    machine = machine.with_pair_keys(pairs);
+                }
                 let page = self
                     .drive(&walk.view, &what, self.cluster.f, &mut machine)
                     .await?;
@@ -309,6 +326,48 @@ impl Client {
             }
         }
         Ok((out, report))
+    }
+
+    /// `table`'s schema: from this client's cache, else as `f+1` members of the group of
+    /// `partition` describe it.
+    async fn table_schema(&self, table: &str, partition: &[u8]) -> Result<Schema, ClientError> {
+        if let Some(schema) = self.lock_schemas().get(table) {
+            return Ok(schema.clone());
+        }
+        let view = self.placement.group_of(partition);
+        let mut machine = DescribeOp::new(self.table_place(&view), self.op_id(), table.into());
+        let what = format!("table {table}");
+        let schema = self
+            .drive(&view, &what, self.cluster.f, &mut machine)
+            .await?;
+        self.lock_schemas().insert(table.into(), schema.clone());
+        Ok(schema)
+    }
+
+    fn lock_schemas(&self) -> std::sync::MutexGuard<'_, HashMap<String, Schema>> {
+        self.table_schemas.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The MAC keys this client shares with each member of `view`, by slot; none for a client
+    /// without a signing key (replicas sign for it).
+    fn table_pair_keys(&self, view: &GroupView) -> Result<Option<Arc<[PairKeys]>>, ClientError> {
+        let Some(secret) = &self.signing else {
+            return Ok(None);
+        };
+        let keys = self.content_keys(view)?;
+        let mut cache = self.table_pairs.lock().unwrap_or_else(|e| e.into_inner());
+        let pairs: Vec<PairKeys> = view
+            .members()
+            .iter()
+            .zip(keys.iter())
+            .map(|(node, key)| {
+                cache
+                    .entry(*node)
+                    .or_insert_with(|| PairKeys::between(secret, key))
+                    .clone()
+            })
+            .collect();
+        Ok(Some(pairs.into()))
     }
 
     fn table_place(&self, view: &GroupView) -> Place {

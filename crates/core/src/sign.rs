@@ -55,6 +55,7 @@ use ed25519_dalek::Signer as _;
 use serde::de::{self, DeserializeOwned};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::crypto::{MacKey, Tag};
 use crate::wire;
 
 /// What a signature is over: a short, printable, static name such as `"bulwark.configuration"`.
@@ -182,6 +183,28 @@ impl SecretKey {
     /// bytes; this is for formats built by hand.
     pub fn sign(&self, context: Context, bytes: &[u8]) -> Signature {
         Signature(self.0.sign(&message(context.name(), bytes)).to_bytes())
+    }
+
+    /// The MAC key this party shares with `peer` and no one else: static Diffie-Hellman on
+    /// the keys' Montgomery forms (X25519), hashed with both public keys. `peer` computes the
+    /// same key from its secret and this party's public key, so no pairwise key is ever
+    /// distributed. Reusing an Ed25519 key for X25519 agreement is sound when, as here, the
+    /// agreement output only feeds a KDF (Thormarker, "On using the same key pair for Ed25519
+    /// and an X25519 based KEM", 2021).
+    pub fn pair_key(&self, peer: &PublicKey) -> MacKey {
+        let shared = peer.0.to_montgomery().mul_clamped(self.0.to_scalar_bytes());
+        // Large-order keys only (`PublicKey` checks it), so `shared` is never the identity.
+        let mine = self.public_key();
+        let (low, high) = if mine.as_bytes() <= peer.as_bytes() {
+            (mine, *peer)
+        } else {
+            (*peer, mine)
+        };
+        let mut hasher = blake3::Hasher::new_derive_key("bulwark/pair-key/v1");
+        hasher.update(shared.as_bytes());
+        hasher.update(low.as_bytes());
+        hasher.update(high.as_bytes());
+        MacKey(*hasher.finalize().as_bytes())
     }
 }
 
@@ -470,7 +493,50 @@ impl<T: Signable> Unverified<T> {
             value,
         })
     }
+
+    /// `value` authenticated by a MAC under `key` instead of a signature: for a statement meant
+    /// for one party that shares `key`, which only it can check (and which proves nothing to a
+    /// third). The tag travels in the signature's place, marked by an `S` half that no
+    /// signature can have ([`Unverified::is_mac`]).
+    pub fn mac(key: &MacKey, value: &T) -> Result<Unverified<T>, SignError> {
+        let bytes = wire::encode(value);
+        if bytes.len() > T::BYTES_MAX {
+            return Err(SignError::TooLarge {
+                len: bytes.len(),
+                max: T::BYTES_MAX,
+            });
+        }
+        let tag = key.mac(T::CONTEXT.name(), &[&bytes]);
+        let mut signature = [MAC_MARK; 64];
+        signature[..32].copy_from_slice(&tag.0);
+        Ok(Unverified::new(bytes.into(), Signature(signature)))
+    }
+
+    /// Whether this carries a MAC tag rather than a signature.
+    pub fn is_mac(&self) -> bool {
+        self.signature.0[32..].iter().all(|byte| *byte == MAC_MARK)
+    }
+
+    /// Checks the size, then the MAC tag under `key` and `T`'s context, then decodes.
+    pub fn verify_mac(&self, key: &MacKey) -> Result<T, SignError> {
+        if self.bytes.len() > T::BYTES_MAX {
+            return Err(SignError::TooLarge {
+                len: self.bytes.len(),
+                max: T::BYTES_MAX,
+            });
+        }
+        let mut tag = [0; 32];
+        tag.copy_from_slice(&self.signature.0[..32]);
+        if !self.is_mac() || !key.verify(T::CONTEXT.name(), &[&self.bytes], &Tag(tag)) {
+            return Err(SignError::BadSignature);
+        }
+        wire::decode(&self.bytes, T::BYTES_MAX).map_err(SignError::Undecodable)
+    }
 }
+
+/// The byte filling the second half of a MAC-carrying [`Unverified`]: as an Ed25519 `S`,
+/// `0xff..ff` exceeds the group order, so no valid signature is ever taken for a tag.
+const MAC_MARK: u8 = 0xff;
 
 impl<T> Clone for Unverified<T> {
     fn clone(&self) -> Self {
@@ -943,5 +1009,43 @@ mod tests {
                 .verify_under("", b"x", &signature)
                 .is_err()
         );
+    }
+
+    #[test]
+    fn a_pair_key_is_shared_by_exactly_its_two_parties() {
+        let (a, b, c) = (secret(1), secret(2), secret(3));
+        let ab = a.pair_key(&b.public_key());
+        assert_eq!(ab, b.pair_key(&a.public_key()));
+        assert_ne!(ab, a.pair_key(&c.public_key()));
+        assert_ne!(ab, c.pair_key(&b.public_key()));
+        assert_ne!(ab, c.pair_key(&a.public_key()));
+    }
+
+    #[test]
+    fn a_mac_statement_opens_only_under_its_key_and_kind() {
+        let key = secret(1).pair_key(&secret(2).public_key());
+        let other = secret(1).pair_key(&secret(3).public_key());
+        let tagged = Unverified::<Version>::mac(&key, &version(7)).unwrap();
+        assert!(tagged.is_mac());
+        assert_eq!(tagged.verify_mac(&key).unwrap(), version(7));
+        assert!(tagged.verify_mac(&other).is_err());
+        // Same bytes, another kind: the context is in the MAC input.
+        let moved = Unverified::<Configuration>::new(tagged.bytes().clone(), *tagged.signature());
+        assert!(moved.verify_mac(&key).is_err());
+        // A changed byte fails; a tag never verifies as a signature, nor a signature as a tag.
+        let mut bytes = tagged.bytes().to_vec();
+        bytes[0] ^= 1;
+        assert!(
+            Unverified::<Version>::new(bytes.into(), *tagged.signature())
+                .verify_mac(&key)
+                .is_err()
+        );
+        assert!(tagged.clone().verify(&secret(1).public_key()).is_err());
+        let signed = Signed::sign(&secret(1), version(7))
+            .unwrap()
+            .to_unverified();
+        assert!(!signed.is_mac());
+        assert!(signed.verify_mac(&key).is_err());
+        assert!(Unverified::<Blob>::mac(&key, &Blob(vec![0; 2000])).is_err());
     }
 }

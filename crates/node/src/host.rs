@@ -633,6 +633,10 @@ pub fn table_op(namespace: Namespace, change: &table::Change) -> StorageOp {
             key: schema.name.as_bytes().to_vec(),
             value: Bytes::from(wire::encode(schema)),
         },
+        table::Change::Remove { row, column } => StorageOp::Delete {
+            table: namespace.table(TABLE_CELLS),
+            key: wire::encode(&(row, column)),
+        },
     }
 }
 

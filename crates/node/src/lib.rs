@@ -851,6 +851,12 @@ fn build_replicas(
             problem,
         })
     })?;
+    // Every client with a registered key shares MAC keys with this node (Half-Sym, Full-Sym).
+    let clients = options.cluster.clients.iter().filter_map(|client| {
+        let key = bulwark_core::sign::PublicKey::from_bytes(&client.signing_key?).ok()?;
+        Some((bulwark_core::ClientId(client.id), key))
+    });
+    let pairs = Arc::new(table::replica_pair_keys(&secret, clients));
     let mut server = table::Server::new(
         place,
         secret,
@@ -861,7 +867,8 @@ fn build_replicas(
             wall_at_zero_millis: wall_at_zero_ms,
             ..table::Settings::default()
         },
-    );
+    )
+    .with_pair_keys(pairs);
     restore_records(
         store,
         namespace,

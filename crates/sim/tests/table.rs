@@ -1,5 +1,6 @@
 //! Hardened tables (spec `cassandra.md` §5.2) in the simulator: the real replica, proxy and
-//! client machines of both proxy variants under up to f lying members (each lying as replica and
+//! client machines of the four signing variants (Proxy-Verifies, Proxy-No-Verify, Half-Sym and
+//! Full-Sym, one per run) under up to f lying members (each lying as replica and
 //! as proxy: dropping writes, signing badly and framing others, forging cells, spec §2.8's
 //! scenario 2), crashes with restart from disk, partitions, loss, duplication and reordering.
 //! With the clock every simulated client shares, the paper's per-cell guarantee makes a cell a

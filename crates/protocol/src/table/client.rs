@@ -10,15 +10,15 @@
 //! who relayed them.
 
 use super::{
-    Answer, Answered, Cell, Consistency, Nonce, Page, Place, Position, Range, RangeAnswered,
-    RangeWriteBackAck, Refusal, Request, RequestBody, Response, ResponseBody, RowKey, Schema,
-    SignedCell, TableMutations, Variant, WriteAck, WriteBackAck, Writers, check_page, entries_of,
-    listing_digest, resolve,
+    Answer, Answered, Cell, Consistency, Nonce, Page, PairKeys, Place, Position, Range,
+    RangeAnswered, RangeWriteBackAck, Refusal, Request, RequestBody, Response, ResponseBody,
+    RowKey, Schema, SignedCell, TableMutations, Variant, WriteAck, WriteBackAck, Writers,
+    check_page, entries_of, listing_digest, resolve,
 };
 use crate::machine::{OpError, Operation, Progress};
 use crate::round::{Evidence, EvidenceKind, OpId, Refusals, Replies};
 use bulwark_core::sign::{PublicKey, Signable, Unverified};
-use bulwark_core::{Digest, ServiceId, Slot};
+use bulwark_core::{Digest, ServiceId, Slot, Tag};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -47,6 +47,8 @@ struct Proxies {
     mutations: TableMutations,
     /// The table's variant: what is signed, and the quorums.
     variant: Variant,
+    /// The MAC keys this client shares with each member, by slot (Half-Sym and Full-Sym).
+    pairs: Option<Arc<[PairKeys]>>,
 }
 
 impl Proxies {
@@ -66,6 +68,7 @@ impl Proxies {
             evidence: Vec::new(),
             mutations: TableMutations::default(),
             variant: Variant::ProxyVerifies,
+            pairs: None,
         }
     }
 
@@ -100,13 +103,31 @@ impl Proxies {
         signed: &Unverified<T>,
         check: impl FnOnce(&T) -> bool,
     ) -> Option<T> {
-        let statement = if self.variant.signs() {
+        let statement = if !self.variant.signs() {
+            signed.peek().ok()?
+        } else if signed.is_mac() {
+            if !self.variant.macs_to_client() {
+                return None;
+            }
+            let keys = self.pairs.as_ref()?.get(slot.index())?;
+            signed.verify_mac(&keys.to_client).ok()?
+        } else {
             let key = self.keys.get(slot.index())?;
             signed.clone().verify(key).ok()?.into_value()
-        } else {
-            signed.peek().ok()?
         };
         check(&statement).then_some(statement)
+    }
+
+    /// Evidence that `node` vouched for a cell whose writer's signature fails. Not under
+    /// Full-Sym, where a correct replica keeps a Byzantine writer's cell on its tag until it
+    /// checks the signature (spec §5.1 item 15): there it proves nothing against the node.
+    fn vouched_for_forgery(&mut self, node: Slot) {
+        if !self.variant.macs_from_client() {
+            self.evidence.push(Evidence {
+                node,
+                kind: EvidenceKind::ForgedVersion,
+            });
+        }
     }
 
     /// Whether `signed` is a cell its writer signed (in the unsigned variants, any cell).
@@ -190,6 +211,15 @@ macro_rules! through_proxies {
                 self.proxies.variant = variant;
                 self
             }
+
+            /// The same operation with the MAC keys this client shares with each member of the
+            /// group, by slot: what Half-Sym and Full-Sym need.
+            pub fn with_pair_keys(mut self, pairs: Arc<[PairKeys]>) -> $op {
+                if pairs.len() == self.proxies.place.n {
+                    self.proxies.pairs = Some(pairs);
+                }
+                self
+            }
         }
     )*};
 }
@@ -221,6 +251,8 @@ pub struct WriteOp {
     acks: BTreeMap<Slot, Unverified<WriteAck>>,
     /// Replicas whose acknowledgements failed: not asked again.
     bad: BTreeSet<Slot>,
+    /// Full-Sym: this client's tag over the cells for each member, by slot.
+    tags: Vec<Tag>,
 }
 
 impl WriteOp {
@@ -242,6 +274,7 @@ impl WriteOp {
             level,
             acks: BTreeMap::new(),
             bad: BTreeSet::new(),
+            tags: Vec::new(),
         }
     }
 
@@ -256,11 +289,21 @@ impl WriteOp {
     fn request(&mut self) -> Vec<(Slot, Request)> {
         let skip: Vec<Slot> = self.acks.keys().chain(&self.bad).copied().collect();
         let want = self.needed().saturating_sub(self.acks.len()).max(1);
+        if self.proxies.variant.macs_from_client()
+            && self.tags.is_empty()
+            && let Some(pairs) = &self.proxies.pairs
+        {
+            self.tags = pairs
+                .iter()
+                .map(|keys| keys.write_tag(&self.cells))
+                .collect();
+        }
         self.proxies.request(RequestBody::Write {
             cells: self.cells.clone(),
             level: self.level,
             skip,
             want: want as u32,
+            tags: self.tags.clone(),
         })
     }
 
@@ -314,7 +357,10 @@ impl Operation for WriteOp {
                     Ok(false) => Progress::Send(Vec::new()),
                 };
             }
-            ResponseBody::Read { .. } | ResponseBody::Range { .. } | ResponseBody::Created => {
+            ResponseBody::Read { .. }
+            | ResponseBody::Range { .. }
+            | ResponseBody::Created
+            | ResponseBody::Schema(_) => {
                 return Progress::Send(Vec::new());
             }
         };
@@ -597,10 +643,7 @@ impl ReadOp {
         for (bytes, holders) in forged {
             if self.forged.insert(bytes) {
                 for node in holders {
-                    self.proxies.evidence.push(Evidence {
-                        node,
-                        kind: EvidenceKind::ForgedVersion,
-                    });
+                    self.proxies.vouched_for_forgery(node);
                 }
             }
         }
@@ -694,7 +737,10 @@ impl Operation for ReadOp {
                     Ok(false) => Progress::Send(Vec::new()),
                 };
             }
-            ResponseBody::Acks(_) | ResponseBody::Range { .. } | ResponseBody::Created => {
+            ResponseBody::Acks(_)
+            | ResponseBody::Range { .. }
+            | ResponseBody::Created
+            | ResponseBody::Schema(_) => {
                 return Progress::Send(Vec::new());
             }
         };
@@ -872,10 +918,7 @@ impl RangeOp {
                 self.blacklist.extend(holders.iter().copied());
                 if self.forged.insert(signed.bytes().to_vec()) {
                     for node in holders {
-                        self.proxies.evidence.push(Evidence {
-                            node: *node,
-                            kind: EvidenceKind::ForgedVersion,
-                        });
+                        self.proxies.vouched_for_forgery(*node);
                     }
                 }
             }
@@ -952,7 +995,10 @@ impl Operation for RangeOp {
                     Ok(false) => Progress::Send(Vec::new()),
                 };
             }
-            ResponseBody::Acks(_) | ResponseBody::Read { .. } | ResponseBody::Created => {
+            ResponseBody::Acks(_)
+            | ResponseBody::Read { .. }
+            | ResponseBody::Created
+            | ResponseBody::Schema(_) => {
                 return Progress::Send(Vec::new());
             }
         };
@@ -1067,7 +1113,10 @@ impl Operation for CreateOp {
                     }));
                 }
             }
-            ResponseBody::Acks(_) | ResponseBody::Read { .. } | ResponseBody::Range { .. } => {}
+            ResponseBody::Acks(_)
+            | ResponseBody::Read { .. }
+            | ResponseBody::Range { .. }
+            | ResponseBody::Schema(_) => {}
         }
         if self.created.count() >= self.quorum() {
             return Progress::Done(Ok(self.created.nodes()));
@@ -1086,5 +1135,102 @@ impl Operation for CreateOp {
 
     fn quorum(&self) -> usize {
         self.place.n - self.place.f
+    }
+}
+
+/// Learning a table's schema (its columns and variant) from one group: every member is asked,
+/// and the answer is the schema `f+1` members gave alike, so at least one correct member
+/// holds it.
+pub struct DescribeOp {
+    place: Place,
+    op: u64,
+    table: String,
+    schemas: Replies<Schema>,
+    refusals: Refusals<Refusal>,
+}
+
+impl DescribeOp {
+    /// Asks the group at `place` for `table`'s schema.
+    pub fn new(place: Place, op: OpId, table: String) -> DescribeOp {
+        DescribeOp {
+            place,
+            op: op.0,
+            table,
+            schemas: Replies::new(place.n),
+            refusals: Refusals::new(place.n),
+        }
+    }
+
+    fn describe(&self, slot: Slot) -> (Slot, Request) {
+        let request = Request {
+            op: self.op,
+            epoch: self.place.epoch,
+            group: self.place.group,
+            body: RequestBody::Describe {
+                table: self.table.clone(),
+            },
+        };
+        (slot, request)
+    }
+}
+
+impl Operation for DescribeOp {
+    const SERVICE: ServiceId = ServiceId::TABLE;
+    type Request = Request;
+    type Reply = Response;
+    type Output = Schema;
+
+    fn op(&self) -> u64 {
+        self.op
+    }
+
+    fn start(&mut self) -> Vec<(Slot, Request)> {
+        (0..self.place.n as u32)
+            .map(|slot| self.describe(Slot(slot)))
+            .collect()
+    }
+
+    fn on_reply(&mut self, from: Slot, reply: Response) -> Progress<Self> {
+        if reply.op != self.op {
+            return Progress::Send(Vec::new());
+        }
+        match reply.body {
+            ResponseBody::Schema(schema) if schema.name == self.table => {
+                self.schemas.record(from, schema);
+            }
+            ResponseBody::Refused(refusal) => {
+                if let Some((reason, by)) = self.refusals.record(from, refusal, self.place.f) {
+                    return Progress::Done(Err(OpError::Refused {
+                        reason: reason.to_string(),
+                        by,
+                    }));
+                }
+            }
+            _ => {}
+        }
+        let schemas: Vec<&Schema> = self.schemas.present().map(|(_, schema)| schema).collect();
+        for schema in &schemas {
+            let alike = schemas.iter().filter(|other| *other == schema).count();
+            if alike > self.place.f {
+                return Progress::Done(Ok((*schema).clone()));
+            }
+        }
+        Progress::Send(Vec::new())
+    }
+
+    fn on_timeout(&mut self) -> Vec<(Slot, Request)> {
+        let missing: Vec<Slot> = self.schemas.missing().collect();
+        missing
+            .into_iter()
+            .map(|slot| self.describe(slot))
+            .collect()
+    }
+
+    fn answered(&self) -> Vec<Slot> {
+        self.schemas.nodes()
+    }
+
+    fn quorum(&self) -> usize {
+        self.place.f + 1
     }
 }

@@ -46,7 +46,8 @@ mod server;
 mod tests;
 
 pub use client::{
-    CreateOp, RangeOp, RangeOutcome, ReadOp, ReadOutcome, ReadPath, WriteOp, WriteOutcome,
+    CreateOp, DescribeOp, RangeOp, RangeOutcome, ReadOp, ReadOutcome, ReadPath, WriteOp,
+    WriteOutcome,
 };
 pub use range::{
     Listing, PAGE_BYTES, Page, Position, RANGE_ROWS_MAX, Range, RangeAnswer, RangeAnswered,
@@ -55,7 +56,7 @@ pub use range::{
 pub use server::{Server, Settings, TableStats};
 
 use bulwark_core::sign::{Context, PublicKey, SecretKey, Signable, Signed, Unverified};
-use bulwark_core::{ClientId, Digest, Epoch, GroupId, Slot};
+use bulwark_core::{ClientId, Digest, Epoch, GroupId, MacKey, Slot, Tag};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 
@@ -271,12 +272,32 @@ pub enum Variant {
     /// Majority quorums and no signatures: plain Cassandra run by the same code, the baseline
     /// the others are measured against. For measurement only.
     Plain,
+    /// Proxy-No-Verify with a MAC, keyed by what the client and the replica share, in place of
+    /// each replica's signature on what it tells the client (spec §2.10, Half-Sym). Writers
+    /// still sign every cell and replicas still verify each.
+    HalfSym,
+    /// Half-Sym, and the client also MACs each write to each replica (spec §2.10, Figure 8,
+    /// Full-Sym): a replica whose own tag verifies keeps the cells on the write path without
+    /// verifying their writer's signatures, and verifies them off it (spec §5.1 item 15); a
+    /// missing or failing tag falls back to the signatures. One signature per cell and no
+    /// public-key verification on the normal path.
+    FullSym,
 }
 
 impl Variant {
-    /// Whether cells and statements are signed and checked.
+    /// Whether cells and statements are authenticated and checked.
     pub fn signs(self) -> bool {
-        matches!(self, Variant::ProxyVerifies | Variant::ProxyNoVerify)
+        !matches!(self, Variant::NoSign | Variant::Plain)
+    }
+
+    /// Whether replicas MAC what they tell the client instead of signing it.
+    pub fn macs_to_client(self) -> bool {
+        matches!(self, Variant::HalfSym | Variant::FullSym)
+    }
+
+    /// Whether the client MACs each write to each replica.
+    pub fn macs_from_client(self) -> bool {
+        self == Variant::FullSym
     }
 
     /// Replicas an operation at `level` waits for in a group of `n` tolerating `f`: a majority
@@ -485,6 +506,71 @@ impl Writers {
     }
 }
 
+/// The MAC keys one client and one replica share, one per direction, so that a tag made for
+/// one direction is never accepted in the other (spec §5.1 item 12: no reflection).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PairKeys {
+    /// For what the replica tells the client.
+    pub to_client: MacKey,
+    /// For what the client tells the replica.
+    pub to_replica: MacKey,
+}
+
+impl PairKeys {
+    /// The keys `secret` shares with `peer` (a replica's with a client, or the reverse).
+    pub fn between(secret: &SecretKey, peer: &PublicKey) -> PairKeys {
+        let pair = secret.pair_key(peer);
+        PairKeys {
+            to_client: pair.derive("bulwark/table/replica-to-client/v1"),
+            to_replica: pair.derive("bulwark/table/client-to-replica/v1"),
+        }
+    }
+
+    /// A client's tag for a replica over the cells of one write, each with its signature: a
+    /// replica that verifies it knows the client sent exactly these signed cells.
+    pub fn write_tag(&self, cells: &[SignedCell]) -> Tag {
+        let digests = write_tag_input(cells);
+        let parts: Vec<&[u8]> = digests.iter().map(|d| d.as_slice()).collect();
+        self.to_replica.mac(WRITE_TAG, &parts)
+    }
+
+    /// Whether `tag` is the client's [`PairKeys::write_tag`] over `cells`.
+    pub fn verify_write_tag(&self, cells: &[SignedCell], tag: &Tag) -> bool {
+        let digests = write_tag_input(cells);
+        let parts: Vec<&[u8]> = digests.iter().map(|d| d.as_slice()).collect();
+        self.to_replica.verify(WRITE_TAG, &parts, tag)
+    }
+}
+
+/// What a write tag covers: each cell's digest and the digest of its signature.
+fn write_tag_input(cells: &[SignedCell]) -> Vec<[u8; 32]> {
+    cells
+        .iter()
+        .flat_map(|cell| {
+            [
+                Cell::digest(cell).0,
+                Digest::of(DOMAIN_CELL_SIGNATURE, &cell.signature().0).0,
+            ]
+        })
+        .collect()
+}
+
+/// Hash domain of a cell's signature in a write tag.
+const DOMAIN_CELL_SIGNATURE: &str = "bulwark/table/cell-signature/v1";
+/// Domain of a client's tag over a write.
+const WRITE_TAG: &str = "bulwark/table/write-tag/v1";
+
+/// The keys a replica holding `secret` shares with each client of `clients`.
+pub fn replica_pair_keys(
+    secret: &SecretKey,
+    clients: impl IntoIterator<Item = (ClientId, PublicKey)>,
+) -> HashMap<ClientId, PairKeys> {
+    clients
+        .into_iter()
+        .map(|(client, key)| (client, PairKeys::between(secret, &key)))
+        .collect()
+}
+
 /// One member's place: its slot and group, the group's size and fault bound.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Place {
@@ -553,6 +639,9 @@ pub enum RequestBody {
         skip: Vec<Slot>,
         /// Acknowledgements still wanted.
         want: u32,
+        /// Full-Sym: the client's [`PairKeys::write_tag`] for each member, by slot (empty in
+        /// the other variants).
+        tags: Vec<Tag>,
     },
     /// Create a table on this replica (every member of every group is asked; spec §1.5's
     /// schema agreement is the administrator's here: a client with write access).
@@ -574,6 +663,11 @@ pub enum RequestBody {
         blacklist: Vec<Slot>,
         /// Skip the digest round: every replica sends data.
         full: bool,
+    },
+    /// The schema of a table (its columns and variant), for a client that did not create it.
+    Describe {
+        /// The table.
+        table: String,
     },
     /// Read a page of rows: a range within a partition, or a scan in token order.
     Range {
@@ -623,6 +717,8 @@ pub enum ResponseBody {
     },
     /// The table is created on this replica (it was already, with the same schema).
     Created,
+    /// The table's schema, as this replica holds it.
+    Schema(Schema),
     /// The proxy will not serve the request.
     Refused(Refusal),
 }
@@ -635,8 +731,12 @@ pub enum Message {
     Store {
         /// The proxy's operation.
         pop: u64,
+        /// The client it serves: whom the replica MACs its acknowledgement for (Half-Sym).
+        client: ClientId,
         /// The cells.
         cells: Vec<SignedCell>,
+        /// The client's tag for this replica (Full-Sym).
+        tag: Option<Tag>,
     },
     /// They are durable.
     StoreAck {
@@ -649,6 +749,8 @@ pub enum Message {
     Read {
         /// The proxy's operation.
         pop: u64,
+        /// The client it serves.
+        client: ClientId,
         /// The row.
         row: RowKey,
         /// The columns (all when empty).
@@ -669,6 +771,8 @@ pub enum Message {
     WriteBack {
         /// The proxy's operation.
         pop: u64,
+        /// The client it serves.
+        client: ClientId,
         /// The row.
         row: RowKey,
         /// The read's nonce.
@@ -687,6 +791,8 @@ pub enum Message {
     RangeRead {
         /// The proxy's operation.
         pop: u64,
+        /// The client it serves.
+        client: ClientId,
         /// The query.
         range: Range,
         /// The reader's nonce.
@@ -703,6 +809,8 @@ pub enum Message {
     RangeWriteBack {
         /// The proxy's operation.
         pop: u64,
+        /// The client it serves.
+        client: ClientId,
         /// The table.
         table: String,
         /// The read's nonce.
@@ -828,6 +936,14 @@ pub enum Change {
     },
     /// A table the replica now serves.
     Schema(Schema),
+    /// The cell of `row` and `column` is gone: it was kept on its writer's tag and its
+    /// signature failed (Full-Sym).
+    Remove {
+        /// The row.
+        row: RowKey,
+        /// The column.
+        column: String,
+    },
 }
 
 /// `statement` with an empty signature: what the unsigned variants send where the others sign.

@@ -10,15 +10,15 @@
 
 use super::{
     Answer, Answered, COLUMNS_MAX, Catalog, Cell, Change, Consistency, Entry, Message, Nonce,
-    PAGE_BYTES, Page, Place, Position, RANGE_ROWS_MAX, Range, RangeAnswer, RangeAnswered,
+    PAGE_BYTES, Page, PairKeys, Place, Position, RANGE_ROWS_MAX, Range, RangeAnswer, RangeAnswered,
     RangeWriteBackAck, Refusal, Request, RequestBody, Response, ResponseBody, RowKey, Schema,
     SignedCell, TABLES_MAX, TableMutations, Variant, WriteAck, WriteBackAck, Writers, check_page,
     entries_of, listing_digest, listing_of, resolve,
 };
 use crate::machine::{Access, Output, Replica, ReplicaStats, TimerId};
 use bulwark_core::sign::{PublicKey, SecretKey, Signable, Signed, Unverified};
-use bulwark_core::{ClientId, Digest, ServiceId, Slot, Time};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use bulwark_core::{ClientId, Digest, ServiceId, Slot, Tag, Time};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 /// Proxy operations in flight at one replica; more are refused as busy.
@@ -71,7 +71,19 @@ pub struct TableStats {
     /// Cells members sent it by anti-entropy that it refused (a bad writer's signature, a
     /// timestamp from the future, a cell it did not ask for), by slot.
     pub bad_syncs: BTreeMap<Slot, u64>,
+    /// Full-Sym writes whose tag for this replica was missing or failed, so it verified the
+    /// writer's signatures instead (a stale client view, or a proxy that altered the tags).
+    pub mac_fallbacks: u64,
+    /// Cells kept on their writer's tag whose signature then failed the check off the write
+    /// path: removed, and evidence against the writer (spec §5.1 item 15).
+    pub quarantined: u64,
 }
+
+/// Cells kept on a Full-Sym tag whose writer's signatures a replica verifies per tick.
+const UNCHECKED_PER_TICK: usize = 256;
+/// Cells kept on a Full-Sym tag still waiting for that check, at most; past it, writes are
+/// checked on the write path.
+const UNCHECKED_MAX: usize = 65_536;
 
 /// Rows a window of anti-entropy holds.
 const SYNC_ROWS: usize = 100;
@@ -127,6 +139,7 @@ enum Kind {
 }
 
 struct RangeState {
+    client: ClientId,
     range: Range,
     nonce: Nonce,
     /// The client's blacklist, and the replicas found vouching for forged cells.
@@ -142,6 +155,7 @@ struct RangeState {
 }
 
 struct ReadState {
+    client: ClientId,
     row: RowKey,
     columns: Vec<String>,
     nonce: Nonce,
@@ -165,6 +179,11 @@ pub struct Server {
     /// The group's keys, by slot.
     keys: Arc<[PublicKey]>,
     writers: Arc<Writers>,
+    /// The MAC keys shared with each client (Half-Sym and Full-Sym).
+    pairs: Arc<HashMap<ClientId, PairKeys>>,
+    /// Cells kept on their writer's Full-Sym tag, by row, column and digest: their signatures
+    /// are verified off the write path, a batch per tick.
+    unchecked: VecDeque<(RowKey, String, Digest)>,
     catalog: Catalog,
     /// Schemas members offered for tables this replica lacks, by table and member.
     offers: BTreeMap<String, BTreeMap<Slot, Schema>>,
@@ -206,6 +225,8 @@ impl Server {
             secret,
             keys,
             writers,
+            pairs: Arc::new(HashMap::new()),
+            unchecked: VecDeque::new(),
             catalog,
             offers: BTreeMap::new(),
             settings,
@@ -220,6 +241,13 @@ impl Server {
             table_stats: TableStats::default(),
             sync: Sync::default(),
         }
+    }
+
+    /// The same replica sharing `pairs` with clients, for the MAC variants; a client without a
+    /// key here gets signatures.
+    pub fn with_pair_keys(mut self, pairs: Arc<HashMap<ClientId, PairKeys>>) -> Server {
+        self.pairs = pairs;
+        self
     }
 
     /// The same replica with deliberate breakage (negative controls only).
@@ -244,6 +272,11 @@ impl Server {
         if self.catalog.add(schema).is_err() {
             self.stats.damaged += 1;
         }
+    }
+
+    /// Cells kept on their writer's Full-Sym tag whose signatures are not checked yet.
+    pub fn unchecked(&self) -> usize {
+        self.unchecked.len()
     }
 
     /// The tables this replica serves.
@@ -353,10 +386,22 @@ impl Server {
         }
     }
 
-    /// `statement` signed, unless `table` runs an unsigned variant.
-    fn sign<T: Signable>(&self, table: &str, statement: T) -> Option<Unverified<T>> {
-        if !self.variant(table).signs() {
+    /// `statement` for `client` signed; MACed instead in the variants that do, when this
+    /// replica shares a key with `client`; bare in the unsigned variants.
+    fn seal<T: Signable>(
+        &self,
+        table: &str,
+        client: ClientId,
+        statement: T,
+    ) -> Option<Unverified<T>> {
+        let variant = self.variant(table);
+        if !variant.signs() {
             return Some(super::unsigned(&statement));
+        }
+        if variant.macs_to_client()
+            && let Some(keys) = self.pairs.get(&client)
+        {
+            return Unverified::mac(&keys.to_client, &statement).ok();
         }
         // Signing fails only for a statement over its bound, which the bounds on rows exclude;
         // a replica that cannot sign says nothing rather than something unverifiable.
@@ -367,11 +412,14 @@ impl Server {
 
     /// Checks every cell of a write and returns them decoded: one row, the table's columns,
     /// each signed by a registered writer, none from the future (nor, for a new write, too old).
+    /// Cells `tagged` by their writer (a Full-Sym tag this replica verified) skip the
+    /// signature: it is checked off the write path.
     fn check_cells(
         &mut self,
         now: Time,
         cells: &[SignedCell],
         fresh: bool,
+        tagged: Option<ClientId>,
     ) -> Result<Vec<Cell>, Refusal> {
         if cells.is_empty() || cells.len() > COLUMNS_MAX {
             return Err(Refusal::Malformed(format!(
@@ -387,6 +435,11 @@ impl Server {
         for signed in cells {
             let cell = if self.mutations.unverified_cells {
                 signed.peek().ok().filter(Cell::is_well_formed)
+            } else if let Some(client) = tagged {
+                signed
+                    .peek()
+                    .ok()
+                    .filter(|cell| cell.is_well_formed() && cell.writer == client)
             } else {
                 self.genuine(signed)
             };
@@ -426,19 +479,23 @@ impl Server {
         Ok(decoded)
     }
 
-    /// STORE as a replica: the changes to make durable and the acknowledgement to send after.
+    /// STORE as a replica: the changes to make durable and the acknowledgement for `client` to
+    /// send after. `tag` is `client`'s Full-Sym tag for this replica, if it sent one.
     fn store(
         &mut self,
         now: Time,
+        client: ClientId,
         cells: &[SignedCell],
         fresh: bool,
+        tag: Option<&Tag>,
     ) -> Result<(Vec<Change>, Unverified<WriteAck>), Refusal> {
-        let changes = self.accept(now, cells, fresh)?;
         let table = cells
             .first()
             .and_then(|cell| cell.peek().ok())
             .map(|cell| cell.row.table)
             .unwrap_or_default();
+        let tagged = self.tagged(&table, client, cells, tag);
+        let changes = self.accept(now, cells, fresh, tagged)?;
         let ack = WriteAck {
             slot: self.place.slot,
             epoch: self.place.epoch,
@@ -446,24 +503,104 @@ impl Server {
             cells: cells.iter().map(Cell::digest).collect(),
         };
         let ack = self
-            .sign(&table, ack)
+            .seal(&table, client, ack)
             .ok_or_else(|| Refusal::Malformed("unsignable".into()))?;
         Ok((changes, ack))
     }
 
+    /// Verifies the writer's signature of a batch of cells kept on their writer's tag, and
+    /// removes each cell that fails (if still the one held): a Byzantine writer's, which
+    /// evidence names (spec §5.1 item 15). The removals to make durable.
+    fn check_tagged(&mut self) -> Vec<Change> {
+        let mut changes = Vec::new();
+        for _ in 0..UNCHECKED_PER_TICK {
+            let Some((row, column, digest)) = self.unchecked.pop_front() else {
+                break;
+            };
+            let key = (row.table.clone(), Position::of(&row));
+            let Some(held) = self.rows.get(&key).and_then(|cells| cells.get(&column)) else {
+                continue;
+            };
+            if Cell::digest(&held.signed) != digest || self.writers.verify(&held.signed).is_some() {
+                continue;
+            }
+            self.table_stats.quarantined += 1;
+            self.table_stats.forged_cells += 1;
+            self.forget(&key, &column);
+            changes.push(Change::Remove { row, column });
+        }
+        changes
+    }
+
+    /// Drops the cell held at `key` and `column`, and its row when that was its last.
+    fn forget(&mut self, key: &(String, Position), column: &str) {
+        let Some(cells) = self.rows.get_mut(key) else {
+            return;
+        };
+        if let Some(held) = cells.remove(column) {
+            if held.cell.value.is_some() {
+                self.stats.objects = self.stats.objects.saturating_sub(1);
+            }
+            self.stats.keys = self.stats.keys.saturating_sub(1);
+            self.stats.bytes = self
+                .stats
+                .bytes
+                .saturating_sub(held.signed.bytes().len() as u64);
+        }
+        if cells.is_empty() {
+            self.rows.remove(key);
+        }
+    }
+
+    /// The writer whose Full-Sym `tag` for this replica covers `cells`, when `table` runs
+    /// Full-Sym and it does: that writer's cells may skip their signatures on the write path.
+    /// A missing or failing tag is no refusal: the signatures decide (spec §5.1 item 12).
+    fn tagged(
+        &mut self,
+        table: &str,
+        client: ClientId,
+        cells: &[SignedCell],
+        tag: Option<&Tag>,
+    ) -> Option<ClientId> {
+        if !self.variant(table).macs_from_client() {
+            return None;
+        }
+        if self.unchecked.len() + cells.len() > UNCHECKED_MAX {
+            // The check off the write path is behind: check on it until it catches up.
+            return None;
+        }
+        let good = tag.is_some_and(|tag| {
+            self.pairs
+                .get(&client)
+                .is_some_and(|keys| keys.verify_write_tag(cells, tag))
+        });
+        if good {
+            Some(client)
+        } else {
+            self.table_stats.mac_fallbacks += 1;
+            None
+        }
+    }
+
     /// Checks the cells of one row and keeps those newer than what this replica holds: the
-    /// changes to make durable.
+    /// changes to make durable. Cells `tagged` by their writer wait for their signature check.
     fn accept(
         &mut self,
         now: Time,
         cells: &[SignedCell],
         fresh: bool,
+        tagged: Option<ClientId>,
     ) -> Result<Vec<Change>, Refusal> {
-        let decoded = self.check_cells(now, cells, fresh)?;
+        let decoded = self.check_cells(now, cells, fresh, tagged)?;
         let mut changes = Vec::new();
         for (cell, signed) in decoded.into_iter().zip(cells) {
             let (row, column) = (cell.row.clone(), cell.column.clone());
             if self.keep(cell, signed.clone()) {
+                if tagged.is_some() {
+                    let digest = Cell::digest(signed);
+                    self.unchecked
+                        .push_back((row.clone(), column.clone(), digest));
+                }
                 changes.push(Change::Put {
                     row,
                     column,
@@ -491,7 +628,7 @@ impl Server {
                     .take_while(|row| **row == rows[first])
                     .count();
             let result = match rows[first] {
-                Some(_) => self.accept(now, &cells[first..end], false),
+                Some(_) => self.accept(now, &cells[first..end], false, None),
                 None => Err(Refusal::Malformed("an undecodable cell".into())),
             };
             match result {
@@ -509,6 +646,7 @@ impl Server {
     /// signed with the nonce; with the cells themselves for a data read.
     pub(super) fn answer(
         &self,
+        client: ClientId,
         row: &RowKey,
         columns: &[String],
         nonce: Nonce,
@@ -535,7 +673,7 @@ impl Server {
         // Entries are in column order and so are the held cells (a BTreeMap by column).
         let cells = data.then(|| held.iter().map(|h| h.signed.clone()).collect());
         Some(Answered {
-            answer: self.sign(&row.table, answer)?,
+            answer: self.seal(&row.table, client, answer)?,
             cells,
         })
     }
@@ -545,11 +683,12 @@ impl Server {
     pub(super) fn write_back(
         &mut self,
         now: Time,
+        client: ClientId,
         row: &RowKey,
         nonce: Nonce,
         cells: &[SignedCell],
     ) -> Result<(Vec<Change>, Unverified<WriteBackAck>), Refusal> {
-        let (changes, _) = self.store(now, cells, false)?;
+        let changes = self.accept(now, cells, false, None)?;
         let decoded: Vec<Cell> = cells.iter().filter_map(|c| c.peek().ok()).collect();
         if decoded.iter().any(|cell| cell.row != *row) {
             return Err(Refusal::Malformed(
@@ -566,7 +705,7 @@ impl Server {
             entries: entries_of(decoded.iter().zip(cells)),
         };
         let ack = self
-            .sign(&row.table, ack)
+            .seal(&row.table, client, ack)
             .ok_or_else(|| Refusal::Malformed("unsignable".into()))?;
         Ok((changes, ack))
     }
@@ -680,11 +819,21 @@ impl Server {
                 Err(refusal) => self.refuse(op, refusal),
             };
         }
+        if let RequestBody::Describe { table } = request.body {
+            if !access.read {
+                return self.refuse(op, Refusal::NotReader);
+            }
+            let Some(schema) = self.catalog.get(&table) else {
+                return self.refuse(op, Refusal::UnknownTable(table));
+            };
+            let body = ResponseBody::Schema(schema.clone());
+            return Output::reply(Vec::new(), Response { op, body });
+        }
         self.next_pop += 1;
         let pop = self.next_pop;
         let me = self.place.slot;
         match request.body {
-            RequestBody::Create { .. } => Output::none(),
+            RequestBody::Create { .. } | RequestBody::Describe { .. } => Output::none(),
             RequestBody::Range {
                 range,
                 nonce,
@@ -715,9 +864,14 @@ impl Server {
                 level,
                 skip,
                 want,
+                tags,
             } => {
                 if !access.write {
                     return self.refuse(op, Refusal::NotWriter);
+                }
+                if !tags.is_empty() && tags.len() != self.place.n {
+                    let problem = format!("{} tags for {} members", tags.len(), self.place.n);
+                    return self.refuse(op, Refusal::Malformed(problem));
                 }
                 let table = cells
                     .first()
@@ -728,7 +882,7 @@ impl Server {
                 let mut acks = BTreeMap::new();
                 let mut changes = Vec::new();
                 if !skip.contains(&me) {
-                    match self.store(now, &cells, true) {
+                    match self.store(now, client, &cells, true, tags.get(me.index())) {
                         Ok((stored, ack)) => {
                             changes = stored;
                             acks.insert(me, ack);
@@ -743,7 +897,9 @@ impl Server {
                     .map(|slot| {
                         let message = Message::Store {
                             pop,
+                            client,
                             cells: cells.clone(),
+                            tag: tags.get(slot.index()).copied(),
                         };
                         (slot, message)
                     })
@@ -795,6 +951,7 @@ impl Server {
                 }
                 let wanted = self.level_threshold(&row.table, level);
                 let mut state = ReadState {
+                    client,
                     row,
                     columns,
                     nonce,
@@ -808,7 +965,7 @@ impl Server {
                 };
                 // The proxy is the data replica of the digest round (spec §1.6): its own answer.
                 if !state.blacklist.contains(&me)
-                    && let Some(own) = self.answer(&state.row, &state.columns, nonce, true)
+                    && let Some(own) = self.answer(client, &state.row, &state.columns, nonce, true)
                 {
                     state.answers.insert(me, own);
                     state.asked.insert(me);
@@ -878,6 +1035,7 @@ impl ReadState {
             .map(|slot| {
                 let message = Message::Read {
                     pop,
+                    client: state.client,
                     row: state.row.clone(),
                     columns: state.columns.clone(),
                     nonce: state.nonce,
@@ -1027,12 +1185,12 @@ impl Server {
             .chain(others)
             .filter(|slot| !state.current.contains(slot) && !state.blacklist.contains(slot))
             .collect();
-        let (row, nonce) = (state.row.clone(), state.nonce);
+        let (client, row, nonce) = (state.client, state.row.clone(), state.nonce);
         let mut out = Output::none();
         for slot in stale {
             if slot == me {
                 // Itself first: its own write-back, durable before anything it says after.
-                if let Ok((changes, ack)) = self.write_back(self.now, &row, nonce, &cells) {
+                if let Ok((changes, ack)) = self.write_back(self.now, client, &row, nonce, &cells) {
                     out.changes.extend(changes);
                     if let Some(Pending {
                         kind: Kind::Read(state),
@@ -1046,6 +1204,7 @@ impl Server {
             } else {
                 let message = Message::WriteBack {
                     pop,
+                    client,
                     row: row.clone(),
                     nonce,
                     cells: cells.clone(),
@@ -1231,13 +1390,19 @@ impl Server {
     /// A proxy's request to this replica.
     fn on_replica_message(&mut self, now: Time, from: Slot, message: Message) -> Output<Self> {
         let (pop, result) = match message {
-            Message::Store { pop, cells } => (
+            Message::Store {
                 pop,
-                self.store(now, &cells, true)
+                client,
+                cells,
+                tag,
+            } => (
+                pop,
+                self.store(now, client, &cells, true, tag.as_ref())
                     .map(|(changes, ack)| (changes, Message::StoreAck { pop, ack })),
             ),
             Message::Read {
                 pop,
+                client,
                 row,
                 columns,
                 nonce,
@@ -1248,7 +1413,7 @@ impl Server {
                 } else if self.catalog.get(&row.table).is_none() {
                     (pop, Err(Refusal::UnknownTable(row.table.clone())))
                 } else {
-                    match self.answer(&row, &columns, nonce, data) {
+                    match self.answer(client, &row, &columns, nonce, data) {
                         Some(answered) => {
                             (pop, Ok((Vec::new(), Message::Answer { pop, answered })))
                         }
@@ -1258,21 +1423,27 @@ impl Server {
             }
             Message::WriteBack {
                 pop,
+                client,
                 row,
                 nonce,
                 cells,
             } => (
                 pop,
-                self.write_back(now, &row, nonce, &cells)
+                self.write_back(now, client, &row, nonce, &cells)
                     .map(|(changes, ack)| (changes, Message::WriteBackAck { pop, ack })),
             ),
-            Message::RangeRead { pop, range, nonce } => {
+            Message::RangeRead {
+                pop,
+                client,
+                range,
+                nonce,
+            } => {
                 if let Some(problem) = range.problem() {
                     (pop, Err(Refusal::Malformed(problem)))
                 } else if self.catalog.get(&range.table).is_none() {
                     (pop, Err(Refusal::UnknownTable(range.table.clone())))
                 } else {
-                    match self.range_answered(&range, nonce) {
+                    match self.range_answered(client, &range, nonce) {
                         Some(answered) => (
                             pop,
                             Ok((Vec::new(), Message::RangeAnswer { pop, answered })),
@@ -1283,11 +1454,12 @@ impl Server {
             }
             Message::RangeWriteBack {
                 pop,
+                client,
                 table,
                 nonce,
                 cells,
             } => {
-                let (changes, result) = self.range_write_back(now, &table, nonce, &cells);
+                let (changes, result) = self.range_write_back(now, client, &table, nonce, &cells);
                 let (message, refused) = match result {
                     Ok(ack) => (Message::RangeWriteBackAck { pop, ack }, None),
                     Err(refusal) => {
@@ -1470,7 +1642,11 @@ impl Replica for Server {
 
     fn on_tick(&mut self, now: Time) -> Output<Self> {
         self.now = now;
-        self.anti_entropy(now)
+        Output {
+            changes: self.check_tagged(),
+            ..Output::none()
+        }
+        .and(self.anti_entropy(now))
     }
 
     fn stats(&self) -> ReplicaStats {
@@ -1501,6 +1677,7 @@ impl RangeState {
             .map(|slot| {
                 let message = Message::RangeRead {
                     pop,
+                    client: state.client,
                     range: state.range.clone(),
                     nonce: state.nonce,
                 };
@@ -1581,10 +1758,15 @@ impl Server {
     }
 
     /// RANGE-READ as a replica: its page, signed.
-    fn range_answered(&self, range: &Range, nonce: Nonce) -> Option<RangeAnswered> {
+    fn range_answered(
+        &self,
+        client: ClientId,
+        range: &Range,
+        nonce: Nonce,
+    ) -> Option<RangeAnswered> {
         let (answer, cells) = self.range_page(range, nonce);
         Some(RangeAnswered {
-            answer: self.sign(&range.table, answer)?,
+            answer: self.seal(&range.table, client, answer)?,
             cells,
         })
     }
@@ -1594,6 +1776,7 @@ impl Server {
     fn range_write_back(
         &mut self,
         now: Time,
+        client: ClientId,
         table: &str,
         nonce: Nonce,
         cells: &[SignedCell],
@@ -1625,7 +1808,7 @@ impl Server {
             listing: listing_digest(&listing),
         };
         let ack = self
-            .sign(table, ack)
+            .seal(table, client, ack)
             .ok_or_else(|| Refusal::Malformed("unsignable".into()));
         (changes, ack)
     }
@@ -1645,6 +1828,7 @@ impl Server {
     ) -> Output<Self> {
         let me = self.place.slot;
         let mut state = RangeState {
+            client,
             range,
             nonce,
             blacklist: blacklist.into_iter().collect(),
@@ -1656,7 +1840,7 @@ impl Server {
             write_backs: BTreeMap::new(),
         };
         if !state.blacklist.contains(&me)
-            && let Some(own) = self.range_answered(&state.range, nonce)
+            && let Some(own) = self.range_answered(client, &state.range, nonce)
             && let Some(page) = own.answer.peek().ok().and_then(|answer| {
                 check_page(
                     &self.place,
@@ -1823,13 +2007,13 @@ impl Server {
             .chain(others(&self.place))
             .filter(|slot| !state.current.contains(slot) && !state.blacklist.contains(slot))
             .collect();
-        let nonce = state.nonce;
+        let (client, nonce) = (state.client, state.nonce);
         let mut out = Output::none();
         for slot in stale {
             if slot == me {
                 // Itself first: its own write-back, durable before anything it says after.
                 let (changes, result) =
-                    self.range_write_back(self.now, &range.table, nonce, &cells);
+                    self.range_write_back(self.now, client, &range.table, nonce, &cells);
                 out.changes.extend(changes);
                 if let Ok(ack) = result
                     && let Some(Pending {
@@ -1843,6 +2027,7 @@ impl Server {
             } else {
                 let message = Message::RangeWriteBack {
                     pop,
+                    client,
                     table: range.table.clone(),
                     nonce,
                     cells: cells.clone(),

@@ -13,6 +13,14 @@ use std::sync::Arc;
 const NOW: Time = Time(1_700_000_000_000);
 const WRITER: ClientId = ClientId(7);
 
+/// The variants that protect something.
+const SIGNING: [Variant; 4] = [
+    Variant::ProxyVerifies,
+    Variant::ProxyNoVerify,
+    Variant::HalfSym,
+    Variant::FullSym,
+];
+
 fn row(key: &str) -> RowKey {
     RowKey {
         table: "users".into(),
@@ -29,6 +37,9 @@ struct Cluster {
     writers: Arc<Writers>,
     group: LocalGroup,
     next_op: u64,
+    variant: Variant,
+    /// The MAC keys the writer shares with each replica, by slot.
+    pairs: Arc<[PairKeys]>,
 }
 
 impl Cluster {
@@ -72,7 +83,15 @@ impl Cluster {
                     catalog.clone(),
                     settings,
                 )
+                .with_pair_keys(Arc::new(replica_pair_keys(
+                    &secrets[i],
+                    [(WRITER, writer.public_key())],
+                )))
             })
+            .collect();
+        let pairs = secrets
+            .iter()
+            .map(|secret| PairKeys::between(&writer, &secret.public_key()))
             .collect();
         Cluster {
             f,
@@ -82,6 +101,8 @@ impl Cluster {
             writers,
             group: LocalGroup::new(servers, NOW, WRITER),
             next_op: 0,
+            variant,
+            pairs,
         }
     }
 
@@ -111,6 +132,8 @@ impl Cluster {
             Consistency::Quorum,
             Slot(proxy as u32),
         )
+        .with_variant(self.variant)
+        .with_pair_keys(self.pairs.clone())
     }
 
     fn read_op(&mut self, key: &str, proxy: usize) -> ReadOp {
@@ -126,6 +149,8 @@ impl Cluster {
             Consistency::Quorum,
             Slot(proxy as u32),
         )
+        .with_variant(self.variant)
+        .with_pair_keys(self.pairs.clone())
     }
 
     fn run<O>(&mut self, op: &mut O, rounds: usize) -> Result<O::Output, OpError>
@@ -242,8 +267,8 @@ fn majorities_are_not_byzantine_quorums_from_f_2() {
 // Happy path and merges
 
 #[test]
-fn both_variants_write_and_read_back_on_the_fast_path() {
-    for variant in [Variant::ProxyVerifies, Variant::ProxyNoVerify] {
+fn every_variant_writes_and_reads_back_on_the_fast_path() {
+    for variant in SIGNING {
         let mut cluster = Cluster::new(1, variant);
         let cells = vec![
             cluster.cell("k", "a", 10, Some("alpha")),
@@ -391,8 +416,8 @@ fn a_forged_high_timestamp_cell_is_ignored_and_its_replica_blamed() {
 }
 
 #[test]
-fn a_replica_that_always_signs_badly_is_survived_by_both_variants() {
-    for variant in [Variant::ProxyVerifies, Variant::ProxyNoVerify] {
+fn a_replica_that_always_signs_badly_is_survived_by_every_variant() {
+    for variant in SIGNING {
         let mut cluster = Cluster::new(1, variant);
         cluster.group.hooks.push(signs_badly(Slot(2)));
         let written = cluster.write(vec![cluster.cell("k", "a", 10, Some("v"))], 0);
@@ -521,7 +546,7 @@ fn replayed_answers_and_acknowledgements_do_not_count() {
             let server = &cluster.group.servers[i];
             (
                 Slot(i as u32),
-                server.answer(&row("k"), &[], nonce, true).unwrap(),
+                server.answer(WRITER, &row("k"), &[], nonce, true).unwrap(),
             )
         })
         .collect();
@@ -560,7 +585,7 @@ fn a_stale_write_back_is_caught_by_the_original_answers() {
     let answers: Vec<(Slot, Answered)> = (0..3)
         .map(|i| {
             let answered = cluster.group.servers[i]
-                .answer(&row("k"), &[], nonce, true)
+                .answer(WRITER, &row("k"), &[], nonce, true)
                 .unwrap();
             (Slot(i as u32), answered)
         })
@@ -568,7 +593,7 @@ fn a_stale_write_back_is_caught_by_the_original_answers() {
     let write_backs: Vec<(Slot, Unverified<WriteBackAck>)> = (0..4)
         .map(|i| {
             let (_, ack) = cluster.group.servers[i]
-                .write_back(NOW, &row("k"), nonce, std::slice::from_ref(&old))
+                .write_back(NOW, WRITER, &row("k"), nonce, std::slice::from_ref(&old))
                 .unwrap();
             (Slot(i as u32), ack)
         })
@@ -637,7 +662,7 @@ fn bad_cells_are_refused_with_a_reason_and_counted() {
     // The same old cell is taken as a write-back: that is how a stale replica catches up.
     assert!(
         cluster.group.servers[2]
-            .write_back(NOW, &row("k"), [0; 16], &[old])
+            .write_back(NOW, WRITER, &row("k"), [0; 16], &[old])
             .is_ok()
     );
     let unknown = cluster.cell("k", "zzz", now_micros, Some("v"));
@@ -790,6 +815,8 @@ impl Cluster {
             Consistency::Quorum,
             Slot(proxy as u32),
         )
+        .with_variant(self.variant)
+        .with_pair_keys(self.pairs.clone())
     }
 
     /// Every page of `range` through `proxy`: the rows in the order returned.
@@ -1287,4 +1314,184 @@ fn a_member_that_lost_everything_learns_the_table_and_its_rows_by_anti_entropy()
     for i in 0..30 {
         assert_eq!(rebuilt.cells(&row(&format!("k{i:02}"))).len(), 1);
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// MAC variants (spec §2.10; §5.2 "MAC")
+
+fn stats_sum(cluster: &Cluster, stat: impl Fn(&TableStats) -> u64) -> u64 {
+    cluster
+        .group
+        .servers
+        .iter()
+        .map(|server| stat(server.table_stats()))
+        .sum()
+}
+
+#[test]
+fn half_and_full_sym_mac_to_the_client_and_full_sym_checks_writers_off_the_write_path() {
+    for variant in SIGNING {
+        let mut cluster = Cluster::new(1, variant);
+        let written = cluster.write(vec![cluster.cell("k", "a", 10, Some("v"))], 0);
+        assert!(
+            written
+                .acks
+                .iter()
+                .all(|(_, ack)| ack.is_mac() == variant.macs_to_client()),
+            "{variant:?}"
+        );
+        let read = cluster.read("k", 1);
+        assert_eq!(values(&read), vec![col("a", "v")], "{variant:?}");
+        let unchecked: usize = cluster.group.servers.iter().map(Server::unchecked).sum();
+        assert_eq!(unchecked, 4 * usize::from(variant == Variant::FullSym));
+        assert_eq!(stats_sum(&cluster, |s| s.mac_fallbacks), 0, "{variant:?}");
+        cluster.group.tick(1);
+        assert!(cluster.group.servers.iter().all(|s| s.unchecked() == 0));
+        assert_eq!(stats_sum(&cluster, |s| s.quarantined), 0, "{variant:?}");
+    }
+}
+
+#[test]
+fn a_tag_made_for_the_other_direction_is_no_tag_and_no_statement() {
+    let mut cluster = Cluster::new(1, Variant::FullSym);
+    // The client's tags made with the keys of the replica-to-client direction (what a
+    // reflected replica MAC would be keyed with): every replica falls back to the signature.
+    let cells = vec![cluster.cell("k", "a", 10, Some("v"))];
+    let reflected: Vec<Tag> = cluster
+        .pairs
+        .iter()
+        .map(|keys| {
+            let swapped = PairKeys {
+                to_client: keys.to_replica.clone(),
+                to_replica: keys.to_client.clone(),
+            };
+            swapped.write_tag(&cells)
+        })
+        .collect();
+    cluster.group.hooks.push(Box::new(move |event| {
+        if let Event::Request(_, Request { body, .. }) = event
+            && let RequestBody::Write { tags, .. } = body
+        {
+            tags.clone_from(&reflected);
+        }
+        true
+    }));
+    assert!(cluster.write(cells, 0).acks.len() >= 3);
+    assert_eq!(stats_sum(&cluster, |s| s.mac_fallbacks), 4);
+    assert!(cluster.group.servers.iter().all(|s| s.unchecked() == 0));
+    // And acknowledgements MACed with the client-to-replica keys count for nothing, while the
+    // same statements MACed with the right keys make the write.
+    let mut cluster = Cluster::new(1, Variant::HalfSym);
+    let cells = vec![cluster.cell("k", "a", 20, Some("w"))];
+    let mut op = cluster.write_op(cells.clone(), 0);
+    let pairs = cluster.pairs.clone();
+    let ack = |slot: usize| WriteAck {
+        slot: Slot(slot as u32),
+        epoch: Epoch(3),
+        group: GroupId(5),
+        cells: cells.iter().map(Cell::digest).collect(),
+    };
+    let reply = |op: &WriteOp, reflected: bool| {
+        let acks = (0..4)
+            .map(|slot| {
+                let keys = &pairs[slot];
+                let key = if reflected {
+                    &keys.to_replica
+                } else {
+                    &keys.to_client
+                };
+                (Slot(slot as u32), Unverified::mac(key, &ack(slot)).unwrap())
+            })
+            .collect();
+        Response {
+            op: op.op(),
+            body: ResponseBody::Acks(acks),
+        }
+    };
+    op.start();
+    let reflected = reply(&op, true);
+    assert!(matches!(op.on_reply(Slot(0), reflected), Progress::Send(_)));
+    let genuine = reply(&op, false);
+    assert!(matches!(
+        op.on_reply(Slot(0), genuine),
+        Progress::Done(Ok(_))
+    ));
+}
+
+#[test]
+fn a_proxy_that_alters_the_tags_forces_the_fallback_not_a_failure() {
+    let mut cluster = Cluster::new(1, Variant::FullSym);
+    // Proxy 0 spoils the tag it forwards to every other replica.
+    cluster.group.hooks.push(Box::new(|event| {
+        if let Event::Peer {
+            from: Slot(0),
+            message: Message::Store { tag: Some(tag), .. },
+            ..
+        } = event
+        {
+            tag.0[0] ^= 1;
+        }
+        true
+    }));
+    let written = cluster.write(vec![cluster.cell("k", "a", 10, Some("v"))], 0);
+    assert!(written.acks.len() >= 3);
+    assert_eq!(written.proxies, 1);
+    assert_eq!(cluster.group.servers[0].table_stats().mac_fallbacks, 0);
+    for server in &cluster.group.servers[1..] {
+        assert_eq!(server.table_stats().mac_fallbacks, 1);
+        assert_eq!(server.unchecked(), 0, "checked on the write path instead");
+    }
+    assert_eq!(values(&cluster.read("k", 1)), vec![col("a", "v")]);
+}
+
+/// A cell whose writer's signature fails, as a Byzantine writer makes it.
+fn badly_signed(cell: SignedCell) -> SignedCell {
+    let mut signature = cell.signature().0;
+    signature[7] ^= 1;
+    Unverified::new(cell.bytes().clone(), Signature(signature))
+}
+
+#[test]
+fn a_badly_signed_cell_kept_on_its_writers_tag_is_removed_and_blames_no_replica() {
+    let mut cluster = Cluster::new(1, Variant::FullSym);
+    cluster.write(vec![cluster.cell("k", "a", 10, Some("good"))], 0);
+    // The writer tags a cell it signed badly; replica 3 never gets it.
+    let forged = badly_signed(cluster.cell("k", "a", 20, Some("forged")));
+    cluster.group.hooks.push(Box::new(|event| {
+        !matches!(
+            event,
+            Event::Peer {
+                to: Slot(3),
+                message: Message::Store { .. },
+                ..
+            }
+        )
+    }));
+    let written = cluster.write(vec![forged], 0);
+    assert!(
+        written.acks.len() >= 3,
+        "its tags vouch for it on the write path"
+    );
+    cluster.group.hooks.clear();
+    // A read that meets both versions resolves to the genuine one and blames no replica: a
+    // correct one holds such a cell until it checks it (spec §5.1 item 15).
+    let read = cluster.read("k", 1);
+    assert_eq!(values(&read), vec![col("a", "good")]);
+    assert!(read.evidence.is_empty(), "{:?}", read.evidence);
+    // Off the write path, the holders find the bad signature and remove the cell.
+    cluster.group.tick(1);
+    for server in &cluster.group.servers {
+        assert!(
+            server
+                .cells(&row("k"))
+                .iter()
+                .all(|cell| cell.value.as_deref() != Some(&b"forged"[..]))
+        );
+    }
+    assert_eq!(stats_sum(&cluster, |s| s.quarantined), 3);
+    // Half-Sym takes no writer's word for it: the same write is refused on the write path.
+    let mut half = Cluster::new(1, Variant::HalfSym);
+    let forged = badly_signed(half.cell("k", "a", 20, Some("forged")));
+    let mut op = half.write_op(vec![forged], 0);
+    assert!(half.run(&mut op, 10).is_err());
 }

@@ -21,10 +21,10 @@ use bulwark_core::{ClientId, Digest, Epoch, GroupId, Key, ServiceId, Slot, Time}
 use bulwark_protocol::machine::{Access, Operation, Output, Progress, Replica, ReplicaStats};
 use bulwark_protocol::round::OpId;
 use bulwark_protocol::table::{
-    Answered, Catalog, Cell, Change, Consistency, Message, Place, Range, RangeAnswered, RangeOp,
-    RangeOutcome, ReadOp, ReadOutcome, ReadPath, Request, RequestBody, Response, ResponseBody,
-    RowKey, Schema, Server, Settings, SignedCell, TableMutations, Variant, WriteAck, WriteOp,
-    WriteOutcome, Writers, entries_of,
+    Answered, Catalog, Cell, Change, Consistency, Message, PairKeys, Place, Range, RangeAnswered,
+    RangeOp, RangeOutcome, ReadOp, ReadOutcome, ReadPath, Request, RequestBody, Response,
+    ResponseBody, RowKey, Schema, Server, Settings, SignedCell, TableMutations, Variant, WriteAck,
+    WriteOp, WriteOutcome, Writers, entries_of, replica_pair_keys,
 };
 use bytes::Bytes;
 use rand::Rng;
@@ -45,6 +45,11 @@ pub struct TableSim {
     writers: Arc<Writers>,
     catalog: Catalog,
     mutations: TableMutations,
+    variant: Variant,
+    /// The MAC keys each replica shares with the clients, by replica.
+    replica_pairs: Vec<Arc<HashMap<ClientId, PairKeys>>>,
+    /// The MAC keys each client shares with the replicas, by client and slot.
+    client_pairs: Vec<Arc<[PairKeys]>>,
 }
 
 fn row(key: &Key) -> RowKey {
@@ -88,6 +93,7 @@ impl TableSim {
             settings(),
         )
         .with_mutations(self.mutations)
+        .with_pair_keys(self.replica_pairs[index].clone())
     }
 
     /// Each operation starts at a proxy its id picks, so proxies (lying ones too) share the load.
@@ -140,11 +146,31 @@ impl Protocol for TableSim {
         for (i, secret) in clients.iter().enumerate() {
             writers.insert(ClientId(i as u32), secret.public_key());
         }
-        let variant = if rng.random_bool(0.5) {
-            Variant::ProxyVerifies
-        } else {
-            Variant::ProxyNoVerify
-        };
+        let variant = [
+            Variant::ProxyVerifies,
+            Variant::ProxyNoVerify,
+            Variant::HalfSym,
+            Variant::FullSym,
+        ][rng.random_range(0..4)];
+        let replica_pairs = secrets
+            .iter()
+            .map(|secret| {
+                let clients = clients
+                    .iter()
+                    .enumerate()
+                    .map(|(i, client)| (ClientId(i as u32), client.public_key()));
+                Arc::new(replica_pair_keys(secret, clients))
+            })
+            .collect();
+        let client_pairs = clients
+            .iter()
+            .map(|client| {
+                secrets
+                    .iter()
+                    .map(|secret| PairKeys::between(client, &secret.public_key()))
+                    .collect()
+            })
+            .collect();
         let mut catalog = Catalog::default();
         let schema = Schema {
             name: TABLE.into(),
@@ -164,6 +190,9 @@ impl Protocol for TableSim {
             writers: Arc::new(writers),
             catalog,
             mutations: config.mutations.table,
+            variant,
+            replica_pairs,
+            client_pairs,
         }
     }
 
@@ -196,6 +225,9 @@ impl Protocol for TableSim {
             }
             Change::Schema(schema) => {
                 disk.schemas.insert(schema.name.clone(), schema.clone());
+            }
+            Change::Remove { row, column } => {
+                disk.cells.remove(&(row.clone(), column.clone()));
             }
         }
     }
@@ -232,6 +264,8 @@ impl Protocol for TableSim {
             self.proxy(op),
         )
         .with_mutations(self.mutations)
+        .with_variant(self.variant)
+        .with_pair_keys(self.client_pairs[client].clone())
     }
 
     /// Every third read is a range read of the key's partition: the same cell through the
@@ -260,7 +294,9 @@ impl Protocol for TableSim {
                     Consistency::Quorum,
                     self.proxy(op),
                 )
-                .with_mutations(self.mutations),
+                .with_mutations(self.mutations)
+                .with_variant(self.variant)
+                .with_pair_keys(self.client_pairs[client].clone()),
             );
         }
         TableRead::Point(
@@ -275,7 +311,9 @@ impl Protocol for TableSim {
                 Consistency::Quorum,
                 self.proxy(op),
             )
-            .with_mutations(self.mutations),
+            .with_mutations(self.mutations)
+            .with_variant(self.variant)
+            .with_pair_keys(self.client_pairs[client].clone()),
         )
     }
 
@@ -289,6 +327,7 @@ impl Protocol for TableSim {
             RequestBody::Read { .. } => "read",
             RequestBody::Range { .. } => "range",
             RequestBody::Create { .. } => "create",
+            RequestBody::Describe { .. } => "describe",
         }
     }
 
@@ -296,7 +335,7 @@ impl Protocol for TableSim {
         match request.body {
             RequestBody::Write { .. } => 1,
             RequestBody::Read { .. } | RequestBody::Range { .. } => 3,
-            RequestBody::Create { .. } => 0,
+            RequestBody::Create { .. } | RequestBody::Describe { .. } => 0,
         }
     }
 
@@ -308,6 +347,7 @@ impl Protocol for TableSim {
             } => format!(" blacklist={blacklist:?} full={full}"),
             RequestBody::Range { blacklist, .. } => format!(" blacklist={blacklist:?}"),
             RequestBody::Create { schema } => format!(" {}", schema.name),
+            RequestBody::Describe { table } => format!(" {table}"),
         };
         format!("{} op{}{detail}", Self::request_name(request), request.op)
     }
@@ -331,6 +371,7 @@ impl Protocol for TableSim {
                 write_backs.len()
             ),
             ResponseBody::Created => "created".to_string(),
+            ResponseBody::Schema(schema) => format!("schema {}", schema.name),
             ResponseBody::Refused(refusal) => format!("refused: {refusal}"),
         };
         format!("{detail} op{}", response.op)
@@ -646,7 +687,15 @@ impl TableNode {
             .insert(pop, (client, request.op, vec![(self.place.slot, own)]));
         let next = Slot((self.place.slot.0 + 1) % self.place.n as u32);
         Output {
-            sends: vec![(next, Message::Store { pop, cells })],
+            sends: vec![(
+                next,
+                Message::Store {
+                    pop,
+                    client,
+                    cells,
+                    tag: None,
+                },
+            )],
             ..Output::none()
         }
     }
@@ -719,7 +768,7 @@ impl TableNode {
                     answers.iter_mut().for_each(|(_, a)| spoil(&mut a.answer));
                     write_backs.iter_mut().for_each(|(_, ack)| spoil(ack));
                 }
-                ResponseBody::Refused(_) | ResponseBody::Created => {}
+                ResponseBody::Refused(_) | ResponseBody::Created | ResponseBody::Schema(_) => {}
             }
         }
     }
@@ -768,7 +817,7 @@ impl Replica for TableNode {
             (_, Message::SyncReply { .. } | Message::SyncCells { .. }) if self.drops_writes() => {
                 return Output::none();
             }
-            (_, Message::Store { pop, cells }) if self.drops_writes() => {
+            (_, Message::Store { pop, cells, .. }) if self.drops_writes() => {
                 let Some(ack) = self.ack(cells) else {
                     return Output::none();
                 };
