@@ -5,6 +5,7 @@ use crate::driver::{self, RunSpec, RunStats, Target, Work};
 use crate::report::{self, Machine, Report, Unsupported};
 use crate::targets::bulwark::{BulwarkOptions, BulwarkTarget, POWERSTORE_TWO_ROUND_READS};
 use crate::targets::etcd::{self, EtcdTarget};
+use crate::targets::table::{self, TableTarget};
 use crate::ycsb::{CoreWorkload, WorkloadSpec};
 use anyhow::{Result, bail};
 use bytes::Bytes;
@@ -71,6 +72,16 @@ async fn start(system: &str, options: &CompareOptions) -> Result<Arc<dyn Target>
     Ok(if system == "etcd" {
         let program = etcd::find_or_install()?;
         Arc::new(EtcdTarget::start(&program, &dir).await?)
+    } else if system.starts_with(table::PREFIX) {
+        let options = BulwarkOptions {
+            program: options.program.clone(),
+            dir,
+            f: 1,
+            protocol: None,
+            two_round_reads: false,
+            node_args: vec!["--unprotected-tables".into()],
+        };
+        Arc::new(TableTarget::start(&options, system).await?)
     } else {
         Arc::new(
             BulwarkTarget::start(&BulwarkOptions {
@@ -80,6 +91,7 @@ async fn start(system: &str, options: &CompareOptions) -> Result<Arc<dyn Target>
                 protocol: (system != "powerstore" && system != POWERSTORE_TWO_ROUND_READS)
                     .then(|| system.to_string()),
                 two_round_reads: system == POWERSTORE_TWO_ROUND_READS,
+                node_args: Vec::new(),
             })
             .await?,
         )

@@ -78,7 +78,9 @@ pub struct CompareArgs {
     #[arg(long)]
     pub quick: bool,
     /// Systems to compare: powerstore, powerstore-2r (reads always in two rounds, as the
-    /// paper's), etcd, or any protocol `bulwark cluster init --protocol` accepts.
+    /// paper's), etcd, any protocol `bulwark cluster init --protocol` accepts, or a hardened
+    /// table of one variant: table-plain, table-nosign, table-proxy-verifies,
+    /// table-proxy-no-verify, table-half-sym, table-full-sym.
     #[arg(
         long,
         value_delimiter = ',',

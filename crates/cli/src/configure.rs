@@ -372,6 +372,7 @@ pub async fn join(
         metrics,
         grace_ms: crate::GRACE_MS_DEFAULT,
         peers: Vec::new(),
+        unprotected_tables: false,
     })
 }
 

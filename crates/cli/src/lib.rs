@@ -313,6 +313,10 @@ pub struct NodeArgs {
     /// the certificate pinned in cluster.toml.
     #[arg(long = "peer", value_delimiter = ',', value_parser = parse_peer)]
     pub peers: Vec<(u32, String)>,
+    /// Let clients create tables of the variants that protect nothing (Plain, No-Sign), as
+    /// `bulwark bench compare` does to measure hardened tables against them.
+    #[arg(long)]
+    pub unprotected_tables: bool,
 }
 
 fn parse_peer(text: &str) -> Result<(u32, String), String> {
@@ -462,6 +466,7 @@ pub async fn run_node(args: NodeArgs, wrap: bulwark_node::Wrap) -> Result<()> {
     options.listen = args.listen;
     options.metrics = args.metrics;
     options.grace_millis = args.grace_ms;
+    options.unprotected_tables = args.unprotected_tables;
     options.peer_addresses = args
         .peers
         .into_iter()

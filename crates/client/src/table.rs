@@ -95,7 +95,12 @@ impl Client {
                     writer: self.id,
                     value: value.clone(),
                 };
-                cell.sign(&signing).ok_or_else(|| {
+                let signed = if schema.variant.signs() {
+                    cell.sign(&signing)
+                } else {
+                    cell.unsigned()
+                };
+                signed.ok_or_else(|| {
                     ClientError::Protocol(format!(
                         "column {column:?} of table {:?} is out of bounds (names \u{2264} {} \
                          bytes, keys \u{2264} {}, values \u{2264} {})",
@@ -216,6 +221,41 @@ impl Client {
             // Pages no larger than the scan: a short scan moves only what it returns.
             ..Range::scan(table, limit.clamp(1, table::RANGE_ROWS_MAX) as u32)
         };
+        self.walk(query, views, None, limit, level).await
+    }
+
+    /// Reads up to `limit` live rows of `table`, every column, in token order from the token of
+    /// partition key `from` (the rows of that token included), from every group: YCSB-E's scan.
+    pub async fn table_scan_from(
+        &self,
+        table: &str,
+        from: &[u8],
+        limit: usize,
+        level: Consistency,
+    ) -> Result<(Vec<(RowKey, Row)>, OpReport), ClientError> {
+        self.fresh().await?;
+        let query = Range::scan(table, limit.clamp(1, table::RANGE_ROWS_MAX) as u32);
+        // Below every row of `from`'s token: a row's partition key is never empty.
+        let first = Position {
+            token: bulwark_core::membership::RingPoint::of_key(from),
+            partition: Vec::new(),
+            clustering: Vec::new(),
+        };
+        let views = self.placement.groups();
+        self.walk(query, views, Some(first), limit, level).await
+    }
+
+    /// `query` walked page by page on each of `views`, from `first` on, merged in scan order.
+    async fn walk(
+        &self,
+        query: Range,
+        views: Vec<GroupView>,
+        first: Option<Position>,
+        limit: usize,
+        level: Consistency,
+    ) -> Result<(Vec<(RowKey, Row)>, OpReport), ClientError> {
+        let table = query.table.clone();
+        let partition = query.partition.clone().unwrap_or_default();
         if let Some(problem) = query.problem() {
             return Err(ClientError::Protocol(format!("range: {problem}")));
         }
@@ -231,7 +271,7 @@ impl Client {
             .map(|view| Walk {
                 view,
                 rows: VecDeque::new(),
-                after: None,
+                after: first.clone(),
                 done: false,
             })
             .collect();
@@ -242,7 +282,7 @@ impl Client {
             restarts: 0,
             repaired: false,
         };
-        let schema = self.table_schema(table, partition.unwrap_or(b"")).await?;
+        let schema = self.table_schema(&table, &partition).await?;
         let writers: Arc<table::Writers> = Arc::new(self.writers.keys().collect());
         let what = format!("table {table} range");
         let mut out: Vec<(RowKey, Row)> = Vec::new();

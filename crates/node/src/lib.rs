@@ -70,6 +70,9 @@ pub struct NodeOptions {
     /// Where to dial some peers instead of their configured addresses (`host:port`, resolved at
     /// every dial): containers reach each other by name. Their pinned certificates still apply.
     pub peer_addresses: HashMap<NodeId, String>,
+    /// Whether clients may create tables that protect nothing (Plain, No-Sign), to measure
+    /// them beside the others.
+    pub unprotected_tables: bool,
 }
 
 /// Why a node could not start or had to stop.
@@ -225,6 +228,7 @@ impl NodeOptions {
             metrics: None,
             grace_millis: 10_000,
             peer_addresses: HashMap::new(),
+            unprotected_tables: false,
         })
     }
 
@@ -865,6 +869,7 @@ fn build_replicas(
         table::Catalog::default(),
         table::Settings {
             wall_at_zero_millis: wall_at_zero_ms,
+            unprotected_tables: options.unprotected_tables,
             ..table::Settings::default()
         },
     )

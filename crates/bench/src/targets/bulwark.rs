@@ -29,6 +29,8 @@ pub struct BulwarkOptions {
     pub protocol: Option<String>,
     /// M-PoWerStore reads always take FILTER, as the paper's do (`Client::one_round_reads`).
     pub two_round_reads: bool,
+    /// More arguments for every `bulwark node`.
+    pub node_args: Vec<String>,
 }
 
 /// The comparison's name for M-PoWerStore whose reads always run FILTER.
@@ -55,6 +57,11 @@ pub struct BulwarkTarget {
 }
 
 impl BulwarkTarget {
+    /// The client the benchmark drives the cluster with.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
     /// Writes a fresh cluster, starts its nodes and waits until all of them answer.
     pub async fn start(options: &BulwarkOptions) -> Result<BulwarkTarget> {
         let _ = std::fs::remove_dir_all(&options.dir);
@@ -112,6 +119,7 @@ impl BulwarkTarget {
                     .args(["node", "--cluster"])
                     .arg(&options.dir)
                     .args(["--id", &node.id.to_string()])
+                    .args(&options.node_args)
                     .stdin(Stdio::null())
                     .stdout(log.try_clone()?)
                     .stderr(log)

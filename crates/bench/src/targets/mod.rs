@@ -2,6 +2,7 @@
 
 pub mod bulwark;
 pub mod etcd;
+pub mod table;
 
 use std::net::{SocketAddr, TcpListener};
 

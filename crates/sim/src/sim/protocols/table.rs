@@ -69,6 +69,7 @@ fn settings() -> Settings {
         // Virtual time is the clock clients and replicas share.
         wall_at_zero_millis: 0,
         anti_entropy_millis: 500,
+        unprotected_tables: false,
     }
 }
 
