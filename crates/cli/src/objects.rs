@@ -648,16 +648,18 @@ pub async fn status(args: &ClientArgs) -> Result<std::process::ExitCode> {
                         + stats.resolved_reads
                         + stats.repairs
                         + stats.synced
+                        + stats.mac_fallbacks
                         > 0
                     {
                         out!(
                             text,
-                            "         tables: {} signatures of other members refused as proxy, {} forged cells refused, {} reads resolved, {} write-backs taken, {} cells taken by anti-entropy",
+                            "         tables: {} signatures of other members refused as proxy, {} forged cells refused, {} reads resolved, {} write-backs taken, {} cells taken by anti-entropy, {} Full-Sym writes checked by signature (tag missing or altered)",
                             stats.bad_signatures,
                             stats.forged_cells,
                             stats.resolved_reads,
                             stats.repairs,
-                            stats.synced
+                            stats.synced,
+                            stats.mac_fallbacks
                         );
                     }
                 }

@@ -541,7 +541,8 @@ async fn run(
                 metrics::gauge!("bulwark_node_table_forged_cells_total", "shard" => label.clone()).set(stats.forged_cells as f64);
                 metrics::gauge!("bulwark_node_table_resolved_reads_total", "shard" => label.clone()).set(stats.resolved_reads as f64);
                 metrics::gauge!("bulwark_node_table_repairs_total", "shard" => label.clone()).set(stats.repairs as f64);
-                metrics::gauge!("bulwark_node_table_synced_cells_total", "shard" => label).set(stats.synced as f64);
+                metrics::gauge!("bulwark_node_table_synced_cells_total", "shard" => label.clone()).set(stats.synced as f64);
+                metrics::gauge!("bulwark_node_table_mac_fallbacks_total", "shard" => label).set(stats.mac_fallbacks as f64);
             }
         }
     }

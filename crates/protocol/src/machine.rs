@@ -68,6 +68,10 @@ pub struct ReplicaStats {
     pub repairs: u64,
     /// Tables: cells this replica took from other members' anti-entropy.
     pub synced: u64,
+    /// Tables: Full-Sym writes whose tag for this replica was missing or failed, so it checked
+    /// their signatures instead (a proxy that altered the tags, or a client that did not know
+    /// this replica).
+    pub mac_fallbacks: u64,
     /// Tables: by slot of this replica's group, the signatures this replica, as proxy, refused
     /// from that member. Per group: [`ReplicaStats::add`] leaves it out of totals.
     pub bad_signers: Vec<(u32, u64)>,
@@ -93,6 +97,7 @@ impl ReplicaStats {
         self.resolved_reads += other.resolved_reads;
         self.repairs += other.repairs;
         self.synced += other.synced;
+        self.mac_fallbacks += other.mac_fallbacks;
     }
 }
 

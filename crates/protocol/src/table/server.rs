@@ -1690,6 +1690,7 @@ impl Replica for Server {
         let table = &self.table_stats;
         ReplicaStats {
             synced: table.synced,
+            mac_fallbacks: table.mac_fallbacks,
             bad_signatures: table.bad_signatures.values().sum(),
             forged_cells: table.forged_cells,
             resolved_reads: table.resolved_reads,

@@ -1440,6 +1440,7 @@ fn a_proxy_that_alters_the_tags_forces_the_fallback_not_a_failure() {
     assert_eq!(cluster.group.servers[0].table_stats().mac_fallbacks, 0);
     for server in &cluster.group.servers[1..] {
         assert_eq!(server.table_stats().mac_fallbacks, 1);
+        assert_eq!(Replica::stats(server).mac_fallbacks, 1, "what status shows");
         assert_eq!(server.unchecked(), 0, "checked on the write path instead");
     }
     assert_eq!(values(&cluster.read("k", 1)), vec![col("a", "v")]);
