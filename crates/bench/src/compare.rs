@@ -73,6 +73,7 @@ async fn start(system: &str, options: &CompareOptions) -> Result<Arc<dyn Target>
         let program = etcd::find_or_install()?;
         Arc::new(EtcdTarget::start(&program, &dir).await?)
     } else if system.starts_with(table::PREFIX) {
+        let (variant, fault) = table::parse(system)?;
         let options = BulwarkOptions {
             program: options.program.clone(),
             dir,
@@ -80,8 +81,10 @@ async fn start(system: &str, options: &CompareOptions) -> Result<Arc<dyn Target>
             protocol: None,
             two_round_reads: false,
             node_args: vec!["--unprotected-tables".into()],
+            byzantine: fault.byzantine(),
+            retransmit_after: fault.retransmit_after(),
         };
-        Arc::new(TableTarget::start(&options, system).await?)
+        Arc::new(TableTarget::start(&options, system, variant).await?)
     } else {
         Arc::new(
             BulwarkTarget::start(&BulwarkOptions {
@@ -92,6 +95,8 @@ async fn start(system: &str, options: &CompareOptions) -> Result<Arc<dyn Target>
                     .then(|| system.to_string()),
                 two_round_reads: system == POWERSTORE_TWO_ROUND_READS,
                 node_args: Vec::new(),
+                byzantine: Vec::new(),
+                retransmit_after: None,
             })
             .await?,
         )

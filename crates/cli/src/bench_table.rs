@@ -155,6 +155,7 @@ impl Bench {
                 clustering: Vec::new(),
                 columns: columns.clone(),
                 variant: setup.variant,
+                gc_grace_secs: bulwark_protocol::table::GC_GRACE_DEFAULT_SECS,
             })
             .map_err(anyhow::Error::msg)?;
         let settings = Settings {

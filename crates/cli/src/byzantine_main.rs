@@ -31,6 +31,10 @@ struct Cli {
     /// spec §2.8).
     #[arg(long)]
     table: Option<bulwark_sim::byzantine::Behaviour>,
+    /// Its table replicas serve every operation correctly as proxy but hold each answer to a
+    /// client this many milliseconds first (a stalling proxy).
+    #[arg(long, conflicts_with = "table")]
+    stall_table_ms: Option<u64>,
     /// Seed for the behaviour's choices.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -63,6 +67,13 @@ fn main() -> std::process::ExitCode {
     if let Some(VolumeLie::Fork) = cli.volumes {
         tracing::warn!("this node forks its single-server volumes on purpose");
         wrap.volumes = Box::new(forking::wrap);
+    }
+    if let Some(hold) = cli.stall_table_ms {
+        tracing::warn!(
+            hold,
+            "this node stalls its answers as table proxy on purpose"
+        );
+        wrap.table = table_lies::stalling(hold);
     }
     if cli.causal.is_some() || cli.table.is_some() {
         let Some(id) = args.id else {

@@ -662,6 +662,15 @@ pub async fn status(args: &ClientArgs) -> Result<std::process::ExitCode> {
                             stats.mac_fallbacks
                         );
                     }
+                    if stats.collected + stats.confirmed_live + stats.not_live > 0 {
+                        out!(
+                            text,
+                            "         tables past the GC grace: {} tombstones collected, {} old cells taken once f+1 members held them, {} refused as not live",
+                            stats.collected,
+                            stats.confirmed_live,
+                            stats.not_live
+                        );
+                    }
                 }
                 if let Some(log) = &status.trusted_log {
                     let key = hex::encode(log.key);

@@ -3,7 +3,7 @@
 use crate::ClientArgs;
 use crate::objects::{connect, summary};
 use anyhow::{Context, Result, bail};
-use bulwark_protocol::table::{Consistency, RowKey, Schema, Variant};
+use bulwark_protocol::table::{Consistency, GC_GRACE_DEFAULT_SECS, RowKey, Schema, Variant};
 use clap::{Subcommand, ValueEnum};
 
 #[derive(Subcommand)]
@@ -19,6 +19,12 @@ pub enum TableCommand {
         /// Who checks the replicas' signatures: the proxy and the client, or the client alone.
         #[arg(long, value_enum, default_value_t = VariantArg::ProxyVerifies)]
         variant: VariantArg,
+        /// Seconds a tombstone is kept (Cassandra's gc_grace_seconds): older ones are
+        /// collected, and a version older than this counts only where f+1 members hold it.
+        /// Anti-entropy must reach every row well within it, and a node down for longer must
+        /// be rebuilt (its data directory removed) before it rejoins.
+        #[arg(long, default_value_t = GC_GRACE_DEFAULT_SECS)]
+        gc_grace: u64,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -132,7 +138,12 @@ impl From<Level> for Consistency {
 }
 
 /// Parses `key,clustering..: column,column..`.
-pub fn parse_schema(name: &str, text: &str, variant: Variant) -> Result<Schema> {
+pub fn parse_schema(
+    name: &str,
+    text: &str,
+    variant: Variant,
+    gc_grace_secs: u64,
+) -> Result<Schema> {
     let Some((keys, columns)) = text.split_once(':') else {
         bail!("--schema {text:?}: expected `key[,clustering..]: column[,column..]`");
     };
@@ -154,6 +165,7 @@ pub fn parse_schema(name: &str, text: &str, variant: Variant) -> Result<Schema> 
         clustering: keys,
         columns: names(columns),
         variant,
+        gc_grace_secs,
     };
     if let Some(problem) = schema.problem() {
         bail!("--schema {text:?}: {problem}");
@@ -175,6 +187,7 @@ pub async fn run(command: TableCommand) -> Result<()> {
             name,
             schema,
             variant,
+            gc_grace,
             client,
         } => {
             let variant = match variant {
@@ -183,7 +196,7 @@ pub async fn run(command: TableCommand) -> Result<()> {
                 VariantArg::HalfSym => Variant::HalfSym,
                 VariantArg::FullSym => Variant::FullSym,
             };
-            let schema = parse_schema(&name, &schema, variant)?;
+            let schema = parse_schema(&name, &schema, variant, gc_grace)?;
             let client = connect(&client).await?;
             let created = client.create_table(&schema).await?;
             eprintln!("created table {name:?} on {created} replicas");

@@ -26,6 +26,18 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// A table `name` of `variant` keyed by `key`, with one column, `v`.
+fn one_column(name: &str, variant: Variant) -> Schema {
+    Schema {
+        name: name.into(),
+        partition_key: "key".into(),
+        clustering: Vec::new(),
+        columns: vec!["v".into()],
+        variant,
+        gc_grace_secs: bulwark_protocol::table::GC_GRACE_DEFAULT_SECS,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_creates_writes_reads_and_deletes_rows_and_refuses_bad_input() {
     let cluster = TestCluster::start(1, 1_000);
@@ -185,13 +197,7 @@ impl Workload {
         const OPS_PER_CLIENT_MAX: u64 = 1_500;
         let admin = cluster.client("admin").await;
         for (name, variant) in TABLES {
-            let schema = Schema {
-                name: name.into(),
-                partition_key: "key".into(),
-                clustering: Vec::new(),
-                columns: vec!["v".into()],
-                variant,
-            };
+            let schema = one_column(name, variant);
             admin.create_table(&schema).await.expect("create");
         }
         let rows: Vec<RowKey> = TABLES
@@ -453,13 +459,7 @@ async fn a_node_back_from_an_outage_or_a_lost_disk_catches_up() {
     let mut cluster = TestCluster::start(1, 1_000);
     cluster.wait_up(&[0, 1, 2, 3]).await;
     let admin = cluster.client("admin").await;
-    let schema = Schema {
-        name: "outage".into(),
-        partition_key: "key".into(),
-        clustering: Vec::new(),
-        columns: vec!["v".into()],
-        variant: Variant::ProxyNoVerify,
-    };
+    let schema = one_column("outage", Variant::ProxyNoVerify);
     admin.create_table(&schema).await.expect("create");
     let row = |i: usize| RowKey {
         table: "outage".into(),
@@ -512,13 +512,7 @@ async fn a_scan_over_several_groups_returns_every_row_once_in_token_order() {
     let cluster = TestCluster::start_nodes("powerstore", 1, 6, 1_000);
     cluster.wait_up(&[0, 1, 2, 3, 4, 5]).await;
     let admin = cluster.client("admin").await;
-    let schema = Schema {
-        name: "spread".into(),
-        partition_key: "key".into(),
-        clustering: Vec::new(),
-        columns: vec!["v".into()],
-        variant: Variant::ProxyVerifies,
-    };
+    let schema = one_column("spread", Variant::ProxyVerifies);
     admin.create_table(&schema).await.expect("create");
     let mut keys: Vec<String> = (0..40).map(|i| format!("key-{i:02}")).collect();
     for key in &keys {
@@ -548,4 +542,53 @@ async fn a_scan_over_several_groups_returns_every_row_once_in_token_order() {
             .collect();
         assert_eq!(got, keys[..limit], "limit {limit}");
     }
+}
+
+/// A proxy that serves every operation correctly but holds each answer most of the client's
+/// timeout (spec §4.5's stalling proxy) is never silent, so no timeout passes over it: the
+/// client notices that its answers come far slower than the others' and asks it last for a
+/// while, so only the first operations it serves pay its wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalling_proxy_is_asked_last_once_its_answers_come_slow() {
+    const STALL_MS: u64 = 400;
+    const READS: usize = 40;
+    let mut cluster = TestCluster::start(1, 1_000);
+    cluster.wait_up(&[0, 1, 2, 3]).await;
+    cluster.spawn_byzantine(3, &["--stall-table-ms", &STALL_MS.to_string()]);
+    cluster.wait_up(&[3]).await;
+    let admin = cluster.client("admin").await;
+    let schema = one_column("stalled", Variant::HalfSym);
+    admin.create_table(&schema).await.expect("create");
+    let row = RowKey {
+        table: "stalled".into(),
+        partition: b"k".to_vec(),
+        clustering: Vec::new(),
+    };
+    let cells = [("v".to_string(), Some(b"v".to_vec()))];
+    admin
+        .table_write(&row, &cells, Consistency::Quorum)
+        .await
+        .expect("write");
+    // Operations spread over the four proxies: a quarter would go to node 3 first.
+    let mut stalled = 0;
+    for _ in 0..READS {
+        let started = std::time::Instant::now();
+        let (found, _) = admin
+            .table_read(&row, &[], Consistency::Quorum)
+            .await
+            .expect("read");
+        assert_eq!(found.value("v"), Some(&b"v"[..]));
+        if started.elapsed() >= Duration::from_millis(STALL_MS) {
+            stalled += 1;
+        }
+    }
+    eprintln!("a stalling proxy: {stalled} of {READS} reads waited for it");
+    assert!(
+        stalled >= 1,
+        "node 3 must have stalled an answer at least once"
+    );
+    assert!(
+        stalled <= 3,
+        "{stalled} of {READS} reads waited for the stalling proxy: it was not passed over"
+    );
 }

@@ -219,6 +219,9 @@ pub struct Client {
     last_stamp: AtomicU64,
     /// Table proxies that left an operation unanswered, and until when they are not asked first.
     table_avoid: Mutex<HashMap<NodeId, std::time::Instant>>,
+    /// How long this client's table writes, reads and scan pages usually take through each
+    /// member as proxy, in microseconds (a moving average; `table::Kind` indexes it).
+    table_latency: Mutex<HashMap<NodeId, [Option<f64>; 3]>>,
     /// Tables' schemas as `f+1` members described them, by name.
     table_schemas: Mutex<HashMap<String, bulwark_protocol::table::Schema>>,
     /// The MAC keys this client shares with each node it used a table through.
@@ -255,12 +258,17 @@ pub struct Client {
             Arc<bulwark_core::membership::Chain>,
         )>,
     >,
-    /// How long an operation keeps trying.
     /// Whether M-PoWerStore reads may end after their first round when the replies agree
     /// (`powerstore::ClientConfig::one_round`). On by default; off reads as the paper does, for
     /// comparisons.
     pub one_round_reads: bool,
+    /// How long an operation keeps trying.
     pub deadline: Duration,
+    /// How long a round waits for answers before it is sent again to the replicas that have
+    /// not answered; a table operation moves to its next proxy then. Shorter passes over a
+    /// stalling proxy sooner, and gives up on slow correct ones under load (spec `cassandra.md`
+    /// §4.5).
+    pub retransmit_after: Duration,
 }
 
 // By hand rather than `#[from]`: a `#[from]` source would print its message twice in an error
@@ -386,6 +394,7 @@ impl Client {
             next_op: AtomicU64::new(1),
             last_stamp: AtomicU64::new(0),
             table_avoid: Mutex::new(HashMap::new()),
+            table_latency: Mutex::new(HashMap::new()),
             table_schemas: Mutex::new(HashMap::new()),
             table_pairs: Mutex::new(HashMap::new()),
             session: rand::random::<u32>() as u64,
@@ -403,6 +412,7 @@ impl Client {
             known: Mutex::new(None),
             deadline: DEADLINE_DEFAULT,
             one_round_reads: true,
+            retransmit_after: RETRANSMIT_AFTER,
         })
     }
 
@@ -740,8 +750,8 @@ impl Client {
         self.send_all(&node_of, &header(machine), first);
         let deadline = tokio::time::Instant::now() + self.deadline;
         let mut retransmit = tokio::time::interval_at(
-            tokio::time::Instant::now() + RETRANSMIT_AFTER,
-            RETRANSMIT_AFTER,
+            tokio::time::Instant::now() + self.retransmit_after,
+            self.retransmit_after,
         );
         // Refusals before any replica saw the request (wrong epoch or group): f+1 of them mean a
         // correct node refused.
@@ -790,7 +800,7 @@ impl Client {
                         Kind::Request | Kind::Message => {}
                     }
                     if machine.needs().is_some()
-                        && fetched.is_none_or(|at| at.elapsed() >= RETRANSMIT_AFTER)
+                        && fetched.is_none_or(|at| at.elapsed() >= self.retransmit_after)
                     {
                         fetched = Some(tokio::time::Instant::now());
                         match self.refresh_rings().await {

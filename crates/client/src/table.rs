@@ -115,23 +115,26 @@ impl Client {
         self.fresh().await?;
         let view = self.placement.group_of(&row.partition);
         let op = self.op_id();
+        let first = self.table_proxy(op.0, &view, Kind::Write);
         let mut machine = WriteOp::new(
             self.table_place(&view),
             self.content_keys(&view)?,
             op,
             signed,
             level,
-            self.table_proxy(op.0, &view),
+            first,
         )
         .with_variant(schema.variant);
         if let Some(pairs) = self.table_pair_keys(&view)? {
             machine = machine.with_pair_keys(pairs);
         }
         let what = format!("table {} row", row.table);
+        let started = std::time::Instant::now();
         let outcome = self
             .drive(&view, &what, self.cluster.f, &mut machine)
             .await?;
-        self.table_silent(&view, &outcome.silent);
+        let seen = Seen::new(Kind::Write, first, outcome.proxies, started);
+        self.table_proxies_seen(&view, seen, &outcome.silent);
         let answered: Vec<Slot> = outcome.acks.iter().map(|(slot, _)| *slot).collect();
         let report = OpReport {
             answered: nodes(&view, &answered),
@@ -156,6 +159,7 @@ impl Client {
         let view = self.placement.group_of(&row.partition);
         let op = self.op_id();
         let writers: table::Writers = self.writers.keys().collect();
+        let first = self.table_proxy(op.0, &view, Kind::Read);
         let mut machine = ReadOp::new(
             self.table_place(&view),
             self.content_keys(&view)?,
@@ -165,17 +169,20 @@ impl Client {
             columns.to_vec(),
             rand::random(),
             level,
-            self.table_proxy(op.0, &view),
+            first,
         )
-        .with_variant(schema.variant);
+        .with_variant(schema.variant)
+        .with_grace_line(self.table_grace_line(&schema));
         if let Some(pairs) = self.table_pair_keys(&view)? {
             machine = machine.with_pair_keys(pairs);
         }
         let what = format!("table {} row", row.table);
+        let started = std::time::Instant::now();
         let outcome = self
             .drive(&view, &what, self.cluster.f, &mut machine)
             .await?;
-        self.table_silent(&view, &outcome.silent);
+        let seen = Seen::new(Kind::Read, first, outcome.proxies, started);
+        self.table_proxies_seen(&view, seen, &outcome.silent);
         let report = OpReport {
             answered: Vec::new(),
             n: view.len(),
@@ -289,6 +296,7 @@ impl Client {
         while out.len() < limit {
             for walk in walks.iter_mut().filter(|w| w.rows.is_empty() && !w.done) {
                 let op = self.op_id();
+                let first = self.table_proxy(op.0, &walk.view, Kind::Scan);
                 let range = Range {
                     after: walk.after.clone(),
                     ..query.clone()
@@ -301,16 +309,19 @@ impl Client {
                     range,
                     rand::random(),
                     level,
-                    self.table_proxy(op.0, &walk.view),
+                    first,
                 )
-                .with_variant(schema.variant);
+                .with_variant(schema.variant)
+                .with_grace_line(self.table_grace_line(&schema));
                 if let Some(pairs) = self.table_pair_keys(&walk.view)? {
                     machine = machine.with_pair_keys(pairs);
                 }
+                let started = std::time::Instant::now();
                 let page = self
                     .drive(&walk.view, &what, self.cluster.f, &mut machine)
                     .await?;
-                self.table_silent(&walk.view, &page.silent);
+                let seen = Seen::new(Kind::Scan, first, page.proxies, started);
+                self.table_proxies_seen(&walk.view, seen, &page.silent);
                 let evidence = blame(&walk.view, &what, &page.evidence);
                 self.record(&evidence);
                 report.evidence.extend(evidence);
@@ -423,9 +434,7 @@ impl Client {
     /// Microseconds since the Unix epoch, strictly above every stamp this client handed out
     /// before, so its own writes never tie or go back when the clock does.
     fn table_clock(&self) -> u64 {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |since| since.as_micros() as u64);
+        let now = wall_micros();
         let mut last = self.last_stamp.load(Ordering::Relaxed);
         loop {
             let next = now.max(last + 1);
@@ -441,24 +450,73 @@ impl Client {
         }
     }
 
+    /// Where `schema`'s GC grace ends on this client's clock, for its reads to pass over what
+    /// fewer than f+1 replicas hold before it (`table::Grace`): a little later than the
+    /// replicas' line, by the clock skew they allow, so that the client lets pass what a
+    /// proxy whose clock is ahead passed over.
+    fn table_grace_line(&self, schema: &Schema) -> u64 {
+        let grace = schema.gc_grace_secs.saturating_mul(1_000_000);
+        wall_micros()
+            .saturating_sub(grace)
+            .saturating_add(table::Settings::default().skew_max_micros)
+    }
+
     /// The member an operation asks first: spread by operation, so clients share the proxy
-    /// work, passing over members that recently left an operation unanswered.
-    fn table_proxy(&self, op: u64, view: &GroupView) -> Slot {
+    /// work, passing over members that recently left an operation unanswered, and members whose
+    /// answers to operations of `kind` usually come more than
+    /// `SLOW_FACTOR` times slower than the fastest member's (spec `cassandra.md` §4.5: "favour
+    /// the fastest-responding nodes"): a proxy that stalls each answer until just before the
+    /// timeout is never silent, and would cost every operation it serves that wait. One
+    /// operation in `EXPLORE_EVERY` asks the members in turn regardless, so a member that was
+    /// slow is measured again.
+    fn table_proxy(&self, op: u64, view: &GroupView, kind: Kind) -> Slot {
         let n = view.len().max(1) as u64;
         let now = std::time::Instant::now();
         let mut avoid = self.table_avoid.lock().unwrap_or_else(|e| e.into_inner());
         avoid.retain(|_, until| *until > now);
-        (0..n)
+        let heard: Vec<Slot> = (0..n)
             .map(|i| Slot(((op + i) % n) as u32))
-            .find(|slot| {
+            .filter(|slot| {
                 view.node(*slot)
                     .is_none_or(|node| !avoid.contains_key(&node))
             })
+            .collect();
+        drop(avoid);
+        let latency = self.table_latency.lock().unwrap_or_else(|e| e.into_inner());
+        let usual = |slot: &Slot| {
+            view.node(*slot)
+                .and_then(|node| latency.get(&node))
+                .and_then(|kinds| kinds[kind as usize])
+        };
+        let fastest = heard.iter().filter_map(usual).reduce(f64::min);
+        let fast_enough = |slot: &&Slot| match (usual(slot), fastest) {
+            (Some(micros), Some(best)) => micros <= (best * SLOW_FACTOR).max(SLOW_FLOOR_MICROS),
+            _ => true,
+        };
+        if op.is_multiple_of(EXPLORE_EVERY) && !heard.is_empty() {
+            // Each member in turn, slow or not, so one that recovered is measured again.
+            return heard[(op / EXPLORE_EVERY) as usize % heard.len()];
+        }
+        heard
+            .iter()
+            .find(fast_enough)
+            .or(heard.first())
+            .copied()
             .unwrap_or(Slot((op % n) as u32))
     }
 
-    /// Remembers the proxies that left an operation unanswered.
-    fn table_silent(&self, view: &GroupView, silent: &[Slot]) {
+    /// What an operation showed of its proxies: how long the first took when it answered (a
+    /// moving average per member and kind, for `table_proxy`), and those that left it
+    /// unanswered, asked last for a while.
+    fn table_proxies_seen(&self, view: &GroupView, seen: Seen, silent: &[Slot]) {
+        if seen.proxies == 1
+            && let Some(node) = view.node(seen.first)
+        {
+            let micros = seen.elapsed.as_micros() as f64;
+            let mut latency = self.table_latency.lock().unwrap_or_else(|e| e.into_inner());
+            let usual = &mut latency.entry(node).or_default()[seen.kind as usize];
+            *usual = Some(usual.map_or(micros, |usual| usual + (micros - usual) / 4.0));
+        }
         let until = std::time::Instant::now() + PROXY_AVOID;
         let mut avoid = self.table_avoid.lock().unwrap_or_else(|e| e.into_inner());
         for node in silent.iter().filter_map(|slot| view.node(*slot)) {
@@ -474,3 +532,48 @@ impl Client {
 
 /// How long a proxy that left an operation unanswered is asked last.
 const PROXY_AVOID: std::time::Duration = std::time::Duration::from_secs(5);
+/// How many times slower than the fastest member's a member's usual answer is slow: well above
+/// a loaded cluster's spread between correct members (a moving average over 4 answers smooths
+/// their p99 of 2-3 times the mean, docs/benchmarks.md).
+const SLOW_FACTOR: f64 = 4.0;
+/// No member whose answers usually come faster than this is slow.
+const SLOW_FLOOR_MICROS: f64 = 5_000.0;
+/// One operation in this many asks a member regardless of its speed, each member in turn: a
+/// slow member costs one operation in `EXPLORE_EVERY * n` its wait.
+const EXPLORE_EVERY: u64 = 1024;
+
+/// The three kinds of table operation, which take different times.
+#[derive(Clone, Copy)]
+enum Kind {
+    Write,
+    Read,
+    Scan,
+}
+
+/// One operation as its proxies served it.
+struct Seen {
+    kind: Kind,
+    /// The proxy asked first.
+    first: Slot,
+    /// How many proxies it took: 1 when the first answered.
+    proxies: usize,
+    elapsed: std::time::Duration,
+}
+
+impl Seen {
+    fn new(kind: Kind, first: Slot, proxies: usize, started: std::time::Instant) -> Seen {
+        Seen {
+            kind,
+            first,
+            proxies,
+            elapsed: started.elapsed(),
+        }
+    }
+}
+
+/// Microseconds since the Unix epoch: the clock table cells are stamped with.
+fn wall_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_micros() as u64)
+}

@@ -542,7 +542,9 @@ async fn run(
                 metrics::gauge!("bulwark_node_table_resolved_reads_total", "shard" => label.clone()).set(stats.resolved_reads as f64);
                 metrics::gauge!("bulwark_node_table_repairs_total", "shard" => label.clone()).set(stats.repairs as f64);
                 metrics::gauge!("bulwark_node_table_synced_cells_total", "shard" => label.clone()).set(stats.synced as f64);
-                metrics::gauge!("bulwark_node_table_mac_fallbacks_total", "shard" => label).set(stats.mac_fallbacks as f64);
+                metrics::gauge!("bulwark_node_table_mac_fallbacks_total", "shard" => label.clone()).set(stats.mac_fallbacks as f64);
+                metrics::gauge!("bulwark_node_table_live_confirmed_total", "shard" => label.clone()).set(stats.confirmed_live as f64);
+                metrics::gauge!("bulwark_node_table_not_live_total", "shard" => label).set(stats.not_live as f64);
             }
         }
     }

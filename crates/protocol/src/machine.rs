@@ -72,6 +72,11 @@ pub struct ReplicaStats {
     /// their signatures instead (a proxy that altered the tags, or a client that did not know
     /// this replica).
     pub mac_fallbacks: u64,
+    /// Tables: cells older than the GC grace taken once `f+1` members said they hold them.
+    pub confirmed_live: u64,
+    /// Tables: cells older than the GC grace refused as not live (a deleted value offered
+    /// again, by a faulty member or one that missed the delete).
+    pub not_live: u64,
     /// Tables: by slot of this replica's group, the signatures this replica, as proxy, refused
     /// from that member. Per group: [`ReplicaStats::add`] leaves it out of totals.
     pub bad_signers: Vec<(u32, u64)>,
@@ -98,6 +103,8 @@ impl ReplicaStats {
         self.repairs += other.repairs;
         self.synced += other.synced;
         self.mac_fallbacks += other.mac_fallbacks;
+        self.confirmed_live += other.confirmed_live;
+        self.not_live += other.not_live;
     }
 }
 

@@ -31,6 +31,24 @@ pub struct BulwarkOptions {
     pub two_round_reads: bool,
     /// More arguments for every `bulwark node`.
     pub node_args: Vec<String>,
+    /// Nodes, by id, started as `bulwark-byzantine` (found beside `program`) with these
+    /// arguments before `node`: the faulty nodes of a fault run.
+    pub byzantine: Vec<(u32, Vec<String>)>,
+    /// The client's `retransmit_after`, when not its default.
+    pub retransmit_after: Option<Duration>,
+}
+
+/// The lying node binary, beside `program`; built with it (`cargo build -p bulwark`), never
+/// installed with it.
+fn byzantine_program(program: &Path) -> Result<PathBuf> {
+    let found = program.with_file_name("bulwark-byzantine");
+    if !found.is_file() {
+        bail!(
+            "a fault run needs {} (built beside bulwark by `cargo build --release -p bulwark`)",
+            found.display()
+        );
+    }
+    Ok(found)
 }
 
 /// The comparison's name for M-PoWerStore whose reads always run FILTER.
@@ -114,8 +132,17 @@ impl BulwarkTarget {
             .filter(|node| serving.contains(&node.id))
         {
             let log = std::fs::File::create(options.dir.join(format!("node-{}.log", node.id)))?;
+            let lies = options.byzantine.iter().find(|(id, _)| *id == node.id);
+            let mut command = match lies {
+                Some((_, args)) => {
+                    let mut command = Command::new(byzantine_program(&options.program)?);
+                    command.args(args);
+                    command
+                }
+                None => Command::new(&options.program),
+            };
             nodes.0.push(
-                Command::new(&options.program)
+                command
                     .args(["node", "--cluster"])
                     .arg(&options.dir)
                     .args(["--id", &node.id.to_string()])
@@ -129,6 +156,9 @@ impl BulwarkTarget {
         }
         let mut client = Client::connect(&options.dir, "admin").await?;
         client.one_round_reads = !options.two_round_reads;
+        if let Some(wait) = options.retransmit_after {
+            client.retransmit_after = wait;
+        }
         wait_until_up(&client, &options.dir, &serving).await?;
         Ok(BulwarkTarget {
             name: match (&options.protocol, options.two_round_reads) {

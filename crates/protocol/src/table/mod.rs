@@ -409,7 +409,51 @@ pub struct Schema {
     pub columns: Vec<String>,
     /// Who verifies replicas' signatures.
     pub variant: Variant,
+    /// The GC grace, Cassandra's `gc_grace_seconds` (spec §2.14, §5.1 items 13-14): tombstones
+    /// older than this are collected, and a version older than this is taken or read only if
+    /// `f+1` members hold it, so that a deleted value cannot come back once its tombstone is
+    /// gone. Anti-entropy must pass over every row well within it (a pass takes `rows / 100`
+    /// seconds), and a node down for longer must be rebuilt, as in Cassandra.
+    pub gc_grace_secs: u64,
 }
+
+/// What a resolver knows of a table's GC grace: versions stamped before `line` that fewer than
+/// `live` answers hold are passed over, as if absent (spec §2.14). Past the grace, every
+/// correct member holds a live value (anti-entropy passed over it), so a value fewer than `f+1`
+/// answers hold is one whose tombstone was collected: a faulty member's, or one that missed
+/// the delete. Correct replicas refuse to take such a value back; a resolver that chose it
+/// could never write it back, and the read would fail instead of returning nothing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Grace {
+    /// Microseconds on the cells' clock; 0: no version is past it.
+    pub line: u64,
+    /// Answers that must hold a version past the line: `f+1`.
+    pub live: usize,
+}
+
+impl Grace {
+    /// Whether a version `cell` is passed over; `holders` counts the answers that hold it.
+    pub fn passes_over(&self, cell: &Cell, holders: impl FnOnce() -> usize) -> bool {
+        cell.ts < self.line && holders() < self.live
+    }
+}
+
+/// `entries` without the versions passed over: what an answer says once those count as absent.
+/// An answer is current if this is the resolution's entries (nothing can be written back over
+/// a passed-over version: it stands where nothing stands).
+pub fn without(entries: &[Entry], passed: &std::collections::BTreeSet<Digest>) -> Vec<Entry> {
+    entries
+        .iter()
+        .filter(|entry| !passed.contains(&entry.digest))
+        .cloned()
+        .collect()
+}
+
+/// Cassandra's default GC grace: ten days.
+pub const GC_GRACE_DEFAULT_SECS: u64 = 10 * 24 * 3600;
+/// The shortest and longest GC grace a table may have: no shorter than replicas' freshness
+/// window for new writes, so no new write is past it; no longer than ten years.
+pub const GC_GRACE_SECS_RANGE: std::ops::RangeInclusive<u64> = 60..=10 * 365 * 24 * 3600;
 
 impl Schema {
     /// Whether `column` is one of the table's regular columns.
@@ -425,6 +469,13 @@ impl Schema {
         }
         if self.columns.is_empty() || self.columns.len() > COLUMNS_MAX {
             return Some(format!("a table has 1 to {COLUMNS_MAX} columns"));
+        }
+        if !GC_GRACE_SECS_RANGE.contains(&self.gc_grace_secs) {
+            return Some(format!(
+                "a GC grace is {} to {} seconds",
+                GC_GRACE_SECS_RANGE.start(),
+                GC_GRACE_SECS_RANGE.end()
+            ));
         }
         let mut names: Vec<&str> = self.columns.iter().map(String::as_str).collect();
         names.extend(self.clustering.iter().map(String::as_str));
@@ -599,6 +650,9 @@ pub struct TableMutations {
     /// The proxy answers a resolved read without writing it back, and the client does not ask
     /// for a quorum of current replicas.
     pub skip_write_back: bool,
+    /// Replicas take values older than the GC grace without asking whether `f+1` members hold
+    /// them (spec §2.14 measure 4 left out).
+    pub skip_liveness_check: bool,
 }
 
 impl TableMutations {
@@ -855,6 +909,22 @@ pub enum Message {
         /// The cells, row by row.
         cells: Vec<SignedCell>,
     },
+    /// Liveness check (spec §2.14 measure 4): does the receiver hold exactly these versions,
+    /// older than the GC grace, as its newest? Asked about cells the sender would otherwise
+    /// take from one member's word.
+    Live {
+        /// The sender's round, echoed.
+        round: u64,
+        /// Row, column and the version's digest.
+        cells: Vec<(RowKey, String, Digest)>,
+    },
+    /// The answer, cell by cell in the order asked.
+    LiveReply {
+        /// The round.
+        round: u64,
+        /// Whether the receiver holds each.
+        held: Vec<bool>,
+    },
     /// The schema of a table the replica refused as unknown: a replica takes it once `f+1`
     /// members offered the same, so at least one correct member holds it.
     Schema {
@@ -920,6 +990,15 @@ pub enum Refusal {
     /// The proxy has too many operations in flight.
     #[error("busy")]
     Busy,
+    /// A written-back value older than the GC grace that this replica lacks: it is taken only
+    /// once `f+1` members say they hold it (spec §2.14), which it is now asking.
+    #[error(
+        "a written-back value is {behind_micros} µs old, past the GC grace: checking that it is live"
+    )]
+    PastGrace {
+        /// How far behind.
+        behind_micros: u64,
+    },
 }
 
 /// A change to a replica's durable state.

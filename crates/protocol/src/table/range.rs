@@ -361,11 +361,13 @@ impl Resolution {
 
 /// Resolves `pages` (answers that checked out, each from a distinct replica) for `range`: the
 /// union of their rows up to the earliest bound, each cell's newest version that `vouched`
-/// answers hold or whose writer's signature `genuine` accepts.
+/// answers hold or whose writer's signature `genuine` accepts. A version past the `grace`
+/// line that fewer than `grace.live` answers hold is passed over ([`Grace`]).
 pub fn resolve(
     range: &Range,
     pages: &BTreeMap<Slot, Page>,
     vouched: usize,
+    grace: super::Grace,
     mut genuine: impl FnMut(&SignedCell) -> bool,
 ) -> Resolution {
     let mut bound: Option<Position> = pages
@@ -399,11 +401,16 @@ pub fn resolve(
         }
     }
     let mut resolution = Resolution::default();
+    let mut passed = BTreeSet::new();
     for (position, (row, columns)) in rows {
         let mut resolved = Vec::new();
         for (_, mut versions) in columns {
             versions.sort_by(|a, b| b.0.rank().cmp(&a.0.rank()));
             for (cell, signed, holders) in versions {
+                if grace.passes_over(cell, || holders.len()) {
+                    passed.insert(Cell::digest(signed));
+                    continue;
+                }
                 if holders.len() >= vouched || genuine(signed) {
                     resolved.push((cell.clone(), signed.clone()));
                     break;
@@ -432,7 +439,16 @@ pub fn resolve(
                 .iter()
                 .take_while(|position| bound.as_ref().is_none_or(|bound| *position <= bound))
                 .count();
-            page.answer.rows[..within] == listing[..]
+            let answered = &page.answer.rows[..within];
+            if passed.is_empty() {
+                return answered == &listing[..];
+            }
+            // Rows whose every version was passed over count as absent.
+            let rows = answered
+                .iter()
+                .map(|(row, entries)| (row.clone(), super::without(entries, &passed)))
+                .filter(|(_, entries)| !entries.is_empty());
+            rows.eq(listing.iter().cloned())
         })
         .map(|(slot, _)| *slot)
         .collect();

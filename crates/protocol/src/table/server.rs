@@ -9,11 +9,11 @@
 //! whatever it has: the client judges.
 
 use super::{
-    Answer, Answered, COLUMNS_MAX, Catalog, Cell, Change, Consistency, Entry, Message, Nonce,
-    PAGE_BYTES, Page, PairKeys, Place, Position, RANGE_ROWS_MAX, Range, RangeAnswer, RangeAnswered,
-    RangeWriteBackAck, Refusal, Request, RequestBody, Response, ResponseBody, RowKey, Schema,
-    SignedCell, TABLES_MAX, TableMutations, Variant, WriteAck, WriteBackAck, Writers, check_page,
-    entries_of, listing_digest, listing_of, resolve,
+    Answer, Answered, COLUMNS_MAX, Catalog, Cell, Change, Consistency, Entry, Grace, Message,
+    Nonce, PAGE_BYTES, Page, PairKeys, Place, Position, RANGE_ROWS_MAX, Range, RangeAnswer,
+    RangeAnswered, RangeWriteBackAck, Refusal, Request, RequestBody, Response, ResponseBody,
+    RowKey, Schema, SignedCell, TABLES_MAX, TableMutations, Variant, WriteAck, WriteBackAck,
+    Writers, check_page, entries_of, listing_digest, listing_of, resolve, without,
 };
 use crate::machine::{Access, Output, Replica, ReplicaStats, TimerId};
 use bulwark_core::sign::{PublicKey, SecretKey, Signable, Signed, Unverified};
@@ -81,6 +81,13 @@ pub struct TableStats {
     /// Cells kept on their writer's tag whose signature then failed the check off the write
     /// path: removed, and evidence against the writer (spec §5.1 item 15).
     pub quarantined: u64,
+    /// Tombstones collected after the GC grace.
+    pub collected: u64,
+    /// Cells older than the grace taken after `f+1` members said they hold them.
+    pub confirmed_live: u64,
+    /// Cells older than the grace dropped: too few members hold them (a deleted value
+    /// offered again), or too many waited.
+    pub not_live: u64,
 }
 
 /// Cells kept on a Full-Sym tag whose writer's signatures a replica verifies at each of its
@@ -97,6 +104,36 @@ const UNCHECKED_MAX: usize = 65_536;
 
 /// Rows a window of anti-entropy holds.
 const SYNC_ROWS: usize = 100;
+
+/// Tombstones collected per tick at most, so a tick stays short.
+const COLLECT_PER_TICK: usize = 1024;
+/// Cells past the grace waiting for their liveness check, at most; more are dropped (and
+/// offered again by anti-entropy).
+const DOUBTFUL_MAX: usize = 4096;
+/// Cells one liveness round asks about.
+const LIVE_BATCH: usize = 256;
+/// Rounds a cell waits for `f+1` holders before it is dropped as not live.
+const LIVE_ROUNDS_MAX: u32 = 3;
+
+/// Cells older than the GC grace this replica would keep, waiting until `f+1` members say they
+/// hold them (spec §2.14 measure 4): by row and column.
+#[derive(Debug, Default)]
+struct Doubtful {
+    cells: BTreeMap<(RowKey, String), Doubt>,
+    /// The round in flight and what it asked, in order.
+    round: u64,
+    asked: Vec<(RowKey, String)>,
+}
+
+#[derive(Debug)]
+struct Doubt {
+    /// Unchecked until confirmed: a write-back's cells are parked before any signature check.
+    signed: SignedCell,
+    digest: Digest,
+    /// Members that said they hold exactly this version.
+    holders: BTreeSet<Slot>,
+    rounds: u32,
+}
 
 /// A window of rows: after the first (exclusive), up to the second (inclusive; to the end when
 /// `None`).
@@ -216,6 +253,9 @@ pub struct Server {
     stats: ReplicaStats,
     table_stats: TableStats,
     sync: Sync,
+    /// Every tombstone held, by table, oldest first: (ts, position, column).
+    tombstones: BTreeMap<String, BTreeSet<(u64, Position, String)>>,
+    doubtful: Doubtful,
 }
 
 impl Server {
@@ -253,6 +293,8 @@ impl Server {
             stats: ReplicaStats::default(),
             table_stats: TableStats::default(),
             sync: Sync::default(),
+            tombstones: BTreeMap::new(),
+            doubtful: Doubtful::default(),
         }
     }
 
@@ -374,8 +416,8 @@ impl Server {
 
     /// Keeps `cell` if it is newer than what this replica holds; whether it was.
     fn keep(&mut self, cell: Cell, signed: SignedCell) -> bool {
-        let key = (cell.row.table.clone(), Position::of(&cell.row));
-        let row = self.rows.entry(key).or_default();
+        let key = key_of(&cell);
+        let row = self.rows.entry(key.clone()).or_default();
         match row.get(&cell.column) {
             Some(held) if held.cell.rank() >= cell.rank() => false,
             previous => {
@@ -393,6 +435,14 @@ impl Server {
                 }
                 self.stats.bytes = self.stats.bytes - old_bytes.min(self.stats.bytes)
                     + signed.bytes().len() as u64;
+                let (table, position) = key;
+                let tombstones = self.tombstones.entry(table).or_default();
+                if let Some(old) = previous.filter(|held| held.cell.value.is_none()) {
+                    tombstones.remove(&(old.cell.ts, position.clone(), cell.column.clone()));
+                }
+                if cell.value.is_none() {
+                    tombstones.insert((cell.ts, position, cell.column.clone()));
+                }
                 row.insert(cell.column.clone(), Held { cell, signed });
                 true
             }
@@ -440,10 +490,7 @@ impl Server {
                 cells.len()
             )));
         }
-        let now_micros = now
-            .0
-            .saturating_add(self.settings.wall_at_zero_millis)
-            .saturating_mul(1000);
+        let now_micros = self.micros(now);
         let mut decoded: Vec<Cell> = Vec::with_capacity(cells.len());
         for signed in cells {
             let cell = if self.mutations.unverified_cells {
@@ -565,6 +612,8 @@ impl Server {
         if let Some(held) = cells.remove(column) {
             if held.cell.value.is_some() {
                 self.stats.objects = self.stats.objects.saturating_sub(1);
+            } else if let Some(tombstones) = self.tombstones.get_mut(&key.0) {
+                tombstones.remove(&(held.cell.ts, key.1.clone(), column.to_string()));
             }
             self.stats.keys = self.stats.keys.saturating_sub(1);
             self.stats.bytes = self
@@ -617,8 +666,19 @@ impl Server {
         tagged: Option<ClientId>,
     ) -> Result<Vec<Change>, Refusal> {
         let decoded = self.check_cells(now, cells, fresh, tagged)?;
+        let line = decoded
+            .first()
+            .map_or(0, |cell| self.grace_line(now, &cell.row.table));
         let mut changes = Vec::new();
         for (cell, signed) in decoded.into_iter().zip(cells) {
+            if cell.ts < line && cell.value.is_none() {
+                // A tombstone past its grace says what holding nothing says.
+                continue;
+            }
+            if self.doubtful(line, &cell) {
+                self.park(&cell, signed);
+                continue;
+            }
             let (row, column) = (cell.row.clone(), cell.column.clone());
             if self.keep(cell, signed.clone()) {
                 if tagged.is_some() {
@@ -713,6 +773,9 @@ impl Server {
         nonce: Nonce,
         cells: &[SignedCell],
     ) -> Result<(Vec<Change>, Unverified<WriteBackAck>), Refusal> {
+        if let Some(refusal) = self.park_doubtful(now, cells) {
+            return Err(refusal);
+        }
         let changes = self.accept(now, cells, false, None)?;
         let decoded: Vec<Cell> = cells.iter().filter_map(|c| c.peek().ok()).collect();
         if decoded.iter().any(|cell| cell.row != *row) {
@@ -1155,6 +1218,7 @@ impl Server {
             return Output::none();
         };
         let want = *want;
+        let grace = self.grace(self.now, &state.row.table);
         let mut best: BTreeMap<String, (Cell, SignedCell)> = BTreeMap::new();
         let mut candidates: Vec<(Cell, SignedCell)> = state
             .answers
@@ -1167,8 +1231,22 @@ impl Server {
         candidates.sort_by(|a, b| b.0.rank().cmp(&a.0.rank()));
         candidates.dedup_by(|a, b| a.1.bytes() == b.1.bytes());
         let mut forged = 0;
+        let mut passed = BTreeSet::new();
         for (cell, signed) in candidates {
             if best.contains_key(&cell.column) {
+                continue;
+            }
+            let holders = || {
+                let holds = |a: &&Answered| {
+                    a.cells
+                        .iter()
+                        .flatten()
+                        .any(|c| c.bytes() == signed.bytes())
+                };
+                state.answers.values().filter(holds).count()
+            };
+            if grace.passes_over(&cell, holders) {
+                passed.insert(Cell::digest(&signed));
                 continue;
             }
             let genuine = self.mutations.unverified_cells || self.genuine(&signed).is_some();
@@ -1198,7 +1276,7 @@ impl Server {
                 answered
                     .answer
                     .peek()
-                    .is_ok_and(|answer| answer.entries == entries)
+                    .is_ok_and(|answer| without(&answer.entries, &passed) == entries)
             })
             .map(|(slot, _)| *slot)
             .collect();
@@ -1512,6 +1590,10 @@ impl Server {
             Message::SyncCells { round, cells } => {
                 return self.on_sync_cells(now, from, round, cells);
             }
+            Message::Live { round, cells } => return self.on_live(from, round, cells),
+            Message::LiveReply { round, held } => {
+                return self.on_live_reply(now, from, round, held);
+            }
             other => return self.on_proxy_message(from, other),
         };
         match result {
@@ -1683,6 +1765,8 @@ impl Replica for Server {
             ..Output::none()
         }
         .and(self.anti_entropy(now))
+        .and(self.collect_tombstones(now))
+        .and(self.liveness_round())
         .and(self.arm_check(now))
     }
 
@@ -1691,6 +1775,9 @@ impl Replica for Server {
         ReplicaStats {
             synced: table.synced,
             mac_fallbacks: table.mac_fallbacks,
+            collected: table.collected,
+            confirmed_live: table.confirmed_live,
+            not_live: table.not_live,
             bad_signatures: table.bad_signatures.values().sum(),
             forged_cells: table.forged_cells,
             resolved_reads: table.resolved_reads,
@@ -1831,6 +1918,9 @@ impl Server {
             let refusal = Refusal::Malformed("an undecodable or foreign cell".into());
             return (Vec::new(), Err(refusal));
         };
+        if let Some(refusal) = self.park_doubtful(now, cells) {
+            return (Vec::new(), Err(refusal));
+        }
         // What it kept stays kept, and durable (every cell verified), refused rows or not.
         let (changes, refused) = self.accept_rows(now, cells);
         if let Some(refusal) = refused {
@@ -2001,7 +2091,8 @@ impl Server {
         // client's; this only spares the proxy a writer check per cell.
         let vouched = self.place.f + 1;
         let unverified = self.mutations.unverified_cells;
-        let resolution = resolve(&range, &pages, vouched, |signed| {
+        let grace = self.grace(self.now, &range.table);
+        let resolution = resolve(&range, &pages, vouched, grace, |signed| {
             unverified || self.genuine(signed).is_some()
         });
         let Some(Pending {
@@ -2361,4 +2452,254 @@ impl Server {
             ..Output::none()
         }
     }
+}
+
+/// The GC grace (spec §2.14): tombstones collected once older than it, and values older than it
+/// taken only when `f+1` members hold them, so that a value whose tombstone is collected cannot
+/// be brought back by a faulty member, or by one that missed the delete.
+impl Server {
+    /// `now` on the wall clock clients stamp cells with, in microseconds.
+    fn micros(&self, now: Time) -> u64 {
+        now.0
+            .saturating_add(self.settings.wall_at_zero_millis)
+            .saturating_mul(1000)
+    }
+
+    /// What a proxy resolving a read of `table` passes over.
+    fn grace(&self, now: Time, table: &str) -> Grace {
+        Grace {
+            line: self.grace_line(now, table),
+            live: self.place.f + 1,
+        }
+    }
+
+    /// Cells of `table` stamped before this are past its grace (none of a table unknown here).
+    fn grace_line(&self, now: Time, table: &str) -> u64 {
+        let Some(schema) = self.catalog.get(table) else {
+            return 0;
+        };
+        let grace = schema
+            .gc_grace_secs
+            .saturating_mul(1_000_000)
+            .max(self.settings.fresh_micros);
+        self.micros(now).saturating_sub(grace)
+    }
+
+    /// Whether `cell`, a value past the line, would be kept here: then only a liveness check
+    /// may let it in.
+    fn doubtful(&self, line: u64, cell: &Cell) -> bool {
+        !self.mutations.skip_liveness_check
+            && cell.ts < line
+            && cell.value.is_some()
+            && self
+                .held(&cell.row, &cell.column)
+                .is_none_or(|held| held.cell.rank() < cell.rank())
+    }
+
+    /// Parks `signed` for a liveness check (verified when confirmed).
+    fn park(&mut self, cell: &Cell, signed: &SignedCell) {
+        let key = (cell.row.clone(), cell.column.clone());
+        let digest = Cell::digest(signed);
+        if self
+            .doubtful
+            .cells
+            .get(&key)
+            .is_some_and(|doubt| doubt.digest == digest)
+        {
+            return;
+        }
+        if self.doubtful.cells.len() >= DOUBTFUL_MAX && !self.doubtful.cells.contains_key(&key) {
+            self.table_stats.not_live += 1;
+            return;
+        }
+        let doubt = Doubt {
+            signed: signed.clone(),
+            digest,
+            holders: BTreeSet::new(),
+            rounds: 0,
+        };
+        self.doubtful.cells.insert(key, doubt);
+    }
+
+    /// A write-back's cells past the grace that this replica would keep are parked, and the
+    /// write-back refused whole, before anything changes: it cannot say it holds them yet.
+    fn park_doubtful(&mut self, now: Time, cells: &[SignedCell]) -> Option<Refusal> {
+        let mut oldest = None;
+        for signed in cells {
+            let Ok(cell) = signed.peek() else {
+                continue;
+            };
+            if self.doubtful(self.grace_line(now, &cell.row.table), &cell) {
+                self.park(&cell, signed);
+                oldest = Some(oldest.unwrap_or(u64::MAX).min(cell.ts));
+            }
+        }
+        oldest.map(|ts| Refusal::PastGrace {
+            behind_micros: self.micros(now).saturating_sub(ts),
+        })
+    }
+
+    /// Tombstones past the grace, dropped: the changes to make durable.
+    fn collect_tombstones(&mut self, now: Time) -> Output<Self> {
+        let mut due = Vec::new();
+        for (table, tombstones) in &self.tombstones {
+            let line = self.grace_line(now, table);
+            let room = COLLECT_PER_TICK - due.len();
+            due.extend(
+                tombstones
+                    .iter()
+                    .take_while(|(ts, ..)| *ts < line)
+                    .take(room)
+                    .map(|(ts, position, column)| {
+                        (*ts, table.clone(), position.clone(), column.clone())
+                    }),
+            );
+        }
+        let mut changes = Vec::new();
+        for (ts, table, position, column) in due {
+            if let Some(tombstones) = self.tombstones.get_mut(&table) {
+                tombstones.remove(&(ts, position.clone(), column.clone()));
+            }
+            let key = (table, position);
+            let Some(held) = self.rows.get(&key).and_then(|cells| cells.get(&column)) else {
+                continue;
+            };
+            debug_assert!(
+                held.cell.value.is_none() && held.cell.ts == ts,
+                "the index is true"
+            );
+            let row = held.cell.row.clone();
+            self.forget(&key, &column);
+            self.table_stats.collected += 1;
+            changes.push(Change::Remove { row, column });
+        }
+        Output {
+            changes,
+            ..Output::none()
+        }
+    }
+
+    /// Ends the round in flight (cells asked too often are dropped) and asks every other member
+    /// whether it holds the next batch of doubtful cells.
+    fn liveness_round(&mut self) -> Output<Self> {
+        for key in std::mem::take(&mut self.doubtful.asked) {
+            let Some(doubt) = self.doubtful.cells.get_mut(&key) else {
+                continue;
+            };
+            doubt.rounds += 1;
+            if doubt.rounds >= LIVE_ROUNDS_MAX {
+                self.doubtful.cells.remove(&key);
+                self.table_stats.not_live += 1;
+            }
+        }
+        if self.doubtful.cells.is_empty() || self.place.n < 2 {
+            return Output::none();
+        }
+        self.doubtful.round += 1;
+        let mut asked = Vec::new();
+        let mut cells = Vec::new();
+        for (key, doubt) in self.doubtful.cells.iter().take(LIVE_BATCH) {
+            asked.push(key.clone());
+            cells.push((key.0.clone(), key.1.clone(), doubt.digest));
+        }
+        self.doubtful.asked = asked;
+        let round = self.doubtful.round;
+        let me = self.place.slot;
+        Output {
+            sends: (0..self.place.n as u32)
+                .map(Slot)
+                .filter(|slot| *slot != me)
+                .map(|slot| {
+                    let cells = cells.clone();
+                    (slot, Message::Live { round, cells })
+                })
+                .collect(),
+            ..Output::none()
+        }
+    }
+
+    /// Which of these versions this replica holds as its newest.
+    fn on_live(
+        &mut self,
+        from: Slot,
+        round: u64,
+        cells: Vec<(RowKey, String, Digest)>,
+    ) -> Output<Self> {
+        if cells.len() > LIVE_BATCH || cells.iter().any(|(row, _, _)| !row.is_well_formed()) {
+            return Output {
+                refused: Some("a liveness check out of bounds".into()),
+                ..Output::none()
+            };
+        }
+        let held = cells
+            .iter()
+            .map(|(row, column, digest)| {
+                self.held(row, column)
+                    .is_some_and(|held| Cell::digest(&held.signed) == *digest)
+            })
+            .collect();
+        Output {
+            sends: vec![(from, Message::LiveReply { round, held })],
+            ..Output::none()
+        }
+    }
+
+    /// A member's answer: each cell `f+1` members hold is checked as a write-back's would be,
+    /// and kept.
+    fn on_live_reply(
+        &mut self,
+        now: Time,
+        from: Slot,
+        round: u64,
+        held: Vec<bool>,
+    ) -> Output<Self> {
+        if round != self.doubtful.round
+            || held.len() != self.doubtful.asked.len()
+            || from == self.place.slot
+            || from.index() >= self.place.n
+        {
+            return Output::none();
+        }
+        let mut confirmed = Vec::new();
+        for (key, holds) in self.doubtful.asked.iter().zip(held) {
+            let Some(doubt) = self.doubtful.cells.get_mut(key).filter(|_| holds) else {
+                continue;
+            };
+            doubt.holders.insert(from);
+            if doubt.holders.len() > self.place.f {
+                confirmed.push(key.clone());
+            }
+        }
+        let mut changes = Vec::new();
+        for key in confirmed {
+            let Some(doubt) = self.doubtful.cells.remove(&key) else {
+                continue;
+            };
+            let signed = [doubt.signed];
+            let Ok(cells) = self.check_cells(now, &signed, false, None) else {
+                self.table_stats.not_live += 1;
+                continue;
+            };
+            for (cell, signed) in cells.into_iter().zip(signed) {
+                let (row, column) = (cell.row.clone(), cell.column.clone());
+                if self.keep(cell, signed.clone()) {
+                    self.table_stats.confirmed_live += 1;
+                    changes.push(Change::Put {
+                        row,
+                        column,
+                        cell: signed,
+                    });
+                }
+            }
+        }
+        Output {
+            changes,
+            ..Output::none()
+        }
+    }
+}
+
+/// The table and scan position of `cell`'s row: its key in `rows`.
+fn key_of(cell: &Cell) -> (String, Position) {
+    (cell.row.table.clone(), Position::of(&cell.row))
 }

@@ -40,6 +40,8 @@ struct Cluster {
     variant: Variant,
     /// The MAC keys the writer shares with each replica, by slot.
     pairs: Arc<[PairKeys]>,
+    /// Where reads take the table's GC grace to end (0: nothing is past it).
+    grace_line: u64,
 }
 
 impl Cluster {
@@ -54,6 +56,11 @@ impl Cluster {
     }
 
     fn with_settings(f: usize, variant: Variant, settings: Settings) -> Cluster {
+        Cluster::with_grace(f, variant, settings, GC_GRACE_DEFAULT_SECS)
+    }
+
+    /// A group whose table keeps tombstones `gc_grace_secs`.
+    fn with_grace(f: usize, variant: Variant, settings: Settings, gc_grace_secs: u64) -> Cluster {
         let n = 3 * f + 1;
         let secrets: Vec<SecretKey> = (0..n)
             .map(|i| SecretKey::from_seed(&[i as u8 + 1; 32]))
@@ -71,6 +78,7 @@ impl Cluster {
                 clustering: Vec::new(),
                 columns: vec!["a".into(), "b".into(), "c".into()],
                 variant,
+                gc_grace_secs,
             })
             .unwrap();
         let servers = (0..n)
@@ -103,6 +111,7 @@ impl Cluster {
             next_op: 0,
             variant,
             pairs,
+            grace_line: 0,
         }
     }
 
@@ -151,6 +160,7 @@ impl Cluster {
         )
         .with_variant(self.variant)
         .with_pair_keys(self.pairs.clone())
+        .with_grace_line(self.grace_line)
     }
 
     fn run<O>(&mut self, op: &mut O, rounds: usize) -> Result<O::Output, OpError>
@@ -696,6 +706,7 @@ fn a_replica_that_missed_a_table_learns_it_from_f_plus_one_members() {
         clustering: vec!["line".into()],
         columns: vec!["item".into()],
         variant: Variant::ProxyNoVerify,
+        gc_grace_secs: GC_GRACE_DEFAULT_SECS,
     };
     // Replica 3 is down while the table is created: n - f members suffice.
     cluster.group.hooks.push(Box::new(|event| {
@@ -766,6 +777,7 @@ fn a_replica_that_missed_a_table_learns_it_from_f_plus_one_members() {
         clustering: Vec::new(),
         columns: vec!["v".into()],
         variant: Variant::Plain,
+        gc_grace_secs: GC_GRACE_DEFAULT_SECS,
     };
     let mut create = CreateOp::new(place(0, 4, 1), OpId(902), plain);
     assert!(matches!(
@@ -817,6 +829,7 @@ impl Cluster {
         )
         .with_variant(self.variant)
         .with_pair_keys(self.pairs.clone())
+        .with_grace_line(self.grace_line)
     }
 
     /// Every page of `range` through `proxy`: the rows in the order returned.
@@ -1496,4 +1509,184 @@ fn a_badly_signed_cell_kept_on_its_writers_tag_is_removed_and_blames_no_replica(
     let forged = badly_signed(half.cell("k", "a", 20, Some("forged")));
     let mut op = half.write_op(vec![forged], 0);
     assert!(half.run(&mut op, 10).is_err());
+}
+
+// ---------------------------------------------------------------------------------------------
+// GC grace (spec §2.14; §5.2 "Resurrection after GC grace")
+
+/// New writes fresh for a minute.
+fn grace_settings() -> Settings {
+    Settings {
+        fresh_micros: 60_000_000,
+        ..Settings::default()
+    }
+}
+
+/// The table's GC grace in these tests: an hour.
+const HOUR_SECS: u64 = 3600;
+
+fn graced_cluster() -> Cluster {
+    Cluster::with_grace(1, Variant::ProxyVerifies, grace_settings(), HOUR_SECS)
+}
+
+/// `NOW` on the cells' clock, less `seconds`.
+fn stamp_before(seconds: u64) -> u64 {
+    NOW.0 * 1000 - seconds * 1_000_000
+}
+
+const TWO_HOURS_MILLIS: u64 = 2 * 3_600_000;
+
+/// Member 3 never takes a delete, by write or by anti-entropy: it keeps the deleted value.
+fn keeps_deleted_values(event: &mut Event) -> bool {
+    !matches!(
+        event,
+        Event::Peer {
+            to: Slot(3),
+            message: Message::Store { .. } | Message::SyncReply { .. } | Message::SyncCells { .. },
+            ..
+        }
+    )
+}
+
+/// Writes `v` everywhere, deletes it everywhere but on member 3, and lets two hours pass.
+fn deleted_and_collected(mutations: TableMutations) -> Cluster {
+    let mut cluster = graced_cluster();
+    let servers = std::mem::take(&mut cluster.group.servers);
+    cluster.group.servers = servers
+        .into_iter()
+        .enumerate()
+        .map(|(i, server)| {
+            if i < 3 {
+                server.with_mutations(mutations)
+            } else {
+                server
+            }
+        })
+        .collect();
+    cluster.write(vec![cluster.cell("k", "a", stamp_before(2), Some("v"))], 0);
+    cluster.group.hooks.push(Box::new(keeps_deleted_values));
+    cluster.write(vec![cluster.cell("k", "a", stamp_before(1), None)], 0);
+    // Within the grace, the tombstone stands on every member that took it.
+    cluster.group.tick(1_000);
+    for server in &cluster.group.servers[..3] {
+        let cells = server.cells(&row("k"));
+        assert!(cells.len() == 1 && cells[0].value.is_none());
+    }
+    assert_eq!(stats_sum(&cluster, |s| s.collected), 0);
+    cluster.group.tick(TWO_HOURS_MILLIS);
+    cluster
+}
+
+#[test]
+fn tombstones_are_collected_after_the_grace_and_a_deleted_value_cannot_come_back() {
+    let mut cluster = deleted_and_collected(TableMutations::default());
+    assert_eq!(
+        stats_sum(&cluster, |s| s.collected),
+        3,
+        "one tombstone each"
+    );
+    // Member 3 offers its deleted value by anti-entropy, and vouches for it when asked; the
+    // others, holding nothing, ask whether f+1 members hold it: one does.
+    for _ in 0..12 {
+        cluster.group.tick(1_000);
+    }
+    for server in &cluster.group.servers[..3] {
+        assert!(server.cells(&row("k")).is_empty(), "the value came back");
+    }
+    assert!(stats_sum(&cluster, |s| s.not_live) >= 1);
+    assert_eq!(stats_sum(&cluster, |s| s.confirmed_live), 0);
+    // Reads and scans pass over it too, through every proxy, member 3 included: it is past the
+    // grace and fewer than f+1 answers hold it. (Chosen, it could never be written back: the
+    // read would fail instead.)
+    cluster.grace_line = cluster.group.now.0 * 1000 - HOUR_SECS * 1_000_000;
+    assert!(!cluster.group.servers[3].cells(&row("k")).is_empty());
+    for proxy in 0..4 {
+        let read = cluster.read("k", proxy);
+        assert_eq!(values(&read), vec![], "through {proxy}");
+        assert_eq!(read.proxies, 1, "the first proxy, {proxy}, could answer");
+        let mut op = cluster.range_op(scan(10), proxy);
+        let page = cluster.run(&mut op, 50).expect("the page completes");
+        assert!(page.rows.is_empty(), "scan through {proxy}");
+        assert_eq!(
+            page.proxies, 1,
+            "the first proxy, {proxy}, could answer the scan"
+        );
+    }
+    // A proxy writing it back is refused, and the refusal says why.
+    let write_back = Message::WriteBack {
+        pop: 1,
+        client: WRITER,
+        row: row("k"),
+        nonce: [0; 16],
+        cells: vec![cluster.cell("k", "a", stamp_before(2), Some("v"))],
+    };
+    let now = cluster.group.now;
+    let out = cluster.group.servers[0].on_message(now, Slot(3), write_back, &());
+    assert!(out.changes.is_empty());
+    assert!(
+        matches!(
+            &out.sends[..],
+            [(
+                _,
+                Message::Refused {
+                    refusal: Refusal::PastGrace { .. },
+                    ..
+                }
+            )]
+        ),
+        "{:?}",
+        out.sends
+    );
+}
+
+// The broken variant: replicas that take old values on one member's word bring it back.
+#[test]
+fn without_the_liveness_check_a_deleted_value_comes_back() {
+    let mutations = TableMutations {
+        skip_liveness_check: true,
+        ..TableMutations::default()
+    };
+    let mut cluster = deleted_and_collected(mutations);
+    for _ in 0..12 {
+        cluster.group.tick(1_000);
+    }
+    let back = cluster.group.servers[..3]
+        .iter()
+        .filter(|server| !server.cells(&row("k")).is_empty())
+        .count();
+    assert!(back >= 1, "the mutation must resurrect the value");
+}
+
+#[test]
+fn a_live_value_past_the_grace_reaches_a_member_that_lost_it_once_f_plus_one_hold_it() {
+    let mut cluster = graced_cluster();
+    for i in 0..20 {
+        let key = format!("k{i:02}");
+        cluster.write(
+            vec![cluster.cell(&key, "a", stamp_before(1), Some("v"))],
+            i % 4,
+        );
+    }
+    cluster.group.tick(TWO_HOURS_MILLIS);
+    let catalog = cluster.group.servers[2].catalog().clone();
+    cluster.group.servers[2] = Server::new(
+        place(2, 4, 1),
+        cluster.secrets[2].clone(),
+        cluster.keys.clone(),
+        cluster.writers.clone(),
+        catalog,
+        grace_settings(),
+    );
+    for _ in 0..12 {
+        cluster.group.tick(1_000);
+    }
+    let rebuilt = &cluster.group.servers[2];
+    for i in 0..20 {
+        assert_eq!(rebuilt.cells(&row(&format!("k{i:02}"))).len(), 1, "k{i:02}");
+    }
+    assert_eq!(rebuilt.table_stats().confirmed_live, 20);
+    assert_eq!(rebuilt.table_stats().not_live, 0);
+    // Reads see the value on every member.
+    let read = cluster.read("k03", 2);
+    assert_eq!(values(&read), vec![col("a", "v")]);
 }

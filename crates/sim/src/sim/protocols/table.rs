@@ -179,6 +179,7 @@ impl Protocol for TableSim {
             clustering: Vec::new(),
             columns: vec![COLUMN.into()],
             variant,
+            gc_grace_secs: bulwark_protocol::table::GC_GRACE_DEFAULT_SECS,
         };
         if let Err(problem) = catalog.add(schema) {
             unreachable!("the simulated table is well formed: {problem}");
@@ -403,6 +404,11 @@ impl Protocol for TableSim {
             }
             Message::SyncCells { round, cells } => format!("sync-cells r{round} {}", cells.len()),
             Message::Schema { schema } => format!("schema {}", schema.name),
+            Message::Live { round, cells } => format!("live r{round} {}", cells.len()),
+            Message::LiveReply { round, held } => {
+                let holds = held.iter().filter(|h| **h).count();
+                format!("live-reply r{round} {holds}/{}", held.len())
+            }
         }
     }
 }
