@@ -472,7 +472,7 @@ pub struct ReadOp {
     grace: Grace,
 }
 
-/// `with_grace` for the reads that resolve versions.
+/// `with_grace_line` for the reads that resolve versions.
 macro_rules! resolves_versions {
     ($($op:ty),*) => {$(
         impl $op {
