@@ -3,7 +3,9 @@
 use crate::ClientArgs;
 use crate::objects::{connect, summary};
 use anyhow::{Context, Result, bail};
-use bulwark_protocol::table::{Consistency, GC_GRACE_DEFAULT_SECS, RowKey, Schema, Variant};
+use bulwark_protocol::table::{
+    Consistency, GC_GRACE_DEFAULT_SECS, Resolver, RowKey, Schema, Variant,
+};
 use clap::{Subcommand, ValueEnum};
 
 #[derive(Subcommand)]
@@ -49,6 +51,10 @@ pub enum TableCommand {
         /// Only these columns (comma-separated); every column when absent.
         #[arg(long, value_delimiter = ',')]
         columns: Vec<String>,
+        /// Who resolves answers that disagree: the proxy, or this client (which then has the
+        /// proxy write its resolution back, so no proxy checks a signature for it).
+        #[arg(long, value_enum, default_value = "proxy")]
+        resolve: ResolverArg,
         #[command(flatten)]
         row: RowArgs,
     },
@@ -118,6 +124,14 @@ pub enum VariantArg {
     /// signatures on the write path (checking them soon after): no public-key verification on
     /// the normal path.
     FullSym,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum ResolverArg {
+    /// The proxy resolves and writes back; the client checks its work.
+    Proxy,
+    /// The client resolves from the replicas' answers.
+    Client,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -230,9 +244,14 @@ pub async fn run(command: TableCommand) -> Result<()> {
             name,
             key,
             columns,
+            resolve,
             row: args,
         } => {
-            let client = connect(&args.client).await?;
+            let mut client = connect(&args.client).await?;
+            client.table_resolver = match resolve {
+                ResolverArg::Proxy => Resolver::Proxy,
+                ResolverArg::Client => Resolver::Client,
+            };
             let (found, report) = client
                 .table_read(&row(&name, &key, &args), &columns, args.consistency.into())
                 .await?;

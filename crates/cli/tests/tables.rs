@@ -6,7 +6,7 @@
 
 mod common;
 
-use bulwark_protocol::table::{Consistency, RowKey, Schema, Variant};
+use bulwark_protocol::table::{Consistency, Resolver, RowKey, Schema, Variant};
 use bulwark_sim::checker::{OpKind, Outcome};
 use common::{BULWARK, Recorder, TestCluster};
 use std::sync::Arc;
@@ -70,6 +70,11 @@ async fn the_cli_creates_writes_reads_and_deletes_rows_and_refuses_bad_input() {
     let get = bulwark(
         &cluster,
         &["table", "get", "users", "ada", "--consistency", "all"],
+    );
+    assert_eq!(text(&get.stdout), "name=Ada\n", "{get:?}");
+    let get = bulwark(
+        &cluster,
+        &["table", "get", "users", "ada", "--resolve", "client"],
     );
     assert_eq!(text(&get.stdout), "name=Ada\n", "{get:?}");
 
@@ -240,7 +245,12 @@ impl Workload {
             }));
         }
         for reader in 0..2u64 {
-            let client = cluster.client("reader").await;
+            let mut client = cluster.client("reader").await;
+            // One reader resolves disagreeing answers itself (spec §3.6), the other leaves it
+            // to the proxy.
+            if reader == 1 {
+                client.table_resolver = Resolver::Client;
+            }
             let (recorder, rows, stop) = (recorder.clone(), rows.clone(), stop.clone());
             tasks.push(tokio::spawn(async move {
                 let (mut sequence, mut retries) = (0, 0);

@@ -269,6 +269,10 @@ pub struct Client {
     /// stalling proxy sooner, and gives up on slow correct ones under load (spec `cassandra.md`
     /// §4.5).
     pub retransmit_after: Duration,
+    /// Who resolves a table read whose replicas disagree: the proxy (the default), or this
+    /// client, which then has the proxy write its resolution back (spec `cassandra.md` §2.9),
+    /// so no proxy verifies a writer's signature for it.
+    pub table_resolver: bulwark_protocol::table::Resolver,
 }
 
 // By hand rather than `#[from]`: a `#[from]` source would print its message twice in an error
@@ -413,6 +417,7 @@ impl Client {
             deadline: DEADLINE_DEFAULT,
             one_round_reads: true,
             retransmit_after: RETRANSMIT_AFTER,
+            table_resolver: bulwark_protocol::table::Resolver::Proxy,
         })
     }
 

@@ -172,7 +172,8 @@ impl Client {
             first,
         )
         .with_variant(schema.variant)
-        .with_grace_line(self.table_grace_line(&schema));
+        .with_grace_line(self.table_grace_line(&schema))
+        .with_resolver(self.table_resolver);
         if let Some(pairs) = self.table_pair_keys(&view)? {
             machine = machine.with_pair_keys(pairs);
         }

@@ -11,9 +11,9 @@
 
 use super::{
     Answer, Answered, Cell, Consistency, Grace, Nonce, Page, PairKeys, Place, Position, Range,
-    RangeAnswered, RangeWriteBackAck, Refusal, Request, RequestBody, Response, ResponseBody,
-    RowKey, Schema, SignedCell, TableMutations, Variant, WriteAck, WriteBackAck, Writers,
-    check_page, entries_of, listing_digest, resolve, without,
+    RangeAnswered, RangeWriteBackAck, Refusal, Request, RequestBody, Resolver, Response,
+    ResponseBody, RowKey, Schema, SignedCell, TableMutations, Variant, WriteAck, WriteBackAck,
+    Writers, check_page, entries_of, listing_digest, resolve, without,
 };
 use crate::machine::{OpError, Operation, Progress};
 use crate::round::{Evidence, EvidenceKind, OpId, Refusals, Replies};
@@ -470,6 +470,17 @@ pub struct ReadOp {
     /// Cells already found forged, so each is blamed once.
     forged: BTreeSet<Vec<u8>>,
     grace: Grace,
+    resolver: Resolver,
+    /// With the client resolving: the current proxy's data answers, and the resolution being
+    /// written back with the members found current.
+    writing_back: Option<WritingBack>,
+}
+
+/// A client's own resolution on its way back to the replicas (spec §3.6).
+struct WritingBack {
+    originals: Vec<(Slot, Answered)>,
+    cells: Vec<SignedCell>,
+    current: Vec<Slot>,
 }
 
 /// `with_grace_line` for the reads that resolve versions.
@@ -521,19 +532,84 @@ impl ReadOp {
             full: false,
             forged: BTreeSet::new(),
             grace: Grace::default(),
+            resolver: Resolver::Proxy,
+            writing_back: None,
         }
     }
 
+    /// The same read, resolving disagreeing answers itself (spec §2.9, Figure 21): no proxy
+    /// then verifies a writer's signature for it.
+    pub fn with_resolver(mut self, resolver: Resolver) -> ReadOp {
+        self.resolver = resolver;
+        self
+    }
+
     fn request(&mut self) -> Vec<(Slot, Request)> {
-        let body = RequestBody::Read {
-            row: self.row.clone(),
-            columns: self.columns.clone(),
-            nonce: self.nonce,
-            level: self.level,
-            blacklist: self.blacklist.iter().copied().collect(),
-            full: self.full,
+        let body = match &self.writing_back {
+            Some(back) => RequestBody::WriteBack {
+                row: self.row.clone(),
+                nonce: self.nonce,
+                cells: back.cells.clone(),
+                current: back.current.clone(),
+                level: self.level,
+            },
+            None => RequestBody::Read {
+                row: self.row.clone(),
+                columns: self.columns.clone(),
+                nonce: self.nonce,
+                level: self.level,
+                blacklist: self.blacklist.iter().copied().collect(),
+                full: self.full,
+                resolver: self.resolver,
+            },
         };
         self.proxies.request(body)
+    }
+
+    /// The client's own resolution of a quorum of data answers (spec §3.6): per column, the
+    /// newest version whose writer's signature verifies, passing over one past the grace that
+    /// too few answers hold; with the members whose answers already hold exactly it.
+    fn resolve_here(&self, valid: &BTreeMap<Slot, Valid>) -> Option<(Vec<SignedCell>, Vec<Slot>)> {
+        let originals: Vec<&Vec<(Cell, SignedCell)>> =
+            valid.values().filter_map(|v| v.cells.as_ref()).collect();
+        if originals.len() < self.proxies.quorum(self.level) {
+            return None;
+        }
+        let mut versions: Vec<(&Cell, &SignedCell, usize)> = Vec::new();
+        for (cell, signed) in originals.iter().copied().flatten() {
+            match versions
+                .iter_mut()
+                .find(|(_, s, _)| s.bytes() == signed.bytes())
+            {
+                Some((_, _, holders)) => *holders += 1,
+                None => versions.push((cell, signed, 1)),
+            }
+        }
+        versions.sort_by(|a, b| b.0.rank().cmp(&a.0.rank()));
+        let mut best: BTreeMap<&str, (&Cell, &SignedCell)> = BTreeMap::new();
+        let mut passed = BTreeSet::new();
+        for (cell, signed, holders) in versions {
+            let wanted = self.columns.is_empty() || self.columns.contains(&cell.column);
+            if !wanted || cell.row != self.row || best.contains_key(cell.column.as_str()) {
+                continue;
+            }
+            if self.grace.passes_over(cell, || holders) {
+                passed.insert(Cell::digest(signed));
+            } else if self.proxies.genuine(&self.writers, signed) {
+                best.insert(cell.column.as_str(), (cell, signed));
+            }
+        }
+        let entries = entries_of(best.values().copied());
+        let current = valid
+            .iter()
+            .filter(|(_, v)| without(&v.answer.entries, &passed) == entries)
+            .map(|(slot, _)| *slot)
+            .collect();
+        let cells = best
+            .into_values()
+            .map(|(_, signed)| signed.clone())
+            .collect();
+        Some((cells, current))
     }
 
     /// The answers that verify as their slot's, for this row and nonce; the others blacklisted.
@@ -717,6 +793,7 @@ impl ReadOp {
         if self.proxies.tried != tried {
             self.blacklist.clear();
             self.full = false;
+            self.writing_back = None;
         }
     }
 
@@ -775,6 +852,21 @@ impl Operation for ReadOp {
             }
         };
         let blacklisted = self.blacklist.len();
+        // The answer to a write-back of the client's own resolution carries no answers: the
+        // original ones are the client's.
+        let writing_back = self.writing_back.take();
+        let (answers, kept, written_back) = match writing_back {
+            Some(back)
+                if from == self.proxies.proxy && answers.is_empty() && resolved.is_some() =>
+            {
+                (back.originals, None, true)
+            }
+            back => (answers, back, false),
+        };
+        self.writing_back = kept;
+        // Resolve here only from fresh answers: a write-back that fell short moves on.
+        let originals =
+            (self.resolver == Resolver::Client && !written_back).then(|| answers.clone());
         let valid = self.valid_answers(answers);
         let outcome = match resolved {
             None => self.fast(&valid).map(|cells| (cells, ReadPath::Fast)),
@@ -782,6 +874,23 @@ impl Operation for ReadOp {
                 .resolved(&valid, resolved, write_backs)
                 .map(|(cells, written_back)| (cells, ReadPath::Resolved { written_back })),
         };
+        if outcome.is_none()
+            && from == self.proxies.proxy
+            && let Some(originals) = originals
+            && let Some((cells, current)) = self.resolve_here(&valid)
+        {
+            if let Some((cells, _)) = self.resolved(&valid, cells.clone(), Vec::new()) {
+                // A quorum holds the resolution already (it differs from the others only by
+                // versions passed over): nothing to write back.
+                return self.done(cells, ReadPath::Resolved { written_back: 0 });
+            }
+            self.writing_back = Some(WritingBack {
+                originals,
+                cells,
+                current,
+            });
+            return Progress::Send(self.request());
+        }
         if let Some((cells, path)) = outcome {
             return self.done(cells, path);
         }

@@ -311,6 +311,19 @@ impl Variant {
     }
 }
 
+/// Who resolves a read whose answers disagree (spec §2.9).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Resolver {
+    /// The proxy resolves and writes back (Figures 7 and 20); the client checks its work
+    /// against the original answers.
+    #[default]
+    Proxy,
+    /// The proxy returns a quorum of data answers as they are, and the client resolves and has
+    /// the proxy write its resolution back (Figure 21): with Proxy-No-Verify, or Half-Sym and
+    /// Full-Sym, a proxy then verifies no signature at all.
+    Client,
+}
+
 /// How many replicas an operation waits for, chosen per request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Consistency {
@@ -717,6 +730,23 @@ pub enum RequestBody {
         blacklist: Vec<Slot>,
         /// Skip the digest round: every replica sends data.
         full: bool,
+        /// Who resolves answers that disagree.
+        resolver: Resolver,
+    },
+    /// Bring replicas up to date with cells the client resolved from a read's original answers
+    /// (spec §3.6, Figure 21): the proxy writes them back to every member not named current
+    /// and returns the acknowledgements, which bind to the read's nonce.
+    WriteBack {
+        /// The row.
+        row: RowKey,
+        /// The read's nonce.
+        nonce: Nonce,
+        /// The resolved cells.
+        cells: Vec<SignedCell>,
+        /// The members whose original answers the client found current: not to be asked.
+        current: Vec<Slot>,
+        /// How many replicas must be current.
+        level: Consistency,
     },
     /// The schema of a table (its columns and variant), for a client that did not create it.
     Describe {

@@ -11,9 +11,9 @@
 use super::{
     Answer, Answered, COLUMNS_MAX, Catalog, Cell, Change, Consistency, Entry, Grace, Message,
     Nonce, PAGE_BYTES, Page, PairKeys, Place, Position, RANGE_ROWS_MAX, Range, RangeAnswer,
-    RangeAnswered, RangeWriteBackAck, Refusal, Request, RequestBody, Response, ResponseBody,
-    RowKey, Schema, SignedCell, TABLES_MAX, TableMutations, Variant, WriteAck, WriteBackAck,
-    Writers, check_page, entries_of, listing_digest, listing_of, resolve, without,
+    RangeAnswered, RangeWriteBackAck, Refusal, Request, RequestBody, Resolver, Response,
+    ResponseBody, RowKey, Schema, SignedCell, TABLES_MAX, TableMutations, Variant, WriteAck,
+    WriteBackAck, Writers, check_page, entries_of, listing_digest, listing_of, resolve, without,
 };
 use crate::machine::{Access, Output, Replica, ReplicaStats, TimerId};
 use bulwark_core::sign::{PublicKey, SecretKey, Signable, Signed, Unverified};
@@ -217,6 +217,8 @@ struct ReadState {
     resolved: Option<(Vec<SignedCell>, Vec<Entry>)>,
     current: BTreeSet<Slot>,
     write_backs: BTreeMap<Slot, Unverified<WriteBackAck>>,
+    /// Who resolves: with the client, the data round's answers go back as they are.
+    resolver: Resolver,
 }
 
 /// A member of a table's replica group: replica and proxy.
@@ -922,6 +924,48 @@ impl Server {
         let me = self.place.slot;
         match request.body {
             RequestBody::Create { .. } | RequestBody::Describe { .. } => Output::none(),
+            RequestBody::WriteBack {
+                row,
+                nonce,
+                cells,
+                current,
+                level,
+            } => {
+                if !access.read {
+                    return self.refuse(op, Refusal::NotReader);
+                }
+                let Some(entries) = resolution_entries(&row, &cells) else {
+                    let problem = "a resolution out of bounds or of another row".to_string();
+                    return self.refuse(op, Refusal::Malformed(problem));
+                };
+                if self.catalog.get(&row.table).is_none() {
+                    return self.refuse(op, Refusal::UnknownTable(row.table.clone()));
+                }
+                let n = self.place.n;
+                let state = ReadState {
+                    client,
+                    row: row.clone(),
+                    columns: Vec::new(),
+                    nonce,
+                    blacklist: Vec::new(),
+                    asked: BTreeSet::new(),
+                    answers: BTreeMap::new(),
+                    data_round: true,
+                    resolved: Some((cells, entries)),
+                    current: current.into_iter().filter(|s| s.index() < n).collect(),
+                    write_backs: BTreeMap::new(),
+                    resolver: Resolver::Client,
+                };
+                let pending = Pending {
+                    client,
+                    op,
+                    want: self.level_threshold(&row.table, level),
+                    waited: false,
+                    kind: Kind::Read(state),
+                };
+                self.track(now, pop, pending, Vec::new())
+                    .and(self.write_back_stale(pop))
+            }
             RequestBody::Range {
                 range,
                 nonce,
@@ -1020,6 +1064,7 @@ impl Server {
                 level,
                 blacklist,
                 full,
+                resolver,
             } => {
                 if !access.read {
                     return self.refuse(op, Refusal::NotReader);
@@ -1050,6 +1095,7 @@ impl Server {
                     resolved: None,
                     current: BTreeSet::new(),
                     write_backs: BTreeMap::new(),
+                    resolver,
                 };
                 // The proxy is the data replica of the digest round (spec §1.6): its own answer.
                 if !state.blacklist.contains(&me)
@@ -1165,7 +1211,10 @@ impl Server {
                         .then(|| read_reply(state))
                 } else if state.answers.len() < want {
                     None
-                } else if !state.data_round && agree(state) {
+                } else if (!state.data_round && agree(state))
+                    || (state.data_round && state.resolver == Resolver::Client)
+                {
+                    // The client resolves data answers itself (spec §3.6).
                     Some(read_reply(state))
                 } else if !state.data_round {
                     // The digests disagree: every replica sends data (spec §3.3, all of them).
@@ -1260,8 +1309,6 @@ impl Server {
         self.table_stats.resolved_reads += 1;
         let cells: Vec<SignedCell> = best.values().map(|(_, signed)| signed.clone()).collect();
         let entries = entries_of(best.values().map(|(cell, signed)| (cell, signed)));
-        let me = self.place.slot;
-        let others: Vec<Slot> = self.others().collect();
         let Some(Pending {
             kind: Kind::Read(state),
             ..
@@ -1280,10 +1327,27 @@ impl Server {
             })
             .map(|(slot, _)| *slot)
             .collect();
-        state.resolved = Some((cells.clone(), entries));
+        state.resolved = Some((cells, entries));
         if state.current.len() >= want || self.mutations.skip_write_back {
             return self.progress(pop);
         }
+        self.write_back_stale(pop)
+    }
+
+    /// Writes read `pop`'s resolution back to every member not known current, itself first.
+    fn write_back_stale(&mut self, pop: u64) -> Output<Self> {
+        let me = self.place.slot;
+        let others: Vec<Slot> = self.others().collect();
+        let Some(Pending {
+            kind: Kind::Read(state),
+            ..
+        }) = self.pending.get_mut(&pop)
+        else {
+            return Output::none();
+        };
+        let Some((cells, _)) = state.resolved.clone() else {
+            return Output::none();
+        };
         let stale: Vec<Slot> = std::iter::once(me)
             .chain(others)
             .filter(|slot| !state.current.contains(slot) && !state.blacklist.contains(slot))
@@ -1609,6 +1673,20 @@ impl Server {
             },
         }
     }
+}
+
+/// The entries of a client's resolution of `row`: one cell per column, each of the row, at
+/// most a row's columns; `None` if it is not one.
+fn resolution_entries(row: &RowKey, cells: &[SignedCell]) -> Option<Vec<Entry>> {
+    if !row.is_well_formed() || cells.len() > COLUMNS_MAX {
+        return None;
+    }
+    let decoded: Vec<Cell> = cells.iter().map(|c| c.peek().ok()).collect::<Option<_>>()?;
+    let columns: BTreeSet<&str> = decoded.iter().map(|c| c.column.as_str()).collect();
+    if columns.len() != decoded.len() || decoded.iter().any(|c| c.row != *row) {
+        return None;
+    }
+    Some(entries_of(decoded.iter().zip(cells)))
 }
 
 /// Whether a digest round's answers all name the same cells, one of them with the data.

@@ -42,6 +42,8 @@ struct Cluster {
     pairs: Arc<[PairKeys]>,
     /// Where reads take the table's GC grace to end (0: nothing is past it).
     grace_line: u64,
+    /// Who resolves reads.
+    resolver: Resolver,
 }
 
 impl Cluster {
@@ -112,6 +114,7 @@ impl Cluster {
             variant,
             pairs,
             grace_line: 0,
+            resolver: Resolver::Proxy,
         }
     }
 
@@ -161,6 +164,7 @@ impl Cluster {
         .with_variant(self.variant)
         .with_pair_keys(self.pairs.clone())
         .with_grace_line(self.grace_line)
+        .with_resolver(self.resolver)
     }
 
     fn run<O>(&mut self, op: &mut O, rounds: usize) -> Result<O::Output, OpError>
@@ -375,6 +379,129 @@ fn a_tombstone_hides_the_value_and_wins_a_tie() {
     // An older write arriving late is acknowledged but never served (spec §5.1 item 7).
     cluster.write(vec![cluster.cell("k", "a", 5, Some("late"))], 3);
     assert_eq!(values(&cluster.read("k", 0)), vec![("a".to_string(), None)]);
+}
+
+/// Reads resolved by their client (spec §3.6, Figure 21) on a group where members 0-1 hold a
+/// new A and an old B and members 2-3 the reverse.
+fn split_for_client_resolution(variant: Variant) -> Cluster {
+    let mut cluster = Cluster::new(1, variant);
+    cluster.resolver = Resolver::Client;
+    let a = [(10, "a-old"), (20, "a-new")].map(|(ts, v)| cluster.cell("k", "a", ts, Some(v)));
+    let b = [(10, "b-old"), (20, "b-new")].map(|(ts, v)| cluster.cell("k", "b", ts, Some(v)));
+    for (i, server) in cluster.group.servers.iter_mut().enumerate() {
+        let (a, b) = if i < 2 {
+            (&a[1], &b[0])
+        } else {
+            (&a[0], &b[1])
+        };
+        server.restore(a.clone());
+        server.restore(b.clone());
+    }
+    cluster
+}
+
+#[test]
+fn a_client_resolves_disagreeing_answers_itself_and_the_proxy_writes_its_resolution_back() {
+    for variant in SIGNING.into_iter().filter(|v| *v != Variant::ProxyVerifies) {
+        let mut cluster = split_for_client_resolution(variant);
+        let read = cluster.read("k", 0);
+        assert_eq!(
+            values(&read),
+            vec![col("a", "a-new"), col("b", "b-new")],
+            "{variant:?}"
+        );
+        let ReadPath::Resolved { written_back } = read.path else {
+            panic!("{variant:?}: the answers disagreed");
+        };
+        assert!(written_back >= 1, "{variant:?}: a quorum made current");
+        let proxy_resolutions: u64 = cluster
+            .group
+            .servers
+            .iter()
+            .map(|s| s.table_stats().resolved_reads)
+            .sum();
+        assert_eq!(proxy_resolutions, 0, "{variant:?}: no proxy resolved");
+        assert_eq!(cluster.read("k", 3).path, ReadPath::Fast, "{variant:?}");
+    }
+}
+
+#[test]
+fn a_client_resolving_passes_over_a_forged_newest_cell_and_blames_its_voucher() {
+    let forged_read = |mutations: TableMutations| {
+        let mut cluster = Cluster::new(1, Variant::ProxyNoVerify);
+        cluster.resolver = Resolver::Client;
+        cluster.write(vec![cluster.cell("k", "a", 10, Some("real"))], 0);
+        let forged = Unverified::<Cell>::new(
+            bulwark_core::wire::encode(&Cell {
+                row: row("k"),
+                column: "a".into(),
+                ts: 1_000,
+                writer: WRITER,
+                value: Some(b"forged".to_vec()),
+            })
+            .into(),
+            Signature([7; 64]),
+        );
+        // Replica 2 answers with the forgery and signs its answer properly: it vouches for it.
+        let secrets = cluster.secrets.clone();
+        cluster.group.hooks.push(Box::new(move |event| {
+            if let Event::Peer {
+                from: Slot(2),
+                message: Message::Answer { answered, .. },
+                ..
+            } = event
+            {
+                let mut answer = answered.answer.peek().unwrap();
+                let decoded = forged.peek().unwrap();
+                answer.entries = entries_of([(&decoded, &forged)]);
+                answered.answer = Signed::sign(&secrets[2], answer).unwrap().to_unverified();
+                answered.cells = answered.cells.as_ref().map(|_| vec![forged.clone()]);
+            }
+            true
+        }));
+        let mut op = cluster.read_op("k", 0).with_mutations(mutations);
+        let read = cluster.run(&mut op, 50).expect("the read completes");
+        let blamed: Vec<(Slot, EvidenceKind)> = read
+            .evidence
+            .iter()
+            .map(|e| (e.node, e.kind.clone()))
+            .collect();
+        (values(&read), blamed, read.proxies)
+    };
+    let (read, blamed, proxies) = forged_read(TableMutations::default());
+    assert_eq!(read, vec![col("a", "real")]);
+    assert_eq!(blamed, vec![(Slot(2), EvidenceKind::ForgedVersion)]);
+    assert_eq!(proxies, 1);
+    // A client that resolves without checking writers' signatures picks the forgery and
+    // blames no one; only the replicas, refusing to take it back, keep it from the reader.
+    let broken = TableMutations {
+        unverified_cells: true,
+        ..TableMutations::default()
+    };
+    let (read, blamed, proxies) = forged_read(broken);
+    assert_eq!(read, vec![col("a", "real")]);
+    assert!(blamed.is_empty());
+    assert!(proxies > 1, "its write-back of the forgery was refused");
+}
+
+#[test]
+fn a_proxy_that_alters_the_client_resolution_is_left_for_the_next() {
+    // Proxy 0 writes back an older A than the client resolved: the acknowledgements it
+    // collects are for other cells, so the client moves on to proxy 1.
+    let mut cluster = split_for_client_resolution(Variant::ProxyNoVerify);
+    let stale = cluster.cell("k", "a", 10, Some("a-old"));
+    cluster.group.hooks.push(Box::new(move |event| {
+        if let Event::Request(Slot(0), Request { body, .. }) = event
+            && let RequestBody::WriteBack { cells, .. } = body
+        {
+            cells.retain(|c| c.peek().is_ok_and(|c| c.column != "a"));
+            cells.insert(0, stale.clone());
+        }
+        true
+    }));
+    let read = cluster.read("k", 0);
+    assert_eq!(values(&read), vec![col("a", "a-new"), col("b", "b-new")]);
+    assert!(read.proxies >= 2, "proxy 0's write-back did not count");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ use bulwark_protocol::machine::{Access, Operation, Output, Progress, Replica, Re
 use bulwark_protocol::round::OpId;
 use bulwark_protocol::table::{
     Answered, Catalog, Cell, Change, Consistency, Message, PairKeys, Place, Range, RangeAnswered,
-    RangeOp, RangeOutcome, ReadOp, ReadOutcome, ReadPath, Request, RequestBody, Response,
+    RangeOp, RangeOutcome, ReadOp, ReadOutcome, ReadPath, Request, RequestBody, Resolver, Response,
     ResponseBody, RowKey, Schema, Server, Settings, SignedCell, TableMutations, Variant, WriteAck,
     WriteOp, WriteOutcome, Writers, entries_of, replica_pair_keys,
 };
@@ -271,7 +271,8 @@ impl Protocol for TableSim {
     }
 
     /// Every third read is a range read of the key's partition: the same cell through the
-    /// page path (a walk, a bound, client-side resolution, a listing written back).
+    /// page path (a walk, a bound, client-side resolution, a listing written back); of the
+    /// others, every second is resolved by its client (spec §3.6).
     fn read(&self, client: usize, key: Key, op: OpId) -> TableRead {
         // Unique per operation, which is all a nonce must be against replicas that do not see
         // the reader's generator.
@@ -301,6 +302,11 @@ impl Protocol for TableSim {
                 .with_pair_keys(self.client_pairs[client].clone()),
             );
         }
+        let resolver = if op.0 % 3 == 1 {
+            Resolver::Client
+        } else {
+            Resolver::Proxy
+        };
         TableRead::Point(
             ReadOp::new(
                 self.place(0),
@@ -315,7 +321,8 @@ impl Protocol for TableSim {
             )
             .with_mutations(self.mutations)
             .with_variant(self.variant)
-            .with_pair_keys(self.client_pairs[client].clone()),
+            .with_pair_keys(self.client_pairs[client].clone())
+            .with_resolver(resolver),
         )
     }
 
@@ -327,6 +334,7 @@ impl Protocol for TableSim {
         match request.body {
             RequestBody::Write { .. } => "write",
             RequestBody::Read { .. } => "read",
+            RequestBody::WriteBack { .. } => "write-back",
             RequestBody::Range { .. } => "range",
             RequestBody::Create { .. } => "create",
             RequestBody::Describe { .. } => "describe",
@@ -336,7 +344,9 @@ impl Protocol for TableSim {
     fn request_kind(request: &Request) -> usize {
         match request.body {
             RequestBody::Write { .. } => 1,
-            RequestBody::Read { .. } | RequestBody::Range { .. } => 3,
+            RequestBody::Read { .. }
+            | RequestBody::Range { .. }
+            | RequestBody::WriteBack { .. } => 3,
             RequestBody::Create { .. } | RequestBody::Describe { .. } => 0,
         }
     }
@@ -348,6 +358,7 @@ impl Protocol for TableSim {
                 blacklist, full, ..
             } => format!(" blacklist={blacklist:?} full={full}"),
             RequestBody::Range { blacklist, .. } => format!(" blacklist={blacklist:?}"),
+            RequestBody::WriteBack { current, .. } => format!(" current={current:?}"),
             RequestBody::Create { schema } => format!(" {}", schema.name),
             RequestBody::Describe { table } => format!(" {table}"),
         };
