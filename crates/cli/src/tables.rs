@@ -30,6 +30,16 @@ pub enum TableCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Revokes client CLIENT as a table writer on every node (as the administrator: the
+    /// client must hold the authority key). Its new writes are refused from then on, and
+    /// writes it signed earlier that someone kept cannot be played back; what it wrote before
+    /// stays readable.
+    Revoke {
+        /// The client's name in cluster.toml.
+        client_name: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Writes COLUMN=VALUE cells of one row, signed by this client.
     Put {
         /// The table.
@@ -214,6 +224,14 @@ pub async fn run(command: TableCommand) -> Result<()> {
             let client = connect(&client).await?;
             let created = client.create_table(&schema).await?;
             eprintln!("created table {name:?} on {created} replicas");
+        }
+        TableCommand::Revoke {
+            client_name,
+            client,
+        } => {
+            let client = connect(&client).await?;
+            let recorded = client.revoke_table_writer(&client_name).await?;
+            eprintln!("revoked {client_name:?} as a table writer on {recorded} replicas");
         }
         TableCommand::Put {
             name,

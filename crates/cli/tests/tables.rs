@@ -173,6 +173,30 @@ async fn the_cli_creates_writes_reads_and_deletes_rows_and_refuses_bad_input() {
         "{}",
         text(&status.stdout)
     );
+
+    // Revocation (spec §5.2): writer2's row stays, its new writes are refused, and only the
+    // administrator may revoke.
+    let as_writer2 = |args: &[&str]| {
+        let mut args = args.to_vec();
+        args.extend(["--client", "writer2"]);
+        bulwark(&cluster, &args)
+    };
+    let put = as_writer2(&["table", "put", "users", "eve", "name=Eve"]);
+    assert!(put.status.success(), "{put:?}");
+    let refused = as_writer2(&["table", "revoke", "admin"]);
+    assert!(
+        text(&refused.stderr).contains("no authority key"),
+        "{refused:?}"
+    );
+    let revoke = bulwark(&cluster, &["table", "revoke", "writer2"]);
+    assert!(revoke.status.success(), "{revoke:?}");
+    let put = as_writer2(&["table", "put", "users", "eve", "name=Mallory"]);
+    assert!(!put.status.success(), "{put:?}");
+    assert!(text(&put.stderr).contains("is revoked"), "{put:?}");
+    let get = bulwark(&cluster, &["table", "get", "users", "eve"]);
+    assert_eq!(text(&get.stdout), "name=Eve\n", "{get:?}");
+    let put = bulwark(&cluster, &["table", "put", "users", "eve", "name=Eve2"]);
+    assert!(put.status.success(), "{put:?}");
 }
 
 /// The workload's tables: one per signing variant.

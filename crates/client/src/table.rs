@@ -9,6 +9,7 @@
 
 use crate::{Client, ClientError, OpReport, blame, nodes};
 use bulwark_core::membership::GroupView;
+use bulwark_core::sign::SecretKey;
 use bulwark_core::{ClientId, Slot};
 use bulwark_protocol::table::{
     self, Cell, Consistency, CreateOp, DescribeOp, PairKeys, Place, Position, Range, RangeOp,
@@ -65,6 +66,45 @@ impl Client {
         self.lock_schemas()
             .insert(schema.name.clone(), schema.clone());
         Ok(created)
+    }
+
+    /// Revokes the client named `name` as a table writer (spec `cassandra.md` §2.13): as the
+    /// administrator, signs the order with the trusted authority's key and has it recorded on
+    /// every member of every group (`n - f` of each; anti-entropy brings it to the rest). From
+    /// then on members refuse the client's writes and take no cell of it they do not already
+    /// hold unless `f+1` others hold it, so writes it signed earlier and someone kept cannot
+    /// be played back. Returns how many members recorded it.
+    pub async fn revoke_table_writer(&self, name: &str) -> Result<usize, ClientError> {
+        let Some(seed) = self.authority else {
+            return Err(ClientError::Protocol(format!(
+                "client {:?} holds no authority key (only the administrator does)",
+                self.name
+            )));
+        };
+        let Some(entry) = self.cluster.clients.iter().find(|c| c.name == name) else {
+            return Err(ClientError::Protocol(format!(
+                "no client {name:?} in cluster.toml"
+            )));
+        };
+        let order = table::Revocation {
+            client: ClientId(entry.id),
+            at_micros: wall_micros(),
+        };
+        let revocation = bulwark_core::sign::Signed::sign(&SecretKey::from_seed(&seed), order)
+            .map_err(|error| ClientError::Protocol(format!("signing the revocation: {error}")))?
+            .to_unverified();
+        self.fresh().await?;
+        let mut recorded = 0;
+        for view in self.placement.groups() {
+            let place = self.table_place(&view);
+            let mut machine = CreateOp::revoke(place, self.op_id(), revocation.clone());
+            let what = format!("revocation of {name}");
+            recorded += self
+                .drive(&view, &what, self.cluster.f, &mut machine)
+                .await?
+                .len();
+        }
+        Ok(recorded)
     }
 
     /// Writes `cells` (column, value; `None` deletes) of one row at `level`, each signed with
@@ -174,6 +214,9 @@ impl Client {
         .with_variant(schema.variant)
         .with_grace_line(self.table_grace_line(&schema))
         .with_resolver(self.table_resolver);
+        if let Some(authority) = self.cluster.authority() {
+            machine = machine.with_authority(authority);
+        }
         if let Some(pairs) = self.table_pair_keys(&view)? {
             machine = machine.with_pair_keys(pairs);
         }
@@ -314,6 +357,9 @@ impl Client {
                 )
                 .with_variant(schema.variant)
                 .with_grace_line(self.table_grace_line(&schema));
+                if let Some(authority) = self.cluster.authority() {
+                    machine = machine.with_authority(authority);
+                }
                 if let Some(pairs) = self.table_pair_keys(&walk.view)? {
                     machine = machine.with_pair_keys(pairs);
                 }

@@ -570,6 +570,12 @@ impl ClusterConfig {
             .collect()
     }
 
+    /// The trusted authority's key, if `[configuration_service]` names a valid one.
+    pub fn authority(&self) -> Option<crate::sign::PublicKey> {
+        let cs = self.configuration_service.as_ref()?;
+        crate::sign::PublicKey::from_bytes(&cs.authority).ok()
+    }
+
     /// The genesis configuration (epoch 1) the configuration service starts from: every node,
     /// with `[configuration_service]`'s parameters. `None` for a fixed membership.
     pub fn genesis(&self) -> Result<Option<crate::configuration::Configuration>, ConfigError> {

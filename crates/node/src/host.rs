@@ -619,6 +619,8 @@ pub type ContentReplica = Hosting<content::Server, ContentStorage>;
 pub const TABLE_CELLS: &str = "cells";
 /// The tables it serves: one record per table, its schema.
 pub const TABLE_SCHEMAS: &str = "schemas";
+/// The clients the administrator revoked: one record per client, the authority's order.
+pub const TABLE_REVOKED: &str = "revoked";
 
 /// The storage record of one table change.
 pub fn table_op(namespace: Namespace, change: &table::Change) -> StorageOp {
@@ -636,6 +638,14 @@ pub fn table_op(namespace: Namespace, change: &table::Change) -> StorageOp {
         table::Change::Remove { row, column } => StorageOp::Delete {
             table: namespace.table(TABLE_CELLS),
             key: wire::encode(&(row, column)),
+        },
+        table::Change::Revoke(revocation) => StorageOp::Put {
+            table: namespace.table(TABLE_REVOKED),
+            key: revocation
+                .peek()
+                .map(|order| order.client.0.to_be_bytes().to_vec())
+                .unwrap_or_default(),
+            value: Bytes::from(wire::encode(revocation)),
         },
     }
 }

@@ -874,6 +874,21 @@ fn build_replicas(
         },
     )
     .with_pair_keys(pairs);
+    if let Some(authority) = options.cluster.authority() {
+        server = server.with_authority(authority);
+    }
+    restore_records(
+        store,
+        namespace,
+        host::TABLE_REVOKED,
+        rejections,
+        |_, value| {
+            let revocation = bulwark_core::wire::decode(value, 1024)
+                .map_err(|error| format!("a stored revocation does not decode: {error}"))?;
+            server.restore_revocation(revocation);
+            Ok(())
+        },
+    )?;
     restore_records(
         store,
         namespace,

@@ -12,8 +12,8 @@
 use super::{
     Answer, Answered, Cell, Consistency, Grace, Nonce, Page, PairKeys, Place, Position, Range,
     RangeAnswered, RangeWriteBackAck, Refusal, Request, RequestBody, Resolver, Response,
-    ResponseBody, RowKey, Schema, SignedCell, TableMutations, Variant, WriteAck, WriteBackAck,
-    Writers, check_page, entries_of, listing_digest, resolve, without,
+    ResponseBody, Revocation, RowKey, Schema, SignedCell, TableMutations, Variant, WriteAck,
+    WriteBackAck, Writers, check_page, entries_of, listing_digest, resolve, without,
 };
 use crate::machine::{OpError, Operation, Progress};
 use crate::round::{Evidence, EvidenceKind, OpId, Refusals, Replies};
@@ -470,6 +470,7 @@ pub struct ReadOp {
     /// Cells already found forged, so each is blamed once.
     forged: BTreeSet<Vec<u8>>,
     grace: Grace,
+    authority: Option<PublicKey>,
     resolver: Resolver,
     /// With the client resolving: the current proxy's data answers, and the resolution being
     /// written back with the members found current.
@@ -493,11 +494,31 @@ macro_rules! resolves_versions {
             /// allowed): a version passed over by either is never written back by correct
             /// replicas, so the read would fail rather than return it.
             pub fn with_grace_line(mut self, line: u64) -> $op {
-                self.grace = Grace {
-                    line,
-                    live: self.proxies.place.f + 1,
-                };
+                self.grace.line = line;
                 self
+            }
+
+            /// The same read, taking the revocations `authority` signed that a proxy sends
+            /// with its answers: their writers' versions are passed over where fewer than
+            /// `f+1` answers hold them, as the proxy did ([`Revocation`]).
+            pub fn with_authority(mut self, authority: PublicKey) -> $op {
+                self.authority = Some(authority);
+                self
+            }
+
+            /// Takes the revocations among `revocations` that the authority signed.
+            fn learn(&mut self, revocations: Vec<Unverified<Revocation>>) {
+                let Some(authority) = &self.authority else {
+                    return;
+                };
+                if self.proxies.mutations.ignore_revocations {
+                    return;
+                }
+                for revocation in revocations.into_iter().take(super::REVOKED_MAX) {
+                    if let Ok(order) = revocation.verify(authority) {
+                        self.grace.revoked.insert(order.value().client);
+                    }
+                }
             }
         }
     )*};
@@ -531,7 +552,11 @@ impl ReadOp {
             blacklist: BTreeSet::new(),
             full: false,
             forged: BTreeSet::new(),
-            grace: Grace::default(),
+            grace: Grace {
+                live: place.f + 1,
+                ..Grace::default()
+            },
+            authority: None,
             resolver: Resolver::Proxy,
             writing_back: None,
         }
@@ -832,7 +857,11 @@ impl Operation for ReadOp {
                 answers,
                 resolved,
                 write_backs,
-            } => (answers, resolved, write_backs),
+                revocations,
+            } => {
+                self.learn(revocations);
+                (answers, resolved, write_backs)
+            }
             ResponseBody::Refused(refusal) => {
                 let tried = self.proxies.tried;
                 return match self.proxies.on_refusal(from, refusal) {
@@ -956,6 +985,7 @@ pub struct RangeOp {
     /// Cells already found forged, so each is blamed once.
     forged: BTreeSet<Vec<u8>>,
     grace: Grace,
+    authority: Option<PublicKey>,
 }
 
 impl RangeOp {
@@ -980,7 +1010,11 @@ impl RangeOp {
             level,
             blacklist: BTreeSet::new(),
             forged: BTreeSet::new(),
-            grace: Grace::default(),
+            grace: Grace {
+                live: place.f + 1,
+                ..Grace::default()
+            },
+            authority: None,
         }
     }
 
@@ -1051,7 +1085,7 @@ impl RangeOp {
         };
         let proxies = &self.proxies;
         let writers = &self.writers;
-        let resolution = resolve(&self.range, pages, vouched, self.grace, |signed| {
+        let resolution = resolve(&self.range, pages, vouched, &self.grace, |signed| {
             proxies.genuine(writers, signed)
         });
         if !resolution.forged.is_empty() {
@@ -1124,7 +1158,11 @@ impl Operation for RangeOp {
             ResponseBody::Range {
                 answers,
                 write_backs,
-            } => (answers, write_backs),
+                revocations,
+            } => {
+                self.learn(revocations);
+                (answers, write_backs)
+            }
             ResponseBody::Refused(refusal) => {
                 let tried = self.proxies.tried;
                 return match self.proxies.on_refusal(from, refusal) {
@@ -1187,11 +1225,12 @@ impl Operation for RangeOp {
 
 /// Creating a table on one group: every member is asked, and the table exists once `n - f`
 /// created it. At least `f+1` of those are correct, enough for the rest to learn it from the
-/// proxies they refuse (a replica takes a schema `f+1` members offered).
+/// proxies they refuse (a replica takes a schema `f+1` members offered). The same round
+/// records a revocation (`CreateOp::revoke`), which members pass on by anti-entropy.
 pub struct CreateOp {
     place: Place,
     op: u64,
-    schema: Schema,
+    body: RequestBody,
     created: Replies<()>,
     refusals: Refusals<Refusal>,
 }
@@ -1199,10 +1238,20 @@ pub struct CreateOp {
 impl CreateOp {
     /// Creates `schema` on the group at `place`.
     pub fn new(place: Place, op: OpId, schema: Schema) -> CreateOp {
+        CreateOp::asking(place, op, RequestBody::Create { schema })
+    }
+
+    /// Records `revocation` on the group at `place`: the same round as a creation, every
+    /// member asked and `n - f` enough (anti-entropy brings it to the others).
+    pub fn revoke(place: Place, op: OpId, revocation: Unverified<Revocation>) -> CreateOp {
+        CreateOp::asking(place, op, RequestBody::Revoke { revocation })
+    }
+
+    fn asking(place: Place, op: OpId, body: RequestBody) -> CreateOp {
         CreateOp {
             place,
             op: op.0,
-            schema,
+            body,
             created: Replies::new(place.n),
             refusals: Refusals::new(place.n),
         }
@@ -1213,9 +1262,7 @@ impl CreateOp {
             op: self.op,
             epoch: self.place.epoch,
             group: self.place.group,
-            body: RequestBody::Create {
-                schema: self.schema.clone(),
-            },
+            body: self.body.clone(),
         };
         (slot, request)
     }

@@ -436,20 +436,49 @@ pub struct Schema {
 /// answers hold is one whose tombstone was collected: a faulty member's, or one that missed
 /// the delete. Correct replicas refuse to take such a value back; a resolver that chose it
 /// could never write it back, and the read would fail instead of returning nothing.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Grace {
     /// Microseconds on the cells' clock; 0: no version is past it.
     pub line: u64,
-    /// Answers that must hold a version past the line: `f+1`.
+    /// Answers that must hold a version past the line, or by a revoked writer: `f+1`.
     pub live: usize,
+    /// Writers the administrator revoked ([`Revocation`]): their versions count only where
+    /// `f+1` answers hold them, as versions past the line do, so a write a colluder saved
+    /// from before the revocation cannot come in through a read.
+    pub revoked: std::collections::BTreeSet<ClientId>,
 }
 
 impl Grace {
     /// Whether a version `cell` is passed over; `holders` counts the answers that hold it.
     pub fn passes_over(&self, cell: &Cell, holders: impl FnOnce() -> usize) -> bool {
-        cell.ts < self.line && holders() < self.live
+        (cell.ts < self.line || self.revoked.contains(&cell.writer)) && holders() < self.live
     }
 }
+
+/// The administrator's order that a client's cell signatures count no more (spec §2.13, §5.1
+/// item 16), signed with the authority's key (`cluster.toml`'s
+/// `configuration_service.authority`), so any member or client can check it and pass it on.
+/// From the moment a replica holds it, the client's new writes are refused, and a cell of it
+/// the replica does not already hold (a write a colluder saved for later, offered by write-back
+/// or anti-entropy) is taken only once `f+1` other members say they hold exactly it. Cells the
+/// replica held before stay and are served: the revocation voids what comes later, not what
+/// was written.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Revocation {
+    /// The client revoked.
+    pub client: ClientId,
+    /// When, in microseconds on the administrator's clock (for the record).
+    pub at_micros: u64,
+}
+
+impl Signable for Revocation {
+    const CONTEXT: Context = Context::new("bulwark/table/revocation/v1");
+    const BYTES_MAX: usize = 64;
+}
+
+/// Revocations a replica keeps: past this, more are refused (an administrator who revokes
+/// this many clients should change `cluster.toml`'s writers instead).
+pub const REVOKED_MAX: usize = 1024;
 
 /// `entries` without the versions passed over: what an answer says once those count as absent.
 /// An answer is current if this is the resolution's entries (nothing can be written back over
@@ -666,6 +695,9 @@ pub struct TableMutations {
     /// Replicas take values older than the GC grace without asking whether `f+1` members hold
     /// them (spec §2.14 measure 4 left out).
     pub skip_liveness_check: bool,
+    /// Replicas and resolvers take revoked writers' cells as any other (spec §5.1 item 16
+    /// left out).
+    pub ignore_revocations: bool,
 }
 
 impl TableMutations {
@@ -748,6 +780,11 @@ pub enum RequestBody {
         /// How many replicas must be current.
         level: Consistency,
     },
+    /// Record the administrator's revocation of a client (every member is asked).
+    Revoke {
+        /// The revocation, signed by the authority.
+        revocation: Unverified<Revocation>,
+    },
     /// The schema of a table (its columns and variant), for a client that did not create it.
     Describe {
         /// The table.
@@ -790,6 +827,9 @@ pub enum ResponseBody {
         resolved: Option<Vec<SignedCell>>,
         /// Write-back acknowledgements, by replica.
         write_backs: Vec<(Slot, Unverified<WriteBackAck>)>,
+        /// The revocations of the writers of cells among the answers, so the client passes
+        /// over what the proxy passed over.
+        revocations: Vec<Unverified<Revocation>>,
     },
     /// A range read: the data answers of a quorum, and the write-back acknowledgements of the
     /// replicas brought up to date; the client resolves for itself.
@@ -798,8 +838,11 @@ pub enum ResponseBody {
         answers: Vec<(Slot, RangeAnswered)>,
         /// Write-back acknowledgements, by replica.
         write_backs: Vec<(Slot, Unverified<RangeWriteBackAck>)>,
+        /// The revocations of the writers of cells among the answers.
+        revocations: Vec<Unverified<Revocation>>,
     },
-    /// The table is created on this replica (it was already, with the same schema).
+    /// The table is created on this replica (it was already, with the same schema), or the
+    /// revocation is recorded.
     Created,
     /// The table's schema, as this replica holds it.
     Schema(Schema),
@@ -955,6 +998,12 @@ pub enum Message {
         /// Whether the receiver holds each.
         held: Vec<bool>,
     },
+    /// Revocations the sender holds, passed on by anti-entropy so a member that missed one
+    /// learns it (each is checked against the authority's key).
+    Revocations {
+        /// At most [`REVOKED_MAX`].
+        revocations: Vec<Unverified<Revocation>>,
+    },
     /// The schema of a table the replica refused as unknown: a replica takes it once `f+1`
     /// members offered the same, so at least one correct member holds it.
     Schema {
@@ -979,6 +1028,9 @@ pub enum Refusal {
     /// The client may not read.
     #[error("not a reader")]
     NotReader,
+    /// The writer's key is revoked.
+    #[error("client {0} is revoked")]
+    Revoked(ClientId),
     /// Another epoch.
     #[error("wrong epoch")]
     WrongEpoch,
@@ -1045,6 +1097,8 @@ pub enum Change {
     },
     /// A table the replica now serves.
     Schema(Schema),
+    /// A client the administrator revoked.
+    Revoke(Unverified<Revocation>),
     /// The cell of `row` and `column` is gone: it was kept on its writer's tag and its
     /// signature failed (Full-Sym).
     Remove {

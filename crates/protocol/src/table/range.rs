@@ -367,7 +367,7 @@ pub fn resolve(
     range: &Range,
     pages: &BTreeMap<Slot, Page>,
     vouched: usize,
-    grace: super::Grace,
+    grace: &super::Grace,
     mut genuine: impl FnMut(&SignedCell) -> bool,
 ) -> Resolution {
     let mut bound: Option<Position> = pages

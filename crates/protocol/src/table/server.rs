@@ -10,10 +10,11 @@
 
 use super::{
     Answer, Answered, COLUMNS_MAX, Catalog, Cell, Change, Consistency, Entry, Grace, Message,
-    Nonce, PAGE_BYTES, Page, PairKeys, Place, Position, RANGE_ROWS_MAX, Range, RangeAnswer,
-    RangeAnswered, RangeWriteBackAck, Refusal, Request, RequestBody, Resolver, Response,
-    ResponseBody, RowKey, Schema, SignedCell, TABLES_MAX, TableMutations, Variant, WriteAck,
-    WriteBackAck, Writers, check_page, entries_of, listing_digest, listing_of, resolve, without,
+    Nonce, PAGE_BYTES, Page, PairKeys, Place, Position, RANGE_ROWS_MAX, REVOKED_MAX, Range,
+    RangeAnswer, RangeAnswered, RangeWriteBackAck, Refusal, Request, RequestBody, Resolver,
+    Response, ResponseBody, Revocation, RowKey, Schema, SignedCell, TABLES_MAX, TableMutations,
+    Variant, WriteAck, WriteBackAck, Writers, check_page, entries_of, listing_digest, listing_of,
+    resolve, without,
 };
 use crate::machine::{Access, Output, Replica, ReplicaStats, TimerId};
 use bulwark_core::sign::{PublicKey, SecretKey, Signable, Signed, Unverified};
@@ -104,6 +105,8 @@ const UNCHECKED_MAX: usize = 65_536;
 
 /// Rows a window of anti-entropy holds.
 const SYNC_ROWS: usize = 100;
+/// Anti-entropy rounds between two passings-on of the revocations a member holds.
+const REVOCATIONS_EVERY: u64 = 8;
 
 /// Tombstones collected per tick at most, so a tick stays short.
 const COLLECT_PER_TICK: usize = 1024;
@@ -258,6 +261,10 @@ pub struct Server {
     /// Every tombstone held, by table, oldest first: (ts, position, column).
     tombstones: BTreeMap<String, BTreeSet<(u64, Position, String)>>,
     doubtful: Doubtful,
+    /// The authority whose revocations count (none: revocations are refused).
+    authority: Option<PublicKey>,
+    /// Revoked writers, with the authority's order.
+    revoked: BTreeMap<ClientId, Unverified<Revocation>>,
 }
 
 impl Server {
@@ -297,6 +304,8 @@ impl Server {
             sync: Sync::default(),
             tombstones: BTreeMap::new(),
             doubtful: Doubtful::default(),
+            authority: None,
+            revoked: BTreeMap::new(),
         }
     }
 
@@ -311,6 +320,70 @@ impl Server {
     pub fn with_mutations(mut self, mutations: TableMutations) -> Server {
         self.mutations = mutations;
         self
+    }
+
+    /// The same replica taking revocations signed by `authority`.
+    pub fn with_authority(mut self, authority: PublicKey) -> Server {
+        self.authority = Some(authority);
+        self
+    }
+
+    /// Takes back a revocation this replica recorded before a restart.
+    pub fn restore_revocation(&mut self, revocation: Unverified<Revocation>) {
+        if self.revoke(revocation).is_err() {
+            self.stats.damaged += 1;
+        }
+    }
+
+    /// Records `revocation` if the authority signed it: the change to make durable, if it is
+    /// new here.
+    fn revoke(&mut self, revocation: Unverified<Revocation>) -> Result<Option<Change>, Refusal> {
+        let authority = self.authority.as_ref().ok_or(Refusal::BadSignature)?;
+        let order = revocation
+            .clone()
+            .verify(authority)
+            .map_err(|_| Refusal::BadSignature)?
+            .into_value();
+        if self.revoked.contains_key(&order.client) {
+            return Ok(None);
+        }
+        if self.revoked.len() >= REVOKED_MAX {
+            return Err(Refusal::Malformed(format!(
+                "more than {REVOKED_MAX} revoked clients"
+            )));
+        }
+        self.revoked.insert(order.client, revocation.clone());
+        Ok(Some(Change::Revoke(revocation)))
+    }
+
+    /// The clients whose revocation this replica holds.
+    pub fn revoked(&self) -> Vec<ClientId> {
+        self.revoked.keys().copied().collect()
+    }
+
+    /// Whether `writer`'s signatures are revoked here.
+    fn is_revoked(&self, writer: ClientId) -> bool {
+        !self.mutations.ignore_revocations && self.revoked.contains_key(&writer)
+    }
+
+    /// The revocations of the writers of `cells`, for a client resolving from them.
+    fn revocations_of<'a>(
+        &self,
+        cells: impl IntoIterator<Item = &'a SignedCell>,
+    ) -> Vec<Unverified<Revocation>> {
+        if self.revoked.is_empty() {
+            return Vec::new();
+        }
+        let writers: BTreeSet<ClientId> = cells
+            .into_iter()
+            .filter_map(|signed| signed.peek().ok())
+            .map(|cell| cell.writer)
+            .filter(|writer| self.revoked.contains_key(writer))
+            .collect();
+        writers
+            .iter()
+            .filter_map(|writer| self.revoked.get(writer).cloned())
+            .collect()
     }
 
     /// Takes back a cell this replica made durable before a restart. A cell that no longer
@@ -529,6 +602,9 @@ impl Server {
                 return Err(Refusal::FromFuture {
                     ahead_micros: cell.ts - now_micros,
                 });
+            }
+            if fresh && self.is_revoked(cell.writer) {
+                return Err(Refusal::Revoked(cell.writer));
             }
             let oldest = now_micros.saturating_sub(self.settings.fresh_micros);
             if fresh && cell.ts < oldest {
@@ -909,6 +985,19 @@ impl Server {
                 Err(refusal) => self.refuse(op, refusal),
             };
         }
+        if let RequestBody::Revoke { revocation } = request.body {
+            // Self-certifying: any client may pass on what the authority signed.
+            return match self.revoke(revocation) {
+                Ok(change) => Output::reply(
+                    change.into_iter().collect(),
+                    Response {
+                        op,
+                        body: ResponseBody::Created,
+                    },
+                ),
+                Err(refusal) => self.refuse(op, refusal),
+            };
+        }
         if let RequestBody::Describe { table } = request.body {
             if !access.read {
                 return self.refuse(op, Refusal::NotReader);
@@ -923,7 +1012,9 @@ impl Server {
         let pop = self.next_pop;
         let me = self.place.slot;
         match request.body {
-            RequestBody::Create { .. } | RequestBody::Describe { .. } => Output::none(),
+            RequestBody::Create { .. }
+            | RequestBody::Describe { .. }
+            | RequestBody::Revoke { .. } => Output::none(),
             RequestBody::WriteBack {
                 row,
                 nonce,
@@ -1387,6 +1478,36 @@ impl Server {
         let Some(pending) = self.pending.remove(&pop) else {
             return Output::none();
         };
+        // The client passes over a revoked writer's versions as the proxy did.
+        let body = match body {
+            ResponseBody::Read {
+                answers,
+                resolved,
+                write_backs,
+                ..
+            } => {
+                let cells = answers.iter().flat_map(|(_, a)| a.cells.iter().flatten());
+                ResponseBody::Read {
+                    revocations: self.revocations_of(cells),
+                    answers,
+                    resolved,
+                    write_backs,
+                }
+            }
+            ResponseBody::Range {
+                answers,
+                write_backs,
+                ..
+            } => {
+                let cells = answers.iter().flat_map(|(_, a)| a.cells.iter());
+                ResponseBody::Range {
+                    revocations: self.revocations_of(cells),
+                    answers,
+                    write_backs,
+                }
+            }
+            other => other,
+        };
         self.serving.remove(&(pending.client, pending.op));
         Output {
             notify: vec![(
@@ -1642,6 +1763,20 @@ impl Server {
                 };
             }
             Message::Schema { schema } => return self.offered(from, schema),
+            Message::Revocations { revocations } => {
+                let (mut changes, mut refused) = (Vec::new(), None);
+                for revocation in revocations.into_iter().take(REVOKED_MAX) {
+                    match self.revoke(revocation) {
+                        Ok(change) => changes.extend(change),
+                        Err(refusal) => refused = Some(format!("a revocation: {refusal}")),
+                    }
+                }
+                return Output {
+                    changes,
+                    refused,
+                    ..Output::none()
+                };
+            }
             Message::SyncOffer {
                 round,
                 after,
@@ -1715,6 +1850,7 @@ fn read_reply(state: &ReadState) -> ResponseBody {
             .iter()
             .map(|(slot, ack)| (*slot, ack.clone()))
             .collect(),
+        revocations: Vec::new(),
     }
 }
 
@@ -1901,6 +2037,7 @@ impl RangeState {
                 .iter()
                 .map(|(slot, ack)| (*slot, ack.clone()))
                 .collect(),
+            revocations: Vec::new(),
         }
     }
 }
@@ -2170,7 +2307,7 @@ impl Server {
         let vouched = self.place.f + 1;
         let unverified = self.mutations.unverified_cells;
         let grace = self.grace(self.now, &range.table);
-        let resolution = resolve(&range, &pages, vouched, grace, |signed| {
+        let resolution = resolve(&range, &pages, vouched, &grace, |signed| {
             unverified || self.genuine(signed).is_some()
         });
         let Some(Pending {
@@ -2315,16 +2452,21 @@ impl Server {
         self.sync
             .offered
             .insert(slot, (round, (after.clone(), until.clone())));
+        let mut sends = vec![(
+            slot,
+            Message::SyncOffer {
+                round,
+                after,
+                until,
+                listing,
+            },
+        )];
+        if !self.revoked.is_empty() && round.is_multiple_of(REVOCATIONS_EVERY) {
+            let revocations = self.revoked.values().cloned().collect();
+            sends.push((slot, Message::Revocations { revocations }));
+        }
         Output {
-            sends: vec![(
-                slot,
-                Message::SyncOffer {
-                    round,
-                    after,
-                    until,
-                    listing,
-                },
-            )],
+            sends,
             ..Output::none()
         }
     }
@@ -2545,9 +2687,15 @@ impl Server {
 
     /// What a proxy resolving a read of `table` passes over.
     fn grace(&self, now: Time, table: &str) -> Grace {
+        let revoked = if self.mutations.ignore_revocations {
+            BTreeSet::new()
+        } else {
+            self.revoked.keys().copied().collect()
+        };
         Grace {
             line: self.grace_line(now, table),
             live: self.place.f + 1,
+            revoked,
         }
     }
 
@@ -2563,12 +2711,12 @@ impl Server {
         self.micros(now).saturating_sub(grace)
     }
 
-    /// Whether `cell`, a value past the line, would be kept here: then only a liveness check
-    /// may let it in.
+    /// Whether `cell`, a value past the line or any cell of a revoked writer, would be kept
+    /// here: then only a liveness check may let it in.
     fn doubtful(&self, line: u64, cell: &Cell) -> bool {
+        let suspect = (cell.ts < line && cell.value.is_some()) || self.is_revoked(cell.writer);
         !self.mutations.skip_liveness_check
-            && cell.ts < line
-            && cell.value.is_some()
+            && suspect
             && self
                 .held(&cell.row, &cell.column)
                 .is_none_or(|held| held.cell.rank() < cell.rank())
@@ -2602,19 +2750,24 @@ impl Server {
     /// A write-back's cells past the grace that this replica would keep are parked, and the
     /// write-back refused whole, before anything changes: it cannot say it holds them yet.
     fn park_doubtful(&mut self, now: Time, cells: &[SignedCell]) -> Option<Refusal> {
-        let mut oldest = None;
+        let (mut oldest, mut revoked) = (None, None);
         for signed in cells {
             let Ok(cell) = signed.peek() else {
                 continue;
             };
             if self.doubtful(self.grace_line(now, &cell.row.table), &cell) {
                 self.park(&cell, signed);
-                oldest = Some(oldest.unwrap_or(u64::MAX).min(cell.ts));
+                if self.is_revoked(cell.writer) {
+                    revoked = Some(cell.writer);
+                } else {
+                    oldest = Some(oldest.unwrap_or(u64::MAX).min(cell.ts));
+                }
             }
         }
-        oldest.map(|ts| Refusal::PastGrace {
+        let past = oldest.map(|ts| Refusal::PastGrace {
             behind_micros: self.micros(now).saturating_sub(ts),
-        })
+        });
+        past.or(revoked.map(Refusal::Revoked))
     }
 
     /// Tombstones past the grace, dropped: the changes to make durable.

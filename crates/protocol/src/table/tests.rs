@@ -44,6 +44,8 @@ struct Cluster {
     grace_line: u64,
     /// Who resolves reads.
     resolver: Resolver,
+    /// The authority whose revocations members and readers take.
+    authority: SecretKey,
 }
 
 impl Cluster {
@@ -69,6 +71,7 @@ impl Cluster {
             .collect();
         let keys: Arc<[PublicKey]> = secrets.iter().map(SecretKey::public_key).collect();
         let writer = SecretKey::from_seed(&[99; 32]);
+        let authority = SecretKey::from_seed(&[77; 32]);
         let mut writers = Writers::default();
         writers.insert(WRITER, writer.public_key());
         let writers = Arc::new(writers);
@@ -97,6 +100,7 @@ impl Cluster {
                     &secrets[i],
                     [(WRITER, writer.public_key())],
                 )))
+                .with_authority(authority.public_key())
             })
             .collect();
         let pairs = secrets
@@ -115,6 +119,7 @@ impl Cluster {
             pairs,
             grace_line: 0,
             resolver: Resolver::Proxy,
+            authority,
         }
     }
 
@@ -165,6 +170,7 @@ impl Cluster {
         .with_pair_keys(self.pairs.clone())
         .with_grace_line(self.grace_line)
         .with_resolver(self.resolver)
+        .with_authority(self.authority.public_key())
     }
 
     fn run<O>(&mut self, op: &mut O, rounds: usize) -> Result<O::Output, OpError>
@@ -504,6 +510,139 @@ fn a_proxy_that_alters_the_client_resolution_is_left_for_the_next() {
     assert!(read.proxies >= 2, "proxy 0's write-back did not count");
 }
 
+/// The administrator's revocation of the test's writer, recorded on every member it reaches.
+fn revoke_writer(cluster: &mut Cluster) -> Vec<Slot> {
+    let order = Revocation {
+        client: WRITER,
+        at_micros: 0,
+    };
+    let revocation = Signed::sign(&cluster.authority, order)
+        .unwrap()
+        .to_unverified();
+    cluster.next_op += 1;
+    let mut op = CreateOp::revoke(
+        place(0, cluster.n(), cluster.f),
+        OpId(cluster.next_op),
+        revocation,
+    );
+    cluster
+        .run(&mut op, 20)
+        .expect("the revocation is recorded")
+}
+
+/// Spec §5.2 "Revocation": once the administrator revokes a writer, its new writes are
+/// refused, and a write it signed earlier and a colluding member (3) saved for later comes back
+/// neither through a read nor through a write-back; what it wrote before stays readable.
+fn saved_write_after_revocation(
+    mutations: TableMutations,
+) -> (Vec<(String, Option<String>)>, Vec<u64>) {
+    let mut cluster = Cluster::new(1, Variant::ProxyNoVerify);
+    for server in &mut cluster.group.servers {
+        *server = std::mem::replace(server, placeholder()).with_mutations(mutations);
+    }
+    cluster.write(vec![cluster.cell("k", "a", 10, Some("before"))], 0);
+    let saved = cluster.cell("k", "a", 30, Some("saved"));
+    assert!(revoke_writer(&mut cluster).len() >= 3);
+    if !mutations.ignore_revocations {
+        let mut op = cluster.write_op(vec![cluster.cell("k", "a", 20, Some("new"))], 0);
+        let refused = cluster.run(&mut op, 50);
+        assert!(
+            matches!(&refused, Err(OpError::Refused { reason, .. }) if reason.contains("revoked")),
+            "{refused:?}"
+        );
+    }
+    // Member 3 holds the saved write, and answers with it under its own signature.
+    let secrets = cluster.secrets.clone();
+    let held = saved.clone();
+    cluster.group.hooks.push(Box::new(move |event| {
+        if let Event::Peer {
+            from: Slot(3),
+            message: Message::Answer { answered, .. },
+            ..
+        } = event
+        {
+            let mut answer = answered.answer.peek().unwrap();
+            let decoded = held.peek().unwrap();
+            answer.entries = entries_of([(&decoded, &held)]);
+            answered.answer = Signed::sign(&secrets[3], answer).unwrap().to_unverified();
+            answered.cells = answered.cells.as_ref().map(|_| vec![held.clone()]);
+        }
+        true
+    }));
+    let mut op = cluster.read_op("k", 2).with_mutations(mutations);
+    let read = cluster.run(&mut op, 50).expect("the read completes");
+    let held_ts = (0..3)
+        .map(|i| cluster.group.servers[i].cells(&row("k"))[0].ts)
+        .collect();
+    (values(&read), held_ts)
+}
+
+/// A member to swap out while rebuilding one in place.
+fn placeholder() -> Server {
+    Cluster::new(1, Variant::ProxyNoVerify)
+        .group
+        .servers
+        .remove(0)
+}
+
+#[test]
+fn a_revoked_writer_cannot_write_and_its_saved_writes_do_not_come_back() {
+    let (read, held) = saved_write_after_revocation(TableMutations::default());
+    assert_eq!(read, vec![col("a", "before")]);
+    assert_eq!(
+        held,
+        vec![10, 10, 10],
+        "no correct member took the saved write"
+    );
+    // Members and readers that ignore the revocation take the saved write back.
+    let broken = TableMutations {
+        ignore_revocations: true,
+        ..TableMutations::default()
+    };
+    let (read, held) = saved_write_after_revocation(broken);
+    assert_eq!(read, vec![col("a", "saved")]);
+    assert!(held.contains(&30), "{held:?}");
+}
+
+#[test]
+fn a_revocation_is_checked_against_the_authority_and_passed_on_by_anti_entropy() {
+    let mut cluster = Cluster::new(1, Variant::ProxyVerifies);
+    cluster.write(vec![cluster.cell("k", "a", 10, Some("v"))], 0);
+    // One signed by anyone else is refused by every member.
+    let forged = Signed::sign(
+        &cluster.writer,
+        Revocation {
+            client: WRITER,
+            at_micros: 0,
+        },
+    )
+    .unwrap()
+    .to_unverified();
+    cluster.next_op += 1;
+    let mut op = CreateOp::revoke(place(0, 4, 1), OpId(cluster.next_op), forged);
+    assert!(cluster.run(&mut op, 20).is_err());
+    // Member 3 misses the real one, and learns it from the others' anti-entropy.
+    cluster.group.hooks.push(Box::new(|event| {
+        !matches!(
+            event,
+            Event::Request(
+                Slot(3),
+                Request {
+                    body: RequestBody::Revoke { .. },
+                    ..
+                }
+            )
+        )
+    }));
+    assert_eq!(revoke_writer(&mut cluster).len(), 3);
+    cluster.group.hooks.clear();
+    assert!(cluster.group.servers[3].revoked().is_empty());
+    for _ in 0..40 {
+        cluster.group.tick(1_000);
+    }
+    assert_eq!(cluster.group.servers[3].revoked(), vec![WRITER]);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Byzantine replicas
 
@@ -693,6 +832,7 @@ fn replayed_answers_and_acknowledgements_do_not_count() {
             answers,
             resolved: None,
             write_backs: Vec::new(),
+            revocations: Vec::new(),
         },
     };
     assert!(matches!(new.on_reply(Slot(1), replay), Progress::Send(_)));
@@ -742,6 +882,7 @@ fn a_stale_write_back_is_caught_by_the_original_answers() {
             answers,
             resolved: Some(vec![old.clone()]),
             write_backs: write_backs.clone(),
+            revocations: Vec::new(),
         },
     };
     assert!(matches!(

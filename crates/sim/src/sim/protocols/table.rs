@@ -23,8 +23,8 @@ use bulwark_protocol::round::OpId;
 use bulwark_protocol::table::{
     Answered, Catalog, Cell, Change, Consistency, Message, PairKeys, Place, Range, RangeAnswered,
     RangeOp, RangeOutcome, ReadOp, ReadOutcome, ReadPath, Request, RequestBody, Resolver, Response,
-    ResponseBody, RowKey, Schema, Server, Settings, SignedCell, TableMutations, Variant, WriteAck,
-    WriteOp, WriteOutcome, Writers, entries_of, replica_pair_keys,
+    ResponseBody, Revocation, RowKey, Schema, Server, Settings, SignedCell, TableMutations,
+    Variant, WriteAck, WriteOp, WriteOutcome, Writers, entries_of, replica_pair_keys,
 };
 use bytes::Bytes;
 use rand::Rng;
@@ -109,6 +109,7 @@ impl TableSim {
 pub struct TableDisk {
     cells: BTreeMap<(RowKey, String), SignedCell>,
     schemas: BTreeMap<String, Schema>,
+    revocations: Vec<Unverified<Revocation>>,
 }
 
 impl Protocol for TableSim {
@@ -212,6 +213,9 @@ impl Protocol for TableSim {
         for cell in disk.cells.values() {
             node.honest.restore(cell.clone());
         }
+        for revocation in &disk.revocations {
+            node.honest.restore_revocation(revocation.clone());
+        }
         node
     }
 
@@ -231,6 +235,7 @@ impl Protocol for TableSim {
             Change::Remove { row, column } => {
                 disk.cells.remove(&(row.clone(), column.clone()));
             }
+            Change::Revoke(revocation) => disk.revocations.push(revocation.clone()),
         }
     }
 
@@ -338,6 +343,7 @@ impl Protocol for TableSim {
             RequestBody::Range { .. } => "range",
             RequestBody::Create { .. } => "create",
             RequestBody::Describe { .. } => "describe",
+            RequestBody::Revoke { .. } => "revoke",
         }
     }
 
@@ -347,7 +353,9 @@ impl Protocol for TableSim {
             RequestBody::Read { .. }
             | RequestBody::Range { .. }
             | RequestBody::WriteBack { .. } => 3,
-            RequestBody::Create { .. } | RequestBody::Describe { .. } => 0,
+            RequestBody::Create { .. }
+            | RequestBody::Describe { .. }
+            | RequestBody::Revoke { .. } => 0,
         }
     }
 
@@ -361,6 +369,7 @@ impl Protocol for TableSim {
             RequestBody::WriteBack { current, .. } => format!(" current={current:?}"),
             RequestBody::Create { schema } => format!(" {}", schema.name),
             RequestBody::Describe { table } => format!(" {table}"),
+            RequestBody::Revoke { .. } => String::new(),
         };
         format!("{} op{}{detail}", Self::request_name(request), request.op)
     }
@@ -378,6 +387,7 @@ impl Protocol for TableSim {
             ResponseBody::Range {
                 answers,
                 write_backs,
+                ..
             } => format!(
                 "{} pages, {} written back",
                 answers.len(),
@@ -415,6 +425,7 @@ impl Protocol for TableSim {
             }
             Message::SyncCells { round, cells } => format!("sync-cells r{round} {}", cells.len()),
             Message::Schema { schema } => format!("schema {}", schema.name),
+            Message::Revocations { revocations } => format!("revocations {}", revocations.len()),
             Message::Live { round, cells } => format!("live r{round} {}", cells.len()),
             Message::LiveReply { round, held } => {
                 let holds = held.iter().filter(|h| **h).count();
@@ -782,6 +793,7 @@ impl TableNode {
                 ResponseBody::Range {
                     answers,
                     write_backs,
+                    ..
                 } => {
                     answers.iter_mut().for_each(|(_, a)| spoil(&mut a.answer));
                     write_backs.iter_mut().for_each(|(_, ack)| spoil(ack));
