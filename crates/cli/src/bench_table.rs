@@ -156,6 +156,7 @@ impl Bench {
                 columns: columns.clone(),
                 variant: setup.variant,
                 gc_grace_secs: bulwark_protocol::table::GC_GRACE_DEFAULT_SECS,
+                replication: bulwark_protocol::table::Replication::Strong,
             })
             .map_err(anyhow::Error::msg)?;
         let settings = Settings {

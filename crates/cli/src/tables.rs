@@ -4,7 +4,7 @@ use crate::ClientArgs;
 use crate::objects::{connect, summary};
 use anyhow::{Context, Result, bail};
 use bulwark_protocol::table::{
-    Consistency, GC_GRACE_DEFAULT_SECS, Resolver, RowKey, Schema, Variant,
+    Consistency, GC_GRACE_DEFAULT_SECS, Replication, Resolver, RowKey, Schema, Variant,
 };
 use clap::{Subcommand, ValueEnum};
 
@@ -27,6 +27,12 @@ pub enum TableCommand {
         /// be rebuilt (its data directory removed) before it rejoins.
         #[arg(long, default_value_t = GC_GRACE_DEFAULT_SECS)]
         gc_grace: u64,
+        /// `strong`: every member of a group holds the table, and quorum reads see every
+        /// completed write. `eventual`: 2f+1 members hold it and quorums are f+1 (a third less
+        /// storage); anti-entropy brings every write to all of them, so once writes stop all
+        /// reads agree, but until then a read may miss the newest write.
+        #[arg(long, value_enum, default_value = "strong")]
+        replication: ReplicationArg,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -137,6 +143,14 @@ pub enum VariantArg {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
+pub enum ReplicationArg {
+    /// Every member, Byzantine quorums.
+    Strong,
+    /// 2f+1 members, quorums of f+1, anti-entropy.
+    Eventual,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
 pub enum ResolverArg {
     /// The proxy resolves and writes back; the client checks its work.
     Proxy,
@@ -190,6 +204,7 @@ pub fn parse_schema(
         columns: names(columns),
         variant,
         gc_grace_secs,
+        replication: Replication::Strong,
     };
     if let Some(problem) = schema.problem() {
         bail!("--schema {text:?}: {problem}");
@@ -212,6 +227,7 @@ pub async fn run(command: TableCommand) -> Result<()> {
             schema,
             variant,
             gc_grace,
+            replication,
             client,
         } => {
             let variant = match variant {
@@ -220,7 +236,11 @@ pub async fn run(command: TableCommand) -> Result<()> {
                 VariantArg::HalfSym => Variant::HalfSym,
                 VariantArg::FullSym => Variant::FullSym,
             };
-            let schema = parse_schema(&name, &schema, variant, gc_grace)?;
+            let mut schema = parse_schema(&name, &schema, variant, gc_grace)?;
+            schema.replication = match replication {
+                ReplicationArg::Strong => Replication::Strong,
+                ReplicationArg::Eventual => Replication::Eventual,
+            };
             let client = connect(&client).await?;
             let created = client.create_table(&schema).await?;
             eprintln!("created table {name:?} on {created} replicas");

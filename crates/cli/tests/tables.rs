@@ -35,6 +35,7 @@ fn one_column(name: &str, variant: Variant) -> Schema {
         columns: vec!["v".into()],
         variant,
         gc_grace_secs: bulwark_protocol::table::GC_GRACE_DEFAULT_SECS,
+        replication: bulwark_protocol::table::Replication::Strong,
     }
 }
 
@@ -173,6 +174,28 @@ async fn the_cli_creates_writes_reads_and_deletes_rows_and_refuses_bad_input() {
         "{}",
         text(&status.stdout)
     );
+
+    // An eventual table: on 3 of the 4 members, quorums of 2.
+    let create = bulwark(
+        &cluster,
+        &[
+            "table",
+            "create",
+            "logs",
+            "--schema",
+            "id: line",
+            "--replication",
+            "eventual",
+        ],
+    );
+    assert!(create.status.success(), "{create:?}");
+    let put = bulwark(&cluster, &["table", "put", "logs", "l1", "line=hello"]);
+    assert!(put.status.success(), "{put:?}");
+    for consistency in ["one", "quorum", "all"] {
+        let args = ["table", "get", "logs", "l1", "--consistency", consistency];
+        let get = bulwark(&cluster, &args);
+        assert_eq!(text(&get.stdout), "line=hello\n", "{get:?}");
+    }
 
     // Revocation (spec §5.2): writer2's row stays, its new writes are refused, and only the
     // administrator may revoke.

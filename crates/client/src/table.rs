@@ -164,7 +164,7 @@ impl Client {
             level,
             first,
         )
-        .with_variant(schema.variant);
+        .for_table(&schema);
         if let Some(pairs) = self.table_pair_keys(&view)? {
             machine = machine.with_pair_keys(pairs);
         }
@@ -211,7 +211,7 @@ impl Client {
             level,
             first,
         )
-        .with_variant(schema.variant)
+        .for_table(&schema)
         .with_grace_line(self.table_grace_line(&schema))
         .with_resolver(self.table_resolver);
         if let Some(authority) = self.cluster.authority() {
@@ -355,7 +355,7 @@ impl Client {
                     level,
                     first,
                 )
-                .with_variant(schema.variant)
+                .for_table(&schema)
                 .with_grace_line(self.table_grace_line(&schema));
                 if let Some(authority) = self.cluster.authority() {
                     machine = machine.with_authority(authority);

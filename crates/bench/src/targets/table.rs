@@ -127,6 +127,7 @@ impl TableTarget {
             columns: vec![COLUMN.into()],
             variant,
             gc_grace_secs: bulwark_protocol::table::GC_GRACE_DEFAULT_SECS,
+            replication: bulwark_protocol::table::Replication::Strong,
         };
         cluster.client().create_table(&schema).await?;
         Ok(TableTarget {

@@ -11,9 +11,9 @@
 
 use super::{
     Answer, Answered, Cell, Consistency, Grace, Nonce, Page, PairKeys, Place, Position, Range,
-    RangeAnswered, RangeWriteBackAck, Refusal, Request, RequestBody, Resolver, Response,
-    ResponseBody, Revocation, RowKey, Schema, SignedCell, TableMutations, Variant, WriteAck,
-    WriteBackAck, Writers, check_page, entries_of, listing_digest, resolve, without,
+    RangeAnswered, RangeWriteBackAck, Refusal, Replication, Request, RequestBody, Resolver,
+    Response, ResponseBody, Revocation, RowKey, Schema, SignedCell, TableMutations, Variant,
+    WriteAck, WriteBackAck, Writers, check_page, entries_of, listing_digest, resolve, without,
 };
 use crate::machine::{OpError, Operation, Progress};
 use crate::round::{Evidence, EvidenceKind, OpId, Refusals, Replies};
@@ -49,6 +49,9 @@ struct Proxies {
     variant: Variant,
     /// The MAC keys this client shares with each member, by slot (Half-Sym and Full-Sym).
     pairs: Option<Arc<[PairKeys]>>,
+    /// How the table is replicated, and the members that hold it: only theirs count.
+    replication: Replication,
+    replicas: Vec<Slot>,
 }
 
 impl Proxies {
@@ -69,12 +72,20 @@ impl Proxies {
             mutations: TableMutations::default(),
             variant: Variant::ProxyVerifies,
             pairs: None,
+            replication: Replication::Strong,
+            replicas: (0..place.n as u32).map(Slot).collect(),
         }
     }
 
     fn quorum(&self, level: Consistency) -> usize {
-        self.mutations
-            .threshold(self.variant, level, self.place.n, self.place.f)
+        let (n, f) = (self.place.n, self.place.f);
+        self.replication
+            .threshold(&self.mutations, self.variant, level, n, f)
+    }
+
+    /// Whether `slot`'s statements may count: a member holding the table (spec §5.1 item 2).
+    fn counts(&self, slot: Slot) -> bool {
+        self.replicas.contains(&slot)
     }
 
     fn request(&mut self, body: RequestBody) -> Vec<(Slot, Request)> {
@@ -209,6 +220,16 @@ macro_rules! through_proxies {
             /// The same operation for a table of `variant` (a signing one unless told).
             pub fn with_variant(mut self, variant: Variant) -> $op {
                 self.proxies.variant = variant;
+                self
+            }
+
+            /// The same operation for `schema`'s table: its variant, and the members that
+            /// hold it and the quorums they make.
+            pub fn for_table(mut self, schema: &Schema) -> $op {
+                let place = self.proxies.place;
+                self.proxies.variant = schema.variant;
+                self.proxies.replication = schema.replication;
+                self.proxies.replicas = schema.replicas(place.n, place.f);
                 self
             }
 
@@ -367,7 +388,7 @@ impl Operation for WriteOp {
         let (epoch, group) = (self.proxies.place.epoch, self.proxies.place.group);
         let mut new = 0;
         for (slot, ack) in acks {
-            if slot.index() >= self.proxies.place.n || self.acks.contains_key(&slot) {
+            if !self.proxies.counts(slot) || self.acks.contains_key(&slot) {
                 continue;
             }
             let digests = &self.digests;
@@ -642,7 +663,7 @@ impl ReadOp {
         let (epoch, group) = (self.proxies.place.epoch, self.proxies.place.group);
         let mut valid = BTreeMap::new();
         for (slot, answered) in answers {
-            if slot.index() >= self.proxies.place.n
+            if !self.proxies.counts(slot)
                 || self.blacklist.contains(&slot)
                 || valid.contains_key(&slot)
             {
@@ -786,7 +807,7 @@ impl ReadOp {
             .collect();
         let mut written_back = 0;
         for (slot, ack) in write_backs {
-            if slot.index() >= self.proxies.place.n || current.contains(&slot) {
+            if !self.proxies.counts(slot) || current.contains(&slot) {
                 continue;
             }
             let (row, nonce) = (&self.row, self.nonce);
@@ -1034,7 +1055,7 @@ impl RangeOp {
         let place = self.proxies.place;
         let mut pages = BTreeMap::new();
         for (slot, answered) in answers {
-            if slot.index() >= place.n
+            if !self.proxies.counts(slot)
                 || self.blacklist.contains(&slot)
                 || pages.contains_key(&slot)
             {
@@ -1108,7 +1129,7 @@ impl RangeOp {
         let mut current = resolution.current.clone();
         let mut written_back = 0;
         for (slot, ack) in write_backs {
-            if slot.index() >= self.proxies.place.n || current.contains(&slot) {
+            if !self.proxies.counts(slot) || current.contains(&slot) {
                 continue;
             }
             let good = self.proxies.verify(slot, &ack, |ack| {

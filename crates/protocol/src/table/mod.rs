@@ -428,6 +428,42 @@ pub struct Schema {
     /// gone. Anti-entropy must pass over every row well within it (a pass takes `rows / 100`
     /// seconds), and a node down for longer must be rebuilt, as in Cassandra.
     pub gc_grace_secs: u64,
+    /// How many members of each group hold the table, and the quorums.
+    pub replication: Replication,
+}
+
+/// How a table is replicated in each group (spec §2.2, §2.3).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Replication {
+    /// Every member of the group (`n ≥ 3f+1`) holds the table, and `QUORUM` is the Byzantine
+    /// quorum `⌈(n+f+1)/2⌉`: a read sees every write completed before it.
+    #[default]
+    Strong,
+    /// `2f+1` members hold it and `ONE` and `QUORUM` wait for `f+1` of them (spec §2.3): a
+    /// write reaches at least one correct replica, which hands it to the others by
+    /// anti-entropy, so once writes stop every read agrees; until then a read may miss the
+    /// newest write. Faulty members can withhold but never forge, as every cell carries its
+    /// writer's signature. A third less storage and fewer messages than `Strong`.
+    Eventual,
+}
+
+impl Replication {
+    /// Replicas an operation at `level` waits for on a table of `variant` in a group of `n`
+    /// tolerating `f`.
+    pub fn threshold(
+        self,
+        mutations: &TableMutations,
+        variant: Variant,
+        level: Consistency,
+        n: usize,
+        f: usize,
+    ) -> usize {
+        match (self, level) {
+            (Replication::Strong, _) => mutations.threshold(variant, level, n, f),
+            (Replication::Eventual, Consistency::All) => 2 * f + 1,
+            (Replication::Eventual, Consistency::One | Consistency::Quorum) => f + 1,
+        }
+    }
 }
 
 /// What a resolver knows of a table's GC grace: versions stamped before `line` that fewer than
@@ -501,6 +537,23 @@ impl Schema {
     /// Whether `column` is one of the table's regular columns.
     pub fn has_column(&self, column: &str) -> bool {
         self.columns.iter().any(|c| c == column)
+    }
+
+    /// The members of a group of `n` tolerating `f` that hold the table: all of them, or for an
+    /// eventual table the `2f+1` from a slot its name picks, so tables spread over the group.
+    pub fn replicas(&self, n: usize, f: usize) -> Vec<Slot> {
+        match self.replication {
+            Replication::Strong => (0..n as u32).map(Slot).collect(),
+            Replication::Eventual => {
+                let digest = Digest::of("bulwark/table/replicas", self.name.as_bytes());
+                let mut first = [0u8; 8];
+                first.copy_from_slice(&digest.0[..8]);
+                let start = u64::from_le_bytes(first) % n as u64;
+                (0..(2 * f + 1).min(n) as u64)
+                    .map(|i| Slot(((start + i) % n as u64) as u32))
+                    .collect()
+            }
+        }
     }
 
     /// Why the schema cannot be a table's, if it cannot.
@@ -1031,6 +1084,9 @@ pub enum Refusal {
     /// The writer's key is revoked.
     #[error("client {0} is revoked")]
     Revoked(ClientId),
+    /// An eventual table this member does not hold: it never counts (spec §5.1 item 2).
+    #[error("this member holds no replica of table {0:?}")]
+    NotReplica(String),
     /// Another epoch.
     #[error("wrong epoch")]
     WrongEpoch,

@@ -11,10 +11,10 @@
 use super::{
     Answer, Answered, COLUMNS_MAX, Catalog, Cell, Change, Consistency, Entry, Grace, Message,
     Nonce, PAGE_BYTES, Page, PairKeys, Place, Position, RANGE_ROWS_MAX, REVOKED_MAX, Range,
-    RangeAnswer, RangeAnswered, RangeWriteBackAck, Refusal, Request, RequestBody, Resolver,
-    Response, ResponseBody, Revocation, RowKey, Schema, SignedCell, TABLES_MAX, TableMutations,
-    Variant, WriteAck, WriteBackAck, Writers, check_page, entries_of, listing_digest, listing_of,
-    resolve, without,
+    RangeAnswer, RangeAnswered, RangeWriteBackAck, Refusal, Replication, Request, RequestBody,
+    Resolver, Response, ResponseBody, Revocation, RowKey, Schema, SignedCell, TABLES_MAX,
+    TableMutations, Variant, WriteAck, WriteBackAck, Writers, check_page, entries_of,
+    listing_digest, listing_of, resolve, without,
 };
 use crate::machine::{Access, Output, Replica, ReplicaStats, TimerId};
 use bulwark_core::sign::{PublicKey, SecretKey, Signable, Signed, Unverified};
@@ -173,6 +173,8 @@ struct Pending {
     want: usize,
     /// Whether its wait ran out once (a read then asks everyone).
     waited: bool,
+    /// The table's other replicas, in the order this proxy asks them.
+    peers: Vec<Slot>,
     kind: Kind,
 }
 
@@ -591,6 +593,9 @@ impl Server {
             let Some(schema) = self.catalog.get(&cell.row.table) else {
                 return Err(Refusal::UnknownTable(cell.row.table.clone()));
             };
+            if !self.holds(&cell.row.table, self.place.slot) {
+                return Err(Refusal::NotReplica(cell.row.table.clone()));
+            }
             if !schema.has_column(&cell.column) {
                 return Err(Refusal::UnknownColumn {
                     table: cell.row.table.clone(),
@@ -943,8 +948,11 @@ impl Server {
 
     fn level_threshold(&self, table: &str, level: Consistency) -> usize {
         let variant = self.variant(table);
-        self.mutations
-            .threshold(variant, level, self.place.n, self.place.f)
+        let replication = self
+            .catalog
+            .get(table)
+            .map_or(Replication::Strong, |schema| schema.replication);
+        replication.threshold(&self.mutations, variant, level, self.place.n, self.place.f)
     }
 
     fn start(
@@ -1052,6 +1060,7 @@ impl Server {
                     op,
                     want: self.level_threshold(&row.table, level),
                     waited: false,
+                    peers: self.peers(&row.table).1,
                     kind: Kind::Read(state),
                 };
                 self.track(now, pop, pending, Vec::new())
@@ -1104,7 +1113,8 @@ impl Server {
                 let wanted = (want as usize).clamp(1, self.level_threshold(&table, level));
                 let mut acks = BTreeMap::new();
                 let mut changes = Vec::new();
-                if !skip.contains(&me) {
+                let (own, peers) = self.peers(&table);
+                if own && !skip.contains(&me) {
                     match self.store(now, client, &cells, true, tags.get(me.index())) {
                         Ok((stored, ack)) => {
                             changes = stored;
@@ -1114,8 +1124,9 @@ impl Server {
                         Err(refusal) => return self.refuse(op, refusal),
                     }
                 }
-                let sends: Vec<(Slot, Message)> = self
-                    .others()
+                let sends: Vec<(Slot, Message)> = peers
+                    .iter()
+                    .copied()
                     .filter(|slot| !skip.contains(slot))
                     .map(|slot| {
                         let message = Message::Store {
@@ -1133,6 +1144,7 @@ impl Server {
                     op,
                     want: wanted,
                     waited: false,
+                    peers,
                     kind: Kind::Write {
                         cells,
                         digests,
@@ -1188,20 +1200,24 @@ impl Server {
                     write_backs: BTreeMap::new(),
                     resolver,
                 };
-                // The proxy is the data replica of the digest round (spec §1.6): its own answer.
-                if !state.blacklist.contains(&me)
+                // The proxy is the data replica of the digest round (spec §1.6): its own answer,
+                // if it holds the table.
+                let (own, peers) = self.peers(&state.row.table);
+                if own
+                    && !state.blacklist.contains(&me)
                     && let Some(own) = self.answer(client, &state.row, &state.columns, nonce, true)
                 {
                     state.answers.insert(me, own);
                     state.asked.insert(me);
                 }
-                let mut targets: Vec<Slot> = self
-                    .others()
+                let mut targets: Vec<Slot> = peers
+                    .iter()
+                    .copied()
                     .filter(|slot| !state.blacklist.contains(slot))
                     .collect();
                 targets.sort_by_key(|slot| self.missed.get(slot.index()).copied());
                 if !full {
-                    targets.truncate(wanted.saturating_sub(1));
+                    targets.truncate(wanted.saturating_sub(state.answers.len()));
                 }
                 let sends = state.ask(pop, &targets);
                 let pending = Pending {
@@ -1209,6 +1225,7 @@ impl Server {
                     op,
                     want: wanted,
                     waited: false,
+                    peers,
                     kind: Kind::Read(state),
                 };
                 self.track(now, pop, pending, sends)
@@ -1241,6 +1258,30 @@ impl Server {
     /// The other members, starting after this one, so proxies spread their first choices.
     fn others(&self) -> impl Iterator<Item = Slot> + use<> {
         others(&self.place)
+    }
+
+    /// The members holding `table` (every member for a table unknown here).
+    fn replicas(&self, table: &str) -> Vec<Slot> {
+        match self.catalog.get(table) {
+            Some(schema) => schema.replicas(self.place.n, self.place.f),
+            None => (0..self.place.n as u32).map(Slot).collect(),
+        }
+    }
+
+    /// Whether the member in `slot` holds `table` (a table unknown here: as if it did).
+    fn holds(&self, table: &str, slot: Slot) -> bool {
+        self.catalog.get(table).is_none_or(|schema| {
+            schema.replication == Replication::Strong
+                || schema.replicas(self.place.n, self.place.f).contains(&slot)
+        })
+    }
+
+    /// Whether this member holds `table`; and the other members that do, in the order a
+    /// proxy asks them.
+    fn peers(&self, table: &str) -> (bool, Vec<Slot>) {
+        let replicas = self.replicas(table);
+        let peers = self.others().filter(|s| replicas.contains(s)).collect();
+        (replicas.contains(&self.place.slot), peers)
     }
 }
 
@@ -1313,7 +1354,10 @@ impl Server {
                     state.asked.clear();
                     state.answers.retain(|_, answered| answered.cells.is_some());
                     state.asked.extend(state.answers.keys().copied());
-                    let targets: Vec<Slot> = others(&self.place)
+                    let targets: Vec<Slot> = pending
+                        .peers
+                        .iter()
+                        .copied()
                         .filter(|slot| !state.blacklist.contains(slot))
                         .collect();
                     let sends = state.ask(pop, &targets);
@@ -1428,9 +1472,9 @@ impl Server {
     /// Writes read `pop`'s resolution back to every member not known current, itself first.
     fn write_back_stale(&mut self, pop: u64) -> Output<Self> {
         let me = self.place.slot;
-        let others: Vec<Slot> = self.others().collect();
         let Some(Pending {
             kind: Kind::Read(state),
+            peers,
             ..
         }) = self.pending.get_mut(&pop)
         else {
@@ -1439,8 +1483,14 @@ impl Server {
         let Some((cells, _)) = state.resolved.clone() else {
             return Output::none();
         };
-        let stale: Vec<Slot> = std::iter::once(me)
-            .chain(others)
+        let own = self
+            .catalog
+            .get(&state.row.table)
+            .is_none_or(|schema| schema.replicas(self.place.n, self.place.f).contains(&me));
+        let stale: Vec<Slot> = own
+            .then_some(me)
+            .into_iter()
+            .chain(peers.iter().copied())
             .filter(|slot| !state.current.contains(slot) && !state.blacklist.contains(slot))
             .collect();
         let (client, row, nonce) = (state.client, state.row.clone(), state.nonce);
@@ -1599,9 +1649,9 @@ impl Server {
                         && answer.row == row
                         && answer.nonce == nonce
                 }) && (!data || answered.cells.is_some());
-                let place = self.place;
                 if let Some(Pending {
                     kind: Kind::Read(state),
+                    peers,
                     ..
                 }) = self.pending.get_mut(&pop)
                 {
@@ -1609,7 +1659,9 @@ impl Server {
                         state.answers.entry(from).or_insert(answered);
                     } else {
                         // One answer short now: ask the members not asked yet rather than wait.
-                        let targets: Vec<Slot> = others(&place)
+                        let targets: Vec<Slot> = peers
+                            .iter()
+                            .copied()
                             .filter(|slot| !state.blacklist.contains(slot))
                             .collect();
                         let sends = state.ask(pop, &targets);
@@ -1700,6 +1752,8 @@ impl Server {
                     (pop, Err(Refusal::Malformed("a row out of bounds".into())))
                 } else if self.catalog.get(&row.table).is_none() {
                     (pop, Err(Refusal::UnknownTable(row.table.clone())))
+                } else if !self.holds(&row.table, self.place.slot) {
+                    (pop, Err(Refusal::NotReplica(row.table.clone())))
                 } else {
                     match self.answer(client, &row, &columns, nonce, data) {
                         Some(answered) => {
@@ -1730,6 +1784,8 @@ impl Server {
                     (pop, Err(Refusal::Malformed(problem)))
                 } else if self.catalog.get(&range.table).is_none() {
                     (pop, Err(Refusal::UnknownTable(range.table.clone())))
+                } else if !self.holds(&range.table, self.place.slot) {
+                    (pop, Err(Refusal::NotReplica(range.table.clone())))
                 } else {
                     match self.range_answered(client, &range, nonce) {
                         Some(answered) => (
@@ -1907,7 +1963,10 @@ impl Replica for Server {
                 refused,
                 skip,
                 ..
-            } => others(&self.place)
+            } => pending
+                .peers
+                .iter()
+                .copied()
                 .filter(|s| !acks.contains_key(s) && !refused.contains_key(s) && !skip.contains(s))
                 .collect(),
             Kind::Read(state) => state
@@ -1935,7 +1994,10 @@ impl Replica for Server {
         {
             // The replicas asked first were slow: ask every other one too, and wait once more.
             pending.waited = true;
-            let targets: Vec<Slot> = others(&self.place)
+            let targets: Vec<Slot> = pending
+                .peers
+                .iter()
+                .copied()
                 .filter(|slot| !state.blacklist.contains(slot))
                 .collect();
             let sends = state.ask(pop, &targets);
@@ -1950,7 +2012,10 @@ impl Replica for Server {
             && state.resolved.is_none()
         {
             pending.waited = true;
-            let targets: Vec<Slot> = others(&self.place)
+            let targets: Vec<Slot> = pending
+                .peers
+                .iter()
+                .copied()
                 .filter(|slot| !state.blacklist.contains(slot))
                 .collect();
             let sends = state.ask(pop, &targets);
@@ -2182,7 +2247,9 @@ impl Server {
             current: BTreeSet::new(),
             write_backs: BTreeMap::new(),
         };
-        if !state.blacklist.contains(&me)
+        let (own, peers) = self.peers(&state.range.table);
+        if own
+            && !state.blacklist.contains(&me)
             && let Some(own) = self.range_answered(client, &state.range, nonce)
             && let Some(page) = own.answer.peek().ok().and_then(|answer| {
                 check_page(
@@ -2199,8 +2266,9 @@ impl Server {
             state.pages.insert(me, page);
             state.answers.insert(me, own);
         }
-        let mut targets: Vec<Slot> = self
-            .others()
+        let mut targets: Vec<Slot> = peers
+            .iter()
+            .copied()
             .filter(|slot| !state.blacklist.contains(slot))
             .collect();
         targets.sort_by_key(|slot| self.missed.get(slot.index()).copied());
@@ -2211,6 +2279,7 @@ impl Server {
             op,
             want: wanted,
             waited: false,
+            peers,
             kind: Kind::Range(state),
         };
         self.track(now, pop, pending, sends)
@@ -2250,6 +2319,7 @@ impl Server {
         }
         let Some(Pending {
             kind: Kind::Range(state),
+            peers,
             ..
         }) = self.pending.get_mut(&pop)
         else {
@@ -2264,7 +2334,9 @@ impl Server {
             None => {
                 // One answer short now: ask the members not asked yet rather than wait.
                 state.blacklist.insert(from);
-                let targets: Vec<Slot> = others(&place)
+                let targets: Vec<Slot> = peers
+                    .iter()
+                    .copied()
                     .filter(|slot| !state.blacklist.contains(slot))
                     .collect();
                 Output {
@@ -2310,8 +2382,10 @@ impl Server {
         let resolution = resolve(&range, &pages, vouched, &grace, |signed| {
             unverified || self.genuine(signed).is_some()
         });
+        let own = self.peers(&range.table).0;
         let Some(Pending {
             kind: Kind::Range(state),
+            peers,
             ..
         }) = self.pending.get_mut(&pop)
         else {
@@ -2328,7 +2402,9 @@ impl Server {
                     state.blacklist.insert(*slot);
                 }
             }
-            let targets: Vec<Slot> = others(&self.place)
+            let targets: Vec<Slot> = peers
+                .iter()
+                .copied()
                 .filter(|slot| !state.blacklist.contains(slot))
                 .collect();
             let sends = state.ask(pop, &targets);
@@ -2347,8 +2423,10 @@ impl Server {
         let cells = resolution.cells();
         state.resolved = Some(listing_digest(&resolution.listing()));
         let me = self.place.slot;
-        let stale: Vec<Slot> = std::iter::once(me)
-            .chain(others(&self.place))
+        let stale: Vec<Slot> = own
+            .then_some(me)
+            .into_iter()
+            .chain(peers.iter().copied())
             .filter(|slot| !state.current.contains(slot) && !state.blacklist.contains(slot))
             .collect();
         let (client, nonce) = (state.client, state.nonce);
@@ -2428,8 +2506,11 @@ impl Server {
             let Some(row) = held.values().next().map(|h| h.cell.row.clone()) else {
                 continue;
             };
-            listing.push((row, entries_of(held.values().map(|h| (&h.cell, &h.signed)))));
             until = Some(key.clone());
+            if !self.holds(&key.0, Slot(peer)) {
+                continue;
+            }
+            listing.push((row, entries_of(held.values().map(|h| (&h.cell, &h.signed)))));
         }
         let more = until.as_ref().is_some_and(|last| {
             self.rows
@@ -2500,7 +2581,8 @@ impl Server {
         }
         let mut offered: BTreeMap<(RowKey, &str), &Entry> = BTreeMap::new();
         let mut want = Vec::new();
-        for (row, entries) in &listing {
+        let me = self.place.slot;
+        for (row, entries) in listing.iter().filter(|(row, _)| self.holds(&row.table, me)) {
             for entry in entries {
                 offered.insert((row.clone(), entry.column.as_str()), entry);
                 let wanted = match self.held(row, &entry.column) {
@@ -2531,6 +2613,9 @@ impl Server {
         'rows: for (key, held) in walk {
             if until.as_ref().is_some_and(|until| key > until) {
                 break;
+            }
+            if !self.holds(&key.0, from) {
+                continue;
             }
             for h in held.values() {
                 let newer = offered

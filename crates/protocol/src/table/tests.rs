@@ -37,7 +37,6 @@ struct Cluster {
     writers: Arc<Writers>,
     group: LocalGroup,
     next_op: u64,
-    variant: Variant,
     /// The MAC keys the writer shares with each replica, by slot.
     pairs: Arc<[PairKeys]>,
     /// Where reads take the table's GC grace to end (0: nothing is past it).
@@ -65,6 +64,17 @@ impl Cluster {
 
     /// A group whose table keeps tombstones `gc_grace_secs`.
     fn with_grace(f: usize, variant: Variant, settings: Settings, gc_grace_secs: u64) -> Cluster {
+        Cluster::build(f, variant, settings, gc_grace_secs, Replication::Strong)
+    }
+
+    /// A group whose table is replicated as `replication` says.
+    fn build(
+        f: usize,
+        variant: Variant,
+        settings: Settings,
+        gc_grace_secs: u64,
+        replication: Replication,
+    ) -> Cluster {
         let n = 3 * f + 1;
         let secrets: Vec<SecretKey> = (0..n)
             .map(|i| SecretKey::from_seed(&[i as u8 + 1; 32]))
@@ -84,6 +94,7 @@ impl Cluster {
                 columns: vec!["a".into(), "b".into(), "c".into()],
                 variant,
                 gc_grace_secs,
+                replication,
             })
             .unwrap();
         let servers = (0..n)
@@ -115,7 +126,6 @@ impl Cluster {
             writers,
             group: LocalGroup::new(servers, NOW, WRITER),
             next_op: 0,
-            variant,
             pairs,
             grace_line: 0,
             resolver: Resolver::Proxy,
@@ -125,6 +135,15 @@ impl Cluster {
 
     fn n(&self) -> usize {
         self.group.servers.len()
+    }
+
+    /// The table's schema, as member 0 holds it.
+    fn schema(&self) -> Schema {
+        self.group.servers[0]
+            .catalog()
+            .get("users")
+            .unwrap()
+            .clone()
     }
 
     fn cell(&self, key: &str, column: &str, ts: u64, value: Option<&str>) -> SignedCell {
@@ -149,7 +168,7 @@ impl Cluster {
             Consistency::Quorum,
             Slot(proxy as u32),
         )
-        .with_variant(self.variant)
+        .for_table(&self.schema())
         .with_pair_keys(self.pairs.clone())
     }
 
@@ -166,7 +185,7 @@ impl Cluster {
             Consistency::Quorum,
             Slot(proxy as u32),
         )
-        .with_variant(self.variant)
+        .for_table(&self.schema())
         .with_pair_keys(self.pairs.clone())
         .with_grace_line(self.grace_line)
         .with_resolver(self.resolver)
@@ -643,6 +662,109 @@ fn a_revocation_is_checked_against_the_authority_and_passed_on_by_anti_entropy()
     assert_eq!(cluster.group.servers[3].revoked(), vec![WRITER]);
 }
 
+/// Spec §2.3 and §5.2 "eventual mode": a table on `2f+1` of the group's members with quorums of
+/// `f+1`. Each write misses one replica in turn; once writes stop and anti-entropy runs, every
+/// replica holds the newest write and every read, through any member, returns it.
+fn eventual_after_writes(settings: Settings) -> (Cluster, Vec<Slot>) {
+    let mut cluster = Cluster::build(
+        1,
+        Variant::HalfSym,
+        settings,
+        GC_GRACE_DEFAULT_SECS,
+        Replication::Eventual,
+    );
+    let replicas = cluster.schema().replicas(4, 1);
+    assert_eq!(replicas.len(), 3);
+    for i in 0..6u64 {
+        let missed = replicas[i as usize % 3];
+        let proxy = replicas[(i as usize + 1) % 3];
+        cluster.group.hooks = vec![Box::new(
+            move |event| !matches!(event, Event::Peer { to, message: Message::Store { .. }, .. } if *to == missed),
+        )];
+        let value = format!("v{i}");
+        let written = cluster.write(
+            vec![cluster.cell("k", "a", 10 * (i + 1), Some(&value))],
+            proxy.index(),
+        );
+        assert!(written.acks.iter().all(|(slot, _)| replicas.contains(slot)));
+        assert!(written.acks.len() >= 2, "f+1 acknowledgements");
+    }
+    cluster.group.hooks.clear();
+    (cluster, replicas)
+}
+
+#[test]
+fn an_eventual_table_lives_on_2f_plus_1_members_and_converges_once_writes_stop() {
+    let (mut cluster, replicas) = eventual_after_writes(Settings {
+        fresh_micros: u64::MAX,
+        ..Settings::default()
+    });
+    let outsider = (0..4)
+        .map(|i| Slot(i as u32))
+        .find(|s| !replicas.contains(s))
+        .unwrap();
+    for _ in 0..10 {
+        cluster.group.tick(1_000);
+    }
+    for slot in &replicas {
+        let cells = cluster.group.servers[slot.index()].cells(&row("k"));
+        assert_eq!(cells[0].ts, 60, "replica {slot:?} caught up");
+    }
+    assert!(
+        cluster.group.servers[outsider.index()]
+            .cells(&row("k"))
+            .is_empty()
+    );
+    for proxy in 0..4 {
+        let read = cluster.read("k", proxy);
+        assert_eq!(values(&read), vec![col("a", "v5")], "through {proxy}");
+    }
+    // The member outside the replicas refuses to answer for the table.
+    let refused = cluster.group.servers[outsider.index()].on_message(
+        NOW,
+        replicas[0],
+        Message::Read {
+            pop: 1,
+            client: WRITER,
+            row: row("k"),
+            columns: Vec::new(),
+            nonce: [0; 16],
+            data: true,
+        },
+        &(),
+    );
+    assert!(matches!(
+        refused.sends.as_slice(),
+        [(
+            _,
+            Message::Refused {
+                refusal: Refusal::NotReplica(_),
+                ..
+            }
+        )]
+    ));
+}
+
+#[test]
+fn without_anti_entropy_an_eventual_table_stays_apart() {
+    let (mut cluster, replicas) = eventual_after_writes(Settings {
+        fresh_micros: u64::MAX,
+        anti_entropy_millis: 0,
+        ..Settings::default()
+    });
+    for _ in 0..10 {
+        cluster.group.tick(1_000);
+    }
+    let newest: Vec<u64> = replicas
+        .iter()
+        .map(|slot| cluster.group.servers[slot.index()].cells(&row("k"))[0].ts)
+        .collect();
+    assert!(
+        newest.contains(&50),
+        "the replica that missed the last write still misses it: {newest:?}"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // Byzantine replicas
 
@@ -975,6 +1097,7 @@ fn a_replica_that_missed_a_table_learns_it_from_f_plus_one_members() {
         columns: vec!["item".into()],
         variant: Variant::ProxyNoVerify,
         gc_grace_secs: GC_GRACE_DEFAULT_SECS,
+        replication: Replication::Strong,
     };
     // Replica 3 is down while the table is created: n - f members suffice.
     cluster.group.hooks.push(Box::new(|event| {
@@ -1046,6 +1169,7 @@ fn a_replica_that_missed_a_table_learns_it_from_f_plus_one_members() {
         columns: vec!["v".into()],
         variant: Variant::Plain,
         gc_grace_secs: GC_GRACE_DEFAULT_SECS,
+        replication: Replication::Strong,
     };
     let mut create = CreateOp::new(place(0, 4, 1), OpId(902), plain);
     assert!(matches!(
@@ -1095,7 +1219,7 @@ impl Cluster {
             Consistency::Quorum,
             Slot(proxy as u32),
         )
-        .with_variant(self.variant)
+        .for_table(&self.schema())
         .with_pair_keys(self.pairs.clone())
         .with_grace_line(self.grace_line)
     }

@@ -181,6 +181,7 @@ impl Protocol for TableSim {
             columns: vec![COLUMN.into()],
             variant,
             gc_grace_secs: bulwark_protocol::table::GC_GRACE_DEFAULT_SECS,
+            replication: bulwark_protocol::table::Replication::Strong,
         };
         if let Err(problem) = catalog.add(schema) {
             unreachable!("the simulated table is well formed: {problem}");
