@@ -671,6 +671,14 @@ pub async fn status(args: &ClientArgs) -> Result<std::process::ExitCode> {
                             stats.not_live
                         );
                     }
+                    if stats.revoked_clients > 0 {
+                        out!(
+                            text,
+                            "         tables: {} clients revoked, {} of their writes refused",
+                            stats.revoked_clients,
+                            stats.revoked_refused
+                        );
+                    }
                 }
                 if let Some(log) = &status.trusted_log {
                     let key = hex::encode(log.key);

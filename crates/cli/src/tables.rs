@@ -31,8 +31,8 @@ pub enum TableCommand {
         /// completed write. `eventual`: 2f+1 members hold it and quorums are f+1 (a third less
         /// storage); anti-entropy brings every write to all of them, so once writes stop all
         /// reads agree, but until then a read may miss the newest write.
-        #[arg(long, value_enum, default_value = "strong")]
-        replication: ReplicationArg,
+        #[arg(long, value_enum, default_value = "strong", alias = "replication")]
+        consistency: ReplicationArg,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -227,7 +227,7 @@ pub async fn run(command: TableCommand) -> Result<()> {
             schema,
             variant,
             gc_grace,
-            replication,
+            consistency,
             client,
         } => {
             let variant = match variant {
@@ -237,7 +237,7 @@ pub async fn run(command: TableCommand) -> Result<()> {
                 VariantArg::FullSym => Variant::FullSym,
             };
             let mut schema = parse_schema(&name, &schema, variant, gc_grace)?;
-            schema.replication = match replication {
+            schema.replication = match consistency {
                 ReplicationArg::Strong => Replication::Strong,
                 ReplicationArg::Eventual => Replication::Eventual,
             };

@@ -184,7 +184,7 @@ async fn the_cli_creates_writes_reads_and_deletes_rows_and_refuses_bad_input() {
             "logs",
             "--schema",
             "id: line",
-            "--replication",
+            "--consistency",
             "eventual",
         ],
     );
@@ -220,6 +220,12 @@ async fn the_cli_creates_writes_reads_and_deletes_rows_and_refuses_bad_input() {
     assert_eq!(text(&get.stdout), "name=Eve\n", "{get:?}");
     let put = bulwark(&cluster, &["table", "put", "users", "eve", "name=Eve2"]);
     assert!(put.status.success(), "{put:?}");
+    let status = bulwark(&cluster, &["status"]);
+    assert!(
+        text(&status.stdout).contains("tables: 1 clients revoked"),
+        "{}",
+        text(&status.stdout)
+    );
 }
 
 /// The workload's tables: one per signing variant.

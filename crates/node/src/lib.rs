@@ -895,7 +895,7 @@ fn build_replicas(
         host::TABLE_SCHEMAS,
         rejections,
         |_, value| {
-            let schema: table::Schema = bulwark_core::wire::decode(value, table::SCHEMA_BYTES_MAX)
+            let schema = table::Schema::decode_stored(value)
                 .map_err(|error| format!("a stored schema does not decode: {error}"))?;
             server.restore_schema(schema);
             Ok(())

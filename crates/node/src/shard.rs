@@ -544,7 +544,9 @@ async fn run(
                 metrics::gauge!("bulwark_node_table_synced_cells_total", "shard" => label.clone()).set(stats.synced as f64);
                 metrics::gauge!("bulwark_node_table_mac_fallbacks_total", "shard" => label.clone()).set(stats.mac_fallbacks as f64);
                 metrics::gauge!("bulwark_node_table_live_confirmed_total", "shard" => label.clone()).set(stats.confirmed_live as f64);
-                metrics::gauge!("bulwark_node_table_not_live_total", "shard" => label).set(stats.not_live as f64);
+                metrics::gauge!("bulwark_node_table_not_live_total", "shard" => label.clone()).set(stats.not_live as f64);
+                metrics::gauge!("bulwark_node_table_revoked_clients", "shard" => label.clone()).set(stats.revoked_clients as f64);
+                metrics::gauge!("bulwark_node_table_revoked_refused_total", "shard" => label).set(stats.revoked_refused as f64);
             }
         }
     }

@@ -77,6 +77,11 @@ pub struct ReplicaStats {
     /// Tables: cells older than the GC grace refused as not live (a deleted value offered
     /// again, by a faulty member or one that missed the delete).
     pub not_live: u64,
+    /// Tables: clients the administrator revoked, as this replica holds it (a node's total is
+    /// the most any of its replicas holds: every group gets the same revocations).
+    pub revoked_clients: u64,
+    /// Tables: writes refused because their writer is revoked.
+    pub revoked_refused: u64,
     /// Tables: by slot of this replica's group, the signatures this replica, as proxy, refused
     /// from that member. Per group: [`ReplicaStats::add`] leaves it out of totals.
     pub bad_signers: Vec<(u32, u64)>,
@@ -105,6 +110,8 @@ impl ReplicaStats {
         self.mac_fallbacks += other.mac_fallbacks;
         self.confirmed_live += other.confirmed_live;
         self.not_live += other.not_live;
+        self.revoked_clients = self.revoked_clients.max(other.revoked_clients);
+        self.revoked_refused += other.revoked_refused;
     }
 }
 

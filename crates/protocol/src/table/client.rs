@@ -536,6 +536,12 @@ macro_rules! resolves_versions {
                     return;
                 }
                 for revocation in revocations.into_iter().take(super::REVOKED_MAX) {
+                    let known = revocation
+                        .peek()
+                        .is_ok_and(|order| self.grace.revoked.contains(&order.client));
+                    if known {
+                        continue;
+                    }
                     if let Ok(order) = revocation.verify(authority) {
                         self.grace.revoked.insert(order.value().client);
                     }
@@ -905,6 +911,7 @@ impl Operation for ReadOp {
         // The answer to a write-back of the client's own resolution carries no answers: the
         // original ones are the client's.
         let writing_back = self.writing_back.take();
+        let was_writing_back = writing_back.is_some();
         let (answers, kept, written_back) = match writing_back {
             Some(back)
                 if from == self.proxies.proxy && answers.is_empty() && resolved.is_some() =>
@@ -914,9 +921,10 @@ impl Operation for ReadOp {
             back => (answers, back, false),
         };
         self.writing_back = kept;
-        // Resolve here only from fresh answers: a write-back that fell short moves on.
-        let originals =
-            (self.resolver == Resolver::Client && !written_back).then(|| answers.clone());
+        // Resolve here only from the answers to a read: a write-back that fell short, or a
+        // proxy that answers one with anything else, is a failed try (no loop it can hold).
+        let originals = (self.resolver == Resolver::Client && !written_back && !was_writing_back)
+            .then(|| answers.clone());
         let valid = self.valid_answers(answers);
         let outcome = match resolved {
             None => self.fast(&valid).map(|cells| (cells, ReadPath::Fast)),

@@ -588,6 +588,64 @@ impl Schema {
 /// The longest encoding of a schema.
 pub const SCHEMA_BYTES_MAX: usize = (COLUMNS_MAX * 2 + 2) * (NAME_BYTES_MAX + 8) + 16;
 
+/// A schema as nodes stored it before tables had a replication mode (every table then was
+/// [`Replication::Strong`]).
+#[derive(Deserialize)]
+struct SchemaBeforeReplication {
+    name: String,
+    partition_key: String,
+    clustering: Vec<String>,
+    columns: Vec<String>,
+    variant: Variant,
+    gc_grace_secs: u64,
+}
+
+/// A schema as nodes stored it before tables had a GC grace (every table then kept the
+/// default).
+#[derive(Deserialize)]
+struct SchemaBeforeGrace {
+    name: String,
+    partition_key: String,
+    clustering: Vec<String>,
+    columns: Vec<String>,
+    variant: Variant,
+}
+
+impl Schema {
+    /// A stored schema: the current encoding, or one of the earlier ones read as the table it
+    /// described, so a node that upgrades keeps its tables.
+    pub fn decode_stored(bytes: &[u8]) -> Result<Schema, bulwark_core::wire::WireError> {
+        use bulwark_core::wire::decode;
+        let current = decode::<Schema>(bytes, SCHEMA_BYTES_MAX);
+        if current.is_ok() {
+            return current;
+        }
+        if let Ok(old) = decode::<SchemaBeforeReplication>(bytes, SCHEMA_BYTES_MAX) {
+            return Ok(Schema {
+                name: old.name,
+                partition_key: old.partition_key,
+                clustering: old.clustering,
+                columns: old.columns,
+                variant: old.variant,
+                gc_grace_secs: old.gc_grace_secs,
+                replication: Replication::Strong,
+            });
+        }
+        if let Ok(old) = decode::<SchemaBeforeGrace>(bytes, SCHEMA_BYTES_MAX) {
+            return Ok(Schema {
+                name: old.name,
+                partition_key: old.partition_key,
+                clustering: old.clustering,
+                columns: old.columns,
+                variant: old.variant,
+                gc_grace_secs: GC_GRACE_DEFAULT_SECS,
+                replication: Replication::Strong,
+            });
+        }
+        current
+    }
+}
+
 /// The tables replicas serve, by name.
 #[derive(Clone, Debug, Default)]
 pub struct Catalog(BTreeMap<String, Schema>);
@@ -818,6 +876,22 @@ pub enum RequestBody {
         /// Who resolves answers that disagree.
         resolver: Resolver,
     },
+    /// The schema of a table (its columns and variant), for a client that did not create it.
+    Describe {
+        /// The table.
+        table: String,
+    },
+    /// Read a page of rows: a range within a partition, or a scan in token order.
+    Range {
+        /// The query.
+        range: Range,
+        /// The reader's nonce.
+        nonce: Nonce,
+        /// How many replicas must vouch.
+        level: Consistency,
+        /// Replicas whose signatures failed: not to be asked (spec §3.5).
+        blacklist: Vec<Slot>,
+    },
     /// Bring replicas up to date with cells the client resolved from a read's original answers
     /// (spec §3.6, Figure 21): the proxy writes them back to every member not named current
     /// and returns the acknowledgements, which bind to the read's nonce.
@@ -837,22 +911,6 @@ pub enum RequestBody {
     Revoke {
         /// The revocation, signed by the authority.
         revocation: Unverified<Revocation>,
-    },
-    /// The schema of a table (its columns and variant), for a client that did not create it.
-    Describe {
-        /// The table.
-        table: String,
-    },
-    /// Read a page of rows: a range within a partition, or a scan in token order.
-    Range {
-        /// The query.
-        range: Range,
-        /// The reader's nonce.
-        nonce: Nonce,
-        /// How many replicas must vouch.
-        level: Consistency,
-        /// Replicas whose signatures failed: not to be asked (spec §3.5).
-        blacklist: Vec<Slot>,
     },
 }
 
@@ -1051,12 +1109,6 @@ pub enum Message {
         /// Whether the receiver holds each.
         held: Vec<bool>,
     },
-    /// Revocations the sender holds, passed on by anti-entropy so a member that missed one
-    /// learns it (each is checked against the authority's key).
-    Revocations {
-        /// At most [`REVOKED_MAX`].
-        revocations: Vec<Unverified<Revocation>>,
-    },
     /// The schema of a table the replica refused as unknown: a replica takes it once `f+1`
     /// members offered the same, so at least one correct member holds it.
     Schema {
@@ -1070,6 +1122,12 @@ pub enum Message {
         /// Why.
         refusal: Refusal,
     },
+    /// Revocations the sender holds, passed on by anti-entropy so a member that missed one
+    /// learns it (each is checked against the authority's key).
+    Revocations {
+        /// At most [`REVOKED_MAX`].
+        revocations: Vec<Unverified<Revocation>>,
+    },
 }
 
 /// Why a replica or a proxy refused.
@@ -1081,12 +1139,6 @@ pub enum Refusal {
     /// The client may not read.
     #[error("not a reader")]
     NotReader,
-    /// The writer's key is revoked.
-    #[error("client {0} is revoked")]
-    Revoked(ClientId),
-    /// An eventual table this member does not hold: it never counts (spec §5.1 item 2).
-    #[error("this member holds no replica of table {0:?}")]
-    NotReplica(String),
     /// Another epoch.
     #[error("wrong epoch")]
     WrongEpoch,
@@ -1137,6 +1189,12 @@ pub enum Refusal {
         /// How far behind.
         behind_micros: u64,
     },
+    /// The writer's key is revoked.
+    #[error("client {0} is revoked")]
+    Revoked(ClientId),
+    /// An eventual table this member does not hold: it never counts (spec §5.1 item 2).
+    #[error("this member holds no replica of table {0:?}")]
+    NotReplica(String),
 }
 
 /// A change to a replica's durable state.

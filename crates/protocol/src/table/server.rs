@@ -89,6 +89,8 @@ pub struct TableStats {
     /// Cells older than the grace dropped: too few members hold them (a deleted value
     /// offered again), or too many waited.
     pub not_live: u64,
+    /// New writes refused because their writer is revoked.
+    pub revoked_refused: u64,
 }
 
 /// Cells kept on a Full-Sym tag whose writer's signatures a replica verifies at each of its
@@ -341,6 +343,14 @@ impl Server {
     /// new here.
     fn revoke(&mut self, revocation: Unverified<Revocation>) -> Result<Option<Change>, Refusal> {
         let authority = self.authority.as_ref().ok_or(Refusal::BadSignature)?;
+        if revocation
+            .peek()
+            .is_ok_and(|order| self.revoked.contains_key(&order.client))
+        {
+            // Revoked already: nothing to change, so nothing to check (a peer cannot make this
+            // replica verify the same order again and again).
+            return Ok(None);
+        }
         let order = revocation
             .clone()
             .verify(authority)
@@ -609,6 +619,7 @@ impl Server {
                 });
             }
             if fresh && self.is_revoked(cell.writer) {
+                self.table_stats.revoked_refused += 1;
                 return Err(Refusal::Revoked(cell.writer));
             }
             let oldest = now_micros.saturating_sub(self.settings.fresh_micros);
@@ -1603,6 +1614,10 @@ impl Server {
         let Some(pending) = self.pending.get(&pop) else {
             return taught;
         };
+        if !pending.peers.contains(&from) {
+            // Only the table's replicas this proxy asks count (spec §5.1 item 2).
+            return taught;
+        }
         let (epoch, group) = (self.place.epoch, self.place.group);
         match (message, &pending.kind) {
             (Message::StoreAck { ack, .. }, Kind::Write { digests, cells, .. }) => {
@@ -2057,6 +2072,8 @@ impl Replica for Server {
             collected: table.collected,
             confirmed_live: table.confirmed_live,
             not_live: table.not_live,
+            revoked_clients: self.revoked.len() as u64,
+            revoked_refused: table.revoked_refused,
             bad_signatures: table.bad_signatures.values().sum(),
             forged_cells: table.forged_cells,
             resolved_reads: table.resolved_reads,
@@ -2543,8 +2560,15 @@ impl Server {
             },
         )];
         if !self.revoked.is_empty() && round.is_multiple_of(REVOCATIONS_EVERY) {
-            let revocations = self.revoked.values().cloned().collect();
-            sends.push((slot, Message::Revocations { revocations }));
+            // To every member, not the round's peer alone: rounds visit members in an order
+            // that may bring the same one back at every multiple.
+            let revocations: Vec<Unverified<Revocation>> = self.revoked.values().cloned().collect();
+            for other in self.others() {
+                let message = Message::Revocations {
+                    revocations: revocations.clone(),
+                };
+                sends.push((other, message));
+            }
         }
         Output {
             sends,
@@ -2840,7 +2864,9 @@ impl Server {
             let Ok(cell) = signed.peek() else {
                 continue;
             };
-            if self.doubtful(self.grace_line(now, &cell.row.table), &cell) {
+            if self.doubtful(self.grace_line(now, &cell.row.table), &cell)
+                && self.genuine(signed).is_some()
+            {
                 self.park(&cell, signed);
                 if self.is_revoked(cell.writer) {
                     revoked = Some(cell.writer);

@@ -765,6 +765,91 @@ fn without_anti_entropy_an_eventual_table_stays_apart() {
     );
 }
 
+#[test]
+fn schemas_stored_in_earlier_encodings_are_read_as_the_tables_they_were() {
+    #[derive(serde::Serialize)]
+    struct BeforeReplication {
+        name: String,
+        partition_key: String,
+        clustering: Vec<String>,
+        columns: Vec<String>,
+        variant: Variant,
+        gc_grace_secs: u64,
+    }
+    #[derive(serde::Serialize)]
+    struct BeforeGrace {
+        name: String,
+        partition_key: String,
+        clustering: Vec<String>,
+        columns: Vec<String>,
+        variant: Variant,
+    }
+    let current = Schema {
+        name: "users".into(),
+        partition_key: "id".into(),
+        clustering: vec!["at".into()],
+        columns: vec!["a".into()],
+        variant: Variant::HalfSym,
+        gc_grace_secs: 3_600,
+        replication: Replication::Eventual,
+    };
+    let encoded = bulwark_core::wire::encode(&current);
+    assert_eq!(Schema::decode_stored(&encoded).unwrap(), current);
+    let old = bulwark_core::wire::encode(&BeforeReplication {
+        name: "users".into(),
+        partition_key: "id".into(),
+        clustering: vec!["at".into()],
+        columns: vec!["a".into()],
+        variant: Variant::HalfSym,
+        gc_grace_secs: 3_600,
+    });
+    let strong = Schema {
+        replication: Replication::Strong,
+        ..current.clone()
+    };
+    assert_eq!(Schema::decode_stored(&old).unwrap(), strong);
+    let older = bulwark_core::wire::encode(&BeforeGrace {
+        name: "users".into(),
+        partition_key: "id".into(),
+        clustering: vec!["at".into()],
+        columns: vec!["a".into()],
+        variant: Variant::HalfSym,
+    });
+    let default_grace = Schema {
+        gc_grace_secs: GC_GRACE_DEFAULT_SECS,
+        ..strong
+    };
+    assert_eq!(Schema::decode_stored(&older).unwrap(), default_grace);
+    assert!(Schema::decode_stored(&[0xff; 3]).is_err());
+}
+
+#[test]
+fn a_proxy_that_answers_a_client_write_back_with_the_read_again_is_left() {
+    // Proxy 0 answers the client's write-back with the read's answers once more, as if it had
+    // been asked to read: the client must not resolve and write back through it again and
+    // again, but move on to proxy 1.
+    let mut cluster = split_for_client_resolution(Variant::ProxyNoVerify);
+    let first: std::rc::Rc<std::cell::RefCell<Option<Response>>> = Default::default();
+    let seen = first.clone();
+    cluster.group.hooks.push(Box::new(move |event| {
+        if let Event::Reply(Slot(0), response) = event
+            && let ResponseBody::Read {
+                answers, resolved, ..
+            } = &response.body
+        {
+            if resolved.is_none() && !answers.is_empty() {
+                *seen.borrow_mut() = Some(response.clone());
+            } else if let Some(again) = seen.borrow().clone() {
+                *response = again;
+            }
+        }
+        true
+    }));
+    let read = cluster.read("k", 0);
+    assert_eq!(values(&read), vec![col("a", "a-new"), col("b", "b-new")]);
+    assert!(read.proxies >= 2, "proxy 0 was left");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Byzantine replicas
 
