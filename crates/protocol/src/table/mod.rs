@@ -590,7 +590,7 @@ pub const SCHEMA_BYTES_MAX: usize = (COLUMNS_MAX * 2 + 2) * (NAME_BYTES_MAX + 8)
 
 /// A schema as nodes stored it before tables had a replication mode (every table then was
 /// [`Replication::Strong`]).
-#[derive(Deserialize)]
+#[derive(Serialize, Deserialize)]
 struct SchemaBeforeReplication {
     name: String,
     partition_key: String,
@@ -602,7 +602,7 @@ struct SchemaBeforeReplication {
 
 /// A schema as nodes stored it before tables had a GC grace (every table then kept the
 /// default).
-#[derive(Deserialize)]
+#[derive(Serialize, Deserialize)]
 struct SchemaBeforeGrace {
     name: String,
     partition_key: String,
@@ -620,8 +620,20 @@ impl Schema {
         if current.is_ok() {
             return current;
         }
-        if let Ok(old) = decode::<SchemaBeforeReplication>(bytes, SCHEMA_BYTES_MAX) {
-            return Ok(Schema {
+        let older = || {
+            decode::<SchemaBeforeGrace>(bytes, SCHEMA_BYTES_MAX).map(|old| {
+                SchemaBeforeReplication {
+                    name: old.name,
+                    partition_key: old.partition_key,
+                    clustering: old.clustering,
+                    columns: old.columns,
+                    variant: old.variant,
+                    gc_grace_secs: GC_GRACE_DEFAULT_SECS,
+                }
+            })
+        };
+        match decode::<SchemaBeforeReplication>(bytes, SCHEMA_BYTES_MAX).or_else(|_| older()) {
+            Ok(old) => Ok(Schema {
                 name: old.name,
                 partition_key: old.partition_key,
                 clustering: old.clustering,
@@ -629,20 +641,9 @@ impl Schema {
                 variant: old.variant,
                 gc_grace_secs: old.gc_grace_secs,
                 replication: Replication::Strong,
-            });
+            }),
+            Err(_) => current,
         }
-        if let Ok(old) = decode::<SchemaBeforeGrace>(bytes, SCHEMA_BYTES_MAX) {
-            return Ok(Schema {
-                name: old.name,
-                partition_key: old.partition_key,
-                clustering: old.clustering,
-                columns: old.columns,
-                variant: old.variant,
-                gc_grace_secs: GC_GRACE_DEFAULT_SECS,
-                replication: Replication::Strong,
-            });
-        }
-        current
     }
 }
 

@@ -238,6 +238,28 @@ fn col(column: &str, value: &str) -> (String, Option<String>) {
     (column.to_string(), Some(value.to_string()))
 }
 
+/// `slot` answers reads with `cell` in place of what it holds, and signs the answer properly:
+/// it vouches for that cell.
+fn vouches_for(cluster: &Cluster, slot: Slot, cell: SignedCell) -> Hook {
+    let secret = cluster.secrets[slot.index()].clone();
+    Box::new(move |event| {
+        if let Event::Peer {
+            from,
+            message: Message::Answer { answered, .. },
+            ..
+        } = event
+            && *from == slot
+        {
+            let mut answer = answered.answer.peek().unwrap();
+            let decoded = cell.peek().unwrap();
+            answer.entries = entries_of([(&decoded, &cell)]);
+            answered.answer = Signed::sign(&secret, answer).unwrap().to_unverified();
+            answered.cells = answered.cells.as_ref().map(|_| vec![cell.clone()]);
+        }
+        true
+    })
+}
+
 /// Flips a bit of every signature on what `slot` sends: a replica that always signs badly.
 fn signs_badly(slot: Slot) -> Hook {
     fn spoil<T>(signed: &mut Unverified<T>) {
@@ -468,22 +490,8 @@ fn a_client_resolving_passes_over_a_forged_newest_cell_and_blames_its_voucher() 
             Signature([7; 64]),
         );
         // Replica 2 answers with the forgery and signs its answer properly: it vouches for it.
-        let secrets = cluster.secrets.clone();
-        cluster.group.hooks.push(Box::new(move |event| {
-            if let Event::Peer {
-                from: Slot(2),
-                message: Message::Answer { answered, .. },
-                ..
-            } = event
-            {
-                let mut answer = answered.answer.peek().unwrap();
-                let decoded = forged.peek().unwrap();
-                answer.entries = entries_of([(&decoded, &forged)]);
-                answered.answer = Signed::sign(&secrets[2], answer).unwrap().to_unverified();
-                answered.cells = answered.cells.as_ref().map(|_| vec![forged.clone()]);
-            }
-            true
-        }));
+        let vouch = vouches_for(&cluster, Slot(2), forged.clone());
+        cluster.group.hooks.push(vouch);
         let mut op = cluster.read_op("k", 0).with_mutations(mutations);
         let read = cluster.run(&mut op, 50).expect("the read completes");
         let blamed: Vec<(Slot, EvidenceKind)> = read
@@ -571,23 +579,8 @@ fn saved_write_after_revocation(
         );
     }
     // Member 3 holds the saved write, and answers with it under its own signature.
-    let secrets = cluster.secrets.clone();
-    let held = saved.clone();
-    cluster.group.hooks.push(Box::new(move |event| {
-        if let Event::Peer {
-            from: Slot(3),
-            message: Message::Answer { answered, .. },
-            ..
-        } = event
-        {
-            let mut answer = answered.answer.peek().unwrap();
-            let decoded = held.peek().unwrap();
-            answer.entries = entries_of([(&decoded, &held)]);
-            answered.answer = Signed::sign(&secrets[3], answer).unwrap().to_unverified();
-            answered.cells = answered.cells.as_ref().map(|_| vec![held.clone()]);
-        }
-        true
-    }));
+    let vouch = vouches_for(&cluster, Slot(3), saved.clone());
+    cluster.group.hooks.push(vouch);
     let mut op = cluster.read_op("k", 2).with_mutations(mutations);
     let read = cluster.run(&mut op, 50).expect("the read completes");
     let held_ts = (0..3)
@@ -767,23 +760,6 @@ fn without_anti_entropy_an_eventual_table_stays_apart() {
 
 #[test]
 fn schemas_stored_in_earlier_encodings_are_read_as_the_tables_they_were() {
-    #[derive(serde::Serialize)]
-    struct BeforeReplication {
-        name: String,
-        partition_key: String,
-        clustering: Vec<String>,
-        columns: Vec<String>,
-        variant: Variant,
-        gc_grace_secs: u64,
-    }
-    #[derive(serde::Serialize)]
-    struct BeforeGrace {
-        name: String,
-        partition_key: String,
-        clustering: Vec<String>,
-        columns: Vec<String>,
-        variant: Variant,
-    }
     let current = Schema {
         name: "users".into(),
         partition_key: "id".into(),
@@ -795,7 +771,7 @@ fn schemas_stored_in_earlier_encodings_are_read_as_the_tables_they_were() {
     };
     let encoded = bulwark_core::wire::encode(&current);
     assert_eq!(Schema::decode_stored(&encoded).unwrap(), current);
-    let old = bulwark_core::wire::encode(&BeforeReplication {
+    let old = bulwark_core::wire::encode(&SchemaBeforeReplication {
         name: "users".into(),
         partition_key: "id".into(),
         clustering: vec!["at".into()],
@@ -808,7 +784,7 @@ fn schemas_stored_in_earlier_encodings_are_read_as_the_tables_they_were() {
         ..current.clone()
     };
     assert_eq!(Schema::decode_stored(&old).unwrap(), strong);
-    let older = bulwark_core::wire::encode(&BeforeGrace {
+    let older = bulwark_core::wire::encode(&SchemaBeforeGrace {
         name: "users".into(),
         partition_key: "id".into(),
         clustering: vec!["at".into()],
@@ -870,22 +846,8 @@ fn a_forged_high_timestamp_cell_is_ignored_and_its_replica_blamed() {
         .into(),
         Signature([7; 64]),
     );
-    let secrets = cluster.secrets.clone();
-    cluster.group.hooks.push(Box::new(move |event| {
-        if let Event::Peer {
-            from: Slot(2),
-            message: Message::Answer { answered, .. },
-            ..
-        } = event
-        {
-            let mut answer = answered.answer.peek().unwrap();
-            let decoded = forged.peek().unwrap();
-            answer.entries = entries_of([(&decoded, &forged)]);
-            answered.answer = Signed::sign(&secrets[2], answer).unwrap().to_unverified();
-            answered.cells = answered.cells.as_ref().map(|_| vec![forged.clone()]);
-        }
-        true
-    }));
+    let vouch = vouches_for(&cluster, Slot(2), forged.clone());
+    cluster.group.hooks.push(vouch);
     let read = cluster.read("k", 0);
     assert_eq!(values(&read), vec![col("a", "real")]);
     assert_eq!(
