@@ -73,7 +73,7 @@ async fn start(system: &str, options: &CompareOptions) -> Result<Arc<dyn Target>
         let program = etcd::find_or_install()?;
         Arc::new(EtcdTarget::start(&program, &dir).await?)
     } else if system.starts_with(table::PREFIX) {
-        let (variant, fault) = table::parse(system)?;
+        let (variant, replication, fault) = table::parse(system)?;
         let options = BulwarkOptions {
             program: options.program.clone(),
             dir,
@@ -84,7 +84,7 @@ async fn start(system: &str, options: &CompareOptions) -> Result<Arc<dyn Target>
             byzantine: fault.byzantine(),
             retransmit_after: fault.retransmit_after(),
         };
-        Arc::new(TableTarget::start(&options, system, variant).await?)
+        Arc::new(TableTarget::start(&options, system, variant, replication).await?)
     } else {
         Arc::new(
             BulwarkTarget::start(&BulwarkOptions {

@@ -80,7 +80,8 @@ pub struct CompareArgs {
     /// Systems to compare: powerstore, powerstore-2r (reads always in two rounds, as the
     /// paper's), etcd, any protocol `bulwark cluster init --protocol` accepts, or a hardened
     /// table of one variant: table-plain, table-nosign, table-proxy-verifies,
-    /// table-proxy-no-verify, table-half-sym, table-full-sym. A table system may end in a fault
+    /// table-proxy-no-verify, table-half-sym, table-full-sym, or table-eventual (Proxy-Verifies
+    /// on 2f+1 of the nodes, quorums of f+1). A table system may end in a fault
     /// run (needs bulwark-byzantine beside bulwark): +bad-signer (one node signs nothing
     /// validly), +stall-<ms> (clients leave a proxy after <ms>; one node holds its answers as
     /// proxy 90% of that), +timeout-<ms> (the same timeout, no fault).

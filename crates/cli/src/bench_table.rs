@@ -18,7 +18,8 @@ use bulwark_protocol::round::OpId;
 use bulwark_protocol::table::local::LocalGroup;
 use bulwark_protocol::table::{
     Catalog, Cell, Consistency, PairKeys, Place, Position, RANGE_ROWS_MAX, Range, RangeOp, ReadOp,
-    RowKey, Schema, Server, Settings, SignedCell, Variant, WriteOp, Writers, replica_pair_keys,
+    Replication, RowKey, Schema, Server, Settings, SignedCell, Variant, WriteOp, Writers,
+    replica_pair_keys,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -37,8 +38,9 @@ pub struct TableArgs {
     /// YCSB workloads.
     #[arg(long, value_delimiter = ',', default_value = "a,b,c,d,e,f")]
     pub workloads: Vec<char>,
-    /// Only these configurations (plain4, plain3, nosign, verifies, noverify): one per process,
-    /// for counting instructions under callgrind with `--toggle-collect=*table*timed*`.
+    /// Only these configurations (plain4, plain3, nosign, verifies, noverify, halfsym, fullsym,
+    /// eventual): one per process, for counting instructions under callgrind with
+    /// `--toggle-collect=*table*timed*`.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
 }
@@ -55,51 +57,67 @@ pub struct Setup {
     pub short: &'static str,
     pub name: &'static str,
     pub variant: Variant,
+    pub replication: Replication,
     pub n: usize,
 }
 
 /// Every configuration of one run, the baseline first.
-pub const SETUPS: [Setup; 7] = [
+pub const SETUPS: [Setup; 8] = [
     Setup {
         short: "plain4",
         name: "Plain 4 nodes",
         variant: Variant::Plain,
+        replication: Replication::Strong,
         n: 4,
     },
     Setup {
         short: "plain3",
         name: "Plain 3 nodes",
         variant: Variant::Plain,
+        replication: Replication::Strong,
         n: 3,
     },
     Setup {
         short: "nosign",
         name: "No-Sign BFT 4 nodes",
         variant: Variant::NoSign,
+        replication: Replication::Strong,
         n: 4,
     },
     Setup {
         short: "verifies",
         name: "Proxy-Verifies 4 nodes",
         variant: Variant::ProxyVerifies,
+        replication: Replication::Strong,
         n: 4,
     },
     Setup {
         short: "noverify",
         name: "Proxy-No-Verify 4 nodes",
         variant: Variant::ProxyNoVerify,
+        replication: Replication::Strong,
         n: 4,
     },
     Setup {
         short: "halfsym",
         name: "Half-Sym 4 nodes",
         variant: Variant::HalfSym,
+        replication: Replication::Strong,
         n: 4,
     },
     Setup {
         short: "fullsym",
         name: "Full-Sym 4 nodes",
         variant: Variant::FullSym,
+        replication: Replication::Strong,
+        n: 4,
+    },
+    // Spec §2.3: on 2f+1 of the 4 members, quorums of f+1; its peer is Plain on 3.
+    Setup {
+        short: "eventual",
+        name: "Eventual Proxy-Verifies 3 of 4 nodes",
+        variant: Variant::ProxyVerifies,
+        replication: Replication::Eventual,
         n: 4,
     },
 ];
@@ -124,6 +142,7 @@ impl Measured {
 /// A group of `setup`'s replicas holding one YCSB table, and the client's keys.
 struct Bench {
     setup: Setup,
+    schema: Schema,
     group: LocalGroup,
     keys: Arc<[PublicKey]>,
     writers: Arc<Writers>,
@@ -147,18 +166,17 @@ impl Bench {
         let client_key = secret.public_key();
         let writers: Arc<Writers> = Arc::new([(WRITER, client_key)].into_iter().collect());
         let columns: Vec<String> = (0..spec.field_count).map(|i| format!("field{i}")).collect();
+        let schema = Schema {
+            name: TABLE.into(),
+            partition_key: "ycsb_key".into(),
+            clustering: Vec::new(),
+            columns: columns.clone(),
+            variant: setup.variant,
+            gc_grace_secs: bulwark_protocol::table::GC_GRACE_DEFAULT_SECS,
+            replication: setup.replication,
+        };
         let mut catalog = Catalog::default();
-        catalog
-            .add(Schema {
-                name: TABLE.into(),
-                partition_key: "ycsb_key".into(),
-                clustering: Vec::new(),
-                columns: columns.clone(),
-                variant: setup.variant,
-                gc_grace_secs: bulwark_protocol::table::GC_GRACE_DEFAULT_SECS,
-                replication: bulwark_protocol::table::Replication::Strong,
-            })
-            .map_err(anyhow::Error::msg)?;
+        catalog.add(schema.clone()).map_err(anyhow::Error::msg)?;
         let settings = Settings {
             fresh_micros: u64::MAX,
             ..Settings::default()
@@ -184,6 +202,7 @@ impl Bench {
             .collect();
         Ok(Bench {
             setup,
+            schema,
             group: LocalGroup::new(servers, NOW, WRITER),
             keys,
             writers,
@@ -253,7 +272,7 @@ impl Bench {
             Consistency::Quorum,
             self.proxy(),
         )
-        .with_variant(self.setup.variant)
+        .for_table(&self.schema)
         .with_pair_keys(self.pairs.clone());
         self.group
             .run(&mut machine, 20)
@@ -275,7 +294,7 @@ impl Bench {
             Consistency::Quorum,
             self.proxy(),
         )
-        .with_variant(self.setup.variant)
+        .for_table(&self.schema)
         .with_pair_keys(self.pairs.clone());
         let read = self
             .group
@@ -311,7 +330,7 @@ impl Bench {
                 Consistency::Quorum,
                 self.proxy(),
             )
-            .with_variant(self.setup.variant)
+            .for_table(&self.schema)
             .with_pair_keys(self.pairs.clone());
             let page = self
                 .group
@@ -426,8 +445,8 @@ pub fn run(args: &TableArgs) -> Result<()> {
         .find(|name| !SETUPS.iter().any(|setup| setup.short == name.as_str()))
     {
         bail!(
-            "--only {unknown:?}: expected plain4, plain3, nosign, verifies, noverify, halfsym or \
-             fullsym"
+            "--only {unknown:?}: expected plain4, plain3, nosign, verifies, noverify, halfsym, \
+             fullsym or eventual"
         );
     }
     if args.ops == 0 || args.records == 0 {
@@ -481,6 +500,10 @@ mod tests {
             assert!(
                 measured[1].bytes_per_op < measured[0].bytes_per_op,
                 "{name}: 3 replicas move less than 4"
+            );
+            assert!(
+                measured[7].bytes_per_op < measured[3].bytes_per_op,
+                "{name}: an eventual table asks 3 of the 4 members"
             );
         }
     }

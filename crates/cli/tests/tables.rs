@@ -191,6 +191,10 @@ async fn the_cli_creates_writes_reads_and_deletes_rows_and_refuses_bad_input() {
     assert!(create.status.success(), "{create:?}");
     let put = bulwark(&cluster, &["table", "put", "logs", "l1", "line=hello"]);
     assert!(put.status.success(), "{put:?}");
+    assert!(
+        text(&put.stderr).contains("2 of 3 nodes answered"),
+        "{put:?}"
+    );
     for consistency in ["one", "quorum", "all"] {
         let args = ["table", "get", "logs", "l1", "--consistency", consistency];
         let get = bulwark(&cluster, &args);

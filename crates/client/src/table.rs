@@ -178,7 +178,8 @@ impl Client {
         let answered: Vec<Slot> = outcome.acks.iter().map(|(slot, _)| *slot).collect();
         let report = OpReport {
             answered: nodes(&view, &answered),
-            n: view.len(),
+            // An eventual table lives on 2f+1 of the group: "2 of 3", not "2 of 4".
+            n: schema.replicas(view.len(), self.cluster.f).len(),
             evidence: blame(&view, &what, &outcome.evidence),
             restarts: outcome.proxies.saturating_sub(1) as u32,
             repaired: false,

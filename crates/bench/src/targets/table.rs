@@ -6,7 +6,7 @@
 use crate::driver::Target;
 use crate::targets::bulwark::{BulwarkOptions, BulwarkTarget};
 use anyhow::{Result, bail};
-use bulwark_protocol::table::{Consistency, RowKey, Schema, Variant};
+use bulwark_protocol::table::{Consistency, Replication, RowKey, Schema, Variant};
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use std::time::Duration;
@@ -16,14 +16,28 @@ pub const PREFIX: &str = "table-";
 const TABLE: &str = "usertable";
 const COLUMN: &str = "record";
 
-/// The systems this target runs, by the variant of their table.
-pub const SYSTEMS: [(&str, Variant); 6] = [
-    ("table-plain", Variant::Plain),
-    ("table-nosign", Variant::NoSign),
-    ("table-proxy-verifies", Variant::ProxyVerifies),
-    ("table-proxy-no-verify", Variant::ProxyNoVerify),
-    ("table-half-sym", Variant::HalfSym),
-    ("table-full-sym", Variant::FullSym),
+/// The systems this target runs, by the variant and replication of their table.
+pub const SYSTEMS: [(&str, Variant, Replication); 7] = [
+    ("table-plain", Variant::Plain, Replication::Strong),
+    ("table-nosign", Variant::NoSign, Replication::Strong),
+    (
+        "table-proxy-verifies",
+        Variant::ProxyVerifies,
+        Replication::Strong,
+    ),
+    (
+        "table-proxy-no-verify",
+        Variant::ProxyNoVerify,
+        Replication::Strong,
+    ),
+    ("table-half-sym", Variant::HalfSym, Replication::Strong),
+    ("table-full-sym", Variant::FullSym, Replication::Strong),
+    // Spec §2.3: Proxy-Verifies on 2f+1 of the four nodes, quorums of f+1.
+    (
+        "table-eventual",
+        Variant::ProxyVerifies,
+        Replication::Eventual,
+    ),
 ];
 
 /// What goes wrong in a table system's run: its name's suffix after `+`.
@@ -70,13 +84,13 @@ impl Fault {
 }
 
 /// A table system's name taken apart: `table-<variant>[+bad-signer|+stall-<ms>|+timeout-<ms>]`.
-pub fn parse(system: &str) -> Result<(Variant, Fault)> {
+pub fn parse(system: &str) -> Result<(Variant, Replication, Fault)> {
     let (base, suffix) = match system.split_once('+') {
         Some((base, suffix)) => (base, Some(suffix)),
         None => (system, None),
     };
-    let Some((_, variant)) = SYSTEMS.iter().find(|(name, _)| *name == base) else {
-        let names: Vec<&str> = SYSTEMS.iter().map(|(name, _)| *name).collect();
+    let Some((_, variant, replication)) = SYSTEMS.iter().find(|(name, ..)| *name == base) else {
+        let names: Vec<&str> = SYSTEMS.iter().map(|(name, ..)| *name).collect();
         bail!(
             "no table system {base:?}: choose among {}, each optionally followed by \
              +bad-signer, +stall-<ms> or +timeout-<ms>",
@@ -104,7 +118,7 @@ pub fn parse(system: &str) -> Result<(Variant, Fault)> {
             ),
         },
     };
-    Ok((*variant, fault))
+    Ok((*variant, *replication, fault))
 }
 
 pub struct TableTarget {
@@ -113,11 +127,13 @@ pub struct TableTarget {
 }
 
 impl TableTarget {
-    /// Starts the cluster of `options` and creates a table of `variant`, named `system`.
+    /// Starts the cluster of `options` and creates a table of `variant` and `replication`,
+    /// named `system`.
     pub async fn start(
         options: &BulwarkOptions,
         system: &str,
         variant: Variant,
+        replication: Replication,
     ) -> Result<TableTarget> {
         let cluster = BulwarkTarget::start(options).await?;
         let schema = Schema {
@@ -127,7 +143,7 @@ impl TableTarget {
             columns: vec![COLUMN.into()],
             variant,
             gc_grace_secs: bulwark_protocol::table::GC_GRACE_DEFAULT_SECS,
-            replication: bulwark_protocol::table::Replication::Strong,
+            replication,
         };
         cluster.client().create_table(&schema).await?;
         Ok(TableTarget {
@@ -202,13 +218,17 @@ mod tests {
     fn system_names_name_a_variant_and_a_fault() {
         assert_eq!(
             parse("table-half-sym").unwrap(),
-            (Variant::HalfSym, Fault::None)
+            (Variant::HalfSym, Replication::Strong, Fault::None)
         );
         assert_eq!(
             parse("table-plain+bad-signer").unwrap(),
-            (Variant::Plain, Fault::BadSigner)
+            (Variant::Plain, Replication::Strong, Fault::BadSigner)
         );
-        let (_, stall) = parse("table-full-sym+stall-200").unwrap();
+        assert_eq!(
+            parse("table-eventual").unwrap(),
+            (Variant::ProxyVerifies, Replication::Eventual, Fault::None)
+        );
+        let (.., stall) = parse("table-full-sym+stall-200").unwrap();
         assert_eq!(stall, Fault::Stall { timeout_ms: 200 });
         assert_eq!(stall.retransmit_after(), Some(Duration::from_millis(200)));
         assert_eq!(
@@ -216,7 +236,7 @@ mod tests {
             vec![(3, vec!["--stall-table-ms".to_string(), "180".to_string()])]
         );
         assert_eq!(
-            parse("table-nosign+timeout-50").unwrap().1,
+            parse("table-nosign+timeout-50").unwrap().2,
             Fault::Timeout { timeout_ms: 50 }
         );
         for bad in [

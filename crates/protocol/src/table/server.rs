@@ -1230,7 +1230,15 @@ impl Server {
                 if !full {
                     targets.truncate(wanted.saturating_sub(state.answers.len()));
                 }
-                let sends = state.ask(pop, &targets);
+                let mut sends = state.ask(pop, &targets);
+                if state.answers.is_empty()
+                    && let Some((_, Message::Read { data, .. })) = sends.first_mut()
+                {
+                    // A proxy outside an eventual table, or one its client passed over, holds
+                    // no data answer of its own: the first member it asks sends one, else the
+                    // digests alone could never agree and every read would take a data round.
+                    *data = true;
+                }
                 let pending = Pending {
                     client,
                     op,
