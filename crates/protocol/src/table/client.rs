@@ -173,12 +173,15 @@ impl Proxies {
         Ok(false)
     }
 
-    /// Whether to re-ask the current proxy after a reply from it that fell short.
-    fn retry_here(&mut self, from: Slot, progress: bool, valid: usize) -> bool {
+    /// Whether to re-ask the current proxy after a reply from it that fell short of `want`
+    /// with `valid` statements that verify: when the rest could be `f` faulty replicas'
+    /// (`f+1` of a Byzantine quorum of `3f+1`; one of an eventual table's `f+1`, where a
+    /// correct proxy that asked one faulty replica has no more to show).
+    fn retry_here(&mut self, from: Slot, progress: bool, valid: usize, want: usize) -> bool {
         if from != self.proxy {
             return false;
         }
-        if progress && valid > self.place.f && self.retries < self.place.f {
+        if progress && valid + self.place.f >= want && self.retries < self.place.f {
             self.retries += 1;
             true
         } else {
@@ -418,7 +421,8 @@ impl Operation for WriteOp {
             return Progress::Send(Vec::new());
         }
         let tried = self.proxies.tried;
-        self.proxies.retry_here(from, new > 0, self.acks.len());
+        self.proxies
+            .retry_here(from, new > 0, self.acks.len(), self.needed());
         self.moved_on(tried);
         Progress::Send(self.request())
     }
@@ -961,7 +965,8 @@ impl Operation for ReadOp {
             return Progress::Send(Vec::new());
         }
         let tried = self.proxies.tried;
-        self.proxies.retry_here(from, grew, valid.len());
+        let want = self.proxies.quorum(self.level);
+        self.proxies.retry_here(from, grew, valid.len(), want);
         self.moved_on(tried);
         Progress::Send(self.request())
     }
@@ -1231,7 +1236,8 @@ impl Operation for RangeOp {
         }
         let grew = self.blacklist.len() > blacklisted;
         let tried = self.proxies.tried;
-        self.proxies.retry_here(from, grew, pages.len());
+        let want = self.proxies.quorum(self.level);
+        self.proxies.retry_here(from, grew, pages.len(), want);
         self.moved_on(tried);
         Progress::Send(self.request())
     }

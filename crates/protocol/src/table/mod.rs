@@ -810,6 +810,8 @@ pub struct TableMutations {
     /// Replicas and resolvers take revoked writers' cells as any other (spec §5.1 item 16
     /// left out).
     pub ignore_revocations: bool,
+    /// Replicas never run anti-entropy, which an eventual table needs to converge (spec §2.3).
+    pub no_anti_entropy: bool,
 }
 
 impl TableMutations {

@@ -150,8 +150,10 @@ struct Sync {
     round: u64,
     /// Its next window starts after this row (from the first when `None`).
     cursor: Option<(String, Position)>,
-    /// The member offered to last.
-    peer: u32,
+    /// Passes over every row completed.
+    pass: u64,
+    /// The window of the current pass that is next.
+    window: u64,
     /// When the next offer is due.
     next_at: Option<Time>,
     /// Offers not answered yet, by member: the round and its window.
@@ -2495,7 +2497,11 @@ impl Server {
     /// The next round, when due: the window after the cursor, offered to the next member.
     fn anti_entropy(&mut self, now: Time) -> Output<Self> {
         let interval = self.settings.anti_entropy_millis;
-        if interval == 0 || self.place.n < 2 || self.catalog.is_empty() {
+        if interval == 0
+            || self.mutations.no_anti_entropy
+            || self.place.n < 2
+            || self.catalog.is_empty()
+        {
             return Output::none();
         }
         match self.sync.next_at {
@@ -2507,12 +2513,15 @@ impl Server {
             }
         }
         self.sync.next_at = Some(now.plus_millis(interval));
-        let n = self.place.n as u32;
-        let mut peer = (self.sync.peer + 1) % n;
-        if peer == self.place.slot.0 {
-            peer = (peer + 1) % n;
-        }
-        self.sync.peer = peer;
+        // Window `w` of pass `p` goes to the other members in turn from the `p`-th: the windows
+        // of a pass go to different members, and each window to every member over `n - 1`
+        // passes (not always to the same one, which could be faulty). Stepping the last peer
+        // instead skipped members: a pass of one window stepped by two, so of four members
+        // each offered to only two of the others, and the two correct replicas of an eventual
+        // table beside a faulty one and a non-replica never met.
+        let others: Vec<Slot> = self.others().collect();
+        let turn = (self.sync.pass + self.sync.window) % others.len() as u64;
+        let peer = others[turn as usize].0;
         self.sync.round += 1;
         let after = self.sync.cursor.clone();
         let mut listing = Vec::new();
@@ -2549,9 +2558,10 @@ impl Server {
         // The last window reaches the end, so the receiver offers back what lies after it too.
         let until = if more { until } else { None };
         if until.is_none() {
-            // A new pass starts one member further on, so a window does not go to the same
-            // member pass after pass (which could be a faulty one, every time).
-            self.sync.peer = (self.sync.peer + 1) % n;
+            self.sync.pass += 1;
+            self.sync.window = 0;
+        } else {
+            self.sync.window += 1;
         }
         self.sync.cursor = until.clone();
         let (slot, round) = (Slot(peer), self.sync.round);
