@@ -5,6 +5,7 @@ use anyhow::{Result, bail};
 use bulwark_sim::sim::protocols::content::ContentSim;
 use bulwark_sim::sim::protocols::reconfig::{ReconfigSim, ScaleReconfigSim};
 use bulwark_sim::sim::protocols::registers::PubKeySim;
+use bulwark_sim::sim::protocols::table::{EventualTableSim, TableSim};
 use bulwark_sim::sim::{self, FaultSet, Mutations, SimConfig};
 use std::process::ExitCode;
 
@@ -24,8 +25,9 @@ pub struct SimArgs {
     /// readers are left out), phalanx, cs (the configuration service: PBFT with 3f+1 replicas
     /// ordering membership changes and epoch ends), content (content-hash objects), pubkey
     /// (public-key objects), reconfig (public-key objects on 2(3f+1) nodes whose configuration
-    /// changes under the clients, keys moving between groups) or reconfig-50 (the same on 50
-    /// nodes).
+    /// changes under the clients, keys moving between groups), reconfig-50 (the same on 50
+    /// nodes), table (hardened tables, linearizable per cell) or table-eventual (eventual tables,
+    /// judged on convergence).
     #[arg(long, default_value = "powerstore")]
     pub protocol: String,
     /// Faults tolerated; the group has 3f+1 servers (2f+1 for abd).
@@ -101,6 +103,8 @@ impl SimArgs {
             "pubkey" => Some("pubkey"),
             "reconfig" => Some("reconfig"),
             "reconfig-50" => Some("reconfig-50"),
+            "table" => Some("table"),
+            "table-eventual" => Some("table-eventual"),
             _ => None,
         }
     }
@@ -116,6 +120,8 @@ pub fn run(args: &SimArgs) -> Result<ExitCode> {
             Some("pubkey") => sim::run_service::<PubKeySim>(seed, &config),
             Some("reconfig") => sim::run_service::<ReconfigSim>(seed, &config),
             Some("reconfig-50") => sim::run_service::<ScaleReconfigSim>(seed, &config),
+            Some("table") => sim::run_service::<TableSim>(seed, &config),
+            Some("table-eventual") => sim::run_service::<EventualTableSim>(seed, &config),
             Some(_) => sim::run_service::<ContentSim>(seed, &config),
             None => sim::run(seed, &config),
         };
@@ -140,6 +146,8 @@ pub fn run(args: &SimArgs) -> Result<ExitCode> {
         Some("pubkey") => sim::sweep_service::<PubKeySim>(range, &config, threads),
         Some("reconfig") => sim::sweep_service::<ReconfigSim>(range, &config, threads),
         Some("reconfig-50") => sim::sweep_service::<ScaleReconfigSim>(range, &config, threads),
+        Some("table") => sim::sweep_service::<TableSim>(range, &config, threads),
+        Some("table-eventual") => sim::sweep_service::<EventualTableSim>(range, &config, threads),
         Some(_) => sim::sweep_service::<ContentSim>(range, &config, threads),
         None => sim::sweep(range, &config, threads),
     };

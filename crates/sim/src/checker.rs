@@ -137,7 +137,8 @@ impl Op {
         }
     }
 
-    fn returned(&self) -> Option<&Value> {
+    /// What a read returned, for a read that returned.
+    pub fn returned(&self) -> Option<&Value> {
         match (&self.kind, &self.outcome) {
             (OpKind::Read, Outcome::Read(value)) => Some(value),
             _ => None,

@@ -189,7 +189,7 @@ impl Mutations {
         *self != Mutations::default()
     }
 
-    fn flags(&self) -> [(&'static str, bool); 23] {
+    fn flags(&self) -> [(&'static str, bool); 25] {
         [
             ("quorum-f-plus-one", self.client.quorum_f_plus_one),
             ("any-twin", self.client.any_twin),
@@ -220,6 +220,8 @@ impl Mutations {
             ("table-majority", self.table.majority),
             ("table-unverified-cells", self.table.unverified_cells),
             ("table-skip-write-back", self.table.skip_write_back),
+            ("table-ignore-revocations", self.table.ignore_revocations),
+            ("table-no-anti-entropy", self.table.no_anti_entropy),
         ]
     }
 }
@@ -227,7 +229,7 @@ impl Mutations {
 /// A mutation name that does not exist.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown mutation {0:?}; expected quorum-f-plus-one, any-twin, no-offers, one-round-small-agreement, one-round-f-vouchers, no-write-back, accept-unproven, naive-gc, candidate-vec-in-lc (PoWerStore), register-small-quorum, register-no-write-back or register-unverified (ABD, Phalanx; the first also content-hash objects), pbft-quorum-2f or pbft-drop-prepared (configuration service), serve-before-transfer, small-transfer-quorum, answer-without-entering or pull-unchanged-arcs (reconfiguration), table-accept-f-plus-one, table-majority, table-unverified-cells or table-skip-write-back (tables), send-before-durable (any)"
+    "unknown mutation {0:?}; expected quorum-f-plus-one, any-twin, no-offers, one-round-small-agreement, one-round-f-vouchers, no-write-back, accept-unproven, naive-gc, candidate-vec-in-lc (PoWerStore), register-small-quorum, register-no-write-back or register-unverified (ABD, Phalanx; the first also content-hash objects), pbft-quorum-2f or pbft-drop-prepared (configuration service), serve-before-transfer, small-transfer-quorum, answer-without-entering or pull-unchanged-arcs (reconfiguration), table-accept-f-plus-one, table-majority, table-unverified-cells, table-skip-write-back, table-ignore-revocations or table-no-anti-entropy (tables), send-before-durable (any)"
 )]
 pub struct UnknownMutation(pub String);
 
@@ -262,6 +264,8 @@ impl FromStr for Mutations {
                 "table-majority" => mutations.table.majority = true,
                 "table-unverified-cells" => mutations.table.unverified_cells = true,
                 "table-skip-write-back" => mutations.table.skip_write_back = true,
+                "table-ignore-revocations" => mutations.table.ignore_revocations = true,
+                "table-no-anti-entropy" => mutations.table.no_anti_entropy = true,
                 _ => return Err(UnknownMutation(word.to_string())),
             }
         }

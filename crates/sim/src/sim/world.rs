@@ -1112,9 +1112,7 @@ impl<'a, P: Protocol> World<'a, P> {
         } else {
             self.rng.random_range(8..=SMALL_VALUE_BYTES_MAX)
         };
-        let mut value = id.to_be_bytes().to_vec();
-        value.extend((8..len).map(|i| (i as u64 ^ id.wrapping_mul(0x9e37)) as u8));
-        let value = Bytes::from(value);
+        let value = Bytes::from(value_of(id, len));
         self.written.push(value.clone());
         value
     }
@@ -1448,6 +1446,20 @@ impl<'a, P: Protocol> World<'a, P> {
 /// The history's name for the value of write `id`.
 fn value_name(id: u64) -> Vec<u8> {
     format!("w{id}").into_bytes()
+}
+
+/// The value of write `id`, `len` bytes long: the id, then deterministic filler.
+fn value_of(id: u64, len: usize) -> Vec<u8> {
+    let mut value = id.to_be_bytes().to_vec();
+    value.extend((8..len).map(|i| (i as u64 ^ id.wrapping_mul(0x9e37)) as u8));
+    value
+}
+
+/// The history's name of `value` (`w<id>`) if it is a value the world's writes make, for
+/// checkers that read values out of servers' state rather than clients' answers.
+pub(crate) fn history_name(value: &[u8]) -> Option<Vec<u8>> {
+    let id = u64::from_be_bytes(value.get(..8)?.try_into().ok()?);
+    (value_of(id, value.len()) == value).then(|| value_name(id))
 }
 
 fn indexes(members: &[bool], prefix: &str) -> String {

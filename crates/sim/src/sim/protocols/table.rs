@@ -13,31 +13,63 @@
 //! broken variant is caught as a history no order explains.
 
 use crate::byzantine::Behaviour;
+use crate::checker::{self, History, KeyReport, KeyVerdict, OpKind, Outcome, Report, Violation};
 use crate::sim::config::{FaultSet, Nemesis, SimConfig};
 use crate::sim::protocol::{Finish, Finished, Protocol, Storage};
 use crate::sim::swarm::Swarm;
+use crate::sim::world::history_name;
 use bulwark_core::sign::{PublicKey, SecretKey, Signature, Signed, Unverified};
 use bulwark_core::{ClientId, Digest, Epoch, GroupId, Key, ServiceId, Slot, Time};
 use bulwark_protocol::machine::{Access, Operation, Output, Progress, Replica, ReplicaStats};
 use bulwark_protocol::round::OpId;
 use bulwark_protocol::table::{
     Answered, Catalog, Cell, Change, Consistency, Message, PairKeys, Place, Range, RangeAnswered,
-    RangeOp, RangeOutcome, ReadOp, ReadOutcome, ReadPath, Request, RequestBody, Resolver, Response,
-    ResponseBody, Revocation, RowKey, Schema, Server, Settings, SignedCell, TableMutations,
-    Variant, WriteAck, WriteOp, WriteOutcome, Writers, entries_of, replica_pair_keys,
+    RangeOp, RangeOutcome, ReadOp, ReadOutcome, ReadPath, Replication, Request, RequestBody,
+    Resolver, Response, ResponseBody, Revocation, RowKey, Schema, Server, Settings, SignedCell,
+    TableMutations, Variant, WriteAck, WriteOp, WriteOutcome, Writers, entries_of,
+    replica_pair_keys,
 };
 use bytes::Bytes;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use std::collections::{BTreeMap, HashMap};
+use std::marker::PhantomData;
 use std::sync::Arc;
 
 /// The one table and column every run uses.
 const TABLE: &str = "sim";
 const COLUMN: &str = "v";
 
+/// How the run's table is replicated: the strong tables the linearizability checker judges, or
+/// the eventual ones (spec §2.3) judged on validity and convergence.
+pub trait Mode: Send + Sync + 'static {
+    const REPLICATION: Replication;
+}
+
+/// Strong tables: every member a replica, Byzantine quorums.
+pub struct Strong;
+
+/// Eventual tables: `2f+1` replicas, quorums of `f+1`.
+pub struct Eventual;
+
+impl Mode for Strong {
+    const REPLICATION: Replication = Replication::Strong;
+}
+
+impl Mode for Eventual {
+    const REPLICATION: Replication = Replication::Eventual;
+}
+
+/// A run on a strong table.
+pub type TableSim = Tables<Strong>;
+
+/// A run on an eventual table: reads return only what was written, and once the run settles
+/// (anti-entropy with every fault healed) the correct replicas hold the same cells, none older
+/// than an acknowledged write.
+pub type EventualTableSim = Tables<Eventual>;
+
 /// One run's group of table replicas and its clients' keys.
-pub struct TableSim {
+pub struct Tables<M: Mode> {
     f: usize,
     secrets: Vec<SecretKey>,
     keys: Arc<[PublicKey]>,
@@ -45,11 +77,18 @@ pub struct TableSim {
     writers: Arc<Writers>,
     catalog: Catalog,
     mutations: TableMutations,
-    variant: Variant,
     /// The MAC keys each replica shares with the clients, by replica.
     replica_pairs: Vec<Arc<HashMap<ClientId, PairKeys>>>,
     /// The MAC keys each client shares with the replicas, by client and slot.
     client_pairs: Vec<Arc<[PairKeys]>>,
+    /// The administrator's key, which signed `revocation`.
+    authority: PublicKey,
+    /// A writer revoked before the run began (spec §2.13): a Byzantine client whose key the
+    /// forging members hold, so they answer with writes it signed and saved for later.
+    revoked: (ClientId, SecretKey),
+    revocation: Unverified<Revocation>,
+    schema: Schema,
+    mode: PhantomData<M>,
 }
 
 fn row(key: &Key) -> RowKey {
@@ -73,7 +112,7 @@ fn settings() -> Settings {
     }
 }
 
-impl TableSim {
+impl<M: Mode> Tables<M> {
     fn place(&self, slot: usize) -> Place {
         Place {
             slot: Slot(slot as u32),
@@ -85,7 +124,7 @@ impl TableSim {
     }
 
     fn honest(&self, index: usize) -> Server {
-        Server::new(
+        let mut server = Server::new(
             self.place(index),
             self.secrets[index].clone(),
             self.keys.clone(),
@@ -95,6 +134,9 @@ impl TableSim {
         )
         .with_mutations(self.mutations)
         .with_pair_keys(self.replica_pairs[index].clone())
+        .with_authority(self.authority);
+        server.restore_revocation(self.revocation.clone());
+        server
     }
 
     /// Each operation starts at a proxy its id picks, so proxies (lying ones too) share the load.
@@ -112,7 +154,7 @@ pub struct TableDisk {
     revocations: Vec<Unverified<Revocation>>,
 }
 
-impl Protocol for TableSim {
+impl<M: Mode> Protocol for Tables<M> {
     type Request = Request;
     type Response = Response;
     type Change = Change;
@@ -135,7 +177,14 @@ impl Protocol for TableSim {
         faults
     }
 
-    fn new(rng: &mut ChaCha8Rng, config: &SimConfig, _swarm: &Swarm) -> TableSim {
+    /// Anti-entropy offers a window of rows every 500 ms to the next member in turn: some
+    /// passes to bring every replica every row once the faults heal.
+    const SETTLE_MILLIS: u64 = match M::REPLICATION {
+        Replication::Strong => 0,
+        Replication::Eventual => 10_000,
+    };
+
+    fn new(rng: &mut ChaCha8Rng, config: &SimConfig, _swarm: &Swarm) -> Tables<M> {
         let n = Self::nodes(config.f);
         let secrets: Vec<SecretKey> = (0..n)
             .map(|_| SecretKey::from_seed(&rng.random()))
@@ -148,6 +197,19 @@ impl Protocol for TableSim {
         for (i, secret) in clients.iter().enumerate() {
             writers.insert(ClientId(i as u32), secret.public_key());
         }
+        let revoked = (
+            ClientId(clients.len() as u32),
+            SecretKey::from_seed(&rng.random()),
+        );
+        writers.insert(revoked.0, revoked.1.public_key());
+        let authority = SecretKey::from_seed(&rng.random());
+        let order = Revocation {
+            client: revoked.0,
+            at_micros: 0,
+        };
+        let Ok(revocation) = Signed::sign(&authority, order) else {
+            unreachable!("a revocation is within its bounds");
+        };
         let variant = [
             Variant::ProxyVerifies,
             Variant::ProxyNoVerify,
@@ -181,12 +243,12 @@ impl Protocol for TableSim {
             columns: vec![COLUMN.into()],
             variant,
             gc_grace_secs: bulwark_protocol::table::GC_GRACE_DEFAULT_SECS,
-            replication: bulwark_protocol::table::Replication::Strong,
+            replication: M::REPLICATION,
         };
-        if let Err(problem) = catalog.add(schema) {
+        if let Err(problem) = catalog.add(schema.clone()) {
             unreachable!("the simulated table is well formed: {problem}");
         }
-        TableSim {
+        Tables {
             f: config.f,
             secrets,
             keys,
@@ -194,14 +256,19 @@ impl Protocol for TableSim {
             writers: Arc::new(writers),
             catalog,
             mutations: config.mutations.table,
-            variant,
             replica_pairs,
             client_pairs,
+            authority: authority.public_key(),
+            revoked,
+            revocation: revocation.to_unverified(),
+            schema,
+            mode: PhantomData,
         }
     }
 
     fn server(&self, index: usize, behaviour: Behaviour, _seed: u64) -> TableNode {
         TableNode::lying(self.honest(index), behaviour, self.secrets[index].clone())
+            .with_saved_writes(self.revoked.clone())
     }
 
     fn restore(&self, index: usize, disk: &TableDisk, _now: u64) -> TableNode {
@@ -272,7 +339,7 @@ impl Protocol for TableSim {
             self.proxy(op),
         )
         .with_mutations(self.mutations)
-        .with_variant(self.variant)
+        .for_table(&self.schema)
         .with_pair_keys(self.client_pairs[client].clone())
     }
 
@@ -304,8 +371,9 @@ impl Protocol for TableSim {
                     self.proxy(op),
                 )
                 .with_mutations(self.mutations)
-                .with_variant(self.variant)
-                .with_pair_keys(self.client_pairs[client].clone()),
+                .for_table(&self.schema)
+                .with_pair_keys(self.client_pairs[client].clone())
+                .with_authority(self.authority),
             );
         }
         let resolver = if op.0 % 3 == 1 {
@@ -326,8 +394,9 @@ impl Protocol for TableSim {
                 self.proxy(op),
             )
             .with_mutations(self.mutations)
-            .with_variant(self.variant)
+            .for_table(&self.schema)
             .with_pair_keys(self.client_pairs[client].clone())
+            .with_authority(self.authority)
             .with_resolver(resolver),
         )
     }
@@ -433,6 +502,123 @@ impl Protocol for TableSim {
                 format!("live-reply r{round} {holds}/{}", held.len())
             }
         }
+    }
+
+    fn check(&self, history: &History, servers: &[Option<&TableNode>]) -> Report {
+        match M::REPLICATION {
+            Replication::Strong => checker::check(history),
+            Replication::Eventual => self.check_eventual(history, servers),
+        }
+    }
+}
+
+impl<M: Mode> Tables<M> {
+    /// Spec §5.2 "eventual mode": every read returned a value some write wrote (or none), and
+    /// after the run settled, the correct replicas that are up hold the same version of every
+    /// key, one at least as new as every acknowledged write of it.
+    fn check_eventual(&self, history: &History, servers: &[Option<&TableNode>]) -> Report {
+        let replicas = self.schema.replicas(self.secrets.len(), self.f);
+        let correct: Vec<&TableNode> = replicas
+            .iter()
+            .filter_map(|slot| servers.get(slot.index()).copied().flatten())
+            .collect();
+        let mut by_key: BTreeMap<&[u8], Vec<&checker::Op>> = BTreeMap::new();
+        for op in &history.ops {
+            by_key.entry(&op.key).or_default().push(op);
+        }
+        let mut report = Report::default();
+        for (key, ops) in by_key {
+            let mut problems = Vec::new();
+            // A write's cell timestamp, as `Protocol::write` stamps it: the history names a
+            // client as its index times 1000 plus its incarnation.
+            let stamp = |op: &checker::Op| op.invoke * 1000 + op.client / 1000;
+            let written: Vec<(u64, &checker::Value)> = ops
+                .iter()
+                .filter_map(|op| match &op.kind {
+                    OpKind::Write(value) => Some((stamp(op), value)),
+                    OpKind::Read => None,
+                })
+                .collect();
+            for op in &ops {
+                if let Some(Some(value)) = op.returned()
+                    && !written.iter().any(|(_, v)| v.as_ref() == Some(value))
+                {
+                    problems.push(format!(
+                        "client {} read [{}, {:?}] returned a value no write of this key wrote",
+                        op.client, op.invoke, op.complete
+                    ));
+                }
+            }
+            let row = RowKey {
+                table: TABLE.into(),
+                partition: key.to_vec(),
+                clustering: Vec::new(),
+            };
+            let held: Vec<Option<(u64, checker::Value)>> = correct
+                .iter()
+                .map(|node| {
+                    node.honest
+                        .cells(&row)
+                        .into_iter()
+                        .find(|cell| cell.column == COLUMN)
+                        .map(|cell| {
+                            let name = cell.value.map(|value| {
+                                history_name(&value).unwrap_or_else(|| b"unwritten".to_vec())
+                            });
+                            (cell.ts, name)
+                        })
+                })
+                .collect();
+            if held.windows(2).any(|pair| pair[0] != pair[1]) {
+                let versions: Vec<Option<u64>> =
+                    held.iter().map(|h| h.as_ref().map(|(ts, _)| *ts)).collect();
+                problems.push(format!(
+                    "after settling, the correct replicas {replicas:?} hold different versions: \
+                     {versions:?}"
+                ));
+            }
+            let acknowledged = ops
+                .iter()
+                .filter(|op| matches!(op.kind, OpKind::Write(_)) && op.outcome == Outcome::Ok)
+                .map(|op| stamp(op))
+                .max();
+            if let (Some(newest), Some(first)) = (acknowledged, held.first()) {
+                match first {
+                    Some((ts, value)) if *ts >= newest => {
+                        if !written.iter().any(|(at, v)| at == ts && *v == value) {
+                            problems.push(format!("the replicas hold version {ts}, never written"));
+                        }
+                    }
+                    other => problems.push(format!(
+                        "an acknowledged write (version {newest}) is lost: the correct replicas \
+                         hold {:?}",
+                        other.as_ref().map(|(ts, _)| ts)
+                    )),
+                }
+            }
+            report.keys_checked += 1;
+            report.ops_checked += ops.len();
+            report.keys.push(KeyReport {
+                key: key.to_vec(),
+                verdict: if problems.is_empty() {
+                    KeyVerdict::Linearizable
+                } else {
+                    KeyVerdict::Violation
+                },
+                ops: ops.len(),
+                segments: 0,
+                steps: 0,
+            });
+            if !problems.is_empty() {
+                report.violations.push(Violation {
+                    key: key.to_vec(),
+                    explanation: problems.join("; "),
+                    conflicting: Vec::new(),
+                });
+            }
+        }
+        report.ok = report.violations.is_empty();
+        report
     }
 }
 
@@ -585,8 +771,10 @@ impl Finish for TableReadOutcome {
 ///   reads from what it holds (nothing new): the replica that drops writes.
 /// - Corrupting: signs nothing validly, and as a proxy spoils every signature it relays, framing
 ///   correct replicas.
-/// - Forging: answers reads with a cell newer than any write whose writer's signature it made
-///   up, vouching for it with its own valid signature.
+/// - Forging: answers reads with a cell newer than any write, whose writer's signature it made
+///   up or (half the time, [`TableNode::with_saved_writes`]) that a revoked writer signed and
+///   it saved, vouching for it with its own valid signature, and as a proxy it keeps the
+///   writer's revocation from its clients.
 /// - Colluding: acknowledges stores without storing; as a proxy it plays spec §2.8 scenario 2,
 ///   storing a write on one other replica only and relaying that acknowledgement with its own
 ///   and `f` made-up ones.
@@ -598,6 +786,8 @@ pub struct TableNode {
     /// Writes it is proxy for as a colluder: the client, its operation and the acks so far.
     collusions: HashMap<u64, Collusion>,
     next_collusion: u64,
+    /// A revoked writer whose key it holds: it forges with writes that writer signed.
+    saved: Option<(ClientId, SecretKey)>,
 }
 
 /// A colluding proxy's write: its client, the client's operation and the acks so far.
@@ -624,7 +814,16 @@ impl TableNode {
             place,
             collusions: HashMap::new(),
             next_collusion: 0,
+            saved: None,
         }
+    }
+
+    /// The same member holding the key of `writer`, revoked: half of its forgeries are then
+    /// writes that writer signed before its revocation and this member saved (spec §5.2
+    /// "Revocation"), whose signatures verify.
+    pub fn with_saved_writes(mut self, writer: (ClientId, SecretKey)) -> TableNode {
+        self.saved = Some(writer);
+        self
     }
 
     fn drops_writes(&self) -> bool {
@@ -665,13 +864,30 @@ impl TableNode {
         }
     }
 
-    /// A cell of `row` newer than any write so far and within the skew replicas allow, whose
-    /// writer's signature is made up: only its signature gives it away.
+    /// A cell of `row` newer than any write so far and within the skew replicas allow: one
+    /// whose writer's signature is made up, so only its signature gives it away; or, on odd
+    /// milliseconds when it holds a revoked writer's key, one that writer signed, so only the
+    /// revocation gives it away.
     fn forged_cell(&self, now: Time, row: &RowKey) -> SignedCell {
+        let ts = now.0 * 1000 + settings().skew_max_micros / 2;
+        if let Some((writer, secret)) = &self.saved
+            && now.0 % 2 == 1
+        {
+            let cell = Cell {
+                row: row.clone(),
+                column: COLUMN.into(),
+                ts,
+                writer: *writer,
+                value: Some(b"saved by a revoked writer".to_vec()),
+            };
+            if let Some(signed) = cell.sign(secret) {
+                return signed;
+            }
+        }
         let cell = Cell {
             row: row.clone(),
             column: COLUMN.into(),
-            ts: now.0 * 1000 + settings().skew_max_micros / 2,
+            ts,
             writer: ClientId(0),
             value: Some(b"forged by a replica".to_vec()),
         };
@@ -805,6 +1021,26 @@ impl TableNode {
     }
 }
 
+impl TableNode {
+    /// What the member says to its clients: spoiled when it corrupts; without the revocations
+    /// the honest proxy attaches when it forges, so clients judge saved writes as current ones.
+    fn lie_to_clients(&self, out: &mut Output<Self>) {
+        match self.behaviour {
+            Behaviour::Corrupting => Self::corrupt(out),
+            Behaviour::Forging => {
+                for (_, _, response) in &mut out.notify {
+                    if let ResponseBody::Read { revocations, .. }
+                    | ResponseBody::Range { revocations, .. } = &mut response.body
+                    {
+                        revocations.clear();
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
 impl Replica for TableNode {
     const SERVICE: ServiceId = ServiceId::TABLE;
     type Request = Request;
@@ -832,9 +1068,7 @@ impl Replica for TableNode {
             .honest
             .on_request(now, client, access, request, view)
             .retyped();
-        if self.behaviour == Behaviour::Corrupting {
-            Self::corrupt(&mut out);
-        }
+        self.lie_to_clients(&mut out);
         out
     }
 
@@ -874,34 +1108,30 @@ impl Replica for TableNode {
             _ => None,
         };
         let mut out: Output<Self> = self.honest.on_message(now, from, message, view).retyped();
-        match self.behaviour {
-            Behaviour::Corrupting => Self::corrupt(&mut out),
-            Behaviour::Forging => {
-                if let Some(row) = forge_row {
-                    for (_, message) in &mut out.sends {
-                        if let Message::Answer { answered, .. } = message {
-                            self.forged_answer(now, answered, &row);
-                        }
-                    }
-                }
-                if let Some(row) = forge_sync {
-                    // A forged newer version of the first row offered, pushed as anti-entropy.
-                    let forged = self.forged_cell(now, &row);
-                    for (_, message) in &mut out.sends {
-                        if let Message::SyncReply { cells, .. } = message {
-                            cells.insert(0, forged.clone());
-                        }
-                    }
-                }
-                if let Some(partition) = forge_partition {
-                    for (_, message) in &mut out.sends {
-                        if let Message::RangeAnswer { answered, .. } = message {
-                            self.forged_page(now, answered, &partition);
-                        }
-                    }
+        self.lie_to_clients(&mut out);
+        // Only a forging member has anything to forge (the three are `None` otherwise).
+        if let Some(row) = forge_row {
+            for (_, message) in &mut out.sends {
+                if let Message::Answer { answered, .. } = message {
+                    self.forged_answer(now, answered, &row);
                 }
             }
-            _ => {}
+        }
+        if let Some(row) = forge_sync {
+            // A forged newer version of the first row offered, pushed as anti-entropy.
+            let forged = self.forged_cell(now, &row);
+            for (_, message) in &mut out.sends {
+                if let Message::SyncReply { cells, .. } = message {
+                    cells.insert(0, forged.clone());
+                }
+            }
+        }
+        if let Some(partition) = forge_partition {
+            for (_, message) in &mut out.sends {
+                if let Message::RangeAnswer { answered, .. } = message {
+                    self.forged_page(now, answered, &partition);
+                }
+            }
         }
         out
     }
@@ -916,9 +1146,7 @@ impl Replica for TableNode {
             return Output::none();
         }
         let mut out: Output<Self> = self.honest.on_timer(now, timer, view).retyped();
-        if self.behaviour == Behaviour::Corrupting {
-            Self::corrupt(&mut out);
-        }
+        self.lie_to_clients(&mut out);
         out
     }
 
