@@ -174,9 +174,9 @@ impl Proxies {
     }
 
     /// Whether to re-ask the current proxy after a reply from it that fell short of `want`
-    /// with `valid` statements that verify: when the rest could be `f` faulty replicas'
-    /// (`f+1` of a Byzantine quorum of `3f+1`; one of an eventual table's `f+1`, where a
-    /// correct proxy that asked one faulty replica has no more to show).
+    /// with `valid` statements that verify: when the rest could be `f` faulty replicas' (`f+1`
+    /// of the `2f+1` a quorum of `3f+1` needs; one of the `f+1` an eventual table needs, all a
+    /// correct proxy that asked one faulty replica can show).
     fn retry_here(&mut self, from: Slot, progress: bool, valid: usize, want: usize) -> bool {
         if from != self.proxy {
             return false;

@@ -1661,12 +1661,23 @@ impl Server {
                     refused.entry(from).or_insert(refusal);
                 }
             }
-            (Message::Answer { answered, .. }, Kind::Read(state)) => {
+            (Message::Answer { mut answered, .. }, Kind::Read(state)) => {
                 if !state.asked.contains(&from) || state.resolved.is_some() {
                     return Output::none();
                 }
                 let verify = self.verifies(&state.row.table);
                 let (row, nonce, data) = (state.row.clone(), state.nonce, state.data_round);
+                // Cells that are not the ones the answer names count as no data: else a faulty
+                // data replica of a digest round would end it in agreement without data the
+                // client can use, and the client would leave a correct proxy.
+                let named = answered.answer.peek().ok().map(|answer| answer.entries);
+                if answered
+                    .cells
+                    .as_ref()
+                    .is_some_and(|cells| resolution_entries(&row, cells) != named)
+                {
+                    answered.cells = None;
+                }
                 let good = self.valid(verify, from, &answered.answer, |answer| {
                     answer.slot == from
                         && answer.epoch == epoch
@@ -2533,10 +2544,10 @@ impl Server {
             )),
             None => self.rows.range(..),
         };
-        for (key, held) in walk {
-            if listing.len() == SYNC_ROWS {
-                break;
-            }
+        // A window is the next `SYNC_ROWS` rows whoever the peer is (rows of eventual tables it
+        // does not hold are walked, not listed), so windows are the same key ranges pass after
+        // pass and the rotation above brings each to every member.
+        for (key, held) in walk.take(SYNC_ROWS) {
             let Some(row) = held.values().next().map(|h| h.cell.row.clone()) else {
                 continue;
             };

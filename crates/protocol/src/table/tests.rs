@@ -738,6 +738,45 @@ fn an_eventual_table_lives_on_2f_plus_1_members_and_converges_once_writes_stop()
     ));
 }
 
+// A proxy outside an eventual table asks its first replica for data. That replica, faulty,
+// sends a validly signed answer with cells other than those it names: the proxy takes it as no
+// data and runs the data round, so the client gets its read from this proxy, the first it asked.
+#[test]
+fn a_proxy_outside_an_eventual_table_survives_a_data_replica_that_swaps_cells() {
+    let (mut cluster, replicas) = eventual_after_writes(Settings {
+        fresh_micros: u64::MAX,
+        ..Settings::default()
+    });
+    for _ in 0..10 {
+        cluster.group.tick(1_000);
+    }
+    let outsider = (0..4)
+        .map(|i| Slot(i as u32))
+        .find(|s| !replicas.contains(s))
+        .unwrap();
+    let first = (1..4)
+        .map(|i| Slot((outsider.0 + i) % 4))
+        .find(|s| replicas.contains(s))
+        .unwrap();
+    cluster.group.hooks = vec![Box::new(move |event| {
+        if let Event::Peer {
+            from,
+            message: Message::Answer { answered, .. },
+            ..
+        } = event
+            && *from == first
+            && let Some(cells) = &mut answered.cells
+        {
+            cells.clear();
+        }
+        true
+    })];
+    let mut op = cluster.read_op("k", outsider.index());
+    let read = cluster.run(&mut op, 50).expect("the read completes");
+    assert_eq!(values(&read), vec![col("a", "v5")]);
+    assert_eq!(read.proxies, 1, "the client stayed with the correct proxy");
+}
+
 #[test]
 fn without_anti_entropy_an_eventual_table_stays_apart() {
     let (mut cluster, replicas) = eventual_after_writes(Settings {
@@ -1673,6 +1712,62 @@ fn a_member_that_missed_writes_and_deletes_catches_up_by_anti_entropy_alone() {
     let synced = cluster.group.servers[3].table_stats().synced;
     assert_eq!(synced, 250, "each missing cell taken once");
     assert_eq!(cluster.group.servers[0].table_stats().synced, 0);
+}
+
+// Two correct replicas of an eventual table meet by anti-entropy for every window of its rows,
+// though the third replica takes part in none and the fourth member holds none of them.
+#[test]
+fn an_eventual_tables_correct_replicas_exchange_every_window_directly() {
+    let mut cluster = Cluster::build(
+        1,
+        Variant::ProxyVerifies,
+        Settings {
+            fresh_micros: u64::MAX,
+            ..Settings::default()
+        },
+        GC_GRACE_DEFAULT_SECS,
+        Replication::Eventual,
+    );
+    let replicas = cluster.schema().replicas(4, 1);
+    let (missed, mute) = (replicas[0], replicas[2]);
+    // Every replica holds a first version of each row, so each offers windows of 100 rows.
+    for i in 0..250 {
+        let key = format!("k{i:03}");
+        cluster.write(vec![cluster.cell(&key, "a", 10, Some("old"))], 0);
+    }
+    cluster.group.hooks.push(Box::new(move |event| match event {
+        Event::Peer {
+            to,
+            message: Message::Store { .. },
+            ..
+        } => *to != missed,
+        Event::Peer { from, to, message } => {
+            let sync = matches!(
+                message,
+                Message::SyncOffer { .. } | Message::SyncReply { .. } | Message::SyncCells { .. }
+            );
+            !(sync && (*from == mute || *to == mute))
+        }
+        _ => true,
+    }));
+    for i in 0..250 {
+        let key = format!("k{i:03}");
+        let proxy = replicas[1 + i % 2].index();
+        cluster.write(vec![cluster.cell(&key, "a", 20, Some("new"))], proxy);
+    }
+    for _ in 0..30 {
+        cluster.group.tick(1_000);
+    }
+    let current = (0..250)
+        .filter(|i| {
+            let key = format!("k{i:03}");
+            cluster.group.servers[missed.index()].cells(&row(&key))[0].ts == 20
+        })
+        .count();
+    assert_eq!(
+        current, 250,
+        "every new version reached the replica that missed it"
+    );
 }
 
 #[test]
