@@ -374,9 +374,15 @@ impl Client {
             let answer = self.ask(*node, &SystemRequest::Fresh { nonce }).await;
             (*node, answer)
         });
+        let needed = config.f_cs as usize + 1;
         let mut confirmed = 0;
         let mut problems = Vec::new();
-        for (node, answer) in futures::future::join_all(asks).await {
+        // Done at the f_cs+1-th confirmation: a replica that is down or slow must not hold up
+        // every client's first operation for the whole FETCH_WAIT.
+        let mut answers: futures::stream::FuturesUnordered<_> = asks.collect();
+        while confirmed < needed
+            && let Some((node, answer)) = futures::StreamExt::next(&mut answers).await
+        {
             let fresh = match answer {
                 Ok(SystemReply::Fresh(Some(fresh))) => fresh,
                 Ok(SystemReply::Fresh(None)) => {
@@ -413,7 +419,7 @@ impl Client {
                 Err(error) => problems.push(format!("{node}'s answer: {error}")),
             }
         }
-        let needed = config.f_cs as usize + 1;
+        drop(answers);
         if confirmed >= needed {
             if let Ok(mut last) = self.confirmed.lock() {
                 *last = Some((std::time::Instant::now(), config.epoch));
