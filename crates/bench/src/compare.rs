@@ -2,6 +2,7 @@
 //! with the same workloads, alternating systems run by run so that machine noise hits all alike.
 
 use crate::driver::{self, RunSpec, RunStats, Target, Work};
+use crate::links::{Hosts, Rate, ShapedNetwork};
 use crate::report::{self, Machine, Report, Unsupported};
 use crate::targets::bulwark::{BulwarkOptions, BulwarkTarget, POWERSTORE_TWO_ROUND_READS};
 use crate::targets::etcd::{self, EtcdTarget};
@@ -38,6 +39,9 @@ pub struct CompareOptions {
     pub out: PathBuf,
     /// The command line, for the report.
     pub command: String,
+    /// Every server and the client on a host of its own, links shaped to this rate
+    /// ([`crate::links`]); `None`: everything on loopback.
+    pub links: Option<Rate>,
 }
 
 impl CompareOptions {
@@ -63,15 +67,19 @@ impl CompareOptions {
             work_dir: std::env::temp_dir().join(format!("bulwark-bench-{}", std::process::id())),
             out: PathBuf::from("results"),
             command: String::new(),
+            links: None,
         }
     }
 }
 
-async fn start(system: &str, options: &CompareOptions) -> Result<Arc<dyn Target>> {
+/// Servers a shaped network holds: one group of 3f + 1 at f = 1, which also seats etcd's three.
+const SHAPED_SERVERS: usize = 4;
+
+async fn start(system: &str, options: &CompareOptions, hosts: &Hosts) -> Result<Arc<dyn Target>> {
     let dir = options.work_dir.join(system);
     Ok(if system == "etcd" {
         let program = etcd::find_or_install()?;
-        Arc::new(EtcdTarget::start(&program, &dir).await?)
+        Arc::new(EtcdTarget::start(&program, &dir, hosts).await?)
     } else if system.starts_with(table::PREFIX) {
         let (variant, replication, fault) = table::parse(system)?;
         let options = BulwarkOptions {
@@ -83,6 +91,7 @@ async fn start(system: &str, options: &CompareOptions) -> Result<Arc<dyn Target>
             node_args: vec!["--unprotected-tables".into()],
             byzantine: fault.byzantine(),
             retransmit_after: fault.retransmit_after(),
+            hosts: hosts.clone(),
         };
         Arc::new(TableTarget::start(&options, system, variant, replication).await?)
     } else {
@@ -97,6 +106,7 @@ async fn start(system: &str, options: &CompareOptions) -> Result<Arc<dyn Target>
                 node_args: Vec::new(),
                 byzantine: Vec::new(),
                 retransmit_after: None,
+                hosts: hosts.clone(),
             })
             .await?,
         )
@@ -118,8 +128,89 @@ fn log(stats: &RunStats) {
 }
 
 /// Runs the comparison and writes the report; returns the Markdown report's path.
+///
+/// With `links`, the servers and the client run on hosts of their own ([`ShapedNetwork`]): the
+/// comparison runs on a thread that has entered the client's host, with a runtime of its own
+/// (its threads, sockets and children are all there), and the network is removed once that
+/// thread is done, however the run ends: also when this future is dropped (Ctrl-C), which waits
+/// for the thread to stop its clusters first.
 pub async fn run(options: &CompareOptions) -> Result<PathBuf> {
+    let Some(rate) = options.links else {
+        return run_on(options, &Hosts::Loopback).await;
+    };
+    let network = Arc::new(ShapedNetwork::create(SHAPED_SERVERS, rate)?);
+    eprintln!(
+        "shaped hosts: the client at {}, servers at {}-{}, every link {} each way (tbf)",
+        network.client_ip(),
+        network.server_ip(0),
+        network.server_ip(SHAPED_SERVERS - 1),
+        rate
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (done, result) = tokio::sync::oneshot::channel();
+    let options = options.clone();
+    let thread = std::thread::Builder::new()
+        .name("compare-client".into())
+        .spawn(move || {
+            let result = (|| {
+                network.enter_client()?;
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .enable_all()
+                    .build()?;
+                let hosts = Hosts::Shaped(network.clone());
+                runtime.block_on(async {
+                    tokio::select! {
+                        result = run_on(&options, &hosts) => result,
+                        _ = stopped => bail!("stopped"),
+                    }
+                })
+            })();
+            // The clusters are stopped by now (their targets dropped inside run_on); the
+            // namespaces go with the last reference to the network, this one.
+            drop(network);
+            let _ = done.send(result);
+        })?;
+    let guard = JoinOnDrop {
+        stop: Some(stop),
+        thread: Some(thread),
+    };
+    let result = result
+        .await
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("the comparison's thread panicked")));
+    drop(guard);
+    result
+}
+
+/// Stops the comparison's thread and waits for it, so that no node outlives the run and the
+/// shaped network is gone before the caller goes on.
+struct JoinOnDrop {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for JoinOnDrop {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+async fn run_on(options: &CompareOptions, hosts: &Hosts) -> Result<PathBuf> {
     let mut notes = Vec::new();
+    if let Hosts::Shaped(network) = hosts {
+        notes.push(format!(
+            "Links shaped to {} each way (tc tbf): the client and every server on a network \
+             namespace of its own, joined by one switch (a Linux bridge); the servers of every \
+             system share the same {} hosts, the idle systems' links carrying only their \
+             heartbeats.",
+            network.rate(),
+            network.servers()
+        ));
+    }
     // Measured first, on a machine no system is loading yet.
     eprintln!("measuring the machine's own limits (decode, hashing, loopback)");
     let limits = match crate::limits::measure().await {
@@ -132,7 +223,7 @@ pub async fn run(options: &CompareOptions) -> Result<PathBuf> {
     let mut targets: Vec<Arc<dyn Target>> = Vec::new();
     for system in &options.systems {
         eprintln!("starting {system}");
-        match start(system, options).await {
+        match start(system, options, hosts).await {
             Ok(t) => targets.push(t),
             Err(e) => {
                 eprintln!("  {system} not run: {e:#}");

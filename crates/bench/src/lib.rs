@@ -6,6 +6,7 @@ pub mod compare;
 pub mod driver;
 pub mod http;
 pub mod limits;
+pub mod links;
 pub mod placement;
 pub mod procstat;
 pub mod report;

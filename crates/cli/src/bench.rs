@@ -116,6 +116,11 @@ pub struct CompareArgs {
     /// Where the report goes.
     #[arg(long, default_value = "results")]
     pub out: PathBuf,
+    /// Run every server and the client on a host of its own (a network namespace), each joined
+    /// to one switch by a link shaped to this rate both ways with tc's tbf: 1gbit is the
+    /// paper's testbed. Needs root and iproute2; removes everything when the run ends.
+    #[arg(long, value_name = "RATE")]
+    pub links: Option<bulwark_bench::links::Rate>,
 }
 
 /// `bulwark bench memory`.
@@ -411,6 +416,7 @@ async fn run_compare(args: &CompareArgs) -> Result<()> {
         options.record_count = records.max(1);
     }
     options.target_rate = args.target_rate;
+    options.links = args.links;
     options.program = std::env::current_exe()?;
     options.out = args.out.clone();
     options.command = std::iter::once("bulwark".to_string())
@@ -418,10 +424,13 @@ async fn run_compare(args: &CompareArgs) -> Result<()> {
         .collect::<Vec<_>>()
         .join(" ");
     let run = bulwark_bench::compare::run(&options);
-    // Ctrl-C ends the comparison through the normal path, so every cluster is stopped.
+    // Ctrl-C or SIGTERM ends the comparison through the normal path, so every cluster is
+    // stopped (and a shaped network removed).
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let path = tokio::select! {
         result = run => result?,
         _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted; all clusters stopped"),
+        _ = terminate.recv() => anyhow::bail!("terminated; all clusters stopped"),
     };
     println!("report: {}", path.display());
     Ok(())

@@ -31,8 +31,8 @@ pub struct InitArgs {
     /// Node addresses, one per node, instead of --host/--base-port (e.g. for containers).
     #[arg(long, value_delimiter = ',')]
     pub addresses: Vec<SocketAddr>,
-    /// Metrics ports start here (one per node, on --host); 0 picks free ports, and "none" is
-    /// spelled --no-metrics.
+    /// Metrics ports start here (one per node, on --host, or with --addresses on each node's
+    /// own address); 0 picks free ports on --host, and "none" is spelled --no-metrics.
     #[arg(long, default_value_t = 9100)]
     pub metrics_base_port: u16,
     /// Serve no metrics.
@@ -265,10 +265,13 @@ pub fn run_protocol(args: &InitArgs, protocol: Protocol) -> Result<ClusterConfig
         } else if args.metrics_base_port == 0 {
             Some(SocketAddr::new(args.host, next_free()?))
         } else {
-            Some(SocketAddr::new(
-                args.host,
-                args.metrics_base_port + i as u16,
-            ))
+            // Nodes given addresses of their own (hosts, containers) serve metrics there too.
+            let host = if args.addresses.is_empty() {
+                args.host
+            } else {
+                address.ip()
+            };
+            Some(SocketAddr::new(host, args.metrics_base_port + i as u16))
         };
         server_keys.push(mac_key);
         nodes.push(NodeEntry {

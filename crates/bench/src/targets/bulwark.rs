@@ -3,6 +3,7 @@
 
 use crate::driver::Target;
 use crate::http;
+use crate::links::Hosts;
 use anyhow::{Context, Result, bail};
 use bulwark_client::Client;
 use bulwark_core::config::{ClusterConfig, Protocol};
@@ -36,6 +37,8 @@ pub struct BulwarkOptions {
     pub byzantine: Vec<(u32, Vec<String>)>,
     /// The client's `retransmit_after`, when not its default.
     pub retransmit_after: Option<Duration>,
+    /// Where node `i` runs.
+    pub hosts: Hosts,
 }
 
 /// The lying node binary, beside `program`; built with it (`cargo build -p bulwark`), never
@@ -87,15 +90,30 @@ impl BulwarkTarget {
         init.args(["cluster", "init", "--dir"])
             .arg(&options.dir)
             .args(["--f", &options.f.to_string()])
-            .args([
-                "--host",
-                "127.0.0.1",
-                "--base-port",
-                "0",
-                "--metrics-base-port",
-                "0",
-            ])
             .args(["--clients", "admin:rw", "--force"]);
+        match &options.hosts {
+            Hosts::Loopback => {
+                init.args([
+                    "--host",
+                    "127.0.0.1",
+                    "--base-port",
+                    "0",
+                    "--metrics-base-port",
+                    "0",
+                ]);
+            }
+            Hosts::Shaped(network) => {
+                // One group, each node on a host of its own; metrics beside it on that host.
+                let n = 3 * options.f + 1;
+                let count = u16::try_from(n).context("too many nodes")?;
+                let port = network.ports(count)?;
+                let addresses: Vec<String> = (0..n)
+                    .map(|i| SocketAddr::new(network.server_ip(i), port + i as u16).to_string())
+                    .collect();
+                init.args(["--addresses", &addresses.join(",")])
+                    .args(["--metrics-base-port", &network.ports(count)?.to_string()]);
+            }
+        }
         if let Some(protocol) = &options.protocol {
             init.args(["--protocol", protocol]);
         }
@@ -133,13 +151,16 @@ impl BulwarkTarget {
         {
             let log = std::fs::File::create(options.dir.join(format!("node-{}.log", node.id)))?;
             let lies = options.byzantine.iter().find(|(id, _)| *id == node.id);
+            let host = node.id as usize;
             let mut command = match lies {
                 Some((_, args)) => {
-                    let mut command = Command::new(byzantine_program(&options.program)?);
+                    let mut command = options
+                        .hosts
+                        .command(host, &byzantine_program(&options.program)?);
                     command.args(args);
                     command
                 }
-                None => Command::new(&options.program),
+                None => options.hosts.command(host, &options.program),
             };
             nodes.0.push(
                 command

@@ -1,4 +1,4 @@
-//! etcd as the crash-tolerant peer: a 3-member cluster on loopback with its default durability
+//! etcd as the crash-tolerant peer: a 3-member cluster (on loopback, or on shaped hosts) with its default durability
 //! (every raft entry fsync'd before it is acknowledged), in a temporary directory, driven through
 //! etcd's JSON gateway (`/v3/kv/*`, keys and values base64) over kept-alive HTTP/1.1.
 //!
@@ -7,7 +7,7 @@
 
 use crate::driver::Target;
 use crate::http::HttpConnection;
-use crate::targets::free_port;
+use crate::links::Hosts;
 use anyhow::{Context, Result, bail};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
@@ -78,27 +78,27 @@ pub struct EtcdTarget {
 }
 
 impl EtcdTarget {
-    /// Starts a fresh 3-member cluster under `dir` (removed when the target is dropped).
-    pub async fn start(program: &Path, dir: &Path) -> Result<EtcdTarget> {
+    /// Starts a fresh 3-member cluster under `dir` (removed when the target is dropped), member
+    /// `i` as server `i` of `hosts`.
+    pub async fn start(program: &Path, dir: &Path, hosts: &Hosts) -> Result<EtcdTarget> {
         let _ = std::fs::remove_dir_all(dir);
         std::fs::create_dir_all(dir)?;
-        let peers: Vec<u16> = (0..MEMBERS)
-            .map(|_| free_port())
-            .collect::<Result<_, _>>()?;
-        let clients: Vec<u16> = (0..MEMBERS)
-            .map(|_| free_port())
-            .collect::<Result<_, _>>()?;
+        let url =
+            |i: usize, port: u16| format!("http://{}", SocketAddr::new(hosts.server_ip(i), port));
+        let peers: Vec<u16> = (0..MEMBERS).map(|_| hosts.port()).collect::<Result<_>>()?;
+        let clients: Vec<u16> = (0..MEMBERS).map(|_| hosts.port()).collect::<Result<_>>()?;
         let initial = (0..MEMBERS)
-            .map(|i| format!("m{i}=http://127.0.0.1:{}", peers[i]))
+            .map(|i| format!("m{i}={}", url(i, peers[i])))
             .collect::<Vec<_>>()
             .join(",");
         let mut members = Members(Vec::new());
         for i in 0..MEMBERS {
             let log = std::fs::File::create(dir.join(format!("m{i}.log")))?;
-            let client_url = format!("http://127.0.0.1:{}", clients[i]);
-            let peer_url = format!("http://127.0.0.1:{}", peers[i]);
+            let client_url = url(i, clients[i]);
+            let peer_url = url(i, peers[i]);
             members.0.push(
-                Command::new(program)
+                hosts
+                    .command(i, program)
                     .arg("--name")
                     .arg(format!("m{i}"))
                     .arg("--data-dir")
@@ -124,7 +124,8 @@ impl EtcdTarget {
             members,
             clients: clients
                 .iter()
-                .map(|&p| SocketAddr::from(([127, 0, 0, 1], p)))
+                .enumerate()
+                .map(|(i, &port)| SocketAddr::new(hosts.server_ip(i), port))
                 .collect(),
             pools: (0..MEMBERS).map(|_| Mutex::new(Vec::new())).collect(),
             next: AtomicUsize::new(0),
