@@ -1,7 +1,7 @@
 //! `bulwark bench compare`: every system started once, loaded with the same records, then driven
 //! with the same workloads, alternating systems run by run so that machine noise hits all alike.
 
-use crate::driver::{self, RunSpec, RunStats, Target, Work};
+use crate::driver::{self, LinkBytes, RunSpec, RunStats, Target, Work};
 use crate::links::{Hosts, Rate, ShapedNetwork};
 use crate::report::{self, Machine, Report, Unsupported};
 use crate::targets::bulwark::{BulwarkOptions, BulwarkTarget, POWERSTORE_TWO_ROUND_READS};
@@ -113,9 +113,37 @@ async fn start(system: &str, options: &CompareOptions, hosts: &Hosts) -> Result<
     })
 }
 
+/// [`driver::run`], with what crossed the client's link when there is one.
+async fn measured(
+    hosts: &Hosts,
+    target: Arc<dyn Target>,
+    work: Work,
+    spec: &RunSpec,
+    label: &str,
+    object_bytes: usize,
+) -> RunStats {
+    let before = hosts.client_link_bytes();
+    let mut stats = driver::run(target, work, spec, label, object_bytes).await;
+    if let (Some(before), Some(after)) = (before, hosts.client_link_bytes()) {
+        let ops = stats.ops.max(1) as f64;
+        stats.link_bytes_per_op = Some(LinkBytes {
+            received: (after.received - before.received).max(0.0) / ops,
+            sent: (after.sent - before.sent).max(0.0) / ops,
+        });
+    }
+    stats
+}
+
 fn log(stats: &RunStats) {
+    let link = stats.link_bytes_per_op.map_or(String::new(), |bytes| {
+        format!(
+            "  link in {} out {} per op",
+            report::human_bytes(bytes.received),
+            report::human_bytes(bytes.sent)
+        )
+    });
     eprintln!(
-        "  {:<11} {:<7} {:>9} x{:<3} {:>8.0} ops/s  p50 {:>7.2} ms  p99 {:>8.2} ms  failed {}",
+        "  {:<11} {:<7} {:>9} x{:<3} {:>8.0} ops/s  p50 {:>7.2} ms  p99 {:>8.2} ms  failed {}{link}",
         stats.system,
         stats.workload,
         report::human_bytes(stats.object_bytes as f64),
@@ -334,7 +362,8 @@ async fn run_on(options: &CompareOptions, hosts: &Hosts) -> Result<PathBuf> {
                     }
                     continue;
                 }
-                let stats = driver::run(
+                let stats = measured(
+                    hosts,
                     target.clone(),
                     Work::Ycsb(workloads[i].clone()),
                     &spec(concurrency, u64::MAX, options.target_rate, w as u64),
@@ -381,7 +410,8 @@ async fn run_on(options: &CompareOptions, hosts: &Hosts) -> Result<PathBuf> {
                         keys: written[i].clamp(1, keys),
                     }
                 };
-                let stats = driver::run(
+                let stats = measured(
+                    hosts,
                     target.clone(),
                     work,
                     &spec(options.size_concurrency, u64::MAX, None, 0),

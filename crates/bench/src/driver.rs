@@ -107,11 +107,21 @@ pub struct RunStats {
     /// This process's CPU time per successful operation, microseconds.
     pub client_cpu_us_per_op: f64,
     pub bytes_sent_per_op: Option<f64>,
+    /// What crossed the client host's link per successful operation, each way, under
+    /// `--links` (none on loopback).
+    pub link_bytes_per_op: Option<LinkBytes>,
     /// Resident memory of the server processes at the end of the run: sum and largest.
     pub server_rss_bytes: u64,
     pub server_rss_max_bytes: u64,
     /// The first few error messages, to say why operations failed.
     pub errors: Vec<String>,
+}
+
+/// Bytes through one host's link, as its interface counts them (IP headers and TLS included).
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct LinkBytes {
+    pub received: f64,
+    pub sent: f64,
 }
 
 const LATENCY_US_MAX: u64 = 3_600_000_000;
@@ -380,6 +390,7 @@ pub async fn run(
             (Some(b), Some(a)) => Some(a.saturating_sub(b) as f64 / succeeded as f64),
             _ => None,
         },
+        link_bytes_per_op: None,
         server_rss_bytes: rss.iter().sum(),
         server_rss_max_bytes: rss.iter().copied().max().unwrap_or(0),
         errors,

@@ -16,6 +16,7 @@
 //! hard to drop anything (SIGKILL) leaves its namespaces behind; the next `--links` run finds
 //! those whose process is gone and removes them with their processes.
 
+use crate::driver::LinkBytes;
 use anyhow::{Context, Result, bail};
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
@@ -283,6 +284,27 @@ impl ShapedNetwork {
         Ok(())
     }
 
+    /// The bytes the client host's link has received and sent so far.
+    pub fn client_link_bytes(&self) -> Result<LinkBytes> {
+        let namespace = self.namespace(&Host::Client.suffix());
+        let json = run(
+            "ip",
+            &["-n", &namespace, "-s", "-j", "link", "show", "dev", "eth0"],
+        )?;
+        let parsed: serde_json::Value =
+            serde_json::from_str(&json).context("reading ip's link statistics")?;
+        let stats = &parsed[0]["stats64"];
+        let count = |way: &str| {
+            stats[way]["bytes"]
+                .as_f64()
+                .with_context(|| format!("no {way} byte count in ip's link statistics"))
+        };
+        Ok(LinkBytes {
+            received: count("rx")?,
+            sent: count("tx")?,
+        })
+    }
+
     /// The qdisc on every link, as tc reports it (for tests and the report's notes).
     pub fn qdiscs(&self) -> Result<String> {
         let mut all = String::new();
@@ -409,6 +431,18 @@ impl Hosts {
         match self {
             Hosts::Loopback => Command::new(program),
             Hosts::Shaped(network) => network.command_on_server(i, program),
+        }
+    }
+
+    /// The bytes the client's link has carried so far each way (none on loopback, where no
+    /// link binds).
+    pub fn client_link_bytes(&self) -> Option<LinkBytes> {
+        match self {
+            Hosts::Loopback => None,
+            Hosts::Shaped(network) => network
+                .client_link_bytes()
+                .inspect_err(|e| eprintln!("  client link counters: {e:#}"))
+                .ok(),
         }
     }
 

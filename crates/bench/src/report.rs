@@ -103,23 +103,32 @@ pub fn markdown(report: &Report, plots: &[String]) -> String {
              corrected for coordinated omission (HDR `record_correct`).\n"
         );
     }
+    // Under --links, what crossed the client's link, each way: the bytes that bound the run.
+    let links = report.runs.iter().any(|r| r.link_bytes_per_op.is_some());
+    let link_header = if links {
+        (" client link in/op | client link out/op |", "---|---|")
+    } else {
+        ("", "")
+    };
     let ycsb: Vec<&RunStats> = report.runs.iter().filter(|r| is_ycsb(r)).collect();
     if !ycsb.is_empty() {
         let _ = writeln!(out, "## YCSB CoreWorkload\n");
         let _ = writeln!(
             out,
-            "| workload | system | clients | ops/s | p50 | p90 | p99 | p99.9 | max | server CPU µs/op | client CPU µs/op | sent/op | server RSS | failed |"
+            "| workload | system | clients | ops/s | p50 | p90 | p99 | p99.9 | max | server CPU µs/op | client CPU µs/op | sent/op | server RSS | failed |{}",
+            link_header.0
         );
         let _ = writeln!(
             out,
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|{}",
+            link_header.1
         );
         let mut sorted = ycsb.clone();
         sorted.sort_by(|a, b| {
             (&a.workload, a.concurrency, &a.system).cmp(&(&b.workload, b.concurrency, &b.system))
         });
         for r in &sorted {
-            let _ = writeln!(out, "{}", row(r, &r.workload.replace("ycsb-", "")));
+            let _ = writeln!(out, "{}", row(r, &r.workload.replace("ycsb-", ""), links));
         }
         let _ = writeln!(out);
     }
@@ -128,11 +137,13 @@ pub fn markdown(report: &Report, plots: &[String]) -> String {
         let _ = writeln!(out, "## Object sizes\n");
         let _ = writeln!(
             out,
-            "| op, size | system | clients | ops/s | p50 | p90 | p99 | p99.9 | max | server CPU µs/op | client CPU µs/op | sent/op | server RSS | failed |"
+            "| op, size | system | clients | ops/s | p50 | p90 | p99 | p99.9 | max | server CPU µs/op | client CPU µs/op | sent/op | server RSS | failed |{}",
+            link_header.0
         );
         let _ = writeln!(
             out,
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|{}",
+            link_header.1
         );
         let mut sorted = sizes.clone();
         sorted.sort_by(|a, b| {
@@ -149,7 +160,7 @@ pub fn markdown(report: &Report, plots: &[String]) -> String {
                 human_bytes(r.object_bytes as f64),
                 human_bytes(r.throughput_ops * r.object_bytes as f64)
             );
-            let _ = writeln!(out, "{}", row(r, &label));
+            let _ = writeln!(out, "{}", row(r, &label, links));
         }
         let _ = writeln!(out);
     }
@@ -225,8 +236,17 @@ pub fn markdown(report: &Report, plots: &[String]) -> String {
     out
 }
 
-fn row(r: &RunStats, label: &str) -> String {
+fn row(r: &RunStats, label: &str, links: bool) -> String {
     let l = &r.overall;
+    let link = match (links, r.link_bytes_per_op) {
+        (false, _) => String::new(),
+        (true, None) => " ? | ? |".into(),
+        (true, Some(bytes)) => format!(
+            " {} | {} |",
+            human_bytes(bytes.received),
+            human_bytes(bytes.sent)
+        ),
+    };
     format!(
         "| {label} | {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {:.0} | {} | {} | {} |",
         r.system,
@@ -241,8 +261,8 @@ fn row(r: &RunStats, label: &str) -> String {
         r.client_cpu_us_per_op,
         r.bytes_sent_per_op.map_or("?".into(), human_bytes),
         human_bytes(r.server_rss_bytes as f64),
-        r.failures
-    )
+        r.failures,
+    ) + &link
 }
 
 /// For each workload and object size, the best throughput of every system over the first
@@ -528,6 +548,7 @@ mod tests {
             server_cpu_us_per_op: 10.0,
             client_cpu_us_per_op: 5.0,
             bytes_sent_per_op: Some(2048.0),
+            link_bytes_per_op: None,
             server_rss_bytes: 50 << 20,
             server_rss_max_bytes: 20 << 20,
             errors: Vec::new(),
