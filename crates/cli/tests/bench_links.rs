@@ -171,10 +171,11 @@ fn shaped_links_carry_a_comparison_at_their_rate_and_are_removed_after() {
         "nodes received {received:.0} B in {} s, more than an 8 Mbit/s link carries ({capacity:.0} B)",
         put["elapsed_s"]
     );
-    // The client's link counted what crossed it: at least the four 32 KiB fragments of every
-    // put, and more than the frames the nodes received (TLS and IP add their own bytes).
+    // The client's link counted what crossed it: at least the n - f = 3 fragments of 32 KiB a
+    // put waits for (the fourth of the run's last puts may still be queued when the window
+    // closes), and more than the frames the nodes received (TLS and IP add their own bytes).
     let link_sent = put["link_bytes_per_op"]["sent"].as_f64().unwrap();
-    assert!(link_sent >= 4.0 * 32.0 * 1024.0, "{put:?}");
+    assert!(link_sent >= 3.0 * 32.0 * 1024.0, "{put:?}");
     assert!(
         link_sent > put["bytes_sent_per_op"].as_f64().unwrap(),
         "{put:?}"
