@@ -1,12 +1,14 @@
-//! A node's durable state: redb tables of opaque records, and a group committer.
+//! A node's durable state: redb tables of opaque records, a change log, and a group committer.
 //!
-//! "Durable" means a redb write transaction committed with `Durability::Immediate`: `commit()`
-//! returns only after the data and the new root are fsync'd, so a crash (even SIGKILL or power
-//! loss, with honest disks) keeps it. A node acknowledges a client only after the batch holding
-//! the change is durable. One fsync per request would serialize every client behind the disk, so
-//! the [`Committer`] thread takes every batch queued while the previous commit ran and commits
-//! them together: one fsync for many acknowledgements, and batches still become durable in the
-//! order they were submitted.
+//! "Durable" means that a crash (even SIGKILL or power loss, with honest disks) keeps it. A node
+//! acknowledges a client only after the batch holding the change is durable. The [`Committer`]
+//! makes a batch durable by appending it to the change log (`changes.log`, one `write` and one
+//! `fdatasync`) and then applying it to redb without a flush, so that reads see it; a checkpoint
+//! (one durable redb commit) now and then empties the log, and opening the store applies whatever
+//! the log still holds (see [`log`]). [`Store::apply`] commits to redb durably at once. One fsync
+//! per request would serialize every client behind the disk, so the committer thread takes every
+//! batch queued while the previous commit ran and commits them together: one fsync for many
+//! acknowledgements, and batches still become durable in the order they were submitted.
 //!
 //! A batch's receiver fires `Ok` only once that batch and every batch before it are durable. If
 //! a commit fails (a failed fsync leaves the file in an unknown state), every batch in it and
@@ -25,17 +27,19 @@
 #![warn(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::panic))]
 
+mod log;
+
 use bulwark_core::{GroupId, ServiceId};
 use bytes::Bytes;
+use log::{ChangeLog, HEADER_BYTES};
 use redb::{ReadableDatabase, ReadableTableMetadata, TableDefinition, TableHandle};
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::ops::Bound;
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc;
-use std::time::Instant;
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 /// Batches folded into one commit at most.
@@ -46,14 +50,35 @@ const BYTES_PER_COMMIT_MAX: usize = 64 * 1024 * 1024;
 /// redb's page cache. Its default (1 GiB) would dwarf everything else a node holds; the protocol
 /// keeps what it serves in memory already, so the cache only has to speed up commits.
 const CACHE_BYTES: usize = 64 * 1024 * 1024;
+/// A group of more key and value bytes than this is committed to redb durably at once instead of
+/// going through the change log: its bytes, not the commit's bookkeeping, are most of its cost,
+/// and the log would write them twice (1 MiB puts ran at 0.6x through the log, with checkpoint
+/// stalls; docs/benchmarks.md).
+const LOGGED_GROUP_BYTES_MAX: usize = 64 * 1024;
+/// The change log is emptied by a checkpoint once it holds this many bytes...
+const CHECKPOINT_BYTES: u64 = 64 * 1024 * 1024;
+/// ... or once the last checkpoint is this old: redb keeps what unflushed commits freed until a
+/// durable one, and a restart replays the whole log.
+const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
+// A checkpoint follows the group that passed `CHECKPOINT_BYTES`, so a log never holds more than
+// that and one more entry: every log this release writes, it can read back.
+const _: () = assert!(
+    CHECKPOINT_BYTES + (log::HEADER_BYTES + log::ENTRY_BYTES_MAX) as u64 <= log::FILE_BYTES_MAX
+);
 
 /// The layout of the file this release reads and writes: which tables exist and how they are
 /// named. Version 1 is the layout from before versions were recorded (tables `hist`, `lc`,
 /// `meta`, `register`, one replica per store); version 2 namespaces tables per replica and
-/// prefixes every record with [`RECORD_VERSION`].
-pub const FORMAT_VERSION: u32 = 2;
+/// prefixes every record with [`RECORD_VERSION`]; version 3 has the tables of version 2 and may
+/// have changes in `changes.log` that are not in the file yet, which a release that reads version
+/// 2 would not see.
+pub const FORMAT_VERSION: u32 = 3;
 /// What a file that records no format version but holds tables was written in.
 const FORMAT_UNVERSIONED: u32 = 1;
+/// The format before the change log: its tables are this format's, so opening it upgrades it.
+const FORMAT_BEFORE_LOG: u32 = 2;
+/// The layout version every redb table name starts with; the change log did not change it.
+const TABLE_LAYOUT: u32 = 2;
 /// The first byte of every record value: the encoding of what follows, so that a record written
 /// by another release is refused rather than misread.
 pub const RECORD_VERSION: u8 = 1;
@@ -128,7 +153,7 @@ fn redb_table_name(namespace: Namespace, name: &str) -> Result<String, StorageEr
         )));
     }
     Ok(format!(
-        "v{FORMAT_VERSION}/{}/{}/{name}",
+        "v{TABLE_LAYOUT}/{}/{}/{name}",
         namespace.service.0, namespace.group.0
     ))
 }
@@ -297,6 +322,9 @@ type ReadTable = redb::ReadOnlyTable<&'static [u8], &'static [u8]>;
 /// The node's database.
 pub struct Store {
     database: redb::Database,
+    /// Held across every write, so that a log entry and its redb commit are one step to everyone
+    /// else, and a checkpoint never clears an entry whose commit has not happened.
+    log: Mutex<ChangeLog>,
 }
 
 impl Store {
@@ -315,8 +343,23 @@ impl Store {
                     redb::DatabaseError::DatabaseAlreadyOpen => StorageError::InUse,
                     error => StorageError::from("opening state.redb")(error),
                 })?;
-            let store = Store { database };
-            store.check_format()?;
+            check_format(&database)?;
+            let (log, pending) = ChangeLog::open(dir)?;
+            let store = Store {
+                database,
+                log: Mutex::new(log),
+            };
+            if !pending.is_empty() {
+                tracing::info!(
+                    entries = pending.len(),
+                    "applying what the change log holds beyond the last checkpoint"
+                );
+                store.write_entries(
+                    pending.iter().map(Vec::as_slice),
+                    redb::Durability::Immediate,
+                )?;
+                store.locked_log()?.clear()?;
+            }
             Ok(store)
         });
         opened.unwrap_or_else(|panic| {
@@ -331,74 +374,90 @@ impl Store {
         })
     }
 
-    /// Refuses a file in another format; stamps a file with no tables yet with this one.
-    fn check_format(&self) -> Result<(), StorageError> {
-        let txn = self
-            .database
-            .begin_read()
-            .map_err(StorageError::from("begin read"))?;
-        let found = match txn.open_table(META) {
-            Ok(meta) => match meta
-                .get(FORMAT_VERSION_KEY)
-                .map_err(StorageError::from("reading the format version"))?
-            {
-                Some(value) => Some(
-                    <[u8; 4]>::try_from(value.value())
-                        .map(u32::from_be_bytes)
-                        .map_err(|_| {
-                            StorageError::Failed(format!(
-                                "the format version record is {} bytes, not 4: the file is damaged",
-                                value.value().len()
-                            ))
-                        })?,
-                ),
-                None => None,
-            },
-            Err(redb::TableError::TableDoesNotExist(_)) => None,
-            Err(error) => return Err(StorageError::from("opening the meta table")(error)),
-        };
-        let found = match found {
-            Some(found) => found,
-            None => {
-                let tables = txn
-                    .list_tables()
-                    .map_err(StorageError::from("listing tables"))?
-                    .count();
-                let multimap = txn
-                    .list_multimap_tables()
-                    .map_err(StorageError::from("listing tables"))?
-                    .count();
-                if tables + multimap > 0 {
-                    FORMAT_UNVERSIONED
-                } else {
-                    drop(txn);
-                    return self.stamp_format();
-                }
+    fn locked_log(&self) -> Result<std::sync::MutexGuard<'_, ChangeLog>, StorageError> {
+        self.log.lock().map_err(|_| {
+            StorageError::Failed("a write panicked while it held the change log".into())
+        })
+    }
+}
+
+/// Refuses a file in another format; stamps a file with no tables yet with this one, and
+/// upgrades one of the format before the change log.
+fn check_format(database: &redb::Database) -> Result<(), StorageError> {
+    let txn = database
+        .begin_read()
+        .map_err(StorageError::from("begin read"))?;
+    let found = match txn.open_table(META) {
+        Ok(meta) => match meta
+            .get(FORMAT_VERSION_KEY)
+            .map_err(StorageError::from("reading the format version"))?
+        {
+            Some(value) => Some(
+                <[u8; 4]>::try_from(value.value())
+                    .map(u32::from_be_bytes)
+                    .map_err(|_| {
+                        StorageError::Failed(format!(
+                            "the format version record is {} bytes, not 4: the file is damaged",
+                            value.value().len()
+                        ))
+                    })?,
+            ),
+            None => None,
+        },
+        Err(redb::TableError::TableDoesNotExist(_)) => None,
+        Err(error) => return Err(StorageError::from("opening the meta table")(error)),
+    };
+    let found = match found {
+        Some(found) => found,
+        None => {
+            let tables = txn
+                .list_tables()
+                .map_err(StorageError::from("listing tables"))?
+                .count();
+            let multimap = txn
+                .list_multimap_tables()
+                .map_err(StorageError::from("listing tables"))?
+                .count();
+            if tables + multimap > 0 {
+                FORMAT_UNVERSIONED
+            } else {
+                drop(txn);
+                return stamp_format(database);
             }
-        };
-        if found != FORMAT_VERSION {
-            return Err(StorageError::Format {
-                found,
-                expected: FORMAT_VERSION,
-            });
         }
-        Ok(())
+    };
+    if found == FORMAT_BEFORE_LOG {
+        drop(txn);
+        tracing::info!(
+            from = FORMAT_BEFORE_LOG,
+            to = FORMAT_VERSION,
+            "upgrading the store's format: same tables, and a change log beside them"
+        );
+        return stamp_format(database);
     }
-
-    fn stamp_format(&self) -> Result<(), StorageError> {
-        let mut txn = self
-            .database
-            .begin_write()
-            .map_err(StorageError::from("begin"))?;
-        txn.set_durability(redb::Durability::Immediate)
-            .map_err(StorageError::from("durability"))?;
-        txn.open_table(META)
-            .map_err(StorageError::from("creating the meta table"))?
-            .insert(FORMAT_VERSION_KEY, FORMAT_VERSION.to_be_bytes().as_slice())
-            .map_err(StorageError::from("writing the format version"))?;
-        txn.commit().map_err(StorageError::from("commit"))
+    if found != FORMAT_VERSION {
+        return Err(StorageError::Format {
+            found,
+            expected: FORMAT_VERSION,
+        });
     }
+    Ok(())
+}
 
+fn stamp_format(database: &redb::Database) -> Result<(), StorageError> {
+    let mut txn = database
+        .begin_write()
+        .map_err(StorageError::from("begin"))?;
+    txn.set_durability(redb::Durability::Immediate)
+        .map_err(StorageError::from("durability"))?;
+    txn.open_table(META)
+        .map_err(StorageError::from("creating the meta table"))?
+        .insert(FORMAT_VERSION_KEY, FORMAT_VERSION.to_be_bytes().as_slice())
+        .map_err(StorageError::from("writing the format version"))?;
+    txn.commit().map_err(StorageError::from("commit"))
+}
+
+impl Store {
     /// Every namespace with a table, in order: the replicas this store holds state for. A table
     /// exists from its first write on (a delete included), even once emptied.
     pub fn namespaces(&self) -> Result<Vec<Namespace>, StorageError> {
@@ -529,52 +588,108 @@ impl Store {
 
     /// Applies `ops` in one durable transaction.
     pub fn apply(&self, ops: &[StorageOp]) -> Result<(), StorageError> {
-        self.apply_all(std::iter::once(ops))
+        let mut body = Vec::new();
+        for op in ops {
+            log::encode_op(op, &mut body)?;
+        }
+        let mut log = self.locked_log()?;
+        self.write_entries(
+            std::iter::once(body.as_slice()),
+            redb::Durability::Immediate,
+        )?;
+        // That commit made every earlier one durable, the log's included.
+        if !log.is_empty() {
+            log.clear()?;
+        }
+        Ok(())
     }
 
-    fn apply_all<'a>(
+    /// Makes the ops of `batches` durable in the change log and then visible in redb, as one
+    /// step; a large group goes to redb durably instead. `entry` is the committer's buffer,
+    /// reused from group to group.
+    fn commit_group(
         &self,
-        batches: impl Iterator<Item = &'a [StorageOp]>,
+        batches: &[Vec<StorageOp>],
+        entry: &mut Vec<u8>,
+    ) -> Result<(), StorageError> {
+        let bytes: usize = batches.iter().map(|batch| batch_bytes(batch)).sum();
+        if bytes > LOGGED_GROUP_BYTES_MAX {
+            return self.apply(&batches.concat());
+        }
+        entry.clear();
+        entry.resize(HEADER_BYTES, 0);
+        for op in batches.iter().flatten() {
+            log::encode_op(op, entry)?;
+        }
+        let mut log = self.locked_log()?;
+        log.append(entry)?;
+        let body = entry.get(HEADER_BYTES..).unwrap_or_default();
+        self.write_entries(std::iter::once(body), redb::Durability::None)?;
+        drop(log);
+        if entry.capacity() > 2 * BYTES_PER_COMMIT_MAX {
+            // One outsized batch should not pin its size in memory for good.
+            *entry = Vec::new();
+        }
+        Ok(())
+    }
+
+    /// Empties the change log once it is due (see [`CHECKPOINT_BYTES`]), or whenever it holds
+    /// anything if `now`: one durable redb commit makes the log's entries redundant.
+    fn checkpoint(&self, last: &mut Instant, now: bool) -> Result<(), StorageError> {
+        let mut log = self.locked_log()?;
+        let due = log.bytes() >= CHECKPOINT_BYTES || last.elapsed() >= CHECKPOINT_INTERVAL;
+        if log.is_empty() || !(due || now) {
+            return Ok(());
+        }
+        self.write_entries(std::iter::empty(), redb::Durability::Immediate)?;
+        log.clear()?;
+        *last = Instant::now();
+        metrics::counter!("bulwark_storage_checkpoints_total").increment(1);
+        Ok(())
+    }
+
+    /// Applies encoded entry bodies in one transaction of `durability`.
+    fn write_entries<'a>(
+        &self,
+        bodies: impl Iterator<Item = &'a [u8]>,
+        durability: redb::Durability,
     ) -> Result<(), StorageError> {
         let mut txn = self
             .database
             .begin_write()
             .map_err(StorageError::from("begin"))?;
-        txn.set_durability(redb::Durability::Immediate)
+        txn.set_durability(durability)
             .map_err(StorageError::from("durability"))?;
         {
             // Only the tables a group touches are opened: every opened table's root is flushed
             // at commit, and most groups touch one table (a STORE's `hist`, a COMPLETE's `lc`).
-            let mut tables: HashMap<Table, redb::Table<&[u8], &[u8]>> = HashMap::new();
-            // One buffer for every record of the group: redb copies the value it is given, and
-            // the version byte has to precede the caller's bytes in it.
-            let mut record = Vec::new();
-            for batch in batches {
-                for op in batch {
-                    let (table, key) = match op {
-                        StorageOp::Put { table, key, .. } | StorageOp::Delete { table, key } => {
-                            (*table, key)
+            let mut tables: HashMap<&str, redb::Table<&[u8], &[u8]>> = HashMap::new();
+            for body in bodies {
+                for op in log::decode_ops(body)? {
+                    let opened = match tables.entry(op.table) {
+                        std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
+                        std::collections::hash_map::Entry::Vacant(entry) => {
+                            // A log read back from disk names only tables this format has.
+                            if parse_table_name(op.table)?.is_none() {
+                                return Err(StorageError::Failed(
+                                    "a change log entry writes to the meta table".into(),
+                                ));
+                            }
+                            entry.insert(
+                                txn.open_table(TableDefinition::new(op.table))
+                                    .map_err(StorageError::from("open table"))?,
+                            )
                         }
                     };
-                    let opened = match tables.entry(table) {
-                        std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
-                        std::collections::hash_map::Entry::Vacant(entry) => entry.insert(
-                            txn.open_table(TableDefinition::new(&table.redb_name()?))
-                                .map_err(StorageError::from("open table"))?,
-                        ),
-                    };
-                    match op {
-                        StorageOp::Put { value, .. } => {
-                            record.clear();
-                            record.push(RECORD_VERSION);
-                            record.extend_from_slice(value);
+                    match op.record {
+                        Some(record) => {
                             opened
-                                .insert(key.as_slice(), record.as_slice())
+                                .insert(op.key, record)
                                 .map_err(StorageError::from("insert"))?;
                         }
-                        StorageOp::Delete { .. } => {
+                        None => {
                             opened
-                                .remove(key.as_slice())
+                                .remove(op.key)
                                 .map_err(StorageError::from("remove"))?;
                         }
                     }
@@ -613,9 +728,14 @@ impl Committer {
         let thread = std::thread::Builder::new()
             .name("bulwark-commit".into())
             .spawn(move || {
-                commit_loop(&receiver, &counter, |batches| {
-                    store.apply_all(batches.iter().map(Vec::as_slice))
-                });
+                let mut entry = Vec::new();
+                let mut last_checkpoint = Instant::now();
+                commit_loop(
+                    &receiver,
+                    &counter,
+                    |batches| store.commit_group(batches, &mut entry),
+                    |now| store.checkpoint(&mut last_checkpoint, now),
+                );
             });
         let thread = match thread {
             Ok(thread) => Some(thread),
@@ -699,11 +819,13 @@ fn next_group(
     Some(group)
 }
 
-/// Commits groups with `apply` until the channel is closed and drained.
+/// Commits groups with `apply` until the channel is closed and drained. After each group is
+/// answered, `checkpoint(false)` may empty the change log; `checkpoint(true)` does at the end.
 fn commit_loop(
     receiver: &mpsc::Receiver<Submission>,
     commits: &AtomicU64,
     mut apply: impl FnMut(&[Vec<StorageOp>]) -> Result<(), StorageError>,
+    mut checkpoint: impl FnMut(bool) -> Result<(), StorageError>,
 ) {
     let mut carried = None;
     let mut failed: Option<StorageError> = None;
@@ -731,6 +853,18 @@ fn commit_loop(
         for done in waiting {
             let _ = done.send(result.clone());
         }
+        if failed.is_none()
+            && let Err(error) = checkpoint(false)
+        {
+            tracing::error!(%error, "checkpoint failed; no more writes");
+            failed = Some(error);
+        }
+    }
+    if failed.is_none()
+        && let Err(error) = checkpoint(true)
+    {
+        // What the log holds is applied again on the next open.
+        tracing::error!(%error, "the last checkpoint failed");
     }
 }
 
@@ -1172,7 +1306,7 @@ mod tests {
                     error,
                     StorageError::Format {
                         found: 1,
-                        expected: 2
+                        expected: 3
                     }
                 ),
                 "{error:?}"
@@ -1181,7 +1315,7 @@ mod tests {
             for needed in [
                 "older",
                 "format 1",
-                "format 2",
+                "format 3",
                 "cannot read",
                 "empty data directory",
                 "the release that wrote it",
@@ -1208,8 +1342,8 @@ mod tests {
         write_raw(
             dir.path(),
             &[
-                ("meta", FORMAT_VERSION_KEY, &3u32.to_be_bytes()),
-                ("v3/0/0/hist", b"k", b"\x07v"),
+                ("meta", FORMAT_VERSION_KEY, &4u32.to_be_bytes()),
+                ("v4/0/0/hist", b"k", b"\x07v"),
             ],
         );
         let error = Store::open(dir.path()).err().expect("a newer store opened");
@@ -1217,8 +1351,8 @@ mod tests {
             matches!(
                 error,
                 StorageError::Format {
-                    found: 3,
-                    expected: 2
+                    found: 4,
+                    expected: 3
                 }
             ),
             "{error:?}"
@@ -1226,13 +1360,40 @@ mod tests {
         let text = error.to_string();
         for needed in [
             "newer",
+            "format 4",
             "format 3",
-            "format 2",
             "cannot read",
             "empty data directory",
         ] {
             assert!(text.contains(needed), "{needed:?} missing: {text}");
         }
+    }
+
+    #[test]
+    fn a_store_of_the_format_before_the_change_log_is_upgraded_and_read() {
+        let dir = tempfile::tempdir().unwrap();
+        write_raw(
+            dir.path(),
+            &[
+                ("meta", FORMAT_VERSION_KEY, &2u32.to_be_bytes()),
+                ("v2/0/0/hist", b"k", b"\x01v"),
+            ],
+        );
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(
+            store.load(HIST).unwrap(),
+            vec![(b"k".to_vec(), Bytes::from("v"))]
+        );
+        let txn = store.database.begin_read().unwrap();
+        assert_eq!(
+            txn.open_table(META)
+                .unwrap()
+                .get(FORMAT_VERSION_KEY)
+                .unwrap()
+                .unwrap()
+                .value(),
+            FORMAT_VERSION.to_be_bytes()
+        );
     }
 
     #[test]
@@ -1299,6 +1460,104 @@ mod tests {
         assert_eq!(store.count(REGISTER).unwrap(), 100);
     }
 
+    /// The change log's bytes in `dir`.
+    fn log_bytes(dir: &Path) -> u64 {
+        std::fs::metadata(dir.join(log::LOG_FILE)).unwrap().len()
+    }
+
+    #[test]
+    fn a_commit_is_in_the_log_and_visible_before_any_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(dir.path()).unwrap());
+        let mut entry = Vec::new();
+        store
+            .commit_group(
+                &[vec![put(HIST, "a", "1")], vec![put(LC, "a", "x")]],
+                &mut entry,
+            )
+            .unwrap();
+        assert!(log_bytes(dir.path()) > 0);
+        assert_eq!(store.count(HIST).unwrap(), 1);
+        assert_eq!(store.count(LC).unwrap(), 1);
+        // Not due yet: the log keeps it.
+        let mut last = Instant::now();
+        store.checkpoint(&mut last, false).unwrap();
+        assert!(log_bytes(dir.path()) > 0);
+        // A durable commit of its own empties the log too.
+        store.apply(&[put(REGISTER, "r", "1")]).unwrap();
+        assert_eq!(log_bytes(dir.path()), 0);
+        store
+            .commit_group(&[vec![put(HIST, "b", "2")]], &mut entry)
+            .unwrap();
+        store.checkpoint(&mut last, true).unwrap();
+        assert_eq!(log_bytes(dir.path()), 0);
+        // A large group skips the log and commits durably, which empties the log too.
+        store
+            .commit_group(&[vec![put(HIST, "c", "3")]], &mut entry)
+            .unwrap();
+        assert!(log_bytes(dir.path()) > 0);
+        let large = "x".repeat(LOGGED_GROUP_BYTES_MAX);
+        store
+            .commit_group(&[vec![put(LC, "big", &large)]], &mut entry)
+            .unwrap();
+        assert_eq!(log_bytes(dir.path()), 0);
+        drop(store);
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(store.count(HIST).unwrap(), 3);
+        assert_eq!(store.count(LC).unwrap(), 2);
+        assert_eq!(store.count(REGISTER).unwrap(), 1);
+    }
+
+    #[test]
+    fn dropping_the_committer_leaves_an_empty_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(dir.path()).unwrap());
+        let committer = Committer::start(store.clone());
+        let wait = committer.submit(vec![put(HIST, "a", "1")]);
+        drop(committer);
+        wait.blocking_recv().unwrap().unwrap();
+        assert_eq!(log_bytes(dir.path()), 0);
+    }
+
+    #[test]
+    fn what_only_the_log_holds_is_applied_on_open_over_later_state() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = Store::open(dir.path()).unwrap();
+            store
+                .apply(&[put(HIST, "gone", "old"), put(HIST, "k", "0")])
+                .unwrap();
+        }
+        // A crash after the log write and before redb saw it: only the log has these.
+        {
+            let (mut log, pending) = ChangeLog::open(dir.path()).unwrap();
+            assert!(pending.is_empty());
+            for ops in [
+                vec![put(HIST, "k", "1"), put(LC, "k", "a")],
+                vec![
+                    StorageOp::Delete {
+                        table: HIST,
+                        key: b"gone".to_vec(),
+                    },
+                    put(HIST, "k", "2"),
+                ],
+            ] {
+                let mut entry = vec![0; HEADER_BYTES];
+                for op in &ops {
+                    log::encode_op(op, &mut entry).unwrap();
+                }
+                log.append(&mut entry).unwrap();
+            }
+        }
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(
+            store.load(HIST).unwrap(),
+            vec![(b"k".to_vec(), Bytes::from("2"))]
+        );
+        assert_eq!(store.count(LC).unwrap(), 1);
+        assert_eq!(log_bytes(dir.path()), 0, "applied, so emptied");
+    }
+
     /// Queues `batches`, closes the channel, and runs the commit loop over them with `apply`.
     fn run_loop(
         batches: Vec<Vec<StorageOp>>,
@@ -1315,7 +1574,7 @@ mod tests {
             .collect();
         drop(sender);
         let commits = AtomicU64::new(0);
-        commit_loop(&receiver, &commits, apply);
+        commit_loop(&receiver, &commits, apply, |_| Ok(()));
         let results = waits
             .into_iter()
             .map(|wait| wait.blocking_recv().unwrap())
@@ -1409,6 +1668,9 @@ mod tests {
     const CHILD: &str = "BULWARK_STORAGE_CHILD_DIR";
     /// Set in a child process, optionally: write this many records, then idle until killed.
     const CHILD_LIMIT: &str = "BULWARK_STORAGE_CHILD_LIMIT";
+    /// Set in a child process, optionally: append to the change log only, never applying to
+    /// redb, as a node killed between the two steps would have.
+    const CHILD_LOG_ONLY: &str = "BULWARK_STORAGE_CHILD_LOG_ONLY";
     /// A child never runs longer than this, killed or not.
     const CHILD_SECONDS_MAX: u64 = 10;
 
@@ -1423,11 +1685,20 @@ mod tests {
             .ok()
             .map(|l| l.parse::<u64>().unwrap());
         let store = Arc::new(Store::open(Path::new(&dir)).unwrap());
-        let committer = Committer::start(store);
+        let log_only = std::env::var(CHILD_LOG_ONLY).is_ok();
+        let committer = Committer::start(store.clone());
         let started = Instant::now();
         let bound = std::time::Duration::from_secs(CHILD_SECONDS_MAX);
         let mut sequence = 0u64;
         while started.elapsed() < bound && sequence < limit.unwrap_or(100_000) {
+            if log_only {
+                sequence += 1;
+                let mut entry = vec![0; HEADER_BYTES];
+                log::encode_op(&put(HIST, &format!("{sequence:08}"), "v"), &mut entry).unwrap();
+                store.locked_log().unwrap().append(&mut entry).unwrap();
+                println!("acked {sequence}");
+                continue;
+            }
             let waits: Vec<_> = (0..8)
                 .map(|_| {
                     sequence += 1;
@@ -1450,7 +1721,7 @@ mod tests {
 
     /// Runs [`child_writer_process`] in a child process, SIGKILLs it once `kill_after` acks are
     /// read, reopens its store and checks that every record it acknowledged is there.
-    fn kill_writer_and_check(limit: Option<u64>, kill_after: usize) {
+    fn kill_writer_and_check(limit: Option<u64>, kill_after: usize, log_only: bool) {
         use std::io::BufRead;
         let dir = tempfile::tempdir().unwrap();
         let mut command = std::process::Command::new(std::env::current_exe().unwrap());
@@ -1466,6 +1737,9 @@ mod tests {
             .stderr(std::process::Stdio::null());
         if let Some(limit) = limit {
             command.env(CHILD_LIMIT, limit.to_string());
+        }
+        if log_only {
+            command.env(CHILD_LOG_ONLY, "1");
         }
         let mut child = command.spawn().unwrap();
         // Read on another thread so that a stuck child fails the test instead of hanging it.
@@ -1526,13 +1800,19 @@ mod tests {
     /// every acknowledged record.
     #[test]
     fn nothing_acknowledged_is_lost_when_killed_while_writing() {
-        kill_writer_and_check(None, 300);
+        kill_writer_and_check(None, 300, false);
     }
 
     /// Killed once idle: catches any acknowledgement sent before its commit, every time (a kill
     /// while writing catches that only if it lands before the next commit).
     #[test]
     fn nothing_acknowledged_is_lost_when_killed_while_idle() {
-        kill_writer_and_check(Some(200), 200);
+        kill_writer_and_check(Some(200), 200, false);
+    }
+
+    /// Killed after the change log has entries that redb never saw: opening applies them.
+    #[test]
+    fn nothing_acknowledged_is_lost_when_killed_between_the_log_and_redb() {
+        kill_writer_and_check(None, 300, true);
     }
 }
