@@ -548,7 +548,11 @@ async fn a_node_back_from_an_outage_or_a_lost_disk_catches_up() {
     let (after_outage, _) = catch_up(&admin, ROWS as u64).await;
 
     cluster.kill(3);
-    std::fs::remove_file(cluster.path().join("node-3/data/state.redb")).expect("node 3's store");
+    // The store is the redb file and the change log beside it.
+    for file in ["state.redb", "changes.log"] {
+        std::fs::remove_file(cluster.path().join("node-3/data").join(file))
+            .expect("node 3's store");
+    }
     cluster.spawn(3, None);
     cluster.wait_up(&[3]).await;
     let (after_loss, synced) = catch_up(&admin, ROWS as u64).await;

@@ -1356,7 +1356,7 @@ mod tests {
             &dir.path().display().to_string(),
             "older Bulwark storage format",
             "format 1",
-            "format 2",
+            "format 3",
             "empty data directory",
         ] {
             assert!(text.contains(needed), "{needed:?} missing: {text}");
