@@ -6,12 +6,13 @@
 //! handle that queues frames back onto the same connection: a node's answers to a client, and a
 //! node's answers to another node that dialled it (whose [`Link`](crate::Link) routes them by op).
 
+use crate::frames::{self, BATCH_BYTES};
 use crate::queue::{QueueSender, SendError, queue};
 use crate::{Acceptor, Fingerprint, Identity, TransportError};
 use bulwark_core::envelope::{Envelope, EnvelopeError};
 use bulwark_core::{ClientId, NodeId};
 use bytes::Bytes;
-use futures::{SinkExt, StreamExt};
+use futures::StreamExt;
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
@@ -298,7 +299,7 @@ impl Inbound {
         self.counters.accepted.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(%peer, "peer connected");
 
-        let (mut sink, mut stream) = framed.split();
+        let (mut stream, mut writer) = frames::split(framed);
         let (sender, mut outgoing) = queue(
             self.limits.replies_queued_bytes_max,
             self.acceptor.max_frame_bytes,
@@ -347,14 +348,17 @@ impl Inbound {
             EndReason::Closed
         };
         let writing = async {
-            while let Some(queued) = outgoing.recv().await {
-                // Flush only when nothing else is waiting, so a burst of replies is one write.
-                let sent = if outgoing.is_empty() {
-                    sink.send(queued.frame).await
-                } else {
-                    sink.feed(queued.frame).await
-                };
-                if let Err(error) = sent {
+            while let Some(first) = outgoing.recv().await {
+                // What else is waiting goes in the same write, so a burst of replies is one flush.
+                let mut bytes = first.frame.len();
+                let mut batch = vec![first];
+                while bytes < BATCH_BYTES {
+                    let Ok(next) = outgoing.try_recv() else { break };
+                    bytes += next.frame.len();
+                    batch.push(next);
+                }
+                let frames: Vec<&Bytes> = batch.iter().map(|queued| &queued.frame).collect();
+                if let Err(error) = writer.send_all(&frames).await {
                     return Some(EndReason::Send(error.to_string()));
                 }
             }

@@ -10,13 +10,14 @@
 //! connection broke may be lost: TCP gives no receipt, and only the protocol's retransmission can
 //! cover that.
 
+use crate::frames::{self, BATCH_BYTES};
 use crate::queue::{QueueSender, Queued, SendError, queue};
 use crate::router::Router;
 use crate::{Connector, Fingerprint, FramedStream};
 use bulwark_core::NodeId;
 use bulwark_core::envelope::Envelope;
 use bytes::Bytes;
-use futures::{SinkExt, StreamExt};
+use futures::StreamExt;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,8 +31,6 @@ use tokio::time::Instant;
 pub const QUEUED_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// Malformed frames tolerated from one connection by default before it is dropped.
 pub const MALFORMED_MAX: u32 = 64;
-/// Bytes written before one flush: enough to batch small frames, small enough to keep latency.
-const BATCH_BYTES: usize = 256 * 1024;
 
 /// A link's bounds and timings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -351,7 +350,7 @@ impl LinkTask {
         frames: &mut mpsc::UnboundedReceiver<Queued>,
         unflushed: &mut VecDeque<Queued>,
     ) -> Down {
-        let (mut sink, mut stream) = framed.split();
+        let (mut stream, mut writer) = frames::split(framed);
         let reading = async {
             let mut malformed = 0u32;
             while let Some(frame) = stream.next().await {
@@ -394,12 +393,8 @@ impl LinkTask {
                     }
                 }
                 // Cancelling here (the read side failed) keeps the batch for the next connection.
-                for queued in unflushed.iter() {
-                    if let Err(error) = sink.feed(queued.frame.clone()).await {
-                        return Down::Failed(format!("send: {error}"));
-                    }
-                }
-                if let Err(error) = sink.flush().await {
+                let batch: Vec<&Bytes> = unflushed.iter().map(|queued| &queued.frame).collect();
+                if let Err(error) = writer.send_all(&batch).await {
                     return Down::Failed(format!("send: {error}"));
                 }
                 self.state
