@@ -53,8 +53,10 @@ const CACHE_BYTES: usize = 64 * 1024 * 1024;
 /// A group of more key and value bytes than this is committed to redb durably at once instead of
 /// going through the change log: its bytes, not the commit's bookkeeping, are most of its cost,
 /// and the log would write them twice (1 MiB puts ran at 0.6x through the log, with checkpoint
-/// stalls; docs/benchmarks.md).
-const LOGGED_GROUP_BYTES_MAX: usize = 64 * 1024;
+/// stalls; docs/benchmarks.md). Small enough that a 64 KiB put's 32 KiB fragment is never logged
+/// (at 64 KiB, groups of one fragment were and groups of two were not, and 64 KiB puts lost a
+/// third); large enough for every group of metadata and small values.
+const LOGGED_GROUP_BYTES_MAX: usize = 16 * 1024;
 /// The change log is emptied by a checkpoint once it holds this many bytes...
 const CHECKPOINT_BYTES: u64 = 64 * 1024 * 1024;
 /// ... or once the last checkpoint is this old: redb keeps what unflushed commits freed until a
