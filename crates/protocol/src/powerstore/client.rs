@@ -51,6 +51,10 @@ pub struct ClientMutations {
     /// End a read in one round with `f` vouching entries (instead of `f+1`): the cross-checksum
     /// may be a liar's.
     pub one_round_f_vouchers: bool,
+    /// A sole writer that does not know its clock for a key skips CLOCK anyway and stores at 1,
+    /// as a writer restarted with a fresh counter would. Safe only while nodes refuse STOREs
+    /// below their `lc` (the server's stale check).
+    pub sole_writer_from_one: bool,
 }
 
 impl ClientConfig {
@@ -118,7 +122,13 @@ pub struct WriteOutcome {
     pub ts: Timestamp,
     /// Nodes whose COMPLETE_ACK counted.
     pub acknowledged_by: Vec<Slot>,
+    /// Times a sole writer's STORE was refused as stale and the write went back to CLOCK.
+    pub restarts: u32,
 }
+
+/// Attempts of one write at most: a sole writer's STORE goes back to CLOCK only when `f+1` nodes
+/// hold a newer complete write, which only the writer's own concurrent writes can cause.
+const WRITE_ATTEMPTS_MAX: u32 = 16;
 
 /// A completed read.
 #[derive(Clone, Debug)]
@@ -177,13 +187,21 @@ pub struct WriteOp {
     key: Key,
     op: OpId,
     pid: Pid,
+    /// The nonce of the current attempt, revealed in its COMPLETE.
     nonce: Nonce,
+    /// The first attempt's nonce, from which every attempt's is derived.
+    first_nonce: Nonce,
     value: Option<Bytes>,
     codec: std::sync::Arc<dyn ErasureCodec>,
     phase: WritePhase,
     refusals: Refusals<Refusal>,
     /// Set once CLOCK finished: the timestamp, fragments, cross-checksum and MAC vector.
     prepared: Option<Prepared>,
+    /// Which attempt this is: 0, then one more each time `f+1` stale refusals send a sole
+    /// writer's STORE back to CLOCK. Requests carry it; replies to another attempt are ignored.
+    attempt: u32,
+    /// Nodes that refused this attempt's STORE as stale.
+    stale: Replies<()>,
 }
 
 struct Prepared {
@@ -209,7 +227,8 @@ impl WriteOp {
         value: Option<Bytes>,
     ) -> WriteOp {
         assert_eq!(keys.servers.len(), config.n, "one MAC key per server");
-        let refusals = Refusals::new(config.n);
+        let n = config.n;
+        let refusals = Refusals::new(n);
         let phase = WritePhase::Clock {
             replies: Replies::new(config.n),
             highest: None,
@@ -221,17 +240,42 @@ impl WriteOp {
             op,
             pid,
             nonce: Nonce(nonce),
+            first_nonce: Nonce(nonce),
             value,
             codec,
             phase,
             refusals,
             prepared: None,
+            attempt: 0,
+            stale: Replies::new(n),
         }
     }
 
-    /// The first round: CLOCK to every node.
+    /// This write on a register with one writer (see [`super::sole_writer`]), by that writer,
+    /// whose own last write of the key had timestamp number `last`. With `last`, the write skips
+    /// CLOCK and stores at `last + 1` (the paper's §4 write: STORE, then COMPLETE); without, it
+    /// runs CLOCK as every write does. If `f+1` nodes refuse the STORE as stale, a write this
+    /// writer did not know of is complete, and the write runs CLOCK and stores again.
+    pub fn sole(mut self, last: Option<u64>) -> Result<WriteOp, ProtocolError> {
+        let last = match last {
+            None if self.config.mutations.sole_writer_from_one => Some(0),
+            last => last,
+        };
+        if let Some(last) = last {
+            self.prepare(last.saturating_add(1))?;
+            self.phase = WritePhase::Store {
+                replies: Replies::new(self.config.n),
+            };
+        }
+        Ok(self)
+    }
+
+    /// The first round: CLOCK to every node, or STORE for a sole writer that knows its clock.
     pub fn start(&mut self) -> Vec<Outbound> {
-        self.broadcast(RequestBody::Clock)
+        match self.phase {
+            WritePhase::Store { .. } => self.stores(),
+            _ => self.broadcast(RequestBody::Clock),
+        }
     }
 
     fn broadcast(&self, body: RequestBody) -> Vec<Outbound> {
@@ -239,9 +283,16 @@ impl WriteOp {
             .map(|i| {
                 (
                     Slot(i as u32),
-                    self.config.request(self.op, 0, &self.key, body.clone()),
+                    self.config
+                        .request(self.op, self.attempt, &self.key, body.clone()),
                 )
             })
+            .collect()
+    }
+
+    fn stores(&self) -> Vec<Outbound> {
+        (0..self.config.n)
+            .filter_map(|i| Some((Slot(i as u32), self.store_for(Slot(i as u32))?)))
             .collect()
     }
 
@@ -254,7 +305,7 @@ impl WriteOp {
             nonce_hash: p.nonce_hash,
             vec: p.vec.clone(),
         };
-        Some(self.config.request(self.op, 0, &self.key, body))
+        Some(self.config.request(self.op, self.attempt, &self.key, body))
     }
 
     fn complete_body(&self) -> Option<RequestBody> {
@@ -280,7 +331,7 @@ impl WriteOp {
                     (
                         n,
                         self.config
-                            .request(self.op, 0, &self.key, RequestBody::Clock),
+                            .request(self.op, self.attempt, &self.key, RequestBody::Clock),
                     )
                 })
                 .collect(),
@@ -291,7 +342,12 @@ impl WriteOp {
             WritePhase::Complete { replies } => match self.complete_body() {
                 Some(body) => replies
                     .missing()
-                    .map(|n| (n, self.config.request(self.op, 0, &self.key, body.clone())))
+                    .map(|n| {
+                        let request =
+                            self.config
+                                .request(self.op, self.attempt, &self.key, body.clone());
+                        (n, request)
+                    })
                     .collect(),
                 None => Vec::new(),
             },
@@ -311,8 +367,14 @@ impl WriteOp {
 
     /// Feeds one reply.
     pub fn on_response(&mut self, from: Slot, response: Response) -> Step<WriteOutcome> {
-        if response.op != self.op || from.index() >= self.config.n {
+        if response.op != self.op
+            || response.attempt != self.attempt
+            || from.index() >= self.config.n
+        {
             return Step::Continue(Vec::new());
+        }
+        if matches!(response.body, ResponseBody::Refused(Refusal::Stale)) {
+            return self.on_stale(from);
         }
         if let ResponseBody::Refused(refusal) = response.body {
             return match refused(&mut self.refusals, from, refusal, self.config.f) {
@@ -339,16 +401,15 @@ impl WriteOp {
                 if replies.count() < quorum {
                     return Step::Continue(Vec::new());
                 }
-                let num = highest.map_or(0, |ts| ts.num) + 1;
+                // After a stale attempt, also above that attempt: a sole writer may skip ahead.
+                let floor = self.prepared.as_ref().map_or(0, |p| p.ts.num);
+                let num = highest.map_or(0, |ts| ts.num).max(floor) + 1;
                 match self.prepare(num) {
                     Ok(()) => {
                         self.phase = WritePhase::Store {
                             replies: Replies::new(self.config.n),
                         };
-                        let sends = (0..self.config.n)
-                            .filter_map(|i| Some((Slot(i as u32), self.store_for(Slot(i as u32))?)))
-                            .collect();
-                        Step::Continue(sends)
+                        Step::Continue(self.stores())
                     }
                     Err(error) => {
                         self.phase = WritePhase::Done;
@@ -387,10 +448,39 @@ impl WriteOp {
                 Step::Done(Ok(WriteOutcome {
                     ts: prepared_ts,
                     acknowledged_by,
+                    restarts: self.attempt,
                 }))
             }
             _ => Step::Continue(Vec::new()),
         }
+    }
+
+    /// A STORE refused as stale. At `f+1`, a correct node holds a complete write above this
+    /// attempt's timestamp: CLOCK again, with a fresh nonce, and store above what it finds.
+    fn on_stale(&mut self, from: Slot) -> Step<WriteOutcome> {
+        if !matches!(self.phase, WritePhase::Store { .. })
+            || !self.stale.record(from, ())
+            || self.stale.count() <= self.config.f
+        {
+            return Step::Continue(Vec::new());
+        }
+        if self.attempt + 1 >= WRITE_ATTEMPTS_MAX {
+            self.phase = WritePhase::Done;
+            return Step::Done(Err(ProtocolError::Refused {
+                refusal: Refusal::Stale,
+                nodes: self.stale.present().map(|(n, _)| n).collect(),
+            }));
+        }
+        self.attempt += 1;
+        // The abandoned attempt's nonce is never revealed, so its timestamp stays unproven.
+        self.nonce = self.first_nonce.for_attempt(self.attempt);
+        self.refusals = Refusals::new(self.config.n);
+        self.stale = Replies::new(self.config.n);
+        self.phase = WritePhase::Clock {
+            replies: Replies::new(self.config.n),
+            highest: None,
+        };
+        Step::Continue(self.broadcast(RequestBody::Clock))
     }
 
     /// Builds the timestamp, fragments, cross-checksum and MAC vector (l. 85–88, 103).

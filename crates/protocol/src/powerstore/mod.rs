@@ -20,6 +20,14 @@
 //!   stay correct.
 //! - An empty candidate set after COLLECT returns "absent" at once: any completed write or read
 //!   leaves `f+1` correct servers with a non-initial `lc`, and every `n-f` quorum meets one of them.
+//!
+//! Registers with one writer (the paper's §4, PoWerStore proper): a key that begins with
+//! [`SOLE_WRITER_PREFIX`] names its only writer, nodes refuse every write round from anyone else,
+//! and that writer, which knows the timestamp of its own last write, skips CLOCK: STORE, then
+//! COMPLETE. A node refuses a STORE below its `lc` on such a register ([`Refusal::Stale`]), so a
+//! writer that lost its clock (a second process under its identity, a restart with an old
+//! counter) cannot complete a write that sorts below one already complete; `f+1` such refusals
+//! send the writer to CLOCK (see [`WriteOp::sole`]).
 
 mod client;
 mod msg;
@@ -42,10 +50,31 @@ use bulwark_core::{ClientId, Digest, GroupId, Key, MacKey, Tag};
 use serde::{Deserialize, Serialize};
 use std::cmp::Ordering;
 
+/// The first bytes of a register key with one writer; the writer's client id follows, four bytes
+/// big-endian, then the rest of the key.
+pub const SOLE_WRITER_PREFIX: &[u8] = b"\0sw\0";
+
+/// The only writer of `key`'s register, if it has one (see [`SOLE_WRITER_PREFIX`]).
+pub fn sole_writer(key: &Key) -> Option<ClientId> {
+    let rest = key.as_bytes().strip_prefix(SOLE_WRITER_PREFIX)?;
+    let id: [u8; 4] = rest.get(..4)?.try_into().ok()?;
+    Some(ClientId(u32::from_be_bytes(id)))
+}
+
+/// The key bytes of `name`'s register with `writer` as its only writer.
+pub fn sole_writer_key(writer: ClientId, name: &[u8]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(SOLE_WRITER_PREFIX.len() + 4 + name.len());
+    key.extend_from_slice(SOLE_WRITER_PREFIX);
+    key.extend_from_slice(&writer.0.to_be_bytes());
+    key.extend_from_slice(name);
+    key
+}
+
 const DOMAIN_TIMESTAMP: &str = "bulwark.powerstore.timestamp";
 const DOMAIN_VEC: &str = "bulwark.powerstore.vec";
 const DOMAIN_NONCE: &str = "bulwark 2026 powerstore nonce commitment";
 const DOMAIN_FRAGMENT: &str = "bulwark 2026 powerstore fragment";
+const DOMAIN_NONCE_RETRY: &str = "bulwark 2026 powerstore nonce of a retried write";
 
 /// The writer part of a timestamp. `seq` is unique per write operation of a writer (a random
 /// per-process prefix and a counter), so neither a restarted writer nor two concurrent writes of
@@ -152,6 +181,19 @@ impl Nonce {
     /// `N̄ = H(N)`: the commitment stored with the data.
     pub fn commitment(&self) -> Digest {
         Digest::of(DOMAIN_NONCE, &self.0)
+    }
+
+    /// The nonce of attempt `attempt` of the write whose first nonce is `self`: as secret as
+    /// `self`, and never the nonce of another attempt, so a timestamp an attempt abandoned can
+    /// never be proven written by the nonce a later attempt reveals.
+    pub fn for_attempt(&self, attempt: u32) -> Nonce {
+        if attempt == 0 {
+            return *self;
+        }
+        let mut input = [0u8; 36];
+        input[..32].copy_from_slice(&self.0);
+        input[32..].copy_from_slice(&attempt.to_be_bytes());
+        Nonce(Digest::of(DOMAIN_NONCE_RETRY, &input).0)
     }
 }
 

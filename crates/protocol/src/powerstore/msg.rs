@@ -2,7 +2,7 @@
 //! replica group so that reconfiguration and many groups per node need no new wire format.
 
 use super::{Candidate, CrossChecksum, MacVec, Nonce, Timestamp};
-use bulwark_core::{Digest, Epoch, GroupId, Key};
+use bulwark_core::{ClientId, Digest, Epoch, GroupId, Key};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
@@ -212,4 +212,14 @@ pub enum Refusal {
     /// The request was malformed; the text says how.
     #[error("malformed request: {0}")]
     Malformed(String),
+    /// The register has one writer, and it is another client.
+    #[error("the register's only writer is {writer}")]
+    NotSoleWriter {
+        /// Its writer.
+        writer: ClientId,
+    },
+    /// A STORE on a register with one writer sorts below this node's `lc`: the writer's clock is
+    /// behind a write already complete. `f+1` of these send the writer to CLOCK.
+    #[error("the timestamp is below the register's last complete write")]
+    Stale,
 }

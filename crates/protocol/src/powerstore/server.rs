@@ -35,7 +35,7 @@
 //! (bit rot), is never served: the server answers as if it held no entry, and counts it.
 
 use super::msg::{FilterAck, LcEntry, Refusal, Request, RequestBody, Response, ResponseBody};
-use super::{Candidate, CrossChecksum, MacVec, Timestamp, cmp_ts, fragment_digest};
+use super::{Candidate, CrossChecksum, MacVec, Timestamp, cmp_ts, fragment_digest, sole_writer};
 use bulwark_core::{ClientId, Digest, Epoch, GroupId, Key, MacKey, Slot, Time};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -76,6 +76,9 @@ pub struct ServerMutations {
     /// (the paper's literal l. 124/128, without spec §4.8(c)), so a corrupted vector can sit in
     /// the `lc` of a server that holds the version.
     pub candidate_vec_in_lc: bool,
+    /// Store below `lc` on a register with one writer ([`Refusal::Stale`] never sent): a writer
+    /// that lost its clock completes a write that sorts below one already complete.
+    pub no_stale_check: bool,
 }
 
 impl ServerConfig {
@@ -491,6 +494,22 @@ impl Server {
         }
         let key = request.key.clone();
         let state = self.keys.entry(key.clone()).or_insert_with(KeyState::new);
+        if let Some(writer) = sole_writer(&key) {
+            if ts.pid.writer != writer {
+                return Self::refuse(
+                    request,
+                    Refusal::Malformed("the timestamp names another writer".to_string()),
+                );
+            }
+            let below_lc = state
+                .lc
+                .as_ref()
+                .is_some_and(|lc| ts.cmp_order(&lc.ts) == Ordering::Less);
+            // A retransmitted STORE of a version this node already holds is acknowledged again.
+            if below_lc && !state.hist.contains_key(ts) && !self.config.mutations.no_stale_check {
+                return Self::refuse(request, Refusal::Stale);
+            }
+        }
         let mut changes = Vec::new();
         // A retransmitted STORE carries the same data: ack again without rewriting.
         if !state.hist.contains_key(ts) {
@@ -684,7 +703,7 @@ impl ServerLogic for Server {
     fn handle(
         &mut self,
         now: Time,
-        _from: ClientId,
+        from: ClientId,
         access: Access,
         request: Request,
         fragments: &dyn Fragments,
@@ -707,6 +726,12 @@ impl ServerLogic for Server {
         }
         if !writes && !access.read {
             return Self::refuse(&request, Refusal::NotReader);
+        }
+        if writes
+            && let Some(writer) = sole_writer(&request.key)
+            && from != writer
+        {
+            return Self::refuse(&request, Refusal::NotSoleWriter { writer });
         }
         let mut handled = match &request.body {
             RequestBody::Clock => {

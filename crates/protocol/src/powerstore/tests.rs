@@ -1189,3 +1189,171 @@ fn a_damaged_entry_is_blamed_and_the_read_still_ends_in_one_round() {
         outcome.evidence
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Registers with one writer
+
+/// A write by `writer` of `value` to `key`, which knows its clock is `last`.
+fn sole_write(h: &mut Harness, writer: ClientId, key: &Key, last: Option<u64>) -> WriteOp {
+    let op = h.op();
+    WriteOp::new(
+        h.config.clone(),
+        h.keys.clone(),
+        Arc::new(ReedSolomonSimd),
+        key.clone(),
+        op,
+        Pid { writer, seq: op.0 },
+        [op.0 as u8; 32],
+        Some(Bytes::from_static(b"sole")),
+    )
+    .sole(last)
+    .unwrap()
+}
+
+/// Runs `write` from `writer` against every server; returns its result and the rounds it sent.
+fn drive_as(
+    h: &mut Harness,
+    writer: ClientId,
+    mut write: WriteOp,
+) -> (Result<WriteOutcome, ProtocolError>, Vec<&'static str>) {
+    let mut rounds = Vec::new();
+    let mut queue: std::collections::VecDeque<Outbound> = write.start().into();
+    while let Some((to, request)) = queue.pop_front() {
+        if rounds.last() != Some(&request.body.name()) {
+            rounds.push(request.body.name());
+        }
+        let i = to.index();
+        let handled = h.servers[i].handle(h.now, writer, WRITER, request, &h.disks[i]);
+        for change in &handled.changes {
+            h.disks[i].apply(change);
+        }
+        let Some(response) = handled.reply else {
+            continue;
+        };
+        match write.on_response(to, response) {
+            Step::Continue(more) => queue.extend(more),
+            Step::Done(result) => return (result, rounds),
+        }
+    }
+    panic!("the write neither completed nor failed")
+}
+
+#[test]
+fn a_sole_writer_that_knows_its_clock_writes_in_two_rounds() {
+    let mut h = Harness::new(1);
+    let writer = ClientId(7);
+    let key = Key::new(sole_writer_key(writer, b"k")).unwrap();
+    assert_eq!(sole_writer(&key), Some(writer));
+    assert_eq!(sole_writer(&Key::new(b"\0sw\0ab".to_vec()).unwrap()), None);
+
+    let first = sole_write(&mut h, writer, &key, None);
+    let (outcome, rounds) = drive_as(&mut h, writer, first);
+    assert_eq!(
+        rounds,
+        ["clock", "store", "complete"],
+        "no clock known: CLOCK runs"
+    );
+    assert_eq!(outcome.unwrap().ts.num, 1);
+
+    let second = sole_write(&mut h, writer, &key, Some(1));
+    let (outcome, rounds) = drive_as(&mut h, writer, second);
+    assert_eq!(rounds, ["store", "complete"]);
+    let outcome = outcome.unwrap();
+    assert_eq!((outcome.ts.num, outcome.restarts), (2, 0));
+    assert_eq!(h.read(&key).value.as_deref(), Some(&b"sole"[..]));
+}
+
+#[test]
+fn another_client_cannot_write_a_sole_writers_register() {
+    let mut h = Harness::new(1);
+    let key = Key::new(sole_writer_key(ClientId(7), b"k")).unwrap();
+    let intruder = ClientId(8);
+    let write = sole_write(&mut h, intruder, &key, None);
+    let (outcome, rounds) = drive_as(&mut h, intruder, write);
+    assert_eq!(rounds, ["clock"]);
+    match outcome {
+        Err(ProtocolError::Refused { refusal, nodes }) => {
+            assert_eq!(
+                refusal,
+                Refusal::NotSoleWriter {
+                    writer: ClientId(7)
+                }
+            );
+            assert_eq!(nodes.len(), 2, "f+1 refusals end it");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    // Nor may it skip CLOCK: STORE is refused the same way, and nothing is stored.
+    let write = sole_write(&mut h, intruder, &key, Some(5));
+    let (outcome, _) = drive_as(&mut h, intruder, write);
+    assert!(matches!(
+        outcome,
+        Err(ProtocolError::Refused {
+            refusal: Refusal::NotSoleWriter { .. },
+            ..
+        })
+    ));
+    assert_eq!(h.read(&key).value, None);
+}
+
+#[test]
+fn a_store_below_a_complete_write_is_refused_and_the_writer_clocks_again() {
+    let mut h = Harness::new(1);
+    let writer = ClientId(7);
+    let key = Key::new(sole_writer_key(writer, b"k")).unwrap();
+    let ahead = sole_write(&mut h, writer, &key, Some(4));
+    assert_eq!(drive_as(&mut h, writer, ahead).0.unwrap().ts.num, 5);
+
+    // The writer restarted with its clock at 1: every node's `lc` is above 2.
+    let behind = sole_write(&mut h, writer, &key, Some(1));
+    let (outcome, rounds) = drive_as(&mut h, writer, behind);
+    assert_eq!(rounds, ["store", "clock", "store", "complete"]);
+    let outcome = outcome.unwrap();
+    assert_eq!((outcome.ts.num, outcome.restarts), (6, 1));
+}
+
+#[test]
+fn without_the_stale_check_a_writer_behind_completes_a_write_no_read_sees() {
+    // The mutation the simulator's negative control uses.
+    let mut h = Harness::new(1);
+    h.servers = (0..4)
+        .map(|i| {
+            let mut config = ServerConfig::new(Slot(i as u32), 1);
+            config.mutations.no_stale_check = true;
+            Server::new(config, h.keys.servers[i].clone())
+        })
+        .collect();
+    let writer = ClientId(7);
+    let key = Key::new(sole_writer_key(writer, b"k")).unwrap();
+    let ahead = sole_write(&mut h, writer, &key, Some(4));
+    drive_as(&mut h, writer, ahead).0.unwrap();
+    let behind = sole_write(&mut h, writer, &key, Some(1));
+    let (outcome, rounds) = drive_as(&mut h, writer, behind);
+    assert_eq!(rounds, ["store", "complete"]);
+    assert_eq!(outcome.unwrap().ts.num, 2);
+    assert_eq!(h.read(&key).ts.map(|ts| ts.num), Some(5));
+}
+
+#[test]
+fn a_retransmitted_store_of_a_held_version_is_acknowledged_again() {
+    let mut h = Harness::new(1);
+    let writer = ClientId(7);
+    let key = Key::new(sole_writer_key(writer, b"k")).unwrap();
+    let mut write = sole_write(&mut h, writer, &key, Some(0));
+    let stores = write.start();
+    let (to, store) = stores[0].clone();
+    let i = to.index();
+    let first = h.servers[i].handle(h.now, writer, WRITER, store.clone(), &h.disks[i]);
+    assert!(matches!(
+        first.reply.unwrap().body,
+        ResponseBody::StoreAck { .. }
+    ));
+    // A later write completes (on every node but through another op), then the STORE comes again.
+    let later = sole_write(&mut h, writer, &key, Some(3));
+    drive_as(&mut h, writer, later).0.unwrap();
+    let again = h.servers[i].handle(h.now, writer, WRITER, store, &h.disks[i]);
+    assert!(matches!(
+        again.reply.unwrap().body,
+        ResponseBody::StoreAck { .. }
+    ));
+}
