@@ -189,7 +189,7 @@ impl Mutations {
         *self != Mutations::default()
     }
 
-    fn flags(&self) -> [(&'static str, bool); 25] {
+    fn flags(&self) -> [(&'static str, bool); 27] {
         [
             ("quorum-f-plus-one", self.client.quorum_f_plus_one),
             ("any-twin", self.client.any_twin),
@@ -199,10 +199,12 @@ impl Mutations {
                 self.client.one_round_small_agreement,
             ),
             ("one-round-f-vouchers", self.client.one_round_f_vouchers),
+            ("sole-writer-from-one", self.client.sole_writer_from_one),
             ("no-write-back", self.server.no_write_back),
             ("accept-unproven", self.server.accept_unproven),
             ("naive-gc", self.server.naive_gc),
             ("candidate-vec-in-lc", self.server.candidate_vec_in_lc),
+            ("no-stale-check", self.server.no_stale_check),
             ("register-small-quorum", self.register.quorum_minus_one),
             ("register-no-write-back", self.register.no_write_back),
             ("register-unverified", self.register.unverified),
@@ -229,7 +231,7 @@ impl Mutations {
 /// A mutation name that does not exist.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown mutation {0:?}; expected quorum-f-plus-one, any-twin, no-offers, one-round-small-agreement, one-round-f-vouchers, no-write-back, accept-unproven, naive-gc, candidate-vec-in-lc (PoWerStore), register-small-quorum, register-no-write-back or register-unverified (ABD, Phalanx; the first also content-hash objects), pbft-quorum-2f or pbft-drop-prepared (configuration service), serve-before-transfer, small-transfer-quorum, answer-without-entering or pull-unchanged-arcs (reconfiguration), table-accept-f-plus-one, table-majority, table-unverified-cells, table-skip-write-back, table-ignore-revocations or table-no-anti-entropy (tables), send-before-durable (any)"
+    "unknown mutation {0:?}; expected quorum-f-plus-one, any-twin, no-offers, one-round-small-agreement, one-round-f-vouchers, sole-writer-from-one, no-write-back, accept-unproven, naive-gc, candidate-vec-in-lc, no-stale-check (PoWerStore), register-small-quorum, register-no-write-back or register-unverified (ABD, Phalanx; the first also content-hash objects), pbft-quorum-2f or pbft-drop-prepared (configuration service), serve-before-transfer, small-transfer-quorum, answer-without-entering or pull-unchanged-arcs (reconfiguration), table-accept-f-plus-one, table-majority, table-unverified-cells, table-skip-write-back, table-ignore-revocations or table-no-anti-entropy (tables), send-before-durable (any)"
 )]
 pub struct UnknownMutation(pub String);
 
@@ -246,10 +248,12 @@ impl FromStr for Mutations {
                 "no-offers" => mutations.client.no_offers = true,
                 "one-round-small-agreement" => mutations.client.one_round_small_agreement = true,
                 "one-round-f-vouchers" => mutations.client.one_round_f_vouchers = true,
+                "sole-writer-from-one" => mutations.client.sole_writer_from_one = true,
                 "no-write-back" => mutations.server.no_write_back = true,
                 "accept-unproven" => mutations.server.accept_unproven = true,
                 "naive-gc" => mutations.server.naive_gc = true,
                 "candidate-vec-in-lc" => mutations.server.candidate_vec_in_lc = true,
+                "no-stale-check" => mutations.server.no_stale_check = true,
                 "register-small-quorum" => mutations.register.quorum_minus_one = true,
                 "register-no-write-back" => mutations.register.no_write_back = true,
                 "register-unverified" => mutations.register.unverified = true,

@@ -100,6 +100,25 @@ pub trait Protocol: Sized {
     /// A read of `key` by `client`.
     fn read(&self, client: usize, key: Key, op: OpId) -> Self::Read;
 
+    /// The run's key number `index`, where the first `writers` clients write.
+    fn key(&self, index: usize, _writers: usize) -> Key {
+        Key::new(format!("key{index}").into_bytes())
+            .unwrap_or_else(|_| unreachable!("short ASCII keys are valid"))
+    }
+
+    /// Whether writer `client` writes `key` (registers with one writer take only that writer's
+    /// writes); when not, the client reads it instead.
+    fn may_write(&self, _client: usize, _key: &Key) -> bool {
+        true
+    }
+
+    /// A correct client's write of `key` completed with `output`: writers that keep state from one
+    /// operation to the next (a sole writer's clock) learn it here.
+    fn wrote(&self, _client: usize, _key: &Key, _output: &<Self::Write as Operation>::Output) {}
+
+    /// Correct client `client` crashed: whatever it kept in memory is gone.
+    fn client_crashed(&self, _client: usize) {}
+
     /// The operation a response answers.
     fn response_op(response: &Self::Response) -> OpId;
 
@@ -205,7 +224,8 @@ pub struct Finished {
     pub evidence: Vec<(Slot, String)>,
     /// The read repaired a version.
     pub repaired: bool,
-    /// The read restarted (a version was collected under it).
+    /// The read restarted (a version was collected under it), or the write went back to CLOCK
+    /// (a sole writer's STORE refused as stale).
     pub restarts: u32,
     /// The read ended after its first round.
     pub one_round: bool,

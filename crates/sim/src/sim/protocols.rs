@@ -3,7 +3,7 @@
 pub mod a2m_storage;
 pub mod content;
 pub mod cs;
-pub(super) mod powerstore;
+pub mod powerstore;
 pub mod reconfig;
 pub mod registers;
 pub mod table;

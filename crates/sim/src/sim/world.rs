@@ -267,9 +267,21 @@ impl<P: Protocol> ClientOp<P> {
         }
     }
 
-    fn on_reply(&mut self, from: Slot, reply: P::Response) -> OpStep<P::Request> {
+    /// Feeds one reply; a write that completes is shown to `wrote` before the world sees it.
+    fn on_reply(
+        &mut self,
+        from: Slot,
+        reply: P::Response,
+        wrote: impl FnOnce(&<P::Write as Operation>::Output),
+    ) -> OpStep<P::Request> {
         match self {
-            ClientOp::Write(op) => step(op.on_reply(from, reply)),
+            ClientOp::Write(op) => match op.on_reply(from, reply) {
+                Progress::Done(Ok(output)) => {
+                    wrote(&output);
+                    OpStep::Done(Ok(output.finish()))
+                }
+                progress => step(progress),
+            },
             ClientOp::Read(op) => step(op.on_reply(from, reply)),
         }
     }
@@ -286,6 +298,7 @@ fn step<O: Operation<Output: Finish>>(progress: Progress<O>) -> OpStep<O::Reques
 
 struct Running<P: Protocol> {
     machine: ClientOp<P>,
+    key: Key,
     writes: bool,
     op: OpId,
     record: usize,
@@ -410,10 +423,7 @@ impl<'a, P: Protocol> World<'a, P> {
             });
         }
         let keys = (0..config.keys.max(1))
-            .map(|i| {
-                Key::new(format!("key{i}").into_bytes())
-                    .unwrap_or_else(|_| unreachable!("short ASCII keys are valid"))
-            })
+            .map(|i| protocol.key(i, swarm.writers))
             .collect();
         World {
             config,
@@ -887,7 +897,10 @@ impl<'a, P: Protocol> World<'a, P> {
         if running.op != P::response_op(&response) {
             return;
         }
-        match running.machine.on_reply(node, response) {
+        let key = running.key.clone();
+        let protocol = &self.protocol;
+        let wrote = |output: &_| protocol.wrote(client, &key, output);
+        match running.machine.on_reply(node, response, wrote) {
             OpStep::Continue(sends) if sends.is_empty() => {}
             OpStep::Continue(sends) => self.next_round(client, sends),
             OpStep::Done(result) => self.completed(client, result),
@@ -937,7 +950,11 @@ impl<'a, P: Protocol> World<'a, P> {
                 };
                 self.stats.repairs += u64::from(finished.repaired);
                 self.stats.one_round_reads += u64::from(finished.one_round);
-                self.stats.read_restarts += u64::from(finished.restarts);
+                if running.writes {
+                    self.stats.write_restarts += u64::from(finished.restarts);
+                } else {
+                    self.stats.read_restarts += u64::from(finished.restarts);
+                }
                 self.stats.evidence += finished.evidence.len() as u64;
                 for (node, why) in &finished.evidence {
                     let blamed = node.index();
@@ -1043,7 +1060,8 @@ impl<'a, P: Protocol> World<'a, P> {
         let op = OpId(self.next_op);
         self.next_op += 1;
         let writes = self.clients[client].role == Role::Writer
-            && self.rng.random_bool(self.swarm.write_ratio);
+            && self.rng.random_bool(self.swarm.write_ratio)
+            && self.protocol.may_write(client, &key);
         let incarnation = self.clients[client].incarnation;
         let history_client = client as u64 * 1_000 + u64::from(incarnation);
         let (mut machine, kind) = if writes {
@@ -1085,6 +1103,7 @@ impl<'a, P: Protocol> World<'a, P> {
         };
         self.clients[client].running = Some(Running {
             machine,
+            key,
             writes,
             op,
             record: self.history.ops.len() - 1,
@@ -1163,6 +1182,7 @@ impl<'a, P: Protocol> World<'a, P> {
 
     fn crash_client(&mut self, client: usize) {
         self.stats.client_crashes += 1;
+        self.protocol.client_crashed(client);
         let slot = &mut self.clients[client];
         // The abandoned operation stays in the history with no completion: it may or may not
         // take effect, at any time after its invocation.

@@ -1,5 +1,9 @@
 //! M-PoWerStore in the simulator: the real server (or a Byzantine wrapper from the catalogue)
 //! over a simulated disk, the real writer and reader machines, and Byzantine readers.
+//!
+//! [`SoleWriterSim`] runs the same group with every key a register of one writer (the paper's
+//! §4): key `i` belongs to writer `i mod writers`, which alone writes it and keeps its clock per
+//! key between writes, so it skips CLOCK; a writer that crashes forgets its clocks.
 
 use crate::byzantine::reader::{Attack, ReaderAttacker};
 use crate::byzantine::{Behaviour, make_server};
@@ -14,27 +18,35 @@ use bulwark_core::{ClientId, Key, MacKey, Slot, Time};
 use bulwark_protocol::powerstore::{
     Candidate, Change, ClientConfig, FilterAck, Fragments, OpId, Pid, ReadOp, ReadOutcome, Request,
     RequestBody, Response, ResponseBody, ServerConfig, ServerLogic, Timestamp, WriteOp,
-    WriteOutcome, WriterKeys,
+    WriteOutcome, WriterKeys, sole_writer, sole_writer_key,
 };
 use bytes::Bytes;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
-use std::collections::VecDeque;
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 /// Collect operations a Byzantine reader remembers (to learn which key a reply was about).
 const ATTACKER_COLLECTS_MAX: usize = 64;
 
 /// One run's M-PoWerStore group: every server's MAC key, the writers' keys, configurations.
-pub(in crate::sim) struct PowerStore {
+/// `SOLE`: every register has one writer (see the module docs).
+pub struct PowerStore<const SOLE: bool = false> {
     server_configs: Vec<ServerConfig>,
     server_keys: Vec<MacKey>,
     client_config: ClientConfig,
     writer_keys: Arc<WriterKeys>,
     codec: Arc<dyn ErasureCodec>,
+    /// Each sole writer's clock: the timestamp number of its last write, per key it wrote since
+    /// it last crashed.
+    clocks: RefCell<HashMap<(usize, Key), u64>>,
 }
 
-impl Protocol for PowerStore {
+/// M-PoWerStore with one writer per register.
+pub type SoleWriterSim = PowerStore<true>;
+
+impl<const SOLE: bool> Protocol for PowerStore<SOLE> {
     type Request = Request;
     type Response = Response;
     type Change = Change;
@@ -54,7 +66,7 @@ impl Protocol for PowerStore {
         faults
     }
 
-    fn new(rng: &mut ChaCha8Rng, config: &SimConfig, swarm: &Swarm) -> PowerStore {
+    fn new(rng: &mut ChaCha8Rng, config: &SimConfig, swarm: &Swarm) -> Self {
         let f = config.f;
         let n = Self::nodes(f);
         let server_keys: Vec<MacKey> = (0..n).map(|_| MacKey(rng.random())).collect();
@@ -79,6 +91,7 @@ impl Protocol for PowerStore {
             client_config,
             writer_keys,
             codec: Arc::new(ReedSolomonSimd),
+            clocks: RefCell::new(HashMap::new()),
         }
     }
 
@@ -120,11 +133,11 @@ impl Protocol for PowerStore {
         _now: u64,
         rng: &mut ChaCha8Rng,
     ) -> WriteOp {
-        WriteOp::new(
+        let write = WriteOp::new(
             self.client_config.clone(),
             self.writer_keys.clone(),
             self.codec.clone(),
-            key,
+            key.clone(),
             op,
             Pid {
                 writer: ClientId(client as u32),
@@ -132,11 +145,47 @@ impl Protocol for PowerStore {
             },
             rng.random(),
             value,
-        )
+        );
+        if !SOLE {
+            return write;
+        }
+        let last = self.clocks.borrow().get(&(client, key)).copied();
+        write
+            .sole(last)
+            .unwrap_or_else(|error| panic!("a write the simulator made cannot be encoded: {error}"))
     }
 
     fn read(&self, _client: usize, key: Key, op: OpId) -> ReadOp {
         ReadOp::new(self.client_config.clone(), self.codec.clone(), key, op)
+    }
+
+    fn key(&self, index: usize, writers: usize) -> Key {
+        let name = format!("key{index}");
+        let bytes = if SOLE {
+            let writer = ClientId((index % writers.max(1)) as u32);
+            sole_writer_key(writer, name.as_bytes())
+        } else {
+            name.into_bytes()
+        };
+        Key::new(bytes).unwrap_or_else(|_| unreachable!("short keys are valid"))
+    }
+
+    fn may_write(&self, client: usize, key: &Key) -> bool {
+        !SOLE || sole_writer(key) == Some(ClientId(client as u32))
+    }
+
+    fn wrote(&self, client: usize, key: &Key, output: &WriteOutcome) {
+        if SOLE {
+            let mut clocks = self.clocks.borrow_mut();
+            let clock = clocks.entry((client, key.clone())).or_default();
+            *clock = (*clock).max(output.ts.num);
+        }
+    }
+
+    fn client_crashed(&self, client: usize) {
+        self.clocks
+            .borrow_mut()
+            .retain(|(writer, _), _| *writer != client);
     }
 
     fn response_op(response: &Response) -> OpId {
@@ -177,7 +226,7 @@ impl Protocol for PowerStore {
 }
 
 /// A server reads fragments back from the disk, or from batches still on their way to it.
-impl Fragments for Storage<PowerStore> {
+impl<const SOLE: bool> Fragments for Storage<PowerStore<SOLE>> {
     fn fragment(&self, key: &Key, ts: &Timestamp) -> Option<Bytes> {
         self.durable.fragment_after(self.pending(), key, ts)
     }
@@ -190,7 +239,7 @@ impl Finish for WriteOutcome {
             version: ts_label(&self.ts),
             evidence: Vec::new(),
             repaired: false,
-            restarts: 0,
+            restarts: self.restarts,
             one_round: false,
         }
     }
@@ -221,7 +270,7 @@ struct ByzantineReader {
     client_config: ClientConfig,
 }
 
-impl Attacker<PowerStore> for ByzantineReader {
+impl<const SOLE: bool> Attacker<PowerStore<SOLE>> for ByzantineReader {
     fn attack(&mut self, key: &Key, op: OpId, rng: &mut ChaCha8Rng) -> Vec<(usize, Request)> {
         let n = self.client_config.n;
         let (body, targets): (RequestBody, Vec<usize>) = match self.attacker.next_attack(key) {
