@@ -4,7 +4,9 @@
 use crate::driver::{self, LinkBytes, RunSpec, RunStats, Target, Work};
 use crate::links::{Hosts, Rate, ShapedNetwork};
 use crate::report::{self, Machine, Report, Unsupported};
-use crate::targets::bulwark::{BulwarkOptions, BulwarkTarget, POWERSTORE_TWO_ROUND_READS};
+use crate::targets::bulwark::{
+    BulwarkOptions, BulwarkTarget, POWERSTORE_SOLE_WRITER, POWERSTORE_TWO_ROUND_READS,
+};
 use crate::targets::etcd::{self, EtcdTarget};
 use crate::targets::table::{self, TableTarget};
 use crate::ycsb::{CoreWorkload, WorkloadSpec};
@@ -17,7 +19,8 @@ use std::time::Duration;
 /// What to compare, and how long.
 #[derive(Clone, Debug)]
 pub struct CompareOptions {
-    /// "powerstore", "powerstore-2r" (its reads always in two rounds, as the paper's), "etcd",
+    /// "powerstore", "powerstore-2r" (its reads always in two rounds, as the paper's),
+    /// "powerstore-sw" (a volume with one writer: two-round writes), "etcd",
     /// or another Bulwark protocol name (passed to `cluster init --protocol`).
     pub systems: Vec<String>,
     pub workloads: Vec<char>,
@@ -88,6 +91,7 @@ async fn start(system: &str, options: &CompareOptions, hosts: &Hosts) -> Result<
             f: 1,
             protocol: None,
             two_round_reads: false,
+            sole_writer: false,
             node_args: vec!["--unprotected-tables".into()],
             byzantine: fault.byzantine(),
             retransmit_after: fault.retransmit_after(),
@@ -100,9 +104,15 @@ async fn start(system: &str, options: &CompareOptions, hosts: &Hosts) -> Result<
                 program: options.program.clone(),
                 dir,
                 f: 1,
-                protocol: (system != "powerstore" && system != POWERSTORE_TWO_ROUND_READS)
-                    .then(|| system.to_string()),
+                protocol: (![
+                    "powerstore",
+                    POWERSTORE_TWO_ROUND_READS,
+                    POWERSTORE_SOLE_WRITER,
+                ]
+                .contains(&system))
+                .then(|| system.to_string()),
                 two_round_reads: system == POWERSTORE_TWO_ROUND_READS,
+                sole_writer: system == POWERSTORE_SOLE_WRITER,
                 node_args: Vec::new(),
                 byzantine: Vec::new(),
                 retransmit_after: None,

@@ -78,7 +78,7 @@ pub struct CompareArgs {
     #[arg(long)]
     pub quick: bool,
     /// Systems to compare: powerstore, powerstore-2r (reads always in two rounds, as the
-    /// paper's), etcd, any protocol `bulwark cluster init --protocol` accepts, or a hardened
+    /// paper's), powerstore-sw (a volume with one writer, whose writes take two rounds), etcd, any protocol `bulwark cluster init --protocol` accepts, or a hardened
     /// table of one variant: table-plain, table-nosign, table-proxy-verifies,
     /// table-proxy-no-verify, table-half-sym, table-full-sym, or table-eventual (Proxy-Verifies
     /// on 2f+1 of the nodes, quorums of f+1). A table system may end in a fault

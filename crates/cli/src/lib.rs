@@ -238,6 +238,11 @@ pub enum VolumeCommand {
         /// `cluster init --a2m`).
         #[arg(long)]
         server: Option<u32>,
+        /// For a replicated PoWerStore volume: the one client (its name in cluster.toml) that
+        /// may write it. The nodes refuse every other client's writes, and its writes take two
+        /// rounds instead of three (it keeps its own clock).
+        #[arg(long)]
+        writer: Option<String>,
         /// linearizable (the default: registers, by --mode) or causal (Depot: available and
         /// fork-join-causal whatever number of its servers fail or lie; a get of a key written
         /// concurrently returns every version).
@@ -421,6 +426,7 @@ pub async fn run(cli: Cli) -> Result<std::process::ExitCode> {
                     mode,
                     protocol,
                     server,
+                    writer,
                     consistency,
                     servers,
                 },
@@ -432,12 +438,22 @@ pub async fn run(cli: Cli) -> Result<std::process::ExitCode> {
                         "--servers names a causal volume's nodes; add --consistency causal"
                     );
                 }
-                objects::create_volume(&client, &name, mode, protocol, server).await?
+                let spec = objects::VolumeSpec {
+                    mode,
+                    protocol,
+                    server,
+                    writer,
+                };
+                objects::create_volume(&client, &name, spec).await?
             }
             objects::Consistency::Causal => {
-                if mode != objects::Mode::Replicated || protocol.is_some() || server.is_some() {
+                if mode != objects::Mode::Replicated
+                    || protocol.is_some()
+                    || server.is_some()
+                    || writer.is_some()
+                {
                     anyhow::bail!(
-                        "a causal volume has no --mode, --protocol or --server; --servers names its nodes"
+                        "a causal volume has no --mode, --protocol, --server or --writer; --servers names its nodes"
                     );
                 }
                 objects::create_causal_volume(&client, &name, &servers).await?

@@ -51,30 +51,56 @@ pub enum Mode {
     SingleServer,
 }
 
+/// What `bulwark volume create` was asked for, besides the name.
+pub struct VolumeSpec {
+    /// `--mode`.
+    pub mode: Mode,
+    /// `--protocol`.
+    pub protocol: Option<bulwark_core::config::Protocol>,
+    /// `--server`.
+    pub server: Option<u32>,
+    /// `--writer`: a client's name.
+    pub writer: Option<String>,
+}
+
 /// `bulwark volume create`.
-pub async fn create_volume(
-    args: &ClientArgs,
-    name: &str,
-    mode: Mode,
-    protocol: Option<bulwark_core::config::Protocol>,
-    server: Option<u32>,
-) -> Result<()> {
+pub async fn create_volume(args: &ClientArgs, name: &str, spec: VolumeSpec) -> Result<()> {
+    use bulwark_core::config::Protocol;
     let client = connect(args).await?;
-    let (volume, report) = match (mode, server) {
-        (Mode::Replicated, None) => {
+    let VolumeSpec {
+        mode,
+        protocol,
+        server,
+        writer,
+    } = spec;
+    let (volume, report) = match (mode, server, writer) {
+        (Mode::Replicated, None, None) => {
             client
                 .create_volume(name, protocol.unwrap_or_default())
                 .await?
         }
-        (Mode::Replicated, Some(_)) => {
+        (Mode::Replicated, None, Some(writer)) => {
+            if protocol.is_some_and(|p| p != Protocol::PowerStore) {
+                anyhow::bail!("--writer makes a PoWerStore volume; leave out --protocol");
+            }
+            let Some(entry) = client.cluster().clients.iter().find(|c| c.name == writer) else {
+                anyhow::bail!("no client named {writer:?} in cluster.toml");
+            };
+            let id = bulwark_core::ClientId(entry.id);
+            client.create_sole_writer_volume(name, id).await?
+        }
+        (Mode::Replicated, Some(_), _) => {
             anyhow::bail!("--server names a single-server volume's node; add --mode single-server")
         }
-        (Mode::SingleServer, None) => {
+        (Mode::SingleServer, None, _) => {
             anyhow::bail!("a single-server volume needs --server NODE")
         }
-        (Mode::SingleServer, Some(server)) => {
+        (Mode::SingleServer, Some(server), writer) => {
             if let Some(protocol) = protocol {
                 anyhow::bail!("--protocol {protocol} is for replicated volumes");
+            }
+            if writer.is_some() {
+                anyhow::bail!("--writer is for replicated volumes");
             }
             client
                 .create_single_server_volume(name, bulwark_core::NodeId(server))

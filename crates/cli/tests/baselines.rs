@@ -1,6 +1,7 @@
 //! The baselines (multi-writer ABD, and the Phalanx-style register) end to end on real node
 //! processes: `bulwark cluster init --protocol`, the CLI against such a cluster, and concurrent
 //! clients with a node SIGKILLed and restarted mid-run, the history checked for linearizability.
+//! Also PoWerStore's own single-writer volume from the CLI, the write the paper measured first.
 
 mod common;
 
@@ -83,4 +84,49 @@ async fn phalanx_cli_round_trip() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn phalanx_survives_a_sigkilled_node_and_stays_linearizable() {
     common::survives_a_sigkilled_node("phalanx", 4).await;
+}
+
+/// `bulwark volume create --writer`: the named client writes, everyone reads, and another writer
+/// is told whose volume it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_with_one_writer_from_the_cli() {
+    let cluster = TestCluster::start(1, 1_000);
+    cluster.wait_up(&[0, 1, 2, 3]).await;
+    let create = bulwark(
+        &cluster,
+        &["volume", "create", "solo", "--writer", "admin"],
+        b"",
+    );
+    assert!(create.status.success(), "{create:?}");
+    let said = String::from_utf8_lossy(&create.stderr);
+    assert!(said.contains("alone"), "{said}");
+    for round in 0..3 {
+        let value = format!("entry {round}");
+        let put = bulwark(
+            &cluster,
+            &["put", "--volume", "solo", "log"],
+            value.as_bytes(),
+        );
+        assert!(put.status.success(), "{put:?}");
+        let get = bulwark(
+            &cluster,
+            &["get", "--client", "reader", "--volume", "solo", "log"],
+            b"",
+        );
+        assert_eq!(get.stdout, value.as_bytes(), "{get:?}");
+    }
+    let other = bulwark(
+        &cluster,
+        &["put", "--client", "writer2", "--volume", "solo", "log"],
+        b"mine",
+    );
+    assert!(!other.status.success(), "{other:?}");
+    let said = String::from_utf8_lossy(&other.stderr);
+    assert!(said.contains("only writer is client"), "{said}");
+    let unknown = bulwark(
+        &cluster,
+        &["volume", "create", "solo2", "--writer", "nobody"],
+        b"",
+    );
+    assert!(!unknown.status.success(), "{unknown:?}");
 }

@@ -1,7 +1,7 @@
 //! One cluster, many replica groups and several protocols, on real node processes: a 7-node
 //! cluster whose nodes each serve several groups, with concurrent clients on keys of every group
-//! and a node SIGKILLed and restarted; and volumes of two protocols used at the same time. Every
-//! history is checked for linearizability per key.
+//! and a node SIGKILLed and restarted; and volumes of every protocol, one of them with a single
+//! writer, used at the same time. Every history is checked for linearizability per key.
 
 mod common;
 
@@ -185,7 +185,7 @@ async fn seven_nodes_serve_many_groups_linearizably_through_a_restart() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn volumes_of_two_protocols_are_served_at_the_same_time() {
+async fn volumes_of_every_protocol_are_served_at_the_same_time() {
     let cluster = TestCluster::start(1, 1_000);
     cluster.wait_up(&[0, 1, 2, 3]).await;
     let admin = Arc::new(cluster.client("admin").await);
@@ -197,6 +197,10 @@ async fn volumes_of_two_protocols_are_served_at_the_same_time() {
         .create_volume("signed", Protocol::Phalanx)
         .await
         .expect("create a Phalanx volume");
+    let (solo, _) = admin
+        .create_sole_writer_volume("solo", admin.id())
+        .await
+        .expect("create a volume with one writer");
     let default = admin.default_volume();
     assert_eq!(
         default.serving,
@@ -216,6 +220,19 @@ async fn volumes_of_two_protocols_are_served_at_the_same_time() {
             .is_err(),
         "a volume keeps its protocol"
     );
+    assert_eq!(writer2.volume("solo").await.expect("found"), solo);
+    assert!(
+        admin
+            .create_sole_writer_volume("solo", writer2.id())
+            .await
+            .is_err(),
+        "a volume keeps its writer"
+    );
+    let refused = writer2
+        .put_in(&solo, b"mine", Bytes::from_static(b"no"))
+        .await
+        .expect_err("only admin writes solo");
+    assert!(refused.to_string().contains("only writer"), "{refused}");
 
     let keys: Arc<Vec<Vec<u8>>> =
         Arc::new((0..3).map(|k| format!("shared-{k}").into_bytes()).collect());
@@ -227,8 +244,10 @@ async fn volumes_of_two_protocols_are_served_at_the_same_time() {
             (writer2.clone(), crash.clone(), "abd"),
             (admin.clone(), crash.clone(), "abd"),
             (writer2.clone(), signed.clone(), "phalanx"),
+            (admin.clone(), solo.clone(), "solo"),
         ],
         vec![
+            (reader.clone(), solo.clone(), "solo"),
             (reader.clone(), default.clone(), "powerstore"),
             (reader.clone(), crash.clone(), "abd"),
             (reader.clone(), signed.clone(), "phalanx"),
@@ -242,9 +261,9 @@ async fn volumes_of_two_protocols_are_served_at_the_same_time() {
     for task in tasks {
         task.await.expect("client task");
     }
-    let report = recorder.assert_linearizable("three volumes");
+    let report = recorder.assert_linearizable("four volumes");
     let history = recorder.history();
-    for label in ["powerstore", "abd", "phalanx"] {
+    for label in ["powerstore", "abd", "phalanx", "solo"] {
         let acknowledged = history
             .ops()
             .iter()
@@ -256,7 +275,7 @@ async fn volumes_of_two_protocols_are_served_at_the_same_time() {
         );
     }
     eprintln!(
-        "three volumes: checked {} operations on {} keys",
+        "four volumes: checked {} operations on {} keys",
         report.ops_checked, report.keys_checked
     );
 

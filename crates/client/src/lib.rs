@@ -47,6 +47,9 @@ use tokio::sync::mpsc;
 
 /// How long an operation keeps trying by default.
 pub const DEADLINE_DEFAULT: Duration = Duration::from_secs(30);
+
+/// Keys of single-writer volumes whose clock a client keeps.
+const CLOCKS_MAX: usize = 1 << 16;
 /// How long to wait for an answer before resending a round to the replicas that have not
 /// answered. Links queue frames while a node is unreachable, so this only covers frames lost
 /// with a connection.
@@ -229,6 +232,9 @@ pub struct Client {
     session: u64,
     codec: Arc<dyn ErasureCodec>,
     volumes: Mutex<HashMap<String, Volume>>,
+    /// The clock of each register this client alone writes, from its own last write there (at
+    /// most [`CLOCKS_MAX`] keys).
+    clocks: Mutex<HashMap<Key, u64>>,
     /// The newest state this client saw of each single-server volume (server, number): a
     /// server that later shows it an older one rolled back (A2M-Storage's timestamps).
     seen: Mutex<HashMap<(NodeId, u32), a2m_storage::Timestamp>>,
@@ -404,6 +410,7 @@ impl Client {
             session: rand::random::<u32>() as u64,
             codec: Arc::new(ReedSolomonSimd),
             volumes: Mutex::new(HashMap::new()),
+            clocks: Mutex::new(HashMap::new()),
             seen: Mutex::new(HashMap::new()),
             seen_file: None,
             evidence_log: None,
@@ -562,8 +569,15 @@ impl Client {
         };
         self.fresh().await?;
         let op = self.op_id();
-        let protocol = match volume.serving {
-            Serving::Replicated(protocol) => protocol,
+        let (protocol, sole) = match volume.serving {
+            Serving::Replicated(protocol) => (protocol, false),
+            Serving::SoleWriter { writer } if writer == self.id => (Protocol::PowerStore, true),
+            Serving::SoleWriter { writer } => {
+                return Err(ClientError::Volume {
+                    name: volume.name().to_string(),
+                    problem: format!("its only writer is {writer}, not {}", self.name),
+                });
+            }
             Serving::SingleServer { server, number } => {
                 return self
                     .single_server_write(server, number, key, op, value)
@@ -592,9 +606,13 @@ impl Client {
                     nonce,
                     value,
                 );
-                self.drive(&view, &key, self.cluster.f, &mut machine)
-                    .await?
-                    .acknowledged_by
+                if !sole {
+                    self.drive(&view, &key, self.cluster.f, &mut machine)
+                        .await?
+                        .acknowledged_by
+                } else {
+                    self.sole_write(&view, &key, machine).await?
+                }
             }
             Protocol::Abd => {
                 // ABD writers hold no keys: the configuration's access list is all there is.
@@ -658,6 +676,7 @@ impl Client {
         let op = self.op_id();
         let protocol = match volume.serving {
             Serving::Replicated(protocol) => protocol,
+            Serving::SoleWriter { .. } => Protocol::PowerStore,
             Serving::SingleServer { server, number } => {
                 return self.single_server_read(server, number, key, op).await;
             }
@@ -709,6 +728,38 @@ impl Client {
         };
         self.record(&report.evidence);
         Ok((value, report))
+    }
+
+    /// A write of a register this client alone writes: it skips CLOCK when this client knows
+    /// the key's clock from its own last write. A write that fails leaves the clock unknown (it
+    /// may still complete at a timestamp this client never learned), so the next one runs CLOCK.
+    async fn sole_write(
+        &self,
+        view: &GroupView,
+        key: &Key,
+        machine: powerstore::WriteOp,
+    ) -> Result<Vec<Slot>, ClientError> {
+        let last = self.clocks.lock().ok().and_then(|c| c.get(key).copied());
+        let mut machine = machine
+            .sole(last)
+            .map_err(|error| ClientError::Protocol(error.to_string()))?;
+        let written = self.drive(view, key, self.cluster.f, &mut machine).await;
+        if let Ok(mut clocks) = self.clocks.lock() {
+            match &written {
+                Ok(outcome) => {
+                    if clocks.len() >= CLOCKS_MAX && !clocks.contains_key(key) {
+                        // Forgetting costs each key one CLOCK round, never correctness.
+                        clocks.clear();
+                    }
+                    let clock = clocks.entry(key.clone()).or_default();
+                    *clock = (*clock).max(outcome.ts.num);
+                }
+                Err(_) => {
+                    clocks.remove(key);
+                }
+            }
+        }
+        Ok(written?.acknowledged_by)
     }
 
     /// Logs, counts and (when connected through a cluster directory) records misbehaviour.

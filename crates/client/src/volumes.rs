@@ -12,8 +12,9 @@
 
 use crate::{Client, ClientError, OpReport};
 use bulwark_core::config::Protocol;
-use bulwark_core::{Digest, Key, NodeId};
+use bulwark_core::{ClientId, Digest, Key, NodeId};
 use bulwark_protocol::depot::VolumeId;
+use bulwark_protocol::powerstore;
 use bytes::Bytes;
 use std::fmt;
 
@@ -28,6 +29,13 @@ const RESERVED: u8 = 0;
 pub enum Serving {
     /// By the replica group of each key, with this register protocol.
     Replicated(Protocol),
+    /// By the replica group of each key, with PoWerStore, every register of the volume written
+    /// by `writer` alone: the nodes refuse anyone else's writes, and the writer, which knows its
+    /// own clock, writes in two rounds (STORE, COMPLETE) instead of three.
+    SoleWriter {
+        /// The only client that may write it.
+        writer: ClientId,
+    },
     /// By one server with a trusted log (A2M-Storage): the node, and the volume's number there.
     SingleServer {
         /// The node that serves it.
@@ -47,6 +55,7 @@ impl fmt::Display for Serving {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Serving::Replicated(protocol) => write!(f, "{protocol}"),
+            Serving::SoleWriter { writer } => write!(f, "powerstore, written by {writer} alone"),
             Serving::SingleServer { server, number } => {
                 write!(f, "a2m-storage on {server} (volume {number} there)")
             }
@@ -119,6 +128,10 @@ impl Volume {
             return Err(ClientError::Key(bulwark_core::ids::KeyError::Empty));
         }
         let mut bytes = Vec::with_capacity(self.name.len() + 6 + key.len());
+        if let Serving::SoleWriter { writer } = self.serving {
+            // The writer is part of every key, so the nodes know whom to refuse.
+            bytes = powerstore::sole_writer_key(writer, &[]);
+        }
         bytes.extend_from_slice(&[RESERVED]);
         bytes.extend_from_slice(b"vol\0");
         bytes.extend_from_slice(self.name.as_bytes());
@@ -183,6 +196,39 @@ impl Client {
         }
         self.record_volume(name, Serving::Replicated(protocol))
             .await
+    }
+
+    /// Creates volume `name` on PoWerStore with `writer` its only writer (see
+    /// [`Serving::SoleWriter`]). Creating it again with the same writer is a no-op; otherwise,
+    /// an error.
+    pub async fn create_sole_writer_volume(
+        &self,
+        name: &str,
+        writer: ClientId,
+    ) -> Result<(Volume, OpReport), ClientError> {
+        Volume::check_name(name)?;
+        let serving = Serving::SoleWriter { writer };
+        if !self
+            .cluster
+            .clients
+            .iter()
+            .any(|client| client.id == writer.0 && client.write)
+        {
+            return Err(ClientError::Volume {
+                name: name.to_string(),
+                problem: format!("{writer} is not a writer in cluster.toml"),
+            });
+        }
+        if let Some(volume) = self.existing(name).await? {
+            return match volume.serving {
+                existing if existing == serving => Ok((volume, OpReport::default())),
+                existing => Err(ClientError::Volume {
+                    name: name.to_string(),
+                    problem: format!("exists already, served by {existing}"),
+                }),
+            };
+        }
+        self.record_volume(name, serving).await
     }
 
     /// Creates volume `name` served by node `server` alone, with its trusted log (A2M-Storage):
@@ -315,6 +361,7 @@ impl Client {
 fn record_text(serving: Serving) -> String {
     match serving {
         Serving::Replicated(protocol) => protocol.name().to_string(),
+        Serving::SoleWriter { writer } => format!("{} writer={}", Protocol::PowerStore, writer.0),
         Serving::SingleServer { server, number } => {
             format!("{SINGLE_SERVER} node={} number={number}", server.0)
         }
@@ -333,7 +380,17 @@ fn parse_serving(text: &str) -> Option<Serving> {
         return Some(Serving::Causal { volume });
     }
     let mut words = text.split(' ');
-    if words.next()? != SINGLE_SERVER {
+    let first = words.next()?;
+    if first == Protocol::PowerStore.name() {
+        let writer = words.next()?.strip_prefix("writer=")?.parse().ok()?;
+        return match words.next() {
+            None => Some(Serving::SoleWriter {
+                writer: ClientId(writer),
+            }),
+            Some(_) => None,
+        };
+    }
+    if first != SINGLE_SERVER {
         return None;
     }
     let server = words.next()?.strip_prefix("node=")?.parse().ok()?;
@@ -386,6 +443,17 @@ mod tests {
         assert_eq!(default.register_key(b"a").unwrap().as_bytes(), b"a");
         assert_ne!(Volume::record_key("photos"), a.as_bytes());
         assert!(system().register_key(&Volume::record_key("photos")).is_ok());
+        let sole = Volume {
+            serving: Serving::SoleWriter {
+                writer: ClientId(5),
+            },
+            ..photos.clone()
+        };
+        let c = sole.register_key(b"a").unwrap();
+        assert_eq!(powerstore::sole_writer(&c), Some(ClientId(5)));
+        assert_eq!(powerstore::sole_writer(&a), None);
+        assert_ne!(c, a);
+        assert!(default.register_key(c.as_bytes()).is_err());
     }
 
     #[test]
@@ -397,7 +465,10 @@ mod tests {
         let causal = Serving::Causal {
             volume: VolumeId(0x0123_4567_89ab_cdef),
         };
-        for serving in [Serving::Replicated(Protocol::Abd), single, causal] {
+        let sole = Serving::SoleWriter {
+            writer: ClientId(12),
+        };
+        for serving in [Serving::Replicated(Protocol::Abd), single, causal, sole] {
             assert_eq!(parse_serving(&record_text(serving)), Some(serving));
         }
         for bad in [
@@ -412,6 +483,10 @@ mod tests {
             "causal volume=123",
             "causal volume=0123456789abcdefg",
             "causal volume=0123456789abcdef more",
+            "powerstore writer=",
+            "powerstore writer=x",
+            "powerstore writer=1 more",
+            "powerstore node=1",
         ] {
             assert_eq!(parse_serving(bad), None, "{bad:?}");
         }

@@ -5,7 +5,7 @@ use crate::driver::Target;
 use crate::http;
 use crate::links::Hosts;
 use anyhow::{Context, Result, bail};
-use bulwark_client::Client;
+use bulwark_client::{Client, Volume};
 use bulwark_core::config::{ClusterConfig, Protocol};
 use bytes::Bytes;
 use futures::future::BoxFuture;
@@ -30,6 +30,9 @@ pub struct BulwarkOptions {
     pub protocol: Option<String>,
     /// M-PoWerStore reads always take FILTER, as the paper's do (`Client::one_round_reads`).
     pub two_round_reads: bool,
+    /// Objects live in a PoWerStore volume the benchmark's client alone writes, so its writes
+    /// skip CLOCK (`bulwark volume create --writer`).
+    pub sole_writer: bool,
     /// More arguments for every `bulwark node`.
     pub node_args: Vec<String>,
     /// Nodes, by id, started as `bulwark-byzantine` (found beside `program`) with these
@@ -57,6 +60,9 @@ fn byzantine_program(program: &Path) -> Result<PathBuf> {
 /// The comparison's name for M-PoWerStore whose reads always run FILTER.
 pub const POWERSTORE_TWO_ROUND_READS: &str = "powerstore-2r";
 
+/// The comparison's name for M-PoWerStore on a volume with one writer (two-round writes).
+pub const POWERSTORE_SOLE_WRITER: &str = "powerstore-sw";
+
 /// Node processes, killed when dropped, however the benchmark ends.
 struct Nodes(Vec<Child>);
 
@@ -72,6 +78,8 @@ impl Drop for Nodes {
 pub struct BulwarkTarget {
     name: String,
     client: Client,
+    /// The volume objects go to.
+    volume: Volume,
     metrics: Vec<SocketAddr>,
     nodes: Nodes,
     dir: PathBuf,
@@ -181,13 +189,23 @@ impl BulwarkTarget {
             client.retransmit_after = wait;
         }
         wait_until_up(&client, &options.dir, &serving).await?;
+        let volume = if options.sole_writer {
+            client
+                .create_sole_writer_volume("bench", client.id())
+                .await?
+                .0
+        } else {
+            client.default_volume()
+        };
         Ok(BulwarkTarget {
             name: match (&options.protocol, options.two_round_reads) {
                 (Some(protocol), _) => protocol.clone(),
+                (None, _) if options.sole_writer => POWERSTORE_SOLE_WRITER.into(),
                 (None, false) => "powerstore".into(),
                 (None, true) => POWERSTORE_TWO_ROUND_READS.into(),
             },
             client,
+            volume,
             metrics: config
                 .nodes
                 .iter()
@@ -243,13 +261,15 @@ impl Target for BulwarkTarget {
     }
     fn read(&self, key: String) -> BoxFuture<'_, Result<bool>> {
         Box::pin(async move {
-            let (value, _) = self.client.get(key.as_bytes()).await?;
+            let (value, _) = self.client.get_in(&self.volume, key.as_bytes()).await?;
             Ok(value.is_some())
         })
     }
     fn write(&self, key: String, value: Bytes) -> BoxFuture<'_, Result<()>> {
         Box::pin(async move {
-            self.client.put(key.as_bytes(), value).await?;
+            self.client
+                .put_in(&self.volume, key.as_bytes(), value)
+                .await?;
             Ok(())
         })
     }
