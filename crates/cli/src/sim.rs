@@ -3,6 +3,7 @@
 
 use anyhow::{Result, bail};
 use bulwark_sim::sim::protocols::content::ContentSim;
+use bulwark_sim::sim::protocols::powerstore::SoleWriterSim;
 use bulwark_sim::sim::protocols::reconfig::{ReconfigSim, ScaleReconfigSim};
 use bulwark_sim::sim::protocols::registers::PubKeySim;
 use bulwark_sim::sim::protocols::table::{EventualTableSim, TableSim};
@@ -21,8 +22,9 @@ pub struct SimArgs {
     /// The first seed of a sweep.
     #[arg(long, default_value_t = 0)]
     pub start: u64,
-    /// The protocol under test: powerstore, abd (crash faults only: Byzantine behaviours and
-    /// readers are left out), phalanx, cs (the configuration service: PBFT with 3f+1 replicas
+    /// The protocol under test: powerstore, powerstore-sw (every register with one writer, which
+    /// keeps its clock), abd (crash faults only: Byzantine behaviours and readers are left out),
+    /// phalanx, cs (the configuration service: PBFT with 3f+1 replicas
     /// ordering membership changes and epoch ends), content (content-hash objects), pubkey
     /// (public-key objects), reconfig (public-key objects on 2(3f+1) nodes whose configuration
     /// changes under the clients, keys moving between groups), reconfig-50 (the same on 50
@@ -105,6 +107,7 @@ impl SimArgs {
             "reconfig-50" => Some("reconfig-50"),
             "table" => Some("table"),
             "table-eventual" => Some("table-eventual"),
+            "powerstore-sw" => Some("powerstore-sw"),
             _ => None,
         }
     }
@@ -122,6 +125,7 @@ pub fn run(args: &SimArgs) -> Result<ExitCode> {
             Some("reconfig-50") => sim::run_service::<ScaleReconfigSim>(seed, &config),
             Some("table") => sim::run_service::<TableSim>(seed, &config),
             Some("table-eventual") => sim::run_service::<EventualTableSim>(seed, &config),
+            Some("powerstore-sw") => sim::run_service::<SoleWriterSim>(seed, &config),
             Some(_) => sim::run_service::<ContentSim>(seed, &config),
             None => sim::run(seed, &config),
         };
@@ -148,6 +152,7 @@ pub fn run(args: &SimArgs) -> Result<ExitCode> {
         Some("reconfig-50") => sim::sweep_service::<ScaleReconfigSim>(range, &config, threads),
         Some("table") => sim::sweep_service::<TableSim>(range, &config, threads),
         Some("table-eventual") => sim::sweep_service::<EventualTableSim>(range, &config, threads),
+        Some("powerstore-sw") => sim::sweep_service::<SoleWriterSim>(range, &config, threads),
         Some(_) => sim::sweep_service::<ContentSim>(range, &config, threads),
         None => sim::sweep(range, &config, threads),
     };

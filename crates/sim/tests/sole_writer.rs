@@ -24,7 +24,7 @@ fn config(f: usize, mutations: &str) -> SimConfig {
 fn report(name: &str, config: &SimConfig, summary: &SweepSummary) {
     println!("{}", summary.headline(name));
     if !summary.violations.is_empty() {
-        println!("{}", summary.render(config));
+        println!("{}", summary.render_service(config, "powerstore-sw"));
     }
 }
 
@@ -34,7 +34,11 @@ fn f1_every_fault_sweep_is_linearizable_and_wait_free() {
     let summary = sweep_service::<SoleWriterSim>(0..600, &config, THREADS);
     report("sole writer f=1 sweep", &config, &summary);
     assert_eq!(summary.seeds_run, 600);
-    assert!(summary.violations.is_empty(), "{}", summary.render(&config));
+    assert!(
+        summary.violations.is_empty(),
+        "{}",
+        summary.render_service(&config, "powerstore-sw")
+    );
     assert_eq!(summary.inconclusive, 0);
     assert!(
         summary.ops_checked > 600 * 50,
@@ -48,7 +52,11 @@ fn f2_every_fault_seeds_are_linearizable_and_wait_free() {
     let config = config(2, "none");
     let summary = sweep_service::<SoleWriterSim>(100_000..100_150, &config, THREADS);
     report("sole writer f=2 sweep", &config, &summary);
-    assert!(summary.violations.is_empty(), "{}", summary.render(&config));
+    assert!(
+        summary.violations.is_empty(),
+        "{}",
+        summary.render_service(&config, "powerstore-sw")
+    );
     assert_eq!(summary.inconclusive, 0);
 }
 
