@@ -731,8 +731,9 @@ impl Client {
     }
 
     /// A write of a register this client alone writes: it skips CLOCK when this client knows
-    /// the key's clock from its own last write. A write that fails leaves the clock unknown (it
-    /// may still complete at a timestamp this client never learned), so the next one runs CLOCK.
+    /// the key's clock from its own last write. A write that fails forgets the key's clock (it
+    /// may still complete at a timestamp this client never learned), so the next one runs CLOCK;
+    /// should a concurrent write record a clock below it, the nodes' stale refusal corrects it.
     async fn sole_write(
         &self,
         view: &GroupView,

@@ -61,7 +61,7 @@ fn f2_every_fault_seeds_are_linearizable_and_wait_free() {
 }
 
 #[test]
-fn a_writer_that_forgets_its_clock_is_sent_back_to_clock_and_stays_linearizable() {
+fn a_writer_that_forgets_its_clock_is_sent_above_and_stays_linearizable() {
     let config = config(1, "sole-writer-from-one");
     let mut restarts = 0;
     let mut writes = 0;
@@ -71,7 +71,9 @@ fn a_writer_that_forgets_its_clock_is_sent_back_to_clock_and_stays_linearizable(
         restarts += result.stats.write_restarts;
         writes += result.stats.writes_completed;
     }
-    println!("sole-writer-from-one: {writes} writes completed, {restarts} sent back to CLOCK");
+    println!(
+        "sole-writer-from-one: {writes} writes completed, {restarts} stored again above a stale refusal"
+    );
     assert!(
         restarts > 30,
         "stale refusals were hardly exercised: {restarts} restarts in {writes} writes"

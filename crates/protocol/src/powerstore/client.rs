@@ -122,12 +122,13 @@ pub struct WriteOutcome {
     pub ts: Timestamp,
     /// Nodes whose COMPLETE_ACK counted.
     pub acknowledged_by: Vec<Slot>,
-    /// Times a sole writer's STORE was refused as stale and the write went back to CLOCK.
+    /// Times a sole writer's STORE was refused as stale and stored again above.
     pub restarts: u32,
 }
 
-/// Attempts of one write at most: a sole writer's STORE goes back to CLOCK only when `f+1` nodes
-/// hold a newer complete write, which only the writer's own concurrent writes can cause.
+/// Attempts of one write at most. A sole writer's STORE is redone only above a timestamp the
+/// writer itself made and did not know of (a concurrent write, an abandoned one, a second process
+/// under its name), each attempt above the last.
 const WRITE_ATTEMPTS_MAX: u32 = 16;
 
 /// A completed read.
@@ -197,11 +198,10 @@ pub struct WriteOp {
     refusals: Refusals<Refusal>,
     /// Set once CLOCK finished: the timestamp, fragments, cross-checksum and MAC vector.
     prepared: Option<Prepared>,
-    /// Which attempt this is: 0, then one more each time `f+1` stale refusals send a sole
-    /// writer's STORE back to CLOCK. Requests carry it; replies to another attempt are ignored.
+    /// Which attempt this is: 0, then one more each time a stale refusal sends a sole writer's
+    /// STORE above the timestamp it names. Requests carry it; replies to another attempt are
+    /// ignored.
     attempt: u32,
-    /// Nodes that refused this attempt's STORE as stale.
-    stale: Replies<()>,
 }
 
 struct Prepared {
@@ -227,8 +227,7 @@ impl WriteOp {
         value: Option<Bytes>,
     ) -> WriteOp {
         assert_eq!(keys.servers.len(), config.n, "one MAC key per server");
-        let n = config.n;
-        let refusals = Refusals::new(n);
+        let refusals = Refusals::new(config.n);
         let phase = WritePhase::Clock {
             replies: Replies::new(config.n),
             highest: None,
@@ -247,15 +246,15 @@ impl WriteOp {
             refusals,
             prepared: None,
             attempt: 0,
-            stale: Replies::new(n),
         }
     }
 
     /// This write on a register with one writer (see [`super::sole_writer`]), by that writer,
     /// whose own last write of the key had timestamp number `last`. With `last`, the write skips
     /// CLOCK and stores at `last + 1` (the paper's §4 write: STORE, then COMPLETE); without, it
-    /// runs CLOCK as every write does. If `f+1` nodes refuse the STORE as stale, a write this
-    /// writer did not know of is complete, and the write runs CLOCK and stores again.
+    /// runs CLOCK as every write does. A node that refuses the STORE as stale names its `lc`; if
+    /// that timestamp carries the writers' tag and is above this attempt's, the write stores
+    /// again above it.
     pub fn sole(mut self, last: Option<u64>) -> Result<WriteOp, ProtocolError> {
         let last = match last {
             None if self.config.mutations.sole_writer_from_one => Some(0),
@@ -373,8 +372,8 @@ impl WriteOp {
         {
             return Step::Continue(Vec::new());
         }
-        if matches!(response.body, ResponseBody::Refused(Refusal::Stale)) {
-            return self.on_stale(from);
+        if let ResponseBody::Refused(Refusal::Stale { lc }) = response.body {
+            return self.on_stale(lc);
         }
         if let ResponseBody::Refused(refusal) = response.body {
             return match refused(&mut self.refusals, from, refusal, self.config.f) {
@@ -401,9 +400,7 @@ impl WriteOp {
                 if replies.count() < quorum {
                     return Step::Continue(Vec::new());
                 }
-                // After a stale attempt, also above that attempt: a sole writer may skip ahead.
-                let floor = self.prepared.as_ref().map_or(0, |p| p.ts.num);
-                let num = highest.map_or(0, |ts| ts.num).max(floor) + 1;
+                let num = highest.map_or(0, |ts| ts.num).saturating_add(1);
                 match self.prepare(num) {
                     Ok(()) => {
                         self.phase = WritePhase::Store {
@@ -455,32 +452,39 @@ impl WriteOp {
         }
     }
 
-    /// A STORE refused as stale. At `f+1`, a correct node holds a complete write above this
-    /// attempt's timestamp: CLOCK again, with a fresh nonce, and store above what it finds.
-    fn on_stale(&mut self, from: Slot) -> Step<WriteOutcome> {
+    /// A STORE refused as stale by a node whose `lc` is `lc`. Only the writer makes timestamps
+    /// with the writers' tag for its register, so a tagged `lc` above this attempt's timestamp is
+    /// one of its own writes this attempt did not know of: store again above it, with a fresh
+    /// nonce, at once. Anything else (an untagged or lower `lc`: a liar) counts as no answer.
+    fn on_stale(&mut self, lc: Timestamp) -> Step<WriteOutcome> {
+        let Some(current) = self.prepared.as_ref().map(|p| p.ts) else {
+            return Step::Continue(Vec::new());
+        };
         if !matches!(self.phase, WritePhase::Store { .. })
-            || !self.stale.record(from, ())
-            || self.stale.count() <= self.config.f
+            || lc.cmp_order(&current) != Ordering::Greater
+            || !lc.verify(self.config.group, &self.key, &self.keys.timestamp)
         {
             return Step::Continue(Vec::new());
         }
         if self.attempt + 1 >= WRITE_ATTEMPTS_MAX {
             self.phase = WritePhase::Done;
             return Step::Done(Err(ProtocolError::Refused {
-                refusal: Refusal::Stale,
-                nodes: self.stale.present().map(|(n, _)| n).collect(),
+                refusal: Refusal::Stale { lc },
+                nodes: Vec::new(),
             }));
         }
         self.attempt += 1;
         // The abandoned attempt's nonce is never revealed, so its timestamp stays unproven.
         self.nonce = self.first_nonce.for_attempt(self.attempt);
         self.refusals = Refusals::new(self.config.n);
-        self.stale = Replies::new(self.config.n);
-        self.phase = WritePhase::Clock {
+        if let Err(error) = self.prepare(lc.num.saturating_add(1)) {
+            self.phase = WritePhase::Done;
+            return Step::Done(Err(error));
+        }
+        self.phase = WritePhase::Store {
             replies: Replies::new(self.config.n),
-            highest: None,
         };
-        Step::Continue(self.broadcast(RequestBody::Clock))
+        Step::Continue(self.stores())
     }
 
     /// Builds the timestamp, fragments, cross-checksum and MAC vector (l. 85–88, 103).

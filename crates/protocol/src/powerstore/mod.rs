@@ -26,8 +26,8 @@
 //! and that writer, which knows the timestamp of its own last write, skips CLOCK: STORE, then
 //! COMPLETE. A node refuses a STORE below its `lc` on such a register ([`Refusal::Stale`]), so a
 //! writer that lost its clock (a second process under its identity, a restart with an old
-//! counter) cannot complete a write that sorts below one already complete; `f+1` such refusals
-//! send the writer to CLOCK (see [`WriteOp::sole`]).
+//! counter) cannot complete a write that sorts below one already complete; the refusal names the
+//! node's `lc`, and the writer stores again above it once its tag checks (see [`WriteOp::sole`]).
 
 mod client;
 mod msg;

@@ -218,8 +218,11 @@ pub enum Refusal {
         /// Its writer.
         writer: ClientId,
     },
-    /// A STORE on a register with one writer sorts below this node's `lc`: the writer's clock is
-    /// behind a write already complete. `f+1` of these send the writer to CLOCK.
-    #[error("the timestamp is below the register's last complete write")]
-    Stale,
+    /// A STORE on a register with one writer sorts below this node's `lc`, which it names: the
+    /// writer's clock is behind. One whose `lc` carries the writers' tag sends the writer above it.
+    #[error("the timestamp is below the register's newest version here, {}", lc.num)]
+    Stale {
+        /// This node's `lc.ts`.
+        lc: Timestamp,
+    },
 }

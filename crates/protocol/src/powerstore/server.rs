@@ -492,24 +492,25 @@ impl Server {
         if let Some(problem) = problem {
             return Self::refuse(request, Refusal::Malformed(problem.to_string()));
         }
-        let key = request.key.clone();
-        let state = self.keys.entry(key.clone()).or_insert_with(KeyState::new);
-        if let Some(writer) = sole_writer(&key) {
+        if let Some(writer) = sole_writer(&request.key) {
             if ts.pid.writer != writer {
                 return Self::refuse(
                     request,
                     Refusal::Malformed("the timestamp names another writer".to_string()),
                 );
             }
-            let below_lc = state
-                .lc
-                .as_ref()
-                .is_some_and(|lc| ts.cmp_order(&lc.ts) == Ordering::Less);
-            // A retransmitted STORE of a version this node already holds is acknowledged again.
-            if below_lc && !state.hist.contains_key(ts) && !self.config.mutations.no_stale_check {
-                return Self::refuse(request, Refusal::Stale);
+            // A retransmitted STORE of a version this node still holds is acknowledged again.
+            if let Some(state) = self.keys.get(&request.key)
+                && let Some(lc) = &state.lc
+                && ts.cmp_order(&lc.ts) == Ordering::Less
+                && !state.hist.contains_key(ts)
+                && !self.config.mutations.no_stale_check
+            {
+                return Self::refuse(request, Refusal::Stale { lc: lc.ts });
             }
         }
+        let key = request.key.clone();
+        let state = self.keys.entry(key.clone()).or_insert_with(KeyState::new);
         let mut changes = Vec::new();
         // A retransmitted STORE carries the same data: ack again without rewriting.
         if !state.hist.contains_key(ts) {

@@ -1210,7 +1210,18 @@ fn sole_write(h: &mut Harness, writer: ClientId, key: &Key, last: Option<u64>) -
     .unwrap()
 }
 
-/// Runs `write` from `writer` against every server; returns its result and the rounds it sent.
+/// Hands one request from `writer` to server `to`, applying its changes; its reply.
+fn drive_one(h: &mut Harness, writer: ClientId, to: Slot, request: Request) -> Option<Response> {
+    let i = to.index();
+    let handled = h.servers[i].handle(h.now, writer, WRITER, request, &h.disks[i]);
+    for change in &handled.changes {
+        h.disks[i].apply(change);
+    }
+    handled.reply
+}
+
+/// Runs `write` from `writer` against every server that is up; returns its result and the
+/// rounds it sent.
 fn drive_as(
     h: &mut Harness,
     writer: ClientId,
@@ -1222,12 +1233,10 @@ fn drive_as(
         if rounds.last() != Some(&request.body.name()) {
             rounds.push(request.body.name());
         }
-        let i = to.index();
-        let handled = h.servers[i].handle(h.now, writer, WRITER, request, &h.disks[i]);
-        for change in &handled.changes {
-            h.disks[i].apply(change);
+        if h.down[to.index()] {
+            continue;
         }
-        let Some(response) = handled.reply else {
+        let Some(response) = drive_one(h, writer, to, request) else {
             continue;
         };
         match write.on_response(to, response) {
@@ -1297,7 +1306,7 @@ fn another_client_cannot_write_a_sole_writers_register() {
 }
 
 #[test]
-fn a_store_below_a_complete_write_is_refused_and_the_writer_clocks_again() {
+fn a_store_below_a_complete_write_is_refused_and_the_writer_stores_above_it() {
     let mut h = Harness::new(1);
     let writer = ClientId(7);
     let key = Key::new(sole_writer_key(writer, b"k")).unwrap();
@@ -1307,9 +1316,62 @@ fn a_store_below_a_complete_write_is_refused_and_the_writer_clocks_again() {
     // The writer restarted with its clock at 1: every node's `lc` is above 2.
     let behind = sole_write(&mut h, writer, &key, Some(1));
     let (outcome, rounds) = drive_as(&mut h, writer, behind);
-    assert_eq!(rounds, ["store", "clock", "store", "complete"]);
+    assert_eq!(
+        rounds,
+        ["store", "complete"],
+        "stored again above 5 at once"
+    );
     let outcome = outcome.unwrap();
     assert_eq!((outcome.ts.num, outcome.restarts), (6, 1));
+}
+
+#[test]
+fn one_stale_refusal_with_a_tagged_lc_is_enough_to_store_above_it() {
+    // Node 3 is down. Write B stores on nodes 0-2 and its COMPLETE reaches node 0 only; write A,
+    // concurrent and below B, then has acks from 1 and 2 and a stale refusal from 0: it must not
+    // wait for a third ack that cannot come.
+    let mut h = Harness::new(1);
+    h.down[3] = true;
+    let writer = ClientId(7);
+    let key = Key::new(sole_writer_key(writer, b"k")).unwrap();
+    let mut b = sole_write(&mut h, writer, &key, Some(4));
+    let mut completes = Vec::new();
+    for (to, request) in b.start() {
+        if h.down[to.index()] {
+            continue;
+        }
+        let reply = drive_one(&mut h, writer, to, request).unwrap();
+        if let Step::Continue(more) = b.on_response(to, reply) {
+            completes.extend(more);
+        }
+    }
+    let (to, complete) = completes.into_iter().next().expect("B's COMPLETE");
+    assert_eq!(to, Slot(0));
+    drive_one(&mut h, writer, to, complete);
+
+    let a = sole_write(&mut h, writer, &key, Some(3));
+    let (outcome, rounds) = drive_as(&mut h, writer, a);
+    assert_eq!(
+        rounds,
+        ["store", "complete"],
+        "no CLOCK: the second STORE is above B"
+    );
+    let outcome = outcome.unwrap();
+    assert_eq!((outcome.ts.num, outcome.restarts), (6, 1));
+    // A tag the writers did not make is no reason to store again: a liar's refusal is ignored.
+    let mut forged = h.servers[0].lc(&key).unwrap().ts;
+    forged.num = 1_000;
+    let mut c = sole_write(&mut h, writer, &key, Some(6));
+    let stores = c.start();
+    let step = c.on_response(
+        Slot(1),
+        Response {
+            op: stores[0].1.op,
+            attempt: 0,
+            body: ResponseBody::Refused(Refusal::Stale { lc: forged }),
+        },
+    );
+    assert!(matches!(step, Step::Continue(ref sends) if sends.is_empty()));
 }
 
 #[test]
@@ -1348,7 +1410,9 @@ fn a_retransmitted_store_of_a_held_version_is_acknowledged_again() {
         first.reply.unwrap().body,
         ResponseBody::StoreAck { .. }
     ));
-    // A later write completes (on every node but through another op), then the STORE comes again.
+    // A later write completes (on every node but through another op), then the STORE comes again,
+    // within the GC grace: once the superseded version is collected, the node says stale instead,
+    // and the writer, whose write completed or was abandoned by then, ignores it.
     let later = sole_write(&mut h, writer, &key, Some(3));
     drive_as(&mut h, writer, later).0.unwrap();
     let again = h.servers[i].handle(h.now, writer, WRITER, store, &h.disks[i]);

@@ -51,7 +51,7 @@ pub struct RunStats {
     pub one_round_reads: u64,
     /// Read restarts because a version was garbage-collected.
     pub read_restarts: u64,
-    /// Writes of a sole writer sent back to CLOCK by stale refusals.
+    /// Writes of a sole writer stored again above a stale refusal's `lc`.
     pub write_restarts: u64,
     /// FILTER rounds of correct readers that carried a twin: two candidates with the same
     /// timestamp and different nonces (spec §4.8(a)).

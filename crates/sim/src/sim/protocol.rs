@@ -224,8 +224,8 @@ pub struct Finished {
     pub evidence: Vec<(Slot, String)>,
     /// The read repaired a version.
     pub repaired: bool,
-    /// The read restarted (a version was collected under it), or the write went back to CLOCK
-    /// (a sole writer's STORE refused as stale).
+    /// The read restarted (a version was collected under it), or the write stored again (a sole
+    /// writer's STORE refused as stale).
     pub restarts: u32,
     /// The read ended after its first round.
     pub one_round: bool,
