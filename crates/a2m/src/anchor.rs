@@ -25,7 +25,7 @@ use bulwark_core::sign::PublicKey;
 pub struct Mark {
     /// The component the generation belongs to.
     pub key: PublicKey,
-    /// How many changes its state has made durable.
+    /// Raised by one with every change its state makes durable.
     pub generation: u64,
 }
 
@@ -37,6 +37,59 @@ pub trait Anchor: Send {
     fn record(&mut self, mark: Mark) -> Result<(), String>;
     /// Where it is, for messages.
     fn describe(&self) -> String;
+
+    /// Takes the anchor for a new identity `key` and returns the generation its state starts
+    /// at. Refuses an anchor that holds another record: it may be a live log's.
+    fn claim(&mut self, _key: PublicKey) -> Result<u64, String> {
+        match self.read()? {
+            None => Ok(0),
+            Some(mark) => Err(format!(
+                "{} holds the record of trusted log {}; remove it only if that log is retired",
+                self.describe(),
+                mark.key
+            )),
+        }
+    }
+
+    /// What kind of anchor it is, as the component's store records it: the same state must
+    /// always be opened with the same kind (a TPM-anchored state opened on a file would lose
+    /// the TPM's protection without a word).
+    fn kind(&self) -> AnchorKind;
+}
+
+/// The kinds of anchor, as a component's store records the one it was made with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AnchorKind {
+    /// A [`FileAnchor`]; also every state made before kinds were recorded.
+    File,
+    /// A [`crate::TpmAnchor`]'s counter at this NV index.
+    Tpm {
+        /// The counter's NV index.
+        index: u32,
+    },
+}
+
+impl std::fmt::Display for AnchorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AnchorKind::File => write!(f, "file"),
+            AnchorKind::Tpm { index } => write!(f, "tpm {index:#010x}"),
+        }
+    }
+}
+
+impl std::str::FromStr for AnchorKind {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<AnchorKind, String> {
+        if text == "file" {
+            return Ok(AnchorKind::File);
+        }
+        text.strip_prefix("tpm 0x")
+            .and_then(|hex| u32::from_str_radix(hex, 16).ok())
+            .map(|index| AnchorKind::Tpm { index })
+            .ok_or_else(|| format!("{text:?} is no kind of anchor"))
+    }
 }
 
 /// An anchor in a small file: 32 bytes of key, 8 of generation, 32 of checksum, rewritten in
@@ -135,6 +188,10 @@ impl Anchor for FileAnchor {
 
     fn describe(&self) -> String {
         self.path.display().to_string()
+    }
+
+    fn kind(&self) -> AnchorKind {
+        AnchorKind::File
     }
 }
 

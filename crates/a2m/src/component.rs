@@ -10,7 +10,7 @@ use bulwark_core::wire;
 use bulwark_storage::{Namespace, StorageError, StorageOp, Store, Table};
 use bytes::Bytes;
 
-use crate::anchor::{Anchor, Mark, judge};
+use crate::anchor::{Anchor, AnchorKind, Mark, judge};
 use crate::logs::{Entry, Head, Limits, Logs, Plan};
 use bulwark_core::a2m::Refusal;
 
@@ -25,10 +25,12 @@ const HEADS: Table = NAMESPACE.table("heads");
 /// Big-endian log id, then big-endian slot → its [`Entry`].
 pub(crate) const ENTRIES: Table = NAMESPACE.table("entries");
 const SECRET: &[u8] = b"secret";
+/// `anchor` → the kind of anchor the identity was made with ([`Anchor::kind`]).
+const ANCHOR_KIND: &[u8] = b"anchor";
 /// `generation` → how many changes were made durable, big-endian.
 const GENERATION: &[u8] = b"generation";
 
-fn generation_op(generation: u64) -> StorageOp {
+pub(crate) fn generation_op(generation: u64) -> StorageOp {
     StorageOp::Put {
         table: IDENTITY,
         key: GENERATION.to_vec(),
@@ -81,24 +83,12 @@ impl Component {
                     .to_string(),
             ));
         }
-        match anchor.read() {
-            Ok(None) => {}
-            Ok(Some(mark)) => {
-                return Err(identity(
-                    dir,
-                    format!(
-                        "its anchor {} holds the record of trusted log {}; remove it only if that \
-                         log is retired",
-                        anchor.describe(),
-                        mark.key
-                    ),
-                ));
-            }
-            Err(reason) => return Err(identity(dir, reason)),
-        }
-        let store = open_store(dir)?;
         let seed: [u8; 32] = rand::random();
         let key = SecretKey::from_seed(&seed);
+        let generation = anchor
+            .claim(key.public_key())
+            .map_err(|reason| identity(dir, reason))?;
+        let store = open_store(dir)?;
         store
             .apply(&[
                 StorageOp::Put {
@@ -106,13 +96,18 @@ impl Component {
                     key: SECRET.to_vec(),
                     value: Bytes::copy_from_slice(&seed),
                 },
-                generation_op(0),
+                StorageOp::Put {
+                    table: IDENTITY,
+                    key: ANCHOR_KIND.to_vec(),
+                    value: Bytes::from(anchor.kind().to_string()),
+                },
+                generation_op(generation),
             ])
             .map_err(|error| identity(dir, format!("storing the new key failed: {error}")))?;
         anchor
             .record(Mark {
                 key: key.public_key(),
-                generation: 0,
+                generation,
             })
             .map_err(|reason| identity(dir, reason))?;
         Ok(Component {
@@ -121,7 +116,7 @@ impl Component {
             durable: Some(Durable {
                 store,
                 anchor,
-                generation: 0,
+                generation,
             }),
             stopped: None,
             attestations: 0,
@@ -158,6 +153,17 @@ impl Component {
             .map_err(|error| damaged("reading the generation failed", error))?
             .and_then(|bytes| bytes.as_ref().try_into().ok().map(u64::from_be_bytes))
             .ok_or_else(|| lost(dir, "its generation is missing".to_string()))?;
+        let kind = made_with(dir, &store)?;
+        if kind != anchor.kind() {
+            return Err(identity(
+                dir,
+                format!(
+                    "it was made with its generation anchored in {kind}, not in {}: open it with \
+                     the anchor it was made with",
+                    anchor.describe()
+                ),
+            ));
+        }
         let state = Mark {
             key: key.public_key(),
             generation,
@@ -206,7 +212,20 @@ impl Component {
         })
     }
 
-    /// How many changes the component has made durable since its identity was made.
+    /// The kind of anchor the trusted log in `dir` was made with, which [`Component::open`]
+    /// must be given.
+    pub fn anchor_kind(dir: &Path) -> Result<AnchorKind, A2mError> {
+        if !dir.join(STATE_FILE).exists() {
+            return Err(identity(
+                dir,
+                "it holds no trusted log (`bulwark a2m init` makes one)".to_string(),
+            ));
+        }
+        made_with(dir, &open_store(dir)?)
+    }
+
+    /// Its generation: raised by one with every change made durable, from where its anchor
+    /// started it (0 in a file, the counter's first value in a TPM).
     pub fn generation(&self) -> Option<u64> {
         self.durable.as_ref().map(|durable| durable.generation)
     }
@@ -214,6 +233,14 @@ impl Component {
     /// The logs, for status: each log's bounds.
     pub fn heads(&self) -> Vec<(LogId, Head)> {
         self.logs.heads().collect()
+    }
+
+    /// Where its generation is anchored, for status.
+    pub fn anchor(&self) -> String {
+        match &self.durable {
+            Some(durable) => durable.anchor.describe(),
+            None => "none (kept in memory only)".to_string(),
+        }
     }
 
     /// Attestations signed since start.
@@ -339,6 +366,21 @@ fn open_store(dir: &Path) -> Result<Store, A2mError> {
         ),
         error => identity(dir, format!("its store cannot be opened: {error}")),
     })
+}
+
+/// The anchor kind the store recorded; a store from before kinds were recorded was anchored in a
+/// file.
+fn made_with(dir: &Path, store: &Store) -> Result<AnchorKind, A2mError> {
+    let recorded = store
+        .get(IDENTITY, ANCHOR_KIND)
+        .map_err(|error| lost(dir, format!("reading the anchor's kind failed: {error}")))?;
+    let Some(recorded) = recorded else {
+        return Ok(AnchorKind::File);
+    };
+    std::str::from_utf8(&recorded)
+        .map_err(|_| "not text".to_string())
+        .and_then(str::parse)
+        .map_err(|reason| lost(dir, format!("the anchor's kind is damaged: {reason}")))
 }
 
 fn identity(dir: &Path, reason: String) -> A2mError {

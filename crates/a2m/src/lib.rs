@@ -23,8 +23,10 @@ mod anchor;
 mod component;
 mod logs;
 pub mod socket;
+pub mod swtpm;
 #[cfg(test)]
 mod tests;
+pub mod tpm;
 
 use std::path::PathBuf;
 
@@ -33,9 +35,10 @@ use bulwark_core::a2m::{
 };
 use bulwark_core::sign::{PublicKey, Signed};
 
-pub use anchor::{Anchor, FileAnchor, Mark};
+pub use anchor::{Anchor, AnchorKind, FileAnchor, Mark};
 pub use component::Component;
 pub use logs::{Entry, Head, Limits, Logs, Plan};
+pub use tpm::TpmAnchor;
 
 /// What a backend refused, or why it could not start.
 #[derive(Debug, thiserror::Error)]

@@ -70,6 +70,9 @@ pub struct Status {
     pub attestations: u64,
     /// Requests refused since the process started (undecodable or invalid).
     pub refused: u64,
+    /// Where its generation is anchored (a file's path, or a TPM's counter), or that it keeps
+    /// nothing.
+    pub anchor: String,
 }
 
 /// Answers calls on `listener` until the process ends: one thread per connection, one call at
@@ -179,6 +182,7 @@ pub fn answer(component: &mut Component, request: Request, refused: u64) -> Resp
             generation: component.generation(),
             attestations: component.attestations(),
             refused,
+            anchor: component.anchor(),
         }),
     }
 }

@@ -624,3 +624,198 @@ mod socket {
         assert!(wrong.to_string().contains("not the configured"), "{wrong}");
     }
 }
+
+/// The TPM anchor (T1 with a TPM): a rollback of the whole disk, which no file anchor can see, is
+/// caught by the TPM's counter; so is a counter defined again; and a state is never opened on
+/// another kind of anchor than the one it was made with. Runs on its own emulator; SKIPPED
+/// without one unless BULWARK_REQUIRE_TPM=1.
+#[test]
+fn a_tpm_anchor_catches_a_rollback_of_the_whole_disk() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let Some(swtpm) = crate::swtpm::for_test(
+        "a_tpm_anchor_catches_a_rollback_of_the_whole_disk",
+        &root.path().join("tpm"),
+    ) else {
+        return;
+    };
+    let index = crate::tpm::INDEX_FIRST + 7;
+    let tpm = |swtpm: &crate::swtpm::Swtpm| -> Box<dyn Anchor> {
+        Box::new(TpmAnchor::new(&swtpm.tcti(), index).expect("tpm anchor"))
+    };
+    // The "disk": the component's directory, and nothing else it keeps.
+    let disk = root.path().join("disk");
+    let dir = disk.join("a2m");
+    let mut component = Component::create(&dir, tpm(&swtpm), Limits::default()).expect("create");
+    let key = component.public_key();
+    let start = component.generation().expect("durable");
+    component.append(0, [1; 32]).expect("room");
+    drop(component);
+    let snapshot = root.path().join("snapshot.redb");
+    std::fs::copy(dir.join("state.redb"), &snapshot).expect("snapshot");
+
+    // The machine reboots; the TPM keeps its counter.
+    let swtpm = swtpm.restart().expect("reboot");
+    let mut component = Component::open(&dir, tpm(&swtpm), Limits::default()).expect("open");
+    assert_eq!(component.generation(), Some(start + 1));
+    component.append(0, [2; 32]).expect("room");
+    component.append(0, [3; 32]).expect("room");
+    drop(component);
+    assert_eq!(
+        TpmAnchor::new(&swtpm.tcti(), index)
+            .expect("anchor")
+            .read()
+            .expect("read"),
+        Some(Mark {
+            key,
+            generation: start + 3
+        })
+    );
+
+    // The disk restored from its snapshot: the state is behind the TPM's counter.
+    std::fs::copy(&snapshot, dir.join("state.redb")).expect("roll back");
+    let refused = Component::open(&dir, tpm(&swtpm), Limits::default())
+        .err()
+        .expect("rolled back")
+        .to_string();
+    assert!(refused.contains("rolled back"), "{refused}");
+    assert!(refused.contains(&format!("{index:#010x}")), "{refused}");
+
+    // The counter defined again under the same log's name starts above every count this TPM
+    // held: still ahead of the restored state.
+    redefine(&swtpm, index, key);
+    let again = Component::open(&dir, tpm(&swtpm), Limits::default())
+        .err()
+        .expect("still rolled back")
+        .to_string();
+    assert!(again.contains("rolled back"), "{again}");
+
+    // A second log cannot claim an index in use, and a TPM-anchored state does not open on a
+    // file anchor (nor a file-anchored one on the TPM).
+    let claimed = Component::create(&root.path().join("second"), tpm(&swtpm), Limits::default())
+        .err()
+        .expect("index in use")
+        .to_string();
+    assert!(
+        claimed.contains("already holds the counter of trusted log"),
+        "{claimed}"
+    );
+    let fresh = root.path().join("fresh");
+    drop(Component::create(&fresh, tpm_at(&swtpm, index + 1), Limits::default()).expect("create"));
+    let on_file = Component::open(&fresh, anchor(&fresh), Limits::default())
+        .err()
+        .expect("made on a TPM")
+        .to_string();
+    assert!(on_file.contains("anchored in tpm"), "{on_file}");
+    let filed = root.path().join("filed");
+    drop(Component::create(&filed, anchor(&filed), Limits::default()).expect("create"));
+    let on_tpm = Component::open(&filed, tpm_at(&swtpm, index + 2), Limits::default())
+        .err()
+        .expect("made on a file")
+        .to_string();
+    assert!(on_tpm.contains("anchored in file"), "{on_tpm}");
+}
+
+/// A crash between the store's commit and the counter's increment leaves the state one ahead of
+/// the TPM: nothing about that change was attested, so it opens and the counter catches up. A
+/// TPM that goes away stops the component; it serves again once the TPM is back.
+#[test]
+fn a_tpm_anchor_one_behind_catches_up_and_a_lost_tpm_stops_attesting() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let Some(swtpm) = crate::swtpm::for_test(
+        "a_tpm_anchor_one_behind_catches_up_and_a_lost_tpm_stops_attesting",
+        &root.path().join("tpm"),
+    ) else {
+        return;
+    };
+    let index = crate::tpm::INDEX_FIRST + 9;
+    let dir = root.path().join("a2m");
+    let mut component =
+        Component::create(&dir, tpm_at(&swtpm, index), Limits::default()).expect("create");
+    let start = component.generation().expect("durable");
+    component.append(0, [1; 32]).expect("room");
+    drop(component);
+
+    // The crash: the store took generation start + 2, the counter stayed at start + 1.
+    let store = Store::open(&dir).expect("store");
+    store
+        .apply(&[crate::component::generation_op(start + 2)])
+        .expect("commit");
+    drop(store);
+    let mut component =
+        Component::open(&dir, tpm_at(&swtpm, index), Limits::default()).expect("one ahead opens");
+    assert_eq!(component.generation(), Some(start + 2));
+    let counted = TpmAnchor::new(&swtpm.tcti(), index)
+        .expect("anchor")
+        .read()
+        .expect("read")
+        .expect("defined");
+    assert_eq!(counted.generation, start + 2);
+
+    // The TPM goes away: the next change cannot be anchored, and nothing more is attested.
+    let state = root.path().join("tpm");
+    drop(swtpm);
+    let stopped = component.append(0, [2; 32]).expect_err("no TPM");
+    assert!(
+        matches!(stopped, A2mError::Refused(Refusal::Stopped(_))),
+        "{stopped}"
+    );
+    assert!(
+        component.end(0, [0; 32]).is_err(),
+        "a stopped log attests nothing"
+    );
+    drop(component);
+    let swtpm = crate::swtpm::Swtpm::start(&state)
+        .expect("restart")
+        .expect("swtpm");
+    let mut component =
+        Component::open(&dir, tpm_at(&swtpm, index), Limits::default()).expect("serves again");
+    // The refused append reached the store (one ahead of the counter again, caught up at open)
+    // but was never attested; this one comes after it.
+    assert_eq!(component.generation(), Some(start + 3));
+    component.append(0, [2; 32]).expect("room");
+    assert_eq!(component.generation(), Some(start + 4));
+}
+
+fn tpm_at(swtpm: &crate::swtpm::Swtpm, index: u32) -> Box<dyn Anchor> {
+    Box::new(TpmAnchor::new(&swtpm.tcti(), index).expect("tpm anchor"))
+}
+
+/// Deletes the counter at `index` and defines it again under `key`'s name, incremented once: what
+/// a host that holds the TPM's owner authorization can do.
+#[cfg(feature = "tpm")]
+fn redefine(swtpm: &crate::swtpm::Swtpm, index: u32, key: bulwark_core::sign::PublicKey) {
+    use std::str::FromStr;
+    use tss_esapi::handles::{NvIndexHandle, NvIndexTpmHandle, TpmHandle};
+    use tss_esapi::interface_types::resource_handles::{NvAuth, Provision};
+
+    let mut context = tss_esapi::Context::new(
+        tss_esapi::tcti_ldr::TctiNameConf::from_str(&swtpm.tcti()).expect("tcti"),
+    )
+    .expect("context");
+    let nv = NvIndexTpmHandle::new(index).expect("index");
+    let handle: NvIndexHandle = context
+        .execute_without_session(|context| context.tr_from_tpm_public(TpmHandle::NvIndex(nv)))
+        .expect("open")
+        .into();
+    context
+        .execute_with_nullauth_session(|context| {
+            context.nv_undefine_space(Provision::Owner, handle)
+        })
+        .expect("undefine");
+    let public = crate::tpm::counter_public(index, key).expect("public");
+    let handle = context
+        .execute_with_nullauth_session(|context| {
+            context.nv_define_space(Provision::Owner, None, public.clone())
+        })
+        .expect("define again");
+    context
+        .execute_with_nullauth_session(|context| {
+            context.nv_increment(NvAuth::NvIndex(handle), handle)
+        })
+        .expect("first increment");
+}
+
+#[cfg(not(feature = "tpm"))]
+fn redefine(_: &crate::swtpm::Swtpm, _: u32, _: bulwark_core::sign::PublicKey) {
+    unreachable!("the TPM tests skip without the `tpm` feature")
+}
