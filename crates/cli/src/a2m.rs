@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use bulwark_a2m::socket::{Remote, serve};
-use bulwark_a2m::{Component, FileAnchor, Limits};
+use bulwark_a2m::{Anchor, AnchorKind, Component, FileAnchor, Limits, TpmAnchor};
 use clap::{Args, Subcommand};
 
 #[derive(Subcommand)]
@@ -41,12 +41,66 @@ pub struct StateArgs {
     dir: PathBuf,
     /// Where its generation is recorded, outside DIR so that a restored copy of DIR is caught:
     /// `DIR.anchor` beside DIR unless given (put it on another disk to catch a restored disk).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "tpm")]
     anchor: Option<PathBuf>,
+    /// Record its generation in a counter of this TPM instead (the TPM software stack's address:
+    /// `device:/dev/tpmrm0`, or `swtpm:host=127.0.0.1,port=2321` for an emulator), which also
+    /// catches a rollback of the whole disk. A log made with it must be served with it.
+    #[arg(long, env = "BULWARK_A2M_TPM")]
+    tpm: Option<String>,
+    /// The TPM NV index of its counter, for `init` (`serve` finds it in DIR): 0x01500000 to
+    /// 0x015fffff, one per trusted log on that TPM.
+    #[arg(long, value_parser = parse_index, default_value = "0x01500000")]
+    tpm_index: u32,
+}
+
+pub(crate) fn parse_index(text: &str) -> Result<u32, String> {
+    let hex = text.strip_prefix("0x").unwrap_or(text);
+    u32::from_str_radix(hex, 16).map_err(|error| format!("{text:?} is no hex NV index: {error}"))
 }
 
 impl StateArgs {
-    fn anchor(&self) -> Result<Box<FileAnchor>> {
+    /// The anchor to make a new trusted log with.
+    fn new_anchor(&self) -> Result<Box<dyn Anchor>> {
+        match &self.tpm {
+            Some(tcti) => self.tpm_anchor(tcti, self.tpm_index),
+            None => self.file_anchor(),
+        }
+    }
+
+    /// The anchor the trusted log in DIR was made with.
+    fn existing_anchor(&self) -> Result<Box<dyn Anchor>> {
+        match Component::anchor_kind(&self.dir)? {
+            AnchorKind::File => {
+                if self.tpm.is_some() {
+                    bail!(
+                        "the trusted log in {} keeps its generation in a file, not a TPM: serve it \
+                         without --tpm",
+                        self.dir.display()
+                    );
+                }
+                self.file_anchor()
+            }
+            AnchorKind::Tpm { index } => {
+                let Some(tcti) = &self.tpm else {
+                    bail!(
+                        "the trusted log in {} keeps its generation in TPM NV index {index:#010x}: \
+                         serve it with --tpm and that TPM's address",
+                        self.dir.display()
+                    );
+                };
+                self.tpm_anchor(tcti, index)
+            }
+        }
+    }
+
+    fn tpm_anchor(&self, tcti: &str, index: u32) -> Result<Box<dyn Anchor>> {
+        Ok(Box::new(
+            TpmAnchor::new(tcti, index).map_err(anyhow::Error::msg)?,
+        ))
+    }
+
+    fn file_anchor(&self) -> Result<Box<dyn Anchor>> {
         Ok(Box::new(match &self.anchor {
             Some(path) => FileAnchor::new(path),
             None => FileAnchor::beside(&self.dir).with_context(|| {
@@ -62,11 +116,12 @@ impl StateArgs {
 pub async fn run(command: A2mCommand) -> Result<()> {
     match command {
         A2mCommand::Init(state) => {
-            let component = Component::create(&state.dir, state.anchor()?, Limits::default())?;
+            let component = Component::create(&state.dir, state.new_anchor()?, Limits::default())?;
             println!("{}", bulwark_a2m::A2m::public_key(&component));
         }
         A2mCommand::Serve { state, socket } => {
-            let component = Component::open(&state.dir, state.anchor()?, Limits::default())?;
+            let component =
+                Component::open(&state.dir, state.existing_anchor()?, Limits::default())?;
             let listener = bind(&socket)?;
             tracing::info!(
                 key = %bulwark_a2m::A2m::public_key(&component),
@@ -85,6 +140,7 @@ pub async fn run(command: A2mCommand) -> Result<()> {
             .await
             .context("asking the trusted log")??;
             println!("key          {}", status.key);
+            println!("anchor       {}", status.anchor);
             match status.generation {
                 Some(generation) => println!("generation   {generation}"),
                 None => println!("generation   (kept in memory only)"),

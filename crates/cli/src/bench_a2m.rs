@@ -1,8 +1,9 @@
 //! `bulwark bench a2m`: what one trusted-log call costs, for each way a node can hold its
 //! component, side by side in one run: in memory (the signature alone), durable in the node's
 //! process (a store commit and the anchor's flush per change), and in its own process behind
-//! the local socket (`bulwark a2m serve`, the default backend), fused and unfused. Verifying an
-//! attestation, which every receiver does, is measured beside them.
+//! the local socket (`bulwark a2m serve`, the default backend), fused and unfused, and with
+//! `--tpm` durable with its generation in a TPM's counter. Verifying an attestation, which every
+//! receiver does, is measured beside them.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -10,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use bulwark_a2m::socket::Remote;
-use bulwark_a2m::{A2m, Component, FileAnchor, Limits};
+use bulwark_a2m::swtpm::Swtpm;
+use bulwark_a2m::{A2m, Component, FileAnchor, Limits, TpmAnchor};
 use bulwark_core::a2m::{Expected, nonce_of};
 
 /// `bulwark bench a2m`.
@@ -19,6 +21,14 @@ pub struct A2mArgs {
     /// Calls of each kind.
     #[arg(long, default_value_t = 2000)]
     pub calls: usize,
+    /// Also measure a durable component whose generation is in a TPM counter: `swtpm` starts a
+    /// throwaway emulator (Debian's swtpm), anything else is the TPM software stack's address of
+    /// a TPM (`device:/dev/tpmrm0`), whose counter at --tpm-index is defined and left there.
+    #[arg(long)]
+    pub tpm: Option<String>,
+    /// The NV index of the measured counter on a real TPM.
+    #[arg(long, default_value_t = bulwark_a2m::tpm::INDEX_LAST)]
+    pub tpm_index: u32,
 }
 
 pub async fn run(args: &A2mArgs) -> Result<()> {
@@ -30,7 +40,8 @@ pub async fn run(args: &A2mArgs) -> Result<()> {
     let calls = args.calls;
     let exe = std::env::current_exe()?;
     let inside = dir.clone();
-    let rows = tokio::task::spawn_blocking(move || measure(calls, &inside, &exe)).await;
+    let tpm = args.tpm.clone().map(|tcti| (tcti, args.tpm_index));
+    let rows = tokio::task::spawn_blocking(move || measure(calls, &inside, &exe, tpm)).await;
     let _ = std::fs::remove_dir_all(&dir);
     let rows = rows??;
     println!("| call | median µs | p99 µs | calls/s (one caller) |");
@@ -61,7 +72,7 @@ fn time(calls: usize, mut call: impl FnMut(u64) -> Result<()>) -> Result<Vec<Dur
     Ok(times)
 }
 
-fn measure(calls: usize, dir: &Path, exe: &Path) -> Result<Vec<Row>> {
+fn measure(calls: usize, dir: &Path, exe: &Path, tpm: Option<(String, u32)>) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
 
     let mut memory = Component::in_memory(&[1; 32], Limits::default());
@@ -95,6 +106,38 @@ fn measure(calls: usize, dir: &Path, exe: &Path) -> Result<Vec<Row>> {
             Ok(())
         })?,
     ));
+
+    drop(durable);
+
+    if let Some((tcti, index)) = tpm {
+        // Kept until the measurement ends: the emulator, if the bench started one.
+        let mut emulator = None;
+        let tcti = if tcti == "swtpm" {
+            let swtpm = Swtpm::start(&dir.join("swtpm"))
+                .map_err(anyhow::Error::msg)?
+                .context("--tpm swtpm needs Debian's swtpm")?;
+            let tcti = swtpm.tcti();
+            emulator = Some(swtpm);
+            tcti
+        } else {
+            tcti
+        };
+        let state = dir.join("tpm-anchored");
+        let mut anchored = Component::create(
+            &state,
+            Box::new(TpmAnchor::new(&tcti, index).map_err(anyhow::Error::msg)?),
+            Limits::default(),
+        )?;
+        rows.push((
+            "append_attest, durable, generation in the TPM's counter",
+            time(calls, |i| {
+                anchored.append_attest(0, [i as u8; 32], nonce_of(i.into()))?;
+                Ok(())
+            })?,
+        ));
+        drop(anchored);
+        drop(emulator);
+    }
 
     let served = dir.join("served");
     let init = Command::new(exe)

@@ -73,6 +73,14 @@ pub struct InitArgs {
     /// --socket node-<id>/a2m.sock` before its node starts. Single-server volumes need one.
     #[arg(long)]
     pub a2m: bool,
+    /// With --a2m: anchor every node's trusted log in a counter of this TPM (the TPM software
+    /// stack's address; see `bulwark a2m init --tpm`), node i's at NV index --a2m-tpm-index + i.
+    /// Each must then be served with `--tpm` too (or BULWARK_A2M_TPM set).
+    #[arg(long, requires = "a2m")]
+    pub a2m_tpm: Option<String>,
+    /// The NV index of node 0's counter with --a2m-tpm.
+    #[arg(long, value_parser = crate::a2m::parse_index, default_value = "0x01500000")]
+    pub a2m_tpm_index: u32,
 }
 
 impl InitArgs {
@@ -98,6 +106,8 @@ impl InitArgs {
             contact_ms: 24 * 60 * 60 * 1000,
             contact_grace_ms: 60_000,
             a2m: false,
+            a2m_tpm: None,
+            a2m_tpm_index: bulwark_a2m::tpm::INDEX_FIRST,
         }
     }
 }
@@ -107,13 +117,20 @@ pub const A2M_DIR: &str = "a2m";
 /// The socket `cluster init --a2m` names in a node's `node.toml`, within the node's directory.
 pub const A2M_SOCKET: &str = "a2m.sock";
 
-/// Makes a node's trusted log in `node_dir/a2m` (anchored beside it) and returns its public key.
-fn trusted_log(node_dir: &Path) -> Result<[u8; 32]> {
+/// Makes a node's trusted log in `node_dir/a2m` and returns its public key: anchored beside it,
+/// or in the counter at `tpm`'s index.
+fn trusted_log(node_dir: &Path, tpm: Option<(&str, u32)>) -> Result<[u8; 32]> {
     let dir = node_dir.join(A2M_DIR);
-    let anchor = bulwark_a2m::FileAnchor::beside(&dir).context("the trusted log's anchor")?;
-    let component =
-        bulwark_a2m::Component::create(&dir, Box::new(anchor), bulwark_a2m::Limits::default())
-            .with_context(|| format!("making the trusted log in {}", dir.display()))?;
+    let anchor: Box<dyn bulwark_a2m::Anchor> = match tpm {
+        Some((tcti, index)) => {
+            Box::new(bulwark_a2m::TpmAnchor::new(tcti, index).map_err(anyhow::Error::msg)?)
+        }
+        None => {
+            Box::new(bulwark_a2m::FileAnchor::beside(&dir).context("the trusted log's anchor")?)
+        }
+    };
+    let component = bulwark_a2m::Component::create(&dir, anchor, bulwark_a2m::Limits::default())
+        .with_context(|| format!("making the trusted log in {}", dir.display()))?;
     Ok(bulwark_a2m::A2m::public_key(&component).to_bytes())
 }
 
@@ -247,7 +264,17 @@ pub fn run_protocol(args: &InitArgs, protocol: Protocol) -> Result<ClusterConfig
         let mac_key = MacKey(rand::random());
         let signing_seed: [u8; 32] = rand::random();
         let a2m_key = if args.a2m {
-            Some(trusted_log(&dir)?)
+            let tpm = match &args.a2m_tpm {
+                Some(tcti) => {
+                    let index = u32::try_from(i)
+                        .ok()
+                        .and_then(|i| args.a2m_tpm_index.checked_add(i))
+                        .context("too many nodes for the TPM's index range")?;
+                    Some((tcti.as_str(), index))
+                }
+                None => None,
+            };
+            Some(trusted_log(&dir, tpm)?)
         } else {
             None
         };

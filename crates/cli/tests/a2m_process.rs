@@ -16,15 +16,7 @@ fn bulwark() -> Command {
 }
 
 fn serve(dir: &Path, socket: &Path) -> Child {
-    bulwark()
-        .args(["a2m", "serve", "--dir"])
-        .arg(dir)
-        .arg("--socket")
-        .arg(socket)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn bulwark a2m serve")
+    serve_with(dir, socket, None)
 }
 
 /// Connects once the process serves, within 10 s.
@@ -125,4 +117,128 @@ fn a_killed_trusted_log_keeps_its_word_and_a_rolled_back_one_refuses_to_serve() 
         Remote::connect(&socket, Some(key)).is_err(),
         "something still serves"
     );
+}
+
+/// With its generation in a TPM counter (`--tpm`), the trusted log catches what no file anchor
+/// can: its whole disk (directory and anchor alike) restored from a snapshot. The same restore of
+/// a file-anchored log is served, which is the limit the TPM removes. Runs on its own swtpm;
+/// SKIPPED without one unless BULWARK_REQUIRE_TPM=1.
+#[test]
+fn a_tpm_anchored_trusted_log_refuses_a_restored_disk_that_a_file_anchor_accepts() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let Some(swtpm) = bulwark_a2m::swtpm::for_test(
+        "a_tpm_anchored_trusted_log_refuses_a_restored_disk_that_a_file_anchor_accepts",
+        &root.path().join("tpm"),
+    ) else {
+        return;
+    };
+    let tcti = swtpm.tcti();
+    // The disk holds both logs' directories and the file-anchored one's anchor.
+    let disk = root.path().join("disk");
+    let sealed = disk.join("sealed");
+    let filed = disk.join("filed");
+    let sealed_key = init(&sealed, &["--tpm", &tcti, "--tpm-index", "0x01500042"]);
+    let filed_key = init(&filed, &[]);
+    let sealed_socket = root.path().join("sealed.sock");
+    let filed_socket = root.path().join("filed.sock");
+
+    let append = |socket: &Path, key: PublicKey, tpm: Option<&str>, dir: &Path, values| {
+        let child = serve_with(dir, socket, tpm);
+        let mut remote = connect(socket, key);
+        for value in values {
+            remote
+                .append_attest(1, [value; 32], nonce_of(value.into()))
+                .expect("append");
+        }
+        drop(remote);
+        kill(child);
+    };
+    append(&sealed_socket, sealed_key, Some(&tcti), &sealed, 1..=3u8);
+    append(&filed_socket, filed_key, None, &filed, 1..=3u8);
+    let snapshot = root.path().join("snapshot");
+    copy_tree(&disk, &snapshot);
+    append(&sealed_socket, sealed_key, Some(&tcti), &sealed, 4..=6u8);
+    append(&filed_socket, filed_key, None, &filed, 4..=6u8);
+
+    // The machine reboots with its disk restored from the snapshot; the TPM keeps its counter.
+    let swtpm = swtpm.restart().expect("reboot");
+    let tcti = swtpm.tcti();
+    std::fs::remove_dir_all(&disk).expect("wipe");
+    copy_tree(&snapshot, &disk);
+
+    let refused = serve_with(&sealed, &sealed_socket, Some(&tcti))
+        .wait_with_output()
+        .expect("serve exits");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success(),
+        "a rolled-back trusted log served"
+    );
+    assert!(
+        stderr.contains("rolled back") && stderr.contains("TPM NV index 0x01500042"),
+        "{stderr}"
+    );
+    // Served without its TPM, it says what it needs instead of falling back to a file.
+    let no_tpm = serve_with(&sealed, &sealed_socket, None)
+        .wait_with_output()
+        .expect("serve exits");
+    let stderr = String::from_utf8_lossy(&no_tpm.stderr);
+    assert!(!no_tpm.status.success(), "served without its TPM");
+    assert!(stderr.contains("serve it with --tpm"), "{stderr}");
+
+    // The file-anchored log restored with its anchor: nothing on the disk can tell.
+    let child = serve_with(&filed, &filed_socket, None);
+    let mut remote = connect(&filed_socket, filed_key);
+    assert_eq!(remote.end(1, [9; 32]).expect("end").value().seq, 3);
+    drop(remote);
+    kill(child);
+}
+
+fn init(dir: &Path, extra: &[&str]) -> PublicKey {
+    let init = bulwark()
+        .args(["a2m", "init", "--dir"])
+        .arg(dir)
+        .args(extra)
+        .output()
+        .expect("init");
+    assert!(
+        init.status.success(),
+        "{}",
+        String::from_utf8_lossy(&init.stderr)
+    );
+    String::from_utf8_lossy(&init.stdout)
+        .trim()
+        .parse()
+        .expect("init prints the key")
+}
+
+fn serve_with(dir: &Path, socket: &Path, tpm: Option<&str>) -> Child {
+    let mut command = bulwark();
+    command
+        .args(["a2m", "serve", "--dir"])
+        .arg(dir)
+        .arg("--socket")
+        .arg(socket)
+        .env_remove("BULWARK_A2M_TPM");
+    if let Some(tcti) = tpm {
+        command.args(["--tpm", tcti]);
+    }
+    command
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn bulwark a2m serve")
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for entry in std::fs::read_dir(from).expect("read dir") {
+        let entry = entry.expect("entry");
+        let target = to.join(entry.file_name());
+        if entry.file_type().expect("type").is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).expect("copy");
+        }
+    }
 }

@@ -4,7 +4,8 @@
 //! disk was rolled back stops serving the volume instead of serving the older state; its
 //! trusted log killed, the volume refuses (saying why) and serves again once the log is back; a
 //! trusted log restored from an older copy refuses to start at all; a node restored whole from
-//! a copy is caught by the client that saw more, in a later run; and a node that forks the
+//! a copy is caught by the client that saw more, in a later run, or, with the trusted log
+//! anchored in a TPM, by the trusted log itself before any client; and a node that forks the
 //! volume (the A2M paper's Figure 1) is caught and recorded by the clients it lies to.
 
 mod common;
@@ -372,4 +373,81 @@ async fn a_client_catches_a_server_rolled_back_whole_in_a_later_run() {
         mallory.get_in(&vault, b"k").await.expect("read").0,
         Some(Bytes::from_static(b"1"))
     );
+}
+
+/// The same whole-node restore as above, with the node's trusted log anchored in a TPM
+/// (`cluster init --a2m-tpm`): the restored trusted log refuses to start, so no client, not even
+/// one that never saw write 2, is served the older state. Runs on its own swtpm; SKIPPED without
+/// one unless BULWARK_REQUIRE_TPM=1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_restored_whole_is_refused_by_its_tpm_before_any_client_sees_it() {
+    let state = tempfile::tempdir().expect("tempdir");
+    let Some(swtpm) = bulwark_a2m::swtpm::for_test(
+        "a_server_restored_whole_is_refused_by_its_tpm_before_any_client_sees_it",
+        state.path(),
+    ) else {
+        return;
+    };
+    let tcti = swtpm.tcti();
+    let mut cluster =
+        TestCluster::start_with("powerstore", 1, 4, 10_000, &["--a2m", "--a2m-tpm", &tcti]);
+    cluster.wait_up(&[0, 1, 2, 3]).await;
+    let admin = cluster.client("admin").await;
+    let status = admin.status().await;
+    let log = status[SERVER]
+        .2
+        .as_ref()
+        .expect("status")
+        .trusted_log
+        .clone();
+    let backend = log.expect("the node reports its trusted log").backend;
+    assert!(
+        backend.contains(&format!("TPM NV index {:#010x}", 0x0150_0000 + SERVER)),
+        "{backend}"
+    );
+    let (vault, _) = admin
+        .create_single_server_volume("vault", NodeId(SERVER as u32))
+        .await
+        .expect("create the volume");
+    admin
+        .put_in(&vault, b"k", Bytes::from_static(b"1"))
+        .await
+        .expect("write 1");
+    cluster.kill(SERVER);
+    cluster.kill_trusted_log(SERVER);
+    let node = cluster.path().join(format!("node-{SERVER}"));
+    let saved = cluster.path().join("saved");
+    for part in ["data", "a2m"] {
+        copy_dir(&node.join(part), &saved.join(part));
+    }
+    cluster.spawn_trusted_log(SERVER);
+    cluster.spawn(SERVER, None);
+    cluster.wait_up(&[SERVER]).await;
+    admin
+        .put_in(&vault, b"k", Bytes::from_static(b"2"))
+        .await
+        .expect("write 2");
+
+    cluster.kill(SERVER);
+    cluster.kill_trusted_log(SERVER);
+    for part in ["data", "a2m"] {
+        replace_dir(&node.join(part), &saved.join(part));
+    }
+    let refused = cluster
+        .trusted_log_command(SERVER)
+        .output()
+        .expect("run a2m serve");
+    assert!(
+        !refused.status.success(),
+        "a trusted log restored from a copy started"
+    );
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        said.contains("rolled back") && said.contains("TPM NV index"),
+        "{said}"
+    );
+    // A node refuses to start without its trusted log, so the older state is served to no one:
+    // the operator must give the node a new trusted log (a new identity) and the clients learn
+    // it, which is what a lost trusted log takes (docs/a2m.md).
+    drop(swtpm);
 }

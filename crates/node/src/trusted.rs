@@ -149,7 +149,7 @@ impl TrustedLog {
             .map(|c| (c.batches, c.attestations, c.refused, c.last_refusal.clone()));
         let (batches, attestations, refused, last_refusal) =
             counters.unwrap_or((0, 0, 0, Some("counters unavailable".into())));
-        let (heads, unreachable) = match reported {
+        let (heads, unreachable, anchor) = match reported {
             Ok(status) => (
                 status
                     .heads
@@ -157,11 +157,12 @@ impl TrustedLog {
                     .map(|(log, head)| (log, head.low, head.high))
                     .collect(),
                 None,
+                status.anchor,
             ),
-            Err(error) => (Vec::new(), Some(error)),
+            Err(error) => (Vec::new(), Some(error), "unknown".into()),
         };
         bulwark_protocol::service::TrustedLogStatus {
-            backend: "software (a2m serve)".into(),
+            backend: format!("software (a2m serve), anchored in {anchor}"),
             key: self.key.to_bytes(),
             socket: self.socket.display().to_string(),
             heads,

@@ -163,7 +163,7 @@ pub struct CausalStatus {
 /// A node's trusted log (A2M), as `bulwark status` shows it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TrustedLogStatus {
-    /// Which backend (`software (a2m serve)`).
+    /// Which backend, and where its generation is anchored (a file, or a TPM's counter).
     pub backend: String,
     /// The component's public key: what its attestations verify under.
     pub key: [u8; 32],

@@ -21,6 +21,8 @@ pub struct TestCluster {
     children: Vec<Option<Child>>,
     /// Each node's `bulwark a2m serve`, for clusters made with `--a2m`.
     trusted_logs: Vec<Option<Child>>,
+    /// The TPM the trusted logs keep their generations in (`--a2m-tpm`).
+    tpm: Option<String>,
     /// `bulwark node join` processes by the port they asked to serve at: their ids are known
     /// only once the configuration service certified them.
     joined: Vec<(u16, Child)>,
@@ -78,6 +80,11 @@ impl TestCluster {
             n,
             children: (0..n).map(|_| None).collect(),
             trusted_logs: (0..n).map(|_| None).collect(),
+            tpm: init
+                .iter()
+                .position(|arg| *arg == "--a2m-tpm")
+                .and_then(|at| init.get(at + 1))
+                .map(|tcti| tcti.to_string()),
             joined: Vec::new(),
             ports,
             grace_ms,
@@ -103,11 +110,8 @@ impl TestCluster {
             .append(true)
             .open(node.join("a2m.log"))
             .expect("log");
-        let child = Command::new(BULWARK)
-            .args(["a2m", "serve", "--dir"])
-            .arg(node.join("a2m"))
-            .arg("--socket")
-            .arg(node.join("a2m.sock"))
+        let mut command = self.trusted_log_command(id);
+        let child = command
             .env("BULWARK_LOG", "info")
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
@@ -129,6 +133,22 @@ impl TestCluster {
     }
 
     /// SIGKILL to node `id`'s trusted log.
+    /// `bulwark a2m serve` for node `id`'s trusted log, with its TPM if it has one.
+    pub fn trusted_log_command(&self, id: usize) -> Command {
+        let node = self.path().join(format!("node-{id}"));
+        let mut command = Command::new(BULWARK);
+        command
+            .args(["a2m", "serve", "--dir"])
+            .arg(node.join("a2m"))
+            .arg("--socket")
+            .arg(node.join("a2m.sock"))
+            .env_remove("BULWARK_A2M_TPM");
+        if let Some(tcti) = &self.tpm {
+            command.args(["--tpm", tcti]);
+        }
+        command
+    }
+
     pub fn kill_trusted_log(&mut self, id: usize) {
         if let Some(mut child) = self.trusted_logs[id].take() {
             let _ = child.kill();
