@@ -55,6 +55,18 @@ pub trait Anchor: Send {
     /// always be opened with the same kind (a TPM-anchored state opened on a file would lose
     /// the TPM's protection without a word).
     fn kind(&self) -> AnchorKind;
+
+    /// Keeps `seed`, the log's signing key, where only this anchor can open it, and returns what
+    /// the store keeps instead; `None` for an anchor that keeps no keys (the store then keeps
+    /// the seed itself).
+    fn seal(&mut self, _seed: &[u8; 32]) -> Result<Option<Vec<u8>>, String> {
+        Ok(None)
+    }
+
+    /// Opens a key [`Anchor::seal`] sealed.
+    fn unseal(&mut self, _sealed: &[u8]) -> Result<[u8; 32], String> {
+        Err(format!("{} keeps no keys", self.describe()))
+    }
 }
 
 /// The kinds of anchor, as a component's store records the one it was made with.

@@ -18,13 +18,15 @@ use crate::{A2m, A2mError};
 
 /// The namespace of a component's own store (a store of its own, in its own directory).
 const NAMESPACE: Namespace = Namespace::new(ServiceId::A2M, GroupId(0));
-/// `secret` → the key's 32-byte seed; `generation` (below).
-const IDENTITY: Table = NAMESPACE.table("identity");
+/// `secret` → the key's 32-byte seed, or `sealed` → the seed as the anchor sealed it;
+/// `generation` and `anchor` (below).
+pub(crate) const IDENTITY: Table = NAMESPACE.table("identity");
 /// Big-endian log id → its [`Head`].
 const HEADS: Table = NAMESPACE.table("heads");
 /// Big-endian log id, then big-endian slot → its [`Entry`].
 pub(crate) const ENTRIES: Table = NAMESPACE.table("entries");
-const SECRET: &[u8] = b"secret";
+pub(crate) const SECRET: &[u8] = b"secret";
+pub(crate) const SEALED: &[u8] = b"sealed";
 /// `anchor` → the kind of anchor the identity was made with ([`Anchor::kind`]).
 const ANCHOR_KIND: &[u8] = b"anchor";
 /// `generation` → how many changes were made durable, big-endian.
@@ -88,13 +90,19 @@ impl Component {
         let generation = anchor
             .claim(key.public_key())
             .map_err(|reason| identity(dir, reason))?;
+        // An anchor that can keep keys (a TPM) seals the seed; the store keeps only the sealed
+        // form, which no other TPM can open.
+        let kept = match anchor.seal(&seed).map_err(|reason| identity(dir, reason))? {
+            Some(sealed) => (SEALED, Bytes::from(sealed)),
+            None => (SECRET, Bytes::copy_from_slice(&seed)),
+        };
         let store = open_store(dir)?;
         store
             .apply(&[
                 StorageOp::Put {
                     table: IDENTITY,
-                    key: SECRET.to_vec(),
-                    value: Bytes::copy_from_slice(&seed),
+                    key: kept.0.to_vec(),
+                    value: kept.1,
                 },
                 StorageOp::Put {
                     table: IDENTITY,
@@ -139,20 +147,6 @@ impl Component {
         }
         let store = open_store(dir)?;
         let damaged = |what: &str, error: StorageError| lost(dir, format!("{what}: {error}"));
-        let seed = store
-            .get(IDENTITY, SECRET)
-            .map_err(|error| damaged("reading the key failed", error))?
-            .ok_or_else(|| lost(dir, "its key is missing".to_string()))?;
-        let seed: [u8; 32] = seed
-            .as_ref()
-            .try_into()
-            .map_err(|_| lost(dir, "its key is damaged".to_string()))?;
-        let key = SecretKey::from_seed(&seed);
-        let generation = store
-            .get(IDENTITY, GENERATION)
-            .map_err(|error| damaged("reading the generation failed", error))?
-            .and_then(|bytes| bytes.as_ref().try_into().ok().map(u64::from_be_bytes))
-            .ok_or_else(|| lost(dir, "its generation is missing".to_string()))?;
         let kind = made_with(dir, &store)?;
         if kind != anchor.kind() {
             return Err(identity(
@@ -164,6 +158,30 @@ impl Component {
                 ),
             ));
         }
+        let seed = match store
+            .get(IDENTITY, SECRET)
+            .map_err(|error| damaged("reading the key failed", error))?
+        {
+            Some(seed) => seed
+                .as_ref()
+                .try_into()
+                .map_err(|_| lost(dir, "its key is damaged".to_string()))?,
+            None => {
+                let sealed = store
+                    .get(IDENTITY, SEALED)
+                    .map_err(|error| damaged("reading the sealed key failed", error))?
+                    .ok_or_else(|| lost(dir, "its key is missing".to_string()))?;
+                anchor
+                    .unseal(&sealed)
+                    .map_err(|reason| identity(dir, reason))?
+            }
+        };
+        let key = SecretKey::from_seed(&seed);
+        let generation = store
+            .get(IDENTITY, GENERATION)
+            .map_err(|error| damaged("reading the generation failed", error))?
+            .and_then(|bytes| bytes.as_ref().try_into().ok().map(u64::from_be_bytes))
+            .ok_or_else(|| lost(dir, "its generation is missing".to_string()))?;
         let state = Mark {
             key: key.public_key(),
             generation,

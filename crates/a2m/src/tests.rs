@@ -819,3 +819,69 @@ fn redefine(swtpm: &crate::swtpm::Swtpm, index: u32, key: bulwark_core::sign::Pu
 fn redefine(_: &crate::swtpm::Swtpm, _: u32, _: bulwark_core::sign::PublicKey) {
     unreachable!("the TPM tests skip without the `tpm` feature")
 }
+
+/// With a TPM anchor the log's key is sealed by the TPM: the store holds only the sealed form,
+/// the same TPM opens it again (attestations after a reboot verify under the same key), and the
+/// directory copied to a machine with another TPM cannot be served there: no second copy of the
+/// log can sign.
+#[test]
+fn a_tpm_anchored_log_keeps_its_key_sealed_by_that_tpm_alone() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let test = "a_tpm_anchored_log_keeps_its_key_sealed_by_that_tpm_alone";
+    let Some(swtpm) = crate::swtpm::for_test(test, &root.path().join("tpm")) else {
+        return;
+    };
+    let index = crate::tpm::INDEX_FIRST + 11;
+    let dir = root.path().join("a2m");
+    let mut component =
+        Component::create(&dir, tpm_at(&swtpm, index), Limits::default()).expect("create");
+    let key = component.public_key();
+    component.append(0, [1; 32]).expect("room");
+    drop(component);
+    let store = Store::open(&dir).expect("store");
+    assert_eq!(
+        store
+            .get(crate::component::IDENTITY, crate::component::SECRET)
+            .expect("read"),
+        None,
+        "the seed is not stored as it is"
+    );
+    let sealed = store
+        .get(crate::component::IDENTITY, crate::component::SEALED)
+        .expect("read")
+        .expect("the sealed seed is stored");
+    drop(store);
+
+    let swtpm = swtpm.restart().expect("reboot");
+    let mut component =
+        Component::open(&dir, tpm_at(&swtpm, index), Limits::default()).expect("open");
+    assert_eq!(component.public_key(), key);
+    let end = component.end(0, [5; 32]).expect("end");
+    Expected::end(0, [5; 32])
+        .check(&key, end.to_unverified())
+        .expect("verifies under the same key");
+    drop(component);
+
+    // Copied to another machine: its TPM cannot open the key.
+    let Some(other) = crate::swtpm::for_test(test, &root.path().join("other-tpm")) else {
+        return;
+    };
+    let copy = root.path().join("copy");
+    std::fs::create_dir_all(&copy).expect("mkdir");
+    std::fs::copy(dir.join("state.redb"), copy.join("state.redb")).expect("copy");
+    let refused = Component::open(&copy, tpm_at(&other, index), Limits::default())
+        .err()
+        .expect("another TPM")
+        .to_string();
+    assert!(
+        refused.contains("cannot open this trusted log's key"),
+        "{refused}"
+    );
+
+    // A sealed key damaged on disk is refused, never a panic.
+    let mut anchor = TpmAnchor::new(&swtpm.tcti(), index).expect("anchor");
+    for cut in [0, 1, 2, sealed.len() / 2, sealed.len() - 1] {
+        assert!(anchor.unseal(&sealed[..cut]).is_err(), "cut at {cut}");
+    }
+    assert!(anchor.unseal(&vec![7; 4096]).is_err());
+}

@@ -105,13 +105,23 @@ mod imp {
     use bulwark_core::sign::PublicKey;
     use tss_esapi::Context;
     use tss_esapi::attributes::NvIndexAttributesBuilder;
+    use tss_esapi::attributes::ObjectAttributesBuilder;
     use tss_esapi::constants::CapabilityType;
     use tss_esapi::constants::nv_index_type::NvIndexType;
+    use tss_esapi::handles::KeyHandle;
     use tss_esapi::handles::{NvIndexHandle, NvIndexTpmHandle, TpmHandle};
     use tss_esapi::interface_types::algorithm::HashingAlgorithm;
+    use tss_esapi::interface_types::algorithm::PublicAlgorithm;
+    use tss_esapi::interface_types::ecc::EccCurve;
+    use tss_esapi::interface_types::resource_handles::Hierarchy;
     use tss_esapi::interface_types::resource_handles::{NvAuth, Provision};
-    use tss_esapi::structures::{CapabilityData, Digest, NvPublic, NvPublicBuilder};
+    use tss_esapi::structures::{
+        CapabilityData, Digest, EccPoint, KeyedHashScheme, NvPublic, NvPublicBuilder, Private,
+        Public, PublicBuilder, PublicEccParametersBuilder, PublicKeyedHashParameters,
+        SensitiveData, SymmetricDefinitionObject,
+    };
     use tss_esapi::tcti_ldr::TctiNameConf;
+    use tss_esapi::traits::{Marshall, UnMarshall};
 
     use super::TpmAnchor;
     use crate::anchor::{Anchor, AnchorKind, Mark};
@@ -368,5 +378,129 @@ mod imp {
         fn describe(&self) -> String {
             self.description()
         }
+
+        fn seal(&mut self, seed: &[u8; 32]) -> Result<Option<Vec<u8>>, String> {
+            self.guarded(|anchor| {
+                let context = &mut anchor.tpm()?.context;
+                let data =
+                    SensitiveData::try_from(seed.to_vec()).map_err(|error| error.to_string())?;
+                let sealed = with_parent(context, |context, parent| {
+                    context.create(parent, sealed_public()?, None, Some(data), None, None)
+                })
+                .map_err(|error| format!("sealing the key in the TPM: {error}"))?;
+                let private = sealed.out_private.value();
+                let public = sealed
+                    .out_public
+                    .marshall()
+                    .map_err(|error| format!("encoding the sealed key: {error}"))?;
+                let private_len = u16::try_from(private.len())
+                    .map_err(|_| "the sealed key is too large".to_string())?;
+                let mut blob = Vec::with_capacity(2 + private.len() + public.len());
+                blob.extend_from_slice(&private_len.to_be_bytes());
+                blob.extend_from_slice(private);
+                blob.extend_from_slice(&public);
+                Ok(Some(blob))
+            })
+        }
+
+        fn unseal(&mut self, blob: &[u8]) -> Result<[u8; 32], String> {
+            // The blob comes from the disk: bounded and parsed, never trusted.
+            let damaged = || "the sealed key is damaged".to_string();
+            if blob.len() > SEALED_BYTES_MAX {
+                return Err(damaged());
+            }
+            let (len, rest) = blob.split_at_checked(2).ok_or_else(damaged)?;
+            let len = usize::from(u16::from_be_bytes([len[0], len[1]]));
+            let (private, public) = rest.split_at_checked(len).ok_or_else(damaged)?;
+            let private = Private::try_from(private.to_vec()).map_err(|_| damaged())?;
+            let public = Public::unmarshall(public).map_err(|_| damaged())?;
+            self.guarded(|anchor| {
+                let context = &mut anchor.tpm()?.context;
+                let seed = with_parent(context, |context, parent| {
+                    let key = context.load(parent, private, public)?;
+                    let opened = context.unseal(key.into());
+                    let flushed = context.flush_context(key.into());
+                    let opened = opened?;
+                    flushed?;
+                    Ok(opened)
+                })
+                .map_err(|error| {
+                    format!(
+                        "the TPM cannot open this trusted log's key ({error}): it was sealed by \
+                         another TPM, or this TPM was cleared since"
+                    )
+                })?;
+                seed.value()
+                    .try_into()
+                    .map_err(|_| "the TPM opened a key that is not 32 bytes".to_string())
+            })
+        }
+    }
+
+    /// A sealed key and its public area are a few hundred bytes.
+    const SEALED_BYTES_MAX: usize = 2048;
+
+    /// Runs `step` under the owner hierarchy's storage key, flushed afterwards. The key is
+    /// derived again each time from the TPM's owner seed and a fixed template: the same TPM
+    /// makes the same key, any other TPM (or this one after a clear) another, which cannot open
+    /// what this one sealed.
+    fn with_parent<T>(
+        context: &mut Context,
+        step: impl FnOnce(&mut Context, KeyHandle) -> tss_esapi::Result<T>,
+    ) -> tss_esapi::Result<T> {
+        let parent = context.execute_with_nullauth_session(|context| {
+            context.create_primary(Hierarchy::Owner, storage_public()?, None, None, None, None)
+        })?;
+        let result =
+            context.execute_with_nullauth_session(|context| step(context, parent.key_handle));
+        let flushed = context.flush_context(parent.key_handle.into());
+        let result = result?;
+        flushed?;
+        Ok(result)
+    }
+
+    /// An ECC P-256 storage key (restricted, decrypting, AES-128-CFB for its children): ECC,
+    /// because deriving an RSA primary key takes a prime search every time.
+    fn storage_public() -> tss_esapi::Result<Public> {
+        let attributes = ObjectAttributesBuilder::new()
+            .with_fixed_tpm(true)
+            .with_fixed_parent(true)
+            .with_sensitive_data_origin(true)
+            .with_user_with_auth(true)
+            .with_no_da(true)
+            .with_decrypt(true)
+            .with_restricted(true)
+            .build()?;
+        PublicBuilder::new()
+            .with_public_algorithm(PublicAlgorithm::Ecc)
+            .with_name_hashing_algorithm(HashingAlgorithm::Sha256)
+            .with_object_attributes(attributes)
+            .with_ecc_parameters(
+                PublicEccParametersBuilder::new_restricted_decryption_key(
+                    SymmetricDefinitionObject::AES_128_CFB,
+                    EccCurve::NistP256,
+                )
+                .build()?,
+            )
+            .with_ecc_unique_identifier(EccPoint::default())
+            .build()
+    }
+
+    /// A sealed data object that never leaves this TPM (fixedTPM, fixedParent), opened with its
+    /// empty authorization.
+    fn sealed_public() -> tss_esapi::Result<Public> {
+        let attributes = ObjectAttributesBuilder::new()
+            .with_fixed_tpm(true)
+            .with_fixed_parent(true)
+            .with_no_da(true)
+            .with_user_with_auth(true)
+            .build()?;
+        PublicBuilder::new()
+            .with_public_algorithm(PublicAlgorithm::KeyedHash)
+            .with_name_hashing_algorithm(HashingAlgorithm::Sha256)
+            .with_object_attributes(attributes)
+            .with_keyed_hash_parameters(PublicKeyedHashParameters::new(KeyedHashScheme::Null))
+            .with_keyed_hash_unique_identifier(Default::default())
+            .build()
     }
 }
