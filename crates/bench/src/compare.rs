@@ -446,8 +446,9 @@ async fn run_on(options: &CompareOptions, hosts: &Hosts) -> Result<PathBuf> {
             .into(),
     );
     notes.push(
-        "Bytes sent: Bulwark counts the frames its nodes received (after TLS); etcd counts the \
-         HTTP requests this client wrote (JSON with base64 values, headers included)."
+        "Bytes sent: Bulwark counts the frames its nodes received (after TLS); etcd counts every \
+         byte this client wrote to the members' sockets (gRPC over HTTP/2, framing and headers \
+         included)."
             .into(),
     );
     let systems: Vec<String> = targets.iter().map(|t| t.name()).collect();

@@ -4,9 +4,9 @@
 
 pub mod compare;
 pub mod driver;
-pub mod http;
 pub mod limits;
 pub mod links;
+pub mod metrics;
 pub mod placement;
 pub mod procstat;
 pub mod report;

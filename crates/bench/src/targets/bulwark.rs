@@ -2,8 +2,8 @@
 //! running binary, driven through the client library.
 
 use crate::driver::Target;
-use crate::http;
 use crate::links::Hosts;
+use crate::metrics;
 use anyhow::{Context, Result, bail};
 use bulwark_client::{Client, Volume};
 use bulwark_core::config::{ClusterConfig, Protocol};
@@ -282,7 +282,7 @@ impl Target for BulwarkTarget {
         Box::pin(async move {
             let mut total = 0.0;
             for &address in &self.metrics {
-                total += http::scrape_sum(address, "bulwark_node_request_bytes_total")
+                total += metrics::scrape_sum(address, "bulwark_node_request_bytes_total")
                     .await
                     .ok()?;
             }
