@@ -885,3 +885,43 @@ fn a_tpm_anchored_log_keeps_its_key_sealed_by_that_tpm_alone() {
     }
     assert!(anchor.unseal(&vec![7; 4096]).is_err());
 }
+
+/// Two copies of one TPM-anchored log on the same machine share its counter: each reads it back
+/// after its increment, so the first change of the second copy finds the count moved and stops
+/// both before either attests to a change the other did not make.
+#[test]
+fn a_copy_of_a_tpm_anchored_log_on_the_same_tpm_is_caught_at_its_first_change() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let test = "a_copy_of_a_tpm_anchored_log_on_the_same_tpm_is_caught_at_its_first_change";
+    let Some(swtpm) = crate::swtpm::for_test(test, &root.path().join("tpm")) else {
+        return;
+    };
+    let index = crate::tpm::INDEX_FIRST + 13;
+    let original = root.path().join("original");
+    let mut component =
+        Component::create(&original, tpm_at(&swtpm, index), Limits::default()).expect("create");
+    component.append(0, [1; 32]).expect("room");
+    drop(component);
+    let copy = root.path().join("copy");
+    std::fs::create_dir_all(&copy).expect("mkdir");
+    std::fs::copy(original.join("state.redb"), copy.join("state.redb")).expect("copy");
+
+    let mut first = Component::open(&original, tpm_at(&swtpm, index), Limits::default())
+        .expect("the original opens");
+    let mut second =
+        Component::open(&copy, tpm_at(&swtpm, index), Limits::default()).expect("so does the copy");
+    first.append(0, [2; 32]).expect("the first change");
+    let caught = second
+        .append(0, [3; 32])
+        .expect_err("the copy's change")
+        .to_string();
+    assert!(caught.contains("another process advances"), "{caught}");
+    assert!(
+        second.end(0, [0; 32]).is_err(),
+        "the copy attests nothing more"
+    );
+    assert!(
+        first.append(0, [4; 32]).is_err(),
+        "the original finds its counter moved too"
+    );
+}

@@ -249,7 +249,18 @@ mod imp {
             let key = PublicKey::from_bytes(&key).map_err(|_| {
                 format!("TPM NV index {index:#010x} names no trusted log in its policy")
             })?;
-            let count = tpm
+            let generation = self.count()?;
+            let mark = Mark { key, generation };
+            self.tpm()?.known = Some(mark);
+            Ok(mark)
+        }
+
+        /// The counter's value now.
+        fn count(&mut self) -> Result<u64, String> {
+            let index = self.index;
+            let handle = self.open()?;
+            let count = self
+                .tpm()?
                 .context
                 .execute_with_nullauth_session(|context| {
                     context.nv_read(NvAuth::NvIndex(handle), handle, COUNTER_BYTES, 0)
@@ -260,12 +271,7 @@ mod imp {
             let count: [u8; 8] = count.value().try_into().map_err(|_| {
                 format!("TPM NV index {index:#010x} answered a count that is not 8 bytes")
             })?;
-            let mark = Mark {
-                key,
-                generation: u64::from_be_bytes(count),
-            };
-            tpm.known = Some(mark);
-            Ok(mark)
+            Ok(u64::from_be_bytes(count))
         }
 
         fn increment(&mut self) -> Result<(), String> {
@@ -325,6 +331,17 @@ mod imp {
                     ));
                 }
                 anchor.increment()?;
+                // Read back: a second process advancing the same counter (a copy of this log
+                // on the same machine, under the same TPM) is caught at its first change,
+                // before either attests anything about it.
+                let now = anchor.count()?;
+                if now != mark.generation {
+                    return Err(format!(
+                        "TPM NV index {:#010x} is at {now} after an increment to {}: another \
+                         process advances this log's counter (a copy of this trusted log?)",
+                        anchor.index, mark.generation
+                    ));
+                }
                 anchor.tpm()?.known = Some(mark);
                 Ok(())
             })
