@@ -677,7 +677,7 @@ fn a_tpm_anchor_catches_a_rollback_of_the_whole_disk() {
         .err()
         .expect("rolled back")
         .to_string();
-    assert!(refused.contains("rolled back"), "{refused}");
+    assert!(refused.contains("the state was rolled back"), "{refused}");
     assert!(refused.contains(&format!("{index:#010x}")), "{refused}");
 
     // The counter defined again under the same log's name starts above every count this TPM
@@ -687,7 +687,7 @@ fn a_tpm_anchor_catches_a_rollback_of_the_whole_disk() {
         .err()
         .expect("still rolled back")
         .to_string();
-    assert!(again.contains("rolled back"), "{again}");
+    assert!(again.contains("the state was rolled back"), "{again}");
 
     // A second log cannot claim an index in use, and a TPM-anchored state does not open on a
     // file anchor (nor a file-anchored one on the TPM).
@@ -798,20 +798,23 @@ fn redefine(swtpm: &crate::swtpm::Swtpm, index: u32, key: bulwark_core::sign::Pu
         .expect("open")
         .into();
     context
-        .execute_with_nullauth_session(|context| {
-            context.nv_undefine_space(Provision::Owner, handle)
-        })
+        .execute_with_session(
+            Some(tss_esapi::interface_types::session_handles::AuthSession::Password),
+            |context| context.nv_undefine_space(Provision::Owner, handle),
+        )
         .expect("undefine");
     let public = crate::tpm::counter_public(index, key).expect("public");
     let handle = context
-        .execute_with_nullauth_session(|context| {
-            context.nv_define_space(Provision::Owner, None, public.clone())
-        })
+        .execute_with_session(
+            Some(tss_esapi::interface_types::session_handles::AuthSession::Password),
+            |context| context.nv_define_space(Provision::Owner, None, public.clone()),
+        )
         .expect("define again");
     context
-        .execute_with_nullauth_session(|context| {
-            context.nv_increment(NvAuth::NvIndex(handle), handle)
-        })
+        .execute_with_session(
+            Some(tss_esapi::interface_types::session_handles::AuthSession::Password),
+            |context| context.nv_increment(NvAuth::NvIndex(handle), handle),
+        )
         .expect("first increment");
 }
 

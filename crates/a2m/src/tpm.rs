@@ -11,10 +11,13 @@
 //! The index also names its trusted log: its `authPolicy`, fixed when the index is defined and
 //! covered by the index's name, holds the log's 32-byte public key. The index is read and
 //! incremented with its own (empty) authorization, never by policy, so the field authorizes
-//! nothing; it only says whose counter this is.
+//! nothing; it only says whose counter this is. The anchor also seals the log's signing key
+//! ([`Anchor::seal`]), so that only this TPM can open it.
 //!
-//! What it does not catch: a host that edits the component's store itself (its key is in the
-//! store) can attest anything; keeping the key inside the TPM is the step after this one.
+//! What it does not stop: the local host. Anyone who can use this TPM (root, or the `tss` group
+//! on `/dev/tpmrm0`) can open the sealed key and sign, advance the counter (the log then refuses
+//! to start, as after a rollback), or edit the store and its generation together. It stops a
+//! restored disk and a copy of the directory on another machine.
 
 #[cfg(not(feature = "tpm"))]
 use bulwark_core::sign::PublicKey;
@@ -115,6 +118,7 @@ mod imp {
     use tss_esapi::interface_types::ecc::EccCurve;
     use tss_esapi::interface_types::resource_handles::Hierarchy;
     use tss_esapi::interface_types::resource_handles::{NvAuth, Provision};
+    use tss_esapi::interface_types::session_handles::AuthSession;
     use tss_esapi::structures::{
         CapabilityData, Digest, EccPoint, KeyedHashScheme, NvPublic, NvPublicBuilder, Private,
         Public, PublicBuilder, PublicEccParametersBuilder, PublicKeyedHashParameters,
@@ -152,13 +156,17 @@ mod imp {
         context: Context,
         /// The counter's handle, once the index is known to exist.
         handle: Option<NvIndexHandle>,
-        /// The log the index names, and its count, as last read or set by this process. The
-        /// TPM's count moves only through this anchor while the component runs (the component
-        /// owns the index), so one read at start is enough; any failure forgets both.
+        /// The log the index names, and its count, as last read or set by this process; every
+        /// increment is read back to keep it true, and any failure forgets it.
         known: Option<Mark>,
     }
 
     const COUNTER_BYTES: u16 = 8;
+
+    /// The index's, the owner's and the sealed object's authorizations are empty passwords: a
+    /// password session costs no round trip of its own (an HMAC session costs two more, to
+    /// start and flush it), and an empty authorization sent in the clear gives nothing away.
+    const PASSWORD: Option<AuthSession> = Some(AuthSession::Password);
 
     impl TpmAnchor {
         fn tpm(&mut self) -> Result<&mut Tpm, String> {
@@ -262,7 +270,7 @@ mod imp {
             let count = self
                 .tpm()?
                 .context
-                .execute_with_nullauth_session(|context| {
+                .execute_with_session(PASSWORD, |context| {
                     context.nv_read(NvAuth::NvIndex(handle), handle, COUNTER_BYTES, 0)
                 })
                 .map_err(|error| {
@@ -279,7 +287,7 @@ mod imp {
             let handle = self.open()?;
             let tpm = self.tpm()?;
             tpm.context
-                .execute_with_nullauth_session(|context| {
+                .execute_with_session(PASSWORD, |context| {
                     context.nv_increment(NvAuth::NvIndex(handle), handle)
                 })
                 .map_err(|error| format!("incrementing TPM NV index {index:#010x}: {error}"))
@@ -364,7 +372,7 @@ mod imp {
                 let tpm = anchor.tpm()?;
                 let handle = tpm
                     .context
-                    .execute_with_nullauth_session(|context| {
+                    .execute_with_session(PASSWORD, |context| {
                         context.nv_define_space(Provision::Owner, None, public)
                     })
                     .map_err(|error| {
@@ -465,11 +473,11 @@ mod imp {
         context: &mut Context,
         step: impl FnOnce(&mut Context, KeyHandle) -> tss_esapi::Result<T>,
     ) -> tss_esapi::Result<T> {
-        let parent = context.execute_with_nullauth_session(|context| {
+        let parent = context.execute_with_session(PASSWORD, |context| {
             context.create_primary(Hierarchy::Owner, storage_public()?, None, None, None, None)
         })?;
         let result =
-            context.execute_with_nullauth_session(|context| step(context, parent.key_handle));
+            context.execute_with_session(PASSWORD, |context| step(context, parent.key_handle));
         let flushed = context.flush_context(parent.key_handle.into());
         let result = result?;
         flushed?;

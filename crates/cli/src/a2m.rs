@@ -46,7 +46,7 @@ pub struct StateArgs {
     /// Record its generation in a counter of this TPM instead (the TPM software stack's address:
     /// `device:/dev/tpmrm0`, or `swtpm:host=127.0.0.1,port=2321` for an emulator), which also
     /// catches a rollback of the whole disk. A log made with it must be served with it.
-    #[arg(long, env = "BULWARK_A2M_TPM")]
+    #[arg(long)]
     tpm: Option<String>,
     /// The TPM NV index of its counter, for `init` (`serve` finds it in DIR): 0x01500000 to
     /// 0x015fffff, one per trusted log on that TPM.

@@ -27,7 +27,7 @@ pub struct A2mArgs {
     #[arg(long)]
     pub tpm: Option<String>,
     /// The NV index of the measured counter on a real TPM.
-    #[arg(long, default_value_t = bulwark_a2m::tpm::INDEX_LAST)]
+    #[arg(long, value_parser = crate::a2m::parse_index, default_value = "0x015fffff")]
     pub tpm_index: u32,
 }
 

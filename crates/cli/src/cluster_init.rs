@@ -75,7 +75,7 @@ pub struct InitArgs {
     pub a2m: bool,
     /// With --a2m: anchor every node's trusted log in a counter of this TPM (the TPM software
     /// stack's address; see `bulwark a2m init --tpm`), node i's at NV index --a2m-tpm-index + i.
-    /// Each must then be served with `--tpm` too (or BULWARK_A2M_TPM set).
+    /// Each must then be served with `--tpm` too.
     #[arg(long, requires = "a2m")]
     pub a2m_tpm: Option<String>,
     /// The NV index of node 0's counter with --a2m-tpm.

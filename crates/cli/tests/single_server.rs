@@ -443,7 +443,7 @@ async fn a_server_restored_whole_is_refused_by_its_tpm_before_any_client_sees_it
     );
     let said = String::from_utf8_lossy(&refused.stderr);
     assert!(
-        said.contains("rolled back") && said.contains("TPM NV index"),
+        said.contains("the state was rolled back") && said.contains("TPM NV index"),
         "{said}"
     );
     // A node refuses to start without its trusted log, so the older state is served to no one:

@@ -132,7 +132,6 @@ impl TestCluster {
         }
     }
 
-    /// SIGKILL to node `id`'s trusted log.
     /// `bulwark a2m serve` for node `id`'s trusted log, with its TPM if it has one.
     pub fn trusted_log_command(&self, id: usize) -> Command {
         let node = self.path().join(format!("node-{id}"));
@@ -141,14 +140,14 @@ impl TestCluster {
             .args(["a2m", "serve", "--dir"])
             .arg(node.join("a2m"))
             .arg("--socket")
-            .arg(node.join("a2m.sock"))
-            .env_remove("BULWARK_A2M_TPM");
+            .arg(node.join("a2m.sock"));
         if let Some(tcti) = &self.tpm {
             command.args(["--tpm", tcti]);
         }
         command
     }
 
+    /// SIGKILL to node `id`'s trusted log.
     pub fn kill_trusted_log(&mut self, id: usize) {
         if let Some(mut child) = self.trusted_logs[id].take() {
             let _ = child.kill();
