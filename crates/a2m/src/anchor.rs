@@ -63,6 +63,13 @@ pub trait Anchor: Send {
         Ok(None)
     }
 
+    /// Gives back what [`Anchor::claim`] took, for an identity that was never made (nothing was
+    /// attested under it). Claiming a file anchor writes nothing, so there is nothing to give
+    /// back.
+    fn release(&mut self) -> Result<(), String> {
+        Ok(())
+    }
+
     /// Opens a key [`Anchor::seal`] sealed.
     fn unseal(&mut self, _sealed: &[u8]) -> Result<[u8; 32], String> {
         Err(format!("{} keeps no keys", self.describe()))

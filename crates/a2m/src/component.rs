@@ -87,37 +87,50 @@ impl Component {
         }
         let seed: [u8; 32] = rand::random();
         let key = SecretKey::from_seed(&seed);
-        let generation = anchor
-            .claim(key.public_key())
-            .map_err(|reason| identity(dir, reason))?;
         // An anchor that can keep keys (a TPM) seals the seed; the store keeps only the sealed
         // form, which no other TPM can open.
         let kept = match anchor.seal(&seed).map_err(|reason| identity(dir, reason))? {
             Some(sealed) => (SEALED, Bytes::from(sealed)),
             None => (SECRET, Bytes::copy_from_slice(&seed)),
         };
-        let store = open_store(dir)?;
-        store
-            .apply(&[
-                StorageOp::Put {
-                    table: IDENTITY,
-                    key: kept.0.to_vec(),
-                    value: kept.1,
-                },
-                StorageOp::Put {
-                    table: IDENTITY,
-                    key: ANCHOR_KIND.to_vec(),
-                    value: Bytes::from(anchor.kind().to_string()),
-                },
-                generation_op(generation),
-            ])
-            .map_err(|error| identity(dir, format!("storing the new key failed: {error}")))?;
-        anchor
-            .record(Mark {
-                key: key.public_key(),
-                generation,
-            })
+        let generation = anchor
+            .claim(key.public_key())
             .map_err(|reason| identity(dir, reason))?;
+        let made = open_store(dir).and_then(|store| {
+            store
+                .apply(&[
+                    StorageOp::Put {
+                        table: IDENTITY,
+                        key: kept.0.to_vec(),
+                        value: kept.1,
+                    },
+                    StorageOp::Put {
+                        table: IDENTITY,
+                        key: ANCHOR_KIND.to_vec(),
+                        value: Bytes::from(anchor.kind().to_string()),
+                    },
+                    generation_op(generation),
+                ])
+                .map_err(|error| identity(dir, format!("storing the new key failed: {error}")))?;
+            anchor
+                .record(Mark {
+                    key: key.public_key(),
+                    generation,
+                })
+                .map_err(|reason| identity(dir, reason))?;
+            Ok(store)
+        });
+        let store = match made {
+            Ok(store) => store,
+            Err(error) => {
+                // Nothing was attested under the new key, so what the claim took can go back,
+                // and a retry on a fixed directory finds the anchor free.
+                if let Err(reason) = anchor.release() {
+                    tracing::warn!(%reason, "the anchor of a trusted log that was never made stays claimed");
+                }
+                return Err(error);
+            }
+        };
         Ok(Component {
             key,
             logs: Logs::new(limits),

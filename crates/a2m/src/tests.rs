@@ -928,3 +928,35 @@ fn a_copy_of_a_tpm_anchored_log_on_the_same_tpm_is_caught_at_its_first_change() 
         "the original finds its counter moved too"
     );
 }
+
+/// A new identity that cannot be stored gives its TPM counter back: the index is free for the
+/// retry, instead of being refused as another log's.
+#[test]
+fn a_tpm_anchored_log_that_could_not_be_made_frees_its_index() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let test = "a_tpm_anchored_log_that_could_not_be_made_frees_its_index";
+    let Some(swtpm) = crate::swtpm::for_test(test, &root.path().join("tpm")) else {
+        return;
+    };
+    let index = crate::tpm::INDEX_FIRST + 15;
+    // A file where the directory should be: the store cannot be made, after the claim.
+    let blocked = root.path().join("blocked");
+    std::fs::write(&blocked, b"not a directory").expect("write");
+    Component::create(&blocked, tpm_at(&swtpm, index), Limits::default())
+        .err()
+        .expect("no directory");
+    assert_eq!(
+        TpmAnchor::new(&swtpm.tcti(), index)
+            .expect("anchor")
+            .read()
+            .expect("read"),
+        None,
+        "the index was given back"
+    );
+    Component::create(
+        &root.path().join("a2m"),
+        tpm_at(&swtpm, index),
+        Limits::default(),
+    )
+    .expect("the retry finds the index free");
+}

@@ -404,6 +404,22 @@ mod imp {
             self.description()
         }
 
+        fn release(&mut self) -> Result<(), String> {
+            self.guarded(|anchor| {
+                let index = anchor.index;
+                let handle = anchor.open()?;
+                let tpm = anchor.tpm()?;
+                tpm.context
+                    .execute_with_session(PASSWORD, |context| {
+                        context.nv_undefine_space(Provision::Owner, handle)
+                    })
+                    .map_err(|error| format!("removing TPM NV index {index:#010x}: {error}"))?;
+                tpm.handle = None;
+                tpm.known = None;
+                Ok(())
+            })
+        }
+
         fn seal(&mut self, seed: &[u8; 32]) -> Result<Option<Vec<u8>>, String> {
             self.guarded(|anchor| {
                 let context = &mut anchor.tpm()?.context;
