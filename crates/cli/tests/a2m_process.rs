@@ -2,6 +2,9 @@
 //! slot it attested; started on a directory restored from an older copy it refuses to attest at
 //! all (A2M spec §7.1 item 8, §7.2 T1).
 
+mod common;
+
+use common::copy_dir;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -156,7 +159,7 @@ fn a_tpm_anchored_trusted_log_refuses_a_restored_disk_that_a_file_anchor_accepts
     append(&sealed_socket, sealed_key, Some(&tcti), &sealed, 1..=3u8);
     append(&filed_socket, filed_key, None, &filed, 1..=3u8);
     let snapshot = root.path().join("snapshot");
-    copy_tree(&disk, &snapshot);
+    copy_dir(&disk, &snapshot);
     append(&sealed_socket, sealed_key, Some(&tcti), &sealed, 4..=6u8);
     append(&filed_socket, filed_key, None, &filed, 4..=6u8);
 
@@ -164,7 +167,7 @@ fn a_tpm_anchored_trusted_log_refuses_a_restored_disk_that_a_file_anchor_accepts
     let swtpm = swtpm.restart().expect("reboot");
     let tcti = swtpm.tcti();
     std::fs::remove_dir_all(&disk).expect("wipe");
-    copy_tree(&snapshot, &disk);
+    copy_dir(&snapshot, &disk);
 
     let refused = serve_with(&sealed, &sealed_socket, Some(&tcti))
         .wait_with_output()
@@ -227,17 +230,4 @@ fn serve_with(dir: &Path, socket: &Path, tpm: Option<&str>) -> Child {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn bulwark a2m serve")
-}
-
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).expect("mkdir");
-    for entry in std::fs::read_dir(from).expect("read dir") {
-        let entry = entry.expect("entry");
-        let target = to.join(entry.file_name());
-        if entry.file_type().expect("type").is_dir() {
-            copy_tree(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), &target).expect("copy");
-        }
-    }
 }

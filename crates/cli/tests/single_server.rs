@@ -14,8 +14,8 @@ use bulwark_client::{Client, ClientError, Volume};
 use bulwark_core::NodeId;
 use bulwark_sim::checker::{OpKind, Outcome};
 use bytes::Bytes;
-use common::{Recorder, TestCluster, value_for};
-use std::path::Path;
+use common::{Recorder, TestCluster, copy_dir, value_for};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,22 +24,36 @@ const SERVER: usize = 1;
 /// Operations per client in the concurrent phase.
 const OPS: u64 = 40;
 
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).expect("mkdir");
-    for entry in std::fs::read_dir(from).expect("read dir") {
-        let entry = entry.expect("entry");
-        let target = to.join(entry.file_name());
-        if entry.file_type().expect("type").is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).expect("copy");
-        }
-    }
-}
-
 fn replace_dir(dir: &Path, with: &Path) {
     std::fs::remove_dir_all(dir).expect("remove");
     copy_dir(with, dir);
+}
+
+/// The parts of a node's directory its operator copies to restore it whole: its store and its
+/// trusted log.
+const NODE_PARTS: [&str; 2] = ["data", "a2m"];
+
+/// Copies the server node's store, its trusted log and `files` beside them into `saved`, and
+/// returns the node's directory.
+fn save_server(cluster: &TestCluster, saved: &Path, files: &[&str]) -> PathBuf {
+    let node = cluster.path().join(format!("node-{SERVER}"));
+    for part in NODE_PARTS {
+        copy_dir(&node.join(part), &saved.join(part));
+    }
+    for file in files {
+        std::fs::copy(node.join(file), saved.join(file)).expect("copy a file");
+    }
+    node
+}
+
+/// Puts back what [`save_server`] copied.
+fn restore_server(node: &Path, saved: &Path, files: &[&str]) {
+    for part in NODE_PARTS {
+        replace_dir(&node.join(part), &saved.join(part));
+    }
+    for file in files {
+        std::fs::copy(saved.join(file), node.join(file)).expect("restore a file");
+    }
 }
 
 /// Retries `get` until the server answers (it restarts), for at most 20 s.
@@ -329,12 +343,8 @@ async fn a_client_catches_a_server_rolled_back_whole_in_a_later_run() {
     // anchor. Nothing on the node can tell the copy from the original.
     cluster.kill(SERVER);
     cluster.kill_trusted_log(SERVER);
-    let node = cluster.path().join(format!("node-{SERVER}"));
     let saved = cluster.path().join("saved");
-    for part in ["data", "a2m"] {
-        copy_dir(&node.join(part), &saved.join(part));
-    }
-    std::fs::copy(node.join("a2m.anchor"), saved.join("a2m.anchor")).expect("copy the anchor");
+    let node = save_server(&cluster, &saved, &["a2m.anchor"]);
     cluster.spawn_trusted_log(SERVER);
     cluster.spawn(SERVER, None);
     cluster.wait_up(&[SERVER]).await;
@@ -351,10 +361,7 @@ async fn a_client_catches_a_server_rolled_back_whole_in_a_later_run() {
     // Then puts the copy back, whole: to the node and its trusted log, write 2 never happened.
     cluster.kill(SERVER);
     cluster.kill_trusted_log(SERVER);
-    for part in ["data", "a2m"] {
-        replace_dir(&node.join(part), &saved.join(part));
-    }
-    std::fs::copy(saved.join("a2m.anchor"), node.join("a2m.anchor")).expect("restore the anchor");
+    restore_server(&node, &saved, &["a2m.anchor"]);
     cluster.spawn_trusted_log(SERVER);
     cluster.spawn(SERVER, None);
     cluster.wait_up(&[SERVER]).await;
@@ -415,11 +422,8 @@ async fn a_server_restored_whole_is_refused_by_its_tpm_before_any_client_sees_it
         .expect("write 1");
     cluster.kill(SERVER);
     cluster.kill_trusted_log(SERVER);
-    let node = cluster.path().join(format!("node-{SERVER}"));
     let saved = cluster.path().join("saved");
-    for part in ["data", "a2m"] {
-        copy_dir(&node.join(part), &saved.join(part));
-    }
+    let node = save_server(&cluster, &saved, &[]);
     cluster.spawn_trusted_log(SERVER);
     cluster.spawn(SERVER, None);
     cluster.wait_up(&[SERVER]).await;
@@ -430,9 +434,7 @@ async fn a_server_restored_whole_is_refused_by_its_tpm_before_any_client_sees_it
 
     cluster.kill(SERVER);
     cluster.kill_trusted_log(SERVER);
-    for part in ["data", "a2m"] {
-        replace_dir(&node.join(part), &saved.join(part));
-    }
+    restore_server(&node, &saved, &[]);
     let refused = cluster
         .trusted_log_command(SERVER)
         .output()

@@ -385,6 +385,20 @@ impl Recorder {
     }
 }
 
+/// Copies the directory tree `from` to `to` (made if missing).
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for entry in std::fs::read_dir(from).expect("read dir") {
+        let entry = entry.expect("entry");
+        let target = to.join(entry.file_name());
+        if entry.file_type().expect("type").is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).expect("copy");
+        }
+    }
+}
+
 /// Unique per write; every third is large enough to be erasure-coded rather than replicated.
 pub fn value_for(writer: u64, sequence: u64) -> Vec<u8> {
     let len = if sequence.is_multiple_of(3) {
