@@ -11,7 +11,10 @@ use bulwark_core::{ClientId, Digest, ServiceId, Slot};
 
 /// One request, from submission to an accepted result.
 pub struct Submit<A: App> {
-    params: Params,
+    /// Replicas.
+    n: usize,
+    /// Faults tolerated: `f+1` matching results include a correct replica's.
+    f: usize,
     id: u64,
     op: A::Op,
     /// The request as replicas will order it, to match replies against.
@@ -23,6 +26,12 @@ pub struct Submit<A: App> {
 impl<A: App> Submit<A> {
     /// `client`'s request `id` (unique among its requests) for `op`.
     pub fn new(params: Params, client: ClientId, id: u64, op: A::Op) -> Submit<A> {
+        Submit::sized(params.n, params.f, client, id, op)
+    }
+
+    /// The same request to `n` replicas of an agreement core that tolerates `f` faults (PBFT's
+    /// `3f+1`, A2M-PBFT-EA's `2f+1`): either way `f+1` matching results include a correct one.
+    pub fn sized(n: usize, f: usize, client: ClientId, id: u64, op: A::Op) -> Submit<A> {
         let digest = Request {
             origin: Origin::Client(client),
             id,
@@ -30,12 +39,13 @@ impl<A: App> Submit<A> {
         }
         .digest();
         Submit {
-            params,
+            n,
+            f,
             id,
             op,
             digest,
-            results: Replies::new(params.n),
-            refusals: Refusals::new(params.n),
+            results: Replies::new(n),
+            refusals: Refusals::new(n),
         }
     }
 
@@ -65,7 +75,7 @@ impl<A: App> Operation for Submit<A> {
     }
 
     fn start(&mut self) -> Vec<(Slot, Self::Request)> {
-        self.to_all((0..self.params.n as u32).map(Slot))
+        self.to_all((0..self.n as u32).map(Slot))
     }
 
     fn on_reply(&mut self, from: Slot, reply: Self::Reply) -> Progress<Self> {
@@ -82,7 +92,7 @@ impl<A: App> Operation for Submit<A> {
                     .present()
                     .filter(|(_, result)| **result == reply.result)
                     .count();
-                if matching >= self.params.reply_quorum() {
+                if matching > self.f {
                     return Progress::Done(Ok(reply.result));
                 }
             }
@@ -90,7 +100,7 @@ impl<A: App> Operation for Submit<A> {
                 if id != self.id {
                     return Progress::Send(Vec::new());
                 }
-                if let Some((reason, by)) = self.refusals.record(from, reason, self.params.f) {
+                if let Some((reason, by)) = self.refusals.record(from, reason, self.f) {
                     return Progress::Done(Err(OpError::Refused { reason, by }));
                 }
             }
@@ -108,6 +118,6 @@ impl<A: App> Operation for Submit<A> {
     }
 
     fn quorum(&self) -> usize {
-        self.params.reply_quorum()
+        self.f + 1
     }
 }

@@ -60,6 +60,7 @@
 //! per session today.
 
 pub mod client;
+pub mod ea;
 pub mod msg;
 pub mod replica;
 #[cfg(test)]

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// Requests a replica keeps waiting at most; more are refused until some execute.
-const WAITING_MAX: usize = 4096;
+pub(super) const WAITING_MAX: usize = 4096;
 /// Results remembered per submitter, to answer retransmissions.
 const REPLIES_PER_ORIGIN: usize = 32;
 /// Submitters whose results are remembered.
@@ -139,12 +139,12 @@ impl<R> Answer<R> {
 /// so that every replica answers a retransmission the same way.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(bound(serialize = "R: Serialize", deserialize = "R: Deserialize<'de>"))]
-struct Replies<R> {
-    by_origin: BTreeMap<Origin, VecDeque<(u64, Digest, R)>>,
+pub(super) struct Replies<R> {
+    pub(super) by_origin: BTreeMap<Origin, VecDeque<(u64, Digest, R)>>,
 }
 
 impl<R: Clone> Replies<R> {
-    fn find(&self, origin: Origin, id: u64, digest: &Digest) -> Option<&R> {
+    pub(super) fn find(&self, origin: Origin, id: u64, digest: &Digest) -> Option<&R> {
         self.by_origin
             .get(&origin)?
             .iter()
@@ -152,7 +152,7 @@ impl<R: Clone> Replies<R> {
             .map(|(_, _, r)| r)
     }
 
-    fn insert(&mut self, origin: Origin, id: u64, digest: Digest, result: R) {
+    pub(super) fn insert(&mut self, origin: Origin, id: u64, digest: Digest, result: R) {
         if !self.by_origin.contains_key(&origin) && self.by_origin.len() >= ORIGINS_MAX {
             // Deterministic on every replica: the lowest submitter loses its memory first.
             self.by_origin.pop_first();
@@ -168,13 +168,13 @@ impl<R: Clone> Replies<R> {
 /// The replicated state a checkpoint covers: the application's and the remembered results.
 #[derive(Serialize, Deserialize)]
 #[serde(bound(serialize = "R: Serialize", deserialize = "R: Deserialize<'de>"))]
-struct State<R> {
-    app: Bytes,
-    replies: Replies<R>,
+pub(super) struct State<R> {
+    pub(super) app: Bytes,
+    pub(super) replies: Replies<R>,
 }
 
 /// The digest of a checkpoint's state bytes.
-fn state_digest(snapshot: &[u8]) -> Digest {
+pub(super) fn state_digest(snapshot: &[u8]) -> Digest {
     Digest::of("bulwark.pbft.state.v1", snapshot)
 }
 
@@ -1562,9 +1562,9 @@ impl<A: App> PbftReplica<A> {
 }
 
 /// Slack above the application's snapshot bound for the remembered results.
-const REPLY_STATE_SLACK: usize = 4 * 1024 * 1024;
+pub(super) const REPLY_STATE_SLACK: usize = 4 * 1024 * 1024;
 
-fn encode_state<A: App>(app: &A, replies: &Replies<A::Result>) -> Vec<u8> {
+pub(super) fn encode_state<A: App>(app: &A, replies: &Replies<A::Result>) -> Vec<u8> {
     wire::encode(&State {
         app: Bytes::from(app.snapshot()),
         replies: replies.clone(),

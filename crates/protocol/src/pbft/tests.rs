@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// An operation on the counter.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-enum Op {
+pub(super) enum Op {
     Add(u64),
     /// Refused by `check_op`.
     Bad,
@@ -32,7 +32,7 @@ const CLOCK_SLACK: u64 = 10_000;
 /// A running total, plus a trace of everything executed (number, clock and operation), so that
 /// two replicas that executed different batches at one number end with different state digests.
 #[derive(Clone, Debug, Default)]
-struct Counter {
+pub(super) struct Counter {
     total: u64,
     trace: u64,
 }
@@ -93,8 +93,8 @@ impl App for Counter {
 type R = PbftReplica<Counter>;
 type Msg = Message<Counter>;
 
-const CLIENT: ClientId = ClientId(1);
-const START: Time = Time(100_000);
+pub(super) const CLIENT: ClientId = ClientId(1);
+pub(super) const START: Time = Time(100_000);
 
 // ---------------------------------------------------------------------------------------------
 // The harness
