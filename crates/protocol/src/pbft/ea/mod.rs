@@ -58,7 +58,7 @@ pub use msg::{
 pub use replica::{Change, EaReplica, EaStats, RestoreError, Said, Setup};
 
 use bulwark_core::Slot;
-use bulwark_core::a2m::LogId;
+use bulwark_core::a2m::{self, LogId, Seq};
 
 /// The sizes and timeouts of one EA instance.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -148,22 +148,44 @@ pub struct Logs {
     pub view_change: LogId,
     /// NEW-VIEWs, `m_nv`.
     pub new_view: LogId,
+    /// Where this instance's slots start in every one of them: instances that share a trusted
+    /// log's logs (one configuration-service instance per epoch) each get a range of their own,
+    /// above every earlier instance's.
+    pub base: Seq,
 }
 
-impl Logs {
-    /// Logs per instance.
-    pub const COUNT: u64 = 6;
+/// The highest view an instance may reach: `[v|n]` of every view up to it fits below the next
+/// instance's range.
+pub const VIEW_MAX: u64 = (1 << 32) - 1;
 
-    /// Six consecutive ids from `base`: an instance's own, never shared with another instance
-    /// (its slots start again from view 0).
-    pub fn from_base(base: LogId) -> Logs {
+impl Logs {
+    /// Six consecutive log ids from `first`, for instance number `instance` (each instance's
+    /// slots lie in `[instance·2^96, (instance+1)·2^96)`).
+    pub fn new(first: LogId, instance: u32) -> Logs {
         Logs {
-            requests: base,
-            prepare: base + 1,
-            commit: base + 2,
-            checkpoint: base + 3,
-            view_change: base + 4,
-            new_view: base + 5,
+            requests: first,
+            prepare: first + 1,
+            commit: first + 2,
+            checkpoint: first + 3,
+            view_change: first + 4,
+            new_view: first + 5,
+            base: Seq::from(instance) << 96,
         }
+    }
+
+    /// The slot of number `n` (or view `n`) in the request, checkpoint and view logs.
+    pub fn at(&self, n: u64) -> Seq {
+        self.base + Seq::from(n)
+    }
+
+    /// The slot of `(view, n)` in the PREPARE and COMMIT logs: `[v|n]` (spec §3.4.3).
+    pub fn slot(&self, view: u64, n: u64) -> Seq {
+        debug_assert!(view <= VIEW_MAX, "views are bounded by VIEW_MAX");
+        self.base + a2m::flat(view, n)
+    }
+
+    /// The last slot of `view` in the PREPARE and COMMIT logs: `[v+1|0] - 1`.
+    pub fn end_of_view(&self, view: u64) -> Seq {
+        self.base + a2m::end_of_view(view)
     }
 }

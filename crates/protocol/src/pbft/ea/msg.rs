@@ -56,9 +56,9 @@ impl Placed for Vote {
 
     fn place(&self, logs: &Logs) -> (LogId, Seq) {
         match self.phase {
-            Phase::PrePrepare | Phase::Prepare => (logs.prepare, a2m::flat(self.view, self.seq)),
-            Phase::Commit => (logs.commit, a2m::flat(self.view, self.seq)),
-            Phase::Checkpoint => (logs.checkpoint, Seq::from(self.seq)),
+            Phase::PrePrepare | Phase::Prepare => (logs.prepare, logs.slot(self.view, self.seq)),
+            Phase::Commit => (logs.commit, logs.slot(self.view, self.seq)),
+            Phase::Checkpoint => (logs.checkpoint, logs.at(self.seq)),
         }
     }
 }
@@ -295,19 +295,19 @@ impl Placed for Checkpoint {
     }
 
     fn place(&self, logs: &Logs) -> (LogId, Seq) {
-        (logs.checkpoint, Seq::from(self.seq))
+        (logs.checkpoint, logs.at(self.seq))
     }
 }
 
 impl Checkpoint {
     /// The request log's digest at `seq` this checkpoint implies.
-    pub fn history(&self) -> ChainDigest {
-        a2m::chain(Seq::from(self.seq), &self.request, &self.previous)
+    pub fn history(&self, logs: &Logs) -> ChainDigest {
+        a2m::chain(logs.at(self.seq), &self.request, &self.previous)
     }
 
     /// What two checkpoints must agree on to make one stable.
-    pub fn agreed(&self) -> (u64, Digest, ChainDigest) {
-        (self.seq, self.state, self.history())
+    pub fn agreed(&self, logs: &Logs) -> (u64, Digest, ChainDigest) {
+        (self.seq, self.state, self.history(logs))
     }
 }
 
@@ -362,7 +362,7 @@ impl Stable {
         if self.checkpoints.len() > params.n {
             return Err("more checkpoints than replicas".into());
         }
-        if a2m::chain(Seq::from(self.seq), &self.request, &self.previous) != self.history {
+        if a2m::chain(logs.at(self.seq), &self.request, &self.previous) != self.history {
             return Err("a stable checkpoint whose request digests do not chain".into());
         }
         let mut voters = BTreeSet::new();
@@ -371,7 +371,7 @@ impl Stable {
             if checkpoint.instance != *instance {
                 return Err("a checkpoint of another instance".into());
             }
-            if checkpoint.agreed() != (self.seq, self.state, self.history) {
+            if checkpoint.agreed(logs) != (self.seq, self.state, self.history) {
                 return Err(format!(
                     "replica {}'s checkpoint differs from the certificate's",
                     checkpoint.replica
@@ -486,7 +486,7 @@ impl<Op: Serialize + DeserializeOwned> Placed for ViewChange<Op> {
     }
 
     fn place(&self, logs: &Logs) -> (LogId, Seq) {
-        (logs.view_change, Seq::from(self.to))
+        (logs.view_change, logs.at(self.to))
     }
 }
 
@@ -516,7 +516,8 @@ impl<Op: Serialize + DeserializeOwned> ViewChange<Op> {
         if self.instance != *instance {
             return Err("a view change of another instance".into());
         }
-        if self.to <= self.from || self.to - self.from > VIEW_SPAN_MAX {
+        if self.to <= self.from || self.to - self.from > VIEW_SPAN_MAX || self.to > super::VIEW_MAX
+        {
             return Err(format!(
                 "a view change from view {} to view {}",
                 self.from, self.to
@@ -575,10 +576,10 @@ impl<Op: Serialize + DeserializeOwned> ViewChange<Op> {
             let expected = Expected {
                 kind: a2m::Kind::Lookup,
                 log: logs.commit,
-                seq: a2m::flat(view, first),
+                seq: logs.slot(view, first),
                 nonce: z,
                 status: SlotStatus::Skipped,
-                ref_seq: a2m::end_of_view(view),
+                ref_seq: logs.end_of_view(view),
                 value: Some([0; 32]),
                 digest: None,
             };
@@ -597,7 +598,7 @@ impl<Op: Serialize + DeserializeOwned> ViewChange<Op> {
             if params.mutations.unchecked_attestations {
                 break;
             }
-            let slot = a2m::flat(self.from, seq);
+            let slot = logs.slot(self.from, seq);
             let signed = attestation
                 .clone()
                 .verify(key)
@@ -677,7 +678,7 @@ impl<Op: Serialize + DeserializeOwned> Placed for NewView<Op> {
     }
 
     fn place(&self, logs: &Logs) -> (LogId, Seq) {
-        (logs.new_view, Seq::from(self.view))
+        (logs.new_view, logs.at(self.view))
     }
 }
 

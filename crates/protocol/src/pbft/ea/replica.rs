@@ -24,6 +24,9 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// The longest view-change timeout, as a power of two of the base.
 const BACKOFF_MAX: u32 = 6;
+/// Own messages kept to ask the trusted log for again, at most (one number at a time keeps
+/// them few).
+const RETRY_MAX: usize = 64;
 
 /// An own message body, recorded before the trusted log is asked to attest it: after a restart
 /// the replica asks again (the log answers with the attestation it made, if it made one) and
@@ -323,6 +326,9 @@ pub struct EaReplica<A: App> {
     next_own_id: u64,
     /// Trusted-log calls a restarted replica makes with its first output.
     resume: Vec<Attest>,
+    /// Own messages whose attestation the trusted log could not be asked for (its process
+    /// down): asked again, lookup first, at the next tick.
+    retry: Vec<(Said<A::Op>, LogId, Seq)>,
     stats: EaStats,
 }
 
@@ -403,6 +409,7 @@ impl<A: App> EaReplica<A> {
             last_status: None,
             next_own_id: 1 << 63,
             resume: Vec::new(),
+            retry: Vec::new(),
             stats: EaStats::default(),
         })
     }
@@ -508,7 +515,8 @@ impl<A: App> EaReplica<A> {
                         self.changed_for = self.changed_for.max(change.to);
                         self.target = self.target.max(change.to);
                         // Its abandonments were made before it: the commit log is past them.
-                        self.commit_high = self.commit_high.max(a2m::end_of_view(change.to - 1));
+                        self.commit_high =
+                            self.commit_high.max(self.logs.end_of_view(change.to - 1));
                     }
                     Said::NewView(body) => {
                         let new_view: NewView<A::Op> =
@@ -754,7 +762,7 @@ impl<A: App> EaReplica<A> {
             || self.primary() != self.me
             || seq <= self.plan_top
             || !self.in_window(seq)
-            || self.prepare_high >= a2m::flat(self.view, seq)
+            || self.prepare_high >= self.logs.slot(self.view, seq)
         {
             return;
         }
@@ -869,10 +877,10 @@ impl<A: App> EaReplica<A> {
     fn note_vote(&mut self, vote: &Vote) {
         match vote.phase {
             Phase::PrePrepare | Phase::Prepare => {
-                self.prepare_high = self.prepare_high.max(a2m::flat(vote.view, vote.seq));
+                self.prepare_high = self.prepare_high.max(self.logs.slot(vote.view, vote.seq));
             }
             Phase::Commit => {
-                self.commit_high = self.commit_high.max(a2m::flat(vote.view, vote.seq));
+                self.commit_high = self.commit_high.max(self.logs.slot(vote.view, vote.seq));
             }
             Phase::Checkpoint => {}
         }
@@ -911,6 +919,14 @@ impl<A: App> EaReplica<A> {
                 {
                     // Recorded, never attested: ask now.
                     return self.ask(said, log, seq, Step::Advance, fx);
+                }
+                if let Some(Refusal::Stopped(_)) = &refusal {
+                    // The trusted log could not be reached: ask again once it may be back.
+                    self.stats.trusted_refused += 1;
+                    if self.retry.len() < RETRY_MAX {
+                        self.retry.push((said, log, seq));
+                    }
+                    return;
                 }
                 let Some(attestation) = self.own_attestation(said.body(), attestations, refusal)
                 else {
@@ -1189,7 +1205,7 @@ impl<A: App> EaReplica<A> {
     /// As a backup, PREPAREs the current view's proposal for the next number.
     fn prepare_next(&mut self, fx: &mut Effects<A>) {
         let seq = self.executed + 1;
-        if self.primary() == self.me || self.prepare_high >= a2m::flat(self.view, seq) {
+        if self.primary() == self.me || self.prepare_high >= self.logs.slot(self.view, seq) {
             return;
         }
         let Some(digest) = self.log.get(&seq).and_then(|e| e.proposed) else {
@@ -1236,7 +1252,7 @@ impl<A: App> EaReplica<A> {
     /// COMMITs the next number once prepared in the current view.
     fn commit_next(&mut self, fx: &mut Effects<A>) {
         let seq = self.executed + 1;
-        if !self.active || self.commit_high >= a2m::flat(self.view, seq) {
+        if !self.active || self.commit_high >= self.logs.slot(self.view, seq) {
             return;
         }
         let Some((view, prepared)) = self.log.get(&seq).and_then(|e| e.prepared.as_ref()) else {
@@ -1367,13 +1383,13 @@ impl<A: App> EaReplica<A> {
         // refused instead of filling the wrong slot).
         let request = batch.digest().0;
         let previous = self.history;
-        self.history = a2m::chain(Seq::from(seq), &request, &previous);
+        self.history = a2m::chain(self.logs.at(seq), &request, &previous);
         let mut calls = vec![Call::AdvanceAttest {
             log: self.logs.requests,
-            seq: Seq::from(seq),
+            seq: self.logs.at(seq),
             digest: previous,
             value: request,
-            nonce: a2m::nonce_of(Seq::from(seq)),
+            nonce: a2m::nonce_of(self.logs.at(seq)),
         }];
         let mut checkpoint = None;
         if seq.is_multiple_of(self.params.checkpoint_interval) {
@@ -1429,10 +1445,10 @@ impl<A: App> EaReplica<A> {
         }
         let votes = self.checkpoint_votes.entry(seq).or_default();
         votes.insert(checkpoint.replica, (checkpoint.clone(), attested));
-        let agreed = checkpoint.agreed();
+        let agreed = checkpoint.agreed(&self.logs);
         let matching: Vec<Attested<Checkpoint>> = votes
             .values()
-            .filter(|(c, _)| c.agreed() == agreed)
+            .filter(|(c, _)| c.agreed(&self.logs) == agreed)
             .map(|(_, a)| a.clone())
             .collect();
         if matching.len() < self.params.quorum() {
@@ -1441,7 +1457,7 @@ impl<A: App> EaReplica<A> {
         let stable = Stable {
             seq,
             state: checkpoint.state,
-            history: checkpoint.history(),
+            history: checkpoint.history(&self.logs),
             request: checkpoint.request,
             previous: checkpoint.previous,
             checkpoints: matching.into_iter().take(self.params.quorum()).collect(),
@@ -1477,7 +1493,7 @@ impl<A: App> EaReplica<A> {
                 token,
                 calls: vec![Call::Truncate {
                     log,
-                    seq: Seq::from(seq),
+                    seq: self.logs.at(seq),
                 }],
             });
             self.pending.insert(token, Pending::Housekeeping);
@@ -1521,7 +1537,7 @@ impl<A: App> EaReplica<A> {
                 token,
                 calls: vec![Call::Advance {
                     log: self.logs.requests,
-                    seq: Seq::from(seq),
+                    seq: self.logs.at(seq),
                     digest: transfer.stable.previous,
                     value: transfer.stable.request,
                 }],
@@ -1548,7 +1564,7 @@ impl<A: App> EaReplica<A> {
     /// Step 1: asks for view `to`, with a nonce share no other replica can predict (the hash
     /// of its own signature over the instance and the view).
     fn want(&mut self, now: Time, to: u64, fx: &mut Effects<A>) {
-        if to <= self.view || (!self.active && to <= self.target) {
+        if to <= self.view || (!self.active && to <= self.target) || to > super::VIEW_MAX {
             return;
         }
         if self.active {
@@ -1589,7 +1605,10 @@ impl<A: App> EaReplica<A> {
             Ok(_) => return fx.refuse("a wish of another instance or replica".into()),
             Err(reason) => return fx.refuse(reason),
         };
-        if want.to <= self.view || want.to > self.view + super::msg::VIEW_SPAN_MAX {
+        if want.to <= self.view
+            || want.to > self.view + super::msg::VIEW_SPAN_MAX
+            || want.to > super::VIEW_MAX
+        {
             return;
         }
         let wants = self.wants.entry(want.to).or_default();
@@ -1621,7 +1640,7 @@ impl<A: App> EaReplica<A> {
         // Abandon each view from the last entered up to `to`, in order: the commit log's last
         // slot of each, so no commit of this replica can ever land in them.
         for view in self.view..to {
-            let end = a2m::end_of_view(view);
+            let end = self.logs.end_of_view(view);
             if self.commit_high < end {
                 self.commit_high = end;
                 let token = self.token();
@@ -1664,10 +1683,10 @@ impl<A: App> EaReplica<A> {
             } else {
                 stable.seq + 1
             };
-            calls.push(lookup(a2m::flat(view, first)));
+            calls.push(lookup(self.logs.slot(view, first)));
         }
         for seq in stable.seq + 1..=top {
-            calls.push(lookup(a2m::flat(self.view, seq)));
+            calls.push(lookup(self.logs.slot(self.view, seq)));
         }
         let token = self.token();
         fx.attest.push(Attest { token, calls });
@@ -2016,6 +2035,9 @@ impl<A: App> EaReplica<A> {
     }
 
     fn tick(&mut self, now: Time, fx: &mut Effects<A>) {
+        for (said, log, seq) in std::mem::take(&mut self.retry) {
+            self.ask(said, log, seq, Step::Recover, fx);
+        }
         let mut out = AppOutput::default();
         self.app.on_tick(now, &mut out);
         self.app_effects(now, out, fx);

@@ -13,7 +13,7 @@ use crate::pbft::msg::{Batch, Cast, Origin, Phase, Request, Submitted, Vote};
 use crate::pbft::replica::Answer;
 use crate::pbft::tests::{CLIENT, Counter, Op, START};
 use bulwark_a2m::{A2m, Component, Limits};
-use bulwark_core::a2m::{self, Call, Outcome, Refusal, Seq};
+use bulwark_core::a2m::{self, Call, Outcome, Refusal};
 use bulwark_core::sign::{PublicKey, SecretKey, Unverified};
 use bulwark_core::{Digest, Slot, wire};
 use bytes::Bytes;
@@ -81,6 +81,8 @@ struct Net {
     disks: Vec<Vec<Change<Counter>>>,
     /// Replicas whose trusted-log calls are lost (they crash before making them).
     unattested: BTreeSet<usize>,
+    /// Replicas whose trusted log is down: every call is answered as refused.
+    log_down: BTreeSet<usize>,
     queue: VecDeque<Packet>,
     rules: Vec<(&'static str, Rule)>,
     refused: Vec<(Slot, String)>,
@@ -114,7 +116,7 @@ impl Net {
         let mut net = Net {
             params,
             instance: Digest::of("bulwark.ea.test.instance", b"counter"),
-            logs: Logs::from_base(10),
+            logs: Logs::new(10, 3),
             secrets,
             keys,
             trusted,
@@ -123,6 +125,7 @@ impl Net {
             decided: BTreeMap::new(),
             disks: (0..params.n).map(|_| Vec::new()).collect(),
             unattested: BTreeSet::new(),
+            log_down: BTreeSet::new(),
             queue: VecDeque::new(),
             rules: Vec::new(),
             refused: Vec::new(),
@@ -331,7 +334,13 @@ impl Net {
             if self.unattested.contains(&slot.index()) {
                 continue;
             }
-            let answers = self.components[slot.index()].call_all(&attest.calls);
+            let answers = if self.log_down.contains(&slot.index()) {
+                vec![Err(Refusal::Stopped(
+                    "the trusted log's process is down".into(),
+                ))]
+            } else {
+                self.components[slot.index()].call_all(&attest.calls)
+            };
             let now = self.now;
             if let Some(replica) = self.replicas[slot.index()].as_mut() {
                 let out = replica.on_attested(now, attest.token, answers, &());
@@ -547,7 +556,7 @@ fn many_requests_pass_many_checkpoints_one_number_at_a_time() {
     // The request history was truncated to the checkpoint: slot 1 is forgotten.
     let answers = net.components[1].call_all(&[Call::Lookup {
         log: net.logs.requests,
-        seq: 1,
+        seq: net.logs.at(1),
         nonce: [0; 32],
     }]);
     match &answers[0] {
@@ -711,13 +720,13 @@ fn equivocate(net: &mut Net) {
                 let _ = first;
                 let old_pre = net.components[0].call_all(&[Call::Lookup {
                     log: net.logs.prepare,
-                    seq: a2m::flat(0, 1),
-                    nonce: a2m::nonce_of(a2m::flat(0, 1)),
+                    seq: net.logs.slot(0, 1),
+                    nonce: a2m::nonce_of(net.logs.slot(0, 1)),
                 }]);
                 let old_commit = net.components[0].call_all(&[Call::Lookup {
                     log: net.logs.commit,
-                    seq: a2m::flat(0, 1),
-                    nonce: a2m::nonce_of(a2m::flat(0, 1)),
+                    seq: net.logs.slot(0, 1),
+                    nonce: a2m::nonce_of(net.logs.slot(0, 1)),
                 }]);
                 let take = |answers: Vec<Result<Outcome, Refusal>>| match answers.into_iter().next()
                 {
@@ -881,9 +890,10 @@ fn a_replica_cannot_hide_a_commit_in_its_view_change() {
     let z = wants_nonce(&net.params, &net.keys, &net.instance, 1, &wants[..2]).expect("z");
     // Slot 1 committed number 1 at [0|1]. It abandons view 0 and claims it reached nothing.
     let commit_log = net.logs.commit;
+    let logs = net.logs;
     let _ = net.components[1].call_all(&[Call::Advance {
         log: net.logs.commit,
-        seq: a2m::end_of_view(0),
+        seq: net.logs.end_of_view(0),
         digest: [0; 32],
         value: [0; 32],
     }]);
@@ -892,7 +902,7 @@ fn a_replica_cannot_hide_a_commit_in_its_view_change() {
         1,
         &[Call::Lookup {
             log: commit_log,
-            seq: a2m::flat(0, 1),
+            seq: logs.slot(0, 1),
             nonce: z,
         }],
     );
@@ -957,24 +967,25 @@ fn view_changes_missing_a_view_with_too_few_wishes_or_another_nonce_are_refused(
     for view in 0..2 {
         let _ = net.components[2].call_all(&[Call::Advance {
             log: net.logs.commit,
-            seq: a2m::end_of_view(view),
+            seq: net.logs.end_of_view(view),
             digest: [0; 32],
             value: [0; 32],
         }]);
     }
     let commit_log = net.logs.commit;
+    let logs = net.logs;
     let abandoned = lookups(
         &mut net,
         2,
         &[
             Call::Lookup {
                 log: commit_log,
-                seq: a2m::flat(0, 1),
+                seq: logs.slot(0, 1),
                 nonce: z2,
             },
             Call::Lookup {
                 log: commit_log,
-                seq: a2m::flat(1, 1),
+                seq: logs.slot(1, 1),
                 nonce: z2,
             },
         ],
@@ -1108,7 +1119,6 @@ fn a_forged_checkpoint_or_state_is_refused() {
         }
     });
     assert!(net.inject(0, 1, Message::Checkpoint(stolen)).is_some());
-    let _ = Seq::from(0u64);
 }
 
 #[test]
@@ -1322,7 +1332,7 @@ fn a_replica_that_crashed_before_its_log_attested_says_the_same_thing_after() {
     assert_eq!(net.decided[&2][&1], recorded.1.digest());
     let held = net.components[0].call_all(&[Call::Lookup {
         log: net.logs.prepare,
-        seq: a2m::flat(0, 2),
+        seq: net.logs.slot(0, 2),
         nonce: [0; 32],
     }]);
     match &held[0] {
@@ -1353,4 +1363,24 @@ fn a_replica_restarted_in_a_view_change_finishes_it() {
     net.run_until(1_000, |_| false);
     net.assert_same(&[1, 2]);
     assert!(net.conflicts(&net.all()).is_empty());
+}
+
+#[test]
+fn a_replica_whose_trusted_log_was_down_says_its_part_once_it_is_back() {
+    let mut net = Net::new(1);
+    net.complete(Op::Add(1));
+    // Slot 2 hears nothing; slot 1's trusted log is down: no quorum can form.
+    net.isolate(2);
+    net.log_down.insert(1);
+    let client = net.submit(Op::Add(2));
+    net.run();
+    net.tick(100);
+    assert!(net.result(client).is_none());
+    assert!(net.replica(1).ea_stats().trusted_refused > 0);
+    // The log is back: slot 1's PREPARE and COMMIT are asked for again, and number 2 decides
+    // in view 0, without a view change.
+    net.log_down.clear();
+    assert!(net.run_until(1_500, |net| net.result(client).is_some()));
+    assert_eq!(net.ok(client), 3);
+    assert_eq!(net.replica(1).view(), (0, true));
 }
