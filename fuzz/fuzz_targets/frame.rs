@@ -50,7 +50,13 @@ fuzz_target!(|data: &[u8]| {
         (ServiceId::CONTENT, _) => drop(round_trip::<content::Response>(body, max)),
         (ServiceId::CONFIG, Kind::Request) => drop(round_trip::<Submitted<cs::Op>>(body, max)),
         (ServiceId::CONFIG, Kind::Reply) => drop(round_trip::<Answer<cs::Outcome>>(body, max)),
-        (ServiceId::CONFIG, _) => drop(round_trip::<Message<ConfigService>>(body, max)),
+        (ServiceId::CONFIG, _) => {
+            // Peer messages of either agreement core share the service.
+            drop(round_trip::<Message<ConfigService>>(body, max));
+            drop(round_trip::<bulwark_protocol::pbft::ea::Message<ConfigService>>(
+                body, max,
+            ));
+        }
         (ServiceId::A2M_STORAGE, Kind::Request) => {
             drop(round_trip::<a2m_storage::Request>(body, max))
         }

@@ -31,10 +31,17 @@ fuzz_target!(|data: &[u8]| {
         5 => drop(round_trip::<(Key, <pubkey::PubKey as Policy>::Entry)>(
             record, max,
         )),
-        6 => drop(round_trip::<pbft::Change<ConfigService>>(
-            record,
-            2 * bulwark_core::wire::FRAME_BYTES_MAX,
-        )),
+        6 => {
+            // A CS replica's records, on either agreement core.
+            drop(round_trip::<pbft::Change<ConfigService>>(
+                record,
+                2 * bulwark_core::wire::FRAME_BYTES_MAX,
+            ));
+            drop(round_trip::<pbft::ea::Change<ConfigService>>(
+                record,
+                2 * bulwark_core::wire::FRAME_BYTES_MAX,
+            ));
+        }
         7 => drop(round_trip::<ConfigCert>(
             record,
             configuration::CERT_BYTES_MAX,

@@ -250,6 +250,7 @@ pub fn configuration(n: usize, f_cs: u32) -> Configuration {
         .map(|id| {
             let key = SecretKey::from_seed(&Digest::of("bench/key", &id.to_be_bytes()).0);
             Member {
+                trusted_key: None,
                 id: NodeId(id),
                 address: std::net::SocketAddr::from((
                     std::net::Ipv4Addr::from(0x0A00_0000 + id),

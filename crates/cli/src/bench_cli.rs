@@ -43,8 +43,15 @@ pub async fn run(args: &CliArgs) -> Result<()> {
 }
 
 async fn measure(args: &CliArgs, dir: &Path) -> Result<()> {
-    let (_nodes, _admin) =
-        start_cluster(dir, 4, vec!["admin:rw".to_string()], 3_600_000, 2_000).await?;
+    let (_nodes, _admin) = start_cluster(
+        dir,
+        4,
+        vec!["admin:rw".to_string()],
+        3_600_000,
+        2_000,
+        bulwark_core::configuration::CsProtocol::Pbft,
+    )
+    .await?;
     let exe = std::env::current_exe()?;
     let cluster = dir.display().to_string();
     let value = vec![b'v'; args.value_bytes];

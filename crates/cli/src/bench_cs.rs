@@ -26,7 +26,7 @@ use anyhow::{Context, Result, bail};
 use bulwark_client::{Client, ConfigAction, ConfigOutcome};
 use bulwark_core::NodeId;
 use bulwark_core::config::Fingerprint;
-use bulwark_core::configuration::{Configuration, GENESIS_EPOCH, NewMember};
+use bulwark_core::configuration::{Configuration, CsProtocol, GENESIS_EPOCH, NewMember};
 use bulwark_core::sign::SecretKey;
 use bulwark_protocol::cs::Op;
 use bulwark_protocol::service::CsStatus;
@@ -84,6 +84,11 @@ pub struct CsArgs {
     /// directories under the system temp dir, removed).
     #[arg(long)]
     pub dir: Option<PathBuf>,
+    /// The agreement cores the no-op and ADD runs compare, each on a fresh 4-node cluster, in
+    /// this order: pbft (4 CS replicas), a2m-pbft-ea (3, each node with its trusted log in its
+    /// own process).
+    #[arg(long, value_delimiter = ',', default_value = "pbft")]
+    pub cs_protocols: Vec<CsProtocol>,
 }
 
 /// How long to wait for a cluster's configuration service to answer its first request.
@@ -102,14 +107,15 @@ pub async fn run(args: &CsArgs) -> Result<()> {
         None => std::env::temp_dir().join(format!("bulwark-bench-cs-{}", std::process::id())),
     };
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    println!(
-        "# bulwark bench cs: configuration service, f_cs = 1 (PBFT on 4 CS replicas), {cpus} CPUs"
-    );
+    println!("# bulwark bench cs: configuration service, f_cs = 1, {cpus} CPUs");
     let wants = |part: &str| args.parts.iter().any(|p| p == part);
     // Ctrl-C ends the benchmark through the normal path, so every node process is stopped.
     let work = async {
         if wants("noop") || wants("add") {
-            throughput(args, &base.join("four"), wants("noop"), wants("add")).await?;
+            for protocol in &args.cs_protocols {
+                let dir = base.join(format!("four-{}", protocol.name()));
+                throughput(args, &dir, *protocol, wants("noop"), wants("add")).await?;
+            }
         }
         if wants("propagate") {
             propagation(args, &base.join("sixteen")).await?;
@@ -137,8 +143,10 @@ pub(super) async fn start_cluster(
     clients: Vec<String>,
     epoch_ms: u64,
     stop_tolerance_ms: u64,
+    protocol: CsProtocol,
 ) -> Result<(Nodes, Arc<Client>)> {
     let _ = std::fs::remove_dir_all(dir);
+    let a2m = protocol == CsProtocol::A2mPbftEa;
     cluster_init::run(&InitArgs {
         nodes: Some(n),
         no_metrics: true,
@@ -146,11 +154,16 @@ pub(super) async fn start_cluster(
         force: true,
         epoch_ms,
         stop_tolerance_ms,
+        a2m,
+        cs_protocol: protocol,
         ..InitArgs::local(dir.to_path_buf())
     })?;
     let mut nodes = Nodes::new(dir.to_path_buf(), n);
     let exe = std::env::current_exe()?;
     for id in 0..n {
+        if a2m {
+            nodes.spawn_trusted_log(id, &exe)?;
+        }
         nodes.spawn(id, &exe, &[])?;
     }
     let client = Arc::new(Client::connect(dir, "admin").await?);
@@ -369,18 +382,26 @@ fn header() {
 /// Clients that each run their own session (and their own TLS links).
 const OWN_CLIENTS: usize = 16;
 
-async fn throughput(args: &CsArgs, dir: &Path, noop: bool, add: bool) -> Result<()> {
+async fn throughput(
+    args: &CsArgs,
+    dir: &Path,
+    protocol: CsProtocol,
+    noop: bool,
+    add: bool,
+) -> Result<()> {
     let mut names = vec!["admin:rw".to_string()];
     names.extend((0..OWN_CLIENTS).map(|i| format!("bench{i}:rw")));
     // An hour-long epoch: no STOP during the runs.
-    let (nodes, admin) = start_cluster(dir, 4, names, 3_600_000, 5_000).await?;
+    let (nodes, admin) = start_cluster(dir, 4, names, 3_600_000, 5_000, protocol).await?;
     let pids: Vec<u32> = (0..4).filter_map(|id| nodes.pid(id)).collect();
     let config = Arc::new(admin.configuration().await?);
     let limit = Duration::from_secs_f64(args.seconds.clamp(0.1, 600.0));
     let (view, primary, _) = cs_state(&admin, &config).await;
     println!();
     println!(
-        "## 4 nodes (f = 1), CS on all 4 (f_cs = 1), epoch {} (1 h); CS view {view}, primary node {primary}",
+        "## 4 nodes (f = 1), CS on {} of them with {} (f_cs = 1), epoch {} (1 h); CS view {view}, primary node {primary}",
+        config.cs_size(),
+        protocol.name(),
         config.epoch.0
     );
     println!();
@@ -581,6 +602,7 @@ fn new_member(i: usize) -> NewMember {
         10_000 + (i % 50_000) as u16,
     );
     NewMember {
+        trusted_key: None,
         address,
         fingerprint: Fingerprint(rand::random()),
         signing_key: SecretKey::from_seed(&rand::random()).public_key(),
@@ -710,6 +732,7 @@ async fn propagation(args: &CsArgs, dir: &Path) -> Result<()> {
         vec!["admin:rw".into()],
         args.epoch_ms,
         args.stop_tolerance_ms,
+        CsProtocol::Pbft,
     )
     .await?;
     let poll = Duration::from_millis(args.poll_ms.max(1));

@@ -107,7 +107,15 @@ async fn measure(args: &ReconfigArgs, dir: &Path) -> Result<()> {
         .map(|i| format!("load{i}:rw"))
         .chain(["admin:rw".to_string()])
         .collect();
-    let (mut nodes, admin) = start_cluster(dir, args.nodes, clients, args.epoch_ms, 500).await?;
+    let (mut nodes, admin) = start_cluster(
+        dir,
+        args.nodes,
+        clients,
+        args.epoch_ms,
+        500,
+        bulwark_core::configuration::CsProtocol::Pbft,
+    )
+    .await?;
     let value = Bytes::from(vec![b'v'; args.value_bytes]);
     for i in 0..args.objects {
         admin

@@ -81,6 +81,10 @@ pub struct InitArgs {
     /// The NV index of node 0's counter with --a2m-tpm.
     #[arg(long, value_parser = crate::a2m::parse_index, default_value = "0x01500000")]
     pub a2m_tpm_index: u32,
+    /// The configuration service's agreement core: pbft (3f_cs+1 replicas) or a2m-pbft-ea
+    /// (2f_cs+1 replicas whose every order message their trusted log attests; needs --a2m).
+    #[arg(long, default_value = "pbft")]
+    pub cs_protocol: bulwark_core::configuration::CsProtocol,
 }
 
 impl InitArgs {
@@ -108,6 +112,7 @@ impl InitArgs {
             a2m: false,
             a2m_tpm: None,
             a2m_tpm_index: bulwark_a2m::tpm::INDEX_FIRST,
+            cs_protocol: bulwark_core::configuration::CsProtocol::Pbft,
         }
     }
 }
@@ -213,6 +218,9 @@ pub fn run(args: &InitArgs) -> Result<ClusterConfig> {
 pub fn run_protocol(args: &InitArgs, protocol: Protocol) -> Result<ClusterConfig> {
     if args.f == 0 {
         bail!("--f must be at least 1");
+    }
+    if args.cs_protocol == bulwark_core::configuration::CsProtocol::A2mPbftEa && !args.a2m {
+        bail!("--cs-protocol a2m-pbft-ea needs --a2m: every node's trusted log attests its part");
     }
     let group = 3 * args.f + 1;
     let n = args.nodes.unwrap_or(group);
@@ -383,6 +391,7 @@ pub fn run_protocol(args: &InitArgs, protocol: Protocol) -> Result<ClusterConfig
             agree_after: 3,
             contact_ms: args.contact_ms,
             contact_grace_ms: args.contact_grace_ms,
+            protocol: args.cs_protocol,
         });
     let config = ClusterConfig {
         protocol,

@@ -27,6 +27,10 @@ pub enum MembershipCommand {
         /// Its Ed25519 public key (hex).
         #[arg(long)]
         signing_key: String,
+        /// Its trusted log's public key (hex, as `bulwark a2m init` prints it): needed when the
+        /// configuration service runs on A2M-PBFT-EA, where every member has one.
+        #[arg(long)]
+        trusted_key: Option<String>,
         /// Wait until the epoch it joins in is certified.
         #[arg(long)]
         wait: bool,
@@ -115,11 +119,12 @@ pub fn describe(config: &Configuration) -> String {
         config.digest()
     );
     text += &format!(
-        "f = {} (groups of {}), f_cs = {} (a configuration service of {})\n",
+        "f = {} (groups of {}), f_cs = {} (a configuration service of {} on {})\n",
         config.f,
         3 * config.f + 1,
         config.f_cs,
-        config.cs_size()
+        config.cs_size(),
+        config.cs_protocol.name()
     );
     text += &format!(
         "{:<6} {:<22} {:<4} {}\n",
@@ -154,6 +159,7 @@ pub async fn membership(command: &MembershipCommand) -> Result<()> {
             address,
             fingerprint,
             signing_key,
+            trusted_key,
             wait,
             client,
         } => {
@@ -164,7 +170,13 @@ pub async fn membership(command: &MembershipCommand) -> Result<()> {
             let signing_key: PublicKey = signing_key
                 .parse()
                 .map_err(|e| anyhow::anyhow!("--signing-key: {e}"))?;
+            let trusted_key = trusted_key
+                .as_deref()
+                .map(str::parse::<PublicKey>)
+                .transpose()
+                .map_err(|e| anyhow::anyhow!("--trusted-key: {e}"))?;
             let member = NewMember {
+                trusted_key,
                 address: *address,
                 fingerprint,
                 signing_key,
@@ -310,6 +322,7 @@ pub async fn join(
         }
         None => {
             let member = NewMember {
+                trusted_key: None,
                 address,
                 fingerprint,
                 signing_key,

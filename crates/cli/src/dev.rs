@@ -23,6 +23,8 @@ pub(crate) struct Nodes {
     pub(crate) children: Vec<Option<Child>>,
     /// Nodes started by `bulwark node join` (the demo's).
     pub(crate) joined: Vec<Child>,
+    /// The nodes' trusted logs (`bulwark a2m serve`), for clusters made with `--a2m`.
+    pub(crate) trusted_logs: Vec<Child>,
 }
 
 impl Nodes {
@@ -32,7 +34,41 @@ impl Nodes {
             dir,
             children: (0..n).map(|_| None).collect(),
             joined: Vec::new(),
+            trusted_logs: Vec::new(),
         }
+    }
+
+    /// Starts node `id`'s trusted log (`program a2m serve`) where `cluster init --a2m` made it,
+    /// and waits until its socket accepts.
+    pub(crate) fn spawn_trusted_log(&mut self, id: usize, program: &Path) -> Result<()> {
+        let node = self.dir.join(format!("node-{id}"));
+        let socket = node.join(cluster_init::A2M_SOCKET);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(node.join("a2m.log"))?;
+        let child = Command::new(program)
+            .args(["a2m", "serve", "--dir"])
+            .arg(node.join(cluster_init::A2M_DIR))
+            .arg("--socket")
+            .arg(&socket)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {}", program.display()))?;
+        self.trusted_logs.push(child);
+        let started = std::time::Instant::now();
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            if started.elapsed() > std::time::Duration::from_secs(10) {
+                bail!(
+                    "node {id}'s trusted log did not start; see {}",
+                    node.join("a2m.log").display()
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        Ok(())
     }
 
     pub(crate) fn spawn(&mut self, id: usize, program: &Path, extra: &[&str]) -> Result<()> {
@@ -101,7 +137,7 @@ impl Drop for Nodes {
         for id in 0..self.children.len() {
             self.kill(id);
         }
-        for child in &mut self.joined {
+        for child in self.joined.iter_mut().chain(&mut self.trusted_logs) {
             let _ = child.kill();
             let _ = child.wait();
         }

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 /// one faulty (silent) node, within the CS's f_cs = 1 when it is picked for the CS.
 fn newcomer(round: u8) -> NewMember {
     NewMember {
+        trusted_key: None,
         address: format!("127.0.0.1:{}", 1000 + u16::from(round))
             .parse()
             .unwrap(),

@@ -1157,6 +1157,7 @@ async fn corrupted_fragments_on_disk_are_dropped_and_reported() {
 /// A node identity the authority adds; no container runs it.
 fn newcomer(seed: u8) -> bulwark_core::configuration::NewMember {
     bulwark_core::configuration::NewMember {
+        trusted_key: None,
         address: format!("127.0.0.1:{}", 1000 + u16::from(seed))
             .parse()
             .unwrap(),

@@ -462,6 +462,7 @@ async fn a_node_joins_without_the_authority_key_once_the_administrator_adds_it()
     };
     let admin = cluster.client("admin").await;
     let member = bulwark_core::configuration::NewMember {
+        trusted_key: None,
         address: format!("127.0.0.1:{port}").parse().unwrap(),
         fingerprint: bulwark_core::config::Fingerprint(
             bulwark_core::config::parse_hex32(&fingerprint).unwrap(),

@@ -9,7 +9,7 @@ use bulwark_core::configuration::{self, Configuration, cs_group};
 use bulwark_core::membership::{Chain, GroupView};
 use bulwark_core::sign::{SecretKey, Signed};
 use bulwark_protocol::cs::{self, Action, ConfigService, Op, Order, Outcome};
-use bulwark_protocol::pbft::{Params, Submit};
+use bulwark_protocol::pbft::Submit;
 use bulwark_protocol::service::{SystemReply, SystemRequest};
 use std::sync::Arc;
 use std::time::Duration;
@@ -263,8 +263,13 @@ impl Client {
     pub async fn submit_to(&self, config: &Configuration, op: Op) -> Result<Outcome, ClientError> {
         let view = GroupView::new(cs_group(config.epoch), config.epoch, config.cs())
             .map_err(|e| ClientError::Protocol(e.to_string()))?;
-        let params = Params::new(config.f_cs as usize);
-        let mut machine: Submit<ConfigService> = Submit::new(params, self.id, self.op_id().0, op);
+        let mut machine: Submit<ConfigService> = Submit::sized(
+            config.cs_size(),
+            config.f_cs as usize,
+            self.id,
+            self.op_id().0,
+            op,
+        );
         self.drive(
             &view,
             &"the configuration service",

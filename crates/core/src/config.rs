@@ -259,6 +259,25 @@ pub struct ConfigurationService {
     /// (`δ_contact`), in milliseconds.
     #[serde(default = "contact_grace_default")]
     pub contact_grace_ms: u64,
+    /// The agreement core: `"pbft"` (`3 f_cs + 1` replicas) or `"a2m-pbft-ea"` (`2 f_cs + 1`,
+    /// every node with a trusted log).
+    #[serde(default, with = "cs_protocol_name")]
+    pub protocol: crate::configuration::CsProtocol,
+}
+
+/// [`crate::configuration::CsProtocol`] in `cluster.toml`, by name.
+mod cs_protocol_name {
+    use crate::configuration::CsProtocol;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(protocol: &CsProtocol, to: S) -> Result<S::Ok, S::Error> {
+        to.serialize_str(protocol.name())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(from: D) -> Result<CsProtocol, D::Error> {
+        let name = String::deserialize(from)?;
+        name.parse().map_err(serde::de::Error::custom)
+    }
 }
 
 fn contact_default() -> u64 {
@@ -560,11 +579,21 @@ impl ClusterConfig {
                             problem: error.to_string(),
                         }
                     })?;
+                let trusted_key = node
+                    .a2m_key
+                    .map(|key| crate::sign::PublicKey::from_bytes(&key))
+                    .transpose()
+                    .map_err(|error| ConfigError::Invalid {
+                        file: "cluster.toml".into(),
+                        field: format!("nodes[{index}].a2m_key"),
+                        problem: error.to_string(),
+                    })?;
                 Ok(crate::membership::Member {
                     id: NodeId(node.id),
                     address: node.address,
                     fingerprint: node.fingerprint,
                     signing_key,
+                    trusted_key,
                 })
             })
             .collect()
@@ -599,6 +628,7 @@ impl ClusterConfig {
             cs.stop_tolerance_ms,
             cs.genesis_ms,
         )
+        .and_then(|genesis| genesis.with_cs_protocol(cs.protocol))
         .map(Some)
         .map_err(|error| invalid("f_cs", error.to_string()))
     }
@@ -725,6 +755,7 @@ mod tests {
                 agree_after: 3,
                 contact_ms: 60_000,
                 contact_grace_ms: 5_000,
+                protocol: crate::configuration::CsProtocol::Pbft,
             }),
         }
     }

@@ -51,13 +51,14 @@ pub const MEMBERS_MAX: usize = 4096;
 
 /// The longest canonical encoding of one [`Member`]: its id (a `u32` varint, at most 5 bytes),
 /// its address (the variant byte, 16 bytes of IPv6, a port varint of at most 3), its fingerprint
-/// (postcard writes it as 64 hex digits after a one-byte length) and its 32-byte key.
-const MEMBER_BYTES_MAX: usize = 5 + (1 + 16 + 3) + (1 + 64) + 32;
+/// (postcard writes it as 64 hex digits after a one-byte length), its 32-byte key and its
+/// trusted log's (an option tag and 32 bytes).
+const MEMBER_BYTES_MAX: usize = 5 + (1 + 16 + 3) + (1 + 64) + 32 + (1 + 32);
 
 /// The longest encoding of everything in a [`Configuration`] but its members: the epoch (a `u64`
-/// varint, at most 10 bytes), `f` and `f_cs` (5 each), the member count (3), the authority's key
-/// (32), the three `u64` times (10 each) and `next_node_id` (5).
-const HEADER_BYTES_MAX: usize = 10 + 5 + 5 + 3 + 32 + 10 + 10 + 10 + 5;
+/// varint, at most 10 bytes), `f` and `f_cs` (5 each), the CS protocol (1), the member count (3),
+/// the authority's key (32), the three `u64` times (10 each) and `next_node_id` (5).
+const HEADER_BYTES_MAX: usize = 10 + 5 + 5 + 1 + 3 + 32 + 10 + 10 + 10 + 5;
 
 /// The longest encoding of a valid configuration: longer input is refused before it is decoded.
 pub const BYTES_MAX: usize = HEADER_BYTES_MAX + MEMBERS_MAX * MEMBER_BYTES_MAX;
@@ -129,6 +130,8 @@ pub struct NewMember {
     pub fingerprint: Fingerprint,
     /// The key its statements will verify under, assigned by the authority.
     pub signing_key: PublicKey,
+    /// Its trusted log's key, if it has one (a configuration service on A2M-PBFT-EA needs it).
+    pub trusted_key: Option<PublicKey>,
 }
 
 impl NewMember {
@@ -139,6 +142,42 @@ impl NewMember {
             address: self.address,
             fingerprint: self.fingerprint,
             signing_key: self.signing_key,
+            trusted_key: self.trusted_key,
+        }
+    }
+}
+
+/// The agreement core the configuration service runs on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum CsProtocol {
+    /// PBFT: `3f_cs+1` replicas, `2f_cs+1` sign the next configuration.
+    #[default]
+    Pbft,
+    /// A2M-PBFT-EA: `2f_cs+1` replicas, each with a trusted log, `f_cs+1` sign the next
+    /// configuration. Every member has a trusted log (any member may be chosen for the CS).
+    A2mPbftEa,
+}
+
+impl CsProtocol {
+    /// The name `cluster init --cs-protocol` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            CsProtocol::Pbft => "pbft",
+            CsProtocol::A2mPbftEa => "a2m-pbft-ea",
+        }
+    }
+}
+
+impl std::str::FromStr for CsProtocol {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<CsProtocol, String> {
+        match name {
+            "pbft" => Ok(CsProtocol::Pbft),
+            "a2m-pbft-ea" => Ok(CsProtocol::A2mPbftEa),
+            other => Err(format!(
+                "no configuration-service protocol {other:?}: pbft or a2m-pbft-ea"
+            )),
         }
     }
 }
@@ -154,8 +193,11 @@ pub struct Configuration {
     pub epoch: Epoch,
     /// Faults tolerated per storage group: groups have `3f+1` members.
     pub f: u32,
-    /// Faults the configuration service tolerates: it has `3f_cs+1` replicas.
+    /// Faults the configuration service tolerates: it has `3f_cs+1` replicas, or `2f_cs+1` on
+    /// A2M-PBFT-EA.
     pub f_cs: u32,
+    /// The agreement core the configuration service runs on.
+    pub cs_protocol: CsProtocol,
     /// Every member, sorted by id, each a distinct principal (id, address, certificate and
     /// signing key all unique).
     pub members: Vec<Member>,
@@ -254,6 +296,9 @@ pub enum ConfigurationError {
     /// The bytes are too long, or not a configuration at all.
     #[error("undecodable: {0}")]
     Undecodable(#[from] WireError),
+    /// A member without a trusted log in a configuration whose CS runs on A2M-PBFT-EA.
+    #[error("member {0} has no trusted log, and the configuration service runs on A2M-PBFT-EA")]
+    NoTrustedLog(NodeId),
     /// The bytes decode to a valid configuration, but are not its one encoding (an overlong
     /// varint, upper-case hex in a fingerprint, ...).
     #[error("not the configuration's canonical encoding")]
@@ -288,6 +333,7 @@ impl Configuration {
             epoch: GENESIS_EPOCH,
             f,
             f_cs,
+            cs_protocol: CsProtocol::Pbft,
             members,
             authority,
             t_epoch_ms,
@@ -297,6 +343,16 @@ impl Configuration {
         };
         genesis.validate()?;
         Ok(genesis)
+    }
+
+    /// This genesis with its configuration service on `protocol` instead, validated again.
+    pub fn with_cs_protocol(
+        mut self,
+        protocol: CsProtocol,
+    ) -> Result<Configuration, ConfigurationError> {
+        self.cs_protocol = protocol;
+        self.validate()?;
+        Ok(self)
     }
 
     /// Checks that the configuration is usable: a non-zero epoch; at most [`MEMBERS_MAX`]
@@ -342,6 +398,11 @@ impl Configuration {
                 f_cs: self.f_cs,
                 needed,
             });
+        }
+        if self.cs_protocol == CsProtocol::A2mPbftEa
+            && let Some(member) = self.members.iter().find(|m| m.trusted_key.is_none())
+        {
+            return Err(ConfigurationError::NoTrustedLog(member.id));
         }
         if let Some(last) = self.members.last()
             && last.id.0 >= self.next_node_id
@@ -404,17 +465,26 @@ impl Configuration {
         self.members.get(at)
     }
 
-    /// `3f_cs+1`: how many replicas the CS of this epoch has.
+    /// How many replicas the CS of this epoch has: `3f_cs+1` on PBFT, `2f_cs+1` on A2M-PBFT-EA.
     pub fn cs_size(&self) -> usize {
-        three_f_plus_one(self.f_cs)
+        match self.cs_protocol {
+            CsProtocol::Pbft => three_f_plus_one(self.f_cs),
+            CsProtocol::A2mPbftEa => self.f_cs_usize().saturating_mul(2).saturating_add(1),
+        }
     }
 
-    /// `2f_cs+1`: how many CS replicas must sign the next configuration.
+    /// How many CS replicas must sign the next configuration: `2f_cs+1` on PBFT, `f_cs+1` on
+    /// A2M-PBFT-EA (either way a quorum of its agreement, which includes a correct replica that
+    /// executed the agreed STOP).
     pub fn cs_quorum(&self) -> usize {
-        usize::try_from(self.f_cs)
-            .unwrap_or(usize::MAX)
-            .saturating_mul(2)
-            .saturating_add(1)
+        match self.cs_protocol {
+            CsProtocol::Pbft => self.f_cs_usize().saturating_mul(2).saturating_add(1),
+            CsProtocol::A2mPbftEa => self.f_cs_usize().saturating_add(1),
+        }
+    }
+
+    fn f_cs_usize(&self) -> usize {
+        usize::try_from(self.f_cs).unwrap_or(usize::MAX)
     }
 
     /// The configuration-service replicas of this epoch, in slot order (Rosebud §3.7).
@@ -525,6 +595,7 @@ impl Configuration {
             epoch,
             f: self.f,
             f_cs: self.f_cs,
+            cs_protocol: self.cs_protocol,
             members,
             authority: self.authority,
             t_epoch_ms: self.t_epoch_ms,
@@ -838,6 +909,7 @@ impl ConfigDelta {
             epoch,
             f,
             f_cs,
+            cs_protocol,
             members: _,
             authority,
             t_epoch_ms,
@@ -847,6 +919,7 @@ impl ConfigDelta {
         } = next;
         let carried = *f == prev.f
             && *f_cs == prev.f_cs
+            && *cs_protocol == prev.cs_protocol
             && *authority == prev.authority
             && *t_epoch_ms == prev.t_epoch_ms
             && *stop_delta_ms == prev.stop_delta_ms;
@@ -905,6 +978,7 @@ impl ConfigDelta {
             epoch: self.epoch,
             f: prev.f,
             f_cs: prev.f_cs,
+            cs_protocol: prev.cs_protocol,
             members,
             authority: prev.authority,
             t_epoch_ms: prev.t_epoch_ms,
@@ -946,6 +1020,7 @@ mod tests {
     /// Principal `i`: its own address, certificate and key (from `SECRETS[i]`).
     fn joiner(i: u32) -> NewMember {
         NewMember {
+            trusted_key: None,
             address: SocketAddr::from((Ipv4Addr::from(0x0a00_0000 + i), 7000)),
             fingerprint: Fingerprint(blake3::hash(&i.to_be_bytes()).into()),
             signing_key: SECRETS[i as usize].public_key(),
@@ -1030,8 +1105,58 @@ mod tests {
         );
         assert_eq!(
             hex::encode(genesis(4, 1, 1).digest().0),
-            "a199073d7942cfa1617d818c999ab4459d72cfa36914a0a2272394900ad774e6"
+            "0c019eddc40c85c9a91873ae161051df557f71881bc320f23856dd6b7781e93c"
         );
+    }
+
+    #[test]
+    fn a_configuration_service_on_ea_has_2f_cs_plus_1_replicas_each_with_a_trusted_log() {
+        let pbft = genesis(7, 1, 2);
+        assert_eq!((pbft.cs_size(), pbft.cs_quorum()), (7, 5));
+        // Without trusted logs, EA is refused, naming the first member that lacks one.
+        assert!(matches!(
+            pbft.clone().with_cs_protocol(CsProtocol::A2mPbftEa),
+            Err(ConfigurationError::NoTrustedLog(NodeId(0)))
+        ));
+        let mut with_logs = members(0..7);
+        for (i, member) in with_logs.iter_mut().enumerate() {
+            member.trusted_key = Some(SecretKey::from_seed(&[0x90 + i as u8; 32]).public_key());
+        }
+        let ea = Configuration::genesis(
+            with_logs.clone(),
+            1,
+            2,
+            authority(),
+            T_EPOCH_MS,
+            STOP_DELTA_MS,
+            1_000,
+        )
+        .unwrap()
+        .with_cs_protocol(CsProtocol::A2mPbftEa)
+        .unwrap();
+        assert_eq!((ea.cs_size(), ea.cs_quorum()), (5, 3));
+        assert_eq!(ea.cs().len(), 5);
+        assert_ne!(
+            ea.digest(),
+            pbft.digest(),
+            "the protocol is part of the configuration"
+        );
+        assert_eq!(Configuration::decode(&ea.encode()).unwrap(), ea);
+        // Two members may not share a trusted log.
+        with_logs[1].trusted_key = with_logs[0].trusted_key;
+        assert!(
+            Configuration::genesis(with_logs, 1, 2, authority(), T_EPOCH_MS, STOP_DELTA_MS, 0)
+                .is_err()
+        );
+        // A successor that changes the protocol cannot travel as a delta.
+        let mut switched = ea.clone();
+        switched.epoch = Epoch(2);
+        assert!(ConfigDelta::between(&pbft, &switched, Vec::new()).is_none());
+        assert_eq!(
+            "a2m-pbft-ea".parse::<CsProtocol>(),
+            Ok(CsProtocol::A2mPbftEa)
+        );
+        assert!("raft".parse::<CsProtocol>().is_err());
     }
 
     #[test]
@@ -1154,7 +1279,10 @@ mod tests {
             .map(|i| {
                 let mut seed = [0xa5; 32];
                 seed[..4].copy_from_slice(&i.to_be_bytes());
+                let mut trusted = seed;
+                trusted[31] = 0x5a;
                 Member {
+                    trusted_key: Some(SecretKey::from_seed(&trusted).public_key()),
                     id: NodeId(u32::MAX - count + i),
                     address: SocketAddr::from((Ipv6Addr::from(u128::MAX - u128::from(i)), 65535)),
                     fingerprint: Fingerprint(blake3::hash(&i.to_be_bytes()).into()),
@@ -1163,6 +1291,7 @@ mod tests {
             })
             .collect();
         let largest = Configuration {
+            cs_protocol: CsProtocol::A2mPbftEa,
             epoch: Epoch(u64::MAX),
             f: (count - 1) / 3,
             f_cs: (count - 1) / 3,

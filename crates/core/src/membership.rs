@@ -41,6 +41,8 @@ pub struct Member {
     pub fingerprint: Fingerprint,
     /// The key its transferable statements (and proofs against it) verify under.
     pub signing_key: PublicKey,
+    /// The key of its trusted log (A2M), if it has one: what its attestations verify under.
+    pub trusted_key: Option<PublicKey>,
 }
 
 /// A point on the ring: 256 bits, compared as a big-endian number.
@@ -138,6 +140,7 @@ pub(crate) fn check_identities(by_id: &[Member]) -> Result<(), PlacementError> {
     let mut addresses = BTreeMap::new();
     let mut fingerprints = BTreeMap::new();
     let mut keys = BTreeMap::new();
+    let mut trusted_keys = BTreeMap::new();
     for (i, member) in by_id.iter().enumerate() {
         if i > 0 && by_id[i - 1].id == member.id {
             return Err(PlacementError::DuplicateId(member.id));
@@ -155,6 +158,11 @@ pub(crate) fn check_identities(by_id: &[Member]) -> Result<(), PlacementError> {
         }
         if let Some(first) = keys.insert(member.signing_key, member.id) {
             return Err(shared(first, "a signing key"));
+        }
+        if let Some(trusted) = member.trusted_key
+            && let Some(first) = trusted_keys.insert(trusted, member.id)
+        {
+            return Err(shared(first, "a trusted-log key"));
         }
     }
     Ok(())
@@ -654,6 +662,7 @@ mod tests {
 
     fn member(id: u32, key: usize) -> Member {
         Member {
+            trusted_key: None,
             id: NodeId(id),
             address: SocketAddr::from((Ipv4Addr::from(id), 7000)),
             fingerprint: Fingerprint(blake3::hash(&id.to_be_bytes()).into()),

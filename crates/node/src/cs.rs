@@ -23,6 +23,7 @@ use crate::host::{Adapter, Effects, Hosted, Hosting, Members};
 use crate::peers::Directory;
 use crate::shard::{Job, ReplicaKey, ShardHandle};
 use crate::{NodeError, Rejections};
+use bulwark_core::configuration::CsProtocol;
 use bulwark_core::configuration::{self, ConfigCert, Configuration};
 use bulwark_core::envelope::{self, Envelope, Header, Kind};
 use bulwark_core::membership;
@@ -32,6 +33,7 @@ use bulwark_core::{ClientId, Epoch, GroupId, NodeId, ServiceId, Slot, Time};
 use bulwark_protocol::cs::monitor::{Monitor, MonitorParams, Pong};
 use bulwark_protocol::cs::{ConfigService, CsChange, EvictVote, Op};
 use bulwark_protocol::machine::{Access, ReplicaStats, TimerId};
+use bulwark_protocol::pbft::ea::{self, EaReplica};
 use bulwark_protocol::pbft::{Change, PbftReplica};
 use bulwark_protocol::service::{CERTS_PER_ANSWER, CsStatus, NodeMessage};
 use bulwark_storage::{Namespace, StorageOp, Store};
@@ -234,6 +236,8 @@ enum Kept {
     Seq(u64),
     Checkpoint(u64),
     View,
+    /// A NEW-VIEW entered (A2M-PBFT-EA): only the latest matters.
+    NewView,
     App,
 }
 
@@ -246,6 +250,29 @@ fn kept(change: &Change<ConfigService>) -> Kept {
     }
 }
 
+/// [`kept`] for an A2M-PBFT-EA replica's records. Its own view changes and new views are kept
+/// whole (after a restart it asks its trusted log again for each); its votes and certificates
+/// go with the checkpoint that covers their number.
+fn kept_ea(change: &ea::Change<ConfigService>) -> Kept {
+    use bulwark_protocol::pbft::Vote;
+    match change {
+        ea::Change::Checkpoint(transfer) => Kept::Checkpoint(transfer.stable.seq),
+        ea::Change::View { .. } => Kept::View,
+        ea::Change::NewView(_) => Kept::NewView,
+        ea::Change::App(_) => Kept::App,
+        ea::Change::Prepared(prepared) => Kept::Seq(prepared.seq),
+        ea::Change::Committed(committed) => Kept::Seq(committed.seq),
+        ea::Change::Said(said) => match &**said {
+            ea::Said::PrePrepare(body, _) | ea::Said::Vote(body) => {
+                wire::decode::<Vote>(body, 128).map_or(Kept::App, |vote| Kept::Seq(vote.seq))
+            }
+            ea::Said::Checkpoint(body) => wire::decode::<ea::Checkpoint>(body, 192)
+                .map_or(Kept::App, |checkpoint| Kept::Seq(checkpoint.seq)),
+            ea::Said::ViewChange(_) | ea::Said::NewView(_) => Kept::App,
+        },
+    }
+}
+
 /// A CS replica's records: one per change, numbered in order; a stable checkpoint deletes the
 /// records it makes redundant.
 pub struct CsStorage {
@@ -255,12 +282,11 @@ pub struct CsStorage {
     events: mpsc::UnboundedSender<Event>,
 }
 
-impl Adapter<PbftReplica<ConfigService>> for CsStorage {
-    const NAME: &'static str = "config";
-
-    fn record(&mut self, change: &Change<ConfigService>, _batch: u64, ops: &mut Vec<StorageOp>) {
+impl CsStorage {
+    /// Records `change` (encoded as `value`, about `what`), deleting the records it makes
+    /// redundant.
+    fn put(&mut self, what: Kept, value: Bytes, ops: &mut Vec<StorageOp>) {
         let table = self.namespace.table(LOG);
-        let what = kept(change);
         let drop: Vec<u64> = match what {
             Kept::Checkpoint(stable) => self
                 .records
@@ -268,14 +294,14 @@ impl Adapter<PbftReplica<ConfigService>> for CsStorage {
                 .filter(|(_, kept)| match kept {
                     Kept::Seq(seq) => *seq <= stable,
                     Kept::Checkpoint(older) => *older < stable,
-                    Kept::View | Kept::App => false,
+                    Kept::View | Kept::NewView | Kept::App => false,
                 })
                 .map(|(record, _)| *record)
                 .collect(),
-            Kept::View => self
+            Kept::View | Kept::NewView => self
                 .records
                 .iter()
-                .filter(|(_, kept)| **kept == Kept::View)
+                .filter(|(_, kept)| **kept == what)
                 .map(|(record, _)| *record)
                 .collect(),
             Kept::Seq(_) | Kept::App => Vec::new(),
@@ -293,14 +319,27 @@ impl Adapter<PbftReplica<ConfigService>> for CsStorage {
         ops.push(StorageOp::Put {
             table,
             key: record.to_be_bytes().to_vec(),
-            value: Bytes::from(wire::encode(change)),
+            value,
         });
-        if let Change::App(CsChange::Certified(cert)) = change {
-            // Valid whether or not it is durable yet: 2f_cs+1 replicas signed it.
-            let _ = self.events.send(Event::Certified {
-                certs: vec![cert.clone()],
-                from: None,
-            });
+    }
+
+    fn certified(&self, change: &CsChange) {
+        let CsChange::Certified(cert) = change;
+        // Valid whether or not it is durable yet: a quorum of the CS signed it.
+        let _ = self.events.send(Event::Certified {
+            certs: vec![cert.clone()],
+            from: None,
+        });
+    }
+}
+
+impl Adapter<PbftReplica<ConfigService>> for CsStorage {
+    const NAME: &'static str = "config";
+
+    fn record(&mut self, change: &Change<ConfigService>, _batch: u64, ops: &mut Vec<StorageOp>) {
+        self.put(kept(change), Bytes::from(wire::encode(change)), ops);
+        if let Change::App(change) = change {
+            self.certified(change);
         }
     }
 
@@ -309,19 +348,63 @@ impl Adapter<PbftReplica<ConfigService>> for CsStorage {
     }
 }
 
+impl Adapter<EaReplica<ConfigService>> for CsStorage {
+    const NAME: &'static str = "config";
+
+    fn record(
+        &mut self,
+        change: &ea::Change<ConfigService>,
+        _batch: u64,
+        ops: &mut Vec<StorageOp>,
+    ) {
+        self.put(kept_ea(change), Bytes::from(wire::encode(change)), ops);
+        if let ea::Change::App(change) = change {
+            self.certified(change);
+        }
+    }
+
+    fn view(&self) -> &() {
+        &()
+    }
+}
+
+/// The agreement core a CS replica runs on, as the configuration names it.
+// One per node, held for an epoch: the size difference costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
+enum Core {
+    Pbft(Hosting<PbftReplica<ConfigService>, CsStorage>),
+    Ea(Hosting<EaReplica<ConfigService>, CsStorage>),
+}
+
+impl Core {
+    fn hosted(&mut self) -> &mut dyn Hosted {
+        match self {
+            Core::Pbft(hosting) => hosting,
+            Core::Ea(hosting) => hosting,
+        }
+    }
+
+    fn hosted_ref(&self) -> &dyn Hosted {
+        match self {
+            Core::Pbft(hosting) => hosting,
+            Core::Ea(hosting) => hosting,
+        }
+    }
+}
+
 /// The CS replica as a shard hosts it, with what `bulwark status` shows of it.
 pub struct CsHosted {
-    inner: Hosting<PbftReplica<ConfigService>, CsStorage>,
+    inner: Core,
     epoch: Epoch,
 }
 
 impl Hosted for CsHosted {
     fn service_name(&self) -> &'static str {
-        self.inner.service_name()
+        self.inner.hosted_ref().service_name()
     }
 
     fn slot(&self) -> Slot {
-        self.inner.slot()
+        self.inner.hosted_ref().slot()
     }
 
     fn on_request(
@@ -332,57 +415,90 @@ impl Hosted for CsHosted {
         envelope: &Envelope,
         batch: u64,
     ) -> Effects {
-        self.inner.on_request(now, client, access, envelope, batch)
+        self.inner
+            .hosted()
+            .on_request(now, client, access, envelope, batch)
     }
 
     fn on_message(&mut self, now: Time, from: NodeId, envelope: &Envelope, batch: u64) -> Effects {
-        self.inner.on_message(now, from, envelope, batch)
+        self.inner.hosted().on_message(now, from, envelope, batch)
     }
 
     fn on_timer(&mut self, now: Time, timer: TimerId, batch: u64) -> Effects {
-        self.inner.on_timer(now, timer, batch)
+        self.inner.hosted().on_timer(now, timer, batch)
     }
 
     fn on_tick(&mut self, now: Time, batch: u64) -> Effects {
-        self.inner.on_tick(now, batch)
+        self.inner.hosted().on_tick(now, batch)
+    }
+
+    fn on_attested(
+        &mut self,
+        now: Time,
+        token: u64,
+        answers: bulwark_protocol::machine::Attested,
+        batch: u64,
+    ) -> Effects {
+        self.inner.hosted().on_attested(now, token, answers, batch)
     }
 
     fn durable(&mut self, batch: u64) {
-        self.inner.durable(batch);
+        self.inner.hosted().durable(batch);
     }
 
     fn stats(&self) -> ReplicaStats {
-        self.inner.stats()
+        self.inner.hosted_ref().stats()
     }
 
     fn submit_own(&mut self, now: Time, op: &[u8], batch: u64) -> Effects {
-        match wire::decode::<Op>(op, bulwark_core::wire::FRAME_BYTES_MAX) {
-            Ok(op) => {
-                let output = self.inner.replica.submit_own(now, op);
-                self.inner.effects(output, None, batch)
+        let op = match wire::decode::<Op>(op, bulwark_core::wire::FRAME_BYTES_MAX) {
+            Ok(op) => op,
+            Err(error) => {
+                return Effects {
+                    refused: Some(format!("own operation: {error}")),
+                    ..Effects::default()
+                };
             }
-            Err(error) => Effects {
-                refused: Some(format!("own operation: {error}")),
-                ..Effects::default()
-            },
+        };
+        match &mut self.inner {
+            Core::Pbft(hosting) => {
+                let output = hosting.replica.submit_own(now, op);
+                hosting.effects(output, None, batch)
+            }
+            Core::Ea(hosting) => {
+                let output = hosting.replica.submit_own(now, op);
+                hosting.effects(output, None, batch)
+            }
         }
     }
 
     fn cs_status(&self) -> Option<CsStatus> {
-        let replica = &self.inner.replica;
-        let (view, active) = replica.view();
+        let (slot, members, view, primary, executed, waiting) = match &self.inner {
+            Core::Pbft(h) => (
+                h.slot,
+                &h.members,
+                h.replica.view(),
+                h.replica.primary(),
+                h.replica.executed(),
+                h.replica.waiting(),
+            ),
+            Core::Ea(h) => (
+                h.slot,
+                &h.members,
+                h.replica.view(),
+                h.replica.primary(),
+                h.replica.executed(),
+                h.replica.waiting(),
+            ),
+        };
         Some(CsStatus {
             epoch: self.epoch.0,
-            slot: self.inner.slot.0,
-            view,
-            active,
-            primary: self
-                .inner
-                .members
-                .node(replica.primary())
-                .map_or(u32::MAX, |node| node.0),
-            executed: replica.executed(),
-            waiting: replica.waiting() as u64,
+            slot: slot.0,
+            view: view.0,
+            active: view.1,
+            primary: members.node(primary).map_or(u32::MAX, |node| node.0),
+            executed,
+            waiting: waiting as u64,
         })
     }
 }
@@ -404,45 +520,82 @@ fn build_replica(
         table: LOG,
         problem,
     };
-    let setup = ConfigService::setup(config, node, secret.clone()).map_err(corrupt)?;
     let mut records = BTreeMap::new();
-    let mut changes = Vec::new();
+    let mut values = Vec::new();
     let mut next = 0;
     for (key, value) in store.load(namespace.table(LOG))? {
         let record = <[u8; 8]>::try_from(key.as_slice())
             .map(u64::from_be_bytes)
             .map_err(|_| corrupt("a record id that is not a number".into()))?;
-        let change: Change<ConfigService> =
-            wire::decode(&value, RECORD_BYTES_MAX).map_err(|e| corrupt(e.to_string()))?;
-        records.insert(record, kept(&change));
-        changes.push(change);
+        values.push((record, value));
         next = record + 1;
     }
-    let restored = changes.len();
-    let replica =
-        PbftReplica::restore(setup, changes, wall_clock()).map_err(|e| corrupt(e.to_string()))?;
+    let restored = values.len();
+    let group = group_of(config.epoch);
+    let header = Header::request(ServiceId::CONFIG, group, config.epoch, 0);
+    let mut adapter = CsStorage {
+        namespace,
+        next,
+        records: BTreeMap::new(),
+        events: events.clone(),
+    };
+    let (inner, executed) = match config.cs_protocol {
+        CsProtocol::Pbft => {
+            let setup = ConfigService::setup(config, node, secret.clone()).map_err(corrupt)?;
+            let mut changes = Vec::new();
+            for (record, value) in values {
+                let change: Change<ConfigService> =
+                    wire::decode(&value, RECORD_BYTES_MAX).map_err(|e| corrupt(e.to_string()))?;
+                records.insert(record, kept(&change));
+                changes.push(change);
+            }
+            let replica = PbftReplica::restore(setup, changes, wall_clock())
+                .map_err(|e| corrupt(e.to_string()))?;
+            let executed = replica.executed();
+            adapter.records = records;
+            let hosting = Hosting {
+                replica,
+                adapter,
+                members: Members::Group(cs),
+                slot: Slot(slot as u32),
+                header,
+            };
+            (Core::Pbft(hosting), executed)
+        }
+        CsProtocol::A2mPbftEa => {
+            let setup = ConfigService::ea_setup(config, node, secret.clone()).map_err(corrupt)?;
+            let mut changes = Vec::new();
+            for (record, value) in values {
+                let change: ea::Change<ConfigService> =
+                    wire::decode(&value, RECORD_BYTES_MAX).map_err(|e| corrupt(e.to_string()))?;
+                records.insert(record, kept_ea(&change));
+                changes.push(change);
+            }
+            let replica = EaReplica::restore(setup, changes, wall_clock())
+                .map_err(|e| corrupt(e.to_string()))?;
+            let executed = replica.executed();
+            adapter.records = records;
+            let hosting = Hosting {
+                replica,
+                adapter,
+                members: Members::Group(cs),
+                slot: Slot(slot as u32),
+                header,
+            };
+            (Core::Ea(hosting), executed)
+        }
+    };
     tracing::info!(
         node = node.0,
         epoch = config.epoch.0,
         slot,
         records = restored,
-        executed = replica.executed(),
+        executed,
+        protocol = config.cs_protocol.name(),
         "configuration-service replica ready"
     );
-    let group = group_of(config.epoch);
     Ok(Some(CsHosted {
-        inner: Hosting {
-            replica,
-            adapter: CsStorage {
-                namespace,
-                next,
-                records,
-                events: events.clone(),
-            },
-            members: Members::Group(cs),
-            slot: Slot(slot as u32),
-            header: Header::request(ServiceId::CONFIG, group, config.epoch, 0),
-        },
+        inner,
         epoch: config.epoch,
     }))
 }
@@ -1021,6 +1174,7 @@ mod tests {
     fn five() -> Configuration {
         let members = (0..5u8)
             .map(|i| Member {
+                trusted_key: None,
                 id: NodeId(u32::from(i)),
                 address: format!("127.0.0.1:{}", 7000 + u16::from(i))
                     .parse()

@@ -18,6 +18,7 @@
 //! candidate, because the forgery is a deterministic function of that seed and the key.
 
 pub mod cs;
+pub mod cs_ea;
 pub mod phalanx;
 pub mod reader;
 

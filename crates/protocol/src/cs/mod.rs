@@ -39,6 +39,10 @@ use std::collections::{BTreeMap, BTreeSet};
 /// The service frames to and from the configuration service carry.
 pub const SERVICE: ServiceId = ServiceId::CONFIG;
 
+/// The first of the six trusted-log logs a CS replica on A2M-PBFT-EA keeps, every epoch's
+/// instance in a slot range of its own (A2M-Storage's volumes use `1 << 40` and up).
+pub const CS_LOGS: bulwark_core::a2m::LogId = 1 << 32;
+
 /// What the trusted authority orders for the next epoch.
 // Orders are few and short-lived; boxing the member would only add an allocation.
 #[allow(clippy::large_enum_variant)]
@@ -251,6 +255,46 @@ impl ConfigService {
             secret,
             keys,
             instance: config.digest(),
+            app,
+        })
+    }
+
+    /// The A2M-PBFT-EA setup for `config`'s CS, as replica `node`: as [`ConfigService::setup`],
+    /// with every CS replica's trusted-log key and this epoch's range of the trusted-log logs
+    /// ([`CS_LOGS`]).
+    pub fn ea_setup(
+        config: &Configuration,
+        node: NodeId,
+        secret: SecretKey,
+    ) -> Result<pbft::ea::Setup<ConfigService>, String> {
+        let pbft::Setup {
+            me,
+            secret,
+            keys,
+            instance,
+            app,
+            ..
+        } = ConfigService::setup(config, node, secret)?;
+        let trusted = config
+            .cs()
+            .iter()
+            .map(|id| {
+                config
+                    .member(*id)
+                    .and_then(|member| member.trusted_key)
+                    .ok_or_else(|| format!("CS replica {id} has no trusted log"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let epoch = u32::try_from(config.epoch.0)
+            .map_err(|_| "an epoch beyond the trusted logs' ranges".to_string())?;
+        Ok(pbft::ea::Setup {
+            params: pbft::ea::Params::new(config.f_cs as usize),
+            me,
+            secret,
+            keys,
+            trusted,
+            logs: pbft::ea::Logs::new(CS_LOGS, epoch),
+            instance,
             app,
         })
     }
@@ -659,6 +703,7 @@ mod tests {
     fn genesis() -> Configuration {
         let members = (0..6)
             .map(|i| Member {
+                trusted_key: None,
                 id: NodeId(i),
                 address: format!("127.0.0.1:{}", 7000 + i).parse().unwrap(),
                 fingerprint: Fingerprint([i as u8; 32]),
@@ -680,6 +725,7 @@ mod tests {
 
     fn newcomer(n: u8) -> NewMember {
         NewMember {
+            trusted_key: None,
             address: format!("127.0.0.2:{}", 8000 + n as u16).parse().unwrap(),
             fingerprint: Fingerprint([0xa0 + n; 32]),
             signing_key: secret(200 + n as u32).public_key(),

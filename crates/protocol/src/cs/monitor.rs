@@ -323,6 +323,7 @@ mod tests {
     fn config() -> Configuration {
         let members = (0..5)
             .map(|i| Member {
+                trusted_key: None,
                 id: NodeId(i),
                 address: format!("127.0.0.1:{}", 7000 + i).parse().unwrap(),
                 fingerprint: Fingerprint([i as u8; 32]),

@@ -168,6 +168,8 @@ pub struct Mutations {
     pub driver: DriverMutations,
     /// Breakage of PBFT, under the configuration service (applied to every replica).
     pub pbft: PbftMutations,
+    /// Breakage of A2M-PBFT-EA, under the configuration service (applied to every replica).
+    pub ea: bulwark_protocol::pbft::ea::Mutations,
     /// Breakage of the transfer of keys between epochs (applied to every node).
     pub transfer: TransferMutations,
     /// Breakage of hardened tables (clients and every replica).
@@ -189,7 +191,7 @@ impl Mutations {
         *self != Mutations::default()
     }
 
-    fn flags(&self) -> [(&'static str, bool); 27] {
+    fn flags(&self) -> [(&'static str, bool); 28] {
         [
             ("quorum-f-plus-one", self.client.quorum_f_plus_one),
             ("any-twin", self.client.any_twin),
@@ -211,6 +213,7 @@ impl Mutations {
             ("send-before-durable", self.driver.send_before_durable),
             ("pbft-quorum-2f", self.pbft.quorum_2f),
             ("pbft-drop-prepared", self.pbft.drop_prepared),
+            ("ea-unchecked-attestations", self.ea.unchecked_attestations),
             ("serve-before-transfer", self.transfer.serve_before_transfer),
             ("small-transfer-quorum", self.transfer.small_transfer_quorum),
             (
@@ -231,7 +234,7 @@ impl Mutations {
 /// A mutation name that does not exist.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown mutation {0:?}; expected quorum-f-plus-one, any-twin, no-offers, one-round-small-agreement, one-round-f-vouchers, sole-writer-from-one, no-write-back, accept-unproven, naive-gc, candidate-vec-in-lc, no-stale-check (PoWerStore), register-small-quorum, register-no-write-back or register-unverified (ABD, Phalanx; the first also content-hash objects), pbft-quorum-2f or pbft-drop-prepared (configuration service), serve-before-transfer, small-transfer-quorum, answer-without-entering or pull-unchanged-arcs (reconfiguration), table-accept-f-plus-one, table-majority, table-unverified-cells, table-skip-write-back, table-ignore-revocations or table-no-anti-entropy (tables), send-before-durable (any)"
+    "unknown mutation {0:?}; expected quorum-f-plus-one, any-twin, no-offers, one-round-small-agreement, one-round-f-vouchers, sole-writer-from-one, no-write-back, accept-unproven, naive-gc, candidate-vec-in-lc, no-stale-check (PoWerStore), register-small-quorum, register-no-write-back or register-unverified (ABD, Phalanx; the first also content-hash objects), pbft-quorum-2f, pbft-drop-prepared or ea-unchecked-attestations (configuration service), serve-before-transfer, small-transfer-quorum, answer-without-entering or pull-unchanged-arcs (reconfiguration), table-accept-f-plus-one, table-majority, table-unverified-cells, table-skip-write-back, table-ignore-revocations or table-no-anti-entropy (tables), send-before-durable (any)"
 )]
 pub struct UnknownMutation(pub String);
 
@@ -260,6 +263,7 @@ impl FromStr for Mutations {
                 "send-before-durable" => mutations.driver.send_before_durable = true,
                 "pbft-quorum-2f" => mutations.pbft.quorum_2f = true,
                 "pbft-drop-prepared" => mutations.pbft.drop_prepared = true,
+                "ea-unchecked-attestations" => mutations.ea.unchecked_attestations = true,
                 "serve-before-transfer" => mutations.transfer.serve_before_transfer = true,
                 "small-transfer-quorum" => mutations.transfer.small_transfer_quorum = true,
                 "answer-without-entering" => mutations.transfer.answer_without_entering = true,

@@ -46,11 +46,13 @@
 
 use crate::byzantine::Behaviour;
 use crate::byzantine::cs::{CsKit, CsLiar, EvictKit};
+use crate::byzantine::cs_ea::EaLiar;
 use crate::checker::{History, KeyReport, KeyVerdict, Report, Violation};
 use crate::sim::config::{FaultSet, Nemesis, SimConfig};
 use crate::sim::protocol::{Finish, Finished, Protocol, Storage};
 use crate::sim::swarm::Swarm;
 use bulwark_core::config::Fingerprint;
+use bulwark_core::configuration::CsProtocol;
 use bulwark_core::configuration::{ConfigCert, Configuration, NewMember, verify_successor};
 use bulwark_core::membership::Member;
 use bulwark_core::sign::{SecretKey, Signed};
@@ -60,7 +62,7 @@ use bulwark_protocol::machine::{
     Access, OpError, Operation, Output, Progress, Replica, ReplicaStats, TimerId,
 };
 use bulwark_protocol::pbft::{
-    Answer, Change, Message, Params, PbftReplica, Phase, Setup, Submit, Submitted, Vote,
+    Answer, Change, Message, Params, PbftReplica, Phase, Setup, Submit, Submitted, Vote, ea,
 };
 use bulwark_protocol::round::OpId;
 use bytes::Bytes;
@@ -87,10 +89,92 @@ const CERTIFY_WITHIN_MS: u64 = 15_000;
 /// What the checker's properties are named with, in its report's keys and violations.
 pub const KEY_PREFIX: &str = "cs/";
 
+/// The agreement core a simulated configuration service runs on: PBFT ([`Pbft`]) or
+/// A2M-PBFT-EA ([`Ea`]). The service, its clients and the checker are the same for both.
+pub trait CsCore: Sized + 'static {
+    /// A replica as the world runs it: honest, or bent by this core's Byzantine catalogue.
+    type Server: Replica<
+            Request = Submitted<Op>,
+            Reply = Answer<Outcome>,
+            Message = Self::Message,
+            Change = Self::Change,
+            View = (),
+        >;
+    /// What replicas send each other.
+    type Message: Clone + std::fmt::Debug + serde::Serialize + serde::de::DeserializeOwned;
+    /// A replica's durable record.
+    type Change: Clone;
+
+    /// The protocol the genesis names.
+    const PROTOCOL: CsProtocol;
+
+    /// The Byzantine behaviours this core's catalogue has.
+    fn behaviours() -> &'static [Behaviour];
+
+    /// Replica `index` with `behaviour`.
+    fn server(
+        sim: &ConfigServiceSim<Self>,
+        index: usize,
+        behaviour: Behaviour,
+        seed: u64,
+    ) -> Self::Server;
+
+    /// Honest replica `index` rebuilt from its records.
+    fn restore(
+        sim: &ConfigServiceSim<Self>,
+        index: usize,
+        records: &[Self::Change],
+        now: u64,
+    ) -> Self::Server;
+
+    /// Appends a record to a disk, compacting what a stable checkpoint makes redundant.
+    fn persist(records: &mut Vec<Self::Change>, change: &Self::Change);
+
+    /// The (view, number, batch) a committed certificate in `change` decides.
+    fn committed(change: &Self::Change) -> Option<(u64, u64, Digest)>;
+
+    /// The (number, view, batch) of the COMMITs replica `me` sent in `sends`.
+    fn commits_sent(sends: &[(Slot, Self::Message)], me: u32) -> Vec<(u64, u64, Digest)>;
+
+    /// What the checker reads of a replica.
+    fn look(server: &Self::Server) -> Look<'_>;
+
+    /// Replica `index`'s trusted log, if the core uses one.
+    fn trusted_log(_sim: &ConfigServiceSim<Self>, _index: usize) -> Option<bulwark_a2m::Component> {
+        None
+    }
+}
+
+/// What the checker reads of a replica, whatever its core.
+pub struct Look<'a> {
+    /// The view it is in.
+    pub view: u64,
+    /// Messages it refused.
+    pub refused: u64,
+    /// The last number it executed.
+    pub executed: u64,
+    /// The digest of its replicated state.
+    pub state: Digest,
+    /// The service.
+    pub app: &'a ConfigService,
+}
+
+/// The configuration service on PBFT, with the Byzantine catalogue of [`crate::byzantine::cs`].
+pub struct Pbft;
+
+/// The configuration service on A2M-PBFT-EA, with the catalogue of
+/// [`crate::byzantine::cs_ea`].
+pub struct Ea;
+
 /// The configuration service under simulation, for [`crate::sim::run_service`] and friends.
-pub struct ConfigServiceSim {
+pub struct ConfigServiceSim<C: CsCore = Pbft> {
     genesis: Configuration,
     params: Params,
+    /// A2M-PBFT-EA's sizes, for [`Ea`].
+    ea_params: ea::Params,
+    /// Each CS replica's trusted-log seed, by slot, for [`Ea`].
+    trusted_seeds: Vec<[u8; 32]>,
+    core: std::marker::PhantomData<C>,
     /// CS node and signing key by slot (= server index).
     nodes: Vec<NodeId>,
     secrets: Vec<SecretKey>,
@@ -153,7 +237,7 @@ enum OpKind {
     Read,
 }
 
-impl ConfigServiceSim {
+impl<C: CsCore> ConfigServiceSim<C> {
     fn setup(&self, index: usize) -> Setup<ConfigService> {
         let mut setup = ConfigService::setup(
             &self.genesis,
@@ -211,9 +295,20 @@ impl ConfigServiceSim {
         }
     }
 
-    fn wrap(&self, index: usize, liar: CsLiar) -> CsServer {
+    fn ea_setup(&self, index: usize) -> ea::Setup<ConfigService> {
+        let mut setup = ConfigService::ea_setup(
+            &self.genesis,
+            self.nodes[index],
+            self.secrets[index].clone(),
+        )
+        .unwrap_or_else(|error| panic!("the genesis CS slot {index}: {error}"));
+        setup.params = self.ea_params;
+        setup
+    }
+
+    fn wrap(&self, index: usize, honest: bool, liar: C::Server) -> CsServer<C> {
         CsServer {
-            honest: liar.behaviour() == Behaviour::Honest,
+            honest,
             liar,
             index,
             record: self.record.clone(),
@@ -243,8 +338,9 @@ impl ConfigServiceSim {
             kind,
             outcome: None,
         });
+        let f = self.genesis.f_cs as usize;
         CsOp {
-            inner: Submit::new(self.params, ClientId(client as u32), op.0, request),
+            inner: Submit::sized(Self::nodes(f), f, ClientId(client as u32), op.0, request),
             index,
             read: false,
             record: self.record.clone(),
@@ -278,6 +374,7 @@ fn new_member(value: &[u8]) -> NewMember {
     ));
     let seed = Digest::of("bulwark.sim.cs.key", value).0;
     NewMember {
+        trusted_key: None,
         address,
         fingerprint: Fingerprint(Digest::of("bulwark.sim.cs.fingerprint", value).0),
         signing_key: SecretKey::from_seed(&seed).public_key(),
@@ -289,8 +386,8 @@ fn new_member(value: &[u8]) -> NewMember {
 
 /// A configuration-service replica in the world: the (possibly Byzantine) replica, watched after
 /// every step for the certificates and STOPped states it holds.
-pub struct CsServer {
-    liar: CsLiar,
+pub struct CsServer<C: CsCore = Pbft> {
+    liar: C::Server,
     index: usize,
     honest: bool,
     record: Rc<RefCell<Record>>,
@@ -301,39 +398,32 @@ pub struct CsServer {
     f: usize,
 }
 
-impl CsServer {
-    /// The PBFT replica (the honest one under a Byzantine wrapper).
-    pub fn replica(&self) -> &PbftReplica<ConfigService> {
-        self.liar.replica()
+impl<C: CsCore> CsServer<C> {
+    /// What the checker reads of the replica (the honest one under a Byzantine wrapper).
+    pub fn look(&self) -> Look<'_> {
+        C::look(&self.liar)
     }
 
-    fn observe(&mut self, now: Time, out: &Output<CsLiar>) {
+    fn observe(&mut self, now: Time, out: &Output<C::Server>) {
         if self.honest {
             for change in &out.changes {
-                if let Change::Committed(committed) = change {
-                    self.committed(now, committed.view, committed.seq, committed.batch.digest());
+                if let Some((view, seq, digest)) = C::committed(change) {
+                    self.committed(now, view, seq, digest);
                 }
             }
-            let me = self.index as u32;
-            let mut votes = BTreeSet::new();
-            for (_, message) in &out.sends {
-                if let Message::Vote(cast) = message
-                    && cast.slot == me
-                    && let Ok(vote) = bulwark_core::wire::decode::<Vote>(cast.signed.bytes(), 128)
-                    && vote.phase == Phase::Commit
-                {
-                    votes.insert((vote.seq, vote.view, vote.digest));
-                }
-            }
+            let votes: BTreeSet<(u64, u64, Digest)> =
+                C::commits_sent(&out.sends, self.index as u32)
+                    .into_iter()
+                    .collect();
             for (seq, view, digest) in votes {
                 self.commit_vote(now, seq, view, digest);
             }
         }
-        let replica = self.liar.replica();
-        let executed = replica.executed();
+        let look = C::look(&self.liar);
+        let executed = look.executed;
         if self.honest && executed != self.seen_executed {
             self.seen_executed = executed;
-            let digest = replica.state_digest();
+            let digest = look.state;
             let mut record = self.record.borrow_mut();
             match record.executed.get(&executed) {
                 None => {
@@ -351,7 +441,7 @@ impl CsServer {
                 Some(_) => {}
             }
         }
-        let app = replica.app();
+        let app = look.app;
         if let Some(cert) = app.certified()
             && self.seen_cert.as_ref() != Some(cert)
         {
@@ -376,7 +466,7 @@ impl CsServer {
     }
 }
 
-impl CsServer {
+impl<C: CsCore> CsServer<C> {
     /// A commit certificate this correct replica made or accepted: no correct replica may
     /// commit another batch for the same number, in any view.
     fn committed(&mut self, now: Time, view: u64, seq: u64, digest: Digest) {
@@ -401,7 +491,7 @@ impl CsServer {
     }
 }
 
-impl CsServer {
+impl<C: CsCore> CsServer<C> {
     /// A COMMIT this correct replica sent. Once `f+1` correct replicas sent one for a batch in a
     /// view, that batch is committed at its number (PBFT's `committed` predicate: whatever the
     /// replicas executed, no other batch may ever be committed there).
@@ -430,12 +520,12 @@ impl CsServer {
     }
 }
 
-impl Replica for CsServer {
-    const SERVICE: ServiceId = <CsLiar as Replica>::SERVICE;
+impl<C: CsCore> Replica for CsServer<C> {
+    const SERVICE: ServiceId = <C::Server as Replica>::SERVICE;
     type Request = Submitted<Op>;
     type Reply = Answer<Outcome>;
-    type Message = Message<ConfigService>;
-    type Change = Change<ConfigService>;
+    type Message = C::Message;
+    type Change = C::Change;
     type View = ();
 
     fn on_request(
@@ -448,31 +538,43 @@ impl Replica for CsServer {
     ) -> Output<Self> {
         let out = self.liar.on_request(now, client, access, request, view);
         self.observe(now, &out);
-        convert(out)
+        out.retyped()
     }
 
     fn on_message(
         &mut self,
         now: Time,
         from: Slot,
-        message: Message<ConfigService>,
+        message: C::Message,
         view: &(),
     ) -> Output<Self> {
         let out = self.liar.on_message(now, from, message, view);
         self.observe(now, &out);
-        convert(out)
+        out.retyped()
     }
 
     fn on_timer(&mut self, now: Time, timer: TimerId, view: &()) -> Output<Self> {
         let out = self.liar.on_timer(now, timer, view);
         self.observe(now, &out);
-        convert(out)
+        out.retyped()
+    }
+
+    fn on_attested(
+        &mut self,
+        now: Time,
+        token: u64,
+        answers: bulwark_protocol::machine::Attested,
+        view: &(),
+    ) -> Output<Self> {
+        let out = self.liar.on_attested(now, token, answers, view);
+        self.observe(now, &out);
+        out.retyped()
     }
 
     fn on_tick(&mut self, now: Time) -> Output<Self> {
         let out = self.liar.on_tick(now);
         self.observe(now, &out);
-        convert(out)
+        out.retyped()
     }
 
     fn stats(&self) -> ReplicaStats {
@@ -480,33 +582,187 @@ impl Replica for CsServer {
     }
 }
 
-fn convert(out: Output<CsLiar>) -> Output<CsServer> {
-    out.retyped()
+/// A replica's disk: its records in the order they became durable, compacted at each stable
+/// checkpoint (records about numbers it covers go, and only the latest view is kept).
+pub struct CsDisk<C: CsCore = Pbft> {
+    records: Vec<C::Change>,
 }
 
-/// A replica's disk: its PBFT records in the order they became durable, compacted at each
-/// stable checkpoint (records about numbers it covers go, and only the latest view is kept).
-#[derive(Default)]
-pub struct CsDisk {
-    records: Vec<Change<ConfigService>>,
+impl<C: CsCore> Default for CsDisk<C> {
+    fn default() -> Self {
+        CsDisk {
+            records: Vec::new(),
+        }
+    }
 }
 
-impl CsDisk {
-    fn apply(&mut self, change: &Change<ConfigService>) {
+impl CsCore for Pbft {
+    type Server = CsLiar;
+    type Message = Message<ConfigService>;
+    type Change = Change<ConfigService>;
+    const PROTOCOL: CsProtocol = CsProtocol::Pbft;
+
+    fn behaviours() -> &'static [Behaviour] {
+        &Behaviour::CONFIG_SERVICE
+    }
+
+    fn server(
+        sim: &ConfigServiceSim<Pbft>,
+        index: usize,
+        behaviour: Behaviour,
+        seed: u64,
+    ) -> CsLiar {
+        let replica = PbftReplica::new(sim.setup(index))
+            .unwrap_or_else(|error| panic!("replica {index}: {error}"));
+        CsLiar::new(behaviour, replica, sim.kit(index, behaviour, seed), seed)
+    }
+
+    fn restore(
+        sim: &ConfigServiceSim<Pbft>,
+        index: usize,
+        records: &[Self::Change],
+        now: u64,
+    ) -> CsLiar {
+        let replica = PbftReplica::restore(sim.setup(index), records.iter().cloned(), Time(now))
+            .unwrap_or_else(|error| {
+                panic!("replica {index} cannot restore from its own disk: {error}")
+            });
+        CsLiar::new(
+            Behaviour::Honest,
+            replica,
+            sim.kit(index, Behaviour::Honest, 0),
+            0,
+        )
+    }
+
+    fn persist(records: &mut Vec<Self::Change>, change: &Self::Change) {
         match change {
             Change::Checkpoint(transfer) => {
                 let stable = transfer.proof.seq;
-                self.records.retain(|record| match record {
+                records.retain(|record| match record {
                     Change::Checkpoint(old) => old.proof.seq > stable,
                     other => other.seq().is_none_or(|seq| seq > stable),
                 });
             }
-            Change::View { .. } => self
-                .records
-                .retain(|record| !matches!(record, Change::View { .. })),
+            Change::View { .. } => records.retain(|record| !matches!(record, Change::View { .. })),
             _ => {}
         }
-        self.records.push(change.clone());
+        records.push(change.clone());
+    }
+
+    fn committed(change: &Self::Change) -> Option<(u64, u64, Digest)> {
+        match change {
+            Change::Committed(committed) => {
+                Some((committed.view, committed.seq, committed.batch.digest()))
+            }
+            _ => None,
+        }
+    }
+
+    fn commits_sent(sends: &[(Slot, Self::Message)], me: u32) -> Vec<(u64, u64, Digest)> {
+        sends
+            .iter()
+            .filter_map(|(_, message)| match message {
+                Message::Vote(cast) if cast.slot == me => {
+                    bulwark_core::wire::decode::<Vote>(cast.signed.bytes(), 128).ok()
+                }
+                _ => None,
+            })
+            .filter(|vote| vote.phase == Phase::Commit)
+            .map(|vote| (vote.seq, vote.view, vote.digest))
+            .collect()
+    }
+
+    fn look(server: &CsLiar) -> Look<'_> {
+        let replica = server.replica();
+        Look {
+            view: replica.view().0,
+            refused: replica.pbft_stats().refused,
+            executed: replica.executed(),
+            state: replica.state_digest(),
+            app: replica.app(),
+        }
+    }
+}
+
+impl CsCore for Ea {
+    type Server = EaLiar;
+    type Message = ea::Message<ConfigService>;
+    type Change = ea::Change<ConfigService>;
+    const PROTOCOL: CsProtocol = CsProtocol::A2mPbftEa;
+
+    fn behaviours() -> &'static [Behaviour] {
+        &EaLiar::BEHAVIOURS
+    }
+
+    fn server(sim: &ConfigServiceSim<Ea>, index: usize, behaviour: Behaviour, seed: u64) -> EaLiar {
+        let replica = ea::EaReplica::new(sim.ea_setup(index))
+            .unwrap_or_else(|error| panic!("replica {index}: {error}"));
+        EaLiar::new(behaviour, replica, sim.ea_setup(index), seed)
+    }
+
+    fn restore(
+        sim: &ConfigServiceSim<Ea>,
+        index: usize,
+        records: &[Self::Change],
+        now: u64,
+    ) -> EaLiar {
+        let replica =
+            ea::EaReplica::restore(sim.ea_setup(index), records.iter().cloned(), Time(now))
+                .unwrap_or_else(|error| {
+                    panic!("replica {index} cannot restore from its own disk: {error}")
+                });
+        EaLiar::new(Behaviour::Honest, replica, sim.ea_setup(index), 0)
+    }
+
+    fn persist(records: &mut Vec<Self::Change>, change: &Self::Change) {
+        // Kept whole: an instance lives one epoch, and a restart must see every message it said
+        // (its trusted log is asked again for each).
+        records.push(change.clone());
+    }
+
+    fn committed(change: &Self::Change) -> Option<(u64, u64, Digest)> {
+        match change {
+            ea::Change::Committed(committed) => {
+                let view = committed
+                    .votes
+                    .first()
+                    .and_then(|v| v.peek())
+                    .map_or(0, |v| v.view);
+                Some((view, committed.seq, committed.batch.digest()))
+            }
+            _ => None,
+        }
+    }
+
+    fn commits_sent(sends: &[(Slot, Self::Message)], me: u32) -> Vec<(u64, u64, Digest)> {
+        sends
+            .iter()
+            .filter_map(|(_, message)| match message {
+                ea::Message::Vote(attested) => attested.peek(),
+                _ => None,
+            })
+            .filter(|vote| vote.phase == Phase::Commit && vote.replica == me)
+            .map(|vote| (vote.seq, vote.view, vote.digest))
+            .collect()
+    }
+
+    fn look(server: &EaLiar) -> Look<'_> {
+        let replica = server.replica();
+        Look {
+            view: replica.view().0,
+            refused: replica.ea_stats().refused,
+            executed: replica.executed(),
+            state: replica.state_digest(),
+            app: replica.app(),
+        }
+    }
+
+    fn trusted_log(sim: &ConfigServiceSim<Ea>, index: usize) -> Option<bulwark_a2m::Component> {
+        Some(bulwark_a2m::Component::in_memory(
+            &sim.trusted_seeds[index],
+            bulwark_a2m::Limits::default(),
+        ))
     }
 }
 
@@ -627,12 +883,12 @@ fn describe_op(op: &Op) -> String {
 // ---------------------------------------------------------------------------------------------
 // The protocol
 
-impl Protocol for ConfigServiceSim {
+impl<C: CsCore> Protocol for ConfigServiceSim<C> {
     type Request = Submitted<Op>;
     type Response = Answer<Outcome>;
-    type Change = Change<ConfigService>;
-    type Disk = CsDisk;
-    type Server = CsServer;
+    type Change = C::Change;
+    type Disk = CsDisk<C>;
+    type Server = CsServer<C>;
     type Write = CsOp;
     type Read = CsOp;
 
@@ -640,27 +896,36 @@ impl Protocol for ConfigServiceSim {
     const SETTLE_MILLIS: u64 = 5_000;
 
     fn nodes(f: usize) -> usize {
-        3 * f + 1
+        match C::PROTOCOL {
+            CsProtocol::Pbft => 3 * f + 1,
+            CsProtocol::A2mPbftEa => 2 * f + 1,
+        }
     }
 
-    /// The configuration service's catalogue of Byzantine replicas; no Byzantine readers.
+    /// The core's catalogue of Byzantine replicas; no Byzantine readers.
     fn tolerated(wanted: &FaultSet) -> FaultSet {
         let mut faults = wanted.clone();
         faults
             .behaviours
-            .retain(|behaviour| Behaviour::CONFIG_SERVICE.contains(behaviour));
+            .retain(|behaviour| C::behaviours().contains(behaviour));
         faults.nemeses.remove(&Nemesis::ByzantineReaders);
         faults
     }
 
-    fn new(rng: &mut ChaCha8Rng, config: &SimConfig, _swarm: &Swarm) -> ConfigServiceSim {
+    fn new(rng: &mut ChaCha8Rng, config: &SimConfig, _swarm: &Swarm) -> ConfigServiceSim<C> {
         let f_cs = config.f.max(1);
         let n = Self::nodes(f_cs) as u32;
         let mut member_secrets = Vec::new();
         let mut members = Vec::new();
+        let mut member_trusted = Vec::new();
         for i in 0..n + EXTRA_MEMBERS {
             let secret = SecretKey::from_seed(&rng.random());
+            // Only the EA core draws trusted logs, so PBFT's seeds replay as they always did.
+            let trusted: Option<[u8; 32]> =
+                (C::PROTOCOL == CsProtocol::A2mPbftEa).then(|| rng.random());
+            member_trusted.push((NodeId(i), trusted));
             members.push(Member {
+                trusted_key: trusted.map(|seed| SecretKey::from_seed(&seed).public_key()),
                 id: NodeId(i),
                 address: SocketAddr::from((Ipv4Addr::new(10, 0, 0, 1 + i as u8), 7000)),
                 fingerprint: Fingerprint(rng.random()),
@@ -679,8 +944,19 @@ impl Protocol for ConfigServiceSim {
             STOP_DELTA_MS,
             0,
         )
+        .and_then(|genesis| genesis.with_cs_protocol(C::PROTOCOL))
         .unwrap_or_else(|error| panic!("the simulated genesis: {error}"));
         let nodes = genesis.cs();
+        let trusted_seeds = nodes
+            .iter()
+            .map(|id| {
+                member_trusted
+                    .iter()
+                    .find(|(member, _)| member == id)
+                    .and_then(|(_, seed)| *seed)
+                    .unwrap_or_default()
+            })
+            .collect();
         let secrets = nodes
             .iter()
             .map(|id| {
@@ -693,9 +969,14 @@ impl Protocol for ConfigServiceSim {
             .collect();
         let mut params = Params::new(f_cs);
         params.mutations = config.mutations.pbft;
+        let mut ea_params = ea::Params::new(f_cs);
+        ea_params.mutations = config.mutations.ea;
         ConfigServiceSim {
             genesis,
             params,
+            ea_params,
+            trusted_seeds,
+            core: std::marker::PhantomData,
             nodes,
             secrets,
             authority,
@@ -705,37 +986,31 @@ impl Protocol for ConfigServiceSim {
         }
     }
 
-    fn server(&self, index: usize, behaviour: Behaviour, seed: u64) -> CsServer {
-        let replica = PbftReplica::new(self.setup(index))
-            .unwrap_or_else(|error| panic!("replica {index}: {error}"));
-        let liar = CsLiar::new(behaviour, replica, self.kit(index, behaviour, seed), seed);
-        self.wrap(index, liar)
+    fn server(&self, index: usize, behaviour: Behaviour, seed: u64) -> CsServer<C> {
+        self.wrap(
+            index,
+            behaviour == Behaviour::Honest,
+            C::server(self, index, behaviour, seed),
+        )
     }
 
-    fn restore(&self, index: usize, disk: &CsDisk, now: u64) -> CsServer {
-        let replica =
-            PbftReplica::restore(self.setup(index), disk.records.iter().cloned(), Time(now))
-                .unwrap_or_else(|error| {
-                    panic!("replica {index} cannot restore from its own disk: {error}")
-                });
-        let liar = CsLiar::new(
-            Behaviour::Honest,
-            replica,
-            self.kit(index, Behaviour::Honest, 0),
-            0,
-        );
-        self.wrap(index, liar)
+    fn trusted_log(&self, index: usize) -> Option<bulwark_a2m::Component> {
+        C::trusted_log(self, index)
+    }
+
+    fn restore(&self, index: usize, disk: &CsDisk<C>, now: u64) -> CsServer<C> {
+        self.wrap(index, true, C::restore(self, index, &disk.records, now))
     }
 
     fn view(_: &Storage<Self>) -> &() {
         &()
     }
 
-    fn persist(disk: &mut CsDisk, change: &Change<ConfigService>) {
-        disk.apply(change);
+    fn persist(disk: &mut CsDisk<C>, change: &C::Change) {
+        C::persist(&mut disk.records, change);
     }
 
-    fn disk_versions(disk: &CsDisk) -> usize {
+    fn disk_versions(disk: &CsDisk<C>) -> usize {
         disk.records.len()
     }
 
@@ -812,11 +1087,11 @@ impl Protocol for ConfigServiceSim {
         }
     }
 
-    fn describe_message(message: &Message<ConfigService>) -> String {
+    fn describe_message(message: &C::Message) -> String {
         format!("{message:?}")
     }
 
-    fn check(&self, history: &History, servers: &[Option<&CsServer>]) -> Report {
+    fn check(&self, history: &History, servers: &[Option<&CsServer<C>>]) -> Report {
         let checker = Checker {
             sim: self,
             record: &self.record.borrow(),
@@ -832,17 +1107,17 @@ impl Protocol for ConfigServiceSim {
 // ---------------------------------------------------------------------------------------------
 // The checker
 
-struct Checker<'a> {
-    sim: &'a ConfigServiceSim,
+struct Checker<'a, C: CsCore> {
+    sim: &'a ConfigServiceSim<C>,
     record: &'a Record,
     history: &'a History,
-    servers: &'a [Option<&'a CsServer>],
+    servers: &'a [Option<&'a CsServer<C>>],
     /// The property being checked, which violations are filed under.
     category: &'static str,
     violations: Vec<(&'static str, String)>,
 }
 
-impl Checker<'_> {
+impl<C: CsCore> Checker<'_, C> {
     fn violation(&mut self, explanation: String) {
         self.violations.push((self.category, explanation));
     }
@@ -879,16 +1154,9 @@ impl Checker<'_> {
     /// saying how much it examined (`ops`), so sweeps can show that the checks had material.
     fn report(self, certified: bool) -> Report {
         let correct = self.servers.iter().flatten();
-        let highest_view = correct
-            .clone()
-            .map(|s| s.replica().view().0)
-            .max()
-            .unwrap_or(0);
-        let refused: u64 = correct
-            .clone()
-            .map(|s| s.replica().pbft_stats().refused)
-            .sum();
-        let executed = correct.map(|s| s.replica().executed()).max().unwrap_or(0);
+        let highest_view = correct.clone().map(|s| s.look().view).max().unwrap_or(0);
+        let refused: u64 = correct.clone().map(|s| s.look().refused).sum();
+        let executed = correct.map(|s| s.look().executed).max().unwrap_or(0);
         let reads = self
             .record
             .ops
@@ -961,7 +1229,7 @@ impl Checker<'_> {
             .map(|seen| (seen.server, seen.at, seen.what.clone()))
             .collect();
         for (index, server) in self.servers.iter().enumerate() {
-            if let Some(cert) = server.and_then(|s| s.replica().app().certified()) {
+            if let Some(cert) = server.and_then(|s| s.look().app.certified()) {
                 certs.push((index, u64::MAX, cert.clone()));
             }
         }
@@ -1011,6 +1279,7 @@ impl Checker<'_> {
             .collect();
         for member in &added {
             let new = NewMember {
+                trusted_key: None,
                 address: member.address,
                 fingerprint: member.fingerprint,
                 signing_key: member.signing_key,
@@ -1033,6 +1302,7 @@ impl Checker<'_> {
             added
                 .iter()
                 .map(|m| NewMember {
+                    trusted_key: None,
                     address: m.address,
                     fingerprint: m.fingerprint,
                     signing_key: m.signing_key,
@@ -1086,7 +1356,7 @@ impl Checker<'_> {
             .collect();
         for (index, server) in self.servers.iter().enumerate() {
             if let Some(server) = server {
-                let pending = server.replica().app().pending();
+                let pending = server.look().app.pending();
                 if pending.stopped_at.is_some() {
                     states.push((index, u64::MAX, pending.clone()));
                 }
@@ -1370,7 +1640,7 @@ impl Checker<'_> {
                     .enumerate()
                     .filter_map(|(index, server)| server.map(|s| (index, s)))
                     .filter(|(_, server)| {
-                        let app = server.replica().app();
+                        let app = server.look().app;
                         app.pending().stopped_at.is_some() && app.certified().is_none()
                     })
                     .map(|(index, _)| index)
@@ -1473,4 +1743,23 @@ pub fn first_failure(
 /// The command that replays `seed` of the configuration service under `config`.
 pub fn replay_command(config: &SimConfig, seed: u64) -> String {
     config.service_replay_command(seed, "cs")
+}
+
+/// The command that replays `seed` of the configuration service on A2M-PBFT-EA.
+pub fn replay_command_ea(config: &SimConfig, seed: u64) -> String {
+    config.service_replay_command(seed, "cs-ea")
+}
+
+/// Runs one seed of the configuration service on A2M-PBFT-EA.
+pub fn run_ea(seed: u64, config: &SimConfig) -> crate::sim::RunResult {
+    crate::sim::run_service::<ConfigServiceSim<Ea>>(seed, config)
+}
+
+/// Sweeps `seeds` of the configuration service on A2M-PBFT-EA over `threads` threads.
+pub fn sweep_ea(
+    seeds: std::ops::Range<u64>,
+    config: &SimConfig,
+    threads: usize,
+) -> crate::sim::SweepSummary {
+    crate::sim::sweep_service::<ConfigServiceSim<Ea>>(seeds, config, threads)
 }
