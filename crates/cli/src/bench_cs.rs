@@ -595,14 +595,15 @@ async fn noop(client: &Client, config: &Configuration) -> Result<(), String> {
 }
 
 /// A node identity no process runs: a loopback address outside the cluster's, a random
-/// certificate fingerprint and signing key.
-fn new_member(i: usize) -> NewMember {
+/// certificate fingerprint and signing key, and a random trusted-log key where the CS needs one.
+fn new_member(i: usize, protocol: CsProtocol) -> NewMember {
     let address = SocketAddr::new(
         IpAddr::V4(Ipv4Addr::new(127, 0, 1 + (i / 50_000) as u8, 1)),
         10_000 + (i % 50_000) as u16,
     );
     NewMember {
-        trusted_key: None,
+        trusted_key: (protocol == CsProtocol::A2mPbftEa)
+            .then(|| SecretKey::from_seed(&rand::random()).public_key()),
         address,
         fingerprint: Fingerprint(rand::random()),
         signing_key: SecretKey::from_seed(&rand::random()).public_key(),
@@ -641,7 +642,7 @@ async fn add_runs(
             let (client, config, next) = (admin.clone(), config.clone(), next.clone());
             timed(callers, count, limit, move |_, _| {
                 let (client, config) = (client.clone(), config.clone());
-                let member = new_member(next.fetch_add(1, Ordering::Relaxed));
+                let member = new_member(next.fetch_add(1, Ordering::Relaxed), config.cs_protocol);
                 async move {
                     let op = client
                         .signed_order(&config, &ConfigAction::Add(member))
