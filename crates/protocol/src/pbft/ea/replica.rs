@@ -1929,15 +1929,26 @@ impl<A: App> EaReplica<A> {
             }
         }
         // Forget the old view's proposals (their requests may be proposed again unless the
-        // plan holds them); keep certificates.
+        // plan holds them); keep certificates, and a PRE-PREPARE of this view that arrived
+        // before its NEW-VIEW, for a number above the plan.
         self.in_log.clear();
-        for entry in self.log.values_mut() {
+        let primary = self.params.primary(view).0;
+        for (seq, entry) in self.log.iter_mut() {
             if let Some(decided) = &entry.decided {
                 self.in_log
                     .extend(decided.batch.requests.iter().map(Request::digest));
             }
-            entry.proposed = None;
             entry.prepares.retain(|(v, _), _| *v >= view);
+            entry.proposed = entry
+                .prepares
+                .get(&(view, primary))
+                .filter(|(vote, _)| vote.phase == Phase::PrePrepare && *seq > self.plan_top)
+                .map(|(vote, _)| vote.digest)
+                .filter(|digest| entry.batches.contains_key(digest));
+            if let Some(batch) = entry.proposed.and_then(|digest| entry.batches.get(&digest)) {
+                self.in_log
+                    .extend(batch.requests.iter().map(Request::digest));
+            }
         }
         let mut prepares = Vec::new();
         for (seq, batch) in plan {

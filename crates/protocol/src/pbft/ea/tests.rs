@@ -1384,3 +1384,45 @@ fn a_replica_whose_trusted_log_was_down_says_its_part_once_it_is_back() {
     assert_eq!(net.ok(client), 3);
     assert_eq!(net.replica(1).view(), (0, true));
 }
+
+#[test]
+fn a_pre_prepare_that_overtakes_its_new_view_is_kept_for_it() {
+    let mut net = Net::new(1);
+    net.complete(Op::Add(1));
+    // The primary of view 0 goes silent; slot 2 gets view 1's NEW-VIEW only after its
+    // PRE-PREPARE.
+    net.silence(0);
+    let held = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    let sink = held.clone();
+    net.block("hold new views", move |p| match p {
+        Packet::Peer {
+            to: Slot(2),
+            message: Message::NewView(new_view),
+            ..
+        } => {
+            sink.borrow_mut().push((**new_view).clone());
+            true
+        }
+        _ => false,
+    });
+    let client = net.submit(Op::Add(2));
+    net.run();
+    assert!(
+        net.run_until(30_000, |net| net.replica(1).view() == (1, true)
+            && !held.borrow().is_empty()
+            && net.replica(1).executed() == 1)
+    );
+    net.unblock("hold new views");
+    let new_views: Vec<_> = held.borrow_mut().drain(..).collect();
+    for new_view in new_views {
+        net.inject(1, 2, Message::NewView(Box::new(new_view)));
+    }
+    net.run();
+    // Decided in view 1 at once: no STATUS exchange needed to repeat the PRE-PREPARE.
+    assert!(
+        net.result(client).is_some(),
+        "the pre-prepare was dropped with its view"
+    );
+    assert_eq!(net.ok(client), 3);
+    assert_eq!(net.replica(2).view(), (1, true));
+}
