@@ -302,6 +302,9 @@ pub struct EaReplica<A: App> {
     /// Own checkpoint states above the stable one: digest, state, and the checkpoint sent.
     own_checkpoints: BTreeMap<u64, (Digest, Bytes)>,
     checkpoint_votes: BTreeMap<u64, BTreeMap<u32, (Checkpoint, Attested<Checkpoint>)>>,
+    /// Its own checkpoints above the stable one, to repeat to a peer still below them: a lost
+    /// one would leave the window closed for good when only `f+1` replicas are correct.
+    own_checkpoint_messages: BTreeMap<u64, Attested<Checkpoint>>,
     waiting: BTreeMap<Digest, Waiting<A::Op>>,
     arrivals: VecDeque<Digest>,
     in_log: BTreeSet<Digest>,
@@ -392,6 +395,7 @@ impl<A: App> EaReplica<A> {
             stable_state: Bytes::from(snapshot),
             own_checkpoints: BTreeMap::new(),
             checkpoint_votes: BTreeMap::new(),
+            own_checkpoint_messages: BTreeMap::new(),
             waiting: BTreeMap::new(),
             arrivals: VecDeque::new(),
             in_log: BTreeSet::new(),
@@ -939,9 +943,14 @@ impl<A: App> EaReplica<A> {
                 checkpoint,
             } => {
                 if let Some(refusal) = refusal {
-                    // After a restart the history may hold the slot already.
+                    // After a restart the history may hold the slot already; its checkpoint is
+                    // then asked for on its own (the log's answer if it made one).
                     if !matches!(refusal, Refusal::NotMonotone { .. }) {
                         self.trusted_refused(&refusal);
+                    }
+                    if let Some((body, checkpoint)) = checkpoint {
+                        let (log, seq) = checkpoint.place(&self.logs);
+                        self.ask(Said::Checkpoint(body), log, seq, Step::Recover, fx);
                     }
                     return;
                 }
@@ -950,12 +959,10 @@ impl<A: App> EaReplica<A> {
                     history.is_none_or(|h| h.digest == expected),
                     "the request history diverged from the replica's own chain"
                 );
-                if let (Some((body, checkpoint)), Some(attestation)) =
+                if let (Some((body, _)), Some(attestation)) =
                     (checkpoint, attestations.get(1).cloned())
                 {
-                    let attested = Attested::new(body, attestation);
-                    self.broadcast(Message::Checkpoint(attested.clone()), fx);
-                    self.on_checkpoint(checkpoint, attested, fx);
+                    self.said(now, Said::Checkpoint(body), attestation, fx);
                 }
             }
             Pending::Housekeeping => {}
@@ -994,6 +1001,8 @@ impl<A: App> EaReplica<A> {
                 let attested = Attested::<Checkpoint>::new(body, attestation);
                 if let Some(checkpoint) = attested.peek() {
                     self.broadcast(Message::Checkpoint(attested.clone()), fx);
+                    self.own_checkpoint_messages
+                        .insert(checkpoint.seq, attested.clone());
                     self.on_checkpoint(checkpoint, attested, fx);
                 }
             }
@@ -1481,6 +1490,7 @@ impl<A: App> EaReplica<A> {
         self.committed = self.committed.split_off(&(seq + 1));
         self.own_checkpoints = self.own_checkpoints.split_off(&(seq + 1));
         self.checkpoint_votes = self.checkpoint_votes.split_off(&(seq + 1));
+        self.own_checkpoint_messages = self.own_checkpoint_messages.split_off(&(seq + 1));
         self.log = self.log.split_off(&(seq + 1));
         self.own_votes = self.own_votes.split_off(&(seq + 1));
         self.own_commits.retain(|(_, k), _| *k > seq);
@@ -2007,6 +2017,10 @@ impl<A: App> EaReplica<A> {
                     state: self.stable_state.clone(),
                 })),
             ));
+        }
+        for message in self.own_checkpoint_messages.range(status.stable + 1..) {
+            fx.sends
+                .push((from, Message::Checkpoint(message.1.clone())));
         }
         if status.executed < self.executed {
             for committed in self.committed.range(status.executed + 1..) {

@@ -1426,3 +1426,31 @@ fn a_pre_prepare_that_overtakes_its_new_view_is_kept_for_it() {
     assert_eq!(net.ok(client), 3);
     assert_eq!(net.replica(2).view(), (1, true));
 }
+
+#[test]
+fn lost_checkpoints_are_repeated_so_the_window_opens_again() {
+    // With slot 0 silent, a checkpoint is stable only with both others' messages: losing them
+    // would close the window above the last stable checkpoint for good.
+    let mut net = Net::new(1);
+    net.silence(0);
+    net.block("lose checkpoints", |p| {
+        matches!(
+            p,
+            Packet::Peer {
+                message: Message::Checkpoint(_),
+                ..
+            }
+        )
+    });
+    for i in 1..=16 {
+        net.complete(Op::Add(i));
+    }
+    assert_eq!(net.replica(1).stable_seq(), 0);
+    net.unblock("lose checkpoints");
+    let mut total = (1..=16).sum::<u64>();
+    for i in 17..=20 {
+        total += i;
+        assert_eq!(net.complete(Op::Add(i)), total);
+    }
+    assert!(net.replica(1).stable_seq() >= 16);
+}
