@@ -256,6 +256,7 @@ impl ConfigService {
             keys,
             instance: config.digest(),
             app,
+            history: None,
         })
     }
 

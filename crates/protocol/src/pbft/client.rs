@@ -1,7 +1,9 @@
 //! A client's request to a PBFT-replicated application: sent to every replica, done when `f+1`
 //! replicas answer with the same result for exactly this request (at least one of them correct),
-//! or when `f+1` refuse it.
+//! or when `f+1` refuse it. Under A2M-PBFT-E ([`Submit::attested`]) it needs `2f+1` answers
+//! whose trusted logs attest the same number, batch and request history ([`super::history`]).
 
+use super::history::{History, Position};
 use super::msg::{Origin, Request, Submitted};
 use super::replica::Answer;
 use super::{App, Params};
@@ -19,8 +21,13 @@ pub struct Submit<A: App> {
     op: A::Op,
     /// The request as replicas will order it, to match replies against.
     digest: Digest,
-    results: Replies<A::Result>,
+    /// Each replica's result, with where its trusted log says it executed under E.
+    results: Replies<(A::Result, Option<Position>)>,
     refusals: Refusals<String>,
+    /// A2M-PBFT-E: the replicas' request histories; `None` for PBFT and EA.
+    history: Option<History>,
+    /// Answers refused because their attestation did not check, for the caller's evidence.
+    bad_attestations: Vec<(Slot, String)>,
 }
 
 impl<A: App> Submit<A> {
@@ -46,7 +53,45 @@ impl<A: App> Submit<A> {
             digest,
             results: Replies::new(n),
             refusals: Refusals::new(n),
+            history: None,
+            bad_attestations: Vec::new(),
         }
+    }
+
+    /// The request to A2M-PBFT-E's `3f+1` replicas: done at `2f+1` answers with the same
+    /// result and the same attested position in the request history, so it stays right with up
+    /// to `2f` faulty replicas (spec §3.3.3).
+    pub fn attested(
+        params: Params,
+        history: History,
+        client: ClientId,
+        id: u64,
+        op: A::Op,
+    ) -> Submit<A> {
+        let mut submit = Submit::sized(params.n, params.f, client, id, op);
+        submit.history = Some(history);
+        submit
+    }
+
+    /// Matching answers needed.
+    fn needed(&self) -> usize {
+        match self.history {
+            Some(_) => 2 * self.f + 1,
+            None => self.f + 1,
+        }
+    }
+
+    /// Replicas whose answer carried an attestation that did not check, and why.
+    pub fn bad_attestations(&self) -> &[(Slot, String)] {
+        &self.bad_attestations
+    }
+
+    /// The positions the answers so far claim, per replica (under E).
+    pub fn positions(&self) -> Vec<(Slot, Position)> {
+        self.results
+            .present()
+            .filter_map(|(slot, (_, position))| position.map(|p| (slot, p)))
+            .collect()
     }
 
     fn to_all(&self, slots: impl Iterator<Item = Slot>) -> Vec<(Slot, Submitted<A::Op>)> {
@@ -79,21 +124,29 @@ impl<A: App> Operation for Submit<A> {
     }
 
     fn on_reply(&mut self, from: Slot, reply: Self::Reply) -> Progress<Self> {
-        match reply {
+        let (reply, position) = match reply {
             Answer::Executed(reply) => {
+                if self.history.is_some() {
+                    // Unattested: an E client counts only what a trusted log vouches for.
+                    return Progress::Send(Vec::new());
+                }
+                (reply, None)
+            }
+            Answer::Attested { reply, history } => {
+                let Some(histories) = &self.history else {
+                    return Progress::Send(Vec::new());
+                };
                 if reply.id != self.id || reply.request != self.digest {
                     return Progress::Send(Vec::new());
                 }
-                if !self.results.record(from, reply.result.clone()) {
-                    return Progress::Send(Vec::new());
-                }
-                let matching = self
-                    .results
-                    .present()
-                    .filter(|(_, result)| **result == reply.result)
-                    .count();
-                if matching > self.f {
-                    return Progress::Done(Ok(reply.result));
+                match histories.check(from, history) {
+                    Ok(position) => (reply, Some(position)),
+                    Err(reason) => {
+                        if self.bad_attestations.len() < self.n {
+                            self.bad_attestations.push((from, reason));
+                        }
+                        return Progress::Send(Vec::new());
+                    }
                 }
             }
             Answer::Refused { id, reason } => {
@@ -103,7 +156,23 @@ impl<A: App> Operation for Submit<A> {
                 if let Some((reason, by)) = self.refusals.record(from, reason, self.f) {
                     return Progress::Done(Err(OpError::Refused { reason, by }));
                 }
+                return Progress::Send(Vec::new());
             }
+        };
+        if reply.id != self.id || reply.request != self.digest {
+            return Progress::Send(Vec::new());
+        }
+        let answer = (reply.result, position);
+        if !self.results.record(from, answer.clone()) {
+            return Progress::Send(Vec::new());
+        }
+        let matching = self
+            .results
+            .present()
+            .filter(|(_, other)| **other == answer)
+            .count();
+        if matching >= self.needed() {
+            return Progress::Done(Ok(answer.0));
         }
         Progress::Send(Vec::new())
     }
@@ -118,6 +187,6 @@ impl<A: App> Operation for Submit<A> {
     }
 
     fn quorum(&self) -> usize {
-        self.f + 1
+        self.needed()
     }
 }

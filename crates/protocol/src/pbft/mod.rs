@@ -61,12 +61,14 @@
 
 pub mod client;
 pub mod ea;
+pub mod history;
 pub mod msg;
 pub mod replica;
 #[cfg(test)]
 mod tests;
 
 pub use client::Submit;
+pub use history::{Attester, History, Position};
 pub use msg::{
     Batch, Cast, CheckpointProof, Committed, Message, NewView, Origin, Phase, PreparedProof, Reply,
     Request, StateTransfer, Status, Submitted, ViewChange, Vote,

@@ -1,12 +1,14 @@
 //! One PBFT replica (see the module docs of [`super`] for the protocol).
 
+use super::history::{Asked, History, Trail};
 use super::msg::{
     BATCH_BYTES_MAX, Batch, Cast, CheckpointProof, Committed, Message, NewView, Origin, Phase,
     PreparedProof, Reply, Request, StateTransfer, Status, Submitted, ViewChange, Vote,
 };
 use super::{App, AppOutput, Params};
-use crate::machine::{Access, Output, Replica, ReplicaStats};
-use bulwark_core::sign::{PublicKey, SecretKey};
+use crate::machine::{Access, Attest, Attested, Output, Replica, ReplicaStats};
+use bulwark_core::a2m::{self, Attestation, Call, Outcome, Refusal};
+use bulwark_core::sign::{PublicKey, SecretKey, Unverified};
 use bulwark_core::wire;
 use bulwark_core::{ClientId, Digest, Slot, Time};
 use bytes::Bytes;
@@ -123,13 +125,21 @@ pub enum Answer<R> {
         /// Why.
         reason: String,
     },
+    /// Executed, under A2M-PBFT-E: with the replica's trusted-log LOOKUP of the number it
+    /// executed at ([`super::history`]).
+    Attested {
+        /// The reply.
+        reply: Reply<R>,
+        /// Slot `n` of the replica's request history: the batch and the cumulative digest.
+        history: Unverified<Attestation>,
+    },
 }
 
 impl<R> Answer<R> {
     /// The request id the answer is for.
     pub fn id(&self) -> u64 {
         match self {
-            Answer::Executed(reply) => reply.id,
+            Answer::Executed(reply) | Answer::Attested { reply, .. } => reply.id,
             Answer::Refused { id, .. } => *id,
         }
     }
@@ -163,6 +173,18 @@ impl<R: Clone> Replies<R> {
         }
         results.push_back((id, digest, result));
     }
+}
+
+/// Under A2M-PBFT-E, what the application's part of the replicated state holds besides the
+/// application: the last slot of the request history, so that a checkpoint's signatures bind it.
+#[derive(Serialize, Deserialize)]
+struct Tail {
+    /// The digest of the last batch executed.
+    batch: [u8; 32],
+    /// The request history's cumulative digest before it.
+    previous: [u8; 32],
+    /// The application's own snapshot.
+    app: Bytes,
 }
 
 /// The replicated state a checkpoint covers: the application's and the remembered results.
@@ -222,6 +244,7 @@ struct Effects<A: App> {
     sends: Vec<(Slot, Message<A>)>,
     notify: Vec<(ClientId, u64, Answer<A::Result>)>,
     refused: Option<String>,
+    attest: Vec<Attest>,
 }
 
 impl<A: App> Default for Effects<A> {
@@ -231,6 +254,7 @@ impl<A: App> Default for Effects<A> {
             sends: Vec::new(),
             notify: Vec::new(),
             refused: None,
+            attest: Vec::new(),
         }
     }
 }
@@ -256,6 +280,10 @@ pub struct PbftStats {
     pub transfers: u64,
     /// Messages refused.
     pub refused: u64,
+    /// A2M-PBFT-E: numbers whose request-history slot the trusted log attested.
+    pub attested: u64,
+    /// A2M-PBFT-E: calls the trusted log refused (down, full, or holding another history).
+    pub attest_refused: u64,
 }
 
 /// One PBFT replica ordering requests for `A`.
@@ -300,6 +328,8 @@ pub struct PbftReplica<A: App> {
     /// The last id given to a request this replica submitted without naming one.
     next_own_id: u64,
     stats: PbftStats,
+    /// A2M-PBFT-E: the request history in the replica's trusted log, when it keeps one.
+    trail: Option<Trail<A::Result>>,
 }
 
 /// The pieces a replica is built from.
@@ -316,6 +346,8 @@ pub struct Setup<A: App> {
     pub instance: Digest,
     /// The application in its initial state.
     pub app: A,
+    /// A2M-PBFT-E's request histories, or `None` for plain PBFT.
+    pub history: Option<History>,
 }
 
 impl<A: App> PbftReplica<A> {
@@ -333,10 +365,20 @@ impl<A: App> PbftReplica<A> {
         if setup.keys[setup.me.index()] != setup.secret.public_key() {
             return Err(format!("the signing key is not slot {}'s", setup.me));
         }
+        if let Some(history) = &setup.history
+            && history.attesters.len() != setup.params.n
+        {
+            return Err(format!(
+                "{} trusted logs for {} replicas",
+                history.attesters.len(),
+                setup.params.n
+            ));
+        }
+        let trail = setup.history.map(|history| Trail::new(history, setup.me));
         let replies = Replies {
             by_origin: BTreeMap::new(),
         };
-        let snapshot = encode_state(&setup.app, &replies);
+        let snapshot = snapshot_of(&setup.app, &replies, trail.as_ref());
         let initial = state_digest(&snapshot);
         Ok(PbftReplica {
             params: setup.params,
@@ -372,6 +414,7 @@ impl<A: App> PbftReplica<A> {
             // Fresh ids live above the ids applications choose themselves.
             next_own_id: 1 << 63,
             stats: PbftStats::default(),
+            trail,
         })
     }
 
@@ -412,6 +455,16 @@ impl<A: App> PbftReplica<A> {
         if !replica.active {
             // Its view change, rebuilt from what it recorded, for peers that ask.
             let _ = replica.own_view_change(&mut scratch);
+        }
+        if let Some(trail) = replica.trail.as_mut() {
+            // The batches it executed again: their slots are asked of its trusted log at the
+            // first input (lookups where they are filled already), so retransmissions find them.
+            for attest in scratch.attest {
+                if let Some(asked) = trail.asked.remove(&attest.token) {
+                    trail.again.extend(asked);
+                }
+            }
+            trail.answers.clear();
         }
         Ok(replica)
     }
@@ -487,7 +540,26 @@ impl<A: App> PbftReplica<A> {
 
     /// The digest of the replicated state at the last executed number.
     pub fn state_digest(&self) -> Digest {
-        state_digest(&encode_state(&self.app, &self.replies))
+        state_digest(&self.snapshot())
+    }
+
+    /// The replicated state at the last executed number, encoded.
+    fn snapshot(&self) -> Vec<u8> {
+        snapshot_of(&self.app, &self.replies, self.trail.as_ref())
+    }
+
+    /// A2M-PBFT-E: the request history's cumulative digest at the last number executed (equal
+    /// on every correct replica that executed the same sequence), if this replica keeps one.
+    pub fn history(&self) -> Option<[u8; 32]> {
+        self.trail.as_ref().map(|trail| trail.digest)
+    }
+
+    /// A2M-PBFT-E: why this replica stopped answering (its trusted log holds another history,
+    /// or is full), if it did.
+    pub fn stopped(&self) -> Option<&str> {
+        self.trail
+            .as_ref()
+            .and_then(|trail| trail.stopped.as_deref())
     }
 
     /// Counters.
@@ -509,7 +581,7 @@ impl<A: App> PbftReplica<A> {
             ..AppOutput::default()
         };
         self.app_effects(now, out, &mut fx);
-        Self::output(fx)
+        self.output(fx)
     }
 
     // -----------------------------------------------------------------------------------------
@@ -523,12 +595,35 @@ impl<A: App> PbftReplica<A> {
     ) -> Option<Answer<A::Result>> {
         let digest = request.digest();
         if let Some(result) = self.replies.find(request.origin, request.id, &digest) {
-            return Some(Answer::Executed(Reply {
+            let reply = Reply {
                 view: self.view,
                 id: request.id,
                 request: digest,
                 result: result.clone(),
-            }));
+            };
+            let Some(trail) = self.trail.as_mut() else {
+                return Some(Answer::Executed(reply));
+            };
+            // Under E the answer needs the attestation of the number it executed at: kept, or
+            // still being made (the answer then waits for it).
+            return match trail.executed_at.get(&digest) {
+                Some(seq) => match trail.proofs.get(seq) {
+                    Some(history) => Some(Answer::Attested {
+                        reply,
+                        history: history.clone(),
+                    }),
+                    None => {
+                        if let Origin::Client(client) = request.origin
+                            && trail.in_flight(*seq)
+                        {
+                            trail.answers.entry(*seq).or_default().push((client, reply));
+                        }
+                        None
+                    }
+                },
+                // Executed too long ago to know where: a plain reply, which E clients pass over.
+                None => Some(Answer::Executed(reply)),
+            };
         }
         // Known already: its checks passed when it arrived (a retransmission, or the copy a
         // backup forwarded), and verifying an authority's signature again costs as much.
@@ -879,7 +974,9 @@ impl<A: App> PbftReplica<A> {
         {
             let seq = decided.seq;
             let batch = decided.batch.clone();
+            let batch_digest = batch.digest();
             let mut out = AppOutput::default();
+            let mut answers = Vec::new();
             for request in batch.requests {
                 let digest = request.digest();
                 self.waiting.remove(&digest);
@@ -894,21 +991,48 @@ impl<A: App> PbftReplica<A> {
                         result
                     }
                 };
+                if let Some(trail) = self.trail.as_mut() {
+                    trail.remember(digest, seq);
+                }
                 if let Origin::Client(client) = request.origin {
-                    fx.notify.push((
+                    answers.push((
                         client,
-                        request.id,
-                        Answer::Executed(Reply {
+                        Reply {
                             view: self.view,
                             id: request.id,
                             request: digest,
                             result,
-                        }),
+                        },
                     ));
                 }
             }
             self.executed = seq;
             self.stats.executed += 1;
+            match self.trail.as_mut() {
+                None => fx.notify.extend(
+                    answers
+                        .into_iter()
+                        .map(|(client, reply)| (client, reply.id, Answer::Executed(reply))),
+                ),
+                Some(trail) => {
+                    // The answers leave with slot `seq` of the request history, once the
+                    // trusted log holds it (after the commit certificate is durable).
+                    let asked = trail.executed(seq, batch_digest.0);
+                    trail.answers.insert(seq, answers);
+                    if !trail.later.is_empty() {
+                        // Behind a number that waits for its log: in order, so that no slot is
+                        // jumped over.
+                        trail.later.push(asked);
+                    } else {
+                        let token = trail.token();
+                        fx.attest.push(Attest {
+                            token,
+                            calls: vec![trail.call(&asked)],
+                        });
+                        trail.asked.insert(token, vec![asked]);
+                    }
+                }
+            }
             self.app_effects(now, out, fx);
             if seq.is_multiple_of(self.params.checkpoint_interval) {
                 self.take_checkpoint(seq, fx);
@@ -918,7 +1042,7 @@ impl<A: App> PbftReplica<A> {
     }
 
     fn take_checkpoint(&mut self, seq: u64, fx: &mut Effects<A>) {
-        let snapshot = encode_state(&self.app, &self.replies);
+        let snapshot = self.snapshot();
         let digest = state_digest(&snapshot);
         self.own_checkpoints
             .insert(seq, (digest, Bytes::from(snapshot)));
@@ -993,6 +1117,18 @@ impl<A: App> PbftReplica<A> {
         self.checkpoint_votes = self.checkpoint_votes.split_off(&(seq + 1));
         self.own_checkpoints = self.own_checkpoints.split_off(&(seq + 1));
         self.next_seq = self.next_seq.max(seq + 1);
+        if let Some(trail) = self.trail.as_mut()
+            && seq > 0
+        {
+            // The history keeps slot `seq` (where a transferred state picks up) and forgets
+            // below it; the attestations already made stay with the replica for
+            // retransmissions (spec §7.2 T8).
+            let slot = trail.history.at(seq);
+            trail.outbox.push(Call::Truncate {
+                log: trail.log(),
+                seq: slot,
+            });
+        }
     }
 
     /// Installs a proven checkpoint's state, replacing this replica's if it is ahead of it.
@@ -1017,9 +1153,29 @@ impl<A: App> PbftReplica<A> {
                 A::SNAPSHOT_BYTES_MAX + REPLY_STATE_SLACK,
             )
             .map_err(|e| format!("state: {e}"))?;
-            self.app.restore(&state.app)?;
+            let seq = transfer.proof.seq;
+            match self.trail.as_mut() {
+                None => self.app.restore(&state.app)?,
+                Some(trail) => {
+                    let tail: Tail = wire::decode(&state.app, A::SNAPSHOT_BYTES_MAX + TAIL_SLACK)
+                        .map_err(|e| format!("state: {e}"))?;
+                    self.app.restore(&tail.app)?;
+                    trail.last = (tail.batch, tail.previous);
+                    trail.digest = trail.history.digest_at(seq, &tail.batch, &tail.previous);
+                    if seq > 0 {
+                        // The request history moves to the installed number (spec §3.3.5); a
+                        // log already there or past it refuses and keeps what it has.
+                        trail.outbox.push(Call::Advance {
+                            log: trail.log(),
+                            seq: trail.history.at(seq),
+                            digest: tail.previous,
+                            value: tail.batch,
+                        });
+                    }
+                }
+            }
             self.replies = state.replies;
-            self.executed = transfer.proof.seq;
+            self.executed = seq;
         }
         self.make_stable(transfer);
         Ok(true)
@@ -1422,6 +1578,13 @@ impl<A: App> PbftReplica<A> {
     }
 
     fn tick(&mut self, now: Time, fx: &mut Effects<A>) {
+        if let Some(trail) = self.trail.as_mut() {
+            let later = std::mem::take(&mut trail.later);
+            trail.again.extend(later);
+            if trail.stopped.is_some() {
+                return;
+            }
+        }
         let mut out = AppOutput::default();
         self.app.on_tick(now, &mut out);
         self.app_effects(now, out, fx);
@@ -1509,6 +1672,9 @@ impl<A: App> PbftReplica<A> {
         if from.index() >= self.params.n || from == self.me {
             return fx.refuse(format!("a message from slot {from}, not a peer"));
         }
+        if let Some(reason) = self.stopped() {
+            return fx.refuse(reason.to_string());
+        }
         match message {
             Message::Request(submitted) => {
                 let request = Request {
@@ -1548,7 +1714,26 @@ impl<A: App> PbftReplica<A> {
         }
     }
 
-    fn output(fx: Effects<A>) -> Output<Self> {
+    fn output(&mut self, mut fx: Effects<A>) -> Output<Self> {
+        if let Some(trail) = self.trail.as_mut() {
+            // Housekeeping (an advance to an installed number) first, then numbers asked again,
+            // then this input's: the log fills slots in order.
+            let mut first = Vec::new();
+            if !trail.outbox.is_empty() {
+                let token = trail.token();
+                let calls = std::mem::take(&mut trail.outbox);
+                first.push(Attest { token, calls });
+                trail.asked.insert(token, Vec::new());
+            }
+            if !trail.again.is_empty() {
+                let asked = std::mem::take(&mut trail.again);
+                let token = trail.token();
+                let calls = asked.iter().map(|asked| trail.call(asked)).collect();
+                first.push(Attest { token, calls });
+                trail.asked.insert(token, asked);
+            }
+            fx.attest.splice(0..0, first);
+        }
         Output {
             changes: fx.changes,
             reply: None,
@@ -1556,7 +1741,118 @@ impl<A: App> PbftReplica<A> {
             sends: fx.sends,
             timers: Vec::new(),
             refused: fx.refused,
-            attest: Vec::new(),
+            attest: fx.attest,
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // A2M-PBFT-E: the trusted log's answers
+
+    fn on_answers(&mut self, token: u64, answers: Attested, fx: &mut Effects<A>) {
+        let Some(trail) = self.trail.as_mut() else {
+            return;
+        };
+        let Some(asked) = trail.asked.remove(&token) else {
+            return;
+        };
+        let mut answers = answers.into_iter();
+        // Whether the batch ended because the log is down (the rest waits for the tick) or at a
+        // slot found filled (the rest is asked again at once).
+        let mut down = false;
+        for asked in &asked {
+            let Some(answer) = answers.next() else {
+                if down {
+                    trail.later.push(asked.clone());
+                } else {
+                    trail.again.push(asked.clone());
+                }
+                continue;
+            };
+            let said = match answer {
+                Ok(Outcome::Attested(signed)) => signed,
+                Err(Refusal::NotMonotone { .. }) if !asked.looked_up => {
+                    // Filled before a restart: read it back instead.
+                    trail.again.push(Asked {
+                        looked_up: true,
+                        ..asked.clone()
+                    });
+                    continue;
+                }
+                Err(Refusal::Stopped(reason)) => {
+                    self.stats.attest_refused += 1;
+                    fx.refuse(format!("the trusted log is down: {reason}"));
+                    down = true;
+                    trail.later.push(asked.clone());
+                    continue;
+                }
+                Err(refusal) => {
+                    // A full log stops its host rather than drop entries (spec §2.2).
+                    self.stats.attest_refused += 1;
+                    let reason = format!(
+                        "the trusted log refused number {}'s history slot ({refusal}): the \
+                         replica stopped",
+                        asked.seq
+                    );
+                    trail.answers.remove(&asked.seq);
+                    trail.stopped.get_or_insert_with(|| reason.clone());
+                    fx.refuse(reason);
+                    continue;
+                }
+                Ok(other) => {
+                    fx.refuse(format!(
+                        "the trusted log answered {other:?} to a history call"
+                    ));
+                    continue;
+                }
+            };
+            let value = said.value();
+            if trail.matches(asked, value) {
+                self.stats.attested += 1;
+                let history = said.to_unverified();
+                for (client, reply) in trail.answers.remove(&asked.seq).unwrap_or_default() {
+                    fx.notify.push((
+                        client,
+                        reply.id,
+                        Answer::Attested {
+                            reply,
+                            history: history.clone(),
+                        },
+                    ));
+                }
+                trail.keep(asked.seq, history);
+                continue;
+            }
+            self.stats.attest_refused += 1;
+            match value.status {
+                // Past the log's end after all: fill it.
+                a2m::Status::Unassigned => trail.again.push(Asked {
+                    looked_up: false,
+                    ..asked.clone()
+                }),
+                // Jumped over while the log was down, or truncated: this number's answers go
+                // without an attestation from this replica, which lies to no one.
+                a2m::Status::Skipped | a2m::Status::Forgotten => {
+                    trail.answers.remove(&asked.seq);
+                    fx.refuse(format!(
+                        "number {}'s history slot is {:?} in the trusted log: its answers go \
+                         unattested",
+                        asked.seq, value.status
+                    ));
+                }
+                // Another batch or another history before it: the log will never say what
+                // this replica executed, and answering on would be answering from a fork.
+                a2m::Status::Assigned => {
+                    let reason = format!(
+                        "the trusted request history holds another batch or history at number \
+                         {} than this replica executed: it stopped (recover it with a new log, \
+                         spec §3.3.5)",
+                        asked.seq
+                    );
+                    trail.answers.remove(&asked.seq);
+                    trail.stopped.get_or_insert_with(|| reason.clone());
+                    fx.refuse(reason);
+                }
+            }
         }
     }
 }
@@ -1567,6 +1863,30 @@ pub(super) const REPLY_STATE_SLACK: usize = 4 * 1024 * 1024;
 pub(super) fn encode_state<A: App>(app: &A, replies: &Replies<A::Result>) -> Vec<u8> {
     wire::encode(&State {
         app: Bytes::from(app.snapshot()),
+        replies: replies.clone(),
+    })
+}
+
+/// Room above the application's snapshot bound for E's [`Tail`].
+const TAIL_SLACK: usize = 128;
+
+/// The replicated state: PBFT's, or under E the same with the request history's last slot in
+/// the application's part ([`Tail`]).
+fn snapshot_of<A: App, R: Clone + Serialize>(
+    app: &A,
+    replies: &Replies<A::Result>,
+    trail: Option<&Trail<R>>,
+) -> Vec<u8> {
+    let Some(trail) = trail else {
+        return encode_state(app, replies);
+    };
+    let tail = Tail {
+        batch: trail.last.0,
+        previous: trail.last.1,
+        app: Bytes::from(app.snapshot()),
+    };
+    wire::encode(&State {
+        app: Bytes::from(wire::encode(&tail)),
         replies: replies.clone(),
     })
 }
@@ -1645,6 +1965,10 @@ impl<A: App> Replica for PbftReplica<A> {
         _view: &(),
     ) -> Output<Self> {
         let mut fx = Effects::default();
+        if let Some(reason) = self.stopped() {
+            fx.refuse(reason.to_string());
+            return self.output(fx);
+        }
         let request = Request {
             origin: Origin::Client(client),
             id: request.id,
@@ -1658,7 +1982,7 @@ impl<A: App> Replica for PbftReplica<A> {
             let primary = self.primary();
             fx.sends.push((primary, Message::Forward(request)));
         }
-        let mut output = Self::output(fx);
+        let mut output = self.output(fx);
         output.reply = answer;
         output
     }
@@ -1672,13 +1996,25 @@ impl<A: App> Replica for PbftReplica<A> {
     ) -> Output<Self> {
         let mut fx = Effects::default();
         self.handle(now, from, message, &mut fx);
-        Self::output(fx)
+        self.output(fx)
+    }
+
+    fn on_attested(
+        &mut self,
+        _now: Time,
+        token: u64,
+        answers: Attested,
+        _view: &(),
+    ) -> Output<Self> {
+        let mut fx = Effects::default();
+        self.on_answers(token, answers, &mut fx);
+        self.output(fx)
     }
 
     fn on_tick(&mut self, now: Time) -> Output<Self> {
         let mut fx = Effects::default();
         self.tick(now, &mut fx);
-        Self::output(fx)
+        self.output(fx)
     }
 
     fn stats(&self) -> ReplicaStats {

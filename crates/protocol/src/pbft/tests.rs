@@ -13,7 +13,11 @@ use bytes::Bytes;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::rc::Rc;
+
+mod e;
 
 // ---------------------------------------------------------------------------------------------
 // The test application
@@ -176,6 +180,15 @@ struct Net {
     now: Time,
     /// Delivery in a seeded random order instead of FIFO.
     rng: Option<ChaCha8Rng>,
+    /// A2M-PBFT-E: the request histories, and each replica's trusted log (shared, so that two
+    /// nets can model one faulty replica telling each a different story with one log).
+    history: Option<History>,
+    components: Vec<Rc<RefCell<bulwark_a2m::Component>>>,
+    /// Replicas whose trusted-log calls wait in `held` until released.
+    holding: BTreeSet<usize>,
+    held: Vec<(Slot, crate::machine::Attest)>,
+    /// Replicas whose trusted log is down: every call is answered as refused.
+    log_down: BTreeSet<usize>,
 }
 
 fn vote_of(cast: &Cast<Vote>) -> Vote {
@@ -234,6 +247,11 @@ impl Net {
             next_id: 1,
             now: START,
             rng: None,
+            history: None,
+            components: Vec::new(),
+            holding: BTreeSet::new(),
+            held: Vec::new(),
+            log_down: BTreeSet::new(),
         };
         net.replicas = (0..params.n)
             .map(|slot| Some(PbftReplica::new(net.setup(slot)).expect("a valid setup")))
@@ -254,6 +272,7 @@ impl Net {
             keys: self.keys.clone(),
             instance: self.instance,
             app: Counter::default(),
+            history: self.history.clone(),
         }
     }
 
@@ -310,7 +329,10 @@ impl Net {
 
     /// Starts a request with `id` (a retransmission when the id was used before).
     fn submit_as(&mut self, id: u64, op: Op) -> usize {
-        let mut submit = Submit::new(self.params, CLIENT, id, op);
+        let mut submit = match &self.history {
+            Some(history) => Submit::attested(self.params, history.clone(), CLIENT, id, op),
+            None => Submit::new(self.params, CLIENT, id, op),
+        };
         for (to, request) in submit.start() {
             self.queue.push_back(Packet::Request { to, request });
         }
@@ -453,7 +475,7 @@ impl Net {
         }
         for (client, id, answer) in out.notify {
             assert_eq!(client, CLIENT);
-            if let Answer::Executed(reply) = &answer {
+            if let Answer::Executed(reply) | Answer::Attested { reply, .. } = &answer {
                 assert!(
                     self.durable[slot.index()]
                         .committed
@@ -475,6 +497,45 @@ impl Net {
                 to,
                 message,
             });
+        }
+        for attest in out.attest {
+            assert!(
+                !self.components.is_empty(),
+                "a PBFT replica without a trusted log asked for attestations"
+            );
+            if self.holding.contains(&slot.index()) {
+                self.held.push((slot, attest));
+            } else {
+                self.attest(slot, attest);
+            }
+        }
+    }
+
+    /// Makes `slot`'s trusted-log calls and hands the answers back.
+    fn attest(&mut self, slot: Slot, attest: crate::machine::Attest) {
+        use bulwark_a2m::A2m;
+        let answers = if self.log_down.contains(&slot.index()) {
+            vec![Err(bulwark_core::a2m::Refusal::Stopped("down".into()))]
+        } else {
+            self.components[slot.index()]
+                .borrow_mut()
+                .call_all(&attest.calls)
+        };
+        let now = self.now;
+        if let Some(replica) = self.replicas[slot.index()].as_mut() {
+            let out = replica.on_attested(now, attest.token, answers, &());
+            self.apply(slot, out, None);
+        }
+    }
+
+    /// Makes the calls held for `slot` and stops holding them.
+    fn release(&mut self, slot: usize) {
+        self.holding.remove(&slot);
+        let (mine, others): (Vec<_>, Vec<_>) =
+            self.held.drain(..).partition(|(s, _)| s.index() == slot);
+        self.held = others;
+        for (slot, attest) in mine {
+            self.attest(slot, attest);
         }
     }
 
