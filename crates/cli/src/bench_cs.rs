@@ -86,7 +86,7 @@ pub struct CsArgs {
     pub dir: Option<PathBuf>,
     /// The agreement cores the no-op and ADD runs compare, each on a fresh 4-node cluster, in
     /// this order: pbft (4 CS replicas), a2m-pbft-ea (3, each node with its trusted log in its
-    /// own process).
+    /// own process), a2m-pbft-e (4, likewise).
     #[arg(long, value_delimiter = ',', default_value = "pbft")]
     pub cs_protocols: Vec<CsProtocol>,
 }
@@ -146,7 +146,7 @@ pub(super) async fn start_cluster(
     protocol: CsProtocol,
 ) -> Result<(Nodes, Arc<Client>)> {
     let _ = std::fs::remove_dir_all(dir);
-    let a2m = protocol == CsProtocol::A2mPbftEa;
+    let a2m = protocol.needs_trusted_logs();
     cluster_init::run(&InitArgs {
         nodes: Some(n),
         no_metrics: true,
@@ -602,7 +602,8 @@ fn new_member(i: usize, protocol: CsProtocol) -> NewMember {
         10_000 + (i % 50_000) as u16,
     );
     NewMember {
-        trusted_key: (protocol == CsProtocol::A2mPbftEa)
+        trusted_key: protocol
+            .needs_trusted_logs()
             .then(|| SecretKey::from_seed(&rand::random()).public_key()),
         address,
         fingerprint: Fingerprint(rand::random()),

@@ -81,8 +81,10 @@ pub struct InitArgs {
     /// The NV index of node 0's counter with --a2m-tpm.
     #[arg(long, value_parser = crate::a2m::parse_index, default_value = "0x01500000")]
     pub a2m_tpm_index: u32,
-    /// The configuration service's agreement core: pbft (3f_cs+1 replicas) or a2m-pbft-ea
-    /// (2f_cs+1 replicas whose every order message their trusted log attests; needs --a2m).
+    /// The configuration service's agreement core: pbft (3f_cs+1 replicas), a2m-pbft-ea
+    /// (2f_cs+1 replicas whose every order message their trusted log attests) or a2m-pbft-e
+    /// (3f_cs+1 replicas answering with their trusted request history, safe with 2f_cs faulty).
+    /// Both a2m cores need --a2m.
     #[arg(long, default_value = "pbft")]
     pub cs_protocol: bulwark_core::configuration::CsProtocol,
 }
@@ -219,8 +221,11 @@ pub fn run_protocol(args: &InitArgs, protocol: Protocol) -> Result<ClusterConfig
     if args.f == 0 {
         bail!("--f must be at least 1");
     }
-    if args.cs_protocol == bulwark_core::configuration::CsProtocol::A2mPbftEa && !args.a2m {
-        bail!("--cs-protocol a2m-pbft-ea needs --a2m: every node's trusted log attests its part");
+    if args.cs_protocol.needs_trusted_logs() && !args.a2m {
+        bail!(
+            "--cs-protocol {} needs --a2m: every node's trusted log attests its part",
+            args.cs_protocol.name()
+        );
     }
     let group = 3 * args.f + 1;
     let n = args.nodes.unwrap_or(group);

@@ -26,7 +26,8 @@ pub struct SimArgs {
     /// keeps its clock), abd (crash faults only: Byzantine behaviours and readers are left out),
     /// phalanx, cs (the configuration service: PBFT with 3f+1 replicas
     /// ordering membership changes and epoch ends), cs-ea (the same on A2M-PBFT-EA: 2f+1
-    /// replicas with trusted logs), content (content-hash objects), pubkey
+    /// replicas with trusted logs), cs-e (the same on A2M-PBFT-E: 3f+1 replicas answering with
+    /// their trusted request history), content (content-hash objects), pubkey
     /// (public-key objects), reconfig (public-key objects on 2(3f+1) nodes whose configuration
     /// changes under the clients, keys moving between groups), reconfig-50 (the same on 50
     /// nodes), table (hardened tables, linearizable per cell) or table-eventual (eventual tables,
@@ -103,6 +104,7 @@ impl SimArgs {
         match self.protocol.as_str() {
             "cs" => Some("cs"),
             "cs-ea" => Some("cs-ea"),
+            "cs-e" => Some("cs-e"),
             "content" => Some("content"),
             "pubkey" => Some("pubkey"),
             "reconfig" => Some("reconfig"),
@@ -123,6 +125,7 @@ pub fn run(args: &SimArgs) -> Result<ExitCode> {
         let result = match service {
             Some("cs") => sim::protocols::cs::run(seed, &config),
             Some("cs-ea") => sim::protocols::cs::run_ea(seed, &config),
+            Some("cs-e") => sim::protocols::cs::run_e(seed, &config),
             Some("pubkey") => sim::run_service::<PubKeySim>(seed, &config),
             Some("reconfig") => sim::run_service::<ReconfigSim>(seed, &config),
             Some("reconfig-50") => sim::run_service::<ScaleReconfigSim>(seed, &config),
@@ -151,6 +154,7 @@ pub fn run(args: &SimArgs) -> Result<ExitCode> {
     let summary = match service {
         Some("cs") => sim::protocols::cs::sweep(range, &config, threads),
         Some("cs-ea") => sim::protocols::cs::sweep_ea(range, &config, threads),
+        Some("cs-e") => sim::protocols::cs::sweep_e(range, &config, threads),
         Some("pubkey") => sim::sweep_service::<PubKeySim>(range, &config, threads),
         Some("reconfig") => sim::sweep_service::<ReconfigSim>(range, &config, threads),
         Some("reconfig-50") => sim::sweep_service::<ScaleReconfigSim>(range, &config, threads),

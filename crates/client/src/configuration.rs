@@ -263,13 +263,9 @@ impl Client {
     pub async fn submit_to(&self, config: &Configuration, op: Op) -> Result<Outcome, ClientError> {
         let view = GroupView::new(cs_group(config.epoch), config.epoch, config.cs())
             .map_err(|e| ClientError::Protocol(e.to_string()))?;
-        let mut machine: Submit<ConfigService> = Submit::sized(
-            config.cs_size(),
-            config.f_cs as usize,
-            self.id,
-            self.op_id().0,
-            op,
-        );
+        let mut machine: Submit<ConfigService> =
+            ConfigService::submit(config, self.id, self.op_id().0, op)
+                .map_err(ClientError::Protocol)?;
         self.drive(
             &view,
             &"the configuration service",

@@ -156,6 +156,10 @@ pub enum CsProtocol {
     /// A2M-PBFT-EA: `2f_cs+1` replicas, each with a trusted log, `f_cs+1` sign the next
     /// configuration. Every member has a trusted log (any member may be chosen for the CS).
     A2mPbftEa,
+    /// A2M-PBFT-E: PBFT's `3f_cs+1` replicas and `2f_cs+1` signatures, each replica answering
+    /// with its trusted log's request history, so clients accept no result of a split history
+    /// with up to `2f_cs` faulty replicas. Every member has a trusted log.
+    A2mPbftE,
 }
 
 impl CsProtocol {
@@ -164,6 +168,15 @@ impl CsProtocol {
         match self {
             CsProtocol::Pbft => "pbft",
             CsProtocol::A2mPbftEa => "a2m-pbft-ea",
+            CsProtocol::A2mPbftE => "a2m-pbft-e",
+        }
+    }
+
+    /// Whether its replicas need a trusted log.
+    pub fn needs_trusted_logs(self) -> bool {
+        match self {
+            CsProtocol::Pbft => false,
+            CsProtocol::A2mPbftEa | CsProtocol::A2mPbftE => true,
         }
     }
 }
@@ -175,8 +188,9 @@ impl std::str::FromStr for CsProtocol {
         match name {
             "pbft" => Ok(CsProtocol::Pbft),
             "a2m-pbft-ea" => Ok(CsProtocol::A2mPbftEa),
+            "a2m-pbft-e" => Ok(CsProtocol::A2mPbftE),
             other => Err(format!(
-                "no configuration-service protocol {other:?}: pbft or a2m-pbft-ea"
+                "no configuration-service protocol {other:?}: pbft, a2m-pbft-ea or a2m-pbft-e"
             )),
         }
     }
@@ -399,7 +413,7 @@ impl Configuration {
                 needed,
             });
         }
-        if self.cs_protocol == CsProtocol::A2mPbftEa
+        if self.cs_protocol.needs_trusted_logs()
             && let Some(member) = self.members.iter().find(|m| m.trusted_key.is_none())
         {
             return Err(ConfigurationError::NoTrustedLog(member.id));
@@ -465,20 +479,23 @@ impl Configuration {
         self.members.get(at)
     }
 
-    /// How many replicas the CS of this epoch has: `3f_cs+1` on PBFT, `2f_cs+1` on A2M-PBFT-EA.
+    /// How many replicas the CS of this epoch has: `3f_cs+1` on PBFT and A2M-PBFT-E, `2f_cs+1`
+    /// on A2M-PBFT-EA.
     pub fn cs_size(&self) -> usize {
         match self.cs_protocol {
-            CsProtocol::Pbft => three_f_plus_one(self.f_cs),
+            CsProtocol::Pbft | CsProtocol::A2mPbftE => three_f_plus_one(self.f_cs),
             CsProtocol::A2mPbftEa => self.f_cs_usize().saturating_mul(2).saturating_add(1),
         }
     }
 
-    /// How many CS replicas must sign the next configuration: `2f_cs+1` on PBFT, `f_cs+1` on
-    /// A2M-PBFT-EA (either way a quorum of its agreement, which includes a correct replica that
-    /// executed the agreed STOP).
+    /// How many CS replicas must sign the next configuration: `2f_cs+1` on PBFT and A2M-PBFT-E,
+    /// `f_cs+1` on A2M-PBFT-EA (either way a quorum of its agreement, which includes a correct
+    /// replica that executed the agreed STOP).
     pub fn cs_quorum(&self) -> usize {
         match self.cs_protocol {
-            CsProtocol::Pbft => self.f_cs_usize().saturating_mul(2).saturating_add(1),
+            CsProtocol::Pbft | CsProtocol::A2mPbftE => {
+                self.f_cs_usize().saturating_mul(2).saturating_add(1)
+            }
             CsProtocol::A2mPbftEa => self.f_cs_usize().saturating_add(1),
         }
     }

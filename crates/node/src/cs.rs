@@ -540,8 +540,14 @@ fn build_replica(
         events: events.clone(),
     };
     let (inner, executed) = match config.cs_protocol {
-        CsProtocol::Pbft => {
-            let setup = ConfigService::setup(config, node, secret.clone()).map_err(corrupt)?;
+        CsProtocol::Pbft | CsProtocol::A2mPbftE => {
+            // A2M-PBFT-E is PBFT with each replica's request history in its trusted log.
+            let setup = if config.cs_protocol == CsProtocol::A2mPbftE {
+                ConfigService::e_setup(config, node, secret.clone())
+            } else {
+                ConfigService::setup(config, node, secret.clone())
+            }
+            .map_err(corrupt)?;
             let mut changes = Vec::new();
             for (record, value) in values {
                 let change: Change<ConfigService> =

@@ -10,10 +10,11 @@
 //! Each test prints what it saw, so a slowdown or a drop in coverage shows in the test log.
 
 use bulwark_sim::byzantine::Behaviour;
-use bulwark_sim::sim::protocols::cs::{ConfigServiceSim, KEY_PREFIX, replay_command};
+use bulwark_sim::sim::protocols::cs::{
+    ConfigServiceSim, KEY_PREFIX, Pbft, caught_on_safety, replay_command,
+};
 use bulwark_sim::sim::{
-    FaultSet, Mutations, RunResult, SimConfig, SweepSummary, first_failure_service, run_service,
-    sweep_service,
+    FaultSet, Mutations, RunResult, SimConfig, SweepSummary, run_service, sweep_service,
 };
 
 const THREADS: usize = 2;
@@ -201,60 +202,22 @@ fn a_configuration_service_run_is_a_function_of_its_seed() {
 // ---------------------------------------------------------------------------------------------
 // Negative controls
 
-/// The properties whose violation is a broken safety promise (as opposed to liveness).
-const SAFETY: [&str; 5] = [
-    "agreement",
-    "stopped-state",
-    "validity",
-    "outcomes",
-    "reads",
-];
-
 /// The first seed below `bound` on which PBFT with `mutation` breaks a safety promise of the
 /// configuration service while the real PBFT passes the same seed; panics if there is none.
-/// Seeds that fail otherwise (a mutated run can also lose liveness) are skipped, and printed.
 fn caught_within(mutation: &str, f: usize, bound: u64) -> (u64, String) {
     let reference = config(f);
     let broken = SimConfig {
         mutations: mutation.parse::<Mutations>().unwrap(),
         ..reference.clone()
     };
-    let mut start = 0;
-    while start < bound {
-        let found = first_failure_service::<ConfigServiceSim>(start..bound, &broken, THREADS);
-        let Some((seed, why)) = found.failure else {
-            break;
-        };
-        start = seed + 1;
-        let failed = run_service::<ConfigServiceSim>(seed, &broken);
-        let safety: Vec<String> = failed
-            .report
-            .violations
-            .iter()
-            .filter(|v| {
-                SAFETY
-                    .iter()
-                    .any(|property| v.key == format!("{KEY_PREFIX}{property}").into_bytes())
-            })
-            .map(|v| format!("{}: {}", String::from_utf8_lossy(&v.key), v.explanation))
-            .collect();
-        if safety.is_empty() {
-            println!("{mutation}: seed {seed} failed, but not on safety: {why}");
-            continue;
-        }
-        if !run_service::<ConfigServiceSim>(seed, &reference).passed() {
-            println!("{mutation}: seed {seed} fails without the mutation too; skipped");
-            continue;
-        }
-        println!(
-            "{mutation}: caught at seed {seed} ({} seeds searched): {}\n  replay: {}",
-            seed + 1,
-            safety[0],
-            replay_command(&broken, seed)
-        );
-        return (seed, safety[0].clone());
-    }
-    panic!("{mutation} was not caught within {bound} seeds");
+    let Some((seed, why)) = caught_on_safety::<Pbft>(&reference, &broken, bound, THREADS) else {
+        panic!("{mutation} was not caught within {bound} seeds");
+    };
+    println!(
+        "{mutation}: caught at seed {seed}: {why}\n  replay: {}",
+        replay_command(&broken, seed)
+    );
+    (seed, why)
 }
 
 // Agreement, view-change and checkpoint quorums of 2f: two quorums need not share a correct

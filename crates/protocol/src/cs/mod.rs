@@ -28,10 +28,10 @@
 pub mod monitor;
 
 use crate::pbft::{self, App, AppOutput, Params};
-use bulwark_core::configuration::{ConfigCert, Configuration, NewMember};
+use bulwark_core::configuration::{ConfigCert, Configuration, CsProtocol, NewMember};
 use bulwark_core::crypto::Digest;
 use bulwark_core::sign::{Context, SecretKey, Signable, Signature, Signed, Unverified};
-use bulwark_core::{Epoch, NodeId, ServiceId, Slot, Time, wire};
+use bulwark_core::{ClientId, Epoch, NodeId, ServiceId, Slot, Time, wire};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -42,6 +42,10 @@ pub const SERVICE: ServiceId = ServiceId::CONFIG;
 /// The first of the six trusted-log logs a CS replica on A2M-PBFT-EA keeps, every epoch's
 /// instance in a slot range of its own (A2M-Storage's volumes use `1 << 40` and up).
 pub const CS_LOGS: bulwark_core::a2m::LogId = 1 << 32;
+
+/// The request-history log a CS replica on A2M-PBFT-E keeps (after EA's six), every epoch's
+/// instance in a slot range of its own as on EA.
+pub const CS_HISTORY_LOG: bulwark_core::a2m::LogId = CS_LOGS + 6;
 
 /// What the trusted authority orders for the next epoch.
 // Orders are few and short-lived; boxing the member would only add an allocation.
@@ -257,6 +261,69 @@ impl ConfigService {
             instance: config.digest(),
             app,
             history: None,
+        })
+    }
+
+    /// The A2M-PBFT-E setup for `config`'s CS, as replica `node`: PBFT's, with every CS
+    /// replica's request history ([`ConfigService::history`]).
+    pub fn e_setup(
+        config: &Configuration,
+        node: NodeId,
+        secret: SecretKey,
+    ) -> Result<pbft::Setup<ConfigService>, String> {
+        Ok(pbft::Setup {
+            history: Some(ConfigService::history(config)?),
+            ..ConfigService::setup(config, node, secret)?
+        })
+    }
+
+    /// The request histories of `config`'s CS on A2M-PBFT-E, as replicas keep them and clients
+    /// check them: each CS replica's trusted-log key, [`CS_HISTORY_LOG`], and this epoch's range
+    /// of slots.
+    pub fn history(config: &Configuration) -> Result<pbft::History, String> {
+        let attesters = config
+            .cs()
+            .iter()
+            .map(|id| {
+                config
+                    .member(*id)
+                    .and_then(|member| member.trusted_key)
+                    .map(|key| pbft::Attester {
+                        key,
+                        log: CS_HISTORY_LOG,
+                    })
+                    .ok_or_else(|| format!("CS replica {id} has no trusted log"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let epoch = u32::try_from(config.epoch.0)
+            .map_err(|_| "an epoch beyond the trusted logs' ranges".to_string())?;
+        Ok(pbft::History {
+            attesters,
+            base: bulwark_core::a2m::Seq::from(epoch) << 96,
+        })
+    }
+
+    /// A client's request `id` for `op` to `config`'s CS, sized and checked as its agreement
+    /// core answers: `f_cs+1` matching results on PBFT and A2M-PBFT-EA, `2f_cs+1` with matching
+    /// attested request histories on A2M-PBFT-E.
+    pub fn submit(
+        config: &Configuration,
+        client: ClientId,
+        id: u64,
+        op: Op,
+    ) -> Result<pbft::Submit<ConfigService>, String> {
+        let f = config.f_cs as usize;
+        Ok(match config.cs_protocol {
+            CsProtocol::Pbft | CsProtocol::A2mPbftEa => {
+                pbft::Submit::sized(config.cs_size(), f, client, id, op)
+            }
+            CsProtocol::A2mPbftE => pbft::Submit::attested(
+                Params::new(f),
+                ConfigService::history(config)?,
+                client,
+                id,
+                op,
+            ),
         })
     }
 

@@ -28,6 +28,7 @@
 //! the correct replicas and their new logs pick up at the number they install.
 
 use super::msg::Reply;
+use super::replica::Answer;
 use bulwark_core::a2m::{self, Attestation, ChainDigest, Expected, LogId, Seq, Status, Value};
 use bulwark_core::sign::{PublicKey, Unverified};
 use bulwark_core::{ClientId, Slot};
@@ -119,9 +120,17 @@ impl History {
     }
 }
 
-/// Attestations a replica keeps to answer retransmissions, and requests it remembers the
-/// number of: the newest this many.
+/// Attestations a replica keeps to answer retransmissions: the newest this many.
 pub(super) const PROOFS_MAX: usize = 4096;
+
+/// Requests whose number the replicated state remembers, the first executed going first: a
+/// replica that restarted, or that installed a state, still knows where they executed and can
+/// ask its trusted log for that slot.
+pub(super) const EXECUTED_MAX: usize = 1024;
+
+/// Numbers below the stable checkpoint whose history slots the trusted log keeps, so that a
+/// restarted replica can still attest them to clients that retransmit.
+pub(super) const TRUNCATE_LAG: u64 = 256;
 
 /// A number whose history slot the replica asked its trusted log for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -133,6 +142,9 @@ pub(super) struct Asked {
     pub(super) digest: ChainDigest,
     /// The slot was found filled (a restart): asked by lookup instead.
     pub(super) looked_up: bool,
+    /// Whether the batch and digests are known: false for a slot asked for again after a
+    /// restart or a transfer, where the log's word is all the replica has.
+    pub(super) known: bool,
 }
 
 /// A replica's side of E: its request history and what waits on its trusted log.
@@ -146,7 +158,8 @@ pub(super) struct Trail<R> {
     pub(super) digest: ChainDigest,
     /// This replica's attestations of recent numbers.
     pub(super) proofs: BTreeMap<u64, Unverified<Attestation>>,
-    /// The number each recent request executed at, oldest first for eviction.
+    /// The number each recent request first executed at, and the order they did: replicated
+    /// state (in every checkpoint), evicted alike on every replica.
     pub(super) executed_at: BTreeMap<bulwark_core::Digest, u64>,
     pub(super) order: VecDeque<bulwark_core::Digest>,
     /// Answers waiting for their number's attestation.
@@ -201,6 +214,7 @@ impl<R> Trail<R> {
             previous,
             digest: self.digest,
             looked_up: false,
+            known: true,
         }
     }
 
@@ -209,10 +223,27 @@ impl<R> Trail<R> {
         if self.executed_at.insert(request, seq).is_none() {
             self.order.push_back(request);
         }
-        while self.order.len() > PROOFS_MAX {
+        while self.order.len() > EXECUTED_MAX {
             if let Some(old) = self.order.pop_front() {
                 self.executed_at.remove(&old);
             }
+        }
+    }
+
+    /// The remembered numbers in execution order, for a checkpoint.
+    pub(super) fn executed_list(&self) -> Vec<(bulwark_core::Digest, u64)> {
+        self.order
+            .iter()
+            .filter_map(|digest| Some((*digest, *self.executed_at.get(digest)?)))
+            .collect()
+    }
+
+    /// Takes the remembered numbers of an installed state.
+    pub(super) fn set_executed(&mut self, list: Vec<(bulwark_core::Digest, u64)>) {
+        self.executed_at.clear();
+        self.order.clear();
+        for (digest, seq) in list.into_iter().take(EXECUTED_MAX) {
+            self.remember(digest, seq);
         }
     }
 
@@ -236,6 +267,42 @@ impl<R> Trail<R> {
                 nonce: a2m::nonce_of(seq),
             }
         }
+    }
+
+    /// The answer to a request that executed before (a retransmission, or a request ordered
+    /// again): with the attestation of the number it first executed at; `None` while that
+    /// attestation is being made (the answer then leaves with it); a plain answer, which E's
+    /// clients pass over, when the replica no longer knows where it executed (too long ago, or
+    /// in a state it installed by transfer).
+    pub(super) fn answer_again(
+        &mut self,
+        client: ClientId,
+        request: &bulwark_core::Digest,
+        reply: Reply<R>,
+    ) -> Option<Answer<R>> {
+        let Some(seq) = self.executed_at.get(request).copied() else {
+            return Some(Answer::Executed(reply));
+        };
+        if let Some(history) = self.proofs.get(&seq) {
+            return Some(Answer::Attested {
+                reply,
+                history: history.clone(),
+            });
+        }
+        if !self.in_flight(seq) {
+            // Executed before a restart or in an installed state: the log may still hold the
+            // slot (a state transfer jumps over it, a truncation forgets it).
+            self.again.push(Asked {
+                seq,
+                batch: [0; 32],
+                previous: [0; 32],
+                digest: [0; 32],
+                looked_up: true,
+                known: false,
+            });
+        }
+        self.answers.entry(seq).or_default().push((client, reply));
+        None
     }
 
     /// Whether `seq`'s slot is still being asked of the trusted log.
@@ -262,8 +329,8 @@ impl<R> Trail<R> {
             && attestation.nonce == a2m::nonce_of(seq)
             && attestation.status == Status::Assigned
             && attestation.ref_seq == seq
-            && attestation.value == asked.batch
-            && attestation.digest == asked.digest
+            && (!asked.known
+                || (attestation.value == asked.batch && attestation.digest == asked.digest))
     }
 
     /// Keeps the attestation of `seq`, the oldest going first.

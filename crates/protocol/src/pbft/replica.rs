@@ -185,6 +185,8 @@ struct Tail {
     previous: [u8; 32],
     /// The application's own snapshot.
     app: Bytes,
+    /// The number each recent request first executed at, in execution order.
+    executed: Vec<(Digest, u64)>,
 }
 
 /// The replicated state a checkpoint covers: the application's and the remembered results.
@@ -601,28 +603,9 @@ impl<A: App> PbftReplica<A> {
                 request: digest,
                 result: result.clone(),
             };
-            let Some(trail) = self.trail.as_mut() else {
-                return Some(Answer::Executed(reply));
-            };
-            // Under E the answer needs the attestation of the number it executed at: kept, or
-            // still being made (the answer then waits for it).
-            return match trail.executed_at.get(&digest) {
-                Some(seq) => match trail.proofs.get(seq) {
-                    Some(history) => Some(Answer::Attested {
-                        reply,
-                        history: history.clone(),
-                    }),
-                    None => {
-                        if let Origin::Client(client) = request.origin
-                            && trail.in_flight(*seq)
-                        {
-                            trail.answers.entry(*seq).or_default().push((client, reply));
-                        }
-                        None
-                    }
-                },
-                // Executed too long ago to know where: a plain reply, which E clients pass over.
-                None => Some(Answer::Executed(reply)),
+            return match (self.trail.as_mut(), request.origin) {
+                (Some(trail), Origin::Client(client)) => trail.answer_again(client, &digest, reply),
+                _ => Some(Answer::Executed(reply)),
             };
         }
         // Known already: its checks passed when it arrived (a retransmission, or the copy a
@@ -981,29 +964,41 @@ impl<A: App> PbftReplica<A> {
                 let digest = request.digest();
                 self.waiting.remove(&digest);
                 self.in_log.remove(&digest);
-                let result = match self.replies.find(request.origin, request.id, &digest) {
-                    Some(result) => result.clone(),
+                let (result, again) = match self.replies.find(request.origin, request.id, &digest) {
+                    Some(result) => (result.clone(), true),
                     None => {
                         let result = self.app.execute(&request.op, batch.nondet, seq, &mut out);
                         self.replies
                             .insert(request.origin, request.id, digest, result.clone());
                         self.stats.requests += 1;
-                        result
+                        (result, false)
                     }
                 };
-                if let Some(trail) = self.trail.as_mut() {
-                    trail.remember(digest, seq);
-                }
-                if let Origin::Client(client) = request.origin {
-                    answers.push((
-                        client,
-                        Reply {
-                            view: self.view,
-                            id: request.id,
-                            request: digest,
-                            result,
-                        },
-                    ));
+                let Origin::Client(client) = request.origin else {
+                    if let (Some(trail), false) = (self.trail.as_mut(), again) {
+                        trail.remember(digest, seq);
+                    }
+                    continue;
+                };
+                let reply = Reply {
+                    view: self.view,
+                    id: request.id,
+                    request: digest,
+                    result,
+                };
+                match self.trail.as_mut() {
+                    // Ordered again (a faulty primary, or a view change re-proposing it): under E
+                    // the answer names where it first executed, as every other answer does.
+                    Some(trail) if again => {
+                        if let Some(answer) = trail.answer_again(client, &digest, reply) {
+                            fx.notify.push((client, request.id, answer));
+                        }
+                    }
+                    Some(trail) => {
+                        trail.remember(digest, seq);
+                        answers.push((client, reply));
+                    }
+                    None => answers.push((client, reply)),
                 }
             }
             self.executed = seq;
@@ -1120,10 +1115,13 @@ impl<A: App> PbftReplica<A> {
         if let Some(trail) = self.trail.as_mut()
             && seq > 0
         {
-            // The history keeps slot `seq` (where a transferred state picks up) and forgets
-            // below it; the attestations already made stay with the replica for
-            // retransmissions (spec §7.2 T8).
-            let slot = trail.history.at(seq);
+            // The history keeps the last numbers below the checkpoint (a restarted replica
+            // asks it for them again) and forgets the rest, earlier instances' slots included;
+            // the attestations already made stay with the replica for retransmissions (spec
+            // §7.2 T8). A truncation to where the log already starts is refused, harmlessly.
+            let slot = trail
+                .history
+                .at(seq.saturating_sub(super::history::TRUNCATE_LAG).max(1));
             trail.outbox.push(Call::Truncate {
                 log: trail.log(),
                 seq: slot,
@@ -1161,6 +1159,7 @@ impl<A: App> PbftReplica<A> {
                         .map_err(|e| format!("state: {e}"))?;
                     self.app.restore(&tail.app)?;
                     trail.last = (tail.batch, tail.previous);
+                    trail.set_executed(tail.executed);
                     trail.digest = trail.history.digest_at(seq, &tail.batch, &tail.previous);
                     if seq > 0 {
                         // The request history moves to the installed number (spec §3.3.5); a
@@ -1824,11 +1823,14 @@ impl<A: App> PbftReplica<A> {
             }
             self.stats.attest_refused += 1;
             match value.status {
-                // Past the log's end after all: fill it.
-                a2m::Status::Unassigned => trail.again.push(Asked {
+                // Past the log's end after all: fill it, if the replica knows with what.
+                a2m::Status::Unassigned if asked.known => trail.again.push(Asked {
                     looked_up: false,
                     ..asked.clone()
                 }),
+                a2m::Status::Unassigned => {
+                    trail.answers.remove(&asked.seq);
+                }
                 // Jumped over while the log was down, or truncated: this number's answers go
                 // without an attestation from this replica, which lies to no one.
                 a2m::Status::Skipped | a2m::Status::Forgotten => {
@@ -1867,8 +1869,9 @@ pub(super) fn encode_state<A: App>(app: &A, replies: &Replies<A::Result>) -> Vec
     })
 }
 
-/// Room above the application's snapshot bound for E's [`Tail`].
-const TAIL_SLACK: usize = 128;
+/// Room above the application's snapshot bound for E's [`Tail`]: two digests and
+/// [`super::history::EXECUTED_MAX`] remembered numbers.
+const TAIL_SLACK: usize = 128 + super::history::EXECUTED_MAX * 48;
 
 /// The replicated state: PBFT's, or under E the same with the request history's last slot in
 /// the application's part ([`Tail`]).
@@ -1884,6 +1887,7 @@ fn snapshot_of<A: App, R: Clone + Serialize>(
         batch: trail.last.0,
         previous: trail.last.1,
         app: Bytes::from(app.snapshot()),
+        executed: trail.executed_list(),
     };
     wire::encode(&State {
         app: Bytes::from(wire::encode(&tail)),

@@ -43,7 +43,7 @@ use bulwark_core::configuration::Configuration;
 use bulwark_core::sign::{PublicKey, SecretKey, Signable, Signed, Unverified};
 use bulwark_core::{ClientId, Digest, Epoch, NodeId, ServiceId, Slot, Time, wire};
 use bulwark_protocol::cs::{ConfigService, EvictVote, Op, Outcome};
-use bulwark_protocol::machine::{Access, Output, Replica, ReplicaStats, TimerId};
+use bulwark_protocol::machine::{Access, Attested, Output, Replica, ReplicaStats, TimerId};
 use bulwark_protocol::pbft::{
     Answer, Batch, Cast, Change, Message, NewView, Origin, Params, PbftReplica, Phase,
     PreparedProof, Request, Submitted, ViewChange, Vote,
@@ -931,6 +931,13 @@ impl Replica for CsLiar {
     fn on_timer(&mut self, now: Time, timer: TimerId, view: &()) -> Output<Self> {
         let now = self.clock(now);
         let out = convert(self.inner.on_timer(now, timer, view));
+        self.bend(now, out)
+    }
+
+    /// A2M-PBFT-E: the request history's attestations, the answers they release.
+    fn on_attested(&mut self, now: Time, token: u64, answers: Attested, view: &()) -> Output<Self> {
+        let now = self.clock(now);
+        let out = convert(self.inner.on_attested(now, token, answers, view));
         self.bend(now, out)
     }
 

@@ -159,8 +159,16 @@ pub struct Look<'a> {
     pub app: &'a ConfigService,
 }
 
-/// The configuration service on PBFT, with the Byzantine catalogue of [`crate::byzantine::cs`].
-pub struct Pbft;
+/// The configuration service on PBFT (`E` false) or A2M-PBFT-E (`E` true: the same replicas,
+/// each answering with its trusted request history, and clients that need `2f+1` attested
+/// answers), with the Byzantine catalogue of [`crate::byzantine::cs`].
+pub struct PbftCore<const E: bool>;
+
+/// The configuration service on PBFT.
+pub type Pbft = PbftCore<false>;
+
+/// The configuration service on A2M-PBFT-E.
+pub type PbftE = PbftCore<true>;
 
 /// The configuration service on A2M-PBFT-EA, with the catalogue of
 /// [`crate::byzantine::cs_ea`].
@@ -246,6 +254,12 @@ impl<C: CsCore> ConfigServiceSim<C> {
         )
         .unwrap_or_else(|error| panic!("the genesis CS slot {index}: {error}"));
         setup.params = self.params;
+        if C::PROTOCOL == CsProtocol::A2mPbftE {
+            setup.history = Some(
+                ConfigService::history(&self.genesis)
+                    .unwrap_or_else(|error| panic!("the genesis CS's histories: {error}")),
+            );
+        }
         setup
     }
 
@@ -338,9 +352,9 @@ impl<C: CsCore> ConfigServiceSim<C> {
             kind,
             outcome: None,
         });
-        let f = self.genesis.f_cs as usize;
         CsOp {
-            inner: Submit::sized(Self::nodes(f), f, ClientId(client as u32), op.0, request),
+            inner: ConfigService::submit(&self.genesis, ClientId(client as u32), op.0, request)
+                .unwrap_or_else(|error| panic!("a request to the genesis CS: {error}")),
             index,
             read: false,
             record: self.record.clone(),
@@ -596,18 +610,22 @@ impl<C: CsCore> Default for CsDisk<C> {
     }
 }
 
-impl CsCore for Pbft {
+impl<const E: bool> CsCore for PbftCore<E> {
     type Server = CsLiar;
     type Message = Message<ConfigService>;
     type Change = Change<ConfigService>;
-    const PROTOCOL: CsProtocol = CsProtocol::Pbft;
+    const PROTOCOL: CsProtocol = if E {
+        CsProtocol::A2mPbftE
+    } else {
+        CsProtocol::Pbft
+    };
 
     fn behaviours() -> &'static [Behaviour] {
         &Behaviour::CONFIG_SERVICE
     }
 
     fn server(
-        sim: &ConfigServiceSim<Pbft>,
+        sim: &ConfigServiceSim<Self>,
         index: usize,
         behaviour: Behaviour,
         seed: u64,
@@ -618,7 +636,7 @@ impl CsCore for Pbft {
     }
 
     fn restore(
-        sim: &ConfigServiceSim<Pbft>,
+        sim: &ConfigServiceSim<Self>,
         index: usize,
         records: &[Self::Change],
         now: u64,
@@ -682,6 +700,15 @@ impl CsCore for Pbft {
             state: replica.state_digest(),
             app: replica.app(),
         }
+    }
+
+    fn trusted_log(sim: &ConfigServiceSim<Self>, index: usize) -> Option<bulwark_a2m::Component> {
+        E.then(|| {
+            bulwark_a2m::Component::in_memory(
+                &sim.trusted_seeds[index],
+                bulwark_a2m::Limits::default(),
+            )
+        })
     }
 }
 
@@ -897,7 +924,7 @@ impl<C: CsCore> Protocol for ConfigServiceSim<C> {
 
     fn nodes(f: usize) -> usize {
         match C::PROTOCOL {
-            CsProtocol::Pbft => 3 * f + 1,
+            CsProtocol::Pbft | CsProtocol::A2mPbftE => 3 * f + 1,
             CsProtocol::A2mPbftEa => 2 * f + 1,
         }
     }
@@ -920,9 +947,9 @@ impl<C: CsCore> Protocol for ConfigServiceSim<C> {
         let mut member_trusted = Vec::new();
         for i in 0..n + EXTRA_MEMBERS {
             let secret = SecretKey::from_seed(&rng.random());
-            // Only the EA core draws trusted logs, so PBFT's seeds replay as they always did.
-            let trusted: Option<[u8; 32]> =
-                (C::PROTOCOL == CsProtocol::A2mPbftEa).then(|| rng.random());
+            // Only the cores on trusted logs draw their seeds, so PBFT's seeds replay as they
+            // always did.
+            let trusted: Option<[u8; 32]> = C::PROTOCOL.needs_trusted_logs().then(|| rng.random());
             member_trusted.push((NodeId(i), trusted));
             members.push(Member {
                 trusted_key: trusted.map(|seed| SecretKey::from_seed(&seed).public_key()),
@@ -1081,6 +1108,15 @@ impl<C: CsCore> Protocol for ConfigServiceSim<C> {
                 "executed op{} in view {}: {}",
                 reply.id,
                 reply.view,
+                describe_outcome(&reply.result)
+            ),
+            Answer::Attested { reply, history } => format!(
+                "executed op{} in view {} at history slot {}: {}",
+                reply.id,
+                reply.view,
+                history
+                    .peek()
+                    .map_or_else(|_| "?".into(), |h| h.seq.to_string()),
                 describe_outcome(&reply.result)
             ),
             Answer::Refused { id, reason } => format!("refused op{id}: {reason}"),
@@ -1743,6 +1779,75 @@ pub fn first_failure(
 /// The command that replays `seed` of the configuration service under `config`.
 pub fn replay_command(config: &SimConfig, seed: u64) -> String {
     config.service_replay_command(seed, "cs")
+}
+
+/// The properties whose violation is a broken safety promise of the configuration service (as
+/// opposed to liveness).
+pub const SAFETY: [&str; 5] = [
+    "agreement",
+    "stopped-state",
+    "validity",
+    "outcomes",
+    "reads",
+];
+
+/// The first seed below `bound` on which the configuration service on core `C`, run under
+/// `broken` (a configuration with a mutation), breaks a safety promise while `reference` (the
+/// same without it) passes the same seed: a negative control's verdict, with the violation.
+/// Seeds that fail otherwise (a mutated run can also lose liveness) are skipped.
+pub fn caught_on_safety<C: CsCore>(
+    reference: &SimConfig,
+    broken: &SimConfig,
+    bound: u64,
+    threads: usize,
+) -> Option<(u64, String)> {
+    let mut start = 0;
+    while start < bound {
+        let found =
+            crate::sim::first_failure_service::<ConfigServiceSim<C>>(start..bound, broken, threads);
+        let (seed, _) = found.failure?;
+        start = seed + 1;
+        let failed = crate::sim::run_service::<ConfigServiceSim<C>>(seed, broken);
+        let safety = failed.report.violations.iter().find(|v| {
+            SAFETY
+                .iter()
+                .any(|property| v.key == format!("{KEY_PREFIX}{property}").into_bytes())
+        });
+        let Some(violation) = safety else {
+            continue;
+        };
+        if !crate::sim::run_service::<ConfigServiceSim<C>>(seed, reference).passed() {
+            continue;
+        }
+        return Some((
+            seed,
+            format!(
+                "{}: {}",
+                String::from_utf8_lossy(&violation.key),
+                violation.explanation
+            ),
+        ));
+    }
+    None
+}
+
+/// The command that replays `seed` of the configuration service on A2M-PBFT-E.
+pub fn replay_command_e(config: &SimConfig, seed: u64) -> String {
+    config.service_replay_command(seed, "cs-e")
+}
+
+/// Runs one seed of the configuration service on A2M-PBFT-E.
+pub fn run_e(seed: u64, config: &SimConfig) -> crate::sim::RunResult {
+    crate::sim::run_service::<ConfigServiceSim<PbftE>>(seed, config)
+}
+
+/// Sweeps `seeds` of the configuration service on A2M-PBFT-E over `threads` threads.
+pub fn sweep_e(
+    seeds: std::ops::Range<u64>,
+    config: &SimConfig,
+    threads: usize,
+) -> crate::sim::SweepSummary {
+    crate::sim::sweep_service::<ConfigServiceSim<PbftE>>(seeds, config, threads)
 }
 
 /// The command that replays `seed` of the configuration service on A2M-PBFT-EA.
