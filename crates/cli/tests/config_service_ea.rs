@@ -1,8 +1,10 @@
-//! The configuration service on A2M-PBFT-EA in real processes: `cluster init --a2m
-//! --cs-protocol a2m-pbft-ea`, each node's trusted log its own `bulwark a2m serve` process, the
-//! CS on `2f_cs+1 = 3` replicas. Orders go through while the CS primary is killed with SIGKILL
-//! and restarted, and while one CS replica's trusted-log process is killed and restarted; every
-//! node must end holding the same certified configurations, each verified from the genesis.
+//! The configuration service on trusted logs in real processes: `cluster init --a2m
+//! --cs-protocol a2m-pbft-ea` (the CS on `2f_cs+1 = 3` replicas) and `a2m-pbft-e` (on
+//! `3f_cs+1 = 4`, clients taking only `2f_cs+1` answers their trusted logs attest), each node's
+//! trusted log its own `bulwark a2m serve` process. Orders go through while the CS primary is
+//! killed with SIGKILL and restarted, and while one CS replica's trusted-log process is killed
+//! and restarted; every node must end holding the same certified configurations, each verified
+//! from the genesis.
 
 mod common;
 
@@ -29,6 +31,15 @@ fn newcomer(round: u8) -> NewMember {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cs_on_ea_survives_a_killed_primary_and_a_killed_trusted_log() {
+    survives_a_killed_primary_and_a_killed_trusted_log(CsProtocol::A2mPbftEa).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cs_on_e_survives_a_killed_primary_and_a_killed_trusted_log() {
+    survives_a_killed_primary_and_a_killed_trusted_log(CsProtocol::A2mPbftE).await;
+}
+
+async fn survives_a_killed_primary_and_a_killed_trusted_log(protocol: CsProtocol) {
     let mut cluster = TestCluster::start_with(
         "powerstore",
         1,
@@ -37,7 +48,7 @@ async fn the_cs_on_ea_survives_a_killed_primary_and_a_killed_trusted_log() {
         &[
             "--a2m",
             "--cs-protocol",
-            "a2m-pbft-ea",
+            protocol.name(),
             "--epoch-ms",
             "4000",
             "--stop-tolerance-ms",
@@ -47,10 +58,16 @@ async fn the_cs_on_ea_survives_a_killed_primary_and_a_killed_trusted_log() {
     cluster.wait_up(&[0, 1, 2, 3]).await;
     let admin = cluster.client("admin").await;
     let genesis = admin.genesis().unwrap();
-    assert_eq!(genesis.cs_protocol, CsProtocol::A2mPbftEa);
-    assert_eq!(genesis.cs().len(), 3, "2f_cs+1 replicas");
+    assert_eq!(genesis.cs_protocol, protocol);
+    assert_eq!(genesis.cs().len(), genesis.cs_size());
+    let cs_size = if protocol == CsProtocol::A2mPbftEa {
+        3
+    } else {
+        4
+    };
+    assert_eq!(genesis.cs_size(), cs_size, "2f_cs+1 on EA, 3f_cs+1 on E");
 
-    // An ADD without a trusted log is refused: every member of an EA configuration has one.
+    // An ADD without a trusted log is refused: every member of such a configuration has one.
     let mut bare = newcomer(9);
     bare.trusted_key = None;
     let (_, outcome) = admin.order(ConfigAction::Add(bare)).await.unwrap();
@@ -138,7 +155,11 @@ async fn the_cs_on_ea_survives_a_killed_primary_and_a_killed_trusted_log() {
                 let verified = configuration::verify_chain(&genesis, &certs)
                     .unwrap_or_else(|e| panic!("node {node}'s chain: {e}"));
                 assert!(verified.epoch.0 >= newest);
-                assert!(certs.iter().all(|cert| cert.signatures.len() >= 2));
+                assert!(
+                    certs
+                        .iter()
+                        .all(|cert| cert.signatures.len() >= genesis.cs_quorum())
+                );
                 chains.push(certs);
                 break;
             }
@@ -160,5 +181,8 @@ async fn the_cs_on_ea_survives_a_killed_primary_and_a_killed_trusted_log() {
             );
         }
     }
-    eprintln!("{newest} epochs on A2M-PBFT-EA, the same on every node");
+    eprintln!(
+        "{newest} epochs on {}, the same on every node",
+        protocol.name()
+    );
 }

@@ -2,8 +2,9 @@
 //! `n = 3f+1` replicas, as a sans-IO machine generic over the replicated state machine ([`App`]).
 //!
 //! The agreement core knows nothing about what it orders: the configuration service
-//! (`crate::cs`) is one [`App`], and a later agreement core (A2M-PBFT-EA on trusted logs) can
-//! order the same [`App`] without the application changing.
+//! (`crate::cs`) is one [`App`], and the cores on trusted logs order the same [`App`] without
+//! the application changing: A2M-PBFT-EA ([`ea`], `2f+1` replicas) and A2M-PBFT-E (this replica
+//! with a request history, [`history`], answering clients with its trusted log's attestation).
 //!
 //! The protocol, as built here:
 //!

@@ -37,9 +37,8 @@
 //! - **Catching up.** A replica with work outstanding sends STATUS; peers answer with the
 //!   NEW-VIEW of a later view, committed certificates, or a stable checkpoint's state.
 //!
-//! Left for later, and said so: A2M-PBFT-E (`3f+1` replicas with attested replies), clients
-//! checking the request-history attestation in replies (they accept `f+1` matching results,
-//! which include a correct replica's).
+//! Clients accept `f+1` matching results, which include a correct replica's; the replies carry
+//! no request-history attestation (A2M-PBFT-E's do: [`super::history`]).
 //!
 //! Durability: a replica records each message of its own before its trusted log is asked to
 //! attest it ([`Change::Said`]), and its certificates before it acts on them.
