@@ -75,13 +75,41 @@ pub struct Status {
     pub anchor: String,
 }
 
+/// A delay added to every call a served component makes, for measurement only (the A2M paper's
+/// Table 2, spec §7.2 T12): how a protocol's throughput follows the trusted log's latency.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Delay {
+    /// Added to each call, while the component is held (a device serves one call at a time).
+    pub per_call: Duration,
+    /// Charge a fused call (append or advance with its lookup) as the two calls it replaces.
+    pub unfused: bool,
+}
+
+impl Delay {
+    /// What `call` costs under this delay.
+    pub fn of(&self, call: &Call) -> Duration {
+        let fused = matches!(call, Call::AppendAttest { .. } | Call::AdvanceAttest { .. });
+        if self.unfused && fused {
+            self.per_call.saturating_mul(2)
+        } else {
+            self.per_call
+        }
+    }
+}
+
 /// Answers calls on `listener` until the process ends: one thread per connection, one call at
 /// a time on the component.
 pub fn serve(component: Component, listener: UnixListener) -> io::Result<()> {
+    serve_with(component, listener, Delay::default())
+}
+
+/// [`serve`], each call delayed by `delay`.
+pub fn serve_with(component: Component, listener: UnixListener, delay: Delay) -> io::Result<()> {
     let shared = Arc::new(Served {
         component: Mutex::new(component),
         refused: AtomicU64::new(0),
         connections: AtomicUsize::new(0),
+        delay,
     });
     for stream in listener.incoming() {
         let stream = match stream {
@@ -131,6 +159,7 @@ struct Served {
     component: Mutex<Component>,
     refused: AtomicU64,
     connections: AtomicUsize,
+    delay: Delay,
 }
 
 impl Served {
@@ -158,6 +187,12 @@ impl Served {
             .component
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Request::Call(call) = &request {
+            let delay = self.delay.of(call);
+            if !delay.is_zero() {
+                std::thread::sleep(delay);
+            }
+        }
         answer(
             &mut component,
             request,
@@ -462,4 +497,39 @@ fn write_frame(stream: &mut impl Write, frame: &[u8]) -> io::Result<()> {
     stream.write_all(&length.to_be_bytes())?;
     stream.write_all(frame)?;
     stream.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_delay_charges_a_fused_call_twice_only_when_unfused() {
+        let lookup = Call::Lookup {
+            log: 1,
+            seq: 1,
+            nonce: [0; 32],
+        };
+        let fused = Call::AdvanceAttest {
+            log: 1,
+            seq: 1,
+            digest: [0; 32],
+            value: [0; 32],
+            nonce: [0; 32],
+        };
+        let per_call = Duration::from_micros(50);
+        let delay = Delay {
+            per_call,
+            unfused: false,
+        };
+        assert_eq!(delay.of(&lookup), per_call);
+        assert_eq!(delay.of(&fused), per_call);
+        let unfused = Delay {
+            unfused: true,
+            ..delay
+        };
+        assert_eq!(unfused.of(&lookup), per_call);
+        assert_eq!(unfused.of(&fused), 2 * per_call);
+        assert_eq!(Delay::default().of(&fused), Duration::ZERO);
+    }
 }

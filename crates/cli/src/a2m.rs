@@ -4,9 +4,10 @@
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use bulwark_a2m::socket::{Remote, serve};
+use bulwark_a2m::socket::{Delay, Remote, serve_with};
 use bulwark_a2m::{Anchor, AnchorKind, Component, FileAnchor, Limits, TpmAnchor};
 use clap::{Args, Subcommand};
 
@@ -24,6 +25,14 @@ pub enum A2mCommand {
         /// owner's group only).
         #[arg(long)]
         socket: PathBuf,
+        /// For measurement only: microseconds added to every call, as a slower trusted device
+        /// would take (`bench cs --a2m-latency-us`).
+        #[arg(long, default_value_t = 0)]
+        inject_latency_us: u64,
+        /// For measurement only: charge each fused call (append or advance with its lookup) as
+        /// the two calls it replaces.
+        #[arg(long)]
+        unfused: bool,
     },
     /// Shows what the trusted log serving on SOCKET reports: its key, each log's bounds, its
     /// generation, the attestations it made and the requests it refused.
@@ -119,7 +128,16 @@ pub async fn run(command: A2mCommand) -> Result<()> {
             let component = Component::create(&state.dir, state.new_anchor()?, Limits::default())?;
             println!("{}", bulwark_a2m::A2m::public_key(&component));
         }
-        A2mCommand::Serve { state, socket } => {
+        A2mCommand::Serve {
+            state,
+            socket,
+            inject_latency_us,
+            unfused,
+        } => {
+            let delay = Delay {
+                per_call: Duration::from_micros(inject_latency_us),
+                unfused,
+            };
             let component =
                 Component::open(&state.dir, state.existing_anchor()?, Limits::default())?;
             let listener = bind(&socket)?;
@@ -128,7 +146,10 @@ pub async fn run(command: A2mCommand) -> Result<()> {
                 socket = %socket.display(),
                 "trusted log serving"
             );
-            tokio::task::spawn_blocking(move || serve(component, listener))
+            if delay != Delay::default() {
+                tracing::warn!(?delay, "every trusted-log call is delayed, for measurement");
+            }
+            tokio::task::spawn_blocking(move || serve_with(component, listener, delay))
                 .await
                 .context("the trusted log's server")?
                 .with_context(|| format!("accepting on {}", socket.display()))?;

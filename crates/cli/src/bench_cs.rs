@@ -77,9 +77,17 @@ pub struct CsArgs {
     /// How often each node is asked whether it holds the next certificate, in milliseconds.
     #[arg(long, default_value_t = 2)]
     pub poll_ms: u64,
-    /// Which parts to run: noop, add, propagate.
+    /// Which parts to run: noop, add, propagate, latency (the trusted log's latency swept for
+    /// the cores on trusted logs among --cs-protocols, spec §7.2 T12; not in the default set).
     #[arg(long, value_delimiter = ',', default_value = "noop,add,propagate")]
     pub parts: Vec<String>,
+    /// The latency part's delays added to every trusted-log call, in microseconds.
+    #[arg(long, value_delimiter = ',', default_value = "0,1,10,50,250,1000")]
+    pub a2m_latency_us: Vec<u64>,
+    /// The latency part's ways of charging fused calls: fused (one delay) and unfused (two, as
+    /// the separate append and lookup they replace).
+    #[arg(long, value_delimiter = ',', default_value = "fused,unfused")]
+    pub a2m_calls: Vec<String>,
     /// Where to put the clusters, kept afterwards with the nodes' logs (default: fresh
     /// directories under the system temp dir, removed).
     #[arg(long)]
@@ -98,8 +106,13 @@ const PROPAGATION_MAX: Duration = Duration::from_secs(20);
 
 pub async fn run(args: &CsArgs) -> Result<()> {
     for part in &args.parts {
-        if !["noop", "add", "propagate"].contains(&part.as_str()) {
-            bail!("no part {part:?}: choose among noop, add, propagate");
+        if !["noop", "add", "propagate", "latency"].contains(&part.as_str()) {
+            bail!("no part {part:?}: choose among noop, add, propagate, latency");
+        }
+    }
+    for calls in &args.a2m_calls {
+        if !["fused", "unfused"].contains(&calls.as_str()) {
+            bail!("no --a2m-calls {calls:?}: fused or unfused");
         }
     }
     let base = match &args.dir {
@@ -119,6 +132,9 @@ pub async fn run(args: &CsArgs) -> Result<()> {
         }
         if wants("propagate") {
             propagation(args, &base.join("sixteen")).await?;
+        }
+        if wants("latency") {
+            latency_sweep(args, &base.join("latency")).await?;
         }
         Ok::<(), anyhow::Error>(())
     };
@@ -145,6 +161,19 @@ pub(super) async fn start_cluster(
     stop_tolerance_ms: u64,
     protocol: CsProtocol,
 ) -> Result<(Nodes, Arc<Client>)> {
+    start_cluster_with(dir, n, clients, epoch_ms, stop_tolerance_ms, protocol, &[]).await
+}
+
+/// [`start_cluster`], each trusted log served with `a2m_args` besides its own.
+async fn start_cluster_with(
+    dir: &Path,
+    n: usize,
+    clients: Vec<String>,
+    epoch_ms: u64,
+    stop_tolerance_ms: u64,
+    protocol: CsProtocol,
+    a2m_args: &[String],
+) -> Result<(Nodes, Arc<Client>)> {
     let _ = std::fs::remove_dir_all(dir);
     let a2m = protocol.needs_trusted_logs();
     cluster_init::run(&InitArgs {
@@ -162,7 +191,7 @@ pub(super) async fn start_cluster(
     let exe = std::env::current_exe()?;
     for id in 0..n {
         if a2m {
-            nodes.spawn_trusted_log(id, &exe)?;
+            nodes.spawn_trusted_log_with(id, &exe, a2m_args)?;
         }
         nodes.spawn(id, &exe, &[])?;
     }
@@ -582,6 +611,99 @@ async fn noop_runs(
             &after,
             true,
         );
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. The trusted log's latency (A2M spec §7.2 T12, the paper's Table 2)
+
+/// No-op throughput of each core on trusted logs as every trusted-log call is delayed, fused
+/// calls charged once or twice; a PBFT cluster, which calls no trusted log, as the baseline.
+async fn latency_sweep(args: &CsArgs, base: &Path) -> Result<()> {
+    let limit = Duration::from_secs_f64(args.seconds.clamp(0.1, 600.0));
+    println!();
+    println!("## The trusted log's latency (T12)");
+    println!();
+    println!(
+        "Each row a fresh 4-node cluster (f_cs = 1, 1 h epoch): no-ops through `submit_to`, at \
+         most {} operations or {:.1} s, from 1 caller and from {OWN_CLIENTS} callers with a \
+         Client each. Every trusted-log call of every node waits the given time while its log \
+         is held; \"unfused\" charges a fused call (advance with its lookup) twice, as the two \
+         calls it replaces.",
+        args.ops,
+        limit.as_secs_f64()
+    );
+    println!();
+    println!(
+        "| core | latency µs | calls | 1 caller ops/s | p50 ms | {OWN_CLIENTS} callers ops/s | p50 ms | failed |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    let mut cases: Vec<(CsProtocol, u64, bool)> = Vec::new();
+    for protocol in &args.cs_protocols {
+        if !protocol.needs_trusted_logs() {
+            cases.push((*protocol, 0, false));
+            continue;
+        }
+        for latency in &args.a2m_latency_us {
+            for calls in &args.a2m_calls {
+                cases.push((*protocol, *latency, calls == "unfused"));
+            }
+        }
+    }
+    for (i, (protocol, latency, unfused)) in cases.into_iter().enumerate() {
+        let mut a2m_args = vec!["--inject-latency-us".to_string(), latency.to_string()];
+        if unfused {
+            a2m_args.push("--unfused".into());
+        }
+        let mut names = vec!["admin:rw".to_string()];
+        names.extend((0..OWN_CLIENTS).map(|i| format!("bench{i}:rw")));
+        let dir = base.join(format!("{i}"));
+        let (nodes, admin) =
+            start_cluster_with(&dir, 4, names, 3_600_000, 5_000, protocol, &a2m_args).await?;
+        let config = Arc::new(admin.configuration().await?);
+        let mut own = Vec::new();
+        for i in 0..OWN_CLIENTS {
+            own.push(Arc::new(Client::connect(&dir, &format!("bench{i}")).await?));
+        }
+        for client in &own {
+            let _ = client.submit_to(&config, Op::Noop).await;
+        }
+        let one = {
+            let (client, config) = (own[0].clone(), config.clone());
+            timed(1, args.ops, limit, move |_, _| {
+                let (client, config) = (client.clone(), config.clone());
+                async move { noop(&client, &config).await }
+            })
+            .await
+        };
+        let many = {
+            let (clients, config) = (own.clone(), config.clone());
+            timed(OWN_CLIENTS, args.ops, limit, move |caller, _| {
+                let (client, config) = (clients[caller].clone(), config.clone());
+                async move { noop(&client, &config).await }
+            })
+            .await
+        };
+        let (latency, calls) = if protocol.needs_trusted_logs() {
+            (
+                latency.to_string(),
+                if unfused { "unfused" } else { "fused" },
+            )
+        } else {
+            ("-".to_string(), "-")
+        };
+        println!(
+            "| {} | {latency} | {calls} | {:.0} | {} | {:.0} | {} | {} |",
+            protocol.name(),
+            one.throughput(),
+            ms(one.percentile(0.5)),
+            many.throughput(),
+            ms(many.percentile(0.5)),
+            one.failures + many.failures
+        );
+        drop(own);
+        drop(nodes);
     }
     Ok(())
 }

@@ -38,9 +38,14 @@ impl Nodes {
         }
     }
 
-    /// Starts node `id`'s trusted log (`program a2m serve`) where `cluster init --a2m` made it,
-    /// and waits until its socket accepts.
-    pub(crate) fn spawn_trusted_log(&mut self, id: usize, program: &Path) -> Result<()> {
+    /// Starts node `id`'s trusted log (`program a2m serve`, with `extra` arguments: a
+    /// benchmark's delay) where `cluster init --a2m` made it, and waits until its socket accepts.
+    pub(crate) fn spawn_trusted_log_with(
+        &mut self,
+        id: usize,
+        program: &Path,
+        extra: &[String],
+    ) -> Result<()> {
         let node = self.dir.join(format!("node-{id}"));
         let socket = node.join(cluster_init::A2M_SOCKET);
         let log = std::fs::OpenOptions::new()
@@ -52,6 +57,7 @@ impl Nodes {
             .arg(node.join(cluster_init::A2M_DIR))
             .arg("--socket")
             .arg(&socket)
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
