@@ -370,6 +370,30 @@ fn numbers_executed_while_the_trusted_log_was_down_are_attested_in_order_once_it
     assert_eq!(net.ok(again), 1);
 }
 
+#[test]
+fn a_replica_whose_trusted_log_is_full_stops_rather_than_drop_an_entry() {
+    // T11: the log refuses to append past its bound; the replica stops, says why, and the
+    // others go on.
+    let mut net = Net::e(1);
+    net.components[3] = Rc::new(RefCell::new(Component::in_memory(
+        &trusted_seed(3),
+        Limits {
+            entries_max: 6,
+            ..Limits::default()
+        },
+    )));
+    for add in 1..=12 {
+        assert_eq!(net.complete(Op::Add(1)), add);
+    }
+    let stopped = net.replica(3).stopped().expect("replica 3 stopped");
+    assert!(stopped.contains("full"), "{stopped}");
+    assert!(net.replica(3).pbft_stats().attested < 12);
+    // It refuses what it is sent from then on, saying why.
+    let refused = net.refusals_at(3);
+    net.complete(Op::Add(1));
+    assert!(net.refusals_at(3) > refused);
+}
+
 // ---------------------------------------------------------------------------------------------
 // T4, T5 and recovery: 2 faulty replicas of 4 split the correct ones
 
