@@ -1718,10 +1718,14 @@ impl<A: App> PbftReplica<A> {
             // Housekeeping (an advance to an installed number) first, then numbers asked again,
             // then this input's: the log fills slots in order.
             let mut first = Vec::new();
-            if !trail.outbox.is_empty() {
+            // One batch per housekeeping call: a refused one (a log already past an advance)
+            // must not keep the next from being made.
+            for call in std::mem::take(&mut trail.outbox) {
                 let token = trail.token();
-                let calls = std::mem::take(&mut trail.outbox);
-                first.push(Attest { token, calls });
+                first.push(Attest {
+                    token,
+                    calls: vec![call],
+                });
                 trail.asked.insert(token, Vec::new());
             }
             if !trail.again.is_empty() {
