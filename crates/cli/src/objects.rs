@@ -646,6 +646,9 @@ pub async fn status(args: &ClientArgs) -> Result<std::process::ExitCode> {
                         ),
                         None => out!(text, "         configuration epoch {}", status.config_epoch),
                     }
+                    if let Some(reason) = status.cs.as_ref().and_then(|cs| cs.stopped.as_ref()) {
+                        out!(text, "         CS replica STOPPED: {reason}");
+                    }
                 }
                 if let Some(follower) = status.replicas.iter().find(|r| r.stats.epoch > 0) {
                     let stats = &follower.stats;

@@ -473,7 +473,7 @@ impl Hosted for CsHosted {
     }
 
     fn cs_status(&self) -> Option<CsStatus> {
-        let (slot, members, view, primary, executed, waiting) = match &self.inner {
+        let (slot, members, view, primary, executed, waiting, stopped) = match &self.inner {
             Core::Pbft(h) => (
                 h.slot,
                 &h.members,
@@ -481,6 +481,7 @@ impl Hosted for CsHosted {
                 h.replica.primary(),
                 h.replica.executed(),
                 h.replica.waiting(),
+                h.replica.stopped().map(str::to_string),
             ),
             Core::Ea(h) => (
                 h.slot,
@@ -489,6 +490,7 @@ impl Hosted for CsHosted {
                 h.replica.primary(),
                 h.replica.executed(),
                 h.replica.waiting(),
+                None,
             ),
         };
         Some(CsStatus {
@@ -499,6 +501,7 @@ impl Hosted for CsHosted {
             primary: members.node(primary).map_or(u32::MAX, |node| node.0),
             executed,
             waiting: waiting as u64,
+            stopped,
         })
     }
 }

@@ -99,6 +99,9 @@ pub struct CsStatus {
     pub executed: u64,
     /// Requests waiting to execute.
     pub waiting: u64,
+    /// On A2M-PBFT-E, why the replica stopped (its trusted log is full, or holds another
+    /// history than it executed): it answers nothing until an operator recovers it.
+    pub stopped: Option<String>,
 }
 
 /// What `bulwark status` shows for a node.
