@@ -153,7 +153,8 @@ impl<A: App> Operation for Submit<A> {
                 if id != self.id {
                     return Progress::Send(Vec::new());
                 }
-                if let Some((reason, by)) = self.refusals.record(from, reason, self.f) {
+                // As many refusals as answers: under E, up to 2f of them may be faulty ones'.
+                if let Some((reason, by)) = self.refusals.record(from, reason, self.needed() - 1) {
                     return Progress::Done(Err(OpError::Refused { reason, by }));
                 }
                 return Progress::Send(Vec::new());

@@ -29,10 +29,14 @@
 
 use super::msg::Reply;
 use super::replica::Answer;
-use bulwark_core::a2m::{self, Attestation, ChainDigest, Expected, LogId, Seq, Status, Value};
+use crate::machine::{Attest, Attested};
+use bulwark_core::a2m::{
+    self, Attestation, Call, ChainDigest, Expected, LogId, Outcome, Refusal, Seq, Status, Value,
+};
 use bulwark_core::sign::{PublicKey, Unverified};
 use bulwark_core::{ClientId, Slot};
-use std::collections::{BTreeMap, VecDeque};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// One replica's trusted log, as everyone who checks its answers knows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -123,62 +127,86 @@ impl History {
 /// Attestations a replica keeps to answer retransmissions: the newest this many.
 pub(super) const PROOFS_MAX: usize = 4096;
 
-/// Requests whose number the replicated state remembers, the first executed going first: a
-/// replica that restarted, or that installed a state, still knows where they executed and can
-/// ask its trusted log for that slot.
+/// Requests whose position the replicated state remembers, the first executed going first: a
+/// replica that restarted, or that installed a state, still knows where they executed (number,
+/// batch and cumulative digest) and can ask its trusted log for that slot.
 pub(super) const EXECUTED_MAX: usize = 1024;
 
 /// Numbers below the stable checkpoint whose history slots the trusted log keeps, so that a
 /// restarted replica can still attest them to clients that retransmit.
 pub(super) const TRUNCATE_LAG: u64 = 256;
 
-/// A number whose history slot the replica asked its trusted log for.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct Asked {
+/// Numbers whose slot may wait for the trusted log at most: past that (the log unreachable
+/// all the while) the replica stops rather than hold answers without bound.
+pub(super) const PENDING_MAX: usize = 4096;
+
+/// Answers one number may hold while its slot is asked for.
+const ANSWERS_PER_NUMBER_MAX: usize = 4096;
+
+/// Where a request executed, as the replicated state remembers it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct Executed {
     pub(super) seq: u64,
     pub(super) batch: Value,
-    /// The cumulative digest before it, and at it.
-    pub(super) previous: ChainDigest,
     pub(super) digest: ChainDigest,
-    /// The slot was found filled (a restart): asked by lookup instead.
-    pub(super) looked_up: bool,
-    /// Whether the batch and digests are known: false for a slot asked for again after a
-    /// restart or a transfer, where the log's word is all the replica has.
-    pub(super) known: bool,
 }
 
-/// A replica's side of E: its request history and what waits on its trusted log.
+/// A number whose history slot the replica asks its trusted log for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Asked {
+    at: Executed,
+    /// The cumulative digest before it, when known: only then may the replica fill the slot
+    /// (after a restart or a transfer it knows the slot's contents, not always what preceded).
+    previous: Option<ChainDigest>,
+    /// Ask by lookup (the slot may be filled already: after a restart, or found so).
+    lookup: bool,
+}
+
+/// What the trusted log's answers released: answers for clients, and refusals to count.
+pub(super) struct Released<R> {
+    pub(super) notify: Vec<(ClientId, u64, Answer<R>)>,
+    pub(super) refused: Vec<String>,
+    pub(super) attested: u64,
+}
+
+/// A replica's side of E: its request history and what waits on its trusted log. History slots
+/// are asked for in one ordered stream, one batch of calls at a time (lowest number first), so
+/// the log never fills a slot above one still to be filled; numbers executed meanwhile join the
+/// next batch.
 pub(super) struct Trail<R> {
     pub(super) history: History,
-    pub(super) me: Slot,
+    me: Slot,
     /// Batch digest at the last number executed, and the cumulative digest before it: the part
     /// of the replicated state E adds.
     pub(super) last: (Value, ChainDigest),
     /// The cumulative digest at the last number executed.
     pub(super) digest: ChainDigest,
     /// This replica's attestations of recent numbers.
-    pub(super) proofs: BTreeMap<u64, Unverified<Attestation>>,
-    /// The number each recent request first executed at, and the order they did: replicated
-    /// state (in every checkpoint), evicted alike on every replica.
-    pub(super) executed_at: BTreeMap<bulwark_core::Digest, u64>,
-    pub(super) order: VecDeque<bulwark_core::Digest>,
+    proofs: BTreeMap<u64, Unverified<Attestation>>,
+    /// Where each recent request first executed, and the order they did: replicated state (in
+    /// every checkpoint), evicted alike on every replica.
+    executed_at: BTreeMap<bulwark_core::Digest, Executed>,
+    order: VecDeque<bulwark_core::Digest>,
     /// Answers waiting for their number's attestation.
-    pub(super) answers: BTreeMap<u64, Vec<(ClientId, Reply<R>)>>,
-    /// Calls made, by token.
-    pub(super) asked: BTreeMap<u64, Vec<Asked>>,
-    /// Numbers to ask for again at once (a slot found filled after a restart: by lookup).
-    pub(super) again: Vec<Asked>,
-    /// Numbers the trusted log could not be asked for (it was down), asked again at the tick.
-    pub(super) later: Vec<Asked>,
-    /// Housekeeping calls (advance after a state transfer, truncation) to make.
-    pub(super) outbox: Vec<bulwark_core::a2m::Call>,
-    pub(super) next_token: u64,
+    answers: BTreeMap<u64, Vec<(ClientId, Reply<R>)>>,
+    /// Numbers to ask for, lowest first.
+    queue: BTreeMap<u64, Asked>,
+    /// The batch of calls being made: its token and numbers.
+    in_flight: Option<(u64, Vec<Asked>)>,
+    /// The log was down: the queue waits for the next tick.
+    hold: bool,
+    /// Housekeeping calls (truncations) to make, each in a batch of its own.
+    outbox: Vec<Call>,
+    /// Tokens of housekeeping calls made.
+    housekeeping: BTreeSet<u64>,
+    next_token: u64,
     /// Why the replica stopped: its trusted log holds another history than the one it
-    /// executed, or is full. It answers nothing until an operator recovers it.
+    /// executed, is full, or stayed unreachable too long. It answers nothing until an operator
+    /// recovers it.
     pub(super) stopped: Option<String>,
 }
 
-impl<R> Trail<R> {
+impl<R: Clone> Trail<R> {
     pub(super) fn new(history: History, me: Slot) -> Trail<R> {
         Trail {
             history,
@@ -189,38 +217,74 @@ impl<R> Trail<R> {
             executed_at: BTreeMap::new(),
             order: VecDeque::new(),
             answers: BTreeMap::new(),
-            asked: BTreeMap::new(),
-            again: Vec::new(),
-            later: Vec::new(),
+            queue: BTreeMap::new(),
+            in_flight: None,
+            hold: false,
             outbox: Vec::new(),
+            housekeeping: BTreeSet::new(),
             next_token: 1,
             stopped: None,
         }
     }
 
     /// The replica's own trusted request-history log.
-    pub(super) fn log(&self) -> LogId {
+    fn log(&self) -> LogId {
         self.history.attesters[self.me.index()].log
     }
 
-    /// Batch `seq` executed: the history moves on, and the slot is to be asked for.
-    pub(super) fn executed(&mut self, seq: u64, batch: Value) -> Asked {
-        let previous = self.digest;
-        self.digest = self.history.digest_at(seq, &batch, &previous);
-        self.last = (batch, previous);
-        Asked {
+    /// Where batch `batch` executing at `seq` puts the history.
+    pub(super) fn position(&self, seq: u64, batch: Value) -> Executed {
+        Executed {
             seq,
             batch,
-            previous,
-            digest: self.digest,
-            looked_up: false,
-            known: true,
+            digest: self.history.digest_at(seq, &batch, &self.digest),
         }
     }
 
-    /// Remembers that `request` executed at `seq`.
-    pub(super) fn remember(&mut self, request: bulwark_core::Digest, seq: u64) {
-        if self.executed_at.insert(request, seq).is_none() {
+    /// Batch `seq` executed with `answers` for its clients: the history moves on, and the slot
+    /// joins the queue.
+    pub(super) fn executed(
+        &mut self,
+        seq: u64,
+        batch: Value,
+        answers: Vec<(ClientId, Reply<R>)>,
+    ) -> Result<(), String> {
+        let at = self.position(seq, batch);
+        let previous = self.digest;
+        self.digest = at.digest;
+        self.last = (batch, previous);
+        if !answers.is_empty() {
+            self.answers.entry(seq).or_default().extend(answers);
+        }
+        self.enqueue(Asked {
+            at,
+            previous: Some(previous),
+            lookup: false,
+        })
+    }
+
+    fn enqueue(&mut self, asked: Asked) -> Result<(), String> {
+        if self.queue.len() >= PENDING_MAX {
+            let reason = format!(
+                "{PENDING_MAX} numbers wait for the trusted log: the replica stopped rather than \
+                 hold their answers without bound"
+            );
+            self.stop(reason.clone());
+            return Err(reason);
+        }
+        self.queue.insert(asked.at.seq, asked);
+        Ok(())
+    }
+
+    fn stop(&mut self, reason: String) {
+        self.stopped.get_or_insert(reason);
+        self.answers.clear();
+        self.queue.clear();
+    }
+
+    /// Remembers where `request` executed (replicated state: every replica calls this alike).
+    pub(super) fn remember(&mut self, request: bulwark_core::Digest, at: Executed) {
+        if self.executed_at.insert(request, at).is_none() {
             self.order.push_back(request);
         }
         while self.order.len() > EXECUTED_MAX {
@@ -230,114 +294,313 @@ impl<R> Trail<R> {
         }
     }
 
-    /// The remembered numbers in execution order, for a checkpoint.
-    pub(super) fn executed_list(&self) -> Vec<(bulwark_core::Digest, u64)> {
+    /// The remembered positions in execution order, for a checkpoint.
+    pub(super) fn executed_list(&self) -> Vec<(bulwark_core::Digest, Executed)> {
         self.order
             .iter()
             .filter_map(|digest| Some((*digest, *self.executed_at.get(digest)?)))
             .collect()
     }
 
-    /// Takes the remembered numbers of an installed state.
-    pub(super) fn set_executed(&mut self, list: Vec<(bulwark_core::Digest, u64)>) {
+    /// Takes the state a replica installed (a transfer or its own checkpoint at restart) at
+    /// number `seq`. What it held of another state goes: its answers and the attestations of
+    /// its own log are not the installed history's. The installed number's slot is asked for
+    /// at once: filled if the log is behind (spec §3.3.5), read back if it is there already,
+    /// and the replica stops if its log holds something else there.
+    pub(super) fn installed(
+        &mut self,
+        seq: u64,
+        batch: Value,
+        previous: ChainDigest,
+        executed: Vec<(bulwark_core::Digest, Executed)>,
+    ) {
+        self.last = (batch, previous);
+        self.digest = self.history.digest_at(seq, &batch, &previous);
         self.executed_at.clear();
         self.order.clear();
-        for (digest, seq) in list.into_iter().take(EXECUTED_MAX) {
-            self.remember(digest, seq);
+        for (request, at) in executed.into_iter().take(EXECUTED_MAX) {
+            self.remember(request, at);
+        }
+        self.proofs.clear();
+        self.answers.clear();
+        self.queue.clear();
+        self.in_flight = None;
+        if seq > 0 {
+            let at = Executed {
+                seq,
+                batch,
+                digest: self.digest,
+            };
+            let _ = self.enqueue(Asked {
+                at,
+                previous: Some(previous),
+                lookup: false,
+            });
         }
     }
 
-    /// The call that fills (or, after a restart, reads) `asked`'s slot.
-    pub(super) fn call(&self, asked: &Asked) -> bulwark_core::a2m::Call {
-        let seq = self.history.at(asked.seq);
-        if asked.looked_up {
-            bulwark_core::a2m::Call::Lookup {
+    /// After a restart: the numbers executed again may be in the log already, so every queued
+    /// one is read back first (a slot found empty is then filled).
+    pub(super) fn restored(&mut self) {
+        for asked in self.queue.values_mut() {
+            asked.lookup = true;
+        }
+        self.answers.clear();
+    }
+
+    /// The trusted log's history may forget below `seq` (a stable checkpoint), less the lag.
+    pub(super) fn truncate(&mut self, seq: u64) {
+        if seq > 0 {
+            // A truncation to where the log already starts is refused, harmlessly; earlier
+            // instances' slots all go at an instance's first one.
+            let slot = self.history.at(seq.saturating_sub(TRUNCATE_LAG).max(1));
+            self.outbox.push(Call::Truncate {
                 log: self.log(),
-                seq,
-                nonce: a2m::nonce_of(seq),
-            }
-        } else {
-            // An advance to the next slot is an append; one to a slot already filled is refused,
-            // never filled again.
-            bulwark_core::a2m::Call::AdvanceAttest {
-                log: self.log(),
-                seq,
-                digest: asked.previous,
-                value: asked.batch,
-                nonce: a2m::nonce_of(seq),
-            }
+                seq: slot,
+            });
         }
     }
 
     /// The answer to a request that executed before (a retransmission, or a request ordered
-    /// again): with the attestation of the number it first executed at; `None` while that
-    /// attestation is being made (the answer then leaves with it); a plain answer, which E's
-    /// clients pass over, when the replica no longer knows where it executed (too long ago, or
-    /// in a state it installed by transfer).
+    /// again): with the attestation of the number it first executed at, once the replica holds
+    /// one that says what the replicated state says of that number; `None` while it is being
+    /// asked for (the answer then leaves with it); a plain answer, which E's clients pass over,
+    /// when the replica no longer knows where it executed.
     pub(super) fn answer_again(
         &mut self,
         client: ClientId,
         request: &bulwark_core::Digest,
         reply: Reply<R>,
     ) -> Option<Answer<R>> {
-        let Some(seq) = self.executed_at.get(request).copied() else {
+        let Some(at) = self.executed_at.get(request).copied() else {
             return Some(Answer::Executed(reply));
         };
-        if let Some(history) = self.proofs.get(&seq) {
+        if self.stopped.is_some() {
+            return None;
+        }
+        if let Some(history) = self.proofs.get(&at.seq)
+            && history.peek().is_ok_and(|said| self.matches(&at, &said))
+        {
             return Some(Answer::Attested {
                 reply,
                 history: history.clone(),
             });
         }
-        if !self.in_flight(seq) {
-            // Executed before a restart or in an installed state: the log may still hold the
-            // slot (a state transfer jumps over it, a truncation forgets it).
-            self.again.push(Asked {
-                seq,
-                batch: [0; 32],
-                previous: [0; 32],
-                digest: [0; 32],
-                looked_up: true,
-                known: false,
-            });
+        if !self.asking(at.seq)
+            && self
+                .enqueue(Asked {
+                    at,
+                    previous: None,
+                    lookup: true,
+                })
+                .is_err()
+        {
+            return None;
         }
-        self.answers.entry(seq).or_default().push((client, reply));
+        let waiting = self.answers.entry(at.seq).or_default();
+        let known = waiting
+            .iter()
+            .any(|(c, r)| *c == client && r.id == reply.id && r.request == reply.request);
+        if !known && waiting.len() < ANSWERS_PER_NUMBER_MAX {
+            waiting.push((client, reply));
+        }
         None
     }
 
-    /// Whether `seq`'s slot is still being asked of the trusted log.
-    pub(super) fn in_flight(&self, seq: u64) -> bool {
-        self.asked
-            .values()
-            .chain([&self.again, &self.later])
-            .flatten()
-            .any(|asked| asked.seq == seq)
+    /// Whether `seq`'s slot is queued or being asked for.
+    fn asking(&self, seq: u64) -> bool {
+        self.queue.contains_key(&seq)
+            || self
+                .in_flight
+                .as_ref()
+                .is_some_and(|(_, asked)| asked.iter().any(|a| a.at.seq == seq))
     }
 
-    pub(super) fn token(&mut self) -> u64 {
+    fn token(&mut self) -> u64 {
         let token = self.next_token;
         self.next_token += 1;
         token
     }
 
-    /// Whether `attestation` is the one this replica needs for `asked`.
-    pub(super) fn matches(&self, asked: &Asked, attestation: &Attestation) -> bool {
-        let seq = self.history.at(asked.seq);
+    /// The calls to make now: housekeeping, then the queued numbers in one batch, lowest first,
+    /// unless a batch is being made or the log was down since the last tick.
+    pub(super) fn flush(&mut self, attest: &mut Vec<Attest>) {
+        let mut first = Vec::new();
+        for call in std::mem::take(&mut self.outbox) {
+            let token = self.token();
+            self.housekeeping.insert(token);
+            first.push(Attest {
+                token,
+                calls: vec![call],
+            });
+        }
+        if self.in_flight.is_none() && !self.hold && self.stopped.is_none() {
+            let asked: Vec<Asked> = std::mem::take(&mut self.queue).into_values().collect();
+            if !asked.is_empty() {
+                let token = self.token();
+                let calls = asked.iter().map(|asked| self.call(asked)).collect();
+                first.push(Attest { token, calls });
+                self.in_flight = Some((token, asked));
+            }
+        }
+        attest.splice(0..0, first);
+    }
+
+    /// The tick: a log that was down is asked again.
+    pub(super) fn tick(&mut self) {
+        self.hold = false;
+    }
+
+    fn call(&self, asked: &Asked) -> Call {
+        let seq = self.history.at(asked.at.seq);
+        match asked.previous {
+            // An advance to the next slot is an append; one to a slot already filled is
+            // refused, never filled again.
+            Some(previous) if !asked.lookup => Call::AdvanceAttest {
+                log: self.log(),
+                seq,
+                digest: previous,
+                value: asked.at.batch,
+                nonce: a2m::nonce_of(seq),
+            },
+            _ => Call::Lookup {
+                log: self.log(),
+                seq,
+                nonce: a2m::nonce_of(seq),
+            },
+        }
+    }
+
+    /// Whether `attestation` says this replica's log holds `at`.
+    fn matches(&self, at: &Executed, attestation: &Attestation) -> bool {
+        let seq = self.history.at(at.seq);
         attestation.kind == a2m::Kind::Lookup
             && attestation.log == self.log()
             && attestation.seq == seq
             && attestation.nonce == a2m::nonce_of(seq)
             && attestation.status == Status::Assigned
             && attestation.ref_seq == seq
-            && (!asked.known
-                || (attestation.value == asked.batch && attestation.digest == asked.digest))
+            && attestation.value == at.batch
+            && attestation.digest == at.digest
     }
 
-    /// Keeps the attestation of `seq`, the oldest going first.
-    pub(super) fn keep(&mut self, seq: u64, attestation: Unverified<Attestation>) {
-        self.proofs.insert(seq, attestation);
-        while self.proofs.len() > PROOFS_MAX {
-            self.proofs.pop_first();
+    /// The trusted log's answers to the calls of `token`.
+    pub(super) fn on_answers(&mut self, token: u64, answers: Attested) -> Released<R> {
+        let mut released = Released {
+            notify: Vec::new(),
+            refused: Vec::new(),
+            attested: 0,
+        };
+        if self.housekeeping.remove(&token) {
+            return released;
         }
+        let asked = match self.in_flight.take() {
+            Some((mine, asked)) if mine == token => asked,
+            other => {
+                self.in_flight = other;
+                return released;
+            }
+        };
+        if self.stopped.is_some() {
+            return released;
+        }
+        let mut answers = answers.into_iter();
+        for asked in asked {
+            // The batch ends at the first refusal: the rest were never asked, and go back.
+            let Some(answer) = answers.next() else {
+                let _ = self.enqueue(asked);
+                continue;
+            };
+            let said = match answer {
+                Ok(Outcome::Attested(signed)) => signed,
+                Err(Refusal::NotMonotone { .. }) if !asked.lookup => {
+                    // Filled already (a restart): read it back instead.
+                    let _ = self.enqueue(Asked {
+                        lookup: true,
+                        ..asked
+                    });
+                    continue;
+                }
+                Err(Refusal::Stopped(reason)) => {
+                    released
+                        .refused
+                        .push(format!("the trusted log is down: {reason}"));
+                    self.hold = true;
+                    let _ = self.enqueue(asked);
+                    continue;
+                }
+                Err(refusal) => {
+                    // A full log stops its host rather than drop entries (spec §2.2).
+                    let reason = format!(
+                        "the trusted log refused number {}'s history slot ({refusal}): the \
+                         replica stopped",
+                        asked.at.seq
+                    );
+                    self.stop(reason.clone());
+                    released.refused.push(reason);
+                    return released;
+                }
+                Ok(other) => {
+                    released.refused.push(format!(
+                        "the trusted log answered {other:?} to a history call"
+                    ));
+                    self.answers.remove(&asked.at.seq);
+                    continue;
+                }
+            };
+            let value = *said.value();
+            if self.matches(&asked.at, &value) {
+                released.attested += 1;
+                let history = said.to_unverified();
+                for (client, reply) in self.answers.remove(&asked.at.seq).unwrap_or_default() {
+                    released.notify.push((
+                        client,
+                        reply.id,
+                        Answer::Attested {
+                            reply,
+                            history: history.clone(),
+                        },
+                    ));
+                }
+                self.proofs.insert(asked.at.seq, history);
+                while self.proofs.len() > PROOFS_MAX {
+                    self.proofs.pop_first();
+                }
+                continue;
+            }
+            match value.status {
+                // Past the log's end: fill it, if the replica knows what precedes it.
+                Status::Unassigned if asked.previous.is_some() => {
+                    let _ = self.enqueue(Asked {
+                        lookup: false,
+                        ..asked
+                    });
+                }
+                // Jumped over by a transfer, truncated, or not reached: this number's answers
+                // go without an attestation from this replica, which lies to no one.
+                Status::Unassigned | Status::Skipped | Status::Forgotten => {
+                    self.answers.remove(&asked.at.seq);
+                    released.refused.push(format!(
+                        "number {}'s history slot is {:?} in the trusted log: its answers go \
+                         unattested",
+                        asked.at.seq, value.status
+                    ));
+                }
+                // Another batch or another history before it: the log will never say what
+                // this replica executed, and answering on would be answering from a fork.
+                Status::Assigned => {
+                    let reason = format!(
+                        "the trusted request history holds another batch or history at number \
+                         {} than this replica executed: it stopped (recover it with a new log, \
+                         spec §3.3.5)",
+                        asked.at.seq
+                    );
+                    self.stop(reason.clone());
+                    released.refused.push(reason);
+                    return released;
+                }
+            }
+        }
+        released
     }
 }

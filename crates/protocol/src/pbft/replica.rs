@@ -1,13 +1,13 @@
 //! One PBFT replica (see the module docs of [`super`] for the protocol).
 
-use super::history::{Asked, History, Trail};
+use super::history::{Executed, History, Trail};
 use super::msg::{
     BATCH_BYTES_MAX, Batch, Cast, CheckpointProof, Committed, Message, NewView, Origin, Phase,
     PreparedProof, Reply, Request, StateTransfer, Status, Submitted, ViewChange, Vote,
 };
 use super::{App, AppOutput, Params};
 use crate::machine::{Access, Attest, Attested, Output, Replica, ReplicaStats};
-use bulwark_core::a2m::{self, Attestation, Call, Outcome, Refusal};
+use bulwark_core::a2m::Attestation;
 use bulwark_core::sign::{PublicKey, SecretKey, Unverified};
 use bulwark_core::wire;
 use bulwark_core::{ClientId, Digest, Slot, Time};
@@ -185,8 +185,8 @@ struct Tail {
     previous: [u8; 32],
     /// The application's own snapshot.
     app: Bytes,
-    /// The number each recent request first executed at, in execution order.
-    executed: Vec<(Digest, u64)>,
+    /// Where each recent request first executed, in execution order.
+    executed: Vec<(Digest, Executed)>,
 }
 
 /// The replicated state a checkpoint covers: the application's and the remembered results.
@@ -459,14 +459,8 @@ impl<A: App> PbftReplica<A> {
             let _ = replica.own_view_change(&mut scratch);
         }
         if let Some(trail) = replica.trail.as_mut() {
-            // The batches it executed again: their slots are asked of its trusted log at the
-            // first input (lookups where they are filled already), so retransmissions find them.
-            for attest in scratch.attest {
-                if let Some(asked) = trail.asked.remove(&attest.token) {
-                    trail.again.extend(asked);
-                }
-            }
-            trail.answers.clear();
+            // The batches it executed again may be in its log already: read back first.
+            trail.restored();
         }
         Ok(replica)
     }
@@ -958,6 +952,10 @@ impl<A: App> PbftReplica<A> {
             let seq = decided.seq;
             let batch = decided.batch.clone();
             let batch_digest = batch.digest();
+            let position = self
+                .trail
+                .as_ref()
+                .map(|trail| trail.position(seq, batch_digest.0));
             let mut out = AppOutput::default();
             let mut answers = Vec::new();
             for request in batch.requests {
@@ -975,8 +973,8 @@ impl<A: App> PbftReplica<A> {
                     }
                 };
                 let Origin::Client(client) = request.origin else {
-                    if let (Some(trail), false) = (self.trail.as_mut(), again) {
-                        trail.remember(digest, seq);
+                    if let (Some(trail), Some(at), false) = (self.trail.as_mut(), position, again) {
+                        trail.remember(digest, at);
                     }
                     continue;
                 };
@@ -995,7 +993,9 @@ impl<A: App> PbftReplica<A> {
                         }
                     }
                     Some(trail) => {
-                        trail.remember(digest, seq);
+                        if let Some(at) = position {
+                            trail.remember(digest, at);
+                        }
                         answers.push((client, reply));
                     }
                     None => answers.push((client, reply)),
@@ -1012,19 +1012,8 @@ impl<A: App> PbftReplica<A> {
                 Some(trail) => {
                     // The answers leave with slot `seq` of the request history, once the
                     // trusted log holds it (after the commit certificate is durable).
-                    let asked = trail.executed(seq, batch_digest.0);
-                    trail.answers.insert(seq, answers);
-                    if !trail.later.is_empty() {
-                        // Behind a number that waits for its log: in order, so that no slot is
-                        // jumped over.
-                        trail.later.push(asked);
-                    } else {
-                        let token = trail.token();
-                        fx.attest.push(Attest {
-                            token,
-                            calls: vec![trail.call(&asked)],
-                        });
-                        trail.asked.insert(token, vec![asked]);
+                    if let Err(reason) = trail.executed(seq, batch_digest.0, answers) {
+                        fx.refuse(reason);
                     }
                 }
             }
@@ -1112,20 +1101,10 @@ impl<A: App> PbftReplica<A> {
         self.checkpoint_votes = self.checkpoint_votes.split_off(&(seq + 1));
         self.own_checkpoints = self.own_checkpoints.split_off(&(seq + 1));
         self.next_seq = self.next_seq.max(seq + 1);
-        if let Some(trail) = self.trail.as_mut()
-            && seq > 0
-        {
-            // The history keeps the last numbers below the checkpoint (a restarted replica
-            // asks it for them again) and forgets the rest, earlier instances' slots included;
-            // the attestations already made stay with the replica for retransmissions (spec
-            // §7.2 T8). A truncation to where the log already starts is refused, harmlessly.
-            let slot = trail
-                .history
-                .at(seq.saturating_sub(super::history::TRUNCATE_LAG).max(1));
-            trail.outbox.push(Call::Truncate {
-                log: trail.log(),
-                seq: slot,
-            });
+        if let Some(trail) = self.trail.as_mut() {
+            // The attestations already made stay with the replica for retransmissions (spec
+            // §7.2 T8), whatever the log forgets.
+            trail.truncate(seq);
         }
     }
 
@@ -1158,19 +1137,8 @@ impl<A: App> PbftReplica<A> {
                     let tail: Tail = wire::decode(&state.app, A::SNAPSHOT_BYTES_MAX + TAIL_SLACK)
                         .map_err(|e| format!("state: {e}"))?;
                     self.app.restore(&tail.app)?;
-                    trail.last = (tail.batch, tail.previous);
-                    trail.set_executed(tail.executed);
-                    trail.digest = trail.history.digest_at(seq, &tail.batch, &tail.previous);
-                    if seq > 0 {
-                        // The request history moves to the installed number (spec §3.3.5); a
-                        // log already there or past it refuses and keeps what it has.
-                        trail.outbox.push(Call::Advance {
-                            log: trail.log(),
-                            seq: trail.history.at(seq),
-                            digest: tail.previous,
-                            value: tail.batch,
-                        });
-                    }
+                    // The request history moves to the installed number (spec §3.3.5).
+                    trail.installed(seq, tail.batch, tail.previous, tail.executed);
                 }
             }
             self.replies = state.replies;
@@ -1578,11 +1546,10 @@ impl<A: App> PbftReplica<A> {
 
     fn tick(&mut self, now: Time, fx: &mut Effects<A>) {
         if let Some(trail) = self.trail.as_mut() {
-            let later = std::mem::take(&mut trail.later);
-            trail.again.extend(later);
             if trail.stopped.is_some() {
                 return;
             }
+            trail.tick();
         }
         let mut out = AppOutput::default();
         self.app.on_tick(now, &mut out);
@@ -1715,27 +1682,7 @@ impl<A: App> PbftReplica<A> {
 
     fn output(&mut self, mut fx: Effects<A>) -> Output<Self> {
         if let Some(trail) = self.trail.as_mut() {
-            // Housekeeping (an advance to an installed number) first, then numbers asked again,
-            // then this input's: the log fills slots in order.
-            let mut first = Vec::new();
-            // One batch per housekeeping call: a refused one (a log already past an advance)
-            // must not keep the next from being made.
-            for call in std::mem::take(&mut trail.outbox) {
-                let token = trail.token();
-                first.push(Attest {
-                    token,
-                    calls: vec![call],
-                });
-                trail.asked.insert(token, Vec::new());
-            }
-            if !trail.again.is_empty() {
-                let asked = std::mem::take(&mut trail.again);
-                let token = trail.token();
-                let calls = asked.iter().map(|asked| trail.call(asked)).collect();
-                first.push(Attest { token, calls });
-                trail.asked.insert(token, asked);
-            }
-            fx.attest.splice(0..0, first);
+            trail.flush(&mut fx.attest);
         }
         Output {
             changes: fx.changes,
@@ -1755,110 +1702,12 @@ impl<A: App> PbftReplica<A> {
         let Some(trail) = self.trail.as_mut() else {
             return;
         };
-        let Some(asked) = trail.asked.remove(&token) else {
-            return;
-        };
-        let mut answers = answers.into_iter();
-        // Whether the batch ended because the log is down (the rest waits for the tick) or at a
-        // slot found filled (the rest is asked again at once).
-        let mut down = false;
-        for asked in &asked {
-            let Some(answer) = answers.next() else {
-                if down {
-                    trail.later.push(asked.clone());
-                } else {
-                    trail.again.push(asked.clone());
-                }
-                continue;
-            };
-            let said = match answer {
-                Ok(Outcome::Attested(signed)) => signed,
-                Err(Refusal::NotMonotone { .. }) if !asked.looked_up => {
-                    // Filled before a restart: read it back instead.
-                    trail.again.push(Asked {
-                        looked_up: true,
-                        ..asked.clone()
-                    });
-                    continue;
-                }
-                Err(Refusal::Stopped(reason)) => {
-                    self.stats.attest_refused += 1;
-                    fx.refuse(format!("the trusted log is down: {reason}"));
-                    down = true;
-                    trail.later.push(asked.clone());
-                    continue;
-                }
-                Err(refusal) => {
-                    // A full log stops its host rather than drop entries (spec §2.2).
-                    self.stats.attest_refused += 1;
-                    let reason = format!(
-                        "the trusted log refused number {}'s history slot ({refusal}): the \
-                         replica stopped",
-                        asked.seq
-                    );
-                    trail.answers.remove(&asked.seq);
-                    trail.stopped.get_or_insert_with(|| reason.clone());
-                    fx.refuse(reason);
-                    continue;
-                }
-                Ok(other) => {
-                    fx.refuse(format!(
-                        "the trusted log answered {other:?} to a history call"
-                    ));
-                    continue;
-                }
-            };
-            let value = said.value();
-            if trail.matches(asked, value) {
-                self.stats.attested += 1;
-                let history = said.to_unverified();
-                for (client, reply) in trail.answers.remove(&asked.seq).unwrap_or_default() {
-                    fx.notify.push((
-                        client,
-                        reply.id,
-                        Answer::Attested {
-                            reply,
-                            history: history.clone(),
-                        },
-                    ));
-                }
-                trail.keep(asked.seq, history);
-                continue;
-            }
-            self.stats.attest_refused += 1;
-            match value.status {
-                // Past the log's end after all: fill it, if the replica knows with what.
-                a2m::Status::Unassigned if asked.known => trail.again.push(Asked {
-                    looked_up: false,
-                    ..asked.clone()
-                }),
-                a2m::Status::Unassigned => {
-                    trail.answers.remove(&asked.seq);
-                }
-                // Jumped over while the log was down, or truncated: this number's answers go
-                // without an attestation from this replica, which lies to no one.
-                a2m::Status::Skipped | a2m::Status::Forgotten => {
-                    trail.answers.remove(&asked.seq);
-                    fx.refuse(format!(
-                        "number {}'s history slot is {:?} in the trusted log: its answers go \
-                         unattested",
-                        asked.seq, value.status
-                    ));
-                }
-                // Another batch or another history before it: the log will never say what
-                // this replica executed, and answering on would be answering from a fork.
-                a2m::Status::Assigned => {
-                    let reason = format!(
-                        "the trusted request history holds another batch or history at number \
-                         {} than this replica executed: it stopped (recover it with a new log, \
-                         spec §3.3.5)",
-                        asked.seq
-                    );
-                    trail.answers.remove(&asked.seq);
-                    trail.stopped.get_or_insert_with(|| reason.clone());
-                    fx.refuse(reason);
-                }
-            }
+        let released = trail.on_answers(token, answers);
+        self.stats.attested += released.attested;
+        self.stats.attest_refused += released.refused.len() as u64;
+        fx.notify.extend(released.notify);
+        for reason in released.refused {
+            fx.refuse(reason);
         }
     }
 }
@@ -1875,7 +1724,7 @@ pub(super) fn encode_state<A: App>(app: &A, replies: &Replies<A::Result>) -> Vec
 
 /// Room above the application's snapshot bound for E's [`Tail`]: two digests and
 /// [`super::history::EXECUTED_MAX`] remembered numbers.
-const TAIL_SLACK: usize = 128 + super::history::EXECUTED_MAX * 48;
+const TAIL_SLACK: usize = 128 + super::history::EXECUTED_MAX * 128;
 
 /// The replicated state: PBFT's, or under E the same with the request history's last slot in
 /// the application's part ([`Tail`]).

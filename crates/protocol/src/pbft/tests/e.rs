@@ -546,3 +546,56 @@ fn under_e_a_split_of_the_faulty_logs_stalls_both_clients_and_shows_the_fork() {
         assert_eq!(net.replica(slot).history(), net.replica(0).history());
     }
 }
+
+#[test]
+fn a_replica_that_installs_the_other_sides_state_never_vouches_for_it_with_its_own_slots() {
+    // Beyond f: replicas 1 and 2 order Add(7) at number 1 with replica 3 (their trusted logs
+    // hold it), then sign replica 0's side of the split, where Add(5) executed at 1, through a
+    // stable checkpoint that replica 3 installs. Replica 3's log holds Add(7)'s batch at 1: it
+    // must never answer Add(5)'s retransmission with that slot (a client would then take
+    // Add(5)'s result at the position where Add(7)'s was accepted), and stops instead.
+    let mut second = Net::e(1);
+    second.crash(0);
+    let b = second.submit(Op::Add(7));
+    second.run_for(20_000);
+    assert_eq!(second.ok(b), 7, "the second side accepts");
+    // The first side, where replicas 1 and 2 sign whatever they are asked: E's state, on
+    // trusted logs of their own.
+    let mut first_e = Net::e(1);
+    first_e.crash(3);
+    for _ in 0..9 {
+        first_e.complete(Op::Add(5));
+    }
+    first_e.run_for(1_000);
+    let transfer = first_e.disks[0]
+        .iter()
+        .rev()
+        .find_map(|change| match change {
+            Change::Checkpoint(transfer) if transfer.proof.seq == 8 => Some(transfer.clone()),
+            _ => None,
+        })
+        .expect("a stable checkpoint at 8");
+    let (refused, _) = second.inject(0, 3, Message::State(transfer));
+    assert_eq!(refused, None);
+    second.run();
+    assert_eq!(
+        second.replica(3).executed(),
+        8,
+        "replica 3 installed the first side's state"
+    );
+    // Add(5)'s first request retransmitted to the second side.
+    let a = second.submit_as(1, Op::Add(5));
+    second.run_for(1_000);
+    let wrong: Vec<_> = second.clients[a]
+        .submit
+        .positions()
+        .into_iter()
+        .filter(|(slot, _)| *slot == Slot(3))
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "replica 3 vouched with its own slot: {wrong:?}"
+    );
+    let stopped = second.replica(3).stopped().expect("replica 3 stopped");
+    assert!(stopped.contains("another batch"), "{stopped}");
+}
