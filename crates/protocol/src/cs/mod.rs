@@ -47,6 +47,20 @@ pub const CS_LOGS: bulwark_core::a2m::LogId = 1 << 32;
 /// instance in a slot range of its own as on EA.
 pub const CS_HISTORY_LOG: bulwark_core::a2m::LogId = CS_LOGS + 6;
 
+/// Every CS replica's trusted-log key, in slot order.
+fn trusted_keys(config: &Configuration) -> Result<Vec<bulwark_core::sign::PublicKey>, String> {
+    config
+        .cs()
+        .iter()
+        .map(|id| {
+            config
+                .member(*id)
+                .and_then(|member| member.trusted_key)
+                .ok_or_else(|| format!("CS replica {id} has no trusted log"))
+        })
+        .collect()
+}
+
 /// What the trusted authority orders for the next epoch.
 // Orders are few and short-lived; boxing the member would only add an allocation.
 #[allow(clippy::large_enum_variant)]
@@ -281,20 +295,13 @@ impl ConfigService {
     /// check them: each CS replica's trusted-log key, [`CS_HISTORY_LOG`], and this epoch's range
     /// of slots.
     pub fn history(config: &Configuration) -> Result<pbft::History, String> {
-        let attesters = config
-            .cs()
-            .iter()
-            .map(|id| {
-                config
-                    .member(*id)
-                    .and_then(|member| member.trusted_key)
-                    .map(|key| pbft::Attester {
-                        key,
-                        log: CS_HISTORY_LOG,
-                    })
-                    .ok_or_else(|| format!("CS replica {id} has no trusted log"))
+        let attesters = trusted_keys(config)?
+            .into_iter()
+            .map(|key| pbft::Attester {
+                key,
+                log: CS_HISTORY_LOG,
             })
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect();
         let epoch = u32::try_from(config.epoch.0)
             .map_err(|_| "an epoch beyond the trusted logs' ranges".to_string())?;
         Ok(pbft::History {
@@ -343,16 +350,7 @@ impl ConfigService {
             app,
             ..
         } = ConfigService::setup(config, node, secret)?;
-        let trusted = config
-            .cs()
-            .iter()
-            .map(|id| {
-                config
-                    .member(*id)
-                    .and_then(|member| member.trusted_key)
-                    .ok_or_else(|| format!("CS replica {id} has no trusted log"))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let trusted = trusted_keys(config)?;
         let epoch = u32::try_from(config.epoch.0)
             .map_err(|_| "an epoch beyond the trusted logs' ranges".to_string())?;
         Ok(pbft::ea::Setup {

@@ -63,6 +63,28 @@ impl Net {
         twin
     }
 
+    /// `slot`'s trusted log filling `seq` of `log` with a made-up value, and attesting it.
+    fn advance_attest(
+        &self,
+        slot: usize,
+        log: a2m::LogId,
+        seq: Seq,
+    ) -> Unverified<a2m::Attestation> {
+        let answers = self.components[slot]
+            .borrow_mut()
+            .call_all(&[Call::AdvanceAttest {
+                log,
+                seq,
+                digest: [0; 32],
+                value: [1; 32],
+                nonce: a2m::nonce_of(seq),
+            }]);
+        match answers.into_iter().next() {
+            Some(Ok(Outcome::Attested(signed))) => signed.to_unverified(),
+            other => panic!("an advance-attest answered {other:?}"),
+        }
+    }
+
     /// The history attestation `slot`'s trusted log makes of number `n`, as a reply carries it.
     fn lookup(&self, slot: usize, n: u64) -> Unverified<a2m::Attestation> {
         let history = self.history.as_ref().expect("an E net");
@@ -181,36 +203,8 @@ fn unattested_replayed_and_foreign_answers_do_not_count() {
     }
     assert_eq!(submit.bad_attestations().len(), 3);
     // Another log of replica 1's trusted log, and a slot of another instance.
-    let other_log = {
-        let mut component = net.components[1].borrow_mut();
-        let seq = history.at(1);
-        let answers = component.call_all(&[Call::AdvanceAttest {
-            log: LOG + 1,
-            seq,
-            digest: [0; 32],
-            value: [1; 32],
-            nonce: a2m::nonce_of(seq),
-        }]);
-        match answers.into_iter().next() {
-            Some(Ok(Outcome::Attested(signed))) => signed.to_unverified(),
-            other => panic!("{other:?}"),
-        }
-    };
-    let other_instance = {
-        let mut component = net.components[2].borrow_mut();
-        let seq = history.base - 5;
-        let answers = component.call_all(&[Call::AdvanceAttest {
-            log: LOG + 2,
-            seq,
-            digest: [0; 32],
-            value: [1; 32],
-            nonce: a2m::nonce_of(seq),
-        }]);
-        match answers.into_iter().next() {
-            Some(Ok(Outcome::Attested(signed))) => signed.to_unverified(),
-            other => panic!("{other:?}"),
-        }
-    };
+    let other_log = net.advance_attest(1, LOG + 1, history.at(1));
+    let other_instance = net.advance_attest(2, LOG + 2, history.base - 5);
     let mut fresh: Submit<Counter> = Submit::attested(net.params, history, CLIENT, 77, Op::Add(9));
     let _ = fresh.start();
     for (slot, history) in [(1, other_log), (2, other_instance)] {
