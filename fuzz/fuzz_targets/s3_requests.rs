@@ -284,7 +284,12 @@ fuzz_target!(|data: &[u8]| {
     let mut u = Unstructured::new(data);
     let clients = HashMap::from([(ACCESS_KEY.to_owned(), Arc::new(MemRegisters::default()))]);
     let secrets = HashMap::from([(ACCESS_KEY.to_owned(), SECRET_KEY.to_owned())]);
-    let service = bulwark_gateway::server::service(Limits::default(), clients, secrets);
+    let service = bulwark_gateway::server::service(
+        Limits::default(),
+        bulwark_gateway::seal::GatewayKeys::new([("fuzz".to_owned(), [7; 32])]),
+        clients,
+        secrets,
+    );
     RUNTIME.block_on(async {
         for bucket in &BUCKETS[..2] {
             let response = service.call(plain("PUT", &format!("/{bucket}"))).await;

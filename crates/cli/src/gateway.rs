@@ -3,7 +3,7 @@
 use crate::dev;
 use anyhow::{Context, Result};
 use bulwark_gateway::GatewayConfig;
-use bulwark_gateway::config::AccessKey;
+use bulwark_gateway::config::{AccessKey, SseKey};
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -40,6 +40,10 @@ pub struct GatewayArgs {
     /// Seconds the chunks of a replaced or deleted version stay readable.
     #[arg(long, default_value_t = 60)]
     pub chunk_grace_secs: u64,
+    /// A file holding the SSE-S3 key (64 hex digits), kept in object records as key "default";
+    /// without it (or `sse_s3_keys` in --config) SSE-S3 requests are refused.
+    #[arg(long)]
+    pub sse_s3_key_file: Option<PathBuf>,
 }
 
 /// Serves until Ctrl-C.
@@ -48,7 +52,9 @@ pub async fn run(args: &GatewayArgs) -> Result<()> {
         Some(path) => {
             let text =
                 std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
-            GatewayConfig::parse(&text, &path.display().to_string())?
+            let mut config = GatewayConfig::parse(&text, &path.display().to_string())?;
+            config.base = path.parent().map(PathBuf::from).unwrap_or_default();
+            config
         }
         None => {
             if args.secret_key == DEMO_SECRET_KEY {
@@ -68,6 +74,15 @@ pub async fn run(args: &GatewayArgs) -> Result<()> {
                     secret_key: args.secret_key.clone(),
                     client: args.client.clone(),
                 }],
+                sse_s3_keys: args
+                    .sse_s3_key_file
+                    .iter()
+                    .map(|key_file| SseKey {
+                        id: "default".to_owned(),
+                        key_file: key_file.clone(),
+                    })
+                    .collect(),
+                base: PathBuf::new(),
             };
             config.check("command line")?;
             config

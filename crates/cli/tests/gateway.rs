@@ -19,6 +19,9 @@ const OBJECT_BYTES_MAX: u64 = 32 << 20;
 struct Gateway {
     child: Child,
     endpoint: String,
+    /// The cluster directory, every node's store under it: the suite looks there for plaintext
+    /// of encrypted objects.
+    stores: std::path::PathBuf,
 }
 
 impl Drop for Gateway {
@@ -29,6 +32,9 @@ impl Drop for Gateway {
 }
 
 fn start_gateway(cluster: &Path) -> Gateway {
+    // SSE-S3's key, kept beside the cluster's secrets.
+    let key_file = cluster.join("sse-s3.key");
+    std::fs::write(&key_file, hex::encode(rand::random::<[u8; 32]>())).expect("write the key");
     let mut child = Command::new(BULWARK)
         .args(["gateway", "--listen", "127.0.0.1:0", "--client", "admin"])
         .arg("--cluster")
@@ -37,6 +43,8 @@ fn start_gateway(cluster: &Path) -> Gateway {
         .arg("--object-bytes-max")
         .arg(OBJECT_BYTES_MAX.to_string())
         .args(["--chunk-grace-secs", "5"])
+        .arg("--sse-s3-key-file")
+        .arg(&key_file)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -52,7 +60,11 @@ fn start_gateway(cluster: &Path) -> Gateway {
         .strip_prefix("S3 gateway listening on ")
         .unwrap_or_else(|| panic!("unexpected first line from the gateway: {line:?}"))
         .to_owned();
-    Gateway { child, endpoint }
+    Gateway {
+        child,
+        endpoint,
+        stores: cluster.to_owned(),
+    }
 }
 
 fn run_suite(gateway: &Gateway, pytest_args: &[&str]) {
@@ -64,6 +76,7 @@ fn run_suite(gateway: &Gateway, pytest_args: &[&str]) {
         .arg("--max-object-bytes")
         .arg(OBJECT_BYTES_MAX.to_string())
         .args(pytest_args)
+        .env("S3_NODE_STORES", &gateway.stores)
         .stdin(Stdio::null())
         .status()
         .expect("run tests/s3/run.sh");

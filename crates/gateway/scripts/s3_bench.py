@@ -2,7 +2,7 @@
 """Put and get throughput of an S3 endpoint with boto3, one request at a time.
 
     s3_bench.py --endpoint http://127.0.0.1:9000 --access-key AK --secret-key SK \
-        [--sizes 1,64] [--seconds 20] [--label bulwark]
+        [--sizes 1,64] [--seconds 20] [--label bulwark] [--encryption none|sse-c|sse-s3]
 
 For each size (MiB) it PUTs fresh keys for about --seconds (at least 3 objects), then GETs
 them back the same way, and prints one line per size and operation: objects, MiB/s, and the
@@ -27,7 +27,14 @@ def main():
     ap.add_argument("--sizes", default="1,64", help="object sizes in MiB, comma-separated")
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--label", default="")
+    ap.add_argument("--encryption", default="none", choices=["none", "sse-c", "sse-s3"],
+                    help="server-side encryption for every PUT and GET")
     args = ap.parse_args()
+    put_args, get_args = {}, {}
+    if args.encryption == "sse-c":
+        put_args = get_args = {"SSECustomerAlgorithm": "AES256", "SSECustomerKey": os.urandom(32)}
+    elif args.encryption == "sse-s3":
+        put_args = {"ServerSideEncryption": "AES256"}
     s3 = boto3.client(
         "s3",
         endpoint_url=args.endpoint,
@@ -46,7 +53,7 @@ def main():
             while len(keys) < 3 or time.monotonic() - start < args.seconds:
                 key = f"o{len(keys)}"
                 t = time.monotonic()
-                s3.put_object(Bucket=bucket, Key=key, Body=body)
+                s3.put_object(Bucket=bucket, Key=key, Body=body, **put_args)
                 put_lat.append(time.monotonic() - t)
                 keys.append(key)
             put_total = time.monotonic() - start
@@ -54,7 +61,7 @@ def main():
             start = time.monotonic()
             for key in keys:
                 t = time.monotonic()
-                got = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+                got = s3.get_object(Bucket=bucket, Key=key, **get_args)["Body"].read()
                 get_lat.append(time.monotonic() - t)
                 assert len(got) == len(body), "short read"
             get_total = time.monotonic() - start

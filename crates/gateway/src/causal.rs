@@ -349,6 +349,7 @@ mod tests {
             parts: 0,
             data: layout::Data::Inline(Bytes::from_static(b"x")),
             extra: layout::ObjectExtra::default(),
+            sealed: None,
         };
         layout::encode_extended("manifest", &manifest).unwrap()
     }

@@ -10,6 +10,11 @@
 //! access_key = "AKEXAMPLE"
 //! secret_key = "a long random secret"
 //! client = "admin"                  # a client in cluster.toml whose secrets are in the directory
+//!
+//! # SSE-S3: the first key seals new objects; keep older ones listed to read what they sealed.
+//! [[sse_s3_keys]]
+//! id = "2026-12"
+//! key_file = "sse-2026-12.key"      # 64 hex digits; relative to this file's directory
 //! ```
 
 use serde::Deserialize;
@@ -26,6 +31,32 @@ pub struct AccessKey {
     pub secret_key: String,
     /// The cluster client it acts as.
     pub client: String,
+}
+
+/// One SSE-S3 key: its id (kept in the records of the objects it sealed) and where it is.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SseKey {
+    /// The key's name; at most 64 bytes.
+    pub id: String,
+    /// A file holding the 256-bit key as 64 hex digits (surrounding whitespace ignored).
+    pub key_file: PathBuf,
+}
+
+impl SseKey {
+    /// Reads the key; a relative `key_file` is taken from `base`.
+    pub fn read(&self, base: &std::path::Path) -> Result<[u8; 32], ConfigError> {
+        let path = base.join(&self.key_file);
+        let invalid = |problem: String| ConfigError::Invalid {
+            file: path.display().to_string(),
+            problem,
+        };
+        let text = std::fs::read_to_string(&path).map_err(|e| invalid(e.to_string()))?;
+        hex::decode(text.trim())
+            .ok()
+            .and_then(|key| <[u8; 32]>::try_from(key).ok())
+            .ok_or_else(|| invalid(format!("SSE-S3 key {:?} is not 64 hex digits", self.id)))
+    }
 }
 
 fn default_listen() -> SocketAddr {
@@ -67,6 +98,12 @@ pub struct GatewayConfig {
     pub chunk_grace_secs: u64,
     /// Who may connect.
     pub access_keys: Vec<AccessKey>,
+    /// SSE-S3 keys, the first sealing new objects; none: SSE-S3 requests are refused.
+    #[serde(default)]
+    pub sse_s3_keys: Vec<SseKey>,
+    /// The directory relative key files are read from: the configuration file's.
+    #[serde(skip)]
+    pub base: PathBuf,
 }
 
 /// Why a configuration is not usable.
@@ -130,6 +167,15 @@ impl GatewayConfig {
                 )));
             }
         }
+        let mut ids = std::collections::HashSet::new();
+        for key in &self.sse_s3_keys {
+            if key.id.is_empty() || key.id.len() > 64 {
+                return Err(invalid("sse_s3_keys: an id must be 1 to 64 bytes".into()));
+            }
+            if !ids.insert(&key.id) {
+                return Err(invalid(format!("sse_s3_keys: {:?} appears twice", key.id)));
+            }
+        }
         if self.max_connections == 0 || self.chunk_buffers == 0 {
             return Err(invalid(
                 "max_connections and chunk_buffers must be at least 1".into(),
@@ -153,6 +199,29 @@ mod tests {
         assert_eq!(c.listen.port(), 9100);
         assert_eq!(c.object_bytes_max, 5 << 30);
         assert_eq!(c.access_keys[0].client, "admin");
+    }
+
+    #[test]
+    fn sse_s3_keys_are_read_and_checked() {
+        let dir = std::env::temp_dir().join(format!("bulwark-sse-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("good.key"), format!("{}\n", "ab".repeat(32))).unwrap();
+        std::fs::write(dir.join("short.key"), "abcd").unwrap();
+        let base = "cluster = \"c\"\n[[access_keys]]\naccess_key = \"a\"\nsecret_key = \"12345678\"\nclient = \"x\"\n";
+        let key = |id: &str, file: &str| {
+            format!("[[sse_s3_keys]]\nid = \"{id}\"\nkey_file = \"{file}\"\n")
+        };
+        let c =
+            GatewayConfig::parse(&format!("{base}{}", key("k1", "good.key")), "g.toml").unwrap();
+        assert_eq!(c.sse_s3_keys[0].read(&dir).unwrap(), [0xab; 32]);
+        let c =
+            GatewayConfig::parse(&format!("{base}{}", key("k2", "short.key")), "g.toml").unwrap();
+        let e = c.sse_s3_keys[0].read(&dir).unwrap_err();
+        assert!(e.to_string().contains("64 hex digits"), "{e}");
+        let twice = format!("{base}{}{}", key("k", "good.key"), key("k", "short.key"));
+        let e = GatewayConfig::parse(&twice, "g.toml").unwrap_err();
+        assert!(e.to_string().contains("twice"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

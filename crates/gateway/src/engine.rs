@@ -21,6 +21,7 @@ use crate::layout::{
     INLINE_BYTES_MAX, IndexEntry, IndexShard, LayoutError, Manifest, ObjectExtra, PartRecord,
     UploadList, UploadRecord, WriteId,
 };
+use crate::seal::{CustomerKey, GatewayKeys, Seal};
 use crate::store::{Registers, StoreError};
 use bytes::{Bytes, BytesMut};
 use futures::{Stream, StreamExt, stream};
@@ -112,6 +113,8 @@ pub struct Engine {
     shards: Stripes<Mutex<()>>,
     uploads: Stripes<Mutex<()>>,
     upload_lists: Stripes<Mutex<()>>,
+    /// The SSE-S3 keys.
+    keys: GatewayKeys,
 }
 
 /// The bytes of a body write, once durable.
@@ -121,6 +124,8 @@ pub struct Written {
     pub size: u64,
     /// MD5 of the bytes.
     pub md5: [u8; 16],
+    /// What the ETag is made of: `md5`, or for a sealed body [`sealed_digest`] of its data.
+    pub etag_md5: [u8; 16],
     /// The `x-amz-checksum-*` values computed, base64, for the algorithms asked for.
     pub checksum: Checksum,
     /// Where they are.
@@ -285,6 +290,18 @@ fn stored_checksums(checksum: &Checksum) -> Checksums {
     }
 }
 
+/// What a new object keeps of `checksums`: in the clear when it is not sealed, else sealed in
+/// its record.
+fn sealed_checksums(
+    seal: Option<&Seal>,
+    checksums: Checksums,
+) -> (Checksums, Option<layout::Sealed>) {
+    match seal {
+        Some(seal) => (Checksums::default(), Some(seal.record(&checksums))),
+        None => (checksums, None),
+    }
+}
+
 pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -393,12 +410,17 @@ fn forget_chunks<R: Registers>(reg: &Arc<R>, chunks: Vec<ChunkRef>, delay: Durat
     });
 }
 
+/// Where a causal bucket's object is, and the versions beside the one returned.
+type CausalFound<R> = (Arc<CausalObjects<R>>, Vec<crate::causal::Other>);
+
 /// An object GET or HEAD answers with.
 pub struct Object<R> {
-    /// Its manifest.
+    /// Its manifest; an encrypted object's checksums opened into `extra`.
     pub manifest: Manifest,
+    /// The key that opens it, when it is encrypted.
+    pub seal: Option<Seal>,
     /// In a causal bucket: where its chunks are, and the versions beside the one returned.
-    pub causal: Option<(Arc<CausalObjects<R>>, Vec<crate::causal::Other>)>,
+    pub causal: Option<CausalFound<R>>,
 }
 
 /// A fetched piece of an object and the read buffer it occupies until handed to the client.
@@ -424,7 +446,23 @@ impl Stream for ObjectStream {
     }
 }
 
-async fn fetch_chunk<R: Registers>(reg: &R, chunk: &ChunkRef) -> S3Result<Bytes> {
+/// The MD5 an encrypted body's ETag is made of: over the hashes of its sealed chunks, or its
+/// sealed inline bytes. It says nothing of the plaintext, as the nodes that store it may see it.
+pub fn sealed_digest(data: &Data) -> [u8; 16] {
+    let mut md5 = md5::Md5::new();
+    match data {
+        Data::Inline(stored) => md5.update(stored),
+        Data::Chunks(chunks) => chunks.iter().for_each(|chunk| md5.update(chunk.hash)),
+    }
+    md5.finalize().into()
+}
+
+/// A chunk fetched, checked against its reference and, when `seal` is given, opened.
+async fn fetch_chunk<R: Registers>(
+    reg: &R,
+    chunk: &ChunkRef,
+    seal: Option<&Seal>,
+) -> S3Result<Bytes> {
     let data = reg
         .get(&reg.chunk_key(chunk))
         .await
@@ -437,8 +475,12 @@ async fn fetch_chunk<R: Registers>(reg: &R, chunk: &ChunkRef) -> S3Result<Bytes>
                 hex::encode(chunk.write)
             )
         })?;
-    layout::verify_chunk(chunk, &data).map_err(layout_error)?;
-    Ok(data)
+    let overhead = if seal.is_some() { layout::OVERHEAD } else { 0 };
+    layout::verify_chunk(chunk, &data, overhead).map_err(layout_error)?;
+    match seal {
+        Some(seal) => seal.open(&data),
+        None => Ok(data),
+    }
 }
 
 /// The part of each chunk that `range` covers.
@@ -473,7 +515,19 @@ impl Engine {
             shards: Stripes::new(256),
             uploads: Stripes::new(256),
             upload_lists: Stripes::new(64),
+            keys: GatewayKeys::default(),
         }
+    }
+
+    /// The same engine sealing SSE-S3 objects with `keys`.
+    pub fn with_gateway_keys(mut self, keys: GatewayKeys) -> Engine {
+        self.keys = keys;
+        self
+    }
+
+    /// The SSE-S3 keys.
+    pub fn gateway_keys(&self) -> &GatewayKeys {
+        &self.keys
     }
 
     /// The limits in force.
@@ -691,9 +745,9 @@ impl Engine {
 
     // ---- object bodies ----
 
-    /// Streams a body into chunks, at most `max` bytes, keeping at most a few chunks in memory.
-    /// Bodies of at most `inline_max` bytes are returned inline. On failure, chunks already written
-    /// are deleted.
+    /// Streams a body into chunks, at most `max` bytes, keeping at most a few chunks in memory,
+    /// each sealed with `seal` when given. Bodies of at most `inline_max` bytes are returned
+    /// inline. On failure, chunks already written are deleted.
     pub async fn write_body<R: Registers, S>(
         &self,
         reg: &Arc<R>,
@@ -701,6 +755,7 @@ impl Engine {
         max: u64,
         inline_max: usize,
         algorithms: Algorithms,
+        seal: Option<&Seal>,
     ) -> S3Result<Written>
     where
         S: Stream<Item = S3Result<Bytes>> + Unpin,
@@ -715,7 +770,7 @@ impl Engine {
                 max,
                 inline_max,
                 algorithms,
-                write,
+                (write, seal),
                 &mut chunks,
                 &mut inflight,
             )
@@ -750,7 +805,7 @@ impl Engine {
         max: u64,
         inline_max: usize,
         algorithms: Algorithms,
-        write: WriteId,
+        (write, seal): (WriteId, Option<&Seal>),
         chunks: &mut Vec<ChunkRef>,
         inflight: &mut JoinSet<S3Result<()>>,
     ) -> S3Result<Written>
@@ -790,38 +845,45 @@ impl Engine {
                 if buf.len() == CHUNK_BYTES
                     && let Some((buf, permit)) = buffer.take()
                 {
-                    self.spawn_chunk(reg, write, buf.freeze(), permit, chunks, inflight)
+                    self.spawn_chunk(reg, (write, seal), buf.freeze(), permit, chunks, inflight)
                         .await?;
                 }
             }
         }
         let md5: [u8; 16] = md5.finalize().into();
         let checksum = checksums.finalize();
-        if chunks.is_empty() && size <= inline_max as u64 {
-            let data = buffer.map(|(buf, _)| buf.freeze()).unwrap_or_default();
-            return Ok(Written {
+        let written = |data: Data| {
+            let etag_md5 = match seal {
+                Some(_) => sealed_digest(&data),
+                None => md5,
+            };
+            Written {
                 size,
                 md5,
+                etag_md5,
                 checksum,
-                data: Data::Inline(data),
-            });
+                data,
+            }
+        };
+        if chunks.is_empty() && size <= inline_max as u64 {
+            let data: Bytes = buffer.map(|(buf, _)| buf.freeze()).unwrap_or_default();
+            let data = match seal {
+                Some(seal) => seal.seal(&data),
+                None => data,
+            };
+            return Ok(written(Data::Inline(data)));
         }
         if let Some((buf, permit)) = buffer.take() {
-            self.spawn_chunk(reg, write, buf.freeze(), permit, chunks, inflight)
+            self.spawn_chunk(reg, (write, seal), buf.freeze(), permit, chunks, inflight)
                 .await?;
         }
-        Ok(Written {
-            size,
-            md5,
-            checksum,
-            data: Data::Chunks(chunks.clone()),
-        })
+        Ok(written(Data::Chunks(chunks.clone())))
     }
 
     async fn spawn_chunk<R: Registers>(
         &self,
         reg: &Arc<R>,
-        write: WriteId,
+        (write, seal): (WriteId, Option<&Seal>),
         data: Bytes,
         permit: OwnedSemaphorePermit,
         chunks: &mut Vec<ChunkRef>,
@@ -832,7 +894,13 @@ impl Engine {
                 done.unwrap_or_else(|e| Err(s3_error!(InternalError, "chunk write task: {e}")))?;
             }
         }
-        let chunk = ChunkRef::of(write, &data);
+        let (chunk, data) = match seal {
+            Some(seal) => {
+                let stored = seal.seal(&data);
+                (ChunkRef::sealed(write, data.len(), &stored), stored)
+            }
+            None => (ChunkRef::of(write, &data), data),
+        };
         chunks.push(chunk);
         let reg = reg.clone();
         inflight.spawn(async move {
@@ -873,13 +941,45 @@ impl Engine {
     }
 
     /// The object GET and HEAD answer with: in a register bucket its manifest; in a causal
-    /// bucket the current version by [`crate::causal`]'s rule, with the others it has.
+    /// bucket the current version by [`crate::causal`]'s rule, with the others it has. An
+    /// encrypted one is opened with `customer`'s key, or the gateway's, and refused when that
+    /// is not the key it was sealed with.
     pub async fn object<R: Registers>(
         &self,
         reg: &Arc<R>,
         bucket: &str,
         key: &str,
+        customer: Option<&CustomerKey>,
     ) -> S3Result<Object<R>> {
+        let (mut manifest, causal) = self.find_object(reg, bucket, key).await?;
+        let seal = self.open_manifest(&mut manifest, customer)?;
+        Ok(Object {
+            manifest,
+            seal,
+            causal,
+        })
+    }
+
+    /// The seal that opens `manifest`, with its checksums opened into `extra`.
+    fn open_manifest(
+        &self,
+        manifest: &mut Manifest,
+        customer: Option<&CustomerKey>,
+    ) -> S3Result<Option<Seal>> {
+        let sealed = manifest.sealed.as_ref();
+        let seal = Seal::for_read(sealed.map(|s| &s.mode), customer, &self.keys)?;
+        if let (Some(seal), Some(sealed)) = (&seal, sealed) {
+            manifest.extra.checksums = seal.checksums(sealed);
+        }
+        Ok(seal)
+    }
+
+    async fn find_object<R: Registers>(
+        &self,
+        reg: &Arc<R>,
+        bucket: &str,
+        key: &str,
+    ) -> S3Result<(Manifest, Option<CausalFound<R>>)> {
         check_object_key(key)?;
         if let Some(bytes) = reg
             .get(&layout::object_key(bucket, key))
@@ -887,10 +987,7 @@ impl Engine {
             .map_err(store_error)?
         {
             let manifest = layout::decode_manifest(key, &bytes).map_err(layout_error)?;
-            return Ok(Object {
-                manifest,
-                causal: None,
-            });
+            return Ok((manifest, None));
         }
         let record = self.require_bucket(reg.as_ref(), bucket).await?;
         let missing = || s3_error!(NoSuchKey, "no object {key:?} in bucket {bucket:?}");
@@ -900,10 +997,7 @@ impl Engine {
         crate::causal::check_key(key)?;
         let objects = Arc::new(CausalObjects::new(reg.clone(), volume));
         let (manifest, others) = objects.current(key).await?.ok_or_else(missing)?;
-        Ok(Object {
-            manifest,
-            causal: Some((objects, others)),
-        })
+        Ok((manifest, Some((objects, others))))
     }
 
     /// Streams `range` of an object found by [`Engine::object`].
@@ -913,9 +1007,10 @@ impl Engine {
         object: &Object<R>,
         range: Range<u64>,
     ) -> S3Result<ObjectStream> {
+        let seal = object.seal.as_ref();
         match &object.causal {
-            None => self.read(reg, &object.manifest, range).await,
-            Some((objects, _)) => self.read(objects, &object.manifest, range).await,
+            None => self.read(reg, &object.manifest, range, seal).await,
+            Some((objects, _)) => self.read(objects, &object.manifest, range, seal).await,
         }
     }
 
@@ -1005,7 +1100,8 @@ impl Engine {
         Ok(old)
     }
 
-    /// Stores a whole object from a body stream.
+    /// Stores a whole object from a body stream, sealed with `seal` when given.
+    #[allow(clippy::too_many_arguments)]
     pub async fn put_object<R: Registers, S>(
         &self,
         reg: &Arc<R>,
@@ -1014,6 +1110,7 @@ impl Engine {
         meta: ObjectMeta,
         body: S,
         integrity: &Integrity,
+        seal: Option<&Seal>,
     ) -> S3Result<(Manifest, Checksum)>
     where
         S: Stream<Item = S3Result<Bytes>> + Unpin,
@@ -1032,6 +1129,7 @@ impl Engine {
                     integrity,
                     crate::causal::INLINE_BYTES_MAX,
                     crate::causal::OBJECT_BYTES_MAX.min(self.limits.object_bytes_max),
+                    seal,
                 )
                 .await?;
             objects.commit(&manifest).await?;
@@ -1046,6 +1144,7 @@ impl Engine {
                 integrity,
                 INLINE_BYTES_MAX,
                 self.limits.object_bytes_max,
+                seal,
             )
             .await?;
         self.commit(reg, bucket, &manifest, true).await?;
@@ -1063,22 +1162,24 @@ impl Engine {
         integrity: &Integrity,
         inline_max: usize,
         max: u64,
+        seal: Option<&Seal>,
     ) -> S3Result<(Manifest, Checksum)>
     where
         S: Stream<Item = S3Result<Bytes>> + Unpin,
     {
         let metadata = check_metadata(meta.metadata)?;
         let written = self
-            .write_body(reg, body, max, inline_max, integrity.algorithms)
+            .write_body(reg, body, max, inline_max, integrity.algorithms, seal)
             .await?;
         if let Err(refused) = integrity.check(&written) {
             forget_chunks(reg, written.data.chunks().to_vec(), Duration::ZERO);
             return Err(refused);
         }
+        let (checksums, sealed) = sealed_checksums(seal, stored_checksums(&written.checksum));
         let manifest = Manifest {
             key: key.to_owned(),
             size: written.size,
-            etag: layout::single_part_etag(&written.md5),
+            etag: layout::single_part_etag(&written.etag_md5),
             content_type: meta.content_type,
             metadata,
             last_modified_ms: now_ms(),
@@ -1087,23 +1188,35 @@ impl Engine {
             extra: ObjectExtra {
                 part_sizes: Vec::new(),
                 headers: meta.headers,
-                checksums: stored_checksums(&written.checksum),
+                checksums,
             },
+            sealed,
         };
         Ok((manifest, written.checksum))
     }
 
-    /// Streams `range` of an object. The first piece is fetched before this returns, so a
-    /// missing or corrupt first chunk is an S3 error rather than a cut-off response.
+    /// Streams `range` of an object, opening each chunk with `seal` when it is encrypted. The
+    /// first piece is fetched before this returns, so a missing or corrupt first chunk is an S3
+    /// error rather than a cut-off response.
     pub async fn read<R: Registers>(
         &self,
         reg: &Arc<R>,
         manifest: &Manifest,
         range: Range<u64>,
+        seal: Option<&Seal>,
     ) -> S3Result<ObjectStream> {
+        assert_eq!(
+            seal.is_some(),
+            manifest.sealed.is_some(),
+            "an object is read with a seal exactly when it is sealed"
+        );
         let (tx, mut rx) = mpsc::channel(1);
         match &manifest.data {
             Data::Inline(bytes) => {
+                let bytes = match seal {
+                    Some(seal) => seal.open(bytes)?,
+                    None => bytes.clone(),
+                };
                 let slice = bytes.slice(range.start as usize..range.end as usize);
                 return Ok(ObjectStream {
                     first: Some(slice),
@@ -1113,17 +1226,18 @@ impl Engine {
             Data::Chunks(chunks) => {
                 let spans = chunk_spans(chunks, &range);
                 let reg = reg.clone();
+                let seal = seal.cloned();
                 let buffers = self.read_buffers.clone();
                 let ahead = self.limits.chunk_reads_per_request.max(1);
                 tokio::spawn(async move {
-                    let (reg, buffers) = (&reg, &buffers);
+                    let (reg, buffers, seal) = (&reg, &buffers, seal.as_ref());
                     let mut pieces = stream::iter(spans)
                         .map(|(chunk, span)| async move {
                             let permit =
                                 buffers.clone().acquire_owned().await.map_err(|_| {
                                     s3_error!(InternalError, "gateway shutting down")
                                 })?;
-                            let data = fetch_chunk(reg.as_ref(), &chunk).await?;
+                            let data = fetch_chunk(reg.as_ref(), &chunk, seal).await?;
                             Ok((data.slice(span), Some(permit)))
                         })
                         .buffered(ahead);
@@ -1184,7 +1298,9 @@ impl Engine {
     }
 
     /// Copies an object's bytes into a new object (its own chunks), with new or copied metadata.
-    /// `precondition` sees the source's manifest before anything is copied.
+    /// `precondition` sees the source's manifest before anything is copied. An encrypted source
+    /// opens with `source_key` (SSE-C) or the gateway's key; the copy is sealed with `seal`.
+    #[allow(clippy::too_many_arguments)]
     pub async fn copy_object<R: Registers>(
         &self,
         reg: &Arc<R>,
@@ -1192,10 +1308,13 @@ impl Engine {
         target: (&str, &str),
         meta: Option<ObjectMeta>,
         precondition: impl FnOnce(&Manifest) -> S3Result<()>,
+        source_key: Option<&CustomerKey>,
+        seal: Option<&Seal>,
     ) -> S3Result<Manifest> {
         check_object_key(target.1)?;
-        let src = self.manifest(reg.as_ref(), source.0, source.1).await?;
+        let mut src = self.manifest(reg.as_ref(), source.0, source.1).await?;
         precondition(&src)?;
+        let src_seal = self.open_manifest(&mut src, source_key)?;
         self.require_register_bucket(reg.as_ref(), target.0, "copying")
             .await?;
         if src.size > self.limits.object_bytes_max {
@@ -1206,7 +1325,65 @@ impl Engine {
                 self.limits.object_bytes_max
             ));
         }
-        let data = match &src.data {
+        // Encrypted on either side: the bytes go through the gateway in the clear, as a new body.
+        let (data, etag) = if src_seal.is_some() || seal.is_some() {
+            let body = self.read(reg, &src, 0..src.size, src_seal.as_ref()).await?;
+            let written = self
+                .write_body(
+                    reg,
+                    body,
+                    src.size,
+                    INLINE_BYTES_MAX,
+                    Algorithms::default(),
+                    seal,
+                )
+                .await?;
+            let etag = if seal.is_none() && src.parts == 0 {
+                layout::single_part_etag(&written.md5)
+            } else {
+                layout::single_part_etag(&written.etag_md5)
+            };
+            (written.data, etag)
+        } else {
+            (self.copy_chunks(reg, &src.data).await?, src.etag.clone())
+        };
+        // The same bytes: their part boundaries and checksums stay.
+        let (content_type, metadata, headers) = match meta {
+            Some(meta) => (
+                meta.content_type,
+                check_metadata(meta.metadata)?,
+                meta.headers,
+            ),
+            None => (
+                src.content_type.clone(),
+                src.metadata.clone(),
+                src.extra.headers.clone(),
+            ),
+        };
+        let (checksums, sealed) = sealed_checksums(seal, src.extra.checksums.clone());
+        let manifest = Manifest {
+            key: target.1.to_owned(),
+            size: src.size,
+            etag,
+            content_type,
+            metadata,
+            last_modified_ms: now_ms(),
+            parts: src.parts,
+            data,
+            extra: ObjectExtra {
+                part_sizes: src.extra.part_sizes.clone(),
+                headers,
+                checksums,
+            },
+            sealed,
+        };
+        self.commit(reg, target.0, &manifest, true).await?;
+        Ok(manifest)
+    }
+
+    /// `data`'s chunks copied as they are stored, under a new write id.
+    async fn copy_chunks<R: Registers>(&self, reg: &Arc<R>, data: &Data) -> S3Result<Data> {
+        Ok(match data {
             Data::Inline(bytes) => Data::Inline(bytes.clone()),
             Data::Chunks(chunks) => {
                 let write = layout::new_write_id();
@@ -1217,7 +1394,7 @@ impl Engine {
                             .acquire()
                             .await
                             .map_err(|_| s3_error!(InternalError, "gateway shutting down"))?;
-                        let data = fetch_chunk(reg.as_ref(), &chunk).await?;
+                        let data = fetch_chunk(reg.as_ref(), &chunk, None).await?;
                         let new = ChunkRef { write, ..chunk };
                         reg.put(&reg.chunk_key(&new), data)
                             .await
@@ -1235,37 +1412,7 @@ impl Engine {
                 }
                 Data::Chunks(ok)
             }
-        };
-        // The same bytes: their part boundaries and checksums stay.
-        let (content_type, metadata, headers) = match meta {
-            Some(meta) => (
-                meta.content_type,
-                check_metadata(meta.metadata)?,
-                meta.headers,
-            ),
-            None => (
-                src.content_type.clone(),
-                src.metadata.clone(),
-                src.extra.headers.clone(),
-            ),
-        };
-        let manifest = Manifest {
-            key: target.1.to_owned(),
-            size: src.size,
-            etag: src.etag.clone(),
-            content_type,
-            metadata,
-            last_modified_ms: now_ms(),
-            parts: src.parts,
-            data,
-            extra: ObjectExtra {
-                part_sizes: src.extra.part_sizes.clone(),
-                headers,
-                checksums: src.extra.checksums.clone(),
-            },
-        };
-        self.commit(reg, target.0, &manifest, true).await?;
-        Ok(manifest)
+        })
     }
 
     // ---- multipart ----
@@ -1298,13 +1445,14 @@ impl Engine {
         Ok(record)
     }
 
-    /// Starts a multipart upload; returns its id.
+    /// Starts a multipart upload whose parts are sealed with `seal` when given; returns its id.
     pub async fn create_upload<R: Registers>(
         &self,
         reg: &R,
         bucket: &str,
         key: &str,
         meta: ObjectMeta,
+        seal: Option<&Seal>,
     ) -> S3Result<String> {
         check_object_key(key)?;
         let metadata = check_metadata(meta.metadata)?;
@@ -1319,6 +1467,7 @@ impl Engine {
             created_ms: now_ms(),
             parts: BTreeMap::new(),
             headers: meta.headers,
+            sealed: seal.map(|seal| seal.record(&Checksums::default())),
         };
         let encoded = layout::encode_extended("upload", &record).map_err(layout_error)?;
         reg.put(&layout::upload_key(&upload_id), encoded)
@@ -1384,7 +1533,8 @@ impl Engine {
         Ok((uploads, truncated))
     }
 
-    /// Stores one part, once it hashes to what `integrity` says; returns what was written.
+    /// Stores one part, once it hashes to what `integrity` says; returns what was written, and
+    /// the seal it was written with: the upload's, opened with `customer`'s key for SSE-C.
     #[allow(clippy::too_many_arguments)]
     pub async fn upload_part<R: Registers, S>(
         &self,
@@ -1395,7 +1545,8 @@ impl Engine {
         part_number: i32,
         body: S,
         integrity: &Integrity,
-    ) -> S3Result<Written>
+        customer: Option<&CustomerKey>,
+    ) -> S3Result<(Written, Option<Seal>)>
     where
         S: Stream<Item = S3Result<Bytes>> + Unpin,
     {
@@ -1408,7 +1559,12 @@ impl Engine {
                     "part number must be 1 to {PART_NUMBER_MAX}"
                 )
             })?;
-        self.upload(reg.as_ref(), bucket, key, upload_id).await?;
+        let record = self.upload(reg.as_ref(), bucket, key, upload_id).await?;
+        let seal = Seal::for_read(
+            record.sealed.as_ref().map(|s| &s.mode),
+            customer,
+            &self.keys,
+        )?;
         let written = self
             .write_body(
                 reg,
@@ -1416,6 +1572,7 @@ impl Engine {
                 self.limits.part_bytes_max,
                 0,
                 integrity.algorithms,
+                seal.as_ref(),
             )
             .await?;
         if let Err(refused) = integrity.check(&written) {
@@ -1424,7 +1581,7 @@ impl Engine {
         }
         let part = PartRecord {
             size: written.size,
-            md5: written.md5,
+            md5: written.etag_md5,
             last_modified_ms: now_ms(),
             chunks: written.data.chunks().to_vec(),
         };
@@ -1446,7 +1603,7 @@ impl Engine {
                 if let Some(old) = old {
                     forget_chunks(reg, old.chunks, Duration::ZERO);
                 }
-                Ok(written)
+                Ok((written, seal))
             }
             Err(e) => {
                 // A record write that timed out may still take effect: keep what it names.
@@ -1461,7 +1618,8 @@ impl Engine {
     /// UploadPartCopy: bytes `range` of `source` (all of it when `None`) become part
     /// `part_number` of `upload_id`, written afresh under a new write id like any uploaded part,
     /// so the part owns its chunks whatever later happens to the source. `range` is the header's
-    /// inclusive `(first, last)`.
+    /// inclusive `(first, last)`. An encrypted source opens with `source_key` (SSE-C) or the
+    /// gateway's key; the part is sealed as the upload's parts are, with `customer`'s key.
     #[allow(clippy::too_many_arguments)]
     pub async fn upload_part_copy<R: Registers>(
         &self,
@@ -1472,11 +1630,13 @@ impl Engine {
         part_number: i32,
         range: Option<(u64, u64)>,
         precondition: impl FnOnce(&Manifest) -> S3Result<()>,
-    ) -> S3Result<Written> {
+        (source_key, customer): (Option<&CustomerKey>, Option<&CustomerKey>),
+    ) -> S3Result<(Written, Option<Seal>)> {
         self.upload(reg.as_ref(), target.0, target.1, upload_id)
             .await?;
-        let src = self.manifest(reg.as_ref(), source.0, source.1).await?;
+        let mut src = self.manifest(reg.as_ref(), source.0, source.1).await?;
         precondition(&src)?;
+        let src_seal = self.open_manifest(&mut src, source_key)?;
         let range = match range {
             None => 0..src.size,
             Some((first, last)) if first <= last && last < src.size => first..last + 1,
@@ -1496,7 +1656,7 @@ impl Engine {
                 self.limits.part_bytes_max
             ));
         }
-        let data = self.read(reg, &src, range).await?;
+        let data = self.read(reg, &src, range, src_seal.as_ref()).await?;
         self.upload_part(
             reg,
             target.0,
@@ -1505,6 +1665,7 @@ impl Engine {
             part_number,
             data,
             &Integrity::default(),
+            customer,
         )
         .await
     }
@@ -1630,6 +1791,7 @@ impl Engine {
                 headers: record.headers.clone(),
                 checksums: Checksums::default(),
             },
+            sealed: record.sealed.clone(),
         };
         self.commit(reg, bucket, &manifest, false).await?;
         if let Err(error) = reg.delete(&layout::upload_key(upload_id)).await {
@@ -1708,7 +1870,7 @@ mod tests {
         m: &Manifest,
         range: Range<u64>,
     ) -> S3Result<Vec<u8>> {
-        let mut stream = engine.read(reg, m, range).await?;
+        let mut stream = engine.read(reg, m, range, None).await?;
         let mut out = Vec::new();
         while let Some(piece) = stream.next().await {
             out.extend_from_slice(&piece?);
@@ -1747,6 +1909,7 @@ mod tests {
                 ObjectMeta::default(),
                 body(&data, 65536),
                 &Integrity::default(),
+                None,
             )
             .await
             .unwrap()
@@ -1791,6 +1954,7 @@ mod tests {
                 ObjectMeta::default(),
                 body(b"hello", 2),
                 &crc32("AAAAAA=="),
+                None,
             )
             .await
             .unwrap_err();
@@ -1805,6 +1969,7 @@ mod tests {
                 ObjectMeta::default(),
                 body(&big, 65536),
                 &crc32("AAAAAA=="),
+                None,
             )
             .await
             .unwrap_err();
@@ -1818,6 +1983,7 @@ mod tests {
                 ObjectMeta::default(),
                 body(b"hello", 2),
                 &crc32("NhCmhg=="),
+                None,
             )
             .await
             .unwrap();
@@ -1837,6 +2003,7 @@ mod tests {
                 ObjectMeta::default(),
                 body(b"hello", 2),
                 &sha256,
+                None,
             )
             .await
             .unwrap();
@@ -1848,7 +2015,7 @@ mod tests {
 
         // A part whose checksum does not match leaves the part it would replace in place.
         let id = engine
-            .create_upload(reg.as_ref(), "b", "mp", ObjectMeta::default())
+            .create_upload(reg.as_ref(), "b", "mp", ObjectMeta::default(), None)
             .await
             .unwrap();
         engine
@@ -1860,6 +2027,7 @@ mod tests {
                 1,
                 body(b"hello", 2),
                 &crc32("NhCmhg=="),
+                None,
             )
             .await
             .unwrap();
@@ -1872,6 +2040,7 @@ mod tests {
                 1,
                 body(b"other", 2),
                 &crc32("NhCmhg=="),
+                None,
             )
             .await
             .unwrap_err();
@@ -1895,6 +2064,7 @@ mod tests {
                 ObjectMeta::default(),
                 body(b"hello", 2),
                 &Integrity::default(),
+                None,
             )
             .await
             .unwrap()
@@ -1917,6 +2087,7 @@ mod tests {
                 ObjectMeta::default(),
                 body(&data, 1 << 20),
                 &Integrity::default(),
+                None,
             )
             .await
             .unwrap()
@@ -1926,7 +2097,7 @@ mod tests {
             .lock()
             .unwrap()
             .insert(victim, Bytes::from(vec![0u8; 100]));
-        let mut stream = engine.read(&reg, &m, 0..m.size).await.unwrap();
+        let mut stream = engine.read(&reg, &m, 0..m.size, None).await.unwrap();
         let first = stream.next().await.unwrap().unwrap();
         assert_eq!(first.len(), CHUNK_BYTES);
         let second = stream.next().await.unwrap();
@@ -1942,7 +2113,7 @@ mod tests {
             .lock()
             .unwrap()
             .insert(victim, Bytes::from(vec![0u8; CHUNK_BYTES]));
-        assert!(engine.read(&reg, &m, 0..10).await.is_err());
+        assert!(engine.read(&reg, &m, 0..10, None).await.is_err());
     }
 
     #[tokio::test]
@@ -1964,6 +2135,7 @@ mod tests {
                             ObjectMeta::default(),
                             body(data, 1 << 20),
                             &Integrity::default(),
+                            None,
                         )
                         .await
                         .unwrap();
@@ -1994,6 +2166,7 @@ mod tests {
                 ObjectMeta::default(),
                 body(&data, 1 << 20),
                 &Integrity::default(),
+                None,
             )
             .await
             .unwrap();
@@ -2006,6 +2179,7 @@ mod tests {
                 ObjectMeta::default(),
                 body(&data, 1 << 20),
                 &Integrity::default(),
+                None,
             )
             .await
             .unwrap();
@@ -2047,6 +2221,7 @@ mod tests {
                     ObjectMeta::default(),
                     body(b"x", 1),
                     &Integrity::default(),
+                    None,
                 )
                 .await
                 .unwrap();
@@ -2097,6 +2272,7 @@ mod tests {
                 ObjectMeta::default(),
                 body(b"x", 1),
                 &Integrity::default(),
+                None,
             )
             .await
             .unwrap_err();
@@ -2115,6 +2291,7 @@ mod tests {
                 ObjectMeta::default(),
                 body(&too_big, 1 << 20),
                 &Integrity::default(),
+                None,
             )
             .await
             .unwrap_err();
@@ -2135,6 +2312,7 @@ mod tests {
                 ObjectMeta::default(),
                 body(b"x", 1),
                 &Integrity::default(),
+                None,
             )
             .await
             .unwrap_err();
@@ -2145,7 +2323,15 @@ mod tests {
             headers: Headers::default(),
         };
         let e = engine
-            .put_object(&reg, "b", "k", meta, body(b"x", 1), &Integrity::default())
+            .put_object(
+                &reg,
+                "b",
+                "k",
+                meta,
+                body(b"x", 1),
+                &Integrity::default(),
+                None,
+            )
             .await
             .unwrap_err();
         assert_eq!(*e.code(), S3ErrorCode::MetadataTooLarge);
@@ -2160,6 +2346,7 @@ mod tests {
                     md5: Some([0; 16]),
                     ..Integrity::default()
                 },
+                None,
             )
             .await
             .unwrap_err();
@@ -2176,6 +2363,7 @@ mod tests {
                 ObjectMeta::default(),
                 broken,
                 &Integrity::default(),
+                None,
             )
             .await
             .unwrap_err();
@@ -2183,11 +2371,335 @@ mod tests {
         assert!(engine.manifest(reg.as_ref(), "b", "k").await.is_err());
     }
 
+    fn customer(byte: u8) -> CustomerKey {
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let key = [byte; 32];
+        CustomerKey::from_headers(
+            Some(crate::seal::AES256),
+            Some(&b64.encode(key)),
+            Some(&b64.encode(md5::Md5::digest(key))),
+        )
+        .unwrap()
+        .unwrap()
+    }
+
+    /// Whether any register holds 72 consecutive bytes of `plain`, a pattern of period 256.
+    fn registers_hold(reg: &MemRegisters, plain: &[u8]) -> bool {
+        let map = reg.map.lock().unwrap();
+        // 72 stored bytes of the pattern hold a 64-byte window of it at an offset that is a
+        // multiple of 8; its first 8 bytes are one of the pattern's 256 windows of 8.
+        let prefixes: std::collections::HashSet<&[u8]> =
+            (0..256).map(|at| &plain[at..at + 8]).collect();
+        map.values().any(|value| {
+            value
+                .windows(64)
+                .step_by(8)
+                .any(|w| prefixes.contains(&w[..8]) && plain.windows(64).take(256).any(|p| p == w))
+        })
+    }
+
+    async fn read_sealed(
+        engine: &Engine,
+        reg: &Arc<MemRegisters>,
+        key: &str,
+        customer: Option<&CustomerKey>,
+        range: Option<Range<u64>>,
+    ) -> S3Result<Vec<u8>> {
+        let object = engine.object(reg, "b", key, customer).await?;
+        let range = range.unwrap_or(0..object.manifest.size);
+        let mut stream = engine.read_object(reg, &object, range).await?;
+        let mut out = Vec::new();
+        while let Some(piece) = stream.next().await {
+            out.extend_from_slice(&piece?);
+        }
+        Ok(out)
+    }
+
+    #[tokio::test]
+    async fn encrypted_objects_round_trip_and_leave_no_plaintext_in_the_registers() {
+        let (engine, reg) = setup(Duration::ZERO).await;
+        let engine = engine.with_gateway_keys(GatewayKeys::new([("k1".to_owned(), [9; 32])]));
+        let big = pattern(2 * CHUNK_BYTES + 4321, 3);
+        let small = pattern(3000, 5);
+        let alice = customer(1);
+        let integrity = Integrity {
+            algorithms: Algorithms {
+                sha256: true,
+                ..Algorithms::default()
+            },
+            ..Integrity::default()
+        };
+        for (asked, tag) in [
+            (crate::seal::Asked::Customer(alice.clone()), "c"),
+            (crate::seal::Asked::Gateway, "g"),
+        ] {
+            let seal = Seal::for_write(&asked, engine.gateway_keys()).unwrap();
+            let key_given = matches!(asked, crate::seal::Asked::Customer(_)).then_some(&alice);
+            for (name, data) in [("big", &big), ("small", &small)] {
+                let key = format!("{tag}-{name}");
+                let (manifest, checksum) = engine
+                    .put_object(
+                        &reg,
+                        "b",
+                        &key,
+                        ObjectMeta::default(),
+                        body(data, 100_000),
+                        &integrity,
+                        seal.as_ref(),
+                    )
+                    .await
+                    .unwrap();
+                assert!(manifest.sealed.is_some());
+                assert_eq!(manifest.extra.checksums, Checksums::default());
+                // The ETag is not the plaintext's MD5.
+                let md5: [u8; 16] = md5::Md5::digest(data).into();
+                assert_ne!(manifest.etag, hex::encode(md5));
+                let got = read_sealed(&engine, &reg, &key, key_given, None)
+                    .await
+                    .unwrap();
+                assert!(got == **data, "{key} reads back");
+                let span = CHUNK_BYTES as u64 - 10..CHUNK_BYTES as u64 + 10;
+                if data.len() > CHUNK_BYTES {
+                    let got = read_sealed(&engine, &reg, &key, key_given, Some(span.clone()))
+                        .await
+                        .unwrap();
+                    assert_eq!(got, data[span.start as usize..span.end as usize]);
+                }
+                // The checksums come back opened.
+                let object = engine.object(&reg, "b", &key, key_given).await.unwrap();
+                assert_eq!(
+                    object.manifest.extra.checksums.sha256,
+                    checksum.checksum_sha256
+                );
+            }
+        }
+        // SSE-C: the key is needed, and the wrong one is refused as such.
+        let e = read_sealed(&engine, &reg, "c-small", None, None)
+            .await
+            .unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::InvalidRequest);
+        let e = read_sealed(&engine, &reg, "c-small", Some(&customer(2)), None)
+            .await
+            .unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::AccessDenied);
+        let e = read_sealed(&engine, &reg, "g-small", Some(&alice), None)
+            .await
+            .unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::InvalidRequest);
+        assert!(!registers_hold(&reg, &big) && !registers_hold(&reg, &small));
+        // The check can fail: the same bytes stored in the clear are found.
+        engine
+            .put_object(
+                &reg,
+                "b",
+                "clear",
+                ObjectMeta::default(),
+                body(&small, 1000),
+                &Integrity::default(),
+                None,
+            )
+            .await
+            .unwrap();
+        assert!(registers_hold(&reg, &small));
+    }
+
+    #[tokio::test]
+    async fn encrypted_uploads_and_copies_keep_their_bytes_under_the_right_key() {
+        let (engine, reg) = setup(Duration::ZERO).await;
+        let engine = engine.with_gateway_keys(GatewayKeys::new([("k1".to_owned(), [9; 32])]));
+        let alice = customer(1);
+        let bob = customer(2);
+        let sse_c = Seal::for_write(
+            &crate::seal::Asked::Customer(alice.clone()),
+            engine.gateway_keys(),
+        )
+        .unwrap();
+        let id = engine
+            .create_upload(
+                reg.as_ref(),
+                "b",
+                "mp",
+                ObjectMeta::default(),
+                sse_c.as_ref(),
+            )
+            .await
+            .unwrap();
+        let p1 = pattern(CHUNK_BYTES + 7, 11);
+        let p2 = pattern(5000, 13);
+        let upload = |number: i32, data: Vec<u8>, key: Option<CustomerKey>| {
+            let (engine, reg, id) = (&engine, &reg, &id);
+            async move {
+                engine
+                    .upload_part(
+                        reg,
+                        "b",
+                        "mp",
+                        id,
+                        number,
+                        body(&data, 1 << 20),
+                        &Integrity::default(),
+                        key.as_ref(),
+                    )
+                    .await
+            }
+        };
+        // A part of an SSE-C upload needs the upload's key.
+        let e = upload(1, p1.clone(), None).await.unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::InvalidRequest);
+        let e = upload(1, p1.clone(), Some(bob.clone())).await.unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::AccessDenied);
+        let (w1, seal1) = upload(1, p1.clone(), Some(alice.clone())).await.unwrap();
+        assert!(seal1.is_some());
+        let (w2, _) = upload(2, p2.clone(), Some(alice.clone())).await.unwrap();
+        let listed = [
+            (1, Some(hex::encode(w1.etag_md5))),
+            (2, Some(hex::encode(w2.etag_md5))),
+        ];
+        let m = engine
+            .complete_upload(&reg, "b", "mp", &id, &listed)
+            .await
+            .unwrap();
+        assert!(m.sealed.is_some());
+        let whole = [p1.clone(), p2.clone()].concat();
+        assert_eq!(
+            read_sealed(&engine, &reg, "mp", Some(&alice), None)
+                .await
+                .unwrap(),
+            whole
+        );
+        assert!(!registers_hold(&reg, &p1) && !registers_hold(&reg, &p2));
+
+        // Copies: SSE-C to SSE-S3, SSE-S3 to the clear, the clear to SSE-C under another key.
+        let gateway = Seal::for_write(&crate::seal::Asked::Gateway, engine.gateway_keys()).unwrap();
+        let e = engine
+            .copy_object(
+                &reg,
+                ("b", "mp"),
+                ("b", "g"),
+                None,
+                |_| Ok(()),
+                None,
+                gateway.as_ref(),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(
+            *e.code(),
+            S3ErrorCode::InvalidRequest,
+            "the source's key is needed"
+        );
+        let g = engine
+            .copy_object(
+                &reg,
+                ("b", "mp"),
+                ("b", "g"),
+                None,
+                |_| Ok(()),
+                Some(&alice),
+                gateway.as_ref(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(g.extra.part_sizes, m.extra.part_sizes);
+        assert_eq!(
+            read_sealed(&engine, &reg, "g", None, None).await.unwrap(),
+            whole
+        );
+        let clear = engine
+            .copy_object(
+                &reg,
+                ("b", "g"),
+                ("b", "clear"),
+                None,
+                |_| Ok(()),
+                None,
+                None,
+            )
+            .await
+            .unwrap();
+        assert!(clear.sealed.is_none());
+        let md5: [u8; 16] = md5::Md5::digest(&whole).into();
+        assert_eq!(
+            clear.etag,
+            hex::encode(md5),
+            "a copy into the clear has the MD5 ETag"
+        );
+        assert_eq!(
+            read_sealed(&engine, &reg, "clear", None, None)
+                .await
+                .unwrap(),
+            whole
+        );
+        let for_bob = Seal::for_write(
+            &crate::seal::Asked::Customer(bob.clone()),
+            engine.gateway_keys(),
+        )
+        .unwrap();
+        engine
+            .copy_object(
+                &reg,
+                ("b", "clear"),
+                ("b", "bob"),
+                None,
+                |_| Ok(()),
+                None,
+                for_bob.as_ref(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            read_sealed(&engine, &reg, "bob", Some(&bob), None)
+                .await
+                .unwrap(),
+            whole
+        );
+        // UploadPartCopy from an SSE-C source into an SSE-S3 upload.
+        let id = engine
+            .create_upload(
+                reg.as_ref(),
+                "b",
+                "mp2",
+                ObjectMeta::default(),
+                gateway.as_ref(),
+            )
+            .await
+            .unwrap();
+        let (part, _) = engine
+            .upload_part_copy(
+                &reg,
+                ("b", "bob"),
+                ("b", "mp2"),
+                &id,
+                1,
+                Some((10, 20)),
+                |_| Ok(()),
+                (Some(&bob), None),
+            )
+            .await
+            .unwrap();
+        let m2 = engine
+            .complete_upload(
+                &reg,
+                "b",
+                "mp2",
+                &id,
+                &[(1, Some(hex::encode(part.etag_md5)))],
+            )
+            .await
+            .unwrap();
+        assert!(m2.sealed.is_some());
+        assert_eq!(
+            read_sealed(&engine, &reg, "mp2", None, None).await.unwrap(),
+            whole[10..21]
+        );
+    }
+
     #[tokio::test]
     async fn multipart_uploads_concatenate_parts_with_s3_etags() {
         let (engine, reg) = setup(Duration::ZERO).await;
         let id = engine
-            .create_upload(reg.as_ref(), "b", "mp", ObjectMeta::default())
+            .create_upload(reg.as_ref(), "b", "mp", ObjectMeta::default(), None)
             .await
             .unwrap();
         let p1 = pattern(CHUNK_BYTES + 3, 1);
@@ -2208,9 +2720,11 @@ mod tests {
                 1,
                 body(&p1, 1 << 20),
                 &Integrity::default(),
+                None,
             )
             .await
             .unwrap()
+            .0
             .md5;
         // A part uploaded twice: the second one counts.
         engine
@@ -2222,6 +2736,7 @@ mod tests {
                 2,
                 body(b"old", 1),
                 &Integrity::default(),
+                None,
             )
             .await
             .unwrap();
@@ -2234,9 +2749,11 @@ mod tests {
                 2,
                 body(&p2, 100),
                 &Integrity::default(),
+                None,
             )
             .await
             .unwrap()
+            .0
             .md5;
         for bad in [0, 10_001, -1] {
             let e = engine
@@ -2248,6 +2765,7 @@ mod tests {
                     bad,
                     body(b"x", 1),
                     &Integrity::default(),
+                    None,
                 )
                 .await
                 .unwrap_err();
@@ -2296,6 +2814,7 @@ mod tests {
                 1,
                 body(b"x", 1),
                 &Integrity::default(),
+                None,
             )
             .await
             .unwrap_err();
@@ -2314,24 +2833,31 @@ mod tests {
                 ObjectMeta::default(),
                 body(&source, 1 << 20),
                 &Integrity::default(),
+                None,
             )
             .await
             .unwrap();
         let id = engine
-            .create_upload(reg.as_ref(), "b", "dst", ObjectMeta::default())
+            .create_upload(reg.as_ref(), "b", "dst", ObjectMeta::default(), None)
             .await
             .unwrap();
-        let copy =
-            |part: i32, range: Option<(u64, u64)>| {
-                let (engine, reg, id) = (&engine, &reg, id.clone());
-                async move {
-                    engine
-                        .upload_part_copy(reg, ("b", "src"), ("b", "dst"), &id, part, range, |_| {
-                            Ok(())
-                        })
-                        .await
-                }
-            };
+        let copy = |part: i32, range: Option<(u64, u64)>| {
+            let (engine, reg, id) = (&engine, &reg, id.clone());
+            async move {
+                engine
+                    .upload_part_copy(
+                        reg,
+                        ("b", "src"),
+                        ("b", "dst"),
+                        &id,
+                        part,
+                        range,
+                        |_| Ok(()),
+                        (None, None),
+                    )
+                    .await
+            }
+        };
         // Across a chunk boundary, then the whole object.
         let first = (CHUNK_BYTES as u64 - 5, CHUNK_BYTES as u64 + 4);
         let p1 = copy(1, Some(first)).await.unwrap();
@@ -2344,7 +2870,16 @@ mod tests {
             assert_eq!(*e.code(), code, "{range:?}");
         }
         let e = engine
-            .upload_part_copy(&reg, ("b", "none"), ("b", "dst"), &id, 3, None, |_| Ok(()))
+            .upload_part_copy(
+                &reg,
+                ("b", "none"),
+                ("b", "dst"),
+                &id,
+                3,
+                None,
+                |_| Ok(()),
+                (None, None),
+            )
             .await
             .unwrap_err();
         assert_eq!(*e.code(), S3ErrorCode::NoSuchKey);
@@ -2357,6 +2892,7 @@ mod tests {
                 3,
                 None,
                 |_| Ok(()),
+                (None, None),
             )
             .await
             .unwrap_err();
@@ -2364,8 +2900,8 @@ mod tests {
         // The source goes away; the parts own their bytes.
         engine.delete_object(&reg, "b", "src").await.unwrap();
         let listed = [
-            (1, Some(hex::encode(p1.md5))),
-            (2, Some(hex::encode(p2.md5))),
+            (1, Some(hex::encode(p1.0.md5))),
+            (2, Some(hex::encode(p2.0.md5))),
         ];
         let m = engine
             .complete_upload(&reg, "b", "dst", &id, &listed)
@@ -2388,7 +2924,7 @@ mod tests {
             .await
             .unwrap();
         let id = engine
-            .create_upload(reg.as_ref(), "b", "k", ObjectMeta::default())
+            .create_upload(reg.as_ref(), "b", "k", ObjectMeta::default(), None)
             .await
             .unwrap();
         engine
@@ -2400,6 +2936,7 @@ mod tests {
                 1,
                 body(b"short", 1),
                 &Integrity::default(),
+                None,
             )
             .await
             .unwrap();
@@ -2412,6 +2949,7 @@ mod tests {
                 2,
                 body(b"short", 1),
                 &Integrity::default(),
+                None,
             )
             .await
             .unwrap();
@@ -2443,12 +2981,21 @@ mod tests {
                 meta,
                 body(&data, 1 << 20),
                 &Integrity::default(),
+                None,
             )
             .await
             .unwrap()
             .0;
         let copy = engine
-            .copy_object(&reg, ("b", "src"), ("b", "dst"), None, |_| Ok(()))
+            .copy_object(
+                &reg,
+                ("b", "src"),
+                ("b", "dst"),
+                None,
+                |_| Ok(()),
+                None,
+                None,
+            )
             .await
             .unwrap();
         assert_eq!(copy.etag, src.etag);
@@ -2473,6 +3020,7 @@ mod tests {
                 ObjectMeta::default(),
                 body(&data, 1 << 20),
                 &Integrity::default(),
+                None,
             )
             .await
             .unwrap_err();
@@ -2492,6 +3040,7 @@ mod tests {
                 ObjectMeta::default(),
                 body(&data, 1 << 20),
                 &Integrity::default(),
+                None,
             )
             .await
             .unwrap_err();
@@ -2554,6 +3103,7 @@ mod tests {
                 ObjectMeta::default(),
                 body(&data, 1 << 20),
                 &Integrity::default(),
+                None,
             )
             .await
             .unwrap()
@@ -2599,6 +3149,7 @@ mod tests {
                     ObjectMeta::default(),
                     body(data, 4096),
                     &Integrity::default(),
+                    None,
                 )
                 .await
                 .unwrap();
@@ -2611,7 +3162,7 @@ mod tests {
                 .all(|k| k.starts_with(b"s3/b/") || k.as_slice() == b"s3/buckets"),
             "nothing but the bucket's record in registers"
         );
-        let object = engine.object(&reg, "c", "a/2").await.unwrap();
+        let object = engine.object(&reg, "c", "a/2", None).await.unwrap();
         assert_eq!(object.manifest.data.chunks().len(), 2);
         let mut stream = engine
             .read_object(&reg, &object, 0..object.manifest.size)
@@ -2666,9 +3217,10 @@ mod tests {
             parts: 0,
             data: Data::Inline(Bytes::from_static(b"zzz")),
             extra: ObjectExtra::default(),
+            sealed: None,
         };
         let theirs = layout::encode_extended("manifest", &theirs).unwrap();
-        let ours = engine.object(&reg, "c", "b").await.unwrap().manifest;
+        let ours = engine.object(&reg, "c", "b", None).await.unwrap().manifest;
         {
             let mut causal = reg.causal.lock().unwrap();
             let values: &mut CausalValues = causal.get_mut(&("c".into(), b"o/b".to_vec())).unwrap();
@@ -2690,7 +3242,7 @@ mod tests {
                 },
             );
         }
-        let object = engine.object(&reg, "c", "b").await.unwrap();
+        let object = engine.object(&reg, "c", "b", None).await.unwrap();
         assert_eq!(object.manifest.etag, "theirs");
         let (_, others) = object.causal.as_ref().unwrap();
         let kinds: Vec<&OtherKind> = others.iter().map(|o| &o.kind).collect();
@@ -2709,17 +3261,25 @@ mod tests {
 
         // Deleting supersedes every version seen.
         engine.delete_object(&reg, "c", "b").await.unwrap();
-        let e = engine.object(&reg, "c", "b").await.err().unwrap();
+        let e = engine.object(&reg, "c", "b", None).await.err().unwrap();
         assert_eq!(*e.code(), S3ErrorCode::NoSuchKey);
 
         // What a causal bucket does not serve is refused, not half done.
         let e = engine
-            .copy_object(&reg, ("c", "a/1"), ("c", "copy"), None, |_| Ok(()))
+            .copy_object(
+                &reg,
+                ("c", "a/1"),
+                ("c", "copy"),
+                None,
+                |_| Ok(()),
+                None,
+                None,
+            )
             .await
             .unwrap_err();
         assert_eq!(*e.code(), S3ErrorCode::NotImplemented);
         let e = engine
-            .create_upload(reg.as_ref(), "c", "k", ObjectMeta::default())
+            .create_upload(reg.as_ref(), "c", "k", ObjectMeta::default(), None)
             .await
             .unwrap_err();
         assert_eq!(*e.code(), S3ErrorCode::NotImplemented);
@@ -2732,6 +3292,7 @@ mod tests {
                 ObjectMeta::default(),
                 body(b"x", 1),
                 &Integrity::default(),
+                None,
             )
             .await
             .unwrap_err();

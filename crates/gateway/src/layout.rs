@@ -30,8 +30,15 @@
 //! ([`Extended`]): format 1's fields, then what was added (part sizes, the response headers
 //! given at upload, checksums); format-1 records written by earlier gateways still read, but a
 //! gateway from before format 2 refuses format-2 records: upgrade every gateway of a cluster
-//! before writing through any upgraded one, and do not go back.
+//! before writing through any upgraded one, and do not go back. The manifest and upload record
+//! of an encrypted object are in format 3: format 2, then its [`Sealed`]. Only encrypted objects
+//! use it, and a gateway from before it refuses them rather than serving ciphertext.
+//!
+//! An encrypted object's chunks (and inline body) are sealed ([`crate::seal`]): a chunk's
+//! reference keeps the plaintext's length and the hash of the sealed bytes, which are
+//! [`OVERHEAD`] longer.
 
+pub use crate::seal::{OVERHEAD, Sealed};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -119,9 +126,9 @@ pub type UploadList = BTreeMap<(String, String), u64>;
 pub struct ChunkRef {
     /// The body write that created it.
     pub write: WriteId,
-    /// BLAKE3 of its bytes.
+    /// BLAKE3 of its bytes as stored (sealed, for an encrypted object).
     pub hash: [u8; 32],
-    /// Its length in bytes.
+    /// The length of its plaintext in bytes.
     pub len: u32,
 }
 
@@ -135,9 +142,21 @@ impl ChunkRef {
         }
     }
 
-    /// Whether `data` is exactly this chunk.
-    pub fn verify(&self, data: &[u8]) -> bool {
-        u32::try_from(data.len()) == Ok(self.len) && *blake3::hash(data).as_bytes() == self.hash
+    /// Describes `stored`, the sealed form of `plain_len` bytes, as a chunk of write `write`.
+    pub fn sealed(write: WriteId, plain_len: usize, stored: &[u8]) -> ChunkRef {
+        debug_assert_eq!(stored.len(), plain_len + OVERHEAD);
+        ChunkRef {
+            write,
+            hash: *blake3::hash(stored).as_bytes(),
+            len: u32::try_from(plain_len).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// Whether `data` is exactly this chunk as stored, `overhead` bytes longer than its
+    /// plaintext (0, or [`OVERHEAD`] when sealed).
+    pub fn verify(&self, data: &[u8], overhead: usize) -> bool {
+        data.len().checked_sub(overhead).map(u32::try_from) == Some(Ok(self.len))
+            && *blake3::hash(data).as_bytes() == self.hash
     }
 }
 
@@ -182,6 +201,16 @@ pub struct Manifest {
     /// What format 2 added (a format-1 manifest reads with none of it).
     #[serde(skip)]
     pub extra: ObjectExtra,
+    /// How the object is encrypted, if it is (format 3).
+    #[serde(skip)]
+    pub sealed: Option<Sealed>,
+}
+
+impl Manifest {
+    /// Bytes each stored chunk (or the inline body) has beyond its plaintext.
+    pub fn overhead(&self) -> usize {
+        if self.sealed.is_some() { OVERHEAD } else { 0 }
+    }
 }
 
 /// What an object keeps beyond format 1: where its parts end, the response headers given at
@@ -236,6 +265,14 @@ pub trait Extended: Serialize + for<'de> Deserialize<'de> {
     fn extra(&self) -> &Self::Extra;
     /// Sets the extra fields after decoding.
     fn set_extra(&mut self, extra: Self::Extra);
+    /// How the record's object is encrypted: written in format 3 when it is.
+    fn sealed(&self) -> Option<&Sealed> {
+        None
+    }
+    /// Sets what format 3 added; false for a kind of record that is never encrypted.
+    fn set_sealed(&mut self, _sealed: Sealed) -> bool {
+        false
+    }
 }
 
 impl Extended for Manifest {
@@ -245,6 +282,13 @@ impl Extended for Manifest {
     }
     fn set_extra(&mut self, extra: ObjectExtra) {
         self.extra = extra;
+    }
+    fn sealed(&self) -> Option<&Sealed> {
+        self.sealed.as_ref()
+    }
+    fn set_sealed(&mut self, sealed: Sealed) -> bool {
+        self.sealed = Some(sealed);
+        true
     }
 }
 
@@ -256,6 +300,13 @@ impl Extended for UploadRecord {
     fn set_extra(&mut self, headers: Headers) {
         self.headers = headers;
     }
+    fn sealed(&self) -> Option<&Sealed> {
+        self.sealed.as_ref()
+    }
+    fn set_sealed(&mut self, sealed: Sealed) -> bool {
+        self.sealed = Some(sealed);
+        true
+    }
 }
 
 /// A version tag in front of every record, so the format can change without guessing.
@@ -263,6 +314,9 @@ const FORMAT: u8 = 1;
 
 /// The format of [`Extended`] records: format 1's fields, then the extra ones.
 const FORMAT_EXTENDED: u8 = 2;
+
+/// The format of encrypted objects' [`Extended`] records: format 2, then their [`Sealed`].
+const FORMAT_SEALED: u8 = 3;
 
 /// Why a stored record could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -308,10 +362,18 @@ pub fn encode<T: Serialize>(what: &'static str, value: &T) -> Result<Bytes, Layo
     bounded(what, encoded(what, vec![FORMAT], value)?)
 }
 
-/// Encodes an [`Extended`] record in format 2.
+/// Encodes an [`Extended`] record in format 2, or 3 when it is sealed.
 pub fn encode_extended<T: Extended>(what: &'static str, value: &T) -> Result<Bytes, LayoutError> {
-    let out = encoded(what, vec![FORMAT_EXTENDED], value)?;
-    bounded(what, encoded(what, out, value.extra())?)
+    let format = match value.sealed() {
+        Some(_) => FORMAT_SEALED,
+        None => FORMAT_EXTENDED,
+    };
+    let out = encoded(what, vec![format], value)?;
+    let out = encoded(what, out, value.extra())?;
+    match value.sealed() {
+        Some(sealed) => bounded(what, encoded(what, out, sealed)?),
+        None => bounded(what, out),
+    }
 }
 
 /// `out` with `value` appended.
@@ -360,7 +422,7 @@ pub fn decode<T: for<'de> Deserialize<'de>>(
     }
 }
 
-/// Decodes an [`Extended`] record of format 1 or 2.
+/// Decodes an [`Extended`] record of format 1, 2 or 3.
 pub fn decode_extended<T: Extended>(what: &'static str, bytes: &[u8]) -> Result<T, LayoutError> {
     let malformed = |e: postcard::Error| LayoutError::Malformed {
         what,
@@ -368,9 +430,21 @@ pub fn decode_extended<T: Extended>(what: &'static str, bytes: &[u8]) -> Result<
     };
     match bytes.split_first() {
         Some((&FORMAT, _)) => decode(what, bytes),
-        Some((&FORMAT_EXTENDED, rest)) => {
+        Some((&format @ (FORMAT_EXTENDED | FORMAT_SEALED), rest)) => {
             let (mut value, rest) = postcard::take_from_bytes::<T>(rest).map_err(malformed)?;
-            let (extra, rest) = postcard::take_from_bytes::<T::Extra>(rest).map_err(malformed)?;
+            let (extra, mut rest) =
+                postcard::take_from_bytes::<T::Extra>(rest).map_err(malformed)?;
+            if format == FORMAT_SEALED {
+                let (sealed, after) =
+                    postcard::take_from_bytes::<Sealed>(rest).map_err(malformed)?;
+                if !value.set_sealed(sealed) {
+                    return Err(LayoutError::Malformed {
+                        what,
+                        problem: "an encrypted record of a kind that is never encrypted".into(),
+                    });
+                }
+                rest = after;
+            }
             if !rest.is_empty() {
                 return Err(LayoutError::Malformed {
                     what,
@@ -400,9 +474,15 @@ pub fn decode_manifest(key: &str, bytes: &[u8]) -> Result<Manifest, LayoutError>
             found: manifest.key,
         });
     }
-    let total: u64 = match &manifest.data {
-        Data::Inline(bytes) => bytes.len() as u64,
-        Data::Chunks(chunks) => chunks.iter().map(|c| u64::from(c.len)).sum(),
+    let total: Option<u64> = match &manifest.data {
+        Data::Inline(bytes) => (bytes.len() as u64).checked_sub(manifest.overhead() as u64),
+        Data::Chunks(chunks) => Some(chunks.iter().map(|c| u64::from(c.len)).sum()),
+    };
+    let Some(total) = total else {
+        return Err(LayoutError::Malformed {
+            what: "manifest",
+            problem: "an encrypted inline body shorter than its seal".into(),
+        });
     };
     if total != manifest.size {
         return Err(LayoutError::Malformed {
@@ -431,9 +511,9 @@ pub fn decode_manifest(key: &str, bytes: &[u8]) -> Result<Manifest, LayoutError>
     Ok(manifest)
 }
 
-/// Checks a fetched chunk against its reference.
-pub fn verify_chunk(chunk: &ChunkRef, data: &[u8]) -> Result<(), LayoutError> {
-    if chunk.verify(data) {
+/// Checks a fetched chunk against its reference; `overhead` as for [`ChunkRef::verify`].
+pub fn verify_chunk(chunk: &ChunkRef, data: &[u8], overhead: usize) -> Result<(), LayoutError> {
+    if chunk.verify(data, overhead) {
         Ok(())
     } else {
         Err(LayoutError::ChunkMismatch {
@@ -518,6 +598,10 @@ pub struct UploadRecord {
     /// Response headers for the final object (format 2).
     #[serde(skip)]
     pub headers: Headers,
+    /// How the parts and the final object are encrypted, if they are (format 3; its checksums
+    /// are empty).
+    #[serde(skip)]
+    pub sealed: Option<Sealed>,
 }
 
 /// Hex MD5 of a single-part object: the ETag S3 clients compare with their own MD5.
@@ -550,6 +634,7 @@ mod tests {
             parts: 0,
             data,
             extra: ObjectExtra::default(),
+            sealed: None,
         }
     }
 
@@ -557,13 +642,13 @@ mod tests {
     fn a_substituted_chunk_is_detected() {
         let write = new_write_id();
         let chunk = ChunkRef::of(write, b"the real bytes");
-        assert!(verify_chunk(&chunk, b"the real bytes").is_ok());
+        assert!(verify_chunk(&chunk, b"the real bytes", 0).is_ok());
         assert!(matches!(
-            verify_chunk(&chunk, b"the fake bytes"),
+            verify_chunk(&chunk, b"the fake bytes", 0),
             Err(LayoutError::ChunkMismatch { .. })
         ));
-        assert!(verify_chunk(&chunk, b"the real byte").is_err());
-        assert!(verify_chunk(&chunk, b"").is_err());
+        assert!(verify_chunk(&chunk, b"the real byte", 0).is_err());
+        assert!(verify_chunk(&chunk, b"", 0).is_err());
     }
 
     #[test]
@@ -626,6 +711,7 @@ mod tests {
             created_ms: 1,
             parts: BTreeMap::new(),
             headers: Headers::default(),
+            sealed: None,
         };
         let old = encode("upload", &record).unwrap();
         assert_eq!(
@@ -638,6 +724,40 @@ mod tests {
             decode_extended::<UploadRecord>("upload", &new).unwrap(),
             record
         );
+    }
+
+    #[test]
+    fn encrypted_records_are_format_3_and_nothing_else_reads_as_one() {
+        let sealed = Sealed {
+            mode: crate::seal::SealMode::Gateway { key: "k1".into() },
+            checksums: Bytes::from_static(b"sealed checksums"),
+        };
+        let mut m = manifest("k", Data::Inline(Bytes::from(vec![0u8; 5 + OVERHEAD])), 5);
+        m.sealed = Some(sealed.clone());
+        let bytes = encode_extended("manifest", &m).unwrap();
+        assert_eq!(bytes[0], FORMAT_SEALED);
+        assert_eq!(decode_manifest("k", &bytes).unwrap(), m);
+        // Read as format 2 (a gateway from before format 3), the record has bytes after it.
+        let mut as_two = bytes.to_vec();
+        as_two[0] = FORMAT_EXTENDED;
+        assert!(decode_manifest("k", &as_two).is_err());
+        // An unencrypted manifest stays in format 2.
+        m.sealed = None;
+        assert_eq!(encode_extended("manifest", &m).unwrap()[0], FORMAT_EXTENDED);
+        // A sealed inline body must hold its seal.
+        let mut short = manifest("k", Data::Inline(Bytes::from(vec![0u8; 3])), 0);
+        short.sealed = Some(sealed.clone());
+        let bytes = encode_extended("manifest", &short).unwrap();
+        assert!(decode_manifest("k", &bytes).is_err());
+        // A bucket record is never encrypted.
+        let record = BucketRecord {
+            created_ms: 1,
+            extra: BucketExtra::default(),
+        };
+        let mut bytes = encode_extended("bucket", &record).unwrap().to_vec();
+        bytes[0] = FORMAT_SEALED;
+        bytes.extend_from_slice(&postcard::to_stdvec(&sealed).unwrap());
+        assert!(decode_extended::<BucketRecord>("bucket", &bytes).is_err());
     }
 
     #[test]

@@ -11,6 +11,8 @@
 //!   at creation): which keys hold what, the current version among concurrent ones, listings.
 //! - [`index`]: listing pages (prefix, delimiter, markers, max-keys).
 //! - [`s3`]: the S3 operations, mapping requests and errors.
+//! - [`seal`]: server-side encryption (SSE-C, SSE-S3): chunks sealed before they leave the
+//!   gateway.
 //! - [`config`] and [`server`]: the configuration file and the HTTP front end with its bounds.
 
 pub mod causal;
@@ -19,6 +21,7 @@ pub mod engine;
 pub mod index;
 pub mod layout;
 pub mod s3;
+pub mod seal;
 pub mod server;
 pub mod store;
 

@@ -4,6 +4,7 @@
 use crate::engine::{Algorithms, Engine, Integrity, ObjectMeta, now_ms};
 use crate::index::{self, Page, Query};
 use crate::layout::{Headers, Manifest};
+use crate::seal::{self, Asked, CustomerKey, Seal, SealMode};
 use crate::store::Registers;
 use base64::Engine as _;
 use bytes::Bytes;
@@ -467,20 +468,59 @@ fn refuse_conditional_write(
     Ok(())
 }
 
-/// Encryption the gateway does not do yet: refused, so that no client believes its object is
-/// encrypted when the nodes hold it in plaintext.
-fn refuse_encryption(
+/// The encryption a request that creates an object asks for: SSE-S3 (`AES256`) or SSE-C (a
+/// customer's key). SSE-KMS is refused, so that no client believes its object is encrypted
+/// under a key management service the gateway does not have.
+fn asked_encryption(
     server_side: Option<&ServerSideEncryption>,
-    customer_algorithm: Option<&str>,
+    customer: Option<CustomerKey>,
     kms_key: Option<&str>,
-) -> S3Result<()> {
-    if server_side.is_some() || customer_algorithm.is_some() || kms_key.is_some() {
+) -> S3Result<Asked> {
+    let server_side = server_side.map(ServerSideEncryption::as_str);
+    if kms_key.is_some() || server_side.is_some_and(|s| s.starts_with("aws:kms")) {
         return Err(s3_error!(
             NotImplemented,
-            "server-side encryption (SSE-S3, SSE-KMS, SSE-C) is not supported yet; nothing was stored"
+            "SSE-KMS is not supported (SSE-S3 and SSE-C are); nothing was stored"
         ));
     }
-    Ok(())
+    match (server_side, customer) {
+        (None, None) => Ok(Asked::Nothing),
+        (None, Some(customer)) => Ok(Asked::Customer(customer)),
+        (Some(seal::AES256), None) => Ok(Asked::Gateway),
+        (Some(seal::AES256), Some(_)) => Err(s3_error!(
+            InvalidArgument,
+            "Server Side Encryption with Customer provided key is incompatible with the encryption method specified"
+        )),
+        (Some(other), _) => Err(s3_error!(
+            InvalidArgument,
+            "The encryption method specified is not supported: {other:?}"
+        )),
+    }
+}
+
+/// The customer key (SSE-C) a request's input gives, its three fields checked together.
+macro_rules! customer_key {
+    ($input:expr) => {{
+        let input = &$input;
+        CustomerKey::from_headers(
+            input.sse_customer_algorithm.as_deref(),
+            input.sse_customer_key.as_deref(),
+            input.sse_customer_key_md5.as_deref(),
+        )
+    }};
+}
+
+/// An output with the encryption headers of the object it speaks of, when it is sealed.
+macro_rules! sealed_output {
+    ($output:expr, $seal:expr) => {{
+        let mut output = $output;
+        if let Some(seal) = $seal {
+            output.server_side_encryption = seal.server_side();
+            output.sse_customer_algorithm = seal.customer_algorithm();
+            output.sse_customer_key_md5 = seal.customer_key_md5();
+        }
+        output
+    }};
 }
 
 /// [`integrity`] of a PUT's or an UploadPart's input, distinct types that spell the fields alike.
@@ -520,33 +560,36 @@ macro_rules! with_checksum {
     }};
 }
 
-/// What the requests that create an object (PUT, copy, multipart create) may ask for and the
-/// gateway does not do: encryption, and ACLs other than private. Their inputs are distinct
-/// types that spell these fields alike.
-macro_rules! refuse_object_options {
-    ($input:expr) => {{
+/// What the requests that create an object (PUT, copy, multipart create) ask for: the seal
+/// of their encryption (`$keys` are the gateway's), once ACLs other than private, which the
+/// gateway does not do, are refused. Their inputs are distinct types that spell these fields
+/// alike.
+macro_rules! object_options {
+    ($input:expr, $keys:expr) => {{
         let input = &$input;
-        refuse_encryption(
-            input.server_side_encryption.as_ref(),
-            input.sse_customer_algorithm.as_deref(),
-            input.ssekms_key_id.as_deref(),
+        refuse_acl(
+            input.acl.as_ref().map(ObjectCannedACL::as_str),
+            &[
+                input.grant_full_control.as_ref(),
+                input.grant_read.as_ref(),
+                input.grant_read_acp.as_ref(),
+                input.grant_write_acp.as_ref(),
+            ],
         )
         .and_then(|()| {
-            refuse_acl(
-                input.acl.as_ref().map(ObjectCannedACL::as_str),
-                &[
-                    input.grant_full_control.as_ref(),
-                    input.grant_read.as_ref(),
-                    input.grant_read_acp.as_ref(),
-                    input.grant_write_acp.as_ref(),
-                ],
+            asked_encryption(
+                input.server_side_encryption.as_ref(),
+                customer_key!(input)?,
+                input.ssekms_key_id.as_deref(),
             )
         })
+        .and_then(|asked| Seal::for_write(&asked, $keys))
     }};
 }
 
-/// The bucket and key a copy request (CopyObject, UploadPartCopy) reads, once what it asks of
-/// its source is known to be served: no version, no customer key, no date conditions.
+/// The bucket and key a copy request (CopyObject, UploadPartCopy) reads, and the customer key
+/// its source opens with, once what it asks of its source is known to be served: no version,
+/// no date conditions.
 // Field by field, not through a reference to the whole input: the caller moves other fields
 // out while the source's bucket and key are borrowed.
 macro_rules! copy_source {
@@ -558,9 +601,13 @@ macro_rules! copy_source {
                 version_id,
             } => check_version(version_id.as_deref())
                 .and_then(|()| {
-                    refuse_customer_key($input.copy_source_sse_customer_algorithm.as_deref())
+                    CustomerKey::from_headers(
+                        $input.copy_source_sse_customer_algorithm.as_deref(),
+                        $input.copy_source_sse_customer_key.as_deref(),
+                        $input.copy_source_sse_customer_key_md5.as_deref(),
+                    )
                 })
-                .and_then(|()| {
+                .and_then(|source_key| {
                     if $input.copy_source_if_modified_since.is_some()
                         || $input.copy_source_if_unmodified_since.is_some()
                     {
@@ -569,7 +616,7 @@ macro_rules! copy_source {
                             "date conditions on copies (x-amz-copy-source-if-[un]modified-since) are not supported"
                         ))
                     } else {
-                        Ok((&**bucket, &**key))
+                        Ok((&**bucket, &**key, source_key))
                     }
                 }),
             _ => Err(s3_error!(NotImplemented, "copy sources must be bucket/key")),
@@ -616,17 +663,6 @@ fn copy_source_range(text: &str) -> S3Result<(u64, u64)> {
             .ok_or_else(malformed)
     };
     Ok((number(first)?, number(last)?))
-}
-
-/// No object is encrypted, so a customer key given to read one is a mistake S3 names.
-fn refuse_customer_key(customer_algorithm: Option<&str>) -> S3Result<()> {
-    if customer_algorithm.is_some() {
-        return Err(s3_error!(
-            InvalidRequest,
-            "the encryption parameters are not applicable to this object"
-        ));
-    }
-    Ok(())
 }
 
 /// Every object and bucket is private to the gateway's keys; a request asking for anything
@@ -833,7 +869,7 @@ impl<R: Registers> S3 for BulwarkS3<R> {
             ));
         }
         refuse_conditional_write(input.if_match.as_ref(), input.if_none_match.as_ref())?;
-        refuse_object_options!(input)?;
+        let seal = object_options!(input, self.engine.gateway_keys())?;
         let (manifest, checksum) = self
             .engine
             .put_object(
@@ -843,13 +879,17 @@ impl<R: Registers> S3 for BulwarkS3<R> {
                 object_meta!(input),
                 body(input.body).await,
                 &integrity,
+                seal.as_ref(),
             )
             .await?;
-        Ok(S3Response::new(with_checksum!(
-            PutObjectOutput {
-                e_tag: Some(etag(&manifest.etag)),
-            },
-            checksum
+        Ok(S3Response::new(sealed_output!(
+            with_checksum!(
+                PutObjectOutput {
+                    e_tag: Some(etag(&manifest.etag)),
+                },
+                checksum
+            ),
+            seal.as_ref()
         )))
     }
 
@@ -860,8 +900,11 @@ impl<R: Registers> S3 for BulwarkS3<R> {
         let reg = self.client(&req)?;
         let input = req.input;
         check_version(input.version_id.as_deref())?;
-        refuse_customer_key(input.sse_customer_algorithm.as_deref())?;
-        let object = self.engine.object(&reg, &input.bucket, &input.key).await?;
+        let customer = customer_key!(input)?;
+        let object = self
+            .engine
+            .object(&reg, &input.bucket, &input.key, customer.as_ref())
+            .await?;
         let manifest = &object.manifest;
         check_conditions(
             manifest,
@@ -906,7 +949,7 @@ impl<R: Registers> S3 for BulwarkS3<R> {
             manifest,
             checksums
         );
-        let mut response = S3Response::new(output);
+        let mut response = S3Response::new(sealed_output!(output, object.seal.as_ref()));
         if response.output.content_range.is_some() {
             response.status = Some(http::StatusCode::PARTIAL_CONTENT);
         }
@@ -921,8 +964,11 @@ impl<R: Registers> S3 for BulwarkS3<R> {
         let reg = self.client(&req)?;
         let input = req.input;
         check_version(input.version_id.as_deref())?;
-        refuse_customer_key(input.sse_customer_algorithm.as_deref())?;
-        let object = self.engine.object(&reg, &input.bucket, &input.key).await?;
+        let customer = customer_key!(input)?;
+        let object = self
+            .engine
+            .object(&reg, &input.bucket, &input.key, customer.as_ref())
+            .await?;
         let manifest = &object.manifest;
         check_conditions(
             manifest,
@@ -952,7 +998,7 @@ impl<R: Registers> S3 for BulwarkS3<R> {
             manifest,
             checksums
         );
-        let mut response = S3Response::new(output);
+        let mut response = S3Response::new(sealed_output!(output, object.seal.as_ref()));
         if response.output.content_range.is_some() {
             response.status = Some(http::StatusCode::PARTIAL_CONTENT);
         }
@@ -1042,8 +1088,8 @@ impl<R: Registers> S3 for BulwarkS3<R> {
     ) -> S3Result<S3Response<CopyObjectOutput>> {
         let reg = self.client(&req)?;
         let input = req.input;
-        let (src_bucket, src_key) = copy_source!(input)?;
-        refuse_object_options!(input)?;
+        let (src_bucket, src_key, source_key) = copy_source!(input)?;
+        let seal = object_options!(input, self.engine.gateway_keys())?;
         let replace = input
             .metadata_directive
             .as_ref()
@@ -1069,16 +1115,19 @@ impl<R: Registers> S3 for BulwarkS3<R> {
                         input.copy_source_if_none_match.as_ref(),
                     )
                 },
+                source_key.as_ref(),
+                seal.as_ref(),
             )
             .await?;
-        Ok(S3Response::new(CopyObjectOutput {
+        let output = CopyObjectOutput {
             copy_object_result: Some(CopyObjectResult {
                 e_tag: Some(etag(&manifest.etag)),
                 last_modified: Some(timestamp(manifest.last_modified_ms)),
                 ..CopyObjectResult::default()
             }),
             ..CopyObjectOutput::default()
-        }))
+        };
+        Ok(S3Response::new(sealed_output!(output, seal.as_ref())))
     }
 
     async fn list_objects(
@@ -1182,17 +1231,24 @@ impl<R: Registers> S3 for BulwarkS3<R> {
     ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
         let reg = self.client(&req)?;
         let input = req.input;
-        refuse_object_options!(input)?;
+        let seal = object_options!(input, self.engine.gateway_keys())?;
         let upload_id = self
             .engine
-            .create_upload(reg.as_ref(), &input.bucket, &input.key, object_meta!(input))
+            .create_upload(
+                reg.as_ref(),
+                &input.bucket,
+                &input.key,
+                object_meta!(input),
+                seal.as_ref(),
+            )
             .await?;
-        Ok(S3Response::new(CreateMultipartUploadOutput {
+        let output = CreateMultipartUploadOutput {
             bucket: Some(input.bucket),
             key: Some(input.key),
             upload_id: Some(upload_id),
             ..CreateMultipartUploadOutput::default()
-        }))
+        };
+        Ok(S3Response::new(sealed_output!(output, seal.as_ref())))
     }
 
     async fn upload_part(
@@ -1201,7 +1257,7 @@ impl<R: Registers> S3 for BulwarkS3<R> {
     ) -> S3Result<S3Response<UploadPartOutput>> {
         let reg = self.client(&req)?;
         let input = req.input;
-        refuse_encryption(None, input.sse_customer_algorithm.as_deref(), None)?;
+        let customer = customer_key!(input)?;
         if let Some(len) = input.content_length
             && u64::try_from(len).unwrap_or(u64::MAX) > self.engine.limits().part_bytes_max
         {
@@ -1212,7 +1268,7 @@ impl<R: Registers> S3 for BulwarkS3<R> {
             ));
         }
         let integrity = integrity_of!(input, &req.headers, req.trailing_headers)?;
-        let written = self
+        let (written, seal) = self
             .engine
             .upload_part(
                 &reg,
@@ -1222,13 +1278,17 @@ impl<R: Registers> S3 for BulwarkS3<R> {
                 input.part_number,
                 body(input.body).await,
                 &integrity,
+                customer.as_ref(),
             )
             .await?;
-        Ok(S3Response::new(with_checksum!(
-            UploadPartOutput {
-                e_tag: Some(etag(&hex::encode(written.md5))),
-            },
-            written.checksum
+        Ok(S3Response::new(sealed_output!(
+            with_checksum!(
+                UploadPartOutput {
+                    e_tag: Some(etag(&hex::encode(written.etag_md5))),
+                },
+                written.checksum
+            ),
+            seal.as_ref()
         )))
     }
 
@@ -1238,14 +1298,14 @@ impl<R: Registers> S3 for BulwarkS3<R> {
     ) -> S3Result<S3Response<UploadPartCopyOutput>> {
         let reg = self.client(&req)?;
         let input = req.input;
-        let (src_bucket, src_key) = copy_source!(input)?;
-        refuse_encryption(None, input.sse_customer_algorithm.as_deref(), None)?;
+        let (src_bucket, src_key, source_key) = copy_source!(input)?;
+        let customer = customer_key!(input)?;
         let range = input
             .copy_source_range
             .as_deref()
             .map(copy_source_range)
             .transpose()?;
-        let written = self
+        let (written, seal) = self
             .engine
             .upload_part_copy(
                 &reg,
@@ -1261,16 +1321,18 @@ impl<R: Registers> S3 for BulwarkS3<R> {
                         input.copy_source_if_none_match.as_ref(),
                     )
                 },
+                (source_key.as_ref(), customer.as_ref()),
             )
             .await?;
-        Ok(S3Response::new(UploadPartCopyOutput {
+        let output = UploadPartCopyOutput {
             copy_part_result: Some(CopyPartResult {
-                e_tag: Some(etag(&hex::encode(written.md5))),
+                e_tag: Some(etag(&hex::encode(written.etag_md5))),
                 last_modified: Some(timestamp(now_ms())),
                 ..CopyPartResult::default()
             }),
             ..UploadPartCopyOutput::default()
-        }))
+        };
+        Ok(S3Response::new(sealed_output!(output, seal.as_ref())))
     }
 
     async fn list_parts(
@@ -1354,6 +1416,11 @@ impl<R: Registers> S3 for BulwarkS3<R> {
             key: Some(input.key.clone()),
             location: Some(format!("/{}/{}", input.bucket, input.key)),
             e_tag: Some(etag(&manifest.etag)),
+            server_side_encryption: manifest
+                .sealed
+                .as_ref()
+                .filter(|sealed| matches!(sealed.mode, SealMode::Gateway { .. }))
+                .map(|_| ServerSideEncryption::from_static(seal::AES256)),
             ..CompleteMultipartUploadOutput::default()
         }))
     }

@@ -4,6 +4,7 @@
 use crate::config::GatewayConfig;
 use crate::engine::{Engine, Limits};
 use crate::s3::BulwarkS3;
+use crate::seal::GatewayKeys;
 use crate::store::Registers;
 use bulwark_client::Client;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -68,7 +69,11 @@ pub async fn run(config: GatewayConfig, ready: impl FnOnce(SocketAddr)) -> anyho
         chunk_grace: Duration::from_secs(config.chunk_grace_secs),
         ..Limits::default()
     };
-    let service = service(limits, clients, secrets);
+    let mut keys = Vec::new();
+    for key in &config.sse_s3_keys {
+        keys.push((key.id.clone(), key.read(&config.base)?));
+    }
+    let service = service(limits, GatewayKeys::new(keys), clients, secrets);
 
     let listener = TcpListener::bind(config.listen)
         .await
@@ -117,10 +122,11 @@ pub async fn run(config: GatewayConfig, ready: impl FnOnce(SocketAddr)) -> anyho
 /// `secrets` (access key → secret key): what [`run`] serves on each connection.
 pub fn service<R: Registers>(
     limits: Limits,
+    keys: GatewayKeys,
     clients: HashMap<String, Arc<R>>,
     secrets: HashMap<String, String>,
 ) -> s3s::service::S3Service {
-    let engine = Arc::new(Engine::new(limits));
+    let engine = Arc::new(Engine::new(limits).with_gateway_keys(keys));
     let mut builder = S3ServiceBuilder::new(BulwarkS3::new(engine, clients));
     builder.set_auth(KeyAuth(secrets));
     let mut s3_config = S3Config::default();
