@@ -1225,6 +1225,89 @@ impl<R: Registers> S3 for BulwarkS3<R> {
         }))
     }
 
+    /// Buckets are not versioned, so every object has one version, `null`, the latest: the
+    /// listing is the bucket's, in S3's shape, so that tools which empty a bucket through its
+    /// versions work.
+    async fn list_object_versions(
+        &self,
+        req: S3Request<ListObjectVersionsInput>,
+    ) -> S3Result<S3Response<ListObjectVersionsOutput>> {
+        let reg = self.client(&req)?;
+        let input = req.input;
+        let encode = url_encoded(&input.encoding_type)?;
+        let max_keys = max_keys(input.max_keys)?;
+        let key_marker = input.key_marker.as_deref().filter(|m| !m.is_empty());
+        match (key_marker, input.version_id_marker.as_deref()) {
+            (_, None) => {}
+            (None, Some(_)) => {
+                return Err(s3_error!(
+                    InvalidArgument,
+                    "A version-id marker cannot be specified without a key marker."
+                ));
+            }
+            (Some(_), Some(version)) => check_version(Some(version))?,
+        }
+        let delimiter = input.delimiter.as_deref().filter(|d| !d.is_empty());
+        let query = Query {
+            prefix: input.prefix.as_deref().unwrap_or(""),
+            delimiter,
+            marker: key_marker,
+            max_keys,
+        };
+        let page = self
+            .engine
+            .list(reg.as_ref(), &input.bucket, &query)
+            .await?;
+        let (objects, prefixes) = render(&page, encode, true);
+        let versions = objects
+            .into_iter()
+            .map(|object| ObjectVersion {
+                e_tag: object.e_tag,
+                is_latest: Some(true),
+                key: object.key,
+                last_modified: object.last_modified,
+                owner: object.owner,
+                size: object.size,
+                storage_class: Some(ObjectVersionStorageClass::from_static(
+                    ObjectVersionStorageClass::STANDARD,
+                )),
+                version_id: Some("null".into()),
+                ..ObjectVersion::default()
+            })
+            .collect();
+        let enc = |s: String| if encode { index::url_encode(&s) } else { s };
+        Ok(S3Response::new(ListObjectVersionsOutput {
+            name: Some(input.bucket.clone()),
+            prefix: Some(enc(query.prefix.to_owned())),
+            delimiter: delimiter.map(|d| enc(d.to_owned())),
+            key_marker: Some(input.key_marker.clone().map(enc).unwrap_or_default()),
+            version_id_marker: Some(input.version_id_marker.clone().unwrap_or_default()),
+            max_keys: Some(max_keys as i32),
+            is_truncated: Some(page.truncated),
+            next_key_marker: page
+                .truncated
+                .then(|| page.next_marker.clone().map(enc))
+                .flatten(),
+            next_version_id_marker: page.truncated.then(|| "null".to_owned()),
+            versions: Some(versions),
+            common_prefixes: Some(prefixes),
+            encoding_type: input.encoding_type.clone(),
+            ..ListObjectVersionsOutput::default()
+        }))
+    }
+
+    /// Versioning has never been enabled on any bucket: S3 answers such a bucket with no status.
+    async fn get_bucket_versioning(
+        &self,
+        req: S3Request<GetBucketVersioningInput>,
+    ) -> S3Result<S3Response<GetBucketVersioningOutput>> {
+        let reg = self.client(&req)?;
+        self.engine
+            .require_bucket(reg.as_ref(), &req.input.bucket)
+            .await?;
+        Ok(S3Response::new(GetBucketVersioningOutput::default()))
+    }
+
     async fn create_multipart_upload(
         &self,
         req: S3Request<CreateMultipartUploadInput>,
