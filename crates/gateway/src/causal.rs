@@ -350,6 +350,7 @@ mod tests {
             data: layout::Data::Inline(Bytes::from_static(b"x")),
             extra: layout::ObjectExtra::default(),
             sealed: None,
+            tags: Vec::new(),
         };
         layout::encode_extended("manifest", &manifest).unwrap()
     }

@@ -18,7 +18,7 @@ use crate::causal::CausalObjects;
 use crate::index::{self, Page, Query};
 use crate::layout::{
     self, BucketList, BucketRecord, CHUNK_BYTES, Checksums, ChunkRef, Data, Headers, INDEX_SHARDS,
-    INLINE_BYTES_MAX, IndexEntry, IndexShard, LayoutError, Manifest, ObjectExtra, PartRecord,
+    INLINE_BYTES_MAX, IndexEntry, IndexShard, LayoutError, Manifest, ObjectExtra, PartRecord, Tags,
     UploadList, UploadRecord, WriteId,
 };
 use crate::seal::{CustomerKey, GatewayKeys, Seal};
@@ -277,6 +277,8 @@ pub struct ObjectMeta {
     pub metadata: Vec<(String, String)>,
     /// The response headers to store with the object.
     pub headers: Headers,
+    /// Its tags, checked ([`check_tags`]).
+    pub tags: Tags,
 }
 
 /// The checksums an upload computed, as an object keeps them.
@@ -383,6 +385,56 @@ pub fn check_metadata(metadata: Vec<(String, String)>) -> S3Result<Vec<(String, 
     let mut metadata = metadata;
     metadata.sort();
     Ok(metadata)
+}
+
+/// Tags an object may have.
+pub const OBJECT_TAGS_MAX: usize = 10;
+/// Tags a bucket may have.
+pub const BUCKET_TAGS_MAX: usize = 50;
+
+/// Whether S3 allows `c` in a tag: letters, numbers, spaces and `+ - = . _ : / @`.
+fn tag_char(c: char) -> bool {
+    c.is_alphanumeric() || c.is_whitespace() || "+-=._:/@".contains(c)
+}
+
+/// Checks tags against S3's limits: at most `max`, keys of 1 to 128 characters and unique,
+/// values of at most 256, each of the characters S3 allows.
+pub fn check_tags(tags: Tags, max: usize) -> S3Result<Tags> {
+    if tags.len() > max {
+        return Err(s3_error!(
+            InvalidTag,
+            "{} tags; at most {max} are allowed",
+            tags.len()
+        ));
+    }
+    let mut keys = std::collections::HashSet::new();
+    for (key, value) in &tags {
+        if key.is_empty() || key.chars().count() > 128 {
+            return Err(s3_error!(
+                InvalidTag,
+                "The TagKey you have provided is invalid: 1 to 128 characters"
+            ));
+        }
+        if value.chars().count() > 256 {
+            return Err(s3_error!(
+                InvalidTag,
+                "The TagValue you have provided is invalid: at most 256 characters"
+            ));
+        }
+        if !key.chars().chain(value.chars()).all(tag_char) {
+            return Err(s3_error!(
+                InvalidTag,
+                "A tag may hold letters, numbers, spaces and + - = . _ : / @ only"
+            ));
+        }
+        if !keys.insert(key) {
+            return Err(s3_error!(
+                InvalidTag,
+                "Cannot provide multiple Tags with the same key"
+            ));
+        }
+    }
+    Ok(tags)
 }
 
 /// Deletes chunks in the background, after `delay`. Best effort: a crash or a failure leaves
@@ -611,6 +663,7 @@ impl Engine {
                 extra: layout::BucketExtra {
                     causal: Some(bucket.to_owned()),
                 },
+                more: layout::BucketMore::default(),
             };
             layout::encode_extended("bucket", &record)
         } else {
@@ -620,6 +673,7 @@ impl Engine {
                 &BucketRecord {
                     created_ms,
                     extra: layout::BucketExtra::default(),
+                    more: layout::BucketMore::default(),
                 },
             )
         };
@@ -632,6 +686,28 @@ impl Engine {
             .unwrap_or_default();
         list.insert(bucket.to_owned(), created_ms);
         put_record(reg, "bucket list", &list_key, &list).await
+    }
+
+    /// A bucket's tags.
+    pub async fn bucket_tags<R: Registers>(&self, reg: &R, bucket: &str) -> S3Result<Tags> {
+        Ok(self.require_bucket(reg, bucket).await?.more.tags)
+    }
+
+    /// Replaces a bucket's tags (none: deletes them).
+    pub async fn set_bucket_tags<R: Registers>(
+        &self,
+        reg: &R,
+        bucket: &str,
+        tags: Tags,
+    ) -> S3Result<()> {
+        let tags = check_tags(tags, BUCKET_TAGS_MAX)?;
+        let _bucket = self.buckets.get(&[bucket.as_bytes()]).write().await;
+        let mut record = self.require_bucket(reg, bucket).await?;
+        record.more.tags = tags;
+        let encoded = layout::encode_extended("bucket", &record).map_err(layout_error)?;
+        reg.put(&layout::bucket_key(bucket), encoded)
+            .await
+            .map_err(store_error)
     }
 
     /// Every bucket with its creation time.
@@ -1100,6 +1176,42 @@ impl Engine {
         Ok(old)
     }
 
+    /// An object's tags.
+    pub async fn object_tags<R: Registers>(
+        &self,
+        reg: &R,
+        bucket: &str,
+        key: &str,
+    ) -> S3Result<Tags> {
+        self.require_register_bucket(reg, bucket, "tagging").await?;
+        Ok(self.manifest(reg, bucket, key).await?.tags)
+    }
+
+    /// Replaces an object's tags (none: deletes them). Nothing else of it changes, its time
+    /// included, as in S3.
+    pub async fn set_object_tags<R: Registers>(
+        &self,
+        reg: &R,
+        bucket: &str,
+        key: &str,
+        tags: Tags,
+    ) -> S3Result<()> {
+        let tags = check_tags(tags, OBJECT_TAGS_MAX)?;
+        let _bucket = self.buckets.get(&[bucket.as_bytes()]).read().await;
+        self.require_register_bucket(reg, bucket, "tagging").await?;
+        let _object = self
+            .objects
+            .get(&[bucket.as_bytes(), key.as_bytes()])
+            .lock()
+            .await;
+        let mut manifest = self.manifest(reg, bucket, key).await?;
+        manifest.tags = tags;
+        let encoded = layout::encode_extended("manifest", &manifest).map_err(layout_error)?;
+        reg.put(&layout::object_key(bucket, key), encoded)
+            .await
+            .map_err(store_error)
+    }
+
     /// Stores a whole object from a body stream, sealed with `seal` when given.
     #[allow(clippy::too_many_arguments)]
     pub async fn put_object<R: Registers, S>(
@@ -1191,6 +1303,7 @@ impl Engine {
                 checksums,
             },
             sealed,
+            tags: meta.tags,
         };
         Ok((manifest, written.checksum))
     }
@@ -1300,13 +1413,15 @@ impl Engine {
     /// Copies an object's bytes into a new object (its own chunks), with new or copied metadata.
     /// `precondition` sees the source's manifest before anything is copied. An encrypted source
     /// opens with `source_key` (SSE-C) or the gateway's key; the copy is sealed with `seal`.
+    /// The copy keeps the source's tags unless `meta` replaces its metadata and `tags` says
+    /// to replace them too (S3's metadata and tagging directives).
     #[allow(clippy::too_many_arguments)]
     pub async fn copy_object<R: Registers>(
         &self,
         reg: &Arc<R>,
         source: (&str, &str),
         target: (&str, &str),
-        meta: Option<ObjectMeta>,
+        (meta, tags): (Option<ObjectMeta>, Option<Tags>),
         precondition: impl FnOnce(&Manifest) -> S3Result<()>,
         source_key: Option<&CustomerKey>,
         seal: Option<&Seal>,
@@ -1348,6 +1463,7 @@ impl Engine {
             (self.copy_chunks(reg, &src.data).await?, src.etag.clone())
         };
         // The same bytes: their part boundaries and checksums stay.
+        let tags = tags.unwrap_or_else(|| src.tags.clone());
         let (content_type, metadata, headers) = match meta {
             Some(meta) => (
                 meta.content_type,
@@ -1376,6 +1492,7 @@ impl Engine {
                 checksums,
             },
             sealed,
+            tags,
         };
         self.commit(reg, target.0, &manifest, true).await?;
         Ok(manifest)
@@ -1468,6 +1585,7 @@ impl Engine {
             parts: BTreeMap::new(),
             headers: meta.headers,
             sealed: seal.map(|seal| seal.record(&Checksums::default())),
+            tags: meta.tags,
         };
         let encoded = layout::encode_extended("upload", &record).map_err(layout_error)?;
         reg.put(&layout::upload_key(&upload_id), encoded)
@@ -1792,6 +1910,7 @@ impl Engine {
                 checksums: Checksums::default(),
             },
             sealed: record.sealed.clone(),
+            tags: record.tags.clone(),
         };
         self.commit(reg, bucket, &manifest, false).await?;
         if let Err(error) = reg.delete(&layout::upload_key(upload_id)).await {
@@ -2321,6 +2440,7 @@ mod tests {
             content_type: None,
             metadata: vec![("m".into(), "v".repeat(3000))],
             headers: Headers::default(),
+            tags: Vec::new(),
         };
         let e = engine
             .put_object(
@@ -2577,7 +2697,7 @@ mod tests {
                 &reg,
                 ("b", "mp"),
                 ("b", "g"),
-                None,
+                (None, None),
                 |_| Ok(()),
                 None,
                 gateway.as_ref(),
@@ -2594,7 +2714,7 @@ mod tests {
                 &reg,
                 ("b", "mp"),
                 ("b", "g"),
-                None,
+                (None, None),
                 |_| Ok(()),
                 Some(&alice),
                 gateway.as_ref(),
@@ -2611,7 +2731,7 @@ mod tests {
                 &reg,
                 ("b", "g"),
                 ("b", "clear"),
-                None,
+                (None, None),
                 |_| Ok(()),
                 None,
                 None,
@@ -2641,7 +2761,7 @@ mod tests {
                 &reg,
                 ("b", "clear"),
                 ("b", "bob"),
-                None,
+                (None, None),
                 |_| Ok(()),
                 None,
                 for_bob.as_ref(),
@@ -2692,6 +2812,193 @@ mod tests {
         assert_eq!(
             read_sealed(&engine, &reg, "mp2", None, None).await.unwrap(),
             whole[10..21]
+        );
+    }
+
+    #[tokio::test]
+    async fn tags_are_set_replaced_copied_and_kept_with_an_encrypted_object() {
+        let (engine, reg) = setup(Duration::ZERO).await;
+        let tags = |pairs: &[(&str, &str)]| -> Tags {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let alice = customer(1);
+        let seal = Seal::for_write(
+            &crate::seal::Asked::Customer(alice.clone()),
+            engine.gateway_keys(),
+        )
+        .unwrap();
+        let meta = ObjectMeta {
+            tags: tags(&[("team", "blue")]),
+            ..ObjectMeta::default()
+        };
+        let data = pattern(CHUNK_BYTES + 5, 2);
+        engine
+            .put_object(
+                &reg,
+                "b",
+                "k",
+                meta,
+                body(&data, 1 << 20),
+                &Integrity::default(),
+                seal.as_ref(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            engine.object_tags(reg.as_ref(), "b", "k").await.unwrap(),
+            tags(&[("team", "blue")])
+        );
+        // Tagging needs no key and changes nothing else.
+        let before = engine
+            .object(&reg, "b", "k", Some(&alice))
+            .await
+            .unwrap()
+            .manifest;
+        engine
+            .set_object_tags(reg.as_ref(), "b", "k", tags(&[("a", "1"), ("b", "")]))
+            .await
+            .unwrap();
+        let after = engine
+            .object(&reg, "b", "k", Some(&alice))
+            .await
+            .unwrap()
+            .manifest;
+        assert_eq!(after.tags, tags(&[("a", "1"), ("b", "")]));
+        assert_eq!(
+            Manifest {
+                tags: Vec::new(),
+                ..after.clone()
+            },
+            Manifest {
+                tags: Vec::new(),
+                ..before
+            }
+        );
+        assert_eq!(
+            read_sealed(&engine, &reg, "k", Some(&alice), None)
+                .await
+                .unwrap(),
+            data
+        );
+        // A copy keeps the source's tags unless told to replace them.
+        engine
+            .copy_object(
+                &reg,
+                ("b", "k"),
+                ("b", "kept"),
+                (None, None),
+                |_| Ok(()),
+                Some(&alice),
+                None,
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            engine.object_tags(reg.as_ref(), "b", "kept").await.unwrap(),
+            after.tags
+        );
+        engine
+            .copy_object(
+                &reg,
+                ("b", "k"),
+                ("b", "replaced"),
+                (None, Some(tags(&[("x", "y")]))),
+                |_| Ok(()),
+                Some(&alice),
+                None,
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            engine
+                .object_tags(reg.as_ref(), "b", "replaced")
+                .await
+                .unwrap(),
+            tags(&[("x", "y")])
+        );
+        // An overwrite brings its own tags; deleting them leaves none.
+        engine
+            .put_object(
+                &reg,
+                "b",
+                "kept",
+                ObjectMeta::default(),
+                body(b"v", 1),
+                &Integrity::default(),
+                None,
+            )
+            .await
+            .unwrap();
+        assert!(
+            engine
+                .object_tags(reg.as_ref(), "b", "kept")
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        engine
+            .set_object_tags(reg.as_ref(), "b", "k", Tags::new())
+            .await
+            .unwrap();
+        assert!(
+            engine
+                .object_tags(reg.as_ref(), "b", "k")
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        // S3's limits, and a missing object.
+        let many: Tags = (0..11).map(|i| (format!("k{i}"), String::new())).collect();
+        for bad in [
+            many,
+            tags(&[("", "v")]),
+            tags(&[("a", "1"), ("a", "2")]),
+            tags(&[("a", "x&y")]),
+        ] {
+            let e = engine
+                .set_object_tags(reg.as_ref(), "b", "k", bad)
+                .await
+                .unwrap_err();
+            assert_eq!(*e.code(), S3ErrorCode::InvalidTag);
+        }
+        let e = engine
+            .set_object_tags(reg.as_ref(), "b", "none", tags(&[("a", "1")]))
+            .await
+            .unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::NoSuchKey);
+        // Bucket tags.
+        assert!(
+            engine
+                .bucket_tags(reg.as_ref(), "b")
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        engine
+            .set_bucket_tags(reg.as_ref(), "b", tags(&[("cost", "7")]))
+            .await
+            .unwrap();
+        assert_eq!(
+            engine.bucket_tags(reg.as_ref(), "b").await.unwrap(),
+            tags(&[("cost", "7")])
+        );
+        assert!(
+            engine
+                .list(
+                    reg.as_ref(),
+                    "b",
+                    &crate::index::Query {
+                        prefix: "",
+                        delimiter: None,
+                        marker: None,
+                        max_keys: 10,
+                    }
+                )
+                .await
+                .is_ok()
         );
     }
 
@@ -2972,6 +3279,7 @@ mod tests {
             content_type: Some("text/x".into()),
             metadata: vec![("a".into(), "1".into())],
             headers: Headers::default(),
+            tags: Vec::new(),
         };
         let src = engine
             .put_object(
@@ -2991,7 +3299,7 @@ mod tests {
                 &reg,
                 ("b", "src"),
                 ("b", "dst"),
-                None,
+                (None, None),
                 |_| Ok(()),
                 None,
                 None,
@@ -3218,6 +3526,7 @@ mod tests {
             data: Data::Inline(Bytes::from_static(b"zzz")),
             extra: ObjectExtra::default(),
             sealed: None,
+            tags: Vec::new(),
         };
         let theirs = layout::encode_extended("manifest", &theirs).unwrap();
         let ours = engine.object(&reg, "c", "b", None).await.unwrap().manifest;
@@ -3270,7 +3579,7 @@ mod tests {
                 &reg,
                 ("c", "a/1"),
                 ("c", "copy"),
-                None,
+                (None, None),
                 |_| Ok(()),
                 None,
                 None,

@@ -30,9 +30,10 @@
 //! ([`Extended`]): format 1's fields, then what was added (part sizes, the response headers
 //! given at upload, checksums); format-1 records written by earlier gateways still read, but a
 //! gateway from before format 2 refuses format-2 records: upgrade every gateway of a cluster
-//! before writing through any upgraded one, and do not go back. The manifest and upload record
-//! of an encrypted object are in format 3: format 2, then its [`Sealed`]. Only encrypted objects
-//! use it, and a gateway from before it refuses them rather than serving ciphertext.
+//! before writing through any upgraded one, and do not go back. Records with what format 3 added
+//! (an object's encryption and tags, a bucket's tags) are in format 3: format 2, then those
+//! fields. Only such records use it, and a gateway from before it refuses them (rather than
+//! serving ciphertext as an object's bytes).
 //!
 //! An encrypted object's chunks (and inline body) are sealed ([`crate::seal`]): a chunk's
 //! reference keeps the plaintext's length and the hash of the sealed bytes, which are
@@ -204,6 +205,9 @@ pub struct Manifest {
     /// How the object is encrypted, if it is (format 3).
     #[serde(skip)]
     pub sealed: Option<Sealed>,
+    /// Its tags (format 3).
+    #[serde(skip)]
+    pub tags: Tags,
 }
 
 impl Manifest {
@@ -256,56 +260,84 @@ pub struct Checksums {
     pub sha256: Option<String>,
 }
 
-/// A record whose format 2 appends fields to format 1: the record is encoded as before, then
-/// its extra fields. Format-1 records still read, with the extra fields at their defaults.
+/// A record whose format 2 appends fields to format 1, and whose format 3 appends more: the
+/// record is encoded as before, then its extra fields, then (in format 3) the further ones.
+/// Format-1 and format-2 records still read, with the fields they lack at their defaults, and a
+/// record whose format-3 fields are all at their defaults is still written in format 2, so that
+/// gateways from before format 3 read it.
 pub trait Extended: Serialize + for<'de> Deserialize<'de> {
     /// The fields format 2 added.
     type Extra: Serialize + for<'de> Deserialize<'de> + Default;
+    /// The fields format 3 added.
+    type More: Serialize + for<'de> Deserialize<'de> + Default + PartialEq;
     /// The extra fields, to encode.
     fn extra(&self) -> &Self::Extra;
     /// Sets the extra fields after decoding.
     fn set_extra(&mut self, extra: Self::Extra);
-    /// How the record's object is encrypted: written in format 3 when it is.
-    fn sealed(&self) -> Option<&Sealed> {
-        None
-    }
-    /// Sets what format 3 added; false for a kind of record that is never encrypted.
-    fn set_sealed(&mut self, _sealed: Sealed) -> bool {
-        false
-    }
+    /// The format-3 fields, to encode.
+    fn more(&self) -> Self::More;
+    /// Sets the format-3 fields after decoding.
+    fn set_more(&mut self, more: Self::More);
 }
+
+/// What an object's (or a multipart upload's) record keeps in format 3.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectMore {
+    /// How the object is encrypted, if it is.
+    pub sealed: Option<Sealed>,
+    /// Its tags.
+    pub tags: Tags,
+}
+
+/// What a bucket record keeps in format 3.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BucketMore {
+    /// The bucket's tags.
+    pub tags: Tags,
+}
+
+/// Tags (S3's object and bucket tagging): (key, value) pairs, keys unique, in the order given.
+pub type Tags = Vec<(String, String)>;
 
 impl Extended for Manifest {
     type Extra = ObjectExtra;
+    type More = ObjectMore;
     fn extra(&self) -> &ObjectExtra {
         &self.extra
     }
     fn set_extra(&mut self, extra: ObjectExtra) {
         self.extra = extra;
     }
-    fn sealed(&self) -> Option<&Sealed> {
-        self.sealed.as_ref()
+    fn more(&self) -> ObjectMore {
+        ObjectMore {
+            sealed: self.sealed.clone(),
+            tags: self.tags.clone(),
+        }
     }
-    fn set_sealed(&mut self, sealed: Sealed) -> bool {
-        self.sealed = Some(sealed);
-        true
+    fn set_more(&mut self, more: ObjectMore) {
+        self.sealed = more.sealed;
+        self.tags = more.tags;
     }
 }
 
 impl Extended for UploadRecord {
     type Extra = Headers;
+    type More = ObjectMore;
     fn extra(&self) -> &Headers {
         &self.headers
     }
     fn set_extra(&mut self, headers: Headers) {
         self.headers = headers;
     }
-    fn sealed(&self) -> Option<&Sealed> {
-        self.sealed.as_ref()
+    fn more(&self) -> ObjectMore {
+        ObjectMore {
+            sealed: self.sealed.clone(),
+            tags: self.tags.clone(),
+        }
     }
-    fn set_sealed(&mut self, sealed: Sealed) -> bool {
-        self.sealed = Some(sealed);
-        true
+    fn set_more(&mut self, more: ObjectMore) {
+        self.sealed = more.sealed;
+        self.tags = more.tags;
     }
 }
 
@@ -315,8 +347,8 @@ const FORMAT: u8 = 1;
 /// The format of [`Extended`] records: format 1's fields, then the extra ones.
 const FORMAT_EXTENDED: u8 = 2;
 
-/// The format of encrypted objects' [`Extended`] records: format 2, then their [`Sealed`].
-const FORMAT_SEALED: u8 = 3;
+/// The format of [`Extended`] records with format-3 fields: format 2, then those.
+const FORMAT_MORE: u8 = 3;
 
 /// Why a stored record could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -362,17 +394,21 @@ pub fn encode<T: Serialize>(what: &'static str, value: &T) -> Result<Bytes, Layo
     bounded(what, encoded(what, vec![FORMAT], value)?)
 }
 
-/// Encodes an [`Extended`] record in format 2, or 3 when it is sealed.
+/// Encodes an [`Extended`] record in format 2, or in format 3 when it has format-3 fields.
 pub fn encode_extended<T: Extended>(what: &'static str, value: &T) -> Result<Bytes, LayoutError> {
-    let format = match value.sealed() {
-        Some(_) => FORMAT_SEALED,
-        None => FORMAT_EXTENDED,
+    let more = value.more();
+    let has_more = more != T::More::default();
+    let format = if has_more {
+        FORMAT_MORE
+    } else {
+        FORMAT_EXTENDED
     };
     let out = encoded(what, vec![format], value)?;
     let out = encoded(what, out, value.extra())?;
-    match value.sealed() {
-        Some(sealed) => bounded(what, encoded(what, out, sealed)?),
-        None => bounded(what, out),
+    if has_more {
+        bounded(what, encoded(what, out, &more)?)
+    } else {
+        bounded(what, out)
     }
 }
 
@@ -430,19 +466,14 @@ pub fn decode_extended<T: Extended>(what: &'static str, bytes: &[u8]) -> Result<
     };
     match bytes.split_first() {
         Some((&FORMAT, _)) => decode(what, bytes),
-        Some((&format @ (FORMAT_EXTENDED | FORMAT_SEALED), rest)) => {
+        Some((&format @ (FORMAT_EXTENDED | FORMAT_MORE), rest)) => {
             let (mut value, rest) = postcard::take_from_bytes::<T>(rest).map_err(malformed)?;
             let (extra, mut rest) =
                 postcard::take_from_bytes::<T::Extra>(rest).map_err(malformed)?;
-            if format == FORMAT_SEALED {
-                let (sealed, after) =
-                    postcard::take_from_bytes::<Sealed>(rest).map_err(malformed)?;
-                if !value.set_sealed(sealed) {
-                    return Err(LayoutError::Malformed {
-                        what,
-                        problem: "an encrypted record of a kind that is never encrypted".into(),
-                    });
-                }
+            if format == FORMAT_MORE {
+                let (more, after) =
+                    postcard::take_from_bytes::<T::More>(rest).map_err(malformed)?;
+                value.set_more(more);
                 rest = after;
             }
             if !rest.is_empty() {
@@ -531,6 +562,9 @@ pub struct BucketRecord {
     /// What format 2 added.
     #[serde(skip)]
     pub extra: BucketExtra,
+    /// What format 3 added.
+    #[serde(skip)]
+    pub more: BucketMore,
 }
 
 /// What a bucket record keeps beyond format 1.
@@ -542,11 +576,18 @@ pub struct BucketExtra {
 
 impl Extended for BucketRecord {
     type Extra = BucketExtra;
+    type More = BucketMore;
     fn extra(&self) -> &BucketExtra {
         &self.extra
     }
     fn set_extra(&mut self, extra: BucketExtra) {
         self.extra = extra;
+    }
+    fn more(&self) -> BucketMore {
+        self.more.clone()
+    }
+    fn set_more(&mut self, more: BucketMore) {
+        self.more = more;
     }
 }
 
@@ -602,6 +643,9 @@ pub struct UploadRecord {
     /// are empty).
     #[serde(skip)]
     pub sealed: Option<Sealed>,
+    /// The final object's tags (format 3).
+    #[serde(skip)]
+    pub tags: Tags,
 }
 
 /// Hex MD5 of a single-part object: the ETag S3 clients compare with their own MD5.
@@ -635,6 +679,7 @@ mod tests {
             data,
             extra: ObjectExtra::default(),
             sealed: None,
+            tags: Vec::new(),
         }
     }
 
@@ -712,6 +757,7 @@ mod tests {
             parts: BTreeMap::new(),
             headers: Headers::default(),
             sealed: None,
+            tags: Vec::new(),
         };
         let old = encode("upload", &record).unwrap();
         assert_eq!(
@@ -727,7 +773,7 @@ mod tests {
     }
 
     #[test]
-    fn encrypted_records_are_format_3_and_nothing_else_reads_as_one() {
+    fn encrypted_and_tagged_records_are_format_3_and_others_stay_format_2() {
         let sealed = Sealed {
             mode: crate::seal::SealMode::Gateway { key: "k1".into() },
             checksums: Bytes::from_static(b"sealed checksums"),
@@ -735,7 +781,7 @@ mod tests {
         let mut m = manifest("k", Data::Inline(Bytes::from(vec![0u8; 5 + OVERHEAD])), 5);
         m.sealed = Some(sealed.clone());
         let bytes = encode_extended("manifest", &m).unwrap();
-        assert_eq!(bytes[0], FORMAT_SEALED);
+        assert_eq!(bytes[0], FORMAT_MORE);
         assert_eq!(decode_manifest("k", &bytes).unwrap(), m);
         // Read as format 2 (a gateway from before format 3), the record has bytes after it.
         let mut as_two = bytes.to_vec();
@@ -749,15 +795,28 @@ mod tests {
         short.sealed = Some(sealed.clone());
         let bytes = encode_extended("manifest", &short).unwrap();
         assert!(decode_manifest("k", &bytes).is_err());
-        // A bucket record is never encrypted.
-        let record = BucketRecord {
+        // Tags alone are format 3 too, for objects and buckets.
+        let mut tagged = manifest("k", Data::Inline(Bytes::from_static(b"hello")), 5);
+        tagged.tags = vec![("team".into(), "blue".into())];
+        let bytes = encode_extended("manifest", &tagged).unwrap();
+        assert_eq!(bytes[0], FORMAT_MORE);
+        assert_eq!(decode_manifest("k", &bytes).unwrap(), tagged);
+        let mut record = BucketRecord {
             created_ms: 1,
             extra: BucketExtra::default(),
+            more: BucketMore::default(),
         };
-        let mut bytes = encode_extended("bucket", &record).unwrap().to_vec();
-        bytes[0] = FORMAT_SEALED;
-        bytes.extend_from_slice(&postcard::to_stdvec(&sealed).unwrap());
-        assert!(decode_extended::<BucketRecord>("bucket", &bytes).is_err());
+        assert_eq!(
+            encode_extended("bucket", &record).unwrap()[0],
+            FORMAT_EXTENDED
+        );
+        record.more.tags = vec![("a".into(), "".into())];
+        let bytes = encode_extended("bucket", &record).unwrap();
+        assert_eq!(bytes[0], FORMAT_MORE);
+        assert_eq!(
+            decode_extended::<BucketRecord>("bucket", &bytes).unwrap(),
+            record
+        );
     }
 
     #[test]

@@ -1,9 +1,11 @@
 //! The S3 operations, on top of [`Engine`]: request fields in, response fields out. Everything
 //! not listed here answers NotImplemented (s3s's default).
 
-use crate::engine::{Algorithms, Engine, Integrity, ObjectMeta, now_ms};
+use crate::engine::{
+    Algorithms, Engine, Integrity, OBJECT_TAGS_MAX, ObjectMeta, check_tags, now_ms,
+};
 use crate::index::{self, Page, Query};
-use crate::layout::{Headers, Manifest};
+use crate::layout::{Headers, Manifest, Tags};
 use crate::seal::{self, Asked, CustomerKey, Seal, SealMode};
 use crate::store::Registers;
 use base64::Engine as _;
@@ -62,8 +64,43 @@ macro_rules! object_meta {
                 content_language: $input.content_language,
                 expires: $input.expires.as_ref().and_then(http_date),
             },
+            tags: tagging_header($input.tagging.as_deref())?,
         }
     };
+}
+
+/// `x-amz-tagging`: tags as a URL query (`k1=v1&k2=v2`), checked.
+fn tagging_header(header: Option<&str>) -> S3Result<Tags> {
+    let tags = header
+        .map(|text| {
+            form_urlencoded::parse(text.as_bytes())
+                .map(|(key, value)| (key.into_owned(), value.into_owned()))
+                .collect()
+        })
+        .unwrap_or_default();
+    check_tags(tags, OBJECT_TAGS_MAX)
+}
+
+/// A tag set of a request body as tags; a tag without a key is refused.
+fn tag_set(tagging: Tagging) -> S3Result<Tags> {
+    tagging
+        .tag_set
+        .into_iter()
+        .map(|tag| match (tag.key, tag.value) {
+            (Some(key), value) => Ok((key, value.unwrap_or_default())),
+            (None, _) => Err(s3_error!(MalformedXML, "a Tag without a Key")),
+        })
+        .collect()
+}
+
+/// Tags as S3 returns them.
+fn to_tag_set(tags: Tags) -> TagSet {
+    tags.into_iter()
+        .map(|(key, value)| Tag {
+            key: Some(key),
+            value: Some(value),
+        })
+        .collect()
 }
 
 /// The `Content-Encoding` an object keeps: the client's own, without `aws-chunked`, which only
@@ -945,6 +982,7 @@ impl<R: Registers> S3 for BulwarkS3<R> {
                 last_modified: Some(timestamp(manifest.last_modified_ms)),
                 metadata: user_metadata(manifest),
                 parts_count: (manifest.parts > 0).then_some(manifest.parts as i32),
+                tag_count: (!manifest.tags.is_empty()).then_some(manifest.tags.len() as i32),
             },
             manifest,
             checksums
@@ -1100,14 +1138,24 @@ impl<R: Registers> S3 for BulwarkS3<R> {
                 "copying an object onto itself needs the REPLACE metadata directive"
             ));
         }
-        let new_meta = replace.then(|| object_meta!(input));
+        let new_tags = match &input.tagging_directive {
+            Some(directive) if directive.as_str() == TaggingDirective::REPLACE => {
+                Some(tagging_header(input.tagging.as_deref())?)
+            }
+            _ => None,
+        };
+        let new_meta = if replace {
+            Some(object_meta!(input))
+        } else {
+            None
+        };
         let manifest = self
             .engine
             .copy_object(
                 &reg,
                 (src_bucket, src_key),
                 (&input.bucket, &input.key),
-                new_meta,
+                (new_meta, new_tags),
                 |src| {
                     check_copy_conditions(
                         src,
@@ -1223,6 +1271,95 @@ impl<R: Registers> S3 for BulwarkS3<R> {
             encoding_type: input.encoding_type.clone(),
             ..ListObjectsV2Output::default()
         }))
+    }
+
+    async fn put_object_tagging(
+        &self,
+        req: S3Request<PutObjectTaggingInput>,
+    ) -> S3Result<S3Response<PutObjectTaggingOutput>> {
+        let reg = self.client(&req)?;
+        let input = req.input;
+        check_version(input.version_id.as_deref())?;
+        let tags = tag_set(input.tagging)?;
+        self.engine
+            .set_object_tags(reg.as_ref(), &input.bucket, &input.key, tags)
+            .await?;
+        Ok(S3Response::new(PutObjectTaggingOutput::default()))
+    }
+
+    async fn get_object_tagging(
+        &self,
+        req: S3Request<GetObjectTaggingInput>,
+    ) -> S3Result<S3Response<GetObjectTaggingOutput>> {
+        let reg = self.client(&req)?;
+        let input = &req.input;
+        check_version(input.version_id.as_deref())?;
+        let tags = self
+            .engine
+            .object_tags(reg.as_ref(), &input.bucket, &input.key)
+            .await?;
+        Ok(S3Response::new(GetObjectTaggingOutput {
+            tag_set: to_tag_set(tags),
+            version_id: None,
+        }))
+    }
+
+    async fn delete_object_tagging(
+        &self,
+        req: S3Request<DeleteObjectTaggingInput>,
+    ) -> S3Result<S3Response<DeleteObjectTaggingOutput>> {
+        let reg = self.client(&req)?;
+        let input = &req.input;
+        check_version(input.version_id.as_deref())?;
+        self.engine
+            .set_object_tags(reg.as_ref(), &input.bucket, &input.key, Tags::new())
+            .await?;
+        let mut response = S3Response::new(DeleteObjectTaggingOutput::default());
+        response.status = Some(http::StatusCode::NO_CONTENT);
+        Ok(response)
+    }
+
+    async fn put_bucket_tagging(
+        &self,
+        req: S3Request<PutBucketTaggingInput>,
+    ) -> S3Result<S3Response<PutBucketTaggingOutput>> {
+        let reg = self.client(&req)?;
+        let input = req.input;
+        let tags = tag_set(input.tagging)?;
+        self.engine
+            .set_bucket_tags(reg.as_ref(), &input.bucket, tags)
+            .await?;
+        Ok(S3Response::new(PutBucketTaggingOutput::default()))
+    }
+
+    async fn get_bucket_tagging(
+        &self,
+        req: S3Request<GetBucketTaggingInput>,
+    ) -> S3Result<S3Response<GetBucketTaggingOutput>> {
+        let reg = self.client(&req)?;
+        let tags = self
+            .engine
+            .bucket_tags(reg.as_ref(), &req.input.bucket)
+            .await?;
+        if tags.is_empty() {
+            return Err(s3_error!(NoSuchTagSet, "The TagSet does not exist"));
+        }
+        Ok(S3Response::new(GetBucketTaggingOutput {
+            tag_set: to_tag_set(tags),
+        }))
+    }
+
+    async fn delete_bucket_tagging(
+        &self,
+        req: S3Request<DeleteBucketTaggingInput>,
+    ) -> S3Result<S3Response<DeleteBucketTaggingOutput>> {
+        let reg = self.client(&req)?;
+        self.engine
+            .set_bucket_tags(reg.as_ref(), &req.input.bucket, Tags::new())
+            .await?;
+        let mut response = S3Response::new(DeleteBucketTaggingOutput::default());
+        response.status = Some(http::StatusCode::NO_CONTENT);
+        Ok(response)
     }
 
     /// Buckets are not versioned, so every object has one version, `null`, the latest: the
