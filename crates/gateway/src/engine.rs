@@ -18,8 +18,8 @@ use crate::causal::CausalObjects;
 use crate::index::{self, Page, Query};
 use crate::layout::{
     self, BucketList, BucketRecord, CHUNK_BYTES, Checksums, ChunkRef, Data, Headers, INDEX_SHARDS,
-    INLINE_BYTES_MAX, IndexEntry, IndexShard, LayoutError, Manifest, ObjectExtra, PartRecord, Tags,
-    UploadList, UploadRecord, WriteId,
+    INLINE_BYTES_MAX, IndexEntry, IndexShard, LayoutError, Manifest, ObjectExtra, PartChecksum,
+    PartRecord, Tags, UploadList, UploadRecord, WriteId,
 };
 use crate::seal::{CustomerKey, GatewayKeys, Seal};
 use crate::store::{Registers, StoreError};
@@ -165,6 +165,16 @@ pub struct Algorithms {
 }
 
 impl Algorithms {
+    /// These and `checksum`.
+    pub fn add(&mut self, checksum: PartChecksum) {
+        match checksum {
+            PartChecksum::Crc32 => self.crc32 = true,
+            PartChecksum::Crc32c => self.crc32c = true,
+            PartChecksum::Sha1 => self.sha1 = true,
+            PartChecksum::Sha256 => self.sha256 = true,
+        }
+    }
+
     fn hasher(self) -> ChecksumHasher {
         use s3s::crypto::Checksum as _;
         ChecksumHasher {
@@ -385,6 +395,119 @@ pub fn check_metadata(metadata: Vec<(String, String)>) -> S3Result<Vec<(String, 
     let mut metadata = metadata;
     metadata.sort();
     Ok(metadata)
+}
+
+/// A part a CompleteMultipartUpload lists: its number, and the ETag and checksums it gives.
+#[derive(Clone, Debug, Default)]
+pub struct ListedPart {
+    /// The part number.
+    pub number: i32,
+    /// The ETag as the client saw it.
+    pub etag: Option<String>,
+    /// The checksums given for it.
+    pub checksums: Checksums,
+}
+
+/// Checks what a completion says of part `number`'s checksums against what it was stored
+/// with: each given value must be the stored one, and an upload created with an algorithm must
+/// be given that algorithm's value for every part, as S3 requires.
+fn check_part_checksums(
+    number: i32,
+    given: &Checksums,
+    stored: Option<&Checksums>,
+    algorithm: Option<PartChecksum>,
+) -> S3Result<()> {
+    use PartChecksum::*;
+    for each in [Crc32, Crc32c, Sha1, Sha256] {
+        let (given, stored) = (given.get(each), stored.and_then(|s| s.get(each)));
+        match (given, stored) {
+            (Some(given), Some(stored)) if given != stored => {
+                return Err(s3_error!(
+                    InvalidPart,
+                    "part {number}: its {} checksum does not match the part uploaded",
+                    each.name()
+                ));
+            }
+            (Some(_), None) => {
+                return Err(s3_error!(
+                    InvalidPart,
+                    "part {number} was not uploaded with a {} checksum",
+                    each.name()
+                ));
+            }
+            (None, _) if algorithm == Some(each) => {
+                return Err(s3_error!(
+                    InvalidRequest,
+                    "The upload was created using a {} checksum. The complete request must include the checksum for each part. It was missing for part {number} in the request.",
+                    each.name()
+                ));
+            }
+            _ => {}
+        }
+    }
+    if given.crc64nvme.is_some() {
+        return Err(s3_error!(
+            InvalidPart,
+            "part {number}: CRC64NVME part checksums are not kept"
+        ));
+    }
+    Ok(())
+}
+
+/// S3's composite checksum of a multipart object: `algorithm` over the parts' binary checksums
+/// in order, base64, `-` and the part count; checked against the one the completion gave, if
+/// it gave one. No algorithm: no checksum, and a whole-object value given cannot be checked.
+fn composite_checksum(
+    algorithm: Option<PartChecksum>,
+    parts: &[Option<&Checksums>],
+    whole: &Checksums,
+) -> S3Result<Checksums> {
+    let Some(algorithm) = algorithm else {
+        if *whole != Checksums::default() {
+            return Err(s3_error!(
+                InvalidRequest,
+                "a whole-object checksum was given for an upload created without a checksum algorithm"
+            ));
+        }
+        return Ok(Checksums::default());
+    };
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut algorithms = Algorithms::default();
+    algorithms.add(algorithm);
+    let mut hasher = algorithms.hasher();
+    for part in parts {
+        let value = part
+            .and_then(|p| p.get(algorithm))
+            .and_then(|v| b64.decode(v).ok())
+            .ok_or_else(|| s3_error!(InternalError, "a part's stored checksum is missing"))?;
+        hasher.update(&value);
+    }
+    let checksum = stored_checksums(&hasher.finalize());
+    let value = format!(
+        "{}-{}",
+        checksum.get(algorithm).cloned().unwrap_or_default(),
+        parts.len()
+    );
+    let mut out = Checksums::default();
+    if let Some(given) = whole.get(algorithm)
+        && *given != value
+    {
+        return Err(s3_error!(
+            BadDigest,
+            "The {} you specified did not match the calculated checksum.",
+            algorithm.name()
+        ));
+    }
+    if *whole != Checksums::default() && whole.get(algorithm).is_none() {
+        return Err(s3_error!(
+            InvalidRequest,
+            "the upload was created with {}; a whole-object checksum of another algorithm cannot be checked",
+            algorithm.name()
+        ));
+    }
+    out.set(algorithm, value);
+    Ok(out)
 }
 
 /// Tags an object may have.
@@ -1562,14 +1685,15 @@ impl Engine {
         Ok(record)
     }
 
-    /// Starts a multipart upload whose parts are sealed with `seal` when given; returns its id.
+    /// Starts a multipart upload whose parts are sealed with `seal` when given, and hashed with
+    /// `checksum` when given; returns its id.
     pub async fn create_upload<R: Registers>(
         &self,
         reg: &R,
         bucket: &str,
         key: &str,
         meta: ObjectMeta,
-        seal: Option<&Seal>,
+        (seal, checksum): (Option<&Seal>, Option<PartChecksum>),
     ) -> S3Result<String> {
         check_object_key(key)?;
         let metadata = check_metadata(meta.metadata)?;
@@ -1584,8 +1708,12 @@ impl Engine {
             created_ms: now_ms(),
             parts: BTreeMap::new(),
             headers: meta.headers,
-            sealed: seal.map(|seal| seal.record(&Checksums::default())),
-            tags: meta.tags,
+            more: layout::UploadMore {
+                sealed: seal.map(|seal| seal.record(&Checksums::default())),
+                tags: meta.tags,
+                checksum,
+                part_checksums: BTreeMap::new(),
+            },
         };
         let encoded = layout::encode_extended("upload", &record).map_err(layout_error)?;
         reg.put(&layout::upload_key(&upload_id), encoded)
@@ -1679,17 +1807,22 @@ impl Engine {
             })?;
         let record = self.upload(reg.as_ref(), bucket, key, upload_id).await?;
         let seal = Seal::for_read(
-            record.sealed.as_ref().map(|s| &s.mode),
+            record.more.sealed.as_ref().map(|s| &s.mode),
             customer,
             &self.keys,
         )?;
+        // Every part is hashed with the upload's algorithm, whether or not its request said so.
+        let mut algorithms = integrity.algorithms;
+        if let Some(checksum) = record.more.checksum {
+            algorithms.add(checksum);
+        }
         let written = self
             .write_body(
                 reg,
                 body,
                 self.limits.part_bytes_max,
                 0,
-                integrity.algorithms,
+                algorithms,
                 seal.as_ref(),
             )
             .await?;
@@ -1708,6 +1841,10 @@ impl Engine {
             let _upload = self.uploads.get(&[upload_id.as_bytes()]).lock().await;
             let mut record = self.upload(reg.as_ref(), bucket, key, upload_id).await?;
             let old = record.parts.insert(part_number, part.clone());
+            record
+                .more
+                .part_checksums
+                .insert(part_number, stored_checksums(&written.checksum));
             let encoded = layout::encode_extended("upload", &record).map_err(layout_error)?;
             started = true;
             reg.put(&layout::upload_key(upload_id), encoded)
@@ -1820,11 +1957,11 @@ impl Engine {
         reg: &R,
         bucket: &str,
         key: &str,
-        listed: &[(i32, Option<String>)],
+        listed: &[ListedPart],
     ) -> Option<Manifest> {
         let md5s = listed
             .iter()
-            .map(|(_, etag)| {
+            .map(|ListedPart { etag, .. }| {
                 let hex = etag.as_deref()?.trim_matches('"');
                 <[u8; 16]>::try_from(hex::decode(hex).ok()?).ok()
             })
@@ -1840,7 +1977,8 @@ impl Engine {
         bucket: &str,
         key: &str,
         upload_id: &str,
-        listed: &[(i32, Option<String>)],
+        listed: &[ListedPart],
+        whole: &Checksums,
     ) -> S3Result<Manifest> {
         let _upload = self.uploads.get(&[upload_id.as_bytes()]).lock().await;
         let record = match self.upload(reg.as_ref(), bucket, key, upload_id).await {
@@ -1864,7 +2002,16 @@ impl Engine {
         }
         let mut previous = 0i64;
         let mut used = Vec::with_capacity(listed.len());
-        for (i, (number, etag)) in listed.iter().enumerate() {
+        let mut part_checksums = Vec::with_capacity(listed.len());
+        for (
+            i,
+            ListedPart {
+                number,
+                etag,
+                checksums,
+            },
+        ) in listed.iter().enumerate()
+        {
             if i64::from(*number) <= previous {
                 return Err(s3_error!(
                     InvalidPartOrder,
@@ -1885,6 +2032,11 @@ impl Engine {
                     ));
                 }
             }
+            let stored = u32::try_from(*number)
+                .ok()
+                .and_then(|n| record.more.part_checksums.get(&n));
+            check_part_checksums(*number, checksums, stored, record.more.checksum)?;
+            part_checksums.push(stored);
             if i + 1 < listed.len() && part.size < self.limits.part_bytes_min {
                 return Err(s3_error!(
                     EntityTooSmall,
@@ -1907,10 +2059,36 @@ impl Engine {
             extra: ObjectExtra {
                 part_sizes: used.iter().map(|p| p.size).collect(),
                 headers: record.headers.clone(),
-                checksums: Checksums::default(),
+                checksums: composite_checksum(record.more.checksum, &part_checksums, whole)?,
             },
-            sealed: record.sealed.clone(),
-            tags: record.tags.clone(),
+            sealed: record.more.sealed.clone(),
+            tags: record.more.tags.clone(),
+        };
+        // A sealed object keeps its checksums sealed, as a single-part one does.
+        let (checksums, sealed) = match &manifest.sealed {
+            Some(sealed) => {
+                let seal = Seal::for_read(Some(&sealed.mode), None, &self.keys)
+                    .ok()
+                    .flatten();
+                match seal {
+                    Some(seal) => (
+                        Checksums::default(),
+                        Some(seal.record(&manifest.extra.checksums)),
+                    ),
+                    // SSE-C: the key is not at hand here, and nothing the nodes may read of
+                    // the plaintext is kept.
+                    None => (Checksums::default(), manifest.sealed.clone()),
+                }
+            }
+            None => (manifest.extra.checksums.clone(), None),
+        };
+        let manifest = Manifest {
+            extra: ObjectExtra {
+                checksums,
+                ..manifest.extra
+            },
+            sealed,
+            ..manifest
         };
         self.commit(reg, bucket, &manifest, false).await?;
         if let Err(error) = reg.delete(&layout::upload_key(upload_id)).await {
@@ -2134,7 +2312,7 @@ mod tests {
 
         // A part whose checksum does not match leaves the part it would replace in place.
         let id = engine
-            .create_upload(reg.as_ref(), "b", "mp", ObjectMeta::default(), None)
+            .create_upload(reg.as_ref(), "b", "mp", ObjectMeta::default(), (None, None))
             .await
             .unwrap();
         engine
@@ -2491,6 +2669,17 @@ mod tests {
         assert!(engine.manifest(reg.as_ref(), "b", "k").await.is_err());
     }
 
+    fn listed_parts(listed: &[(i32, Option<String>)]) -> Vec<ListedPart> {
+        listed
+            .iter()
+            .map(|(number, etag)| ListedPart {
+                number: *number,
+                etag: etag.clone(),
+                checksums: Checksums::default(),
+            })
+            .collect()
+    }
+
     fn customer(byte: u8) -> CustomerKey {
         use base64::Engine as _;
         let b64 = base64::engine::general_purpose::STANDARD;
@@ -2641,7 +2830,7 @@ mod tests {
                 "b",
                 "mp",
                 ObjectMeta::default(),
-                sse_c.as_ref(),
+                (sse_c.as_ref(), None),
             )
             .await
             .unwrap();
@@ -2677,7 +2866,14 @@ mod tests {
             (2, Some(hex::encode(w2.etag_md5))),
         ];
         let m = engine
-            .complete_upload(&reg, "b", "mp", &id, &listed)
+            .complete_upload(
+                &reg,
+                "b",
+                "mp",
+                &id,
+                &listed_parts(&listed),
+                &Checksums::default(),
+            )
             .await
             .unwrap();
         assert!(m.sealed.is_some());
@@ -2781,7 +2977,7 @@ mod tests {
                 "b",
                 "mp2",
                 ObjectMeta::default(),
-                gateway.as_ref(),
+                (gateway.as_ref(), None),
             )
             .await
             .unwrap();
@@ -2804,7 +3000,8 @@ mod tests {
                 "b",
                 "mp2",
                 &id,
-                &[(1, Some(hex::encode(part.etag_md5)))],
+                &listed_parts(&[(1, Some(hex::encode(part.etag_md5)))]),
+                &Checksums::default(),
             )
             .await
             .unwrap();
@@ -3003,10 +3200,121 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_upload_with_a_checksum_checks_every_part_and_gets_the_composite_one() {
+        let (engine, reg) = setup(Duration::ZERO).await;
+        let id = engine
+            .create_upload(
+                reg.as_ref(),
+                "b",
+                "mp",
+                ObjectMeta::default(),
+                (None, Some(PartChecksum::Sha256)),
+            )
+            .await
+            .unwrap();
+        let mut listed = Vec::new();
+        for (number, data) in [(1, pattern(3000, 1)), (2, pattern(100, 2))] {
+            // The part's request names no checksum: the upload's is computed anyway.
+            let (written, _) = engine
+                .upload_part(
+                    &reg,
+                    "b",
+                    "mp",
+                    &id,
+                    number,
+                    body(&data, 700),
+                    &Integrity::default(),
+                    None,
+                )
+                .await
+                .unwrap();
+            let sha = written
+                .checksum
+                .checksum_sha256
+                .clone()
+                .expect("hashed with the upload's algorithm");
+            listed.push(ListedPart {
+                number,
+                etag: Some(hex::encode(written.etag_md5)),
+                checksums: Checksums {
+                    sha256: Some(sha),
+                    ..Checksums::default()
+                },
+            });
+        }
+        let complete = |listed: Vec<ListedPart>, whole: Checksums| {
+            let (engine, reg, id) = (&engine, &reg, &id);
+            async move {
+                engine
+                    .complete_upload(reg, "b", "mp", id, &listed, &whole)
+                    .await
+            }
+        };
+        let mut wrong = listed.clone();
+        wrong[1].checksums.sha256 = listed[0].checksums.sha256.clone();
+        assert_eq!(
+            *complete(wrong, Checksums::default())
+                .await
+                .unwrap_err()
+                .code(),
+            S3ErrorCode::InvalidPart
+        );
+        let mut missing = listed.clone();
+        missing[0].checksums = Checksums::default();
+        assert_eq!(
+            *complete(missing, Checksums::default())
+                .await
+                .unwrap_err()
+                .code(),
+            S3ErrorCode::InvalidRequest
+        );
+        let mut other = listed.clone();
+        other[0].checksums.crc32 = Some("AAAAAA==".into());
+        assert_eq!(
+            *complete(other, Checksums::default())
+                .await
+                .unwrap_err()
+                .code(),
+            S3ErrorCode::InvalidPart
+        );
+        let bad_whole = Checksums {
+            sha256: Some("AAAA-2".into()),
+            ..Checksums::default()
+        };
+        assert_eq!(
+            *complete(listed.clone(), bad_whole)
+                .await
+                .unwrap_err()
+                .code(),
+            S3ErrorCode::BadDigest
+        );
+        // SHA-256 over the two binary part digests, then -2.
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let mut digests = Vec::new();
+        for part in &listed {
+            digests.extend(b64.decode(part.checksums.sha256.as_ref().unwrap()).unwrap());
+        }
+        let mut hasher = Algorithms {
+            sha256: true,
+            ..Algorithms::default()
+        }
+        .hasher();
+        hasher.update(&digests);
+        let expected = format!("{}-2", hasher.finalize().checksum_sha256.unwrap());
+        let whole = Checksums {
+            sha256: Some(expected.clone()),
+            ..Checksums::default()
+        };
+        let m = complete(listed, whole).await.unwrap();
+        assert_eq!(m.extra.checksums.sha256.as_deref(), Some(expected.as_str()));
+    }
+
+    #[tokio::test]
     async fn multipart_uploads_concatenate_parts_with_s3_etags() {
         let (engine, reg) = setup(Duration::ZERO).await;
         let id = engine
-            .create_upload(reg.as_ref(), "b", "mp", ObjectMeta::default(), None)
+            .create_upload(reg.as_ref(), "b", "mp", ObjectMeta::default(), (None, None))
             .await
             .unwrap();
         let p1 = pattern(CHUNK_BYTES + 3, 1);
@@ -3084,12 +3392,26 @@ mod tests {
             .unwrap();
         assert_eq!((parts.len(), truncated), (1, true));
         let e = engine
-            .complete_upload(&reg, "b", "mp", &id, &[(2, None), (1, None)])
+            .complete_upload(
+                &reg,
+                "b",
+                "mp",
+                &id,
+                &listed_parts(&[(2, None), (1, None)]),
+                &Checksums::default(),
+            )
             .await
             .unwrap_err();
         assert_eq!(*e.code(), S3ErrorCode::InvalidPartOrder);
         let e = engine
-            .complete_upload(&reg, "b", "mp", &id, &[(1, Some("\"00\"".into()))])
+            .complete_upload(
+                &reg,
+                "b",
+                "mp",
+                &id,
+                &listed_parts(&[(1, Some("\"00\"".into()))]),
+                &Checksums::default(),
+            )
             .await
             .unwrap_err();
         assert_eq!(*e.code(), S3ErrorCode::InvalidPart);
@@ -3098,7 +3420,14 @@ mod tests {
             (2, Some(hex::encode(md2))),
         ];
         let m = engine
-            .complete_upload(&reg, "b", "mp", &id, &listed)
+            .complete_upload(
+                &reg,
+                "b",
+                "mp",
+                &id,
+                &listed_parts(&listed),
+                &Checksums::default(),
+            )
             .await
             .unwrap();
         assert_eq!(m.etag, layout::multipart_etag(&[md1, md2]));
@@ -3145,7 +3474,13 @@ mod tests {
             .await
             .unwrap();
         let id = engine
-            .create_upload(reg.as_ref(), "b", "dst", ObjectMeta::default(), None)
+            .create_upload(
+                reg.as_ref(),
+                "b",
+                "dst",
+                ObjectMeta::default(),
+                (None, None),
+            )
             .await
             .unwrap();
         let copy = |part: i32, range: Option<(u64, u64)>| {
@@ -3211,7 +3546,14 @@ mod tests {
             (2, Some(hex::encode(p2.0.md5))),
         ];
         let m = engine
-            .complete_upload(&reg, "b", "dst", &id, &listed)
+            .complete_upload(
+                &reg,
+                "b",
+                "dst",
+                &id,
+                &listed_parts(&listed),
+                &Checksums::default(),
+            )
             .await
             .unwrap();
         let got = read_all(&engine, &reg, &m, 0..m.size).await.unwrap();
@@ -3231,7 +3573,7 @@ mod tests {
             .await
             .unwrap();
         let id = engine
-            .create_upload(reg.as_ref(), "b", "k", ObjectMeta::default(), None)
+            .create_upload(reg.as_ref(), "b", "k", ObjectMeta::default(), (None, None))
             .await
             .unwrap();
         engine
@@ -3261,12 +3603,26 @@ mod tests {
             .await
             .unwrap();
         let e = engine
-            .complete_upload(&reg, "b", "k", &id, &[(1, None), (2, None)])
+            .complete_upload(
+                &reg,
+                "b",
+                "k",
+                &id,
+                &listed_parts(&[(1, None), (2, None)]),
+                &Checksums::default(),
+            )
             .await
             .unwrap_err();
         assert_eq!(*e.code(), S3ErrorCode::EntityTooSmall);
         engine
-            .complete_upload(&reg, "b", "k", &id, &[(2, None)])
+            .complete_upload(
+                &reg,
+                "b",
+                "k",
+                &id,
+                &listed_parts(&[(2, None)]),
+                &Checksums::default(),
+            )
             .await
             .unwrap();
     }
@@ -3588,7 +3944,7 @@ mod tests {
             .unwrap_err();
         assert_eq!(*e.code(), S3ErrorCode::NotImplemented);
         let e = engine
-            .create_upload(reg.as_ref(), "c", "k", ObjectMeta::default(), None)
+            .create_upload(reg.as_ref(), "c", "k", ObjectMeta::default(), (None, None))
             .await
             .unwrap_err();
         assert_eq!(*e.code(), S3ErrorCode::NotImplemented);

@@ -320,24 +320,83 @@ impl Extended for Manifest {
     }
 }
 
+/// What a multipart upload's record keeps in format 3.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UploadMore {
+    /// How the parts and the final object are encrypted, if they are.
+    pub sealed: Option<Sealed>,
+    /// The final object's tags.
+    pub tags: Tags,
+    /// The checksum the upload was created with (`x-amz-checksum-algorithm`): every part is
+    /// hashed with it, and the object gets S3's composite checksum of the parts'.
+    pub checksum: Option<PartChecksum>,
+    /// The checksums each part was stored with, by part number.
+    pub part_checksums: BTreeMap<u32, Checksums>,
+}
+
+/// A checksum algorithm of a multipart upload, whose object's checksum is S3's composite one:
+/// the algorithm over the concatenated binary checksums of the parts, then `-` and their count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PartChecksum {
+    /// CRC-32.
+    Crc32,
+    /// CRC-32C.
+    Crc32c,
+    /// SHA-1.
+    Sha1,
+    /// SHA-256.
+    Sha256,
+}
+
+impl PartChecksum {
+    /// The algorithm's name in S3's headers (`x-amz-checksum-<name>`, lower case).
+    pub fn name(self) -> &'static str {
+        match self {
+            PartChecksum::Crc32 => "CRC32",
+            PartChecksum::Crc32c => "CRC32C",
+            PartChecksum::Sha1 => "SHA1",
+            PartChecksum::Sha256 => "SHA256",
+        }
+    }
+}
+
+impl Checksums {
+    /// The value for `algorithm`, base64.
+    pub fn get(&self, algorithm: PartChecksum) -> Option<&String> {
+        match algorithm {
+            PartChecksum::Crc32 => self.crc32.as_ref(),
+            PartChecksum::Crc32c => self.crc32c.as_ref(),
+            PartChecksum::Sha1 => self.sha1.as_ref(),
+            PartChecksum::Sha256 => self.sha256.as_ref(),
+        }
+    }
+
+    /// Sets the value for `algorithm`.
+    pub fn set(&mut self, algorithm: PartChecksum, value: String) {
+        let field = match algorithm {
+            PartChecksum::Crc32 => &mut self.crc32,
+            PartChecksum::Crc32c => &mut self.crc32c,
+            PartChecksum::Sha1 => &mut self.sha1,
+            PartChecksum::Sha256 => &mut self.sha256,
+        };
+        *field = Some(value);
+    }
+}
+
 impl Extended for UploadRecord {
     type Extra = Headers;
-    type More = ObjectMore;
+    type More = UploadMore;
     fn extra(&self) -> &Headers {
         &self.headers
     }
     fn set_extra(&mut self, headers: Headers) {
         self.headers = headers;
     }
-    fn more(&self) -> ObjectMore {
-        ObjectMore {
-            sealed: self.sealed.clone(),
-            tags: self.tags.clone(),
-        }
+    fn more(&self) -> UploadMore {
+        self.more.clone()
     }
-    fn set_more(&mut self, more: ObjectMore) {
-        self.sealed = more.sealed;
-        self.tags = more.tags;
+    fn set_more(&mut self, more: UploadMore) {
+        self.more = more;
     }
 }
 
@@ -639,13 +698,9 @@ pub struct UploadRecord {
     /// Response headers for the final object (format 2).
     #[serde(skip)]
     pub headers: Headers,
-    /// How the parts and the final object are encrypted, if they are (format 3; its checksums
-    /// are empty).
+    /// What format 3 added: encryption (its checksums empty), tags, checksums.
     #[serde(skip)]
-    pub sealed: Option<Sealed>,
-    /// The final object's tags (format 3).
-    #[serde(skip)]
-    pub tags: Tags,
+    pub more: UploadMore,
 }
 
 /// Hex MD5 of a single-part object: the ETag S3 clients compare with their own MD5.
@@ -756,8 +811,7 @@ mod tests {
             created_ms: 1,
             parts: BTreeMap::new(),
             headers: Headers::default(),
-            sealed: None,
-            tags: Vec::new(),
+            more: UploadMore::default(),
         };
         let old = encode("upload", &record).unwrap();
         assert_eq!(

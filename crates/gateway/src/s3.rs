@@ -2,10 +2,10 @@
 //! not listed here answers NotImplemented (s3s's default).
 
 use crate::engine::{
-    Algorithms, Engine, Integrity, OBJECT_TAGS_MAX, ObjectMeta, check_tags, now_ms,
+    Algorithms, Engine, Integrity, ListedPart, OBJECT_TAGS_MAX, ObjectMeta, check_tags, now_ms,
 };
 use crate::index::{self, Page, Query};
-use crate::layout::{Headers, Manifest, Tags};
+use crate::layout::{Checksums, Headers, Manifest, PartChecksum, Tags};
 use crate::seal::{self, Asked, CustomerKey, Seal, SealMode};
 use crate::store::Registers;
 use base64::Engine as _;
@@ -486,6 +486,43 @@ fn check_conditions(
         }
         error.set_headers(headers);
         return Err(error);
+    }
+    Ok(())
+}
+
+/// The checksum algorithm a multipart upload is created with. S3's composite checksums are
+/// served; full-object ones (and CRC64NVME, which S3 has only as full-object) are refused, so
+/// that no client believes its object's checksum was kept.
+fn upload_checksum(
+    algorithm: Option<&ChecksumAlgorithm>,
+    kind: Option<&ChecksumType>,
+) -> S3Result<Option<PartChecksum>> {
+    refuse_full_object(kind)?;
+    let Some(algorithm) = algorithm else {
+        return Ok(None);
+    };
+    match algorithm.as_str().to_ascii_uppercase().as_str() {
+        "CRC32" => Ok(Some(PartChecksum::Crc32)),
+        "CRC32C" => Ok(Some(PartChecksum::Crc32c)),
+        "SHA1" => Ok(Some(PartChecksum::Sha1)),
+        "SHA256" => Ok(Some(PartChecksum::Sha256)),
+        "CRC64NVME" => Err(s3_error!(
+            NotImplemented,
+            "CRC64NVME multipart checksums (full-object only in S3) are not supported"
+        )),
+        other => Err(s3_error!(
+            InvalidRequest,
+            "Checksum algorithm {other:?} is not supported"
+        )),
+    }
+}
+
+fn refuse_full_object(kind: Option<&ChecksumType>) -> S3Result<()> {
+    if kind.is_some_and(|kind| kind.as_str() == ChecksumType::FULL_OBJECT) {
+        return Err(s3_error!(
+            NotImplemented,
+            "full-object checksums of multipart uploads are not supported (composite ones are)"
+        ));
     }
     Ok(())
 }
@@ -1452,6 +1489,10 @@ impl<R: Registers> S3 for BulwarkS3<R> {
         let reg = self.client(&req)?;
         let input = req.input;
         let seal = object_options!(input, self.engine.gateway_keys())?;
+        let checksum = upload_checksum(
+            input.checksum_algorithm.as_ref(),
+            input.checksum_type.as_ref(),
+        )?;
         let upload_id = self
             .engine
             .create_upload(
@@ -1459,13 +1500,15 @@ impl<R: Registers> S3 for BulwarkS3<R> {
                 &input.bucket,
                 &input.key,
                 object_meta!(input),
-                seal.as_ref(),
+                (seal.as_ref(), checksum),
             )
             .await?;
         let output = CreateMultipartUploadOutput {
             bucket: Some(input.bucket),
             key: Some(input.key),
             upload_id: Some(upload_id),
+            checksum_algorithm: input.checksum_algorithm.clone(),
+            checksum_type: checksum.map(|_| ChecksumType::from_static(ChecksumType::COMPOSITE)),
             ..CreateMultipartUploadOutput::default()
         };
         Ok(S3Response::new(sealed_output!(output, seal.as_ref())))
@@ -1573,7 +1616,7 @@ impl<R: Registers> S3 for BulwarkS3<R> {
             }
             Some(n) => (n as usize).min(1000),
         };
-        let (_, parts, truncated) = self
+        let (record, parts, truncated) = self
             .engine
             .list_parts(
                 reg.as_ref(),
@@ -1587,12 +1630,20 @@ impl<R: Registers> S3 for BulwarkS3<R> {
         let next = parts.last().map(|(n, _)| *n as i32);
         let parts = parts
             .into_iter()
-            .map(|(number, part)| Part {
-                part_number: Some(number as i32),
-                size: Some(part.size as i64),
-                e_tag: Some(etag(&hex::encode(part.md5))),
-                last_modified: Some(timestamp(part.last_modified_ms)),
-                ..Part::default()
+            .map(|(number, part)| {
+                let checksums = record.more.part_checksums.get(&number);
+                let value = |algorithm| checksums.and_then(|c| c.get(algorithm)).cloned();
+                Part {
+                    part_number: Some(number as i32),
+                    size: Some(part.size as i64),
+                    e_tag: Some(etag(&hex::encode(part.md5))),
+                    last_modified: Some(timestamp(part.last_modified_ms)),
+                    checksum_crc32: value(PartChecksum::Crc32),
+                    checksum_crc32c: value(PartChecksum::Crc32c),
+                    checksum_sha1: value(PartChecksum::Sha1),
+                    checksum_sha256: value(PartChecksum::Sha256),
+                    ..Part::default()
+                }
             })
             .collect();
         Ok(S3Response::new(ListPartsOutput {
@@ -1615,27 +1666,55 @@ impl<R: Registers> S3 for BulwarkS3<R> {
         let reg = self.client(&req)?;
         let input = req.input;
         refuse_conditional_write(input.if_match.as_ref(), input.if_none_match.as_ref())?;
-        let listed: Vec<(i32, Option<String>)> = input
+        refuse_full_object(input.checksum_type.as_ref())?;
+        let listed: Vec<ListedPart> = input
             .multipart_upload
             .and_then(|m| m.parts)
             .unwrap_or_default()
             .into_iter()
-            .map(|p| {
-                (
-                    p.part_number.unwrap_or(0),
-                    p.e_tag.map(|e| e.value().to_owned()),
-                )
+            .map(|p| ListedPart {
+                number: p.part_number.unwrap_or(0),
+                etag: p.e_tag.map(|e| e.value().to_owned()),
+                checksums: Checksums {
+                    crc32: p.checksum_crc32,
+                    crc32c: p.checksum_crc32c,
+                    crc64nvme: p.checksum_crc64nvme,
+                    sha1: p.checksum_sha1,
+                    sha256: p.checksum_sha256,
+                },
             })
             .collect();
+        let whole = Checksums {
+            crc32: input.checksum_crc32,
+            crc32c: input.checksum_crc32c,
+            crc64nvme: input.checksum_crc64nvme,
+            sha1: input.checksum_sha1,
+            sha256: input.checksum_sha256,
+        };
         let manifest = self
             .engine
-            .complete_upload(&reg, &input.bucket, &input.key, &input.upload_id, &listed)
+            .complete_upload(
+                &reg,
+                &input.bucket,
+                &input.key,
+                &input.upload_id,
+                &listed,
+                &whole,
+            )
             .await?;
+        // The composite checksum; a sealed object's stays sealed.
+        let checksums = &manifest.extra.checksums;
         Ok(S3Response::new(CompleteMultipartUploadOutput {
             bucket: Some(input.bucket.clone()),
             key: Some(input.key.clone()),
             location: Some(format!("/{}/{}", input.bucket, input.key)),
             e_tag: Some(etag(&manifest.etag)),
+            checksum_crc32: checksums.crc32.clone(),
+            checksum_crc32c: checksums.crc32c.clone(),
+            checksum_sha1: checksums.sha1.clone(),
+            checksum_sha256: checksums.sha256.clone(),
+            checksum_type: (*checksums != Checksums::default())
+                .then(|| ChecksumType::from_static(ChecksumType::COMPOSITE)),
             server_side_encryption: manifest
                 .sealed
                 .as_ref()
