@@ -3,6 +3,7 @@
 
     s3_bench.py --endpoint http://127.0.0.1:9000 --access-key AK --secret-key SK \
         [--sizes 1,64] [--seconds 20] [--label bulwark] [--encryption none|sse-c|sse-s3]
+        [--checksum sdk|none|sha256]
 
 For each size (MiB) it PUTs fresh keys for about --seconds (at least 3 objects), then GETs
 them back the same way, and prints one line per size and operation: objects, MiB/s, and the
@@ -29,19 +30,28 @@ def main():
     ap.add_argument("--label", default="")
     ap.add_argument("--encryption", default="none", choices=["none", "sse-c", "sse-s3"],
                     help="server-side encryption for every PUT and GET")
+    ap.add_argument("--checksum", default="sdk", choices=["sdk", "none", "sha256"],
+                    help="sdk: the SDK's default (CRC32); none: only when required; sha256")
     args = ap.parse_args()
     put_args, get_args = {}, {}
     if args.encryption == "sse-c":
         put_args = get_args = {"SSECustomerAlgorithm": "AES256", "SSECustomerKey": os.urandom(32)}
     elif args.encryption == "sse-s3":
         put_args = {"ServerSideEncryption": "AES256"}
+    if args.checksum == "sha256":
+        put_args = {**put_args, "ChecksumAlgorithm": "SHA256"}
     s3 = boto3.client(
         "s3",
         endpoint_url=args.endpoint,
         aws_access_key_id=args.access_key,
         aws_secret_access_key=args.secret_key,
         region_name=args.region,
-        config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}),
+        config=Config(
+            s3={"addressing_style": "path"},
+            retries={"max_attempts": 1},
+            request_checksum_calculation="when_required" if args.checksum == "none"
+            else "when_supported",
+        ),
     )
     bucket = "bench-" + uuid.uuid4().hex[:12]
     s3.create_bucket(Bucket=bucket)
