@@ -108,6 +108,17 @@ def test_sse_c_multipart_uploads_need_the_key_on_every_part(s3, bucket):
     assert got["Body"].read() == part1 + part2
     part = s3.get_object(Bucket=bucket, Key="mp", PartNumber=2, **_customer(key))
     assert part["Body"].read() == part2
+    # The SDK's transfer manager: a CRC32 upload whose completion gives the key.
+    import io
+
+    from boto3.s3.transfer import TransferConfig
+    body = os.urandom(11 * MiB)
+    s3.upload_fileobj(io.BytesIO(body), bucket, "managed", ExtraArgs=_customer(key),
+                      Config=TransferConfig(multipart_threshold=5 * MiB,
+                                            multipart_chunksize=5 * MiB))
+    got = s3.get_object(Bucket=bucket, Key="managed", ChecksumMode="ENABLED", **_customer(key))
+    assert got["Body"].read() == body
+    assert got.get("ChecksumCRC32", "").endswith("-3"), got
 
 
 def test_sse_s3_objects_say_so_and_read_without_a_key(s3, tgt, bucket):
@@ -142,10 +153,16 @@ def test_copies_move_between_keys(s3, bucket):
     s3.copy_object(Bucket=bucket, Key="g", CopySource={"Bucket": bucket, "Key": "b"},
                    ServerSideEncryption="AES256", **_copy_source_customer(bob))
     assert s3.get_object(Bucket=bucket, Key="g")["Body"].read() == body
-    s3.copy_object(Bucket=bucket, Key="clear", CopySource={"Bucket": bucket, "Key": "g"})
-    clear = s3.get_object(Bucket=bucket, Key="clear")
-    assert "ServerSideEncryption" not in clear
-    assert clear["Body"].read() == body
+    # A copy that names no encryption is not stored in the clear: SSE-S3, as S3's default
+    # bucket encryption gives it.
+    copied = s3.copy_object(Bucket=bucket, Key="inherited", CopySource={"Bucket": bucket, "Key": "a"},
+                            **_copy_source_customer(alice))
+    assert copied["ServerSideEncryption"] == "AES256", copied
+    inherited = s3.get_object(Bucket=bucket, Key="inherited")
+    assert inherited["ServerSideEncryption"] == "AES256"
+    assert inherited["Body"].read() == body
+    # An SSE-S3 object's ETag is its MD5, as in S3.
+    assert inherited["ETag"].strip('"') == hashlib.md5(body).hexdigest()
     # UploadPartCopy from an SSE-C source into an SSE-S3 upload.
     uid = s3.create_multipart_upload(Bucket=bucket, Key="mp",
                                      ServerSideEncryption="AES256")["UploadId"]

@@ -1053,8 +1053,8 @@ impl Engine {
         let checksum = checksums.finalize();
         let written = |data: Data| {
             let etag_md5 = match seal {
-                Some(_) => sealed_digest(&data),
-                None => md5,
+                Some(seal) if seal.hides_md5() => sealed_digest(&data),
+                _ => md5,
             };
             Written {
                 size,
@@ -1353,6 +1353,12 @@ impl Engine {
         check_object_key(key)?;
         let record = self.require_bucket(reg.as_ref(), bucket).await?;
         if let Some(volume) = record.extra.causal {
+            if !meta.tags.is_empty() {
+                return Err(s3_error!(
+                    NotImplemented,
+                    "tagging is not served on causal buckets ({bucket:?} is one)"
+                ));
+            }
             let objects = Arc::new(CausalObjects::new(reg.clone(), volume));
             crate::causal::check_key(key)?;
             let (manifest, checksum) = self
@@ -1536,8 +1542,9 @@ impl Engine {
     /// Copies an object's bytes into a new object (its own chunks), with new or copied metadata.
     /// `precondition` sees the source's manifest before anything is copied. An encrypted source
     /// opens with `source_key` (SSE-C) or the gateway's key; the copy is sealed with `seal`.
-    /// The copy keeps the source's tags unless `meta` replaces its metadata and `tags` says
-    /// to replace them too (S3's metadata and tagging directives).
+    /// `meta` replaces the source's metadata and `tags` its tags when given (S3's metadata and
+    /// tagging directives, each on its own). A copy of an encrypted source that names no
+    /// encryption is sealed with SSE-S3.
     #[allow(clippy::too_many_arguments)]
     pub async fn copy_object<R: Registers>(
         &self,
@@ -1553,6 +1560,21 @@ impl Engine {
         let mut src = self.manifest(reg.as_ref(), source.0, source.1).await?;
         precondition(&src)?;
         let src_seal = self.open_manifest(&mut src, source_key)?;
+        // A copy of an encrypted object that names no encryption is not stored in the clear: it
+        // takes SSE-S3, as S3's default bucket encryption gives it.
+        let inherited;
+        let seal = match (seal, &src_seal) {
+            (None, Some(_)) => {
+                inherited = Seal::for_write(&crate::seal::Asked::Gateway, &self.keys).map_err(|_| {
+                    s3_error!(
+                        InvalidRequest,
+                        "the source is encrypted and this gateway has no SSE-S3 key: name the copy's encryption (SSE-C)"
+                    )
+                })?;
+                inherited.as_ref()
+            }
+            (seal, _) => seal,
+        };
         self.require_register_bucket(reg.as_ref(), target.0, "copying")
             .await?;
         if src.size > self.limits.object_bytes_max {
@@ -1576,12 +1598,7 @@ impl Engine {
                     seal,
                 )
                 .await?;
-            let etag = if seal.is_none() && src.parts == 0 {
-                layout::single_part_etag(&written.md5)
-            } else {
-                layout::single_part_etag(&written.etag_md5)
-            };
-            (written.data, etag)
+            (written.data, layout::single_part_etag(&written.etag_md5))
         } else {
             (self.copy_chunks(reg, &src.data).await?, src.etag.clone())
         };
@@ -1713,6 +1730,7 @@ impl Engine {
                 tags: meta.tags,
                 checksum,
                 part_checksums: BTreeMap::new(),
+                sealed_part_checksums: BTreeMap::new(),
             },
         };
         let encoded = layout::encode_extended("upload", &record).map_err(layout_error)?;
@@ -1841,10 +1859,21 @@ impl Engine {
             let _upload = self.uploads.get(&[upload_id.as_bytes()]).lock().await;
             let mut record = self.upload(reg.as_ref(), bucket, key, upload_id).await?;
             let old = record.parts.insert(part_number, part.clone());
-            record
-                .more
-                .part_checksums
-                .insert(part_number, stored_checksums(&written.checksum));
+            let checksums = stored_checksums(&written.checksum);
+            if checksums != Checksums::default() {
+                match &seal {
+                    Some(seal) => {
+                        let sealed = seal.seal_checksums(&checksums);
+                        record
+                            .more
+                            .sealed_part_checksums
+                            .insert(part_number, sealed);
+                    }
+                    None => {
+                        record.more.part_checksums.insert(part_number, checksums);
+                    }
+                }
+            }
             let encoded = layout::encode_extended("upload", &record).map_err(layout_error)?;
             started = true;
             reg.put(&layout::upload_key(upload_id), encoded)
@@ -1978,7 +2007,7 @@ impl Engine {
         key: &str,
         upload_id: &str,
         listed: &[ListedPart],
-        whole: &Checksums,
+        (whole, customer): (&Checksums, Option<&CustomerKey>),
     ) -> S3Result<Manifest> {
         let _upload = self.uploads.get(&[upload_id.as_bytes()]).lock().await;
         let record = match self.upload(reg.as_ref(), bucket, key, upload_id).await {
@@ -2000,6 +2029,32 @@ impl Engine {
                 "more than {PART_NUMBER_MAX} parts listed"
             ));
         }
+        // An encrypted upload's part checksums open with its key: the gateway's, or the
+        // customer's if the completion gives it. Without it (SSE-C) they cannot be checked, so
+        // a completion that needs them is refused.
+        let sealed_mode = record.more.sealed.as_ref().map(|s| &s.mode);
+        let seal = match (sealed_mode, customer) {
+            (Some(crate::seal::SealMode::Customer { .. }), None) => None,
+            (mode, customer) => Seal::for_read(mode, customer, &self.keys)?,
+        };
+        let needs_key = record.more.checksum.is_some()
+            || listed.iter().any(|p| p.checksums != Checksums::default())
+            || *whole != Checksums::default();
+        if sealed_mode.is_some() && seal.is_none() && needs_key {
+            return Err(s3_error!(
+                InvalidRequest,
+                "the upload is encrypted with SSE-C and has checksums: the completion must give the customer key to check them"
+            ));
+        }
+        let opened: BTreeMap<u32, Checksums> = match &seal {
+            Some(seal) => record
+                .more
+                .sealed_part_checksums
+                .iter()
+                .map(|(n, sealed)| (*n, seal.open_checksums(sealed)))
+                .collect(),
+            None => record.more.part_checksums.clone(),
+        };
         let mut previous = 0i64;
         let mut used = Vec::with_capacity(listed.len());
         let mut part_checksums = Vec::with_capacity(listed.len());
@@ -2032,9 +2087,7 @@ impl Engine {
                     ));
                 }
             }
-            let stored = u32::try_from(*number)
-                .ok()
-                .and_then(|n| record.more.part_checksums.get(&n));
+            let stored = u32::try_from(*number).ok().and_then(|n| opened.get(&n));
             check_part_checksums(*number, checksums, stored, record.more.checksum)?;
             part_checksums.push(stored);
             if i + 1 < listed.len() && part.size < self.limits.part_bytes_min {
@@ -2064,33 +2117,20 @@ impl Engine {
             sealed: record.more.sealed.clone(),
             tags: record.more.tags.clone(),
         };
-        // A sealed object keeps its checksums sealed, as a single-part one does.
-        let (checksums, sealed) = match &manifest.sealed {
-            Some(sealed) => {
-                let seal = Seal::for_read(Some(&sealed.mode), None, &self.keys)
-                    .ok()
-                    .flatten();
-                match seal {
-                    Some(seal) => (
-                        Checksums::default(),
-                        Some(seal.record(&manifest.extra.checksums)),
-                    ),
-                    // SSE-C: the key is not at hand here, and nothing the nodes may read of
-                    // the plaintext is kept.
-                    None => (Checksums::default(), manifest.sealed.clone()),
-                }
-            }
-            None => (manifest.extra.checksums.clone(), None),
-        };
-        let manifest = Manifest {
-            extra: ObjectExtra {
-                checksums,
-                ..manifest.extra
+        // A sealed object keeps its checksums sealed, as a single-part one does; the manifest
+        // returned has them in the clear.
+        let stored = match &seal {
+            Some(seal) => Manifest {
+                extra: ObjectExtra {
+                    checksums: Checksums::default(),
+                    ..manifest.extra.clone()
+                },
+                sealed: Some(seal.record(&manifest.extra.checksums)),
+                ..manifest.clone()
             },
-            sealed,
-            ..manifest
+            None => manifest.clone(),
         };
-        self.commit(reg, bucket, &manifest, false).await?;
+        self.commit(reg, bucket, &stored, false).await?;
         if let Err(error) = reg.delete(&layout::upload_key(upload_id)).await {
             tracing::warn!(%upload_id, %error, "completed upload record not deleted");
         }
@@ -2761,9 +2801,9 @@ mod tests {
                     .unwrap();
                 assert!(manifest.sealed.is_some());
                 assert_eq!(manifest.extra.checksums, Checksums::default());
-                // The ETag is not the plaintext's MD5.
+                // SSE-C's ETag is not the plaintext's MD5; SSE-S3's is, as in S3.
                 let md5: [u8; 16] = md5::Md5::digest(data).into();
-                assert_ne!(manifest.etag, hex::encode(md5));
+                assert_eq!(manifest.etag == hex::encode(md5), tag == "g", "{key}");
                 let got = read_sealed(&engine, &reg, &key, key_given, None)
                     .await
                     .unwrap();
@@ -2872,7 +2912,7 @@ mod tests {
                 "mp",
                 &id,
                 &listed_parts(&listed),
-                &Checksums::default(),
+                (&Checksums::default(), None),
             )
             .await
             .unwrap();
@@ -2934,13 +2974,13 @@ mod tests {
             )
             .await
             .unwrap();
-        assert!(clear.sealed.is_none());
-        let md5: [u8; 16] = md5::Md5::digest(&whole).into();
+        // A copy that names no encryption of an encrypted source is not stored in the clear.
         assert_eq!(
-            clear.etag,
-            hex::encode(md5),
-            "a copy into the clear has the MD5 ETag"
+            clear.sealed.as_ref().map(|s| &s.mode),
+            Some(&crate::seal::SealMode::Gateway { key: "k1".into() })
         );
+        let md5: [u8; 16] = md5::Md5::digest(&whole).into();
+        assert_eq!(clear.etag, hex::encode(md5), "SSE-S3 keeps the MD5 ETag");
         assert_eq!(
             read_sealed(&engine, &reg, "clear", None, None)
                 .await
@@ -3001,7 +3041,7 @@ mod tests {
                 "mp2",
                 &id,
                 &listed_parts(&[(1, Some(hex::encode(part.etag_md5)))]),
-                &Checksums::default(),
+                (&Checksums::default(), None),
             )
             .await
             .unwrap();
@@ -3015,6 +3055,7 @@ mod tests {
     #[tokio::test]
     async fn tags_are_set_replaced_copied_and_kept_with_an_encrypted_object() {
         let (engine, reg) = setup(Duration::ZERO).await;
+        let engine = engine.with_gateway_keys(GatewayKeys::new([("k1".to_owned(), [9; 32])]));
         let tags = |pairs: &[(&str, &str)]| -> Tags {
             pairs
                 .iter()
@@ -3246,7 +3287,7 @@ mod tests {
             let (engine, reg, id) = (&engine, &reg, &id);
             async move {
                 engine
-                    .complete_upload(reg, "b", "mp", id, &listed, &whole)
+                    .complete_upload(reg, "b", "mp", id, &listed, (&whole, None))
                     .await
             }
         };
@@ -3308,6 +3349,146 @@ mod tests {
         };
         let m = complete(listed, whole).await.unwrap();
         assert_eq!(m.extra.checksums.sha256.as_deref(), Some(expected.as_str()));
+    }
+
+    #[tokio::test]
+    async fn encrypted_uploads_keep_their_part_checksums_sealed() {
+        let (engine, reg) = setup(Duration::ZERO).await;
+        let engine = engine.with_gateway_keys(GatewayKeys::new([("k1".to_owned(), [9; 32])]));
+        let alice = customer(1);
+        let data = pattern(3000, 7);
+        let sha = |data: &[u8]| {
+            let mut hasher = Algorithms {
+                sha256: true,
+                ..Algorithms::default()
+            }
+            .hasher();
+            hasher.update(data);
+            hasher.finalize().checksum_sha256.unwrap()
+        };
+        let upload_bytes = |id: &str| reg.map.lock().unwrap()[&layout::upload_key(id)].clone();
+        for asked in [
+            crate::seal::Asked::Nothing,
+            crate::seal::Asked::Gateway,
+            crate::seal::Asked::Customer(alice.clone()),
+        ] {
+            let seal = Seal::for_write(&asked, engine.gateway_keys()).unwrap();
+            let key_given = matches!(asked, crate::seal::Asked::Customer(_)).then_some(&alice);
+            let id = engine
+                .create_upload(
+                    reg.as_ref(),
+                    "b",
+                    "mp",
+                    ObjectMeta::default(),
+                    (seal.as_ref(), Some(PartChecksum::Sha256)),
+                )
+                .await
+                .unwrap();
+            let (written, _) = engine
+                .upload_part(
+                    &reg,
+                    "b",
+                    "mp",
+                    &id,
+                    1,
+                    body(&data, 500),
+                    &Integrity::default(),
+                    key_given,
+                )
+                .await
+                .unwrap();
+            assert_eq!(
+                written.checksum.checksum_sha256.as_deref(),
+                Some(sha(&data).as_str())
+            );
+            // The record names the part's SHA-256 only when the upload is not encrypted.
+            let holds = String::from_utf8_lossy(&upload_bytes(&id)).contains(&sha(&data));
+            assert_eq!(holds, seal.is_none(), "{asked:?}");
+            let listed = vec![ListedPart {
+                number: 1,
+                etag: Some(hex::encode(written.etag_md5)),
+                checksums: Checksums {
+                    sha256: Some(sha(&data)),
+                    ..Checksums::default()
+                },
+            }];
+            if key_given.is_some() {
+                // SSE-C: the part checksums open only with the key.
+                let e = engine
+                    .complete_upload(&reg, "b", "mp", &id, &listed, (&Checksums::default(), None))
+                    .await
+                    .unwrap_err();
+                assert_eq!(*e.code(), S3ErrorCode::InvalidRequest);
+            }
+            let m = engine
+                .complete_upload(
+                    &reg,
+                    "b",
+                    "mp",
+                    &id,
+                    &listed,
+                    (&Checksums::default(), key_given),
+                )
+                .await
+                .unwrap();
+            let composite = m
+                .extra
+                .checksums
+                .sha256
+                .clone()
+                .expect("the composite checksum");
+            assert!(composite.ends_with("-1"));
+            let object = engine.object(&reg, "b", "mp", key_given).await.unwrap();
+            assert_eq!(
+                object.manifest.extra.checksums.sha256,
+                Some(composite.clone())
+            );
+            let stored = reg.map.lock().unwrap()[&layout::object_key("b", "mp")].clone();
+            assert_eq!(
+                String::from_utf8_lossy(&stored).contains(&composite),
+                seal.is_none(),
+                "{asked:?}"
+            );
+        }
+        // An upload with no checksum and nothing else of format 3 stays in format 2.
+        let id = engine
+            .create_upload(
+                reg.as_ref(),
+                "b",
+                "plain",
+                ObjectMeta::default(),
+                (None, None),
+            )
+            .await
+            .unwrap();
+        engine
+            .upload_part(
+                &reg,
+                "b",
+                "plain",
+                &id,
+                1,
+                body(&data, 500),
+                &Integrity::default(),
+                None,
+            )
+            .await
+            .unwrap();
+        assert_eq!(upload_bytes(&id)[0], 2, "format 2");
+        // Two objects under one customer key cannot be linked by their records.
+        let modes: Vec<_> = (0..2)
+            .map(|_| {
+                Seal::for_write(
+                    &crate::seal::Asked::Customer(alice.clone()),
+                    engine.gateway_keys(),
+                )
+                .unwrap()
+                .unwrap()
+                .mode()
+                .clone()
+            })
+            .collect();
+        assert_ne!(modes[0], modes[1]);
     }
 
     #[tokio::test]
@@ -3398,7 +3579,7 @@ mod tests {
                 "mp",
                 &id,
                 &listed_parts(&[(2, None), (1, None)]),
-                &Checksums::default(),
+                (&Checksums::default(), None),
             )
             .await
             .unwrap_err();
@@ -3410,7 +3591,7 @@ mod tests {
                 "mp",
                 &id,
                 &listed_parts(&[(1, Some("\"00\"".into()))]),
-                &Checksums::default(),
+                (&Checksums::default(), None),
             )
             .await
             .unwrap_err();
@@ -3426,7 +3607,7 @@ mod tests {
                 "mp",
                 &id,
                 &listed_parts(&listed),
-                &Checksums::default(),
+                (&Checksums::default(), None),
             )
             .await
             .unwrap();
@@ -3552,7 +3733,7 @@ mod tests {
                 "dst",
                 &id,
                 &listed_parts(&listed),
-                &Checksums::default(),
+                (&Checksums::default(), None),
             )
             .await
             .unwrap();
@@ -3609,7 +3790,7 @@ mod tests {
                 "k",
                 &id,
                 &listed_parts(&[(1, None), (2, None)]),
-                &Checksums::default(),
+                (&Checksums::default(), None),
             )
             .await
             .unwrap_err();
@@ -3621,7 +3802,7 @@ mod tests {
                 "k",
                 &id,
                 &listed_parts(&[(2, None)]),
-                &Checksums::default(),
+                (&Checksums::default(), None),
             )
             .await
             .unwrap();

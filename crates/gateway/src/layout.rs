@@ -330,8 +330,11 @@ pub struct UploadMore {
     /// The checksum the upload was created with (`x-amz-checksum-algorithm`): every part is
     /// hashed with it, and the object gets S3's composite checksum of the parts'.
     pub checksum: Option<PartChecksum>,
-    /// The checksums each part was stored with, by part number.
+    /// The checksums each part of an unencrypted upload was stored with, by part number.
     pub part_checksums: BTreeMap<u32, Checksums>,
+    /// The same for an encrypted upload, each sealed with the upload's key
+    /// ([`crate::seal::Seal::seal_checksums`]).
+    pub sealed_part_checksums: BTreeMap<u32, Bytes>,
 }
 
 /// A checksum algorithm of a multipart upload, whose object's checksum is S3's composite one:

@@ -1169,7 +1169,8 @@ impl<R: Registers> S3 for BulwarkS3<R> {
             .metadata_directive
             .as_ref()
             .is_some_and(|d| d.as_str() == MetadataDirective::REPLACE);
-        if !replace && src_bucket == &*input.bucket && src_key == &*input.key {
+        let reseals = seal.is_some() || source_key.is_some();
+        if !replace && !reseals && src_bucket == &*input.bucket && src_key == &*input.key {
             return Err(s3_error!(
                 InvalidRequest,
                 "copying an object onto itself needs the REPLACE metadata directive"
@@ -1204,6 +1205,13 @@ impl<R: Registers> S3 for BulwarkS3<R> {
                 seal.as_ref(),
             )
             .await?;
+        // A copy of an encrypted source that named no encryption was given SSE-S3.
+        let seal = seal.or_else(|| {
+            let mode = &manifest.sealed.as_ref()?.mode;
+            Seal::for_read(Some(mode), None, self.engine.gateway_keys())
+                .ok()
+                .flatten()
+        });
         let output = CopyObjectOutput {
             copy_object_result: Some(CopyObjectResult {
                 e_tag: Some(etag(&manifest.etag)),
@@ -1628,11 +1636,31 @@ impl<R: Registers> S3 for BulwarkS3<R> {
             )
             .await?;
         let next = parts.last().map(|(n, _)| *n as i32);
+        // An encrypted upload's part checksums open with its key: the gateway's, or the
+        // customer's when the request gives it; without it, none are listed.
+        let customer = customer_key!(input)?;
+        let seal = match (&record.more.sealed, &customer) {
+            (Some(sealed), _) => Seal::for_read(
+                Some(&sealed.mode),
+                customer.as_ref(),
+                self.engine.gateway_keys(),
+            )
+            .ok()
+            .flatten(),
+            (None, _) => None,
+        };
         let parts = parts
             .into_iter()
             .map(|(number, part)| {
-                let checksums = record.more.part_checksums.get(&number);
-                let value = |algorithm| checksums.and_then(|c| c.get(algorithm)).cloned();
+                let checksums = match &seal {
+                    Some(seal) => record
+                        .more
+                        .sealed_part_checksums
+                        .get(&number)
+                        .map(|sealed| seal.open_checksums(sealed)),
+                    None => record.more.part_checksums.get(&number).cloned(),
+                };
+                let value = |algorithm| checksums.as_ref().and_then(|c| c.get(algorithm)).cloned();
                 Part {
                     part_number: Some(number as i32),
                     size: Some(part.size as i64),
@@ -1667,6 +1695,7 @@ impl<R: Registers> S3 for BulwarkS3<R> {
         let input = req.input;
         refuse_conditional_write(input.if_match.as_ref(), input.if_none_match.as_ref())?;
         refuse_full_object(input.checksum_type.as_ref())?;
+        let customer = customer_key!(input)?;
         let listed: Vec<ListedPart> = input
             .multipart_upload
             .and_then(|m| m.parts)
@@ -1699,7 +1728,7 @@ impl<R: Registers> S3 for BulwarkS3<R> {
                 &input.key,
                 &input.upload_id,
                 &listed,
-                &whole,
+                (&whole, customer.as_ref()),
             )
             .await?;
         // The composite checksum; a sealed object's stays sealed.

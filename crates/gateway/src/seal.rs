@@ -3,22 +3,25 @@
 //! configuration). Storage nodes are the untrusted side; what they hold of an encrypted object
 //! is ciphertext only.
 //!
-//! Every chunk (and an inline body) is sealed on its own with AES-256-GCM under a key derived
-//! from the root key (the customer's, or the configured one) by HKDF-SHA256, with a fresh random
-//! 96-bit nonce stored in front of it: `nonce ‖ ciphertext ‖ tag`, [`OVERHEAD`] bytes more than
-//! the plaintext. A chunk's reference keeps the plaintext length and the BLAKE3 hash of the
+//! Every chunk (and an inline body) is sealed on its own with AES-256-GCM under a key of its
+//! own, derived from the root key (the customer's, or the configured one) and a fresh random
+//! 128-bit salt by HKDF-SHA256, with a fresh random 96-bit nonce: `salt ‖ nonce ‖ ciphertext ‖
+//! tag`, [`OVERHEAD`] bytes more than the plaintext. No two seals share a key, so no nonce
+//! budget is shared between chunks, objects or gateways. A chunk's reference keeps the plaintext length and the BLAKE3 hash of the
 //! sealed bytes, so a reader checks what a node returned before opening it, and the nodes never
 //! see a hash of the plaintext. The object's checksums (CRC, SHA) are sealed too, and its ETag is
 //! the MD5 of the sealed bytes, as S3's ETag of an SSE-C object is not the plaintext's MD5.
 //!
 //! The record keeps which key sealed the object ([`SealMode`]): for SSE-C a 16-byte check value
-//! derived from the customer's key, so that a wrong key is told apart from damaged data (it
-//! reveals nothing of a 256-bit key); for SSE-S3 the configured key's id, so keys can be rotated
+//! derived from the customer's key and a random salt of the object's, so that a wrong key is told
+//! apart from damaged data (it reveals nothing of a 256-bit key, and two objects under one key
+//! cannot be linked by it); for SSE-S3 the configured key's id, so keys can be rotated
 //! (new objects take the first configured key, older ones open with theirs). User metadata,
 //! sizes, times and content types stay readable by the nodes, as in S3.
 //!
-//! Random nonces under one key are safe for about 2^32 chunks (NIST SP 800-38D); a 4 MiB chunk
-//! size puts that at 16 PiB per key.
+//! An SSE-S3 object's ETag stays the MD5 of its bytes, as in S3, since tools compare it with
+//! their own; so the nodes can read that MD5. SSE-C objects (ETag not the plaintext's MD5, as in
+//! S3) leave the nodes nothing derived from the plaintext.
 
 use crate::layout::Checksums;
 use base64::Engine as _;
@@ -31,7 +34,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// Bytes a sealed chunk has beyond its plaintext: the nonce and the GCM tag.
-pub const OVERHEAD: usize = NONCE_LEN + 16;
+pub const OVERHEAD: usize = SALT_LEN + NONCE_LEN + 16;
+
+/// The random salt in front of every seal, from which its key is derived.
+const SALT_LEN: usize = 16;
 
 /// The algorithm S3 names for both kinds of server-side encryption.
 pub const AES256: &str = "AES256";
@@ -47,7 +53,9 @@ const AAD_CHECKSUMS: &[u8] = b"bulwark s3 sealed checksums";
 pub enum SealMode {
     /// SSE-C. The customer's key is never stored; `check` is derived from it.
     Customer {
-        /// HKDF of the key: tells a wrong key from damaged data.
+        /// Random, the object's own.
+        salt: [u8; 16],
+        /// HKDF of the key and `salt`: tells a wrong key from damaged data.
         check: [u8; 16],
     },
     /// SSE-S3, under the gateway's configured key of this id.
@@ -143,9 +151,9 @@ impl CustomerKey {
         &self.md5
     }
 
-    fn check(&self) -> [u8; 16] {
+    fn check(&self, salt: &[u8; 16]) -> [u8; 16] {
         let mut out = [0u8; 16];
-        let info = [INFO_CHECK];
+        let info = [INFO_CHECK, salt.as_slice()];
         prk(&self.key)
             .expand(&info, Len(16))
             .and_then(|okm| okm.fill(&mut out))
@@ -198,7 +206,7 @@ pub enum Asked {
 #[derive(Clone)]
 pub struct Seal {
     mode: SealMode,
-    chunks: Arc<LessSafeKey>,
+    root: Arc<hkdf::Prk>,
     customer_md5: Option<String>,
 }
 
@@ -213,7 +221,14 @@ impl Seal {
     pub fn for_write(asked: &Asked, keys: &GatewayKeys) -> S3Result<Option<Seal>> {
         match asked {
             Asked::Nothing => Ok(None),
-            Asked::Customer(customer) => Ok(Some(Seal::customer(customer))),
+            Asked::Customer(customer) => {
+                let salt: [u8; 16] = rand::random();
+                let mode = SealMode::Customer {
+                    salt,
+                    check: customer.check(&salt),
+                };
+                Ok(Some(Seal::customer(customer, mode)))
+            }
             Asked::Gateway => {
                 let id = keys.current.as_ref().ok_or_else(|| {
                     s3_error!(
@@ -243,14 +258,14 @@ impl Seal {
                 InvalidRequest,
                 "The object was stored using a form of Server Side Encryption. The correct parameters must be provided to retrieve the object."
             )),
-            (Some(SealMode::Customer { check }), Some(customer)) => {
-                if !ring_eq(check, &customer.check()) {
+            (Some(mode @ SealMode::Customer { salt, check }), Some(customer)) => {
+                if !ring_eq(check, &customer.check(salt)) {
                     return Err(s3_error!(
                         AccessDenied,
                         "The provided customer key does not match the key the object was stored with."
                     ));
                 }
-                Ok(Some(Seal::customer(customer)))
+                Ok(Some(Seal::customer(customer, mode.clone())))
             }
             (Some(SealMode::Gateway { key: id }), None) => {
                 let key = keys.keys.get(id).ok_or_else(|| {
@@ -264,12 +279,10 @@ impl Seal {
         }
     }
 
-    fn customer(customer: &CustomerKey) -> Seal {
+    fn customer(customer: &CustomerKey, mode: SealMode) -> Seal {
         Seal {
-            mode: SealMode::Customer {
-                check: customer.check(),
-            },
-            chunks: Arc::new(chunk_key(&customer.key)),
+            mode,
+            root: Arc::new(prk(&customer.key)),
             customer_md5: Some(customer.md5.clone()),
         }
     }
@@ -277,9 +290,36 @@ impl Seal {
     fn gateway(id: &str, key: &[u8; 32]) -> Seal {
         Seal {
             mode: SealMode::Gateway { key: id.to_owned() },
-            chunks: Arc::new(chunk_key(key)),
+            root: Arc::new(prk(key)),
             customer_md5: None,
         }
+    }
+
+    /// Whether the object's ETag must say nothing of its plaintext: SSE-C's. An SSE-S3 object's
+    /// ETag is its MD5, as in S3.
+    pub fn hides_md5(&self) -> bool {
+        matches!(self.mode, SealMode::Customer { .. })
+    }
+
+    /// `checksums` sealed (empty when there are none), for a record.
+    pub fn seal_checksums(&self, checksums: &Checksums) -> Bytes {
+        if *checksums == Checksums::default() {
+            return Bytes::new();
+        }
+        let plain = postcard::to_stdvec(checksums).expect("checksums encode");
+        self.seal_with(&plain, AAD_CHECKSUMS)
+    }
+
+    /// Checksums [`Seal::seal_checksums`] made, or none if they do not open: a record a node
+    /// damaged fails its own checks first, so this only loses checksums, never data.
+    pub fn open_checksums(&self, sealed: &[u8]) -> Checksums {
+        if sealed.is_empty() {
+            return Checksums::default();
+        }
+        self.open_with(sealed, AAD_CHECKSUMS)
+            .ok()
+            .and_then(|plain| postcard::from_bytes(&plain).ok())
+            .unwrap_or_default()
     }
 
     /// How the record names this seal.
@@ -289,31 +329,18 @@ impl Seal {
 
     /// The record's [`Sealed`] for an object with `checksums`.
     pub fn record(&self, checksums: &Checksums) -> Sealed {
-        let checksums = if *checksums == Checksums::default() {
-            Bytes::new()
-        } else {
-            let plain = postcard::to_stdvec(checksums).expect("checksums encode");
-            self.seal_with(&plain, AAD_CHECKSUMS)
-        };
         Sealed {
             mode: self.mode.clone(),
-            checksums,
+            checksums: self.seal_checksums(checksums),
         }
     }
 
-    /// The checksums a record sealed, or none if they do not open: a record a node damaged
-    /// fails the manifest's own checks first, so this only loses checksums, never data.
+    /// The checksums a record sealed (see [`Seal::open_checksums`]).
     pub fn checksums(&self, sealed: &Sealed) -> Checksums {
-        if sealed.checksums.is_empty() {
-            return Checksums::default();
-        }
-        self.open_with(&sealed.checksums, AAD_CHECKSUMS)
-            .ok()
-            .and_then(|plain| postcard::from_bytes(&plain).ok())
-            .unwrap_or_default()
+        self.open_checksums(&sealed.checksums)
     }
 
-    /// `plain` sealed: `nonce ‖ ciphertext ‖ tag`.
+    /// `plain` sealed: `salt ‖ nonce ‖ ciphertext ‖ tag`.
     pub fn seal(&self, plain: &[u8]) -> Bytes {
         self.seal_with(plain, AAD_CHUNK)
     }
@@ -323,17 +350,29 @@ impl Seal {
         self.open_with(stored, AAD_CHUNK)
     }
 
+    /// The key of one seal: HKDF of the root key and the seal's salt.
+    fn key(&self, salt: &[u8]) -> LessSafeKey {
+        let info = [INFO_CHUNKS, salt];
+        let okm = self
+            .root
+            .expand(&info, &AES_256_GCM)
+            .expect("an AES-256 key is a valid HKDF-SHA256 output");
+        LessSafeKey::new(UnboundKey::from(okm))
+    }
+
     fn seal_with(&self, plain: &[u8], aad: &'static [u8]) -> Bytes {
+        let salt: [u8; SALT_LEN] = rand::random();
         let nonce: [u8; NONCE_LEN] = rand::random();
         let mut out = Vec::with_capacity(plain.len() + OVERHEAD);
+        out.extend_from_slice(&salt);
         out.extend_from_slice(&nonce);
         out.extend_from_slice(plain);
         let tag = self
-            .chunks
+            .key(&salt)
             .seal_in_place_separate_tag(
                 Nonce::assume_unique_for_key(nonce),
                 Aad::from(aad),
-                &mut out[NONCE_LEN..],
+                &mut out[SALT_LEN + NONCE_LEN..],
             )
             .expect("a chunk is far below AES-GCM's length limit");
         out.extend_from_slice(tag.as_ref());
@@ -342,11 +381,15 @@ impl Seal {
 
     fn open_with(&self, stored: &[u8], aad: &'static [u8]) -> S3Result<Bytes> {
         let damaged = || s3_error!(InternalError, "a sealed chunk did not open: damaged data");
-        let (nonce, sealed) = stored.split_at_checked(NONCE_LEN).ok_or_else(damaged)?;
+        if stored.len() < OVERHEAD {
+            return Err(damaged());
+        }
+        let (salt, rest) = stored.split_at(SALT_LEN);
+        let (nonce, sealed) = rest.split_at(NONCE_LEN);
         let nonce: [u8; NONCE_LEN] = nonce.try_into().map_err(|_| damaged())?;
         let mut buffer = sealed.to_vec();
         let len = self
-            .chunks
+            .key(salt)
             .open_in_place(
                 Nonce::assume_unique_for_key(nonce),
                 Aad::from(aad),
@@ -389,15 +432,6 @@ impl hkdf::KeyType for Len {
 
 fn prk(root: &[u8; 32]) -> hkdf::Prk {
     hkdf::Salt::new(hkdf::HKDF_SHA256, HKDF_SALT).extract(root)
-}
-
-fn chunk_key(root: &[u8; 32]) -> LessSafeKey {
-    let info = [INFO_CHUNKS];
-    let prk = prk(root);
-    let okm = prk
-        .expand(&info, &AES_256_GCM)
-        .expect("an AES-256 key is a valid HKDF-SHA256 output");
-    LessSafeKey::new(UnboundKey::from(okm))
 }
 
 #[cfg(test)]
