@@ -19,7 +19,7 @@ use crate::index::{self, Page, Query};
 use crate::layout::{
     self, BucketList, BucketRecord, CHUNK_BYTES, Checksums, ChunkRef, Data, Headers, INDEX_SHARDS,
     INLINE_BYTES_MAX, IndexEntry, IndexShard, LayoutError, Manifest, ObjectExtra, PartChecksum,
-    PartRecord, Tags, UploadList, UploadRecord, WriteId,
+    PartRecord, StoredPart, Tags, UploadList, UploadRecord, WriteId,
 };
 use crate::seal::{CustomerKey, GatewayKeys, Seal};
 use crate::store::{Registers, StoreError};
@@ -579,6 +579,35 @@ fn forget_chunks<R: Registers>(reg: &Arc<R>, chunks: Vec<ChunkRef>, delay: Durat
             .for_each_concurrent(4, |key| async move {
                 if let Err(error) = reg.delete(&key).await {
                     tracing::warn!(key = %String::from_utf8_lossy(&key), %error, "chunk not deleted; it stays unreferenced");
+                }
+            })
+            .await;
+    });
+}
+
+/// Deletes the part registers of an upload that is gone (completed or aborted), in the
+/// background. Best effort, as for chunks: one left behind names only chunks already handled.
+fn forget_parts<R: Registers>(
+    reg: &Arc<R>,
+    upload_id: &str,
+    record: &UploadRecord,
+    parts: &BTreeMap<u32, StoredPart>,
+) {
+    let keys: Vec<Vec<u8>> = parts
+        .keys()
+        .filter(|n| record.more.uploaded.contains(**n))
+        .map(|n| layout::part_key(upload_id, *n))
+        .collect();
+    if keys.is_empty() {
+        return;
+    }
+    let reg = reg.clone();
+    tokio::spawn(async move {
+        let reg = &reg;
+        stream::iter(keys)
+            .for_each_concurrent(4, |key| async move {
+                if let Err(error) = reg.delete(&key).await {
+                    tracing::warn!(key = %String::from_utf8_lossy(&key), %error, "part record not deleted");
                 }
             })
             .await;
@@ -1729,8 +1758,7 @@ impl Engine {
                 sealed: seal.map(|seal| seal.record(&Checksums::default())),
                 tags: meta.tags,
                 checksum,
-                part_checksums: BTreeMap::new(),
-                sealed_part_checksums: BTreeMap::new(),
+                uploaded: layout::PartSet::default(),
             },
         };
         let encoded = layout::encode_extended("upload", &record).map_err(layout_error)?;
@@ -1854,38 +1882,50 @@ impl Engine {
             last_modified_ms: now_ms(),
             chunks: written.data.chunks().to_vec(),
         };
+        let checksums = stored_checksums(&written.checksum);
+        let stored = match &seal {
+            Some(seal) => StoredPart {
+                part: part.clone(),
+                checksums: Checksums::default(),
+                sealed_checksums: seal.seal_checksums(&checksums),
+            },
+            None => StoredPart {
+                part: part.clone(),
+                checksums,
+                sealed_checksums: Bytes::new(),
+            },
+        };
         let mut started = false;
         let result = async {
             let _upload = self.uploads.get(&[upload_id.as_bytes()]).lock().await;
             let mut record = self.upload(reg.as_ref(), bucket, key, upload_id).await?;
-            let old = record.parts.insert(part_number, part.clone());
-            let checksums = stored_checksums(&written.checksum);
-            if checksums != Checksums::default() {
-                match &seal {
-                    Some(seal) => {
-                        let sealed = seal.seal_checksums(&checksums);
-                        record
-                            .more
-                            .sealed_part_checksums
-                            .insert(part_number, sealed);
-                    }
-                    None => {
-                        record.more.part_checksums.insert(part_number, checksums);
-                    }
-                }
-            }
-            let encoded = layout::encode_extended("upload", &record).map_err(layout_error)?;
+            let old = self
+                .stored_parts(reg.as_ref(), upload_id, &record, [part_number])
+                .await?
+                .remove(&part_number);
+            // The part first, then the record that names it: a part the record names is there.
             started = true;
-            reg.put(&layout::upload_key(upload_id), encoded)
-                .await
-                .map_err(store_error)?;
+            put_record(
+                reg.as_ref(),
+                "part",
+                &layout::part_key(upload_id, part_number),
+                &stored,
+            )
+            .await?;
+            let moved = record.parts.remove(&part_number).is_some();
+            if record.more.uploaded.insert(part_number) || moved {
+                let encoded = layout::encode_extended("upload", &record).map_err(layout_error)?;
+                reg.put(&layout::upload_key(upload_id), encoded)
+                    .await
+                    .map_err(store_error)?;
+            }
             Ok::<_, S3Error>(old)
         }
         .await;
         match result {
             Ok(old) => {
                 if let Some(old) = old {
-                    forget_chunks(reg, old.chunks, Duration::ZERO);
+                    forget_chunks(reg, old.part.chunks, Duration::ZERO);
                 }
                 Ok((written, seal))
             }
@@ -1954,6 +1994,56 @@ impl Engine {
         .await
     }
 
+    /// The numbers of the parts `record` has: in their own registers, or (written by a
+    /// gateway before format 3) in the record itself.
+    fn part_numbers(record: &UploadRecord) -> std::collections::BTreeSet<u32> {
+        let mut numbers: std::collections::BTreeSet<u32> = record.more.uploaded.iter().collect();
+        numbers.extend(record.parts.keys().copied());
+        numbers
+    }
+
+    /// The parts of `record` among `numbers` that it has, read from their registers (or from
+    /// the record, for parts an older gateway kept there), 16 at a time.
+    async fn stored_parts<R: Registers>(
+        &self,
+        reg: &R,
+        upload_id: &str,
+        record: &UploadRecord,
+        numbers: impl IntoIterator<Item = u32>,
+    ) -> S3Result<BTreeMap<u32, StoredPart>> {
+        let fetched: Vec<S3Result<Option<(u32, StoredPart)>>> = stream::iter(numbers)
+            .map(|number| async move {
+                if !record.more.uploaded.contains(number) {
+                    return Ok(record.parts.get(&number).map(|part| {
+                        let stored = StoredPart {
+                            part: part.clone(),
+                            checksums: Checksums::default(),
+                            sealed_checksums: Bytes::new(),
+                        };
+                        (number, stored)
+                    }));
+                }
+                let key = layout::part_key(upload_id, number);
+                match get_record::<R, StoredPart>(reg, "part", &key).await? {
+                    Some(stored) => Ok(Some((number, stored))),
+                    None => Err(s3_error!(
+                        InternalError,
+                        "part {number} of upload {upload_id} is named by its record but missing"
+                    )),
+                }
+            })
+            .buffered(16)
+            .collect()
+            .await;
+        let mut parts = BTreeMap::new();
+        for part in fetched {
+            if let Some((number, stored)) = part? {
+                parts.insert(number, stored);
+            }
+        }
+        Ok(parts)
+    }
+
     /// The upload's parts after `marker`, at most `max`; and whether more follow.
     pub async fn list_parts<R: Registers>(
         &self,
@@ -1963,16 +2053,19 @@ impl Engine {
         upload_id: &str,
         marker: u32,
         max: usize,
-    ) -> S3Result<(UploadRecord, Vec<(u32, PartRecord)>, bool)> {
+    ) -> S3Result<(UploadRecord, Vec<(u32, StoredPart)>, bool)> {
         let record = self.upload(reg, bucket, key, upload_id).await?;
-        let mut parts: Vec<(u32, PartRecord)> = record
-            .parts
+        let numbers: Vec<u32> = Self::part_numbers(&record)
             .range(marker.saturating_add(1)..)
-            .map(|(n, p)| (*n, p.clone()))
+            .copied()
             .take(max.saturating_add(1))
             .collect();
-        let truncated = parts.len() > max;
-        parts.truncate(max);
+        let truncated = numbers.len() > max;
+        let parts = self
+            .stored_parts(reg, upload_id, &record, numbers.into_iter().take(max))
+            .await?
+            .into_iter()
+            .collect();
         Ok((record, parts, truncated))
     }
 
@@ -2046,15 +2139,24 @@ impl Engine {
                 "the upload is encrypted with SSE-C and has checksums: the completion must give the customer key to check them"
             ));
         }
-        let opened: BTreeMap<u32, Checksums> = match &seal {
-            Some(seal) => record
-                .more
-                .sealed_part_checksums
-                .iter()
-                .map(|(n, sealed)| (*n, seal.open_checksums(sealed)))
-                .collect(),
-            None => record.more.part_checksums.clone(),
-        };
+        let all = self
+            .stored_parts(
+                reg.as_ref(),
+                upload_id,
+                &record,
+                Self::part_numbers(&record),
+            )
+            .await?;
+        let opened: BTreeMap<u32, Checksums> = all
+            .iter()
+            .map(|(n, stored)| {
+                let checksums = match &seal {
+                    Some(seal) => seal.open_checksums(&stored.sealed_checksums),
+                    None => stored.checksums.clone(),
+                };
+                (*n, checksums)
+            })
+            .collect();
         let mut previous = 0i64;
         let mut used = Vec::with_capacity(listed.len());
         let mut part_checksums = Vec::with_capacity(listed.len());
@@ -2076,7 +2178,8 @@ impl Engine {
             previous = i64::from(*number);
             let part = u32::try_from(*number)
                 .ok()
-                .and_then(|n| record.parts.get(&n))
+                .and_then(|n| all.get(&n))
+                .map(|stored| &stored.part)
                 .ok_or_else(|| s3_error!(InvalidPart, "part {number} was not uploaded"))?;
             if let Some(etag) = etag {
                 let given = etag.trim_matches('"');
@@ -2140,12 +2243,12 @@ impl Engine {
         {
             tracing::warn!(%upload_id, %error, "completed upload still listed");
         }
+        forget_parts(reg, upload_id, &record, &all);
         let kept: std::collections::HashSet<ChunkRef> =
             manifest.data.chunks().iter().copied().collect();
-        let unused = record
-            .parts
+        let unused = all
             .values()
-            .flat_map(|p| p.chunks.iter().copied())
+            .flat_map(|p| p.part.chunks.iter().copied())
             .filter(|c| !kept.contains(c))
             .collect();
         forget_chunks(reg, unused, Duration::ZERO);
@@ -2162,12 +2265,21 @@ impl Engine {
     ) -> S3Result<()> {
         let _upload = self.uploads.get(&[upload_id.as_bytes()]).lock().await;
         let record = self.upload(reg.as_ref(), bucket, key, upload_id).await?;
+        let all = self
+            .stored_parts(
+                reg.as_ref(),
+                upload_id,
+                &record,
+                Self::part_numbers(&record),
+            )
+            .await?;
         reg.delete(&layout::upload_key(upload_id))
             .await
             .map_err(store_error)?;
         self.track_upload(reg.as_ref(), bucket, key, upload_id, None)
             .await?;
-        let chunks = record.parts.into_values().flat_map(|p| p.chunks).collect();
+        forget_parts(reg, upload_id, &record, &all);
+        let chunks = all.into_values().flat_map(|p| p.part.chunks).collect();
         forget_chunks(reg, chunks, Duration::ZERO);
         Ok(())
     }
@@ -2387,7 +2499,7 @@ mod tests {
             .await
             .unwrap();
         let hello: [u8; 16] = md5::Md5::digest(b"hello").into();
-        assert_eq!(parts[0].1.md5, hello);
+        assert_eq!(parts[0].1.part.md5, hello);
     }
 
     #[tokio::test]
@@ -3367,6 +3479,7 @@ mod tests {
             hasher.finalize().checksum_sha256.unwrap()
         };
         let upload_bytes = |id: &str| reg.map.lock().unwrap()[&layout::upload_key(id)].clone();
+        let part_bytes = |id: &str| reg.map.lock().unwrap()[&layout::part_key(id, 1)].clone();
         for asked in [
             crate::seal::Asked::Nothing,
             crate::seal::Asked::Gateway,
@@ -3401,8 +3514,8 @@ mod tests {
                 written.checksum.checksum_sha256.as_deref(),
                 Some(sha(&data).as_str())
             );
-            // The record names the part's SHA-256 only when the upload is not encrypted.
-            let holds = String::from_utf8_lossy(&upload_bytes(&id)).contains(&sha(&data));
+            // The part's record names its SHA-256 only when the upload is not encrypted.
+            let holds = String::from_utf8_lossy(&part_bytes(&id)).contains(&sha(&data));
             assert_eq!(holds, seal.is_none(), "{asked:?}");
             let listed = vec![ListedPart {
                 number: 1,
@@ -3450,7 +3563,7 @@ mod tests {
                 "{asked:?}"
             );
         }
-        // An upload with no checksum and nothing else of format 3 stays in format 2.
+        // An upload with no checksum and no parts is in format 2.
         let id = engine
             .create_upload(
                 reg.as_ref(),
@@ -3461,6 +3574,7 @@ mod tests {
             )
             .await
             .unwrap();
+        assert_eq!(upload_bytes(&id)[0], 2, "format 2");
         engine
             .upload_part(
                 &reg,
@@ -3474,7 +3588,45 @@ mod tests {
             )
             .await
             .unwrap();
-        assert_eq!(upload_bytes(&id)[0], 2, "format 2");
+        assert_eq!(upload_bytes(&id)[0], 3, "format 3: it names its parts");
+        // The record does not grow with its parts.
+        let one = upload_bytes(&id).len();
+        for number in 2..=60 {
+            engine
+                .upload_part(
+                    &reg,
+                    "b",
+                    "plain",
+                    &id,
+                    number,
+                    body(b"p", 1),
+                    &Integrity::default(),
+                    None,
+                )
+                .await
+                .unwrap();
+        }
+        assert_eq!(upload_bytes(&id).len(), one);
+        let (_, parts, truncated) = engine
+            .list_parts(reg.as_ref(), "b", "plain", &id, 10, 20)
+            .await
+            .unwrap();
+        assert_eq!(
+            parts.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
+            (11..=30).collect::<Vec<_>>()
+        );
+        assert!(truncated);
+        // Aborting removes the parts' registers and chunks with the record.
+        engine.abort_upload(&reg, "b", "plain", &id).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let left = reg
+            .map
+            .lock()
+            .unwrap()
+            .keys()
+            .filter(|k| k.starts_with(&layout::upload_key(&id)))
+            .count();
+        assert_eq!(left, 0);
         // Two objects under one customer key cannot be linked by their records.
         let modes: Vec<_> = (0..2)
             .map(|_| {
@@ -3489,6 +3641,88 @@ mod tests {
             })
             .collect();
         assert_ne!(modes[0], modes[1]);
+    }
+
+    #[tokio::test]
+    async fn an_upload_begun_by_an_older_gateway_completes() {
+        let (engine, reg) = setup(Duration::ZERO).await;
+        let id = engine
+            .create_upload(
+                reg.as_ref(),
+                "b",
+                "old",
+                ObjectMeta::default(),
+                (None, None),
+            )
+            .await
+            .unwrap();
+        let (p1, p2) = (pattern(2000, 3), pattern(1000, 4));
+        let (w1, _) = engine
+            .upload_part(
+                &reg,
+                "b",
+                "old",
+                &id,
+                1,
+                body(&p1, 300),
+                &Integrity::default(),
+                None,
+            )
+            .await
+            .unwrap();
+        // What a gateway before format 3 wrote: the part inside a format-2 record.
+        let mut record = engine.upload(reg.as_ref(), "b", "old", &id).await.unwrap();
+        let stored: StoredPart = get_record(reg.as_ref(), "part", &layout::part_key(&id, 1))
+            .await
+            .unwrap()
+            .unwrap();
+        record.parts.insert(1, stored.part);
+        record.more = layout::UploadMore::default();
+        reg.put(
+            &layout::upload_key(&id),
+            layout::encode_extended("upload", &record).unwrap(),
+        )
+        .await
+        .unwrap();
+        reg.delete(&layout::part_key(&id, 1)).await.unwrap();
+        assert_eq!(reg.map.lock().unwrap()[&layout::upload_key(&id)][0], 2);
+        let (w2, _) = engine
+            .upload_part(
+                &reg,
+                "b",
+                "old",
+                &id,
+                2,
+                body(&p2, 300),
+                &Integrity::default(),
+                None,
+            )
+            .await
+            .unwrap();
+        let (_, parts, _) = engine
+            .list_parts(reg.as_ref(), "b", "old", &id, 0, 10)
+            .await
+            .unwrap();
+        assert_eq!(parts.iter().map(|(n, _)| *n).collect::<Vec<_>>(), [1, 2]);
+        let listed = listed_parts(&[
+            (1, Some(hex::encode(w1.etag_md5))),
+            (2, Some(hex::encode(w2.etag_md5))),
+        ]);
+        let m = engine
+            .complete_upload(
+                &reg,
+                "b",
+                "old",
+                &id,
+                &listed,
+                (&Checksums::default(), None),
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            read_all(&engine, &reg, &m, 0..m.size).await.unwrap(),
+            [p1, p2].concat()
+        );
     }
 
     #[tokio::test]

@@ -9,7 +9,8 @@
 //! | `s3/o/<bucket>/<hex BLAKE3(object key)>` | [`Manifest`]: the object's current version |
 //! | `s3/c/<hex write id>/<hex BLAKE3(chunk)>` | one chunk of object data, at most [`CHUNK_BYTES`] |
 //! | `s3/i/<bucket>/<shard>` | [`IndexShard`]: the listing index, one of [`INDEX_SHARDS`] |
-//! | `s3/u/<upload id>` | [`UploadRecord`]: a multipart upload in progress and its parts |
+//! | `s3/u/<upload id>` | [`UploadRecord`]: a multipart upload in progress, and which parts it has |
+//! | `s3/u/<upload id>/p/<n>` | [`StoredPart`]: its part `n` |
 //! | `s3/ul/<bucket>` | [`UploadList`]: the bucket's uploads in progress, for listing them |
 //!
 //! A bucket created with `x-bulwark-consistency: causal` keeps its objects in a causal volume
@@ -112,6 +113,17 @@ pub fn shard_key(bucket: &str, shard: u8) -> Vec<u8> {
 /// The register holding multipart upload `upload_id`.
 pub fn upload_key(upload_id: &str) -> Vec<u8> {
     [b"s3/u/", upload_id.as_bytes()].concat()
+}
+
+/// The register holding part `number` of multipart upload `upload_id`.
+pub fn part_key(upload_id: &str, number: u32) -> Vec<u8> {
+    [
+        b"s3/u/".as_slice(),
+        upload_id.as_bytes(),
+        b"/p/",
+        number.to_string().as_bytes(),
+    ]
+    .concat()
 }
 
 /// The register listing `bucket`'s multipart uploads in progress.
@@ -330,11 +342,66 @@ pub struct UploadMore {
     /// The checksum the upload was created with (`x-amz-checksum-algorithm`): every part is
     /// hashed with it, and the object gets S3's composite checksum of the parts'.
     pub checksum: Option<PartChecksum>,
-    /// The checksums each part of an unencrypted upload was stored with, by part number.
-    pub part_checksums: BTreeMap<u32, Checksums>,
-    /// The same for an encrypted upload, each sealed with the upload's key
-    /// ([`crate::seal::Seal::seal_checksums`]).
-    pub sealed_part_checksums: BTreeMap<u32, Bytes>,
+    /// Which parts are uploaded, each in its own register ([`part_key`], a [`StoredPart`]), so
+    /// that the record does not grow with the number of parts.
+    pub uploaded: PartSet,
+}
+
+/// A set of part numbers, 1 to 10,000, as a bitmap of fixed size.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartSet(Bytes);
+
+impl PartSet {
+    /// Bytes of a set that can hold every part number.
+    const BYTES: usize = 10_000 / 8;
+
+    /// Whether part `number` is in the set.
+    pub fn contains(&self, number: u32) -> bool {
+        let Some(bit) = number.checked_sub(1).map(|b| b as usize) else {
+            return false;
+        };
+        self.0
+            .get(bit / 8)
+            .is_some_and(|byte| byte & (1 << (bit % 8)) != 0)
+    }
+
+    /// Adds part `number` (1 to 10,000); whether it was new.
+    pub fn insert(&mut self, number: u32) -> bool {
+        assert!(
+            (1..=10_000).contains(&number),
+            "part numbers are 1 to 10,000"
+        );
+        if self.contains(number) {
+            return false;
+        }
+        let mut bits = if self.0.len() == Self::BYTES {
+            self.0.to_vec()
+        } else {
+            vec![0u8; Self::BYTES]
+        };
+        let bit = (number - 1) as usize;
+        bits[bit / 8] |= 1 << (bit % 8);
+        self.0 = Bytes::from(bits);
+        true
+    }
+
+    /// The part numbers in the set, in order; a set that is not [`PartSet::BYTES`] long (from a
+    /// damaged record) holds what its bytes say, never a number above 10,000.
+    pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        (1..=10_000u32).filter(|n| self.contains(*n))
+    }
+}
+
+/// One uploaded part of a multipart upload, in its own register.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredPart {
+    /// The part.
+    pub part: PartRecord,
+    /// The checksums it was stored with (an unencrypted upload's).
+    pub checksums: Checksums,
+    /// The same, sealed with the upload's key (an encrypted upload's,
+    /// [`crate::seal::Seal::seal_checksums`]).
+    pub sealed_checksums: Bytes,
 }
 
 /// A checksum algorithm of a multipart upload, whose object's checksum is S3's composite one:
@@ -696,7 +763,8 @@ pub struct UploadRecord {
     pub metadata: Vec<(String, String)>,
     /// Milliseconds since the Unix epoch.
     pub created_ms: u64,
-    /// Parts uploaded so far, by part number.
+    /// Parts uploaded so far, by part number, as gateways before format 3 kept them; newer
+    /// parts are in their own registers (`more.uploaded`).
     pub parts: BTreeMap<u32, PartRecord>,
     /// Response headers for the final object (format 2).
     #[serde(skip)]

@@ -1651,15 +1651,12 @@ impl<R: Registers> S3 for BulwarkS3<R> {
         };
         let parts = parts
             .into_iter()
-            .map(|(number, part)| {
+            .map(|(number, stored)| {
                 let checksums = match &seal {
-                    Some(seal) => record
-                        .more
-                        .sealed_part_checksums
-                        .get(&number)
-                        .map(|sealed| seal.open_checksums(sealed)),
-                    None => record.more.part_checksums.get(&number).cloned(),
+                    Some(seal) => Some(seal.open_checksums(&stored.sealed_checksums)),
+                    None => Some(stored.checksums.clone()),
                 };
+                let part = &stored.part;
                 let value = |algorithm| checksums.as_ref().and_then(|c| c.get(algorithm)).cloned();
                 Part {
                     part_number: Some(number as i32),
