@@ -79,6 +79,8 @@ fuzz_target!(|data: &[u8]| {
         10 => {
             let _ = layout::decode::<BucketRecord>("bucket", record);
             let _ = layout::decode_extended::<UploadRecord>("upload", record);
+            let _ = layout::decode_extended::<BucketRecord>("bucket", record);
+            let _ = layout::decode::<layout::StoredPart>("part", record);
         }
         _ => {
             let _ = layout::decode::<IndexShard>("index shard", record);
