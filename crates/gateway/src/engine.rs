@@ -2149,13 +2149,7 @@ impl Engine {
             .await?;
         let opened: BTreeMap<u32, Checksums> = all
             .iter()
-            .map(|(n, stored)| {
-                let checksums = match &seal {
-                    Some(seal) => seal.open_checksums(&stored.sealed_checksums),
-                    None => stored.checksums.clone(),
-                };
-                (*n, checksums)
-            })
+            .map(|(n, stored)| (*n, stored.checksums_opened(seal.as_ref())))
             .collect();
         let mut previous = 0i64;
         let mut used = Vec::with_capacity(listed.len());

@@ -1639,25 +1639,21 @@ impl<R: Registers> S3 for BulwarkS3<R> {
         // An encrypted upload's part checksums open with its key: the gateway's, or the
         // customer's when the request gives it; without it, none are listed.
         let customer = customer_key!(input)?;
-        let seal = match (&record.more.sealed, &customer) {
-            (Some(sealed), _) => Seal::for_read(
+        let seal = record.more.sealed.as_ref().and_then(|sealed| {
+            Seal::for_read(
                 Some(&sealed.mode),
                 customer.as_ref(),
                 self.engine.gateway_keys(),
             )
             .ok()
-            .flatten(),
-            (None, _) => None,
-        };
+            .flatten()
+        });
         let parts = parts
             .into_iter()
             .map(|(number, stored)| {
-                let checksums = match &seal {
-                    Some(seal) => Some(seal.open_checksums(&stored.sealed_checksums)),
-                    None => Some(stored.checksums.clone()),
-                };
+                let checksums = stored.checksums_opened(seal.as_ref());
                 let part = &stored.part;
-                let value = |algorithm| checksums.as_ref().and_then(|c| c.get(algorithm)).cloned();
+                let value = |algorithm| checksums.get(algorithm).cloned();
                 Part {
                     part_number: Some(number as i32),
                     size: Some(part.size as i64),

@@ -259,7 +259,7 @@ impl Seal {
                 "The object was stored using a form of Server Side Encryption. The correct parameters must be provided to retrieve the object."
             )),
             (Some(mode @ SealMode::Customer { salt, check }), Some(customer)) => {
-                if !ring_eq(check, &customer.check(salt)) {
+                if !constant_time_eq(check, &customer.check(salt)) {
                     return Err(s3_error!(
                         AccessDenied,
                         "The provided customer key does not match the key the object was stored with."
@@ -418,8 +418,19 @@ impl Seal {
     }
 }
 
+impl crate::layout::StoredPart {
+    /// The checksums the part was stored with: opened with `seal` for an encrypted upload's
+    /// part (none if there is no seal to open them), as they are otherwise.
+    pub fn checksums_opened(&self, seal: Option<&Seal>) -> Checksums {
+        match seal {
+            Some(seal) => seal.open_checksums(&self.sealed_checksums),
+            None => self.checksums.clone(),
+        }
+    }
+}
+
 /// Constant-time equality of two check values.
-fn ring_eq(a: &[u8; 16], b: &[u8; 16]) -> bool {
+fn constant_time_eq(a: &[u8; 16], b: &[u8; 16]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
