@@ -129,12 +129,16 @@ pub struct MemoryArgs {
     /// Overwrites.
     #[arg(long, default_value_t = 100_000)]
     pub overwrites: usize,
-    /// Keys the overwrites cycle through.
+    /// Keys the overwrites cycle through (as many as --overwrites: every put a new key).
     #[arg(long, default_value_t = 100)]
     pub keys: usize,
     /// Concurrent closed-loop clients.
     #[arg(long, default_value_t = 8)]
     pub concurrency: usize,
+    /// The nodes' bound on registers whose metadata stays in memory (`bulwark node
+    /// --cached-keys`); a bound above --keys keeps every key's, as nodes did before the bound.
+    #[arg(long)]
+    pub cached_keys: Option<usize>,
     /// Where to put the cluster (default: a fresh directory under the system temp dir).
     #[arg(long)]
     pub dir: Option<PathBuf>,
@@ -158,6 +162,10 @@ pub struct SizesArgs {
     /// Keys the overwrites cycle through.
     #[arg(long, default_value_t = 100)]
     pub keys: usize,
+    /// The nodes' bound on registers whose metadata stays in memory (`bulwark node
+    /// --cached-keys`; default: the node's).
+    #[arg(long)]
+    pub cached_keys: Option<usize>,
     /// Where to put the cluster (default: a fresh directory under the system temp dir).
     #[arg(long)]
     pub dir: Option<PathBuf>,
@@ -378,6 +386,7 @@ pub async fn run(args: &BenchArgs) -> Result<()> {
                 concurrency: memory.concurrency,
                 overwrites: memory.overwrites,
                 keys: memory.keys,
+                cached_keys: memory.cached_keys,
                 dir: memory.dir.clone(),
             })
             .await
@@ -456,8 +465,13 @@ async fn run_sizes(args: &SizesArgs) -> Result<()> {
     })?;
     let mut nodes = Nodes::new(dir.clone(), 4);
     let exe = std::env::current_exe()?;
+    let cached: Vec<String> = args
+        .cached_keys
+        .map(|n| vec!["--cached-keys".to_string(), n.to_string()])
+        .unwrap_or_default();
+    let cached: Vec<&str> = cached.iter().map(String::as_str).collect();
     for id in 0..4 {
-        nodes.spawn(id, &exe, &[])?;
+        nodes.spawn(id, &exe, &cached)?;
     }
     let client = Arc::new(Client::connect(&dir, "admin").await?);
     wait_until_up(&client, &dir, vec![0, 1, 2, 3]).await?;
@@ -675,18 +689,22 @@ async fn memory_table(client: &Arc<Client>, nodes: &Nodes, args: &SizesArgs, siz
             println!("| {} | {} |", step * per_step, rss.join(" | "));
         }
         let statuses = client.status().await;
-        let versions: Vec<String> = statuses
-            .iter()
-            .map(|(_, _, s)| {
-                s.as_ref()
-                    .map_or("?".into(), |s| s.server.versions.to_string())
-            })
-            .collect();
+        let held = |pick: fn(&bulwark_protocol::machine::ReplicaStats) -> u64| -> String {
+            statuses
+                .iter()
+                .map(|(_, _, s)| {
+                    s.as_ref()
+                        .map_or("?".into(), |s| pick(&s.server).to_string())
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
         println!();
         println!(
-            "Versions held per node after the churn: {} (keys: {}).",
-            versions.join(", "),
-            args.keys + sizes.len() * 100
+            "Versions held per node after the churn: {}; keys held: {} (written: {}).",
+            held(|s| s.versions),
+            held(|s| s.keys),
+            args.keys.min(args.overwrites) + sizes.len() * 100
         );
     }
 }

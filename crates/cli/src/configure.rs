@@ -384,6 +384,7 @@ pub async fn join(
         listen,
         metrics,
         grace_ms: crate::GRACE_MS_DEFAULT,
+        cached_keys: bulwark_protocol::powerstore::CACHED_KEYS_MAX,
         peers: Vec::new(),
         unprotected_tables: false,
     })

@@ -313,6 +313,10 @@ pub struct NodeArgs {
     /// Milliseconds a superseded version stays readable before garbage collection.
     #[arg(long, default_value_t = GRACE_MS_DEFAULT)]
     pub grace_ms: u64,
+    /// The most registers per group whose metadata stays in memory; others are read back from
+    /// disk when asked for, so memory stays bounded however many keys the node stores.
+    #[arg(long, default_value_t = bulwark_protocol::powerstore::CACHED_KEYS_MAX)]
+    pub cached_keys: usize,
     /// Dial node ID at HOST:PORT instead of its configured address, as ID=HOST:PORT (repeat or
     /// separate with commas): containers reach each other by name. The node must still present
     /// the certificate pinned in cluster.toml.
@@ -482,6 +486,7 @@ pub async fn run_node(args: NodeArgs, wrap: bulwark_node::Wrap) -> Result<()> {
     options.listen = args.listen;
     options.metrics = args.metrics;
     options.grace_millis = args.grace_ms;
+    options.cached_keys_max = args.cached_keys;
     options.unprotected_tables = args.unprotected_tables;
     options.peer_addresses = args
         .peers

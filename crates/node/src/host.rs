@@ -8,10 +8,11 @@ use crate::verified::Verified;
 use bulwark_core::envelope::{self, Envelope, Header};
 use bulwark_core::membership::{Arc as RingArc, Ring};
 use bulwark_core::wire::{self, FRAME_BYTES_MAX};
-use bulwark_core::{ClientId, Digest, Epoch, GroupId, Key, NodeId, Slot, Time};
+use bulwark_core::{ClientId, Digest, Epoch, GroupId, Key, MacKey, NodeId, Slot, Time};
 use bulwark_protocol::machine::{Access, Attested, Output, Replica, ReplicaStats, TimerId};
 use bulwark_protocol::powerstore::{
-    Change, Fragments, ServerLogic, StoredEntry, Timestamp, fragment_digest,
+    Candidate, Change, EntryMeta, Fragments, ServerConfig, ServerLogic, StoredEntry, StoredKey,
+    Timestamp, fragment_digest,
 };
 use bulwark_protocol::register::reconfig::{self, EpochServer};
 use bulwark_protocol::register::{self, Policy};
@@ -315,10 +316,7 @@ where
 
 /// The storage record id of `Hist[ts]` of `key`: length-prefixed key, then the fixed-width ts.
 pub fn hist_record(key: &Key, ts: &Timestamp) -> Vec<u8> {
-    let bytes = key.as_bytes();
-    let mut record = Vec::with_capacity(2 + bytes.len() + 52);
-    record.extend_from_slice(&(bytes.len() as u16).to_be_bytes());
-    record.extend_from_slice(bytes);
+    let mut record = hist_prefix(key);
     record.extend_from_slice(&ts.canonical());
     record
 }
@@ -343,13 +341,89 @@ pub fn powerstore_op(namespace: Namespace, change: &Change) -> StorageOp {
     }
 }
 
-/// A PoWerStore replica's storage: the fragments it handled that are not yet durable, then the
-/// disk. Requests are handled in order, so a fragment a FILTER needs is either committed or here.
+/// What a stored `Hist` entry must satisfy to be served: the checks its STORE passed, which a
+/// flipped byte on disk breaks.
+pub struct EntryChecks {
+    pub config: ServerConfig,
+    pub own_key: MacKey,
+}
+
+impl EntryChecks {
+    /// Why the entry stored under `record` must not be served, if it must not. `fragment` also
+    /// hashes the fragment, which costs a pass over it; served fragments are hashed anyway.
+    pub fn problem(
+        &self,
+        record: &[u8],
+        key: &Key,
+        entry: &StoredEntry,
+        fragment: bool,
+    ) -> Option<&'static str> {
+        let config = &self.config;
+        let me = config.node.index();
+        if record != hist_record(key, &entry.ts).as_slice() {
+            Some("record id does not match its entry")
+        } else if entry.ts.num == 0 || !entry.cc.is_well_formed(config.n) {
+            Some("malformed timestamp or cross-checksum")
+        } else if entry.fragment.len() != entry.cc.layout.fragment_len() {
+            Some("fragment length does not match its layout")
+        } else if fragment && entry.cc.hashes.get(me) != Some(&fragment_digest(&entry.fragment)) {
+            Some("fragment does not match its cross-checksum")
+        } else if !entry.vec.verify_slot(
+            me,
+            config.group,
+            key,
+            &entry.ts,
+            &entry.nonce_hash,
+            &self.own_key,
+        ) {
+            Some("MAC vector slot does not verify")
+        } else {
+            None
+        }
+    }
+}
+
+/// The changes to one key not yet durable: each `Hist` entry's last change (`None`: deleted) and
+/// the last `lc`, with the newest batch carrying any of them.
+#[derive(Default)]
+pub struct PendingKey {
+    batch: u64,
+    hist: HashMap<Timestamp, Option<EntryMeta>>,
+    lc: Option<Candidate>,
+}
+
+/// The `Hist` records of `key` share this prefix (and no other key's do: the length comes first).
+fn hist_prefix(key: &Key) -> Vec<u8> {
+    hist_prefix_of(key.as_bytes())
+}
+
+/// [`hist_prefix`] of a key's raw bytes.
+pub fn hist_prefix_of(key: &[u8]) -> Vec<u8> {
+    let mut prefix = Vec::with_capacity(2 + key.len());
+    prefix.extend_from_slice(&(key.len() as u16).to_be_bytes());
+    prefix.extend_from_slice(key);
+    prefix
+}
+
+/// The key a `Hist` record id names, if it is shaped as [`hist_record`] makes them.
+pub fn hist_record_key(record: &[u8]) -> Option<Key> {
+    let len = u16::from_be_bytes(record.get(..2)?.try_into().ok()?) as usize;
+    let bytes = record.get(2..2 + len)?;
+    (record.len() == 2 + len + 52).then_some(())?;
+    Key::new(Bytes::copy_from_slice(bytes)).ok()
+}
+
+/// A PoWerStore replica's storage: the changes it handled that are not yet durable, then the
+/// disk. Requests are handled in order, so what a request needs is either committed or here.
 pub struct PowerStoreStorage {
     pub namespace: Namespace,
     pub store: Arc<Store>,
     /// `Hist` records queued for commit, with the batch carrying them.
     pub unsynced: HashMap<Vec<u8>, (u64, Bytes)>,
+    /// Every change queued for commit, by key, for reading back a key the server evicted.
+    pub pending: HashMap<Key, PendingKey>,
+    /// What an entry read back must satisfy.
+    pub checks: EntryChecks,
     /// Fragments already found intact: served again without a disk read or a re-hash. Shared
     /// by the node's PoWerStore replicas (keys belong to one group each, so records never meet).
     pub verified: Arc<Mutex<Verified>>,
@@ -371,19 +445,29 @@ impl Adapter<Box<dyn ServerLogic>> for PowerStoreStorage {
     const NAME: &'static str = "powerstore";
 
     fn record(&mut self, change: &Change, batch: u64, ops: &mut Vec<StorageOp>) {
+        let key = match change {
+            Change::PutHist { key, .. }
+            | Change::DeleteHist { key, .. }
+            | Change::SetLc { key, .. } => key,
+        };
+        let pending = self.pending.entry(key.clone()).or_default();
+        debug_assert!(pending.batch <= batch, "batches are recorded in order");
+        pending.batch = batch;
         match change {
             Change::PutHist { key, entry } => {
+                pending.hist.insert(entry.ts, Some(EntryMeta::from(entry)));
                 let record = hist_record(key, &entry.ts);
                 self.forget_verified(&record);
                 self.unsynced
                     .insert(record, (batch, entry.fragment.clone()));
             }
             Change::DeleteHist { key, ts } => {
+                pending.hist.insert(*ts, None);
                 let record = hist_record(key, ts);
                 self.forget_verified(&record);
                 self.unsynced.remove(&record);
             }
-            Change::SetLc { .. } => {}
+            Change::SetLc { candidate, .. } => pending.lc = Some(candidate.clone()),
         }
         ops.push(powerstore_op(self.namespace, change));
     }
@@ -395,10 +479,70 @@ impl Adapter<Box<dyn ServerLogic>> for PowerStoreStorage {
     fn durable(&mut self, batch: u64) {
         self.unsynced
             .retain(|_, (carried_by, _)| *carried_by > batch);
+        self.pending.retain(|_, pending| pending.batch > batch);
     }
 }
 
 impl Fragments for PowerStoreStorage {
+    fn stored_key(&self, key: &Key) -> StoredKey {
+        let mut hist: HashMap<Timestamp, EntryMeta> = HashMap::new();
+        let mut rejected = 0u64;
+        let scanned = self.store.scan_prefix(self.hist(), &hist_prefix(key), |record, value| {
+            match wire::decode::<(Key, StoredEntry)>(value, usize::MAX) {
+                Ok((stored, entry)) if stored == *key => {
+                    match self.checks.problem(record, key, &entry, false) {
+                        None => {
+                            hist.insert(entry.ts, EntryMeta::from(&entry));
+                        }
+                        Some(problem) => {
+                            tracing::error!(%key, ts = entry.ts.num, problem, "stored entry failed verification; not served");
+                            rejected += 1;
+                        }
+                    }
+                }
+                Ok(_) | Err(_) => {
+                    tracing::error!(%key, "a stored entry does not decode as this key's; not served");
+                    rejected += 1;
+                }
+            }
+            Ok(())
+        });
+        let mut lc = match self.store.get(self.namespace.table(LC), key.as_bytes()) {
+            Ok(Some(value)) => match wire::decode::<(Key, Candidate)>(&value, usize::MAX) {
+                Ok((stored, candidate)) if stored == *key => Some(candidate),
+                _ => {
+                    tracing::error!(%key, "a stored lc does not decode as this key's; not served");
+                    rejected += 1;
+                    None
+                }
+            },
+            Ok(None) => None,
+            Err(error) => {
+                tracing::error!(%key, %error, "reading an lc failed");
+                None
+            }
+        };
+        if let Err(error) = scanned {
+            tracing::error!(%key, %error, "reading a key's entries failed");
+        }
+        metrics::counter!("bulwark_node_corrupt_entries_dropped_total").increment(rejected);
+        if let Some(pending) = self.pending.get(key) {
+            for (ts, entry) in &pending.hist {
+                match entry {
+                    Some(entry) => hist.insert(*ts, entry.clone()),
+                    None => hist.remove(ts),
+                };
+            }
+            if pending.lc.is_some() {
+                lc = pending.lc.clone();
+            }
+        }
+        StoredKey {
+            lc,
+            hist: hist.into_values().collect(),
+        }
+    }
+
     fn fragment(&self, key: &Key, ts: &Timestamp) -> Option<Bytes> {
         let record = hist_record(key, ts);
         if let Some((_, fragment)) = self.unsynced.get(&record) {

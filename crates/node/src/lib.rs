@@ -31,9 +31,7 @@ use bulwark_core::config::{ClusterConfig, NodeSecrets, parse_secrets};
 use bulwark_core::envelope::Header;
 use bulwark_core::membership::GroupView;
 use bulwark_core::{ClientId, Epoch, NodeId, ServiceId, Time};
-use bulwark_protocol::powerstore::{
-    Server, ServerConfig, ServerLogic, StoredEntry, fragment_digest,
-};
+use bulwark_protocol::powerstore::{Server, ServerConfig, ServerLogic, StoredEntry};
 use bulwark_protocol::{abd, content, phalanx, table};
 use bulwark_storage::{Committer, Namespace, StorageError, Store};
 use bulwark_transport::Peer;
@@ -67,6 +65,9 @@ pub struct NodeOptions {
     pub metrics: Option<SocketAddr>,
     /// How long superseded versions stay readable.
     pub grace_millis: u64,
+    /// The most registers per group whose metadata a PoWerStore replica keeps in memory; the
+    /// rest are read back from the store when asked for.
+    pub cached_keys_max: usize,
     /// Where to dial some peers instead of their configured addresses (`host:port`, resolved at
     /// every dial): containers reach each other by name. Their pinned certificates still apply.
     pub peer_addresses: HashMap<NodeId, String>,
@@ -227,6 +228,7 @@ impl NodeOptions {
             listen: None,
             metrics: None,
             grace_millis: 10_000,
+            cached_keys_max: bulwark_protocol::powerstore::CACHED_KEYS_MAX,
             peer_addresses: HashMap::new(),
             unprotected_tables: false,
         })
@@ -735,16 +737,13 @@ fn build_replicas(
     config.epoch = epoch;
     config.group = group;
     config.grace_millis = options.grace_millis;
+    config.cached_keys_max = options.cached_keys_max.max(1);
     let mut server = Server::new(config.clone(), options.secrets.mac_key.clone());
-    let restored = restore(
-        store,
-        namespace,
-        &mut server,
-        &config,
-        &options.secrets.mac_key,
-        rejections,
-    )?;
-    server.finish_restore(Time(0));
+    let checks = host::EntryChecks {
+        config: config.clone(),
+        own_key: options.secrets.mac_key.clone(),
+    };
+    let restored = restore(store, namespace, &mut server, &checks, rejections)?;
     tracing::debug!(
         node = id.0,
         group = group.0,
@@ -761,6 +760,8 @@ fn build_replicas(
                 namespace,
                 store: store.clone(),
                 unsynced: HashMap::new(),
+                pending: HashMap::new(),
+                checks,
                 verified: verified.clone(),
             },
             members: host::Members::Group(members.clone()),
@@ -1072,100 +1073,138 @@ struct Restored {
     dropped: u64,
 }
 
-/// Why a stored `Hist` entry cannot be what this node accepted, if it cannot: the checks the
-/// server made before storing it, repeated on what the disk gave back.
-fn damaged(
-    record: &[u8],
-    key: &bulwark_core::Key,
-    entry: &StoredEntry,
-    config: &ServerConfig,
-    own_key: &bulwark_core::MacKey,
-) -> Option<&'static str> {
-    let me = config.node.index();
-    if record != host::hist_record(key, &entry.ts).as_slice() {
-        Some("record id does not match its entry")
-    } else if entry.ts.num == 0 || !entry.cc.is_well_formed(config.n) {
-        Some("malformed timestamp or cross-checksum")
-    } else if entry.fragment.len() != entry.cc.layout.fragment_len() {
-        Some("fragment length does not match its layout")
-    } else if entry.cc.hashes.get(me) != Some(&fragment_digest(&entry.fragment)) {
-        Some("fragment does not match its cross-checksum")
-    } else if !entry
-        .vec
-        .verify_slot(me, config.group, key, &entry.ts, &entry.nonce_hash, own_key)
-    {
-        Some("MAC vector slot does not verify")
-    } else {
-        None
-    }
-}
-
-/// Replays the durable state of `namespace` into `server`. A `Hist` entry that fails verification
-/// (bytes flipped on disk) is logged, counted as rejected from `disk`, and deleted before the
-/// node serves, as if it had never been stored: a node may always lack a version (it may have
-/// missed the STORE), but it must never serve a fragment it did not accept. A record that does
-/// not even decode goes the same way, and so does an `lc` that does not: the node then knows an
-/// older completed write, as one that missed a COMPLETE does.
+/// Replays the durable state of `namespace` into `server`, one key at a time: the server counts
+/// every key and keeps only a bounded cache of them, so a store far larger than memory restores.
+/// A `Hist` entry that fails verification (bytes flipped on disk) is logged, counted as rejected
+/// from `disk`, and deleted before the node serves, as if it had never been stored: a node may
+/// always lack a version (it may have missed the STORE), but it must never serve a fragment it
+/// did not accept. A record that does not even decode goes the same way, and so does an `lc`
+/// that does not: the node then knows an older completed write, as one that missed a COMPLETE
+/// does.
 fn restore(
     store: &Store,
     namespace: Namespace,
     server: &mut Server,
-    config: &ServerConfig,
-    own_key: &bulwark_core::MacKey,
+    checks: &host::EntryChecks,
     rejections: &Rejections,
 ) -> Result<Restored, NodeError> {
-    use bulwark_protocol::powerstore::Candidate;
+    use bulwark_core::Key;
+    use bulwark_protocol::powerstore::{Candidate, EntryMeta, StoredKey};
     let mut versions = 0;
     let mut dropped: Vec<bulwark_storage::StorageOp> = Vec::new();
     let mut reasons: std::collections::BTreeMap<&'static str, u64> = Default::default();
-    // One record at a time: the server keeps metadata only, so a store larger than memory restores.
     let hist = namespace.table(host::HIST);
-    store.scan(hist, |record, value| {
-        let (key, entry) =
-            match bulwark_core::wire::decode::<(bulwark_core::Key, StoredEntry)>(value, usize::MAX)
-            {
-                Ok(decoded) => decoded,
-                Err(error) => {
-                    tracing::error!(%error, bytes = value.len(), "stored entry does not decode; dropped");
-                    *reasons.entry("record does not decode").or_insert(0) += 1;
-                    dropped.push(bulwark_storage::StorageOp::Delete {
-                        table: hist,
-                        key: record.to_vec(),
-                    });
-                    return Ok(());
+    let lc_table = namespace.table(host::LC);
+    let mut drop = |table, record: &[u8], problem: &'static str| {
+        *reasons.entry(problem).or_insert(0) += 1;
+        dropped.push(bulwark_storage::StorageOp::Delete {
+            table,
+            key: record.to_vec(),
+        });
+    };
+    // The `lc` of `key`, or `None` (and dropped) when its record does not decode as `key`'s.
+    let read_lc = |key: &Key, drop: &mut dyn FnMut(bulwark_storage::Table, &[u8], &'static str)| {
+        let value = store.get(lc_table, key.as_bytes())?;
+        Ok::<_, NodeError>(value.and_then(|value| {
+            match bulwark_core::wire::decode::<(Key, Candidate)>(&value, usize::MAX) {
+                Ok((stored, candidate)) if stored == *key => Some(candidate),
+                _ => {
+                    tracing::error!(%key, "stored lc does not decode as its key's; dropped");
+                    drop(lc_table, key.as_bytes(), "lc record does not decode");
+                    None
                 }
-            };
-        if let Some(problem) = damaged(record, &key, &entry, config, own_key) {
+            }
+        }))
+    };
+    // Records of one key are adjacent: the record id is the length-prefixed key, then the ts.
+    let mut current: Option<(Key, Vec<EntryMeta>)> = None;
+    let mut flush = |current: &mut Option<(Key, Vec<EntryMeta>)>,
+                     drop: &mut dyn FnMut(bulwark_storage::Table, &[u8], &'static str)|
+     -> Result<(), NodeError> {
+        if let Some((key, hist)) = current.take() {
+            let lc = read_lc(&key, drop)?;
+            server.restore_key(key, StoredKey { lc, hist }, Time(0));
+        }
+        Ok(())
+    };
+    let mut failed: Option<NodeError> = None;
+    store.scan(hist, |record, value| {
+        let named = host::hist_record_key(record);
+        if let Some(key) = &named
+            && current.as_ref().is_none_or(|(k, _)| k != key)
+        {
+            if let Err(error) = flush(&mut current, &mut drop) {
+                failed.get_or_insert(error);
+            }
+            current = Some((key.clone(), Vec::new()));
+        }
+        let entry = match bulwark_core::wire::decode::<(Key, StoredEntry)>(value, usize::MAX) {
+            Ok((_, entry)) => entry,
+            Err(error) => {
+                tracing::error!(%error, bytes = value.len(), "stored entry does not decode; dropped");
+                drop(hist, record, "record does not decode");
+                return Ok(());
+            }
+        };
+        let Some(key) = named else {
+            tracing::error!(bytes = record.len(), "stored entry id names no key; dropped");
+            drop(hist, record, "record id does not match its entry");
+            return Ok(());
+        };
+        if let Some(problem) = checks.problem(record, &key, &entry, true) {
             tracing::error!(
                 %key,
                 ts = entry.ts.num,
                 problem,
                 "stored entry failed verification; dropped as if never stored"
             );
-            *reasons.entry(problem).or_insert(0) += 1;
-            dropped.push(bulwark_storage::StorageOp::Delete {
-                table: hist,
-                key: record.to_vec(),
-            });
+            drop(hist, record, problem);
             return Ok(());
         }
-        server.restore_hist(key, entry);
+        if let Some((_, metas)) = current.as_mut() {
+            metas.push(EntryMeta::from(&entry));
+        }
         versions += 1;
         Ok(())
     })?;
-    let lc = namespace.table(host::LC);
-    for (record, value) in store.load(lc)? {
-        match bulwark_core::wire::decode::<(bulwark_core::Key, Candidate)>(&value, usize::MAX) {
-            Ok((key, candidate)) => server.restore_lc(key, candidate),
+    if let Some(error) = failed {
+        return Err(error);
+    }
+    flush(&mut current, &mut drop)?;
+    // Keys with an `lc` and no entry at all (a reader's write-back reached this node, the
+    // version did not): every key with entries was restored above.
+    let mut failed: Option<NodeError> = None;
+    store.scan(lc_table, |record, _| {
+        let mut has_entries = false;
+        store.scan_prefix(hist, &host::hist_prefix_of(record), |_, _| {
+            has_entries = true;
+            Ok(())
+        })?;
+        if has_entries {
+            return Ok(());
+        }
+        let Ok(key) = Key::new(bytes::Bytes::copy_from_slice(record)) else {
+            drop(lc_table, record, "lc record does not decode");
+            return Ok(());
+        };
+        match read_lc(&key, &mut drop) {
+            Ok(Some(lc)) => server.restore_key(
+                key,
+                StoredKey {
+                    lc: Some(lc),
+                    hist: Vec::new(),
+                },
+                Time(0),
+            ),
+            Ok(None) => {}
             Err(error) => {
-                tracing::error!(%error, bytes = value.len(), "stored lc does not decode; dropped");
-                *reasons.entry("lc record does not decode").or_insert(0) += 1;
-                dropped.push(bulwark_storage::StorageOp::Delete {
-                    table: lc,
-                    key: record,
-                });
+                failed.get_or_insert(error);
             }
         }
+        Ok(())
+    })?;
+    if let Some(error) = failed {
+        return Err(error);
     }
     let count = dropped.len() as u64;
     metrics::counter!("bulwark_node_corrupt_entries_dropped_total").increment(count);
@@ -1213,7 +1252,7 @@ mod tests {
             cc: CrossChecksum {
                 layout,
                 tombstone: false,
-                hashes: vec![fragment_digest(value); 4],
+                hashes: vec![bulwark_protocol::powerstore::fragment_digest(value); 4],
             },
             nonce_hash,
             vec: MacVec::compute(GroupId(0), key, &ts, &nonce_hash, keys),
@@ -1274,15 +1313,11 @@ mod tests {
 
         let rejections = Rejections::default();
         let mut server = Server::new(config.clone(), keys[1].clone());
-        let restored = restore(
-            &store,
-            POWERSTORE,
-            &mut server,
-            &config,
-            &keys[1],
-            &rejections,
-        )
-        .unwrap();
+        let checks = host::EntryChecks {
+            config: config.clone(),
+            own_key: keys[1].clone(),
+        };
+        let restored = restore(&store, POWERSTORE, &mut server, &checks, &rejections).unwrap();
         assert_eq!(restored.versions, 1, "only the intact entry is served");
         assert_eq!(restored.dropped, 5);
         assert_eq!(server.versions(&other), 1);
@@ -1315,7 +1350,7 @@ mod tests {
         // The next start finds nothing more to drop.
         let again = Rejections::default();
         let mut server = Server::new(config.clone(), keys[1].clone());
-        let restored = restore(&store, POWERSTORE, &mut server, &config, &keys[1], &again).unwrap();
+        let restored = restore(&store, POWERSTORE, &mut server, &checks, &again).unwrap();
         assert_eq!((restored.versions, restored.dropped), (1, 0));
         assert!(again.snapshot().is_empty());
     }

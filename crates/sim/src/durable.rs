@@ -4,13 +4,13 @@
 //! The real node commits every `Change` of a request before it releases the reply (DESIGN.md §2,
 //! "a server acknowledges only what is durable"). The simulator models exactly that: a change
 //! becomes durable when its reply is released, and a crash loses the rest. Restarting replays
-//! this state through `restore_hist`/`restore_lc` and `finish_restore`, the same calls the node
-//! makes at start-up. Nothing here models torn writes or disk corruption: a correct server's
+//! this state through `restore_key`, the call the node makes at start-up, and a running server
+//! reads a key it evicted from its cache back through [`DurableState::key_after`]. Nothing here models torn writes or disk corruption: a correct server's
 //! disk either holds a committed change or does not.
 
 use bulwark_core::{Key, MacKey, Time};
 use bulwark_protocol::powerstore::{
-    Candidate, Change, Server, ServerConfig, StoredEntry, Timestamp,
+    Candidate, Change, EntryMeta, Server, ServerConfig, StoredEntry, StoredKey, Timestamp,
 };
 use bytes::Bytes;
 use std::collections::BTreeMap;
@@ -29,6 +29,15 @@ struct DurableKey {
     lc: Option<Candidate>,
     /// `Hist`, keyed by the canonical timestamp encoding (tag included, spec §4.8(b)).
     hist: BTreeMap<[u8; 52], StoredEntry>,
+}
+
+impl DurableKey {
+    fn stored(&self) -> StoredKey {
+        StoredKey {
+            lc: self.lc.clone(),
+            hist: self.hist.values().map(EntryMeta::from).collect(),
+        }
+    }
 }
 
 impl DurableState {
@@ -99,18 +108,33 @@ impl DurableState {
         self.fragment(key, ts)
     }
 
+    /// `key` as the server sees it: the committed state with `pending` (changes handled but not
+    /// yet committed, oldest first) applied over it.
+    pub fn key_after<'a>(&self, pending: impl Iterator<Item = &'a Change>, key: &Key) -> StoredKey {
+        let mut state = self.keys.get(key).cloned().unwrap_or_default();
+        for change in pending {
+            match change {
+                Change::PutHist { key: k, entry } if k == key => {
+                    state.hist.insert(entry.ts.canonical(), entry.clone());
+                }
+                Change::DeleteHist { key: k, ts } if k == key => {
+                    state.hist.remove(&ts.canonical());
+                }
+                Change::SetLc { key: k, candidate } if k == key => {
+                    state.lc = Some(candidate.clone());
+                }
+                _ => {}
+            }
+        }
+        state.stored()
+    }
+
     /// A fresh server holding exactly this disk's state, as the node builds one at start-up.
     pub fn restore(&self, config: ServerConfig, own_key: MacKey, now: Time) -> Server {
         let mut server = Server::new(config, own_key);
         for (key, state) in &self.keys {
-            for entry in state.hist.values() {
-                server.restore_hist(key.clone(), entry.clone());
-            }
-            if let Some(lc) = &state.lc {
-                server.restore_lc(key.clone(), lc.clone());
-            }
+            server.restore_key(key.clone(), state.stored(), now);
         }
-        server.finish_restore(now);
         server
     }
 }

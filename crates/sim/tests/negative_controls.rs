@@ -78,6 +78,15 @@ fn naive_garbage_collection_is_caught() {
     caught_within("naive-gc", &broken, &reference, 50);
 }
 
+// (d2) A server whose metadata cache treats an evicted key as never written (instead of reading it
+// back from its disk) forgets completed writes on every server at once: a read stalls (no
+// candidate it holds can be proven) or returns an older value. Caught within 50 seeds.
+#[test]
+fn a_cache_that_forgets_evicted_keys_is_caught() {
+    let (broken, reference) = mutated("forget-evicted");
+    caught_within("forget-evicted", &broken, &reference, 50);
+}
+
 // (g) A reader that ignores the `lc`s "superseded" replies offer: once garbage collection takes
 // its version from some of the servers that held it, nothing can make the read's candidate safe,
 // exclude it, or move the read on, and it waits forever. Caught within 100 seeds (as a

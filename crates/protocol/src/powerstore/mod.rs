@@ -41,8 +41,8 @@ pub use client::{
 };
 pub use msg::{FilterAck, LcEntry, OpId, Refusal, Request, RequestBody, Response, ResponseBody};
 pub use server::{
-    Access, Change, Fragments, Handled, MemoryFragments, Server, ServerConfig, ServerLogic,
-    ServerMutations, ServerStats, StoredEntry,
+    Access, CACHED_KEYS_MAX, Change, EntryMeta, Fragments, Handled, MemoryFragments, Server,
+    ServerConfig, ServerLogic, ServerMutations, ServerStats, StoredEntry, StoredKey,
 };
 
 use bulwark_core::erasure::Layout;

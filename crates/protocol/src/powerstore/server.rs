@@ -33,6 +33,17 @@
 //! driver lends to `handle` (the node: its not-yet-durable changes, then the disk; the simulator:
 //! its simulated disk). A fragment that is missing, or no longer hashes to its cross-checksum slot
 //! (bit rot), is never served: the server answers as if it held no entry, and counts it.
+//!
+//! # Metadata is a bounded cache of the disk
+//!
+//! A node may hold millions of registers, so the server keeps the metadata of at most
+//! `cached_keys_max` of them. A key it does not hold is read back through the same view
+//! ([`Fragments::stored_key`]: the driver's changes not yet durable over the disk) before its
+//! request is handled, so the server decides on exactly the state it would have kept; evicting
+//! only costs a read. Keys are evicted by the clock rule (one pass of second chances), never one
+//! with superseded entries awaiting collection: their grace periods are in memory only, and a
+//! reload would restart them, so such keys stay until collected. Counters (keys, versions, bytes,
+//! objects) are kept as running totals, since no pass over every key is possible.
 
 use super::msg::{FilterAck, LcEntry, Refusal, Request, RequestBody, Response, ResponseBody};
 use super::{Candidate, CrossChecksum, MacVec, Timestamp, cmp_ts, fragment_digest, sole_writer};
@@ -59,6 +70,9 @@ pub struct ServerConfig {
     pub grace_millis: u64,
     /// The most superseded versions kept per key, whatever their age.
     pub superseded_max: usize,
+    /// The most keys whose metadata stays in memory; others are read back from the driver's
+    /// storage when asked for. At least 1.
+    pub cached_keys_max: usize,
     /// Deliberate protocol breakage for the simulator's negative controls; all off in production.
     pub mutations: ServerMutations,
 }
@@ -79,6 +93,9 @@ pub struct ServerMutations {
     /// Store below `lc` on a register with one writer ([`Refusal::Stale`] never sent): a writer
     /// that lost its clock completes a write that sorts below one already complete.
     pub no_stale_check: bool,
+    /// Treat an evicted key as one never written instead of reading it back: a cache that loses
+    /// what it evicts.
+    pub forget_evicted: bool,
 }
 
 impl ServerConfig {
@@ -92,6 +109,7 @@ impl ServerConfig {
             group: GroupId(0),
             grace_millis: 10_000,
             superseded_max: 8,
+            cached_keys_max: CACHED_KEYS_MAX,
             mutations: ServerMutations::default(),
         }
     }
@@ -113,6 +131,44 @@ pub struct StoredEntry {
     pub nonce_hash: Digest,
     /// The pre-written MAC vector.
     pub vec: MacVec,
+}
+
+/// The default bound on keys whose metadata stays in memory. At `f = 1` a key's metadata (its `lc`
+/// and one entry, each with its MAC vector, and the entry's cross-checksum) is under 1 KiB, so
+/// this holds a node's memory for register metadata to tens of MiB per group, whatever it stores.
+pub const CACHED_KEYS_MAX: usize = 32_768;
+
+/// `Hist[ts]` without its fragment: what the server decides on.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EntryMeta {
+    /// The full timestamp, tag included.
+    pub ts: Timestamp,
+    /// The cross-checksum.
+    pub cc: CrossChecksum,
+    /// `N̄`.
+    pub nonce_hash: Digest,
+    /// The pre-written MAC vector.
+    pub vec: MacVec,
+}
+
+impl From<&StoredEntry> for EntryMeta {
+    fn from(entry: &StoredEntry) -> EntryMeta {
+        EntryMeta {
+            ts: entry.ts,
+            cc: entry.cc.clone(),
+            nonce_hash: entry.nonce_hash,
+            vec: entry.vec.clone(),
+        }
+    }
+}
+
+/// One register as the driver's storage holds it: `lc` and the metadata of every `Hist` entry.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StoredKey {
+    /// `lc`; `None` is `c_0`.
+    pub lc: Option<Candidate>,
+    /// Every `Hist` entry, in no particular order.
+    pub hist: Vec<EntryMeta>,
 }
 
 /// A state change the driver must make durable before it sends the reply that came with it.
@@ -152,9 +208,16 @@ pub struct Handled {
     pub refused: Option<Refusal>,
 }
 
-/// Read access to the fragments this server's changes put into the driver's storage: everything
-/// `Change::PutHist` wrote and `Change::DeleteHist` has not removed, durable or still pending.
+/// Read access to what this server's changes put into the driver's storage: every `Hist` entry
+/// `Change::PutHist` wrote and `Change::DeleteHist` has not removed, and the last `lc`
+/// `Change::SetLc` set, durable or still pending.
 pub trait Fragments {
+    /// The `lc` and `Hist` metadata of `key`, for a key the server no longer holds in memory. It
+    /// must reflect every change the server emitted, pending ones included: the server decides
+    /// on it as on its own state. Entries that fail the driver's checks may be left out, as a
+    /// server may always lack a version.
+    fn stored_key(&self, key: &Key) -> StoredKey;
+
     /// The fragment stored with `Hist[ts]` of `key`, if the storage holds one.
     fn fragment(&self, key: &Key, ts: &Timestamp) -> Option<Bytes>;
 
@@ -171,27 +234,47 @@ pub trait Fragments {
 
 /// [`Fragments`] kept in memory, for tests: apply every change the server emits.
 #[derive(Clone, Debug, Default)]
-pub struct MemoryFragments(pub HashMap<(Key, Timestamp), Bytes>);
+pub struct MemoryFragments {
+    /// Every `Hist` entry, fragment included.
+    pub entries: HashMap<(Key, Timestamp), StoredEntry>,
+    /// Every `lc`.
+    pub lcs: HashMap<Key, Candidate>,
+}
 
 impl MemoryFragments {
     /// Applies one change, as a driver's storage would.
     pub fn apply(&mut self, change: &Change) {
         match change {
             Change::PutHist { key, entry } => {
-                self.0
-                    .insert((key.clone(), entry.ts), entry.fragment.clone());
+                self.entries.insert((key.clone(), entry.ts), entry.clone());
             }
             Change::DeleteHist { key, ts } => {
-                self.0.remove(&(key.clone(), *ts));
+                self.entries.remove(&(key.clone(), *ts));
             }
-            Change::SetLc { .. } => {}
+            Change::SetLc { key, candidate } => {
+                self.lcs.insert(key.clone(), candidate.clone());
+            }
         }
     }
 }
 
 impl Fragments for MemoryFragments {
+    fn stored_key(&self, key: &Key) -> StoredKey {
+        StoredKey {
+            lc: self.lcs.get(key).cloned(),
+            hist: self
+                .entries
+                .iter()
+                .filter(|((k, _), _)| k == key)
+                .map(|(_, entry)| EntryMeta::from(entry))
+                .collect(),
+        }
+    }
+
     fn fragment(&self, key: &Key, ts: &Timestamp) -> Option<Bytes> {
-        self.0.get(&(key.clone(), *ts)).cloned()
+        self.entries
+            .get(&(key.clone(), *ts))
+            .map(|entry| entry.fragment.clone())
     }
 }
 
@@ -237,6 +320,73 @@ struct KeyState {
     hist: HashMap<Timestamp, HistEntry>,
     /// Superseded entries, oldest supersession first.
     superseded: VecDeque<(Time, Timestamp)>,
+    /// Used since the clock hand last passed: spared once.
+    referenced: bool,
+}
+
+/// What the counters of [`ServerStats`] sum over keys.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Totals {
+    keys: u64,
+    versions: u64,
+    fragment_bytes: u64,
+    objects: u64,
+}
+
+impl Totals {
+    fn of(
+        lc: Option<&Candidate>,
+        hist: &mut dyn Iterator<Item = (&Timestamp, &CrossChecksum)>,
+    ) -> Totals {
+        let mut totals = Totals::default();
+        let mut lc_tombstone = None;
+        for (ts, cc) in hist {
+            totals.versions += 1;
+            totals.fragment_bytes += cc.layout.fragment_len() as u64;
+            if lc.is_some_and(|lc| lc.ts == *ts) {
+                lc_tombstone = Some(cc.tombstone);
+            }
+        }
+        if lc.is_some() || totals.versions > 0 {
+            totals.keys = 1;
+        }
+        // A completed version this server holds no entry of counts as an object.
+        if lc.is_some() && lc_tombstone != Some(true) {
+            totals.objects = 1;
+        }
+        totals
+    }
+
+    fn of_state(state: Option<&KeyState>) -> Totals {
+        match state {
+            Some(state) => Totals::of(
+                state.lc.as_ref(),
+                &mut state.hist.values().map(|e| (&e.ts, &e.cc)),
+            ),
+            None => Totals::default(),
+        }
+    }
+
+    /// `self - before + after`: one key's change applied to running totals.
+    fn moved(self, before: Totals, after: Totals) -> Totals {
+        let apply = |total: u64, before: u64, after: u64| {
+            assert!(
+                total >= before,
+                "a key's contribution is part of the totals"
+            );
+            total - before + after
+        };
+        Totals {
+            keys: apply(self.keys, before.keys, after.keys),
+            versions: apply(self.versions, before.versions, after.versions),
+            fragment_bytes: apply(
+                self.fragment_bytes,
+                before.fragment_bytes,
+                after.fragment_bytes,
+            ),
+            objects: apply(self.objects, before.objects, after.objects),
+        }
+    }
 }
 
 /// `Hist[ts]` as the server keeps it: everything but the fragment, which stays with the driver.
@@ -249,7 +399,7 @@ struct HistEntry {
 }
 
 impl HistEntry {
-    fn new(entry: StoredEntry) -> HistEntry {
+    fn new(entry: EntryMeta) -> HistEntry {
         HistEntry {
             ts: entry.ts,
             cc: entry.cc,
@@ -265,9 +415,14 @@ pub struct Server {
     config: ServerConfig,
     /// `k_i`: shared with writers only.
     own_key: MacKey,
+    /// The cached keys: at most `cached_keys_max`, beyond those awaiting collection.
     keys: HashMap<Key, KeyState>,
-    /// Keys with superseded entries awaiting collection.
+    /// The clock's ring of cached keys, the hand at the front; each cached key once.
+    clock: VecDeque<Key>,
+    /// Keys with superseded entries awaiting collection; always cached.
     collectable: HashSet<Key>,
+    /// Over every key, cached or not.
+    totals: Totals,
     collected: u64,
     damaged_fragments: u64,
 }
@@ -277,11 +432,17 @@ impl Server {
     pub fn new(config: ServerConfig, own_key: MacKey) -> Server {
         assert_eq!(config.n, 3 * config.f + 1, "n = 3f+1");
         assert!(config.node.index() < config.n);
+        assert!(
+            config.cached_keys_max >= 1,
+            "the request's own key is cached"
+        );
         Server {
             config,
             own_key,
             keys: HashMap::new(),
+            clock: VecDeque::new(),
             collectable: HashSet::new(),
+            totals: Totals::default(),
             collected: 0,
             damaged_fragments: 0,
         }
@@ -292,33 +453,94 @@ impl Server {
         &self.config
     }
 
-    /// Reloads one durable `Hist` entry at start-up; the fragment stays in the driver's storage.
-    pub fn restore_hist(&mut self, key: Key, entry: StoredEntry) {
-        let state = self.keys.entry(key).or_insert_with(KeyState::new);
-        state.hist.insert(entry.ts, HistEntry::new(entry));
-    }
-
-    /// Reloads a durable `lc` at start-up.
-    pub fn restore_lc(&mut self, key: Key, candidate: Candidate) {
-        self.keys.entry(key).or_insert_with(KeyState::new).lc = Some(candidate);
-    }
-
-    /// Finishes start-up: entries older than `lc` start their grace period now.
-    pub fn finish_restore(&mut self, now: Time) {
-        let keys: Vec<Key> = self.keys.keys().cloned().collect();
-        for key in keys {
+    /// Counts one durable key at start-up, every key once; its fragments stay in the driver's
+    /// storage. A key with entries older than its `lc` is cached, and their grace periods start
+    /// at `now`; others are cached while there is room.
+    pub fn restore_key(&mut self, key: Key, stored: StoredKey, now: Time) {
+        assert!(!self.keys.contains_key(&key), "each key is restored once");
+        let state = KeyState::from_stored(stored);
+        self.totals = self
+            .totals
+            .moved(Totals::default(), Totals::of_state(Some(&state)));
+        let superseded = state.lc.as_ref().is_some_and(|lc| {
+            state
+                .hist
+                .keys()
+                .any(|ts| ts.cmp_order(&lc.ts) == Ordering::Less)
+        });
+        if superseded || self.keys.len() < self.config.cached_keys_max {
+            self.insert_cached(key.clone(), state);
             self.mark_superseded(&key, now);
         }
     }
 
-    /// The current `lc` of `key`, for tests and status.
+    /// The `lc` of `key` if its metadata is in memory, for tests and fault injection.
     pub fn lc(&self, key: &Key) -> Option<&Candidate> {
         self.keys.get(key).and_then(|s| s.lc.as_ref())
     }
 
-    /// Number of `Hist` entries held for `key`.
+    /// Number of `Hist` entries held for `key`, if its metadata is in memory.
     pub fn versions(&self, key: &Key) -> usize {
         self.keys.get(key).map_or(0, |s| s.hist.len())
+    }
+
+    /// Number of keys whose metadata is in memory.
+    pub fn cached_keys(&self) -> usize {
+        self.keys.len()
+    }
+
+    fn insert_cached(&mut self, key: Key, state: KeyState) {
+        let previous = self.keys.insert(key.clone(), state);
+        assert!(previous.is_none(), "a key is cached once");
+        self.clock.push_back(key);
+    }
+
+    /// Makes `key`'s metadata present, reading it back if it was evicted, and marks it used.
+    fn load(&mut self, now: Time, key: &Key, stored: &dyn Fragments) {
+        if let Some(state) = self.keys.get_mut(key) {
+            state.referenced = true;
+            return;
+        }
+        let state = if self.config.mutations.forget_evicted {
+            KeyState::new()
+        } else {
+            KeyState::from_stored(stored.stored_key(key))
+        };
+        self.insert_cached(key.clone(), state);
+        self.mark_superseded(key, now);
+    }
+
+    /// Evicts keys until at most `cached_keys_max` are cached, sparing each used one once and
+    /// keeping those awaiting collection (so the bound may be passed by those alone).
+    fn evict(&mut self) {
+        let mut spared = 0;
+        while self.keys.len() > self.config.cached_keys_max && spared <= self.clock.len() {
+            let Some(key) = self.clock.pop_front() else {
+                break;
+            };
+            let state = self
+                .keys
+                .get_mut(&key)
+                .expect("the clock holds only cached keys");
+            if state.referenced || self.collectable.contains(&key) {
+                state.referenced = false;
+                self.clock.push_back(key);
+                spared += 1;
+                continue;
+            }
+            self.keys.remove(&key);
+            spared = 0;
+        }
+        debug_assert_eq!(self.keys.len(), self.clock.len());
+    }
+
+    /// Runs `step` on `key`'s cached state, keeping the running totals right.
+    fn counted<T>(&mut self, key: &Key, step: impl FnOnce(&mut Self) -> T) -> T {
+        let before = Totals::of_state(self.keys.get(key));
+        let out = step(self);
+        let after = Totals::of_state(self.keys.get(key));
+        self.totals = self.totals.moved(before, after);
+        out
     }
 
     /// `valid(c)` (Alg. 5, l. 131): `H(c.N) = Hist[c.ts].N̄` or `c.vec[i]` verifies under `k_i`.
@@ -521,7 +743,9 @@ impl Server {
                 nonce_hash: *nonce_hash,
                 vec: vec.clone(),
             };
-            state.hist.insert(*ts, HistEntry::new(entry.clone()));
+            state
+                .hist
+                .insert(*ts, HistEntry::new(EntryMeta::from(&entry)));
             changes.push(Change::PutHist {
                 key: key.clone(),
                 entry,
@@ -700,8 +924,9 @@ impl Server {
     }
 }
 
-impl ServerLogic for Server {
-    fn handle(
+impl Server {
+    /// `handle` once the request's key is cached.
+    fn handle_loaded(
         &mut self,
         now: Time,
         from: ClientId,
@@ -709,15 +934,6 @@ impl ServerLogic for Server {
         request: Request,
         fragments: &dyn Fragments,
     ) -> Handled {
-        if request.epoch != self.config.epoch {
-            return Self::refuse(&request, Refusal::WrongEpoch);
-        }
-        if request.group != self.config.group {
-            return Self::refuse(&request, Refusal::WrongGroup);
-        }
-        if !request.key.is_valid() {
-            return Self::refuse(&request, Refusal::Malformed("key length".to_string()));
-        }
         let writes = matches!(
             request.body,
             RequestBody::Clock | RequestBody::Store { .. } | RequestBody::Complete { .. }
@@ -753,40 +969,54 @@ impl ServerLogic for Server {
         }
         handled
     }
+}
+
+impl ServerLogic for Server {
+    fn handle(
+        &mut self,
+        now: Time,
+        from: ClientId,
+        access: Access,
+        request: Request,
+        fragments: &dyn Fragments,
+    ) -> Handled {
+        if request.epoch != self.config.epoch {
+            return Self::refuse(&request, Refusal::WrongEpoch);
+        }
+        if request.group != self.config.group {
+            return Self::refuse(&request, Refusal::WrongGroup);
+        }
+        if !request.key.is_valid() {
+            return Self::refuse(&request, Refusal::Malformed("key length".to_string()));
+        }
+        let key = request.key.clone();
+        self.load(now, &key, fragments);
+        let handled = self.counted(&key, |server| {
+            server.handle_loaded(now, from, access, request, fragments)
+        });
+        self.evict();
+        handled
+    }
 
     fn tick(&mut self, now: Time) -> Vec<Change> {
         let mut changes = Vec::new();
         let keys: Vec<Key> = self.collectable.iter().cloned().collect();
         for key in keys {
-            self.collect_key(&key, now, &mut changes);
+            self.counted(&key, |server| server.collect_key(&key, now, &mut changes));
         }
+        self.evict();
         changes
     }
 
     fn stats(&self) -> ServerStats {
-        let mut stats = ServerStats {
+        ServerStats {
+            objects: self.totals.objects,
+            keys: self.totals.keys,
+            versions: self.totals.versions,
+            fragment_bytes: self.totals.fragment_bytes,
             collected: self.collected,
             damaged_fragments: self.damaged_fragments,
-            ..ServerStats::default()
-        };
-        for state in self.keys.values() {
-            stats.keys += 1;
-            stats.versions += state.hist.len() as u64;
-            stats.fragment_bytes += state
-                .hist
-                .values()
-                .map(|e| e.cc.layout.fragment_len() as u64)
-                .sum::<u64>();
-            let live = state
-                .lc
-                .as_ref()
-                .and_then(|lc| state.hist.get(&lc.ts))
-                .is_none_or(|entry| !entry.cc.tombstone);
-            if state.lc.is_some() && live {
-                stats.objects += 1;
-            }
         }
-        stats
     }
 }
 
@@ -796,7 +1026,17 @@ impl KeyState {
             lc: None,
             hist: HashMap::new(),
             superseded: VecDeque::new(),
+            referenced: true,
         }
+    }
+
+    fn from_stored(stored: StoredKey) -> KeyState {
+        let mut state = KeyState::new();
+        state.lc = stored.lc;
+        for entry in stored.hist {
+            state.hist.insert(entry.ts, HistEntry::new(entry));
+        }
+        state
     }
 }
 

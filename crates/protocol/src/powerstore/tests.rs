@@ -679,14 +679,11 @@ fn restored_state_serves_the_same_reads() {
             ServerConfig::new(Slot(i as u32), 1),
             h.keys.servers[i].clone(),
         );
-        for change in list {
-            match change {
-                Change::PutHist { key, entry } => fresh.restore_hist(key, entry),
-                Change::SetLc { key, candidate } => fresh.restore_lc(key, candidate),
-                Change::DeleteHist { .. } => {}
-            }
+        let mut disk = MemoryFragments::default();
+        for change in &list {
+            disk.apply(change);
         }
-        fresh.finish_restore(Time(0));
+        fresh.restore_key(key("k"), disk.stored_key(&key("k")), Time(0));
         h.servers[i] = fresh;
     }
     assert_eq!(h.read(&key("k")).value.as_deref(), Some(&[9u8; 30_000][..]));
@@ -699,7 +696,11 @@ fn a_damaged_fragment_on_disk_is_never_served() {
     h.write(&key("k"), Some(&value));
     // Bit rot in s0's stored fragment.
     let ts = h.servers[0].lc(&key("k")).unwrap().ts;
-    let stored = h.disks[0].0.get_mut(&(key("k"), ts)).unwrap();
+    let stored = &mut h.disks[0]
+        .entries
+        .get_mut(&(key("k"), ts))
+        .unwrap()
+        .fragment;
     let mut bytes = stored.to_vec();
     bytes[7] ^= 0x40;
     *stored = Bytes::from(bytes);
@@ -1040,7 +1041,11 @@ fn collect_carries_the_entry_of_lc_only_when_hist_proves_it() {
         }
     );
     // Its fragment rotted on disk: the entry is withheld, not served damaged.
-    let stored = h.disks[0].0.get_mut(&(k.clone(), lc.ts)).unwrap();
+    let stored = &mut h.disks[0]
+        .entries
+        .get_mut(&(k.clone(), lc.ts))
+        .unwrap()
+        .fragment;
     *stored = Bytes::from_static(b"valuf");
     let ResponseBody::CollectAck { lc: Some(_), entry } = h
         .deliver(READER, Slot(0), collect_request(&k))
@@ -1420,4 +1425,87 @@ fn a_retransmitted_store_of_a_held_version_is_acknowledged_again() {
         again.reply.unwrap().body,
         ResponseBody::StoreAck { .. }
     ));
+}
+
+/// Writes and overwrites 24 keys, reads every one back, and returns what was read with each
+/// server's counters, on servers that keep the metadata of at most `cached` keys.
+fn many_keys(
+    cached: usize,
+    mutate: impl Fn(&mut ServerConfig),
+) -> (Vec<Option<Bytes>>, Vec<ServerStats>, Harness) {
+    let mut h = Harness::new(1);
+    for (i, server) in h.servers.iter_mut().enumerate() {
+        let mut config = ServerConfig::new(Slot(i as u32), 1);
+        config.cached_keys_max = cached;
+        mutate(&mut config);
+        *server = Server::new(config, h.keys.servers[i].clone());
+    }
+    let names: Vec<Key> = (0..24).map(|i| key(&format!("k{i}"))).collect();
+    for (i, k) in names.iter().enumerate() {
+        h.write(k, Some(format!("first {i}").as_bytes()));
+    }
+    // Overwrite every third key, and delete one, while the others are cold.
+    for (i, k) in names.iter().enumerate().step_by(3) {
+        h.write(k, Some(format!("second {i}").as_bytes()));
+    }
+    h.write(&names[1], None);
+    let read = names.iter().map(|k| h.read(k).value).collect();
+    let stats = h.servers.iter().map(ServerLogic::stats).collect();
+    (read, stats, h)
+}
+
+#[test]
+fn a_server_that_caches_one_key_answers_as_one_that_caches_every_key() {
+    let (all, all_stats, _) = many_keys(CACHED_KEYS_MAX, |_| {});
+    let (one, one_stats, h) = many_keys(1, |_| {});
+    for (i, value) in all.iter().enumerate() {
+        let expected = match i {
+            1 => None,
+            i if i % 3 == 0 => Some(format!("second {i}")),
+            i => Some(format!("first {i}")),
+        };
+        assert_eq!(
+            value.as_deref(),
+            expected.as_deref().map(str::as_bytes),
+            "key {i}"
+        );
+    }
+    assert_eq!(one, all);
+    // The running totals agree with the ones counted over every key held in memory.
+    assert_eq!(one_stats, all_stats);
+    assert_eq!(all_stats[0].keys, 24);
+    assert_eq!(all_stats[0].objects, 23);
+    for server in &h.servers {
+        // Only the last key and those awaiting collection stay.
+        assert!(server.cached_keys() <= 1 + 9, "{}", server.cached_keys());
+    }
+}
+
+#[test]
+fn a_cache_that_forgets_what_it_evicts_is_caught() {
+    let (forgot, _, _) = many_keys(1, |config| config.mutations.forget_evicted = true);
+    let (kept, _, _) = many_keys(CACHED_KEYS_MAX, |_| {});
+    assert_ne!(forgot, kept, "the mutation must change what reads return");
+}
+
+#[test]
+fn a_restart_counts_every_key_and_caches_only_what_fits() {
+    let (_, stats, h) = many_keys(CACHED_KEYS_MAX, |_| {});
+    let mut config = ServerConfig::new(Slot(0), 1);
+    config.cached_keys_max = 4;
+    let mut fresh = Server::new(config, h.keys.servers[0].clone());
+    let mut keys: Vec<Key> = h.disks[0].lcs.keys().cloned().collect();
+    keys.sort();
+    for k in keys {
+        let stored = h.disks[0].stored_key(&k);
+        fresh.restore_key(k, stored, h.now);
+    }
+    assert_eq!(
+        ServerLogic::stats(&fresh),
+        ServerStats {
+            collected: 0,
+            ..stats[0].clone()
+        }
+    );
+    assert!(fresh.cached_keys() <= 4 + 9, "{}", fresh.cached_keys());
 }

@@ -191,7 +191,7 @@ impl Mutations {
         *self != Mutations::default()
     }
 
-    fn flags(&self) -> [(&'static str, bool); 28] {
+    fn flags(&self) -> [(&'static str, bool); 29] {
         [
             ("quorum-f-plus-one", self.client.quorum_f_plus_one),
             ("any-twin", self.client.any_twin),
@@ -207,6 +207,7 @@ impl Mutations {
             ("naive-gc", self.server.naive_gc),
             ("candidate-vec-in-lc", self.server.candidate_vec_in_lc),
             ("no-stale-check", self.server.no_stale_check),
+            ("forget-evicted", self.server.forget_evicted),
             ("register-small-quorum", self.register.quorum_minus_one),
             ("register-no-write-back", self.register.no_write_back),
             ("register-unverified", self.register.unverified),
@@ -234,7 +235,7 @@ impl Mutations {
 /// A mutation name that does not exist.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown mutation {0:?}; expected quorum-f-plus-one, any-twin, no-offers, one-round-small-agreement, one-round-f-vouchers, sole-writer-from-one, no-write-back, accept-unproven, naive-gc, candidate-vec-in-lc, no-stale-check (PoWerStore), register-small-quorum, register-no-write-back or register-unverified (ABD, Phalanx; the first also content-hash objects), pbft-quorum-2f, pbft-drop-prepared or ea-unchecked-attestations (configuration service), serve-before-transfer, small-transfer-quorum, answer-without-entering or pull-unchanged-arcs (reconfiguration), table-accept-f-plus-one, table-majority, table-unverified-cells, table-skip-write-back, table-ignore-revocations or table-no-anti-entropy (tables), send-before-durable (any)"
+    "unknown mutation {0:?}; expected quorum-f-plus-one, any-twin, no-offers, one-round-small-agreement, one-round-f-vouchers, sole-writer-from-one, no-write-back, accept-unproven, naive-gc, candidate-vec-in-lc, no-stale-check, forget-evicted (PoWerStore), register-small-quorum, register-no-write-back or register-unverified (ABD, Phalanx; the first also content-hash objects), pbft-quorum-2f, pbft-drop-prepared or ea-unchecked-attestations (configuration service), serve-before-transfer, small-transfer-quorum, answer-without-entering or pull-unchanged-arcs (reconfiguration), table-accept-f-plus-one, table-majority, table-unverified-cells, table-skip-write-back, table-ignore-revocations or table-no-anti-entropy (tables), send-before-durable (any)"
 )]
 pub struct UnknownMutation(pub String);
 
@@ -257,6 +258,7 @@ impl FromStr for Mutations {
                 "naive-gc" => mutations.server.naive_gc = true,
                 "candidate-vec-in-lc" => mutations.server.candidate_vec_in_lc = true,
                 "no-stale-check" => mutations.server.no_stale_check = true,
+                "forget-evicted" => mutations.server.forget_evicted = true,
                 "register-small-quorum" => mutations.register.quorum_minus_one = true,
                 "register-no-write-back" => mutations.register.no_write_back = true,
                 "register-unverified" => mutations.register.unverified = true,

@@ -58,6 +58,9 @@ pub struct Swarm {
     pub grace_millis: u64,
     /// Servers' cap on superseded versions per key.
     pub superseded_max: usize,
+    /// Servers' bound on keys whose metadata stays in memory: often a single key, so that most
+    /// requests read their key back from the disk.
+    pub cached_keys_max: usize,
     /// Interval of the servers' GC ticks.
     pub tick_millis: u64,
     /// Interval of client retransmissions.
@@ -169,6 +172,16 @@ impl Swarm {
                 10_000
             },
             superseded_max: if small_gc { rng.random_range(0..4) } else { 16 },
+            // From a stream of its own, so that every other choice of a seed stays as it was.
+            cached_keys_max: if config.mutations.server.forget_evicted {
+                1
+            } else {
+                let mut side = rng.clone();
+                side.set_stream(0x0063_6163_6865);
+                *[1usize, 2, bulwark_protocol::powerstore::CACHED_KEYS_MAX]
+                    .choose(&mut side)
+                    .unwrap_or(&1)
+            },
             tick_millis: *[10u64, 50, 200].choose(rng).unwrap_or(&50),
             retransmit_millis: *[50u64, 150, 400].choose(rng).unwrap_or(&150),
             write_ratio: rate(rng, &[0.3, 0.6, 0.9]),
@@ -186,7 +199,7 @@ impl Swarm {
             .map(|(node, behaviour)| format!("s{node}={behaviour}"))
             .collect();
         format!(
-            "byzantine=[{}] writers={} readers={} attackers={} delay<={}ms tail={}@{}ms{}{} loss={} dup={} persist<={}ms partitions={} crashes={}{} client-crashes={} grace={}ms superseded-max={} retransmit={}ms",
+            "byzantine=[{}] writers={} readers={} attackers={} delay<={}ms tail={}@{}ms{}{} loss={} dup={} persist<={}ms partitions={} crashes={}{} client-crashes={} grace={}ms superseded-max={} cached-keys={} retransmit={}ms",
             byzantine.join(","),
             self.writers,
             self.readers,
@@ -215,6 +228,7 @@ impl Swarm {
             self.client_crash_rate,
             self.grace_millis,
             self.superseded_max,
+            self.cached_keys_max,
             self.retransmit_millis,
         )
     }

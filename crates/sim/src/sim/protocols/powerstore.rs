@@ -17,7 +17,7 @@ use bulwark_core::erasure::{ErasureCodec, ReedSolomonSimd};
 use bulwark_core::{ClientId, Key, MacKey, Slot, Time};
 use bulwark_protocol::powerstore::{
     Candidate, Change, ClientConfig, FilterAck, Fragments, OpId, Pid, ReadOp, ReadOutcome, Request,
-    RequestBody, Response, ResponseBody, ServerConfig, ServerLogic, Timestamp, WriteOp,
+    RequestBody, Response, ResponseBody, ServerConfig, ServerLogic, StoredKey, Timestamp, WriteOp,
     WriteOutcome, WriterKeys, sole_writer, sole_writer_key,
 };
 use bytes::Bytes;
@@ -79,6 +79,7 @@ impl<const SOLE: bool> Protocol for PowerStore<SOLE> {
                 let mut server_config = ServerConfig::new(Slot(index as u32), f);
                 server_config.grace_millis = swarm.grace_millis;
                 server_config.superseded_max = swarm.superseded_max;
+                server_config.cached_keys_max = swarm.cached_keys_max;
                 server_config.mutations = config.mutations.server;
                 server_config
             })
@@ -227,6 +228,10 @@ impl<const SOLE: bool> Protocol for PowerStore<SOLE> {
 
 /// A server reads fragments back from the disk, or from batches still on their way to it.
 impl<const SOLE: bool> Fragments for Storage<PowerStore<SOLE>> {
+    fn stored_key(&self, key: &Key) -> StoredKey {
+        self.durable.key_after(self.pending(), key)
+    }
+
     fn fragment(&self, key: &Key, ts: &Timestamp) -> Option<Bytes> {
         self.durable.fragment_after(self.pending(), key, ts)
     }
