@@ -471,7 +471,7 @@ async fn run_sizes(args: &SizesArgs) -> Result<()> {
         .unwrap_or_default();
     let cached: Vec<&str> = cached.iter().map(String::as_str).collect();
     for id in 0..4 {
-        nodes.spawn(id, &exe, &cached)?;
+        nodes.spawn_with(id, &exe, &[], &cached)?;
     }
     let client = Arc::new(Client::connect(&dir, "admin").await?);
     wait_until_up(&client, &dir, vec![0, 1, 2, 3]).await?;

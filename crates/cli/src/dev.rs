@@ -78,6 +78,18 @@ impl Nodes {
     }
 
     pub(crate) fn spawn(&mut self, id: usize, program: &Path, extra: &[&str]) -> Result<()> {
+        self.spawn_with(id, program, extra, &[])
+    }
+
+    /// [`Nodes::spawn`], with `node_args` after `node` (its own options, such as
+    /// `--cached-keys`) where `extra` goes before it.
+    pub(crate) fn spawn_with(
+        &mut self,
+        id: usize,
+        program: &Path,
+        extra: &[&str],
+        node_args: &[&str],
+    ) -> Result<()> {
         // The old process goes first: the new one binds the same ports.
         self.kill(id);
         let log_path = self.dir.join(format!("node-{id}")).join("node.log");
@@ -93,6 +105,7 @@ impl Nodes {
             .arg(&self.dir)
             .arg("--id")
             .arg(id.to_string())
+            .args(node_args)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
