@@ -338,6 +338,9 @@ impl Store {
         // The file is the disk's to damage: should redb's own checks panic on some damage rather
         // than return an error, that is a store that cannot be opened, not a crashed node.
         let opened = std::panic::catch_unwind(|| -> Result<Store, StorageError> {
+            if !path.exists() {
+                create_stamped(dir, &path)?;
+            }
             let database = redb::Builder::new()
                 .set_cache_size(CACHE_BYTES)
                 .create(&path)
@@ -381,6 +384,51 @@ impl Store {
             StorageError::Failed("a write panicked while it held the change log".into())
         })
     }
+}
+
+/// Makes `path` appear whole or not at all: a node killed while redb writes a new file's header
+/// would otherwise leave a file that every later start refuses as not a database. The file is
+/// made and stamped under a name of this process's own and then hard-linked into place, which,
+/// unlike a rename, never replaces a store another process made meanwhile.
+fn create_stamped(dir: &Path, path: &Path) -> Result<(), StorageError> {
+    let fresh = dir.join(format!("state.redb.new-{}", std::process::id()));
+    let removed = |result: std::io::Result<()>| match result {
+        Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(error),
+        _ => Ok(()),
+    };
+    removed(std::fs::remove_file(&fresh)).map_err(StorageError::from("removing a new store"))?;
+    {
+        let database = redb::Builder::new()
+            .set_cache_size(CACHE_BYTES)
+            .create(&fresh)
+            .map_err(StorageError::from("creating a new store"))?;
+        // Stamping commits with redb's immediate durability: the file is synced before the link.
+        check_format(&database)?;
+    }
+    match std::fs::hard_link(&fresh, path) {
+        Err(error) if error.kind() != std::io::ErrorKind::AlreadyExists => {
+            return Err(StorageError::from("putting a new store in place")(error));
+        }
+        // Another start on this directory made its store first; opening it says if it is in use.
+        _ => {}
+    }
+    removed(std::fs::remove_file(&fresh)).map_err(StorageError::from("removing a new store"))?;
+    // Files a start killed before its link left behind: never a store, only a name to drop.
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry
+                .file_name()
+                .to_str()
+                .is_some_and(|name| name.starts_with("state.redb.new-"))
+            {
+                removed(std::fs::remove_file(entry.path()))
+                    .map_err(StorageError::from("removing a new store"))?;
+            }
+        }
+    }
+    std::fs::File::open(dir)
+        .and_then(|dir| dir.sync_all())
+        .map_err(StorageError::from("syncing the data directory"))
 }
 
 /// Refuses a file in another format; stamps a file with no tables yet with this one, and
@@ -894,6 +942,33 @@ mod tests {
         assert!(matches!(Store::open(dir.path()), Err(StorageError::InUse)));
         drop(held);
         Store::open(dir.path()).unwrap();
+    }
+
+    /// What a start killed before its link leaves: a half-written file under a creating name.
+    /// It is never taken for the store, and it is gone once the store exists.
+    #[test]
+    fn a_store_half_made_by_a_killed_start_is_dropped_and_made_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let leftover = dir.path().join("state.redb.new-4000000");
+        std::fs::write(&leftover, vec![0x5a; 4096]).unwrap();
+        {
+            let store = Store::open(dir.path()).unwrap();
+            store.apply(&[put(HIST, "k", "v")]).unwrap();
+        }
+        assert!(!leftover.exists());
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            names.iter().all(|name| !name.starts_with("state.redb.new")),
+            "{names:?}"
+        );
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(
+            store.load(HIST).unwrap(),
+            vec![(b"k".to_vec(), Bytes::from("v"))]
+        );
     }
 
     #[test]

@@ -31,6 +31,8 @@ pub struct TestCluster {
     grace_ms: u64,
     /// More `node` arguments for every node started from now on.
     pub node_args: Vec<String>,
+    /// Made with `--a2m`: every node has a trusted log to start first.
+    a2m: bool,
 }
 
 impl TestCluster {
@@ -58,6 +60,14 @@ impl TestCluster {
         grace_ms: u64,
         init: &[&str],
     ) -> TestCluster {
+        let mut cluster = Self::init(protocol, f, n, grace_ms, init);
+        cluster.spawn_all();
+        cluster
+    }
+
+    /// Writes a fresh cluster and starts nothing, so that `node_args` can be set before any node
+    /// runs: a node killed and respawned while it creates its store tests start-up, not the run.
+    pub fn init(protocol: &str, f: usize, n: usize, grace_ms: u64, init: &[&str]) -> TestCluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let ports = Ports::reserve(2 * n + JOINS_MAX);
         let status = Command::new(BULWARK)
@@ -77,7 +87,7 @@ impl TestCluster {
             .status()
             .expect("run cluster init");
         assert!(status.success(), "cluster init failed");
-        let mut cluster = TestCluster {
+        TestCluster {
             dir,
             n,
             children: (0..n).map(|_| None).collect(),
@@ -91,16 +101,20 @@ impl TestCluster {
             ports,
             grace_ms,
             node_args: Vec::new(),
-        };
-        if init.contains(&"--a2m") {
-            for id in 0..n {
-                cluster.spawn_trusted_log(id);
+            a2m: init.contains(&"--a2m"),
+        }
+    }
+
+    /// Starts every node honestly, each after its trusted log when the cluster has them.
+    pub fn spawn_all(&mut self) {
+        for id in 0..self.n {
+            if self.a2m {
+                self.spawn_trusted_log(id);
             }
         }
-        for id in 0..n {
-            cluster.spawn(id, None);
+        for id in 0..self.n {
+            self.spawn(id, None);
         }
-        cluster
     }
 
     /// Starts node `id`'s trusted log (`bulwark a2m serve`) on the socket its `node.toml`
@@ -419,16 +433,14 @@ pub fn value_for(writer: u64, sequence: u64) -> Vec<u8> {
 /// how many of the group's members hold the protocol's registers (ABD: the first `2f+1`).
 pub async fn survives_a_sigkilled_node(protocol: &str, n: usize) {
     const OPS_PER_CLIENT_MAX: u64 = 1_500;
-    let mut cluster = TestCluster::start_protocol(protocol, 1, 1_000);
-    let all: Vec<usize> = (0..n).collect();
+    let mut cluster = TestCluster::init(protocol, 1, 4, 1_000, &[]);
     if protocol == "powerstore" {
         // One key's metadata in memory: nearly every request reads its key back from the store
         // (changes not yet committed included), and the restart counts keys it does not cache.
         cluster.node_args = vec!["--cached-keys".into(), "1".into()];
-        for id in 0..n {
-            cluster.spawn(id, None);
-        }
     }
+    cluster.spawn_all();
+    let all: Vec<usize> = (0..n).collect();
     cluster.wait_up(&all).await;
     let recorder = Recorder::default();
     let stop = Arc::new(AtomicBool::new(false));
