@@ -391,7 +391,8 @@ impl Store {
 /// made and stamped under a name of this process's own and then hard-linked into place, which,
 /// unlike a rename, never replaces a store another process made meanwhile.
 fn create_stamped(dir: &Path, path: &Path) -> Result<(), StorageError> {
-    let fresh = dir.join(format!("state.redb.new-{}", std::process::id()));
+    const FRESH: &str = "state.redb.new-";
+    let fresh = dir.join(format!("{FRESH}{}", std::process::id()));
     let removed = |result: std::io::Result<()>| match result {
         Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(error),
         _ => Ok(()),
@@ -412,14 +413,13 @@ fn create_stamped(dir: &Path, path: &Path) -> Result<(), StorageError> {
         // Another start on this directory made its store first; opening it says if it is in use.
         _ => {}
     }
-    removed(std::fs::remove_file(&fresh)).map_err(StorageError::from("removing a new store"))?;
-    // Files a start killed before its link left behind: never a store, only a name to drop.
+    // This start's file, and any a start killed before its link left: never a store, only a name.
     if let Ok(entries) = std::fs::read_dir(dir) {
         for entry in entries.flatten() {
             if entry
                 .file_name()
                 .to_str()
-                .is_some_and(|name| name.starts_with("state.redb.new-"))
+                .is_some_and(|name| name.starts_with(FRESH))
             {
                 removed(std::fs::remove_file(entry.path()))
                     .map_err(StorageError::from("removing a new store"))?;
