@@ -2,7 +2,7 @@
 //! slot it attested; started on a directory restored from an older copy it refuses to attest at
 //! all (A2M spec §7.1 item 8, §7.2 T1).
 
-mod common;
+use crate::common;
 
 use common::copy_dir;
 use std::path::Path;

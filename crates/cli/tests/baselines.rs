@@ -3,7 +3,7 @@
 //! clients with a node SIGKILLed and restarted mid-run, the history checked for linearizability.
 //! Also PoWerStore's own single-writer volume from the CLI, the write the paper measured first.
 
-mod common;
+use crate::common;
 
 use common::{BULWARK, TestCluster};
 

@@ -6,7 +6,7 @@
 //! Namespaces need root; elsewhere these tests say SKIPPED and pass, unless
 //! BULWARK_REQUIRE_NETNS=1 makes that a failure (.ci/run runs as root).
 
-mod common;
+use crate::common;
 
 use common::BULWARK;
 use std::io::{BufRead, BufReader};

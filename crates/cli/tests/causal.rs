@@ -7,7 +7,7 @@
 //! four servers lying (one forking, one withholding, one tampering), the clients still write and
 //! read, converge through the one correct server, and hold proof of the fork.
 
-mod common;
+use crate::common;
 
 use bulwark_client::Client;
 use bulwark_client::causal::CausalRead;

@@ -1,7 +1,7 @@
 //! Issue 2's end-to-end tests on real node processes: concurrent clients with a node SIGKILLed and
 //! restarted mid-run, Byzantine nodes, a malicious reader, access control and hostile frames.
 
-mod common;
+use crate::common;
 
 use bulwark_core::NodeId;
 use bytes::Bytes;

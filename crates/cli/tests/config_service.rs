@@ -3,7 +3,7 @@
 //! primary killed with SIGKILL in the middle of it all. Every node must end holding the same
 //! certified configurations, each verified from the genesis.
 
-mod common;
+use crate::common;
 
 use bulwark_client::{ConfigAction, ConfigOutcome};
 use bulwark_core::NodeId;

@@ -6,7 +6,7 @@
 //! and restarted; every node must end holding the same certified configurations, each verified
 //! from the genesis.
 
-mod common;
+use crate::common;
 
 use bulwark_client::{ConfigAction, ConfigOutcome};
 use bulwark_core::NodeId;

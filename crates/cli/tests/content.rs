@@ -4,7 +4,7 @@
 //! Public-key objects: written by any client holding the owner's key, read by anyone, deleted,
 //! kept through SIGKILLs, used from the command line.
 
-mod common;
+use crate::common;
 
 use bulwark_client::ClientError;
 use common::TestCluster;

@@ -8,7 +8,7 @@
 //! passes; with `BULWARK_REQUIRE_DOCKER=1` it fails instead. The first scenario builds both images
 //! from this test build's binaries (with the shared libraries they load), in seconds.
 
-mod common;
+use crate::common;
 #[path = "docker_faults/harness.rs"]
 mod harness;
 

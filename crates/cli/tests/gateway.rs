@@ -1,7 +1,7 @@
 //! The S3 gateway against a real local cluster: `bulwark gateway` in front of four `bulwark node`
 //! processes, exercised by the boto3 / aws-cli / rclone / s3cmd suite in `tests/s3/`.
 
-mod common;
+use crate::common;
 
 use common::{BULWARK, TestCluster};
 use std::io::{BufRead, BufReader, Read, Write};

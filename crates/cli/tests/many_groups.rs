@@ -3,7 +3,7 @@
 //! and a node SIGKILLed and restarted; and volumes of every protocol, one of them with a single
 //! writer, used at the same time. Every history is checked for linearizability per key.
 
-mod common;
+use crate::common;
 
 use bulwark_client::{Client, Volume};
 use bulwark_core::NodeId;

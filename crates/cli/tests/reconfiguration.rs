@@ -4,7 +4,7 @@
 //! still hold the old configuration are told of the new one by the replicas, fetch and verify it,
 //! and carry on. Nothing acknowledged may be lost, and every history must stay linearizable.
 
-mod common;
+use crate::common;
 
 use bulwark_client::Client;
 use bulwark_client::{ConfigAction, ConfigOutcome};

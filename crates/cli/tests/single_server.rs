@@ -8,7 +8,7 @@
 //! anchored in a TPM, by the trusted log itself before any client; and a node that forks the
 //! volume (the A2M paper's Figure 1) is caught and recorded by the clients it lies to.
 
-mod common;
+use crate::common;
 
 use bulwark_client::{Client, ClientError, Volume};
 use bulwark_core::NodeId;

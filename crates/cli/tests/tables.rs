@@ -4,7 +4,7 @@
 //! cell a linearizable register), then read again once another node is down too, so the
 //! restarted node's cells must have come back from its disk.
 
-mod common;
+use crate::common;
 
 use bulwark_protocol::table::{Consistency, Resolver, RowKey, Schema, Variant};
 use bulwark_sim::checker::{OpKind, Outcome};
