@@ -654,7 +654,7 @@ pub async fn status(args: &ClientArgs) -> Result<std::process::ExitCode> {
                     let stats = &follower.stats;
                     out!(
                         text,
-                        "         {} objects: epoch {}, {}; {} keys ({} bytes) taken over since start, {} requests held for a transfer",
+                        "         {} objects: epoch {}, {}; {} keys ({} bytes) taken over since start, {} requests held for a transfer, {} keys dropped once their new group held them",
                         follower.service,
                         stats.epoch,
                         match stats.transfers_pending {
@@ -663,7 +663,8 @@ pub async fn status(args: &ClientArgs) -> Result<std::process::ExitCode> {
                         },
                         stats.transferred_keys,
                         stats.transferred_bytes,
-                        stats.gated
+                        stats.gated,
+                        stats.collected
                     );
                 }
                 {

@@ -99,6 +99,11 @@ async fn start_load(
     tasks
 }
 
+/// The members of `config`.
+fn originals_ids(config: &Configuration) -> Vec<NodeId> {
+    config.members.iter().map(|m| m.id).collect()
+}
+
 /// The public-key replica's figures in a node's status.
 fn pubkey_stats(status: &NodeStatus) -> Option<&bulwark_protocol::machine::ReplicaStats> {
     status
@@ -158,6 +163,54 @@ fn assert_took_over(statuses: &[NodeStatus], before: &Configuration, after: &Con
         moved += taken;
     }
     moved
+}
+
+/// Waits until every one of `nodes` has dropped at least the settled objects that `before`
+/// placed on it and `after` does not (their new groups hold them, spec §4.8); returns the keys
+/// dropped in all.
+async fn wait_dropped(
+    admin: &Client,
+    before: &Configuration,
+    after: &Configuration,
+    nodes: &[NodeId],
+) -> u64 {
+    let old_ring = before.ring().expect("ring");
+    let new_ring = after.ring().expect("ring");
+    let moved_away = |id: NodeId| {
+        (0..SETTLED)
+            .map(|i| pubkey::object_id(&owner(i).public_key()))
+            .filter(|object| {
+                old_ring.group_of(object.as_bytes()).contains(id)
+                    && !new_ring.group_of(object.as_bytes()).contains(id)
+            })
+            .count() as u64
+    };
+    let started = Instant::now();
+    loop {
+        let statuses = admin.status().await;
+        let dropped: Vec<(NodeId, u64)> = statuses
+            .iter()
+            .filter(|(id, _, _)| nodes.contains(id))
+            .filter_map(|(id, _, status)| {
+                let stats = pubkey_stats(status.as_ref().ok()?)?;
+                Some((*id, stats.collected))
+            })
+            .collect();
+        let done = dropped.len() == nodes.len()
+            && dropped.iter().all(|(id, count)| *count >= moved_away(*id));
+        if done {
+            return dropped.iter().map(|(_, count)| count).sum();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "moved keys were not dropped (node, dropped): {dropped:?}, expected at least {:?}",
+            nodes
+                .iter()
+                .map(|id| (*id, moved_away(*id)))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Reads every settled object: each must hold its acknowledged value.
@@ -351,6 +404,9 @@ async fn eight_nodes_grow_to_twelve_through_node_join_and_shrink_back_under_load
         .collect();
     let moved_in = assert_took_over(&joined_statuses, &genesis, &grown);
     assert!(moved_in > 0, "the new nodes took over nothing");
+    // The original nodes drop what moved to the new ones, once those hold it.
+    let dropped = wait_dropped(&admin, &genesis, &grown, &originals_ids(&genesis)).await;
+    assert!(dropped > 0, "the original nodes dropped nothing");
 
     // Shrink back: four of the original nodes leave, so what they held moves to the others,
     // the new nodes among them.
@@ -386,7 +442,10 @@ async fn eight_nodes_grow_to_twelve_through_node_join_and_shrink_back_under_load
     }
     let reader = cluster.client("reader").await;
     let after = assert_all_readable(&reader, &settled, &recorder, &[grown_at, shrunk_at]).await;
-    eprintln!("{moved_in} keys moved to the new nodes, {moved_out} after the shrink");
+    eprintln!(
+        "{moved_in} keys moved to the new nodes ({dropped} dropped by the original ones), \
+         {moved_out} after the shrink"
+    );
     assert!(
         after.iter().all(|completed| *completed >= 20),
         "the load must go on through both reconfigurations ({after:?})"

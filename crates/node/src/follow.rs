@@ -30,11 +30,11 @@ pub fn pubkey_replica(
     let namespace = Namespace::new(ServiceId::PUBKEY, NODE_WIDE);
     let corrupt = |table: &'static str, problem: String| NodeError::CorruptState { table, problem };
     let mut entries: Vec<(Key, pubkey::Entry)> = Vec::new();
-    let namespaces = std::iter::once(namespace).chain(
-        legacy
-            .iter()
-            .map(|view| Namespace::new(ServiceId::PUBKEY, view.id())),
-    );
+    let legacy: Vec<Namespace> = legacy
+        .iter()
+        .map(|view| Namespace::new(ServiceId::PUBKEY, view.id()))
+        .collect();
+    let namespaces = std::iter::once(namespace).chain(legacy.iter().copied());
     // A record that does not decode is dropped, as the other replicas drop theirs: the node
     // lacks that version, as one that missed the write does (see `restore_register`).
     let mut undecodable = Vec::new();
@@ -89,7 +89,7 @@ pub fn pubkey_replica(
     );
     let hosting = Hosting {
         replica,
-        adapter: EpochStorage { namespace },
+        adapter: EpochStorage { namespace, legacy },
         members: Members::ById,
         slot: Slot(me.0),
         header: Header::request(ServiceId::PUBKEY, NODE_WIDE, entered, 0),

@@ -658,14 +658,28 @@ pub fn pulled_record(epoch: Epoch, arc: &RingArc) -> Vec<u8> {
 /// a baseline's, plus the epoch it entered and the arcs it finished pulling.
 pub struct EpochStorage {
     pub namespace: Namespace,
+    /// Where the node kept versions per group before it followed the configuration: read at
+    /// start, so a dropped key is deleted there too, or it would come back.
+    pub legacy: Vec<Namespace>,
 }
 
 impl<P: Policy> Adapter<EpochServer<P>> for EpochStorage {
     const NAME: &'static str = P::NAME;
 
     fn record(&mut self, change: &reconfig::Change<P>, _batch: u64, ops: &mut Vec<StorageOp>) {
-        ops.push(match change {
+        let op = match change {
             reconfig::Change::Put { key, entry } => register_put::<P>(self.namespace, key, entry),
+            reconfig::Change::Drop { key } => {
+                let deletes = self.legacy.iter().map(|namespace| StorageOp::Delete {
+                    table: namespace.table(REGISTER),
+                    key: key.as_bytes().to_vec(),
+                });
+                ops.extend(deletes);
+                StorageOp::Delete {
+                    table: self.namespace.table(REGISTER),
+                    key: key.as_bytes().to_vec(),
+                }
+            }
             reconfig::Change::Entered(epoch) => StorageOp::Put {
                 table: self.namespace.table(ENTERED),
                 key: ENTERED_RECORD.to_vec(),
@@ -676,7 +690,8 @@ impl<P: Policy> Adapter<EpochServer<P>> for EpochStorage {
                 key: pulled_record(*epoch, arc),
                 value: Bytes::new(),
             },
-        });
+        };
+        ops.push(op);
     }
 
     fn view(&self) -> &() {

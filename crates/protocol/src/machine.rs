@@ -164,6 +164,14 @@ impl<R: Replica + ?Sized> Output<R> {
         }
     }
 
+    /// Nothing to do but count a refusal of a peer's input, saying why.
+    pub fn refused(why: String) -> Self {
+        Output {
+            refused: Some(why),
+            ..Output::none()
+        }
+    }
+
     /// Persist `changes`, then send `reply`.
     pub fn reply(changes: Vec<R::Change>, reply: R::Reply) -> Self {
         Output {

@@ -38,7 +38,7 @@
 
 use super::{
     Judged, Outbound, Policy, ReadOp, ReadPhase, Refusal, Refusals, Replies, Request, Response,
-    ResponseBody, Server, WriteOp, WritePhase,
+    ResponseBody, Server, Timestamp, WriteOp, WritePhase,
 };
 use crate::machine::{Access, Operation, Output, Progress, Replica, ReplicaStats};
 use bulwark_core::membership::{Arc as RingArc, Chain, GroupView, Ring, RingPoint};
@@ -63,6 +63,18 @@ pub const WAITING_MAX: usize = 1_024;
 pub const PULL_RETRY_MILLIS: u64 = 250;
 /// The longest wait between two retries of a pull.
 pub const PULL_RETRY_MAX_MILLIS: u64 = 2_000;
+/// How long after its first tick in an epoch a node starts dropping the keys it no longer
+/// serves: the new members' pulls are usually in by then, so the first round of asking finds
+/// them holding what moved.
+pub const DROP_START_MILLIS: u64 = 500;
+/// Keys a node asks a group about at once, and the most one [`Transfer::Hold`] or
+/// [`Transfer::Held`] may name.
+pub const DROP_BATCH_KEYS: usize = 256;
+/// Rounds of asking about one batch before the keys not yet confirmed wait for the next sweep.
+pub const DROP_ROUNDS: u32 = 2;
+/// The longest wait between two sweeps that kept keys. Such a sweep asks only about the keys
+/// kept, so it costs little however many keys the node stores.
+pub const DROP_RESWEEP_MAX_MILLIS: u64 = 4_000;
 
 /// Deliberate breakage for the simulator's negative controls; none in real nodes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -75,6 +87,10 @@ pub struct TransferMutations {
     pub answer_without_entering: bool,
     /// Pull every arc of the groups the node is in, also those whose group did not change.
     pub pull_unchanged_arcs: bool,
+    /// Drop a key once `f+1` members of its group say they hold it, instead of `2f+1`.
+    pub small_drop_quorum: bool,
+    /// Never drop a key that moved away (for the check that moved keys are dropped).
+    pub keep_moved_keys: bool,
 }
 
 /// What nodes send each other to move keys between epochs.
@@ -119,6 +135,31 @@ pub enum Transfer<P: Policy> {
         /// The stored version.
         entry: Option<P::Entry>,
     },
+    /// A node that no longer serves these keys in `epoch` asks a member of their group there
+    /// whether it holds each at the given version or a newer one.
+    Hold {
+        /// The epoch both are in.
+        epoch: Epoch,
+        /// At most [`DROP_BATCH_KEYS`] keys, each with the asker's version.
+        versions: Vec<(Key, Timestamp)>,
+    },
+    /// The keys of a [`Transfer::Hold`] the member holds at that version or newer, in `epoch`.
+    Held {
+        /// As asked.
+        epoch: Epoch,
+        /// At most [`DROP_BATCH_KEYS`].
+        keys: Vec<Key>,
+    },
+    /// A version a member said it lacks, from a node that no longer serves the key in `epoch`
+    /// and would drop it: stored if it verifies and is newer, as a write-back would be.
+    Offer {
+        /// The epoch both are in.
+        epoch: Epoch,
+        /// The key.
+        key: Key,
+        /// The version the sender holds.
+        entry: P::Entry,
+    },
 }
 
 /// A change to a node's durable state, made before anything it caused leaves.
@@ -140,6 +181,70 @@ pub enum Change<P: Policy> {
         /// The arc.
         arc: RingArc,
     },
+    /// The node no longer holds `key`: its group in the current epoch does (spec §4.8).
+    Drop {
+        /// The register.
+        key: Key,
+    },
+}
+
+/// Where a node is in dropping the keys its current epoch no longer has it serve.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sweep {
+    /// The epoch has not ticked yet.
+    Unscheduled,
+    /// The next sweep starts then.
+    At(Time),
+    /// Going through the keys found at its start.
+    Running,
+    /// Every key found is dropped: nothing more to do in this epoch unless a pull into an
+    /// earlier one brings in more (a node stores no other key outside its groups).
+    Done,
+}
+
+/// Dropping the versions of keys whose group in the current epoch does not name this node,
+/// once `2f+1` members of that group say they hold the same version or a newer one. No state
+/// survives a restart or an epoch: the keys to drop are those stored outside the node's groups,
+/// found again by the next sweep.
+struct Drops {
+    sweep: Sweep,
+    /// The wait before the sweep after one that kept keys.
+    backoff: u64,
+    /// Keys of the running sweep not asked about yet, in key order.
+    queue: VecDeque<Key>,
+    /// The keys being asked about: the version held, and the members that hold it or newer.
+    batch: BTreeMap<Key, (Timestamp, BTreeSet<NodeId>)>,
+    /// The members that answered about the batch.
+    answered: BTreeSet<NodeId>,
+    /// Kept keys, with the members that confirmed them: asked about again, the key counts
+    /// those members still, as long as the version held is the same.
+    confirmed: BTreeMap<Key, (Timestamp, BTreeSet<NodeId>)>,
+    /// When the batch is asked about again, and how many times it has been.
+    retry_at: Time,
+    rounds: u32,
+    /// A key of the running sweep was kept.
+    kept: bool,
+    /// The next sweep looks through every stored key: the epoch's first, and the first after a
+    /// pull into an earlier epoch ended (it may have stored keys outside the node's groups).
+    /// Other sweeps ask again about the keys kept.
+    rescan: bool,
+}
+
+impl Drops {
+    fn new() -> Self {
+        Drops {
+            sweep: Sweep::Unscheduled,
+            backoff: DROP_START_MILLIS,
+            queue: VecDeque::new(),
+            batch: BTreeMap::new(),
+            answered: BTreeSet::new(),
+            confirmed: BTreeMap::new(),
+            retry_at: Time(0),
+            rounds: 0,
+            kept: false,
+            rescan: true,
+        }
+    }
 }
 
 /// One arc a node is taking over from its old group.
@@ -261,6 +366,9 @@ pub struct EpochServer<P: Policy> {
     pulled_bytes: u64,
     /// Requests held for a transfer since start.
     gated: u64,
+    drops: Drops,
+    /// Keys dropped since start.
+    dropped: u64,
 }
 
 impl<P: Policy> EpochServer<P> {
@@ -279,6 +387,8 @@ impl<P: Policy> EpochServer<P> {
             pulled_keys: 0,
             pulled_bytes: 0,
             gated: 0,
+            drops: Drops::new(),
+            dropped: 0,
         }
     }
 
@@ -337,6 +447,17 @@ impl<P: Policy> EpochServer<P> {
         self.server.stored(key)
     }
 
+    /// The keys stored whose group in the current epoch does not name this node, with their
+    /// versions: what it has yet to drop.
+    pub fn moved_keys(&self) -> Vec<(Key, Timestamp)> {
+        self.server
+            .stored
+            .iter()
+            .filter(|(key, _)| self.moved_away(key).is_some())
+            .map(|(key, entry)| (key.clone(), P::ts(entry)))
+            .collect()
+    }
+
     /// The certified ring of the next epoch: the node enters it (refusing the previous epoch's
     /// requests from now on) and starts pulling what it takes over. A ring of another epoch than
     /// the next is ignored: the driver hands them over in order.
@@ -376,6 +497,8 @@ impl<P: Policy> EpochServer<P> {
         }
         self.server.epoch = ring.epoch();
         self.rings.push(ring);
+        // What members said they held was said in the epoch before.
+        self.drops = Drops::new();
     }
 
     /// Whether this node's state as of the epoch before `epoch` is still incomplete where
@@ -393,6 +516,216 @@ impl<P: Policy> EpochServer<P> {
             self.f + 1
         } else {
             2 * self.f + 1
+        }
+    }
+
+    fn drop_quorum(&self) -> usize {
+        if self.mutations.small_drop_quorum {
+            self.f + 1
+        } else {
+            2 * self.f + 1
+        }
+    }
+
+    /// The group of `key` in the current epoch, when it does not name this node.
+    fn moved_away(&self, key: &Key) -> Option<GroupView> {
+        let group = self.rings.newest().group_of(key.as_bytes());
+        (!group.contains(self.me)).then_some(group)
+    }
+
+    /// Moves the dropping of moved keys on at `now`: asks again about the batch in flight, gives
+    /// up on it, starts a sweep, or starts the next batch.
+    fn drop_tick(&mut self, now: Time) -> Vec<(Slot, Transfer<P>)> {
+        let drops = &mut self.drops;
+        if !drops.batch.is_empty() {
+            if now < drops.retry_at {
+                return Vec::new();
+            }
+            if drops.rounds < DROP_ROUNDS {
+                drops.rounds += 1;
+                let wait = (PULL_RETRY_MILLIS << drops.rounds).min(PULL_RETRY_MAX_MILLIS);
+                drops.retry_at = Time(now.0 + wait);
+                return self.hold_requests();
+            }
+            // Members that lack these versions, or do not answer: the keys wait for the next
+            // sweep. Those that answered without them are offered them: a version only some
+            // members hold (a write its writer did not finish) would otherwise keep the key
+            // here until the next write.
+            drops.kept = true;
+            let kept = std::mem::take(&mut drops.batch);
+            let offers = self.offers(&kept);
+            let drops = &mut self.drops;
+            if !offers.is_empty() {
+                drops.backoff = DROP_START_MILLIS;
+            }
+            drops.confirmed.extend(kept);
+            // The sweep goes on (or ends) at the next tick.
+            return offers;
+        }
+        if drops.rescan && drops.sweep == Sweep::Done {
+            drops.sweep = Sweep::At(Time(now.0 + DROP_START_MILLIS));
+        }
+        match drops.sweep {
+            Sweep::Unscheduled => {
+                drops.sweep = Sweep::At(Time(now.0 + DROP_START_MILLIS));
+                return Vec::new();
+            }
+            Sweep::At(at) if now >= at => {
+                let mut found: Vec<Key> = if drops.rescan {
+                    self.server
+                        .stored
+                        .keys()
+                        .filter(|key| self.moved_away(key).is_some())
+                        .cloned()
+                        .collect()
+                } else {
+                    drops.confirmed.keys().cloned().collect()
+                };
+                found.sort_unstable();
+                let drops = &mut self.drops;
+                drops.queue = found.into();
+                drops.kept = false;
+                drops.rescan = false;
+                drops.sweep = Sweep::Running;
+            }
+            Sweep::At(_) | Sweep::Done => return Vec::new(),
+            Sweep::Running => {}
+        }
+        self.next_batch(now)
+    }
+
+    /// Starts asking about the next keys of the running sweep, or ends it.
+    fn next_batch(&mut self, now: Time) -> Vec<(Slot, Transfer<P>)> {
+        debug_assert!(self.drops.batch.is_empty() && self.drops.sweep == Sweep::Running);
+        while self.drops.batch.len() < DROP_BATCH_KEYS {
+            let Some(key) = self.drops.queue.pop_front() else {
+                break;
+            };
+            if let Some(entry) = self.server.stored(&key) {
+                let ts = P::ts(entry);
+                let holders = match self.drops.confirmed.remove(&key) {
+                    Some((confirmed, holders)) if confirmed == ts => holders,
+                    _ => BTreeSet::new(),
+                };
+                self.drops.batch.insert(key, (ts, holders));
+            }
+        }
+        let drops = &mut self.drops;
+        if drops.batch.is_empty() {
+            drops.sweep = if drops.kept {
+                let at = Time(now.0 + drops.backoff);
+                drops.backoff = (drops.backoff * 2).min(DROP_RESWEEP_MAX_MILLIS);
+                Sweep::At(at)
+            } else if drops.rescan {
+                Sweep::At(Time(now.0 + DROP_START_MILLIS))
+            } else {
+                Sweep::Done
+            };
+            // A pull into an earlier epoch still running may store more; it rescans when done.
+            debug_assert!(
+                drops.sweep != Sweep::Done
+                    || self.pulls.iter().any(|pull| pull.epoch < self.epoch())
+                    || self.moved_keys().is_empty(),
+                "a sweep ended with keys outside the node's groups left"
+            );
+            return Vec::new();
+        }
+        drops.rounds = 0;
+        drops.answered.clear();
+        drops.retry_at = Time(now.0 + PULL_RETRY_MILLIS);
+        self.hold_requests()
+    }
+
+    /// The versions of `kept` for the members that answered about them without holding them.
+    fn offers(
+        &self,
+        kept: &BTreeMap<Key, (Timestamp, BTreeSet<NodeId>)>,
+    ) -> Vec<(Slot, Transfer<P>)> {
+        let mut sends = Vec::new();
+        for (key, (_, holders)) in kept {
+            let Some(entry) = self.server.stored(key) else {
+                continue;
+            };
+            let group = self.rings.newest().group_of(key.as_bytes());
+            for member in group.members() {
+                if self.drops.answered.contains(member) && !holders.contains(member) {
+                    let offer = Transfer::Offer {
+                        epoch: self.epoch(),
+                        key: key.clone(),
+                        entry: entry.clone(),
+                    };
+                    sends.push((Slot(member.0), offer));
+                }
+            }
+        }
+        sends
+    }
+
+    /// One [`Transfer::Hold`] per member of the batch's groups, naming the keys it has not
+    /// confirmed.
+    fn hold_requests(&self) -> Vec<(Slot, Transfer<P>)> {
+        let mut per_member: BTreeMap<NodeId, Vec<(Key, Timestamp)>> = BTreeMap::new();
+        for (key, (ts, holders)) in &self.drops.batch {
+            let group = self.rings.newest().group_of(key.as_bytes());
+            for member in group.members() {
+                if !holders.contains(member) {
+                    per_member
+                        .entry(*member)
+                        .or_default()
+                        .push((key.clone(), *ts));
+                }
+            }
+        }
+        let epoch = self.epoch();
+        per_member
+            .into_iter()
+            .map(|(member, versions)| (Slot(member.0), Transfer::Hold { epoch, versions }))
+            .collect()
+    }
+
+    /// Member `from` of the current epoch holds `keys` at the versions asked or newer: drops
+    /// each key `2f+1` members of its group now hold.
+    fn on_held(&mut self, now: Time, from: NodeId, keys: Vec<Key>) -> Output<Self> {
+        let quorum = self.drop_quorum();
+        let mut changes = Vec::new();
+        self.drops.answered.insert(from);
+        for key in keys {
+            let Some(group) = self.moved_away(&key) else {
+                continue;
+            };
+            let Some((ts, holders)) = self.drops.batch.get_mut(&key) else {
+                continue;
+            };
+            if !group.contains(from) {
+                continue;
+            }
+            holders.insert(from);
+            if holders.len() < quorum || self.mutations.keep_moved_keys {
+                continue;
+            }
+            let ts = *ts;
+            self.drops.batch.remove(&key);
+            // A pull into an earlier epoch may have stored a newer version since it was asked
+            // about: that one waits for the next sweep.
+            let held = self.server.stored.get(&key).map(|entry| P::ts(entry));
+            if held == Some(ts) {
+                self.server.stored.remove(&key);
+                self.dropped += 1;
+                changes.push(Change::Drop { key });
+            } else if let Some(held) = held {
+                self.drops.kept = true;
+                self.drops.confirmed.insert(key, (held, BTreeSet::new()));
+            }
+        }
+        let sends = if self.drops.batch.is_empty() && self.drops.sweep == Sweep::Running {
+            self.next_batch(now)
+        } else {
+            Vec::new()
+        };
+        Output {
+            changes,
+            sends,
+            ..Output::none()
         }
     }
 
@@ -500,6 +833,9 @@ impl<P: Policy> EpochServer<P> {
             };
         }
         let pull = self.pulls.remove(at);
+        if pull.epoch < self.epoch() {
+            self.drops.rescan = true;
+        }
         let mut changes = vec![Change::Pulled {
             epoch: pull.epoch,
             arc: pull.arc,
@@ -535,8 +871,64 @@ impl<P: Policy> EpochServer<P> {
         epoch <= self.epoch() || self.mutations.answer_without_entering
     }
 
-    fn on_transfer(&mut self, from: NodeId, message: Transfer<P>) -> Output<Self> {
+    fn on_transfer(&mut self, now: Time, from: NodeId, message: Transfer<P>) -> Output<Self> {
         match message {
+            Transfer::Hold { epoch, versions } => {
+                // Only a statement made in the asker's epoch counts: in it, this node keeps every
+                // key of its groups.
+                if epoch != self.epoch() {
+                    return Output::none();
+                }
+                if versions.len() > DROP_BATCH_KEYS {
+                    return Output::refused(format!("node {} asked about too many keys", from.0));
+                }
+                let keys = versions
+                    .into_iter()
+                    .filter(|(key, ts)| {
+                        self.moved_away(key).is_none()
+                            && self
+                                .server
+                                .stored(key)
+                                .is_some_and(|entry| P::ts(entry) >= *ts)
+                    })
+                    .map(|(key, _)| key)
+                    .collect();
+                let held = Transfer::Held { epoch, keys };
+                Output {
+                    sends: vec![(Slot(from.0), held)],
+                    ..Output::none()
+                }
+            }
+            Transfer::Held { epoch, keys } => {
+                if epoch != self.epoch() {
+                    return Output::none();
+                }
+                if keys.len() > DROP_BATCH_KEYS {
+                    return Output::refused(format!("node {} confirmed too many keys", from.0));
+                }
+                self.on_held(now, from, keys)
+            }
+            Transfer::Offer { epoch, key, entry } => {
+                if epoch != self.epoch() {
+                    return Output::none();
+                }
+                let refused = |why: &str| Output::refused(format!("node {} offered {why}", from.0));
+                let group = self.rings.newest().group_of(key.as_bytes());
+                if !group.contains(self.me) {
+                    return refused("a key outside this node's groups");
+                }
+                match P::judge(&self.server.context, group.id(), &key, &entry) {
+                    Judged::Valid => {}
+                    Judged::Ignored | Judged::Forged => return refused("a version that fails"),
+                }
+                if !self.server.adopt(key.clone(), entry.clone()) {
+                    return Output::none();
+                }
+                Output {
+                    changes: vec![Change::Put { key, entry }],
+                    ..Output::none()
+                }
+            }
             Transfer::List { epoch, arc, after } => {
                 // Two arcs overlap exactly when one contains the other's end.
                 let overlaps =
@@ -595,10 +987,7 @@ impl<P: Policy> EpochServer<P> {
                 {
                     // No correct member sends this: its listing no longer counts.
                     listing.faulty = true;
-                    return Output {
-                        refused: Some(format!("node {} sent a malformed listing", from.0)),
-                        ..Output::none()
-                    };
+                    return Output::refused(format!("node {} sent a malformed listing", from.0));
                 }
                 if let Some(last) = keys.last() {
                     listing.after = Some(last.clone());
@@ -714,26 +1103,27 @@ impl<P: Policy> Replica for EpochServer<P> {
 
     fn on_message(
         &mut self,
-        _now: Time,
+        now: Time,
         from: Slot,
         message: Transfer<P>,
         _view: &(),
     ) -> Output<Self> {
-        self.on_transfer(NodeId(from.0), message)
+        self.on_transfer(now, NodeId(from.0), message)
     }
 
     fn on_epoch(&mut self, _now: Time, ring: Arc<Ring>) -> Output<Self> {
         self.enter(ring)
     }
 
-    /// Asks again for whatever the pulls still wait on, once a retry is due: lost requests and
-    /// slow old members.
+    /// Asks again for whatever the pulls still wait on, once a retry is due (lost requests and
+    /// slow old members), and moves the dropping of moved keys on.
     fn on_tick(&mut self, now: Time) -> Output<Self> {
-        let sends = self
+        let mut sends: Vec<_> = self
             .pulls
             .iter_mut()
             .flat_map(|pull| pull.retry(now))
             .collect();
+        sends.extend(self.drop_tick(now));
         Output {
             sends,
             ..Output::none()
@@ -747,6 +1137,7 @@ impl<P: Policy> Replica for EpochServer<P> {
             transferred_keys: self.pulled_keys,
             transferred_bytes: self.pulled_bytes,
             gated: self.gated,
+            collected: self.dropped,
             ..Replica::stats(&self.server)
         }
     }
@@ -1089,5 +1480,235 @@ mod tests {
         let _ = op.on_reply(Slot(1), moved_on(OpId(7), 3));
         assert!(op.learn(chain).is_empty());
         assert_eq!(op.epoch(), Epoch(0));
+    }
+
+    /// Node `me` in epoch 1 of `chain`, holding `versions`.
+    fn holding(me: u32, chain: &Chain, versions: &[(Key, pubkey::Entry)]) -> EpochServer<PubKey> {
+        let pulled = chain
+            .ring(Epoch(1))
+            .expect("epoch 1")
+            .arcs_since(chain.genesis())
+            .into_iter()
+            .map(|moved| (Epoch(1), moved.arc))
+            .collect();
+        EpochServer::restore(NodeId(me), chain, (), versions.to_vec(), Epoch(1), &pulled)
+            .expect("signed versions")
+    }
+
+    fn held(output: &Output<EpochServer<PubKey>>) -> Vec<(u32, Vec<Key>)> {
+        output
+            .sends
+            .iter()
+            .filter_map(|(to, message)| match message {
+                Transfer::Held { keys, .. } => Some((to.0, keys.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_moved_key_is_dropped_once_2f_plus_1_members_of_its_new_group_hold_it_and_not_before() {
+        // Epoch 1 replaces the whole group: nodes 0-3 hand over to nodes 4-7.
+        let chain = Chain::new(vec![ring(0, 0..4), ring(1, 4..8)]);
+        let owner = Arc::new(SecretKey::from_seed(&[1; 32]));
+        let key = pubkey::object_id(&owner.public_key());
+        let version = |num: u64| {
+            let ts = Timestamp {
+                num,
+                writer: ClientId(1),
+                seq: num,
+            };
+            PubKey::make(&owner, GroupId(0), &key, ts, Some(Bytes::from_static(b"v")))
+        };
+        let mut old = EpochServer::restore(
+            NodeId(0),
+            &Chain::new(vec![chain.genesis().clone()]),
+            (),
+            [(key.clone(), version(2))],
+            Epoch(0),
+            &BTreeSet::new(),
+        )
+        .expect("a signed version");
+        let ring1 = chain.ring(Epoch(1)).expect("epoch 1").clone();
+        let _ = old.enter(ring1);
+        assert_eq!(old.moved_keys().len(), 1);
+
+        // Nothing is asked before the sweep is due, then every new member is asked.
+        assert!(Replica::on_tick(&mut old, Time(0)).sends.is_empty());
+        assert!(Replica::on_tick(&mut old, Time(100)).sends.is_empty());
+        let asked = Replica::on_tick(&mut old, Time(DROP_START_MILLIS));
+        let to: BTreeSet<u32> = asked.sends.iter().map(|(to, _)| to.0).collect();
+        assert_eq!(to, BTreeSet::from([4, 5, 6, 7]));
+        let (_, hold) = asked.sends[0].clone();
+
+        // New members answer from what they hold: the same version or newer counts, older not.
+        let mut newer = holding(4, &chain, &[(key.clone(), version(3))]);
+        let mut same = holding(5, &chain, &[(key.clone(), version(2))]);
+        let mut older = holding(6, &chain, &[(key.clone(), version(1))]);
+        let mut answers = Vec::new();
+        for node in [&mut newer, &mut same, &mut older] {
+            let answer = Replica::on_message(node, Time(1), Slot(0), hold.clone(), &());
+            answers.extend(held(&answer));
+        }
+        let confirming = |keys: &Vec<Key>| keys.contains(&key);
+        assert_eq!(
+            answers
+                .iter()
+                .map(|(_, keys)| confirming(keys))
+                .collect::<Vec<_>>(),
+            [true, true, false]
+        );
+        // A member of another epoch does not answer at all.
+        let mut behind = holding(7, &chain, &[(key.clone(), version(2))]);
+        let stale_hold = Transfer::Hold {
+            epoch: Epoch(0),
+            versions: vec![(key.clone(), PubKey::ts(&version(2)))],
+        };
+        assert!(
+            Replica::on_message(&mut behind, Time(1), Slot(0), stale_hold, &())
+                .sends
+                .is_empty()
+        );
+
+        let confirm = |old: &mut EpochServer<PubKey>, from: u32| {
+            let message = Transfer::Held {
+                epoch: Epoch(1),
+                keys: vec![key.clone()],
+            };
+            Replica::on_message(old, Time(2), Slot(from), message, &())
+        };
+        // Two members, one of them twice, and a node outside the group: not enough.
+        for from in [4, 5, 4, 2] {
+            assert!(confirm(&mut old, from).changes.is_empty());
+        }
+        assert!(old.stored(&key).is_some());
+        // The third member of the new group.
+        let dropped = confirm(&mut old, 7);
+        assert_eq!(dropped.changes, vec![Change::Drop { key: key.clone() }]);
+        assert!(old.stored(&key).is_none());
+        assert!(old.moved_keys().is_empty());
+        assert_eq!(Replica::stats(&old).collected, 1);
+        // And it is listed and fetched as a key the node never held.
+        let list = Transfer::List {
+            epoch: Epoch(1),
+            arc: chain
+                .ring(Epoch(1))
+                .expect("epoch 1")
+                .arcs_since(chain.genesis())[0]
+                .arc,
+            after: None,
+        };
+        let listed = Replica::on_message(&mut old, Time(3), Slot(4), list, &());
+        assert!(matches!(
+            &listed.sends[..],
+            [(_, Transfer::Listed { keys, .. })] if keys.is_empty()
+        ));
+    }
+
+    #[test]
+    fn a_kept_key_is_offered_to_the_members_that_lack_it_and_then_dropped() {
+        let chain = Chain::new(vec![ring(0, 0..4), ring(1, 4..8)]);
+        let owner = Arc::new(SecretKey::from_seed(&[2; 32]));
+        let key = pubkey::object_id(&owner.public_key());
+        let ts = Timestamp {
+            num: 5,
+            writer: ClientId(1),
+            seq: 5,
+        };
+        let entry = PubKey::make(&owner, GroupId(0), &key, ts, Some(Bytes::from_static(b"x")));
+        let mut old = EpochServer::restore(
+            NodeId(1),
+            &Chain::new(vec![chain.genesis().clone()]),
+            (),
+            [(key.clone(), entry.clone())],
+            Epoch(0),
+            &BTreeSet::new(),
+        )
+        .expect("a signed version");
+        let _ = old.enter(chain.ring(Epoch(1)).expect("epoch 1").clone());
+        let _ = Replica::on_tick(&mut old, Time(0));
+        let _ = Replica::on_tick(&mut old, Time(DROP_START_MILLIS));
+        // Members 4 and 5 hold it; 6 answers without it (the write reached only the old group);
+        // 7 says nothing.
+        let answer = |old: &mut EpochServer<PubKey>, from: u32, keys: Vec<Key>| {
+            let message = Transfer::Held {
+                epoch: Epoch(1),
+                keys,
+            };
+            Replica::on_message(old, Time(1), Slot(from), message, &())
+        };
+        let _ = answer(&mut old, 4, vec![key.clone()]);
+        let _ = answer(&mut old, 5, vec![key.clone()]);
+        let _ = answer(&mut old, 6, Vec::new());
+        // The rounds of asking again pass; the key is kept and offered to 6 only.
+        let mut now = DROP_START_MILLIS;
+        let mut offers = Vec::new();
+        for _ in 0..20 {
+            now += PULL_RETRY_MILLIS;
+            let output = Replica::on_tick(&mut old, Time(now));
+            offers.extend(
+                output
+                    .sends
+                    .into_iter()
+                    .filter_map(|(to, message)| match message {
+                        Transfer::Offer { entry, .. } => Some((to.0, entry)),
+                        _ => None,
+                    }),
+            );
+            if !offers.is_empty() {
+                break;
+            }
+        }
+        assert_eq!(offers, vec![(6, entry.clone())]);
+        assert!(old.stored(&key).is_some());
+
+        // Member 6 stores the offered version; a forged one it refuses.
+        let mut lacking = holding(6, &chain, &[]);
+        let offer = Transfer::Offer {
+            epoch: Epoch(1),
+            key: key.clone(),
+            entry: entry.clone(),
+        };
+        let stored = Replica::on_message(&mut lacking, Time(2), Slot(1), offer, &());
+        assert_eq!(
+            stored.changes,
+            vec![Change::Put {
+                key: key.clone(),
+                entry: entry.clone()
+            }]
+        );
+        let mut forged = entry.clone();
+        forged.ts.num += 1;
+        let other = pubkey::object_id(&SecretKey::from_seed(&[3; 32]).public_key());
+        let refused = Replica::on_message(
+            &mut holding(6, &chain, &[]),
+            Time(2),
+            Slot(1),
+            Transfer::Offer {
+                epoch: Epoch(1),
+                key: other,
+                entry: forged,
+            },
+            &(),
+        );
+        assert!(refused.changes.is_empty() && refused.refused.is_some());
+
+        // The next sweep asks only 6 and 7 (4 and 5 still count) and drops on 6's answer.
+        let mut asked = BTreeSet::new();
+        for _ in 0..40 {
+            now += PULL_RETRY_MILLIS;
+            let output = Replica::on_tick(&mut old, Time(now));
+            for (to, message) in output.sends {
+                if let Transfer::Hold { .. } = message {
+                    asked.insert(to.0);
+                }
+            }
+            if !asked.is_empty() {
+                break;
+            }
+        }
+        assert_eq!(asked, BTreeSet::from([6, 7]));
+        let dropped = answer(&mut old, 6, vec![key.clone()]);
+        assert_eq!(dropped.changes, vec![Change::Drop { key: key.clone() }]);
     }
 }

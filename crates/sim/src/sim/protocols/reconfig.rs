@@ -37,6 +37,12 @@ use std::sync::{Arc, Mutex};
 /// How late after an epoch starts a node may learn of it, at most.
 const LEARN_LATE_MAX_MILLIS: u64 = 1_500;
 
+/// How long after every node learned the last epoch and finished its pulls a run must go on for
+/// its checker to expect every moved key dropped whose new group holds it: the first sweep (a
+/// pull that ends stores keys the next sweep looks for), a kept batch's rounds and the next
+/// sweep ([`reconfig::DROP_RESWEEP_MAX_MILLIS`]).
+const DROPPED_AFTER_MILLIS: u64 = 10_000;
+
 /// One run's cluster: the chain of configurations and when each epoch starts. `NODES` nodes in
 /// all, members or not; 0 means twice a group, `2(3f+1)`.
 pub struct ReconfigSim<const NODES: usize = 0> {
@@ -141,6 +147,10 @@ pub struct SimNode {
     chain: Arc<Chain>,
     /// When this node learns each epoch by itself.
     learns: Vec<u64>,
+    /// The time of its last tick.
+    ticked: u64,
+    /// The last time it was seen with a pull unfinished.
+    unsettled: u64,
     mutations: TransferMutations,
 }
 
@@ -173,6 +183,8 @@ impl SimNode {
             rng: ChaCha8Rng::seed_from_u64(seed),
             chain: sim.chain.clone(),
             learns,
+            ticked: 0,
+            unsettled: 0,
             mutations: sim.mutations,
         }
     }
@@ -190,10 +202,16 @@ impl SimNode {
         output
     }
 
-    /// What a faulty old member makes of its honest transfer answers.
-    fn lie(&mut self, output: &mut Output<SimNode>) {
+    /// What a faulty old member makes of its honest transfer answers, and a faulty new member of
+    /// its answers to a node asking whether it holds what moved: `asked` is that question's keys.
+    fn lie(&mut self, output: &mut Output<SimNode>, asked: &[Key]) {
         for (_, message) in &mut output.sends {
             match (self.behaviour, message) {
+                // Says it holds everything, so that the old members drop what it lacks.
+                (
+                    Behaviour::Amnesiac | Behaviour::Stale | Behaviour::Forging,
+                    Transfer::Held { keys, .. },
+                ) => *keys = asked.to_vec(),
                 // Withholds: lists nothing, holds nothing.
                 (Behaviour::Amnesiac, Transfer::Listed { keys, more, .. }) => {
                     keys.clear();
@@ -251,13 +269,14 @@ impl SimNode {
             return;
         }
         for (_, message) in &output.sends {
-            let Transfer::Fetched {
-                epoch,
-                key,
-                entry: Some(entry),
-            } = message
-            else {
-                continue;
+            let (epoch, key, entry) = match message {
+                Transfer::Fetched {
+                    epoch,
+                    key,
+                    entry: Some(entry),
+                }
+                | Transfer::Offer { epoch, key, entry } => (epoch, key, entry),
+                _ => continue,
             };
             let size = PubKey::value(entry).map_or(0, |v| v.len() as u64);
             transfers.handed.0 += 1;
@@ -268,7 +287,10 @@ impl SimNode {
                 members.sort_unstable();
                 Some(members)
             };
-            if epoch.0 > 0 && group(epoch.0 - 1) == group(epoch.0) {
+            // An offer goes to the key's current group from a node that left it, in whichever
+            // epoch: not a pull of an arc that stayed.
+            let offered = matches!(message, Transfer::Offer { .. });
+            if !offered && epoch.0 > 0 && group(epoch.0 - 1) == group(epoch.0) {
                 transfers.handed_unchanged += size;
             }
         }
@@ -331,14 +353,21 @@ impl Replica for SimNode {
             {
                 self.catch_up(*epoch)
             }
+            Transfer::Hold { epoch, .. } => self.catch_up(*epoch),
             _ => Output::none(),
         };
         if self.behaviour == Behaviour::Silent {
             return Output::none();
         }
+        let asked: Vec<Key> = match &message {
+            Transfer::Hold { versions, .. } => {
+                versions.iter().map(|(key, _)| key.clone()).collect()
+            }
+            _ => Vec::new(),
+        };
         let before = self.inner.pulled();
         let mut output = caught_up.and(lift(self.inner.on_message(now, from, message, view)));
-        self.lie(&mut output);
+        self.lie(&mut output, &asked);
         // A faulty node lies only in its answers: what it takes over, it was handed.
         let after = self.inner.pulled();
         let pulled = (after.0 - before.0, after.1 - before.1);
@@ -347,8 +376,14 @@ impl Replica for SimNode {
     }
 
     fn on_tick(&mut self, now: Time) -> Output<SimNode> {
+        self.ticked = now.0;
         let caught_up = self.catch_up(self.learned(now));
-        caught_up.and(lift(self.inner.on_tick(now)))
+        let output = caught_up.and(lift(self.inner.on_tick(now)));
+        if !self.inner.settled() {
+            self.unsettled = now.0;
+        }
+        self.count(&output, (0, 0));
+        output
     }
 
     fn stats(&self) -> ReplicaStats {
@@ -372,12 +407,73 @@ const TRANSFER_RETRIES_MAX: u64 = 3;
 /// old member that is also a new one), as large as any value.
 #[derive(Debug, Default)]
 pub struct Transfers {
-    /// Versions correct old members handed over in FETCH answers, and their value bytes.
+    /// Versions correct old members handed over in FETCH answers and offers, and their value
+    /// bytes.
     handed: (u64, u64),
     /// Of which, value bytes of objects whose group did not change in the epoch asked about.
     handed_unchanged: u64,
     /// Versions new members took over from pulls, and their value bytes.
     pulled: (u64, u64),
+}
+
+impl<const NODES: usize> ReconfigSim<NODES> {
+    /// Versions a correct node still holds outside its groups although `2f+1` correct members
+    /// of the key's group hold them or newer, once every correct node up is in the last epoch
+    /// (spec §4.8: moved data is dropped once its new group holds it).
+    fn undropped(&self, servers: &[Option<&SimNode>]) -> Vec<Violation> {
+        let latest = self.chain.latest();
+        let up: Vec<(usize, &SimNode)> = servers
+            .iter()
+            .enumerate()
+            .filter_map(|(index, server)| server.map(|server| (index, server)))
+            .collect();
+        let end = up
+            .iter()
+            .map(|(_, server)| server.ticked)
+            .max()
+            .unwrap_or(0);
+        let started = self.starts.last().copied().unwrap_or(0);
+        let quiet = |server: &SimNode| {
+            server.inner.epoch() == latest
+                && server.inner.settled()
+                && end >= server.unsettled + DROPPED_AFTER_MILLIS
+        };
+        if !up.iter().all(|(_, server)| quiet(server))
+            || end < started + LEARN_LATE_MAX_MILLIS + DROPPED_AFTER_MILLIS
+        {
+            return Vec::new();
+        }
+        let ring = self.chain.newest();
+        let mut violations = Vec::new();
+        for (index, server) in &up {
+            for (key, ts) in server.inner.moved_keys() {
+                let group = ring.group_of(key.as_bytes());
+                let holders = group
+                    .members()
+                    .iter()
+                    .filter_map(|member| servers.get(member.0 as usize).copied().flatten())
+                    .filter(|member| {
+                        member
+                            .inner
+                            .stored(&key)
+                            .is_some_and(|entry| PubKey::ts(entry) >= ts)
+                    })
+                    .count();
+                if holders > 2 * self.f {
+                    violations.push(Violation {
+                        key: key.as_bytes().to_vec(),
+                        explanation: format!(
+                            "node {index} still holds a version its group in epoch {} holds at \
+                             {holders} correct members",
+                            latest.0
+                        ),
+                        conflicting: Vec::new(),
+                    });
+                }
+            }
+        }
+        violations
+    }
 }
 
 impl<const NODES: usize> Protocol for ReconfigSim<NODES> {
@@ -389,8 +485,10 @@ impl<const NODES: usize> Protocol for ReconfigSim<NODES> {
     type Write = Routed<PubKey, pubkey::WriteOp>;
     type Read = Routed<PubKey, pubkey::ReadOp>;
 
-    /// Long enough for the last epoch's pulls to finish before the run is judged.
-    const SETTLE_MILLIS: u64 = 2_000;
+    /// Long enough for the last epoch's pulls to finish, and for the keys that moved away from
+    /// a node to be dropped (a sweep that kept keys is followed by another within
+    /// [`reconfig::DROP_RESWEEP_MAX_MILLIS`]), before the run is judged.
+    const SETTLE_MILLIS: u64 = 5_000;
 
     /// Twice a group unless `NODES` says otherwise: room for nodes to join, leave, and for a
     /// whole group to be replaced.
@@ -456,6 +554,7 @@ impl<const NODES: usize> Protocol for ReconfigSim<NODES> {
             reconfig::Change::Pulled { epoch, arc } => {
                 disk.pulled.insert((*epoch, *arc));
             }
+            reconfig::Change::Drop { key } => disk.entries.remove(key),
         }
     }
 
@@ -513,8 +612,10 @@ impl<const NODES: usize> Protocol for ReconfigSim<NODES> {
 
     /// Linearizability, and transfers in proportion to the data whose group changed: the
     /// correct nodes up at the end handed over at most [`transfer_copies_max`] copies of it.
-    fn check(&self, history: &History, _servers: &[Option<&SimNode>]) -> Report {
+    fn check(&self, history: &History, servers: &[Option<&SimNode>]) -> Report {
         let mut report = checker::check(history);
+        report.violations.extend(self.undropped(servers));
+        report.ok &= report.violations.is_empty();
         let Ok(transfers) = self.transfers.lock() else {
             return report;
         };
@@ -562,6 +663,13 @@ impl<const NODES: usize> Protocol for ReconfigSim<NODES> {
                 epoch.0,
                 entry.as_ref().map_or(0, |entry| entry.ts.num)
             ),
+            Transfer::Hold { epoch, versions } => {
+                format!("hold? e{} keys={}", epoch.0, versions.len())
+            }
+            Transfer::Held { epoch, keys } => format!("held e{} keys={}", epoch.0, keys.len()),
+            Transfer::Offer { epoch, key, entry } => {
+                format!("offer e{} key={key} ts={}", epoch.0, entry.ts.num)
+            }
         }
     }
 }

@@ -48,6 +48,10 @@ impl<E> RegisterDisk<E> {
         self.0.iter()
     }
 
+    pub(crate) fn remove(&mut self, key: &Key) {
+        self.0.remove(key);
+    }
+
     pub(crate) fn put(&mut self, key: &Key, entry: &E)
     where
         E: Clone,
