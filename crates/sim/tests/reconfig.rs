@@ -62,7 +62,18 @@ fn f2_reconfiguring_sweep_is_linearizable_and_wait_free() {
     summary.assert_clean(50, || summary.render_service(&config, "reconfig"));
 }
 
-fn caught<P: Protocol>(service: &str, mutation: &str, reference: SimConfig, within: u64) {
+/// The linearizability checker's word for a history no order explains.
+const NOT_LINEARIZABLE: &str = "is explained by no order";
+
+/// Finds a seed within `within` on which `mutation` fails the check that says `expect`, and that
+/// passes without it.
+fn caught<P: Protocol>(
+    service: &str,
+    mutation: &str,
+    reference: SimConfig,
+    within: u64,
+    expect: &str,
+) {
     let broken = SimConfig {
         mutations: mutation.parse::<Mutations>().unwrap(),
         ..reference.clone()
@@ -77,6 +88,10 @@ fn caught<P: Protocol>(service: &str, mutation: &str, reference: SimConfig, with
         broken.service_replay_command(seed, service)
     );
     assert!(
+        why.contains(expect),
+        "{mutation} is caught by the check that says {expect:?}, not by: {why}"
+    );
+    assert!(
         run_service::<P>(seed, &reference).passed(),
         "the seed passes without the mutation"
     );
@@ -87,7 +102,13 @@ fn caught<P: Protocol>(service: &str, mutation: &str, reference: SimConfig, with
 // the existing one.
 #[test]
 fn serving_before_the_transfer_is_in_is_caught() {
-    caught::<ReconfigSim>("reconfig", "serve-before-transfer", config(1), 2_000);
+    caught::<ReconfigSim>(
+        "reconfig",
+        "serve-before-transfer",
+        config(1),
+        2_000,
+        NOT_LINEARIZABLE,
+    );
 }
 
 // With f+1 listings or answers, the old members heard need not include a correct one that holds
@@ -105,14 +126,26 @@ fn transferring_from_f_plus_one_old_members_is_caught() {
         byzantine_servers: Some(1),
         ..config(1)
     };
-    caught::<ReconfigSim>("reconfig", "small-transfer-quorum", reference, 400);
+    caught::<ReconfigSim>(
+        "reconfig",
+        "small-transfer-quorum",
+        reference,
+        400,
+        NOT_LINEARIZABLE,
+    );
 }
 
 // An old member that lists before it enters the new epoch still accepts writes of the old one
 // afterwards: a write completed then is in no listing.
 #[test]
 fn answering_a_transfer_without_entering_the_new_epoch_is_caught() {
-    caught::<ReconfigSim>("reconfig", "answer-without-entering", config(1), 2_000);
+    caught::<ReconfigSim>(
+        "reconfig",
+        "answer-without-entering",
+        config(1),
+        2_000,
+        NOT_LINEARIZABLE,
+    );
 }
 
 // Fifty nodes, most of them members, reconfigured two to five times per run under load: every
@@ -131,7 +164,13 @@ fn fifty_nodes_reconfiguring_under_load_lose_nothing_and_move_only_what_changed_
 // asked for: with fifty nodes most of it.
 #[test]
 fn pulling_arcs_whose_group_did_not_change_is_caught() {
-    caught::<ScaleReconfigSim>("reconfig-50", "pull-unchanged-arcs", scale_config(), 50);
+    caught::<ScaleReconfigSim>(
+        "reconfig-50",
+        "pull-unchanged-arcs",
+        scale_config(),
+        50,
+        "whose group did not change",
+    );
 }
 
 // An old member that drops a key once f+1 members of its new group say they hold it may be
@@ -147,11 +186,23 @@ fn dropping_moved_keys_on_f_plus_one_confirmations_is_caught() {
         byzantine_servers: Some(1),
         ..config(1)
     };
-    caught::<ReconfigSim>("reconfig", "small-drop-quorum", reference, 1_000);
+    caught::<ReconfigSim>(
+        "reconfig",
+        "small-drop-quorum",
+        reference,
+        1_000,
+        NOT_LINEARIZABLE,
+    );
 }
 
 // The check that moved keys are dropped is not vacuous: a node that never drops them fails it.
 #[test]
 fn keeping_keys_that_moved_away_is_caught() {
-    caught::<ScaleReconfigSim>("reconfig-50", "keep-moved-keys", scale_config(), 50);
+    caught::<ScaleReconfigSim>(
+        "reconfig-50",
+        "keep-moved-keys",
+        scale_config(),
+        50,
+        "still holds",
+    );
 }

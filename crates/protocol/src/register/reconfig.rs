@@ -143,12 +143,14 @@ pub enum Transfer<P: Policy> {
         /// At most [`DROP_BATCH_KEYS`] keys, each with the asker's version.
         versions: Vec<(Key, Timestamp)>,
     },
-    /// The keys of a [`Transfer::Hold`] the member holds at that version or newer, in `epoch`.
+    /// The keys of a [`Transfer::Hold`] the member holds at the version asked or newer, in
+    /// `epoch`, each with the version asked: an answer says nothing of a newer version the asker
+    /// may hold by the time it arrives.
     Held {
         /// As asked.
         epoch: Epoch,
         /// At most [`DROP_BATCH_KEYS`].
-        keys: Vec<Key>,
+        versions: Vec<(Key, Timestamp)>,
     },
     /// A version a member said it lacks, from a node that no longer serves the key in `epoch`
     /// and would drop it: stored if it verifies and is newer, as a write-back would be.
@@ -216,6 +218,9 @@ struct Drops {
     batch: BTreeMap<Key, (Timestamp, BTreeSet<NodeId>)>,
     /// The members that answered about the batch.
     answered: BTreeSet<NodeId>,
+    /// The kept keys offered to each member: once per epoch, so that a member that keeps
+    /// answering without them costs one copy each.
+    offered: BTreeSet<(Key, NodeId)>,
     /// Kept keys, with the members that confirmed them: asked about again, the key counts
     /// those members still, as long as the version held is the same.
     confirmed: BTreeMap<Key, (Timestamp, BTreeSet<NodeId>)>,
@@ -238,6 +243,7 @@ impl Drops {
             queue: VecDeque::new(),
             batch: BTreeMap::new(),
             answered: BTreeSet::new(),
+            offered: BTreeSet::new(),
             confirmed: BTreeMap::new(),
             retry_at: Time(0),
             rounds: 0,
@@ -555,6 +561,11 @@ impl<P: Policy> EpochServer<P> {
             let kept = std::mem::take(&mut drops.batch);
             let offers = self.offers(&kept);
             let drops = &mut self.drops;
+            for (to, offer) in &offers {
+                if let Transfer::Offer { key, .. } = offer {
+                    drops.offered.insert((key.clone(), NodeId(to.0)));
+                }
+            }
             if !offers.is_empty() {
                 drops.backoff = DROP_START_MILLIS;
             }
@@ -648,7 +659,8 @@ impl<P: Policy> EpochServer<P> {
             };
             let group = self.rings.newest().group_of(key.as_bytes());
             for member in group.members() {
-                if self.drops.answered.contains(member) && !holders.contains(member) {
+                let offered = self.drops.offered.contains(&(key.clone(), *member));
+                if self.drops.answered.contains(member) && !holders.contains(member) && !offered {
                     let offer = Transfer::Offer {
                         epoch: self.epoch(),
                         key: key.clone(),
@@ -683,20 +695,27 @@ impl<P: Policy> EpochServer<P> {
             .collect()
     }
 
-    /// Member `from` of the current epoch holds `keys` at the versions asked or newer: drops
-    /// each key `2f+1` members of its group now hold.
-    fn on_held(&mut self, now: Time, from: NodeId, keys: Vec<Key>) -> Output<Self> {
+    /// Member `from` of the current epoch holds each key of `versions` at that version or
+    /// newer: drops each key `2f+1` members of its group hold at the version this node holds.
+    fn on_held(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        versions: Vec<(Key, Timestamp)>,
+    ) -> Output<Self> {
         let quorum = self.drop_quorum();
         let mut changes = Vec::new();
         self.drops.answered.insert(from);
-        for key in keys {
+        for (key, confirmed) in versions {
             let Some(group) = self.moved_away(&key) else {
                 continue;
             };
             let Some((ts, holders)) = self.drops.batch.get_mut(&key) else {
                 continue;
             };
-            if !group.contains(from) {
+            // An answer to an earlier question (a retry, a previous batch, or this node before
+            // a restart) about an older version says nothing about the one held now.
+            if !group.contains(from) || confirmed < *ts {
                 continue;
             }
             holders.insert(from);
@@ -882,7 +901,7 @@ impl<P: Policy> EpochServer<P> {
                 if versions.len() > DROP_BATCH_KEYS {
                     return Output::refused(format!("node {} asked about too many keys", from.0));
                 }
-                let keys = versions
+                let versions = versions
                     .into_iter()
                     .filter(|(key, ts)| {
                         self.moved_away(key).is_none()
@@ -891,22 +910,21 @@ impl<P: Policy> EpochServer<P> {
                                 .stored(key)
                                 .is_some_and(|entry| P::ts(entry) >= *ts)
                     })
-                    .map(|(key, _)| key)
                     .collect();
-                let held = Transfer::Held { epoch, keys };
+                let held = Transfer::Held { epoch, versions };
                 Output {
                     sends: vec![(Slot(from.0), held)],
                     ..Output::none()
                 }
             }
-            Transfer::Held { epoch, keys } => {
+            Transfer::Held { epoch, versions } => {
                 if epoch != self.epoch() {
                     return Output::none();
                 }
-                if keys.len() > DROP_BATCH_KEYS {
+                if versions.len() > DROP_BATCH_KEYS {
                     return Output::refused(format!("node {} confirmed too many keys", from.0));
                 }
-                self.on_held(now, from, keys)
+                self.on_held(now, from, versions)
             }
             Transfer::Offer { epoch, key, entry } => {
                 if epoch != self.epoch() {
@@ -1500,7 +1518,9 @@ mod tests {
             .sends
             .iter()
             .filter_map(|(to, message)| match message {
-                Transfer::Held { keys, .. } => Some((to.0, keys.clone())),
+                Transfer::Held { versions, .. } => {
+                    Some((to.0, versions.iter().map(|(key, _)| key.clone()).collect()))
+                }
                 _ => None,
             })
             .collect()
@@ -1570,20 +1590,21 @@ mod tests {
                 .is_empty()
         );
 
-        let confirm = |old: &mut EpochServer<PubKey>, from: u32| {
+        let confirm = |old: &mut EpochServer<PubKey>, from: u32, num: u64| {
             let message = Transfer::Held {
                 epoch: Epoch(1),
-                keys: vec![key.clone()],
+                versions: vec![(key.clone(), PubKey::ts(&version(num)))],
             };
             Replica::on_message(old, Time(2), Slot(from), message, &())
         };
-        // Two members, one of them twice, and a node outside the group: not enough.
-        for from in [4, 5, 4, 2] {
-            assert!(confirm(&mut old, from).changes.is_empty());
+        // Two members, one of them twice, a node outside the group, and a member confirming an
+        // older version than the one held (an answer to an earlier question): not enough.
+        for (from, num) in [(4, 2), (5, 2), (4, 2), (2, 2), (6, 1)] {
+            assert!(confirm(&mut old, from, num).changes.is_empty());
         }
         assert!(old.stored(&key).is_some());
         // The third member of the new group.
-        let dropped = confirm(&mut old, 7);
+        let dropped = confirm(&mut old, 7, 2);
         assert_eq!(dropped.changes, vec![Change::Drop { key: key.clone() }]);
         assert!(old.stored(&key).is_none());
         assert!(old.moved_keys().is_empty());
@@ -1633,7 +1654,7 @@ mod tests {
         let answer = |old: &mut EpochServer<PubKey>, from: u32, keys: Vec<Key>| {
             let message = Transfer::Held {
                 epoch: Epoch(1),
-                keys,
+                versions: keys.into_iter().map(|key| (key, ts)).collect(),
             };
             Replica::on_message(old, Time(1), Slot(from), message, &())
         };

@@ -22,10 +22,10 @@ use bulwark_core::membership::{Arc as RingArc, Chain, PlacementParams, Ring, Rin
 use bulwark_core::{ClientId, Digest, Epoch, Key, NodeId, ServiceId, Slot, Time};
 use bulwark_protocol::machine::{Access, Output, Replica, ReplicaStats};
 use bulwark_protocol::pubkey::{self, PubKey};
-use bulwark_protocol::register::Policy;
 use bulwark_protocol::register::reconfig::{
     self, EpochServer, FETCH_WINDOW, LIST_PAGE_KEYS, Routed, Transfer, TransferMutations,
 };
+use bulwark_protocol::register::{Policy, Timestamp};
 use bulwark_protocol::round::OpId;
 use bytes::Bytes;
 use rand::seq::{IndexedRandom, SliceRandom};
@@ -149,7 +149,7 @@ pub struct SimNode {
     learns: Vec<u64>,
     /// The time of its last tick.
     ticked: u64,
-    /// The last time it was seen with a pull unfinished.
+    /// The last time it was seen with a pull unfinished, or started.
     unsettled: u64,
     mutations: TransferMutations,
 }
@@ -204,14 +204,14 @@ impl SimNode {
 
     /// What a faulty old member makes of its honest transfer answers, and a faulty new member of
     /// its answers to a node asking whether it holds what moved: `asked` is that question's keys.
-    fn lie(&mut self, output: &mut Output<SimNode>, asked: &[Key]) {
+    fn lie(&mut self, output: &mut Output<SimNode>, asked: &[(Key, Timestamp)]) {
         for (_, message) in &mut output.sends {
             match (self.behaviour, message) {
                 // Says it holds everything, so that the old members drop what it lacks.
                 (
                     Behaviour::Amnesiac | Behaviour::Stale | Behaviour::Forging,
-                    Transfer::Held { keys, .. },
-                ) => *keys = asked.to_vec(),
+                    Transfer::Held { versions, .. },
+                ) => *versions = asked.to_vec(),
                 // Withholds: lists nothing, holds nothing.
                 (Behaviour::Amnesiac, Transfer::Listed { keys, more, .. }) => {
                     keys.clear();
@@ -359,10 +359,8 @@ impl Replica for SimNode {
         if self.behaviour == Behaviour::Silent {
             return Output::none();
         }
-        let asked: Vec<Key> = match &message {
-            Transfer::Hold { versions, .. } => {
-                versions.iter().map(|(key, _)| key.clone()).collect()
-            }
+        let asked = match &message {
+            Transfer::Hold { versions, .. } => versions.clone(),
             _ => Vec::new(),
         };
         let before = self.inner.pulled();
@@ -376,6 +374,10 @@ impl Replica for SimNode {
     }
 
     fn on_tick(&mut self, now: Time) -> Output<SimNode> {
+        if self.ticked == 0 {
+            // Started or restarted: its sweep starts over.
+            self.unsettled = now.0;
+        }
         self.ticked = now.0;
         let caught_up = self.catch_up(self.learned(now));
         let output = caught_up.and(lift(self.inner.on_tick(now)));
@@ -666,7 +668,9 @@ impl<const NODES: usize> Protocol for ReconfigSim<NODES> {
             Transfer::Hold { epoch, versions } => {
                 format!("hold? e{} keys={}", epoch.0, versions.len())
             }
-            Transfer::Held { epoch, keys } => format!("held e{} keys={}", epoch.0, keys.len()),
+            Transfer::Held { epoch, versions } => {
+                format!("held e{} keys={}", epoch.0, versions.len())
+            }
             Transfer::Offer { epoch, key, entry } => {
                 format!("offer e{} key={key} ts={}", epoch.0, entry.ts.num)
             }
