@@ -40,6 +40,18 @@ fn scale_config() -> SimConfig {
     }
 }
 
+/// One faulty node among `faults`, and more keys and operations than the sweeps: the searches for
+/// a violation that needs a faulty member and a correct one left behind.
+fn one_faulty(faults: &str) -> SimConfig {
+    SimConfig {
+        keys: 16,
+        ops: 300,
+        faults: faults.parse().unwrap(),
+        byzantine_servers: Some(1),
+        ..config(1)
+    }
+}
+
 fn report(name: &str, service: &str, config: &SimConfig, summary: &SweepSummary) {
     println!("{}", summary.headline(name));
     println!("{}", summary.render_service(config, service));
@@ -119,13 +131,7 @@ fn serving_before_the_transfer_is_in_is_caught() {
 // versions the new members lack, which repairs what the small quorum missed.
 #[test]
 fn transferring_from_f_plus_one_old_members_is_caught() {
-    let reference = SimConfig {
-        keys: 16,
-        ops: 300,
-        faults: "amnesiac,crashes,partitions".parse().unwrap(),
-        byzantine_servers: Some(1),
-        ..config(1)
-    };
+    let reference = one_faulty("amnesiac,crashes,partitions");
     caught::<ReconfigSim>(
         "reconfig",
         "small-transfer-quorum",
@@ -179,13 +185,7 @@ fn pulling_arcs_whose_group_did_not_change_is_caught() {
 // without the last write.
 #[test]
 fn dropping_moved_keys_on_f_plus_one_confirmations_is_caught() {
-    let reference = SimConfig {
-        keys: 16,
-        ops: 300,
-        faults: "amnesiac,reordering".parse().unwrap(),
-        byzantine_servers: Some(1),
-        ..config(1)
-    };
+    let reference = one_faulty("amnesiac,reordering");
     caught::<ReconfigSim>(
         "reconfig",
         "small-drop-quorum",

@@ -517,20 +517,10 @@ impl<P: Policy> EpochServer<P> {
             .any(|pull| pull.epoch < epoch && overlaps(&pull.arc))
     }
 
-    fn transfer_quorum(&self) -> usize {
-        if self.mutations.small_transfer_quorum {
-            self.f + 1
-        } else {
-            2 * self.f + 1
-        }
-    }
-
-    fn drop_quorum(&self) -> usize {
-        if self.mutations.small_drop_quorum {
-            self.f + 1
-        } else {
-            2 * self.f + 1
-        }
+    /// The `2f+1` old members a pull hears, or new members a drop waits for; `f+1` when the
+    /// negative control `small` breaks the rule.
+    fn quorum(&self, small: bool) -> usize {
+        if small { self.f + 1 } else { 2 * self.f + 1 }
     }
 
     /// The group of `key` in the current epoch, when it does not name this node.
@@ -583,12 +573,8 @@ impl<P: Policy> EpochServer<P> {
             }
             Sweep::At(at) if now >= at => {
                 let mut found: Vec<Key> = if drops.rescan {
-                    self.server
-                        .stored
-                        .keys()
-                        .filter(|key| self.moved_away(key).is_some())
-                        .cloned()
-                        .collect()
+                    let moved = self.moved_keys();
+                    moved.into_iter().map(|(key, _)| key).collect()
                 } else {
                     drops.confirmed.keys().cloned().collect()
                 };
@@ -703,7 +689,7 @@ impl<P: Policy> EpochServer<P> {
         from: NodeId,
         versions: Vec<(Key, Timestamp)>,
     ) -> Output<Self> {
-        let quorum = self.drop_quorum();
+        let quorum = self.quorum(self.mutations.small_drop_quorum);
         let mut changes = Vec::new();
         self.drops.answered.insert(from);
         for (key, confirmed) in versions {
@@ -813,7 +799,7 @@ impl<P: Policy> EpochServer<P> {
 
     /// Sends the next page request, or the fetches, after a listing changed.
     fn after_listing(&mut self, at: usize) -> Output<Self> {
-        let quorum = self.transfer_quorum();
+        let quorum = self.quorum(self.mutations.small_transfer_quorum);
         let pull = &mut self.pulls[at];
         let complete = pull.listings.iter().filter(|l| l.complete).count();
         if pull.queue.is_some() || complete < quorum {
@@ -1044,7 +1030,7 @@ impl<P: Policy> EpochServer<P> {
                 else {
                     return Output::none();
                 };
-                let quorum = self.transfer_quorum();
+                let quorum = self.quorum(self.mutations.small_transfer_quorum);
                 let pull = &mut self.pulls[at];
                 let Some(slot) = pull.old.slot_of(from) else {
                     return Output::none();
