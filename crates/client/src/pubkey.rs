@@ -7,7 +7,7 @@ use bulwark_core::Key;
 use bulwark_core::membership::{Chain, GroupView};
 use bulwark_core::sign::{PublicKey, SecretKey};
 use bulwark_protocol::pubkey;
-use bulwark_protocol::register::reconfig::Routed;
+use bulwark_protocol::register::reconfig::routed;
 use bytes::Bytes;
 use std::sync::Arc;
 
@@ -36,7 +36,7 @@ impl Client {
         config.epoch = view.epoch();
         config.group = view.id();
         let inner = pubkey::WriteOp::new(config, op, self.id, op.0, Arc::new(owner.clone()), value);
-        let mut machine = Routed::new(inner, id.clone(), chain, view.epoch());
+        let mut machine = routed(inner, &id, chain, view.epoch());
         let outcome = self.drive(&view, &id, self.cluster.f, &mut machine).await?;
         let report = OpReport {
             answered: outcome
@@ -66,7 +66,7 @@ impl Client {
         config.epoch = view.epoch();
         config.group = view.id();
         let inner = pubkey::ReadOp::new(config, id.clone(), op);
-        let mut machine = Routed::new(inner, id.clone(), chain, view.epoch());
+        let mut machine = routed(inner, &id, chain, view.epoch());
         let outcome = self.drive(&view, &id, self.cluster.f, &mut machine).await?;
         let report = register_report(machine.view(), view.len(), &id, &outcome);
         self.record(&report.evidence);

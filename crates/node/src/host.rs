@@ -16,7 +16,7 @@ use bulwark_protocol::powerstore::{
 };
 use bulwark_protocol::register::reconfig::{self, EpochServer};
 use bulwark_protocol::register::{self, Policy};
-use bulwark_protocol::{content, table};
+use bulwark_protocol::{content, table, transfer};
 use bulwark_storage::{Namespace, StorageOp, Store, Table};
 use bytes::Bytes;
 use std::collections::HashMap;
@@ -668,8 +668,8 @@ impl<P: Policy> Adapter<EpochServer<P>> for EpochStorage {
 
     fn record(&mut self, change: &reconfig::Change<P>, _batch: u64, ops: &mut Vec<StorageOp>) {
         let op = match change {
-            reconfig::Change::Put { key, entry } => register_put::<P>(self.namespace, key, entry),
-            reconfig::Change::Drop { key } => {
+            transfer::Change::Put { key, entry } => register_put::<P>(self.namespace, key, entry),
+            transfer::Change::Drop { key } => {
                 let deletes = self.legacy.iter().map(|namespace| StorageOp::Delete {
                     table: namespace.table(REGISTER),
                     key: key.as_bytes().to_vec(),
@@ -680,12 +680,12 @@ impl<P: Policy> Adapter<EpochServer<P>> for EpochStorage {
                     key: key.as_bytes().to_vec(),
                 }
             }
-            reconfig::Change::Entered(epoch) => StorageOp::Put {
+            transfer::Change::Entered(epoch) => StorageOp::Put {
                 table: self.namespace.table(ENTERED),
                 key: ENTERED_RECORD.to_vec(),
                 value: Bytes::copy_from_slice(&epoch.0.to_be_bytes()),
             },
-            reconfig::Change::Pulled { epoch, arc } => StorageOp::Put {
+            transfer::Change::Pulled { epoch, arc } => StorageOp::Put {
                 table: self.namespace.table(PULLED),
                 key: pulled_record(*epoch, arc),
                 value: Bytes::new(),

@@ -5,7 +5,8 @@
 //! operation, fed replies until it yields a result). Nothing here opens a socket, reads a clock,
 //! draws randomness or touches a file: the simulator, the real node and the client library all
 //! drive the same code (DESIGN.md §2). Protocol modules never import one another; they share only
-//! [`round`], the bookkeeping every client machine needs.
+//! [`round`], the bookkeeping every client machine needs, and [`transfer`], how a node's objects
+//! of any kind follow the configuration from epoch to epoch.
 #![warn(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::panic))]
 
@@ -20,5 +21,6 @@ pub mod register;
 pub mod round;
 pub mod service;
 pub mod table;
+pub mod transfer;
 
 pub use register::{abd, phalanx, pubkey};

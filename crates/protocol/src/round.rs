@@ -17,6 +17,18 @@ pub struct Evidence {
     pub kind: EvidenceKind,
 }
 
+/// How a reader, writer or new member judges what a server offered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Judged {
+    /// What a correct party could have made: it counts.
+    Valid,
+    /// Not even well-formed: the reply is ignored, as if it never came.
+    Ignored,
+    /// Well-formed but provably not what any writer made: the reply counts as "nothing", and the
+    /// server that sent it is named.
+    Forged,
+}
+
 /// Matches replies to the operation that asked. Chosen by the client, unique per client session.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct OpId(pub u64);

@@ -182,10 +182,10 @@ fn pulling_arcs_whose_group_did_not_change_is_caught() {
 // An old member that drops a key once f+1 members of its new group say they hold it may be
 // counting a faulty member that lies and a correct one; once the other old members drop it too,
 // the new members still pulling find nothing, and a quorum of them and the liar answers a read
-// without the last write.
+// without the last write. Partitions are what leave two new members pulling late.
 #[test]
 fn dropping_moved_keys_on_f_plus_one_confirmations_is_caught() {
-    let reference = one_faulty("amnesiac,reordering");
+    let reference = one_faulty("amnesiac,partitions");
     caught::<ReconfigSim>(
         "reconfig",
         "small-drop-quorum",

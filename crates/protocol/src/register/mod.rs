@@ -42,17 +42,7 @@ pub struct Timestamp {
     pub seq: u64,
 }
 
-/// How a reader or writer judges a version a server offered.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Judged {
-    /// A version a correct party could have made: it counts.
-    Valid,
-    /// Not even well-formed: the reply is ignored, as if it never came.
-    Ignored,
-    /// Well-formed but provably not what any writer made: the reply counts as "nothing", and the
-    /// server that sent it is named.
-    Forged,
-}
+pub use crate::round::Judged;
 
 /// What a writer makes of a CLOCK reply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

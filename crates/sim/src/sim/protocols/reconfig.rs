@@ -20,13 +20,14 @@ use crate::sim::protocol::{Protocol, Storage};
 use crate::sim::swarm::Swarm;
 use bulwark_core::membership::{Arc as RingArc, Chain, PlacementParams, Ring, RingPoint};
 use bulwark_core::{ClientId, Digest, Epoch, Key, NodeId, ServiceId, Slot, Time};
-use bulwark_protocol::machine::{Access, Output, Replica, ReplicaStats};
+use bulwark_protocol::machine::{Access, Output, Replica, ReplicaStats, TimerId};
 use bulwark_protocol::pubkey::{self, PubKey};
 use bulwark_protocol::register::reconfig::{
-    self, EpochServer, FETCH_WINDOW, LIST_PAGE_KEYS, Routed, Transfer, TransferMutations,
+    self, EpochServer, FETCH_WINDOW, LIST_PAGE_KEYS, Routed, TransferMutations, routed,
 };
 use bulwark_protocol::register::{Policy, Timestamp};
 use bulwark_protocol::round::OpId;
+use bulwark_protocol::transfer::{Change, Transfer};
 use bytes::Bytes;
 use rand::seq::{IndexedRandom, SliceRandom};
 use rand::{Rng, SeedableRng};
@@ -312,7 +313,7 @@ impl Replica for SimNode {
     const SERVICE: ServiceId = <PubKey as Policy>::SERVICE;
     type Request = pubkey::Request;
     type Reply = pubkey::Response;
-    type Message = Transfer<PubKey>;
+    type Message = reconfig::Transfer<PubKey>;
     type Change = reconfig::Change<PubKey>;
     type View = ();
 
@@ -344,7 +345,7 @@ impl Replica for SimNode {
         &mut self,
         now: Time,
         from: Slot,
-        message: Transfer<PubKey>,
+        message: reconfig::Transfer<PubKey>,
         view: &(),
     ) -> Output<SimNode> {
         let caught_up = match &message {
@@ -370,6 +371,15 @@ impl Replica for SimNode {
         let after = self.inner.pulled();
         let pulled = (after.0 - before.0, after.1 - before.1);
         self.count(&output, pulled);
+        output
+    }
+
+    fn on_timer(&mut self, now: Time, timer: TimerId, view: &()) -> Output<SimNode> {
+        if self.behaviour == Behaviour::Silent {
+            return Output::none();
+        }
+        let output = lift(self.inner.on_timer(now, timer, view));
+        self.count(&output, (0, 0));
         output
     }
 
@@ -448,7 +458,7 @@ impl<const NODES: usize> ReconfigSim<NODES> {
         let ring = self.chain.newest();
         let mut violations = Vec::new();
         for (index, server) in &up {
-            for (key, ts) in server.inner.moved_keys() {
+            for (key, ts) in server.inner.moved_keys(&()) {
                 let group = ring.group_of(key.as_bytes());
                 let holders = group
                     .members()
@@ -484,8 +494,8 @@ impl<const NODES: usize> Protocol for ReconfigSim<NODES> {
     type Change = reconfig::Change<PubKey>;
     type Disk = NodeDisk;
     type Server = SimNode;
-    type Write = Routed<PubKey, pubkey::WriteOp>;
-    type Read = Routed<PubKey, pubkey::ReadOp>;
+    type Write = Routed<pubkey::WriteOp>;
+    type Read = Routed<pubkey::ReadOp>;
 
     /// Long enough for the last epoch's pulls to finish, and for the keys that moved away from
     /// a node to be dropped (a sweep that kept keys is followed by another within
@@ -522,7 +532,7 @@ impl<const NODES: usize> Protocol for ReconfigSim<NODES> {
     }
 
     fn server(&self, index: usize, behaviour: Behaviour, seed: u64) -> SimNode {
-        let inner = EpochServer::new(NodeId(index as u32), self.chain.genesis().clone(), ());
+        let inner = EpochServer::empty(NodeId(index as u32), self.chain.genesis().clone(), ());
         SimNode::new(inner, self, index, behaviour, seed)
     }
 
@@ -551,12 +561,12 @@ impl<const NODES: usize> Protocol for ReconfigSim<NODES> {
 
     fn persist(disk: &mut NodeDisk, change: &reconfig::Change<PubKey>) {
         match change {
-            reconfig::Change::Put { key, entry } => disk.entries.put(key, entry),
-            reconfig::Change::Entered(epoch) => disk.entered = disk.entered.max(*epoch),
-            reconfig::Change::Pulled { epoch, arc } => {
+            Change::Put { key, entry } => disk.entries.put(key, entry),
+            Change::Entered(epoch) => disk.entered = disk.entered.max(*epoch),
+            Change::Pulled { epoch, arc } => {
                 disk.pulled.insert((*epoch, *arc));
             }
-            reconfig::Change::Drop { key } => disk.entries.remove(key),
+            Change::Drop { key } => disk.entries.remove(key),
         }
     }
 
@@ -583,13 +593,13 @@ impl<const NODES: usize> Protocol for ReconfigSim<NODES> {
             owner,
             value,
         );
-        Routed::new(inner, id, self.chain.clone(), Epoch(0))
+        routed(inner, &id, self.chain.clone(), Epoch(0))
     }
 
     fn read(&self, _client: usize, key: Key, op: OpId) -> Self::Read {
         let id = pubkey::object_id(&owner_of(&key).public_key());
         let inner = pubkey::ReadOp::new(pubkey::ClientConfig::new(self.f), id.clone(), op);
-        Routed::new(inner, id, self.chain.clone(), Epoch(0))
+        routed(inner, &id, self.chain.clone(), Epoch(0))
     }
 
     fn response_op(response: &pubkey::Response) -> OpId {
@@ -651,7 +661,7 @@ impl<const NODES: usize> Protocol for ReconfigSim<NODES> {
         report
     }
 
-    fn describe_message(message: &Transfer<PubKey>) -> String {
+    fn describe_message(message: &reconfig::Transfer<PubKey>) -> String {
         match message {
             Transfer::List { epoch, after, .. } => {
                 format!("list e{} after={}", epoch.0, after.is_some())
@@ -668,7 +678,9 @@ impl<const NODES: usize> Protocol for ReconfigSim<NODES> {
             Transfer::Hold { epoch, versions } => {
                 format!("hold? e{} keys={}", epoch.0, versions.len())
             }
-            Transfer::Held { epoch, versions } => {
+            Transfer::Held {
+                epoch, versions, ..
+            } => {
                 format!("held e{} keys={}", epoch.0, versions.len())
             }
             Transfer::Offer { epoch, key, entry } => {

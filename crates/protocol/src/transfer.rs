@@ -1,0 +1,1629 @@
+//! Objects across epochs (Rosebud §4.5, §4.7, §4.8), whatever their kind: the part of a node's
+//! replica that follows the certified configuration from epoch to epoch, takes over the keys it
+//! becomes responsible for from their previous group, drops the keys it no longer serves once
+//! their new group holds them, and the client operation that follows a replica into a newer
+//! epoch. What differs between kinds of object (how a request is served, what an old member
+//! hands over, how a new member decides from the answers) is a [`Kind`]; registers
+//! (`register::reconfig`) and content-hash objects (`content::epochs`) are two.
+//!
+//! The node keeps one store per service, whatever group serves each key, so a key that stays on
+//! the node across a reconfiguration stays where it is. What changes with the epoch is which
+//! requests it serves: one of the current epoch, for a key whose group in that epoch names this
+//! node, and which its transfer has brought in.
+//!
+//! # Entering an epoch
+//!
+//! When the driver hands over the certified ring of epoch `e+1` ([`EpochHost::enter`]) the
+//! replica refuses every request of epoch `e` from then on, answering with its epoch so that the
+//! client catches up (ERR_UPGRADE_CONFIG) and restarts only its current round there
+//! ([`Routed`]). It then works out, arc by arc ([`Ring::arcs_since`]), the keys it must take over
+//! ([`Kind::must_pull`]: for registers, those whose group now names it but was another set of
+//! nodes) and pulls each arc from its old group:
+//!
+//! 1. LIST: every old member lists the keys it holds on the arc, a page at a time. An old member
+//!    enters `e+1` before it answers (invariant 4 of the spec's §5.3), so what it lists can no
+//!    longer change under an epoch-`e` write. The union of `2f+1` complete listings names every
+//!    write completed in `e`: such a write reached `2f+1` old members while they were in `e`,
+//!    and any `2f+1` listers share `f+1` of them, one correct.
+//! 2. FETCH: each listed key is asked of every old member (again in `e+1` before they answer),
+//!    and the kind decides from the answers ([`Kind::decide`]): a register keeps the highest
+//!    version whose signature verifies among `2f+1`, with no write-back; a content-hash object is
+//!    rebuilt from `f+1` fragments that check against its id.
+//!
+//! Until an arc's pull is done, the replica serves no request for a key on it: requests wait and
+//! are answered when the pull ends (spec §4.7, "critical"), since a quorum of fresh replicas
+//! would otherwise report nothing and a writer could pick a version below the existing one.
+//!
+//! An old member whose own pull of an overlapping arc is unfinished (it skipped part of an
+//! epoch) does not answer LIST or FETCH for it yet: it would list an incomplete state.
+//!
+//! # Dropping what moved
+//!
+//! A node sweeps its store for keys outside its groups in its current epoch and asks each key's
+//! group whether its members hold it ([`Transfer::Hold`]); it drops the key once `2f+1` of them
+//! say so, and, for kinds that allow it ([`Kind::DROP_DENIED`]), once `2f+1` members that
+//! finished taking the key's arc over say they do not (then at most `f` correct members hold
+//! it, which no completed write leaves behind). docs/state-transfer.md has the argument.
+//!
+//! This machine addresses its peers by node: `Slot(id)` in its sends and messages is the node
+//! with [`NodeId`] `id`, not a position in a group; the driver delivers accordingly.
+
+use crate::machine::{Access, Operation, Output, Progress, Replica, ReplicaStats, TimerId};
+use crate::round::{Judged, Replies};
+use bulwark_core::membership::{Arc as RingArc, Chain, GroupView, Moved, Ring, RingPoint};
+use bulwark_core::wire::{DeserializeOwned, Serialize};
+use bulwark_core::{ClientId, Epoch, GroupId, Key, NodeId, ServiceId, Slot, Time};
+use serde::Deserialize;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::fmt::Debug;
+use std::sync::Arc;
+
+/// Keys in one page of a listing.
+pub const LIST_PAGE_KEYS: usize = 64;
+/// Keys one old member may list for one arc in one epoch: a faulty member can make a new
+/// member fetch at most this many bogus ids per arc (spec §8.14).
+pub const LISTED_KEYS_MAX: usize = 100_000;
+/// Keys fetched at once per arc (the paper's transfer window).
+pub const FETCH_WINDOW: usize = 8;
+/// Requests a replica holds while their keys are being transferred; more are refused.
+pub const WAITING_MAX: usize = 1_024;
+/// How long a pull waits for answers before it asks the old members that have not answered
+/// again; doubled after each retry without progress, up to [`PULL_RETRY_MAX_MILLIS`]. Every
+/// answer carries whole versions, so asking a slow member again on every tick would hand the
+/// same data over many times.
+pub const PULL_RETRY_MILLIS: u64 = 250;
+/// The longest wait between two retries of a pull.
+pub const PULL_RETRY_MAX_MILLIS: u64 = 2_000;
+/// How long after its first tick in an epoch a node starts dropping the keys it no longer
+/// serves: the new members' pulls are usually in by then, so the first round of asking finds
+/// them holding what moved.
+pub const DROP_START_MILLIS: u64 = 500;
+/// Keys a node asks a group about at once, and the most one [`Transfer::Hold`] or
+/// [`Transfer::Held`] may name.
+pub const DROP_BATCH_KEYS: usize = 256;
+/// Rounds of asking about one batch before the keys not yet confirmed wait for the next sweep.
+pub const DROP_ROUNDS: u32 = 2;
+/// The longest wait between two sweeps that kept keys. Such a sweep asks only about the keys
+/// kept, so it costs little however many keys the node stores.
+pub const DROP_RESWEEP_MAX_MILLIS: u64 = 4_000;
+
+/// The timer under which the dropping of moved keys moves on: set from the tick when something
+/// is due, since dropping reads the store, which only timers and messages are lent.
+pub const DROP_TIMER: TimerId = TimerId(1);
+
+/// Deliberate breakage for the simulator's negative controls; none in real nodes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TransferMutations {
+    /// Serve keys whose transfer has not finished.
+    pub serve_before_transfer: bool,
+    /// Take a listing and each key's version from `f+1` old members instead of `2f+1`.
+    pub small_transfer_quorum: bool,
+    /// Answer LIST and FETCH without entering the newer epoch first.
+    pub answer_without_entering: bool,
+    /// Pull every arc of the groups the node is in, also those whose group did not change.
+    pub pull_unchanged_arcs: bool,
+    /// Drop a key once `f+1` members of its group say they hold it, instead of `2f+1`.
+    pub small_drop_quorum: bool,
+    /// Never drop a key that moved away (for the check that moved keys are dropped).
+    pub keep_moved_keys: bool,
+}
+
+/// Why a replica that follows the configuration turned a request away before its kind saw it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Turned {
+    /// The request names another epoch than the replica's, `current`.
+    WrongEpoch {
+        /// The replica's epoch.
+        current: Epoch,
+    },
+    /// The key's group in the request's epoch is not the one named, or does not name this node.
+    WrongGroup,
+    /// Too many requests already wait for transfers.
+    Transferring,
+}
+
+impl std::fmt::Display for Turned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Turned::WrongEpoch { current } => {
+                write!(f, "wrong epoch: the server is in epoch {}", current.0)
+            }
+            Turned::WrongGroup => f.write_str("wrong replica group"),
+            Turned::Transferring => f.write_str("the key is still being transferred"),
+        }
+    }
+}
+
+/// Where a request says it goes.
+#[derive(Clone, Copy, Debug)]
+pub struct Route<'a> {
+    /// The epoch the client believes in.
+    pub epoch: Epoch,
+    /// The group it addressed.
+    pub group: GroupId,
+    /// The key.
+    pub key: &'a Key,
+}
+
+/// What one key's pull decided from the old members' answers so far.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Decided<E> {
+    /// Not yet: more answers are needed.
+    Wait,
+    /// Nothing to take over: no old member holds the key (or what they hold fails its checks).
+    Absent,
+    /// Store this.
+    Take(E),
+}
+
+/// What serving one request made: changes durable before the reply leaves, and why it was
+/// refused, for the node's counts.
+pub struct Served<K: Kind> {
+    /// Durable before the reply.
+    pub changes: Vec<Change<K::Entry>>,
+    /// The reply.
+    pub reply: K::Reply,
+    /// Why the request was refused, when it was and the client is to blame.
+    pub refused: Option<String>,
+}
+
+/// A kind of object that moves between epochs: what it stores per key and how it serves,
+/// hands over, takes over and drops it. Its methods see the driver's storage through `View`
+/// (what it made durable, and what it has not yet).
+pub trait Kind: Sized + 'static {
+    /// The service objects of this kind are served as.
+    const SERVICE: ServiceId;
+    /// Whether a node drops a moved key once `2f+1` members of its new group that finished
+    /// taking its arc over say they do not hold it (a key at most `f` correct members hold is no
+    /// completed write's); kinds that offer what they hold instead say `false`.
+    const DROP_DENIED: bool;
+    /// A client's request.
+    type Request: DeserializeOwned;
+    /// The answer.
+    type Reply: Serialize;
+    /// What a node stores of one key and hands over: a register's version, or a content-hash
+    /// object's fragment with its manifest.
+    type Entry: Clone + Debug + PartialEq + Serialize + DeserializeOwned;
+    /// What is compared to decide that a moved key may be dropped: a version, or `()` for an
+    /// immutable object.
+    type Version: Copy + Ord + Debug + Serialize + DeserializeOwned;
+    /// The driver's storage, read back.
+    type View: ?Sized;
+
+    /// Faults tolerated per group.
+    fn f(&self) -> usize;
+    /// Where `request` goes.
+    fn route(request: &Self::Request) -> Route<'_>;
+    /// The operation id `request` carries, which a held request's answer echoes.
+    fn op(request: &Self::Request) -> u64;
+    /// The point of the ring `key` is placed at; `None` for a key no correct node stores.
+    fn point(key: &Key) -> Option<RingPoint>;
+    /// The answer to a request turned away.
+    fn turned(request: &Self::Request, epoch: Epoch, why: Turned) -> Self::Reply;
+    /// Serves a request of the current epoch for a key of `group`, where this node is `slot`.
+    fn serve(
+        &mut self,
+        client: ClientId,
+        access: Access,
+        request: Self::Request,
+        group: &GroupView,
+        slot: Slot,
+        view: &Self::View,
+    ) -> Served<Self>;
+    /// Whether a node of `moved.new` must take `moved.arc` over from `moved.old`.
+    fn must_pull(moved: &Moved) -> bool;
+    /// The keys stored on `arc` after `after`, in key order: at most `limit`, and whether more
+    /// follow.
+    fn list(
+        &self,
+        view: &Self::View,
+        arc: &RingArc,
+        after: Option<&Key>,
+        limit: usize,
+    ) -> (Vec<Key>, bool);
+    /// What is stored of `key`, checked, as it is handed over.
+    fn entry(&self, view: &Self::View, key: &Key) -> Option<Self::Entry>;
+    /// An entry's version.
+    fn version(entry: &Self::Entry) -> Self::Version;
+    /// An entry's value bytes, for the transfer counters.
+    fn value_bytes(entry: &Self::Entry) -> u64;
+    /// Every stored key whose group in `ring` does not name `me`.
+    fn outside(&self, view: &Self::View, ring: &Ring, me: NodeId) -> Vec<Key>;
+    /// How an entry handed over for `key` by a member of `group` is judged.
+    fn judge(&self, group: &GroupView, key: &Key, entry: &Self::Entry) -> Judged;
+    /// What the answers of `old`'s members so far decide for `key`, for this node as a member of
+    /// `new`; `quorum` is how many answers the transfer rule waits for.
+    fn decide(
+        &self,
+        key: &Key,
+        old: &GroupView,
+        new: &GroupView,
+        answers: &[(Slot, Option<&Self::Entry>)],
+        quorum: usize,
+    ) -> Decided<Self::Entry>;
+    /// Stores `entry` unless what is stored is as new; whether it did.
+    fn adopt(&mut self, view: &Self::View, key: &Key, entry: &Self::Entry) -> bool;
+    /// Forgets `key`: its group holds it.
+    fn remove(&mut self, key: &Key);
+    /// Whether a kept key's entry is offered to the members that lack it, who store it as a
+    /// write-back (registers); kinds whose entries cannot be taken from one node do not.
+    fn offers(&self) -> bool;
+    /// Current counters.
+    fn stats(&self) -> ReplicaStats;
+}
+
+/// What nodes send each other to move keys between epochs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Transfer<E, V> {
+    /// A new member of `epoch` asks an old member for the keys it holds on `arc`, after `after`.
+    List {
+        /// The epoch the asker entered.
+        epoch: Epoch,
+        /// The keys wanted.
+        arc: RingArc,
+        /// The last key of the previous page.
+        after: Option<Key>,
+    },
+    /// One page of keys.
+    Listed {
+        /// As asked.
+        epoch: Epoch,
+        /// As asked.
+        arc: RingArc,
+        /// As asked.
+        after: Option<Key>,
+        /// At most [`LIST_PAGE_KEYS`], in key order, all after `after`.
+        keys: Vec<Key>,
+        /// Another page follows.
+        more: bool,
+    },
+    /// What the old member holds of `key`, for a new member of `epoch`.
+    Fetch {
+        /// The epoch the asker entered.
+        epoch: Epoch,
+        /// The key.
+        key: Key,
+    },
+    /// The answer; `None` when nothing is stored.
+    Fetched {
+        /// As asked.
+        epoch: Epoch,
+        /// As asked.
+        key: Key,
+        /// What is stored.
+        entry: Option<E>,
+    },
+    /// A node that no longer serves these keys in `epoch` asks a member of their group there
+    /// whether it holds each at the given version or a newer one.
+    Hold {
+        /// The epoch both are in.
+        epoch: Epoch,
+        /// At most [`DROP_BATCH_KEYS`] keys, each with the asker's version.
+        versions: Vec<(Key, V)>,
+    },
+    /// The keys of a [`Transfer::Hold`] the member holds at the version asked or newer, in
+    /// `epoch`, each with the version asked: an answer says nothing of a newer version the asker
+    /// may hold by the time it arrives.
+    Held {
+        /// As asked.
+        epoch: Epoch,
+        /// At most [`DROP_BATCH_KEYS`].
+        versions: Vec<(Key, V)>,
+        /// Keys asked about that the member does not hold although its pull of their arc is in
+        /// (sent only for kinds that drop on denials, [`Kind::DROP_DENIED`]).
+        denied: Vec<Key>,
+    },
+    /// A version a member said it lacks, from a node that no longer serves the key in `epoch`
+    /// and would drop it: stored if it verifies and is newer, as a write-back would be.
+    Offer {
+        /// The epoch both are in.
+        epoch: Epoch,
+        /// The key.
+        key: Key,
+        /// What the sender holds.
+        entry: E,
+    },
+}
+
+/// What nodes send each other to move objects of kind `K` between epochs.
+pub type Message<K> = Transfer<<K as Kind>::Entry, <K as Kind>::Version>;
+
+/// A change to a node's durable state, made before anything it caused leaves.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Change<E> {
+    /// What is stored of `key` is now `entry`.
+    Put {
+        /// The key.
+        key: Key,
+        /// What to store.
+        entry: E,
+    },
+    /// The node entered `epoch`: no request of an earlier one is served again.
+    Entered(Epoch),
+    /// The node finished taking over `arc` for `epoch`.
+    Pulled {
+        /// The epoch it entered.
+        epoch: Epoch,
+        /// The arc.
+        arc: RingArc,
+    },
+    /// The node no longer holds `key`: its group in the current epoch does (spec §4.8).
+    Drop {
+        /// The key.
+        key: Key,
+    },
+}
+
+/// Where a node is in dropping the keys its current epoch no longer has it serve.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sweep {
+    /// The epoch has not ticked yet.
+    Unscheduled,
+    /// The next sweep starts then.
+    At(Time),
+    /// Going through the keys found at its start.
+    Running,
+    /// Every key found is dropped: nothing more to do in this epoch unless a pull into an
+    /// earlier one brings in more (a node stores no other key outside its groups).
+    Done,
+}
+
+/// The members of a key's group that answered about the version asked.
+#[derive(Clone, Debug)]
+struct Asked<V> {
+    version: V,
+    holders: BTreeSet<NodeId>,
+    deniers: BTreeSet<NodeId>,
+}
+
+impl<V> Asked<V> {
+    fn new(version: V) -> Self {
+        Asked {
+            version,
+            holders: BTreeSet::new(),
+            deniers: BTreeSet::new(),
+        }
+    }
+}
+
+/// Dropping the keys whose group in the current epoch does not name this node, once `2f+1`
+/// members of that group say they hold the same version or a newer one (or, for kinds that drop
+/// on denials, that they do not hold it). No state survives a restart or an epoch: the keys to
+/// drop are those stored outside the node's groups, found again by the next sweep.
+struct Drops<V> {
+    sweep: Sweep,
+    /// The wait before the sweep after one that kept keys.
+    backoff: u64,
+    /// Keys of the running sweep not asked about yet, in key order.
+    queue: VecDeque<Key>,
+    /// The keys being asked about.
+    batch: BTreeMap<Key, Asked<V>>,
+    /// The members that answered about the batch.
+    answered: BTreeSet<NodeId>,
+    /// The kept keys offered to each member: once per epoch, so that a member that keeps
+    /// answering without them costs one copy each.
+    offered: BTreeSet<(Key, NodeId)>,
+    /// Kept keys, with the members that answered about them: asked about again, the key counts
+    /// those members still, as long as the version held is the same.
+    confirmed: BTreeMap<Key, Asked<V>>,
+    /// When the batch is asked about again, and how many times it has been.
+    retry_at: Time,
+    rounds: u32,
+    /// A key of the running sweep was kept.
+    kept: bool,
+    /// The next sweep looks through every stored key: the epoch's first, and the first after a
+    /// pull into an earlier epoch ended (it may have stored keys outside the node's groups).
+    /// Other sweeps ask again about the keys kept.
+    rescan: bool,
+}
+
+impl<V: Copy + Ord> Drops<V> {
+    fn new() -> Self {
+        Drops {
+            sweep: Sweep::Unscheduled,
+            backoff: DROP_START_MILLIS,
+            queue: VecDeque::new(),
+            batch: BTreeMap::new(),
+            answered: BTreeSet::new(),
+            offered: BTreeSet::new(),
+            confirmed: BTreeMap::new(),
+            retry_at: Time(0),
+            rounds: 0,
+            kept: false,
+            rescan: true,
+        }
+    }
+
+    /// Whether something is due at `now`: a round of asking again, or a sweep to start or go on.
+    /// An unscheduled sweep is scheduled here, on the epoch's first tick.
+    fn due(&mut self, now: Time) -> bool {
+        if !self.batch.is_empty() {
+            return now >= self.retry_at;
+        }
+        if self.rescan && self.sweep == Sweep::Done {
+            self.sweep = Sweep::At(Time(now.0 + DROP_START_MILLIS));
+        }
+        match self.sweep {
+            Sweep::Unscheduled => {
+                self.sweep = Sweep::At(Time(now.0 + DROP_START_MILLIS));
+                false
+            }
+            Sweep::At(at) => now >= at,
+            Sweep::Running => true,
+            Sweep::Done => false,
+        }
+    }
+}
+
+/// One arc a node is taking over from its old group.
+struct Pull<K: Kind> {
+    epoch: Epoch,
+    arc: RingArc,
+    old: GroupView,
+    /// Per old member: the keys listed so far, the last one, and whether the listing is complete.
+    listings: Vec<Listing>,
+    /// Once `2f+1` listings are complete: the keys still to fetch.
+    queue: Option<VecDeque<Key>>,
+    /// Keys being fetched, with the answers of each old member.
+    fetching: BTreeMap<Key, Replies<Option<K::Entry>>>,
+    /// When to ask again the old members that have not answered; set on the first tick after
+    /// the requests went out, and again after each retry or progress.
+    retry_at: Option<Time>,
+    /// The wait before the next retry.
+    backoff: u64,
+}
+
+#[derive(Default)]
+struct Listing {
+    keys: BTreeSet<Key>,
+    after: Option<Key>,
+    complete: bool,
+    /// Sent more than it may, or keys off the arc: no longer heard.
+    faulty: bool,
+}
+
+impl<K: Kind> Pull<K> {
+    fn new(epoch: Epoch, arc: RingArc, old: GroupView) -> Self {
+        let listings = (0..old.len()).map(|_| Listing::default()).collect();
+        Pull {
+            epoch,
+            arc,
+            old,
+            listings,
+            queue: None,
+            fetching: BTreeMap::new(),
+            retry_at: None,
+            backoff: PULL_RETRY_MILLIS,
+        }
+    }
+
+    /// An answer moved the pull on: the next retry waits the base interval from the next tick.
+    fn progressed(&mut self) {
+        self.retry_at = None;
+        self.backoff = PULL_RETRY_MILLIS;
+    }
+
+    /// What to ask again at `now`: nothing until the retry is due.
+    fn retry(&mut self, now: Time) -> Vec<(Slot, Message<K>)> {
+        match self.retry_at {
+            Some(at) if now >= at => {
+                self.backoff = (self.backoff * 2).min(PULL_RETRY_MAX_MILLIS);
+                self.retry_at = Some(Time(now.0 + self.backoff));
+                self.requests()
+            }
+            Some(_) => Vec::new(),
+            None => {
+                self.retry_at = Some(Time(now.0 + self.backoff));
+                Vec::new()
+            }
+        }
+    }
+
+    fn done(&self) -> bool {
+        self.queue.as_ref().is_some_and(VecDeque::is_empty) && self.fetching.is_empty()
+    }
+
+    /// Every request this pull still waits on, to every old member that has not answered it.
+    fn requests(&self) -> Vec<(Slot, Message<K>)> {
+        let to = |slot: usize| Slot(self.old.members()[slot].0);
+        let Some(_) = &self.queue else {
+            return self
+                .listings
+                .iter()
+                .enumerate()
+                .filter(|(_, listing)| !listing.complete && !listing.faulty)
+                .map(|(slot, listing)| {
+                    let list = Transfer::List {
+                        epoch: self.epoch,
+                        arc: self.arc,
+                        after: listing.after.clone(),
+                    };
+                    (to(slot), list)
+                })
+                .collect();
+        };
+        let mut sends = Vec::new();
+        for (key, replies) in &self.fetching {
+            for slot in replies.missing() {
+                let fetch = Transfer::Fetch {
+                    epoch: self.epoch,
+                    key: key.clone(),
+                };
+                sends.push((to(slot.index()), fetch));
+            }
+        }
+        sends
+    }
+}
+
+/// An answer to a request held earlier: to its client, with its operation id.
+type Answer<K> = (ClientId, u64, <K as Kind>::Reply);
+
+/// A node's replica of one service across epochs: the objects of kind `K` it holds, whatever
+/// group serves each.
+pub struct EpochHost<K: Kind> {
+    me: NodeId,
+    f: usize,
+    /// The rings entered, from the genesis on.
+    rings: Chain,
+    kind: K,
+    pulls: Vec<Pull<K>>,
+    waiting: VecDeque<(ClientId, Access, K::Request)>,
+    mutations: TransferMutations,
+    /// Keys taken over from old groups since start, and the bytes of their values.
+    pulled_keys: u64,
+    pulled_bytes: u64,
+    /// Requests held for a transfer since start.
+    gated: u64,
+    drops: Drops<K::Version>,
+    /// Keys dropped since start.
+    dropped: u64,
+}
+
+impl<K: Kind> EpochHost<K> {
+    /// Node `me` holding `kind` at the genesis `ring`.
+    pub fn new(me: NodeId, ring: Arc<Ring>, kind: K) -> Self {
+        let f = kind.f();
+        EpochHost {
+            me,
+            f,
+            kind,
+            rings: Chain::new(vec![ring]),
+            pulls: Vec::new(),
+            waiting: VecDeque::new(),
+            mutations: TransferMutations::default(),
+            pulled_keys: 0,
+            pulled_bytes: 0,
+            gated: 0,
+            drops: Drops::new(),
+            dropped: 0,
+        }
+    }
+
+    /// The same node, deliberately broken.
+    pub fn with_mutations(mut self, mutations: TransferMutations) -> Self {
+        self.mutations = mutations;
+        self
+    }
+
+    /// Node `me` holding `kind` as it was made durable, having entered `entered` (each ring from
+    /// `chain`) and finished the pulls of `pulled`. Unfinished pulls start again.
+    pub fn resume(
+        me: NodeId,
+        chain: &Chain,
+        kind: K,
+        entered: Epoch,
+        pulled: &BTreeSet<(Epoch, RingArc)>,
+    ) -> Self {
+        let mut node = EpochHost::new(me, chain.genesis().clone(), kind);
+        for epoch in chain.genesis().epoch().0 + 1..=entered.0 {
+            let Some(ring) = chain.ring(Epoch(epoch)) else {
+                break;
+            };
+            node.step_into(ring.clone());
+            node.pulls
+                .retain(|pull| !pulled.contains(&(pull.epoch, pull.arc)));
+        }
+        node
+    }
+
+    /// The epoch the node is in.
+    pub fn epoch(&self) -> Epoch {
+        self.rings.latest()
+    }
+
+    /// Whether every arc the node took over is in.
+    pub fn settled(&self) -> bool {
+        self.pulls.is_empty()
+    }
+
+    /// Keys taken over since start, and their value bytes.
+    pub fn pulled(&self) -> (u64, u64) {
+        (self.pulled_keys, self.pulled_bytes)
+    }
+
+    /// The objects held.
+    pub fn kind(&self) -> &K {
+        &self.kind
+    }
+
+    /// The newest ring entered.
+    pub fn ring(&self) -> &Arc<Ring> {
+        self.rings.newest()
+    }
+
+    /// The certified ring of the next epoch: the node enters it (refusing the previous epoch's
+    /// requests from now on) and starts pulling what it takes over. A ring of another epoch than
+    /// the next is ignored: the driver hands them over in order.
+    pub fn enter(&mut self, ring: Arc<Ring>) -> Output<Self> {
+        if ring.epoch().0 != self.epoch().0 + 1 {
+            return Output::none();
+        }
+        let epoch = ring.epoch();
+        self.step_into(ring);
+        let mut sends = Vec::new();
+        for pull in self.pulls.iter().filter(|pull| pull.epoch == epoch) {
+            sends.extend(pull.requests());
+        }
+        let mut output = Output {
+            changes: vec![Change::Entered(epoch)],
+            sends,
+            ..Output::none()
+        };
+        // Requests held for an earlier epoch's pulls are turned away now: their epoch is over.
+        // Every held request is of the epoch left (a request is held only in its own epoch), so
+        // none reaches the kind.
+        let held = std::mem::take(&mut self.waiting);
+        output.notify = held
+            .into_iter()
+            .map(|(client, _, request)| {
+                debug_assert!(K::route(&request).epoch < epoch);
+                let current = self.epoch();
+                let reply = K::turned(&request, current, Turned::WrongEpoch { current });
+                (client, K::op(&request), reply)
+            })
+            .collect();
+        output
+    }
+
+    /// Enters the next epoch with `ring`: the arcs this node takes over become pulls.
+    fn step_into(&mut self, ring: Arc<Ring>) {
+        let before = self.rings.newest().clone();
+        for moved in ring.arcs_since(&before) {
+            if moved.new.contains(self.me)
+                && (K::must_pull(&moved) || self.mutations.pull_unchanged_arcs)
+            {
+                self.pulls
+                    .push(Pull::new(ring.epoch(), moved.arc, moved.old.clone()));
+            }
+        }
+        self.rings.push(ring);
+        // What members said they held was said in the epoch before.
+        self.drops = Drops::new();
+    }
+
+    /// Whether this node's state as of the epoch before `epoch` is still incomplete where
+    /// `overlaps` says: a pull into an earlier epoch than `epoch` is unfinished there. Pulls into
+    /// `epoch` itself do not count: they build the state that follows, and old members that are
+    /// also new ones answer each other.
+    fn incomplete_before(&self, epoch: Epoch, overlaps: impl Fn(&RingArc) -> bool) -> bool {
+        self.pulls
+            .iter()
+            .any(|pull| pull.epoch < epoch && overlaps(&pull.arc))
+    }
+
+    /// The `2f+1` old members a pull hears, or new members a drop waits for; `f+1` when the
+    /// negative control `small` breaks the rule.
+    fn quorum(&self, small: bool) -> usize {
+        if small { self.f + 1 } else { 2 * self.f + 1 }
+    }
+
+    /// The group of `key` in the current epoch, when it does not name this node.
+    fn moved_away(&self, key: &Key) -> Option<GroupView> {
+        let group = self.rings.newest().group_at(K::point(key)?);
+        (!group.contains(self.me)).then_some(group)
+    }
+
+    /// The version of `key` stored.
+    fn stored_version(&self, view: &K::View, key: &Key) -> Option<K::Version> {
+        self.kind.entry(view, key).map(|entry| K::version(&entry))
+    }
+
+    /// The keys stored whose group in the current epoch does not name this node, with their
+    /// versions: what it has yet to drop.
+    pub fn moved_keys(&self, view: &K::View) -> Vec<(Key, K::Version)> {
+        self.kind
+            .outside(view, self.rings.newest(), self.me)
+            .into_iter()
+            .filter_map(|key| {
+                let version = self.stored_version(view, &key)?;
+                Some((key, version))
+            })
+            .collect()
+    }
+
+    /// Moves the dropping of moved keys on at `now`: asks again about the batch in flight, gives
+    /// up on it, starts a sweep, or starts the next batch.
+    fn drop_tick(&mut self, now: Time, view: &K::View) -> Vec<(Slot, Message<K>)> {
+        if !self.drops.due(now) {
+            return Vec::new();
+        }
+        let drops = &mut self.drops;
+        if !drops.batch.is_empty() {
+            if drops.rounds < DROP_ROUNDS {
+                drops.rounds += 1;
+                let wait = (PULL_RETRY_MILLIS << drops.rounds).min(PULL_RETRY_MAX_MILLIS);
+                drops.retry_at = Time(now.0 + wait);
+                return self.hold_requests();
+            }
+            // Members that lack these versions, or do not answer: the keys wait for the next
+            // sweep. Those that answered without them are offered them: a version only some
+            // members hold (a write its writer did not finish) would otherwise keep the key
+            // here until the next write.
+            drops.kept = true;
+            let kept = std::mem::take(&mut drops.batch);
+            let offers = if self.kind.offers() {
+                self.offers(view, &kept)
+            } else {
+                Vec::new()
+            };
+            let drops = &mut self.drops;
+            for (to, offer) in &offers {
+                if let Transfer::Offer { key, .. } = offer {
+                    drops.offered.insert((key.clone(), NodeId(to.0)));
+                }
+            }
+            if !offers.is_empty() {
+                drops.backoff = DROP_START_MILLIS;
+            }
+            drops.confirmed.extend(kept);
+            // The sweep goes on (or ends) at the next tick.
+            return offers;
+        }
+        if let Sweep::At(_) = drops.sweep {
+            let mut found: Vec<Key> = if drops.rescan {
+                self.kind.outside(view, self.rings.newest(), self.me)
+            } else {
+                drops.confirmed.keys().cloned().collect()
+            };
+            found.sort_unstable();
+            let drops = &mut self.drops;
+            drops.queue = found.into();
+            drops.kept = false;
+            drops.rescan = false;
+            drops.sweep = Sweep::Running;
+        }
+        self.next_batch(now, view)
+    }
+
+    /// Starts asking about the next keys of the running sweep, or ends it.
+    fn next_batch(&mut self, now: Time, view: &K::View) -> Vec<(Slot, Message<K>)> {
+        debug_assert!(self.drops.batch.is_empty() && self.drops.sweep == Sweep::Running);
+        while self.drops.batch.len() < DROP_BATCH_KEYS {
+            let Some(key) = self.drops.queue.pop_front() else {
+                break;
+            };
+            if let Some(version) = self.stored_version(view, &key) {
+                let asked = match self.drops.confirmed.remove(&key) {
+                    Some(asked) if asked.version == version => asked,
+                    _ => Asked::new(version),
+                };
+                self.drops.batch.insert(key, asked);
+            }
+        }
+        let drops = &mut self.drops;
+        if drops.batch.is_empty() {
+            drops.sweep = if drops.kept {
+                let at = Time(now.0 + drops.backoff);
+                drops.backoff = (drops.backoff * 2).min(DROP_RESWEEP_MAX_MILLIS);
+                Sweep::At(at)
+            } else if drops.rescan {
+                Sweep::At(Time(now.0 + DROP_START_MILLIS))
+            } else {
+                Sweep::Done
+            };
+            // A pull into an earlier epoch still running may store more; it rescans when done.
+            debug_assert!(
+                drops.sweep != Sweep::Done
+                    || self.pulls.iter().any(|pull| pull.epoch < self.epoch())
+                    || self.moved_keys(view).is_empty(),
+                "a sweep ended with keys outside the node's groups left"
+            );
+            return Vec::new();
+        }
+        drops.rounds = 0;
+        drops.answered.clear();
+        drops.retry_at = Time(now.0 + PULL_RETRY_MILLIS);
+        self.hold_requests()
+    }
+
+    /// What is stored of each key of `kept` for the members that answered about it without
+    /// holding it.
+    fn offers(
+        &self,
+        view: &K::View,
+        kept: &BTreeMap<Key, Asked<K::Version>>,
+    ) -> Vec<(Slot, Message<K>)> {
+        let mut sends = Vec::new();
+        for (key, asked) in kept {
+            let (Some(entry), Some(point)) = (self.kind.entry(view, key), K::point(key)) else {
+                continue;
+            };
+            let group = self.rings.newest().group_at(point);
+            for member in group.members() {
+                let offered = self.drops.offered.contains(&(key.clone(), *member));
+                if self.drops.answered.contains(member)
+                    && !asked.holders.contains(member)
+                    && !offered
+                {
+                    let offer = Transfer::Offer {
+                        epoch: self.epoch(),
+                        key: key.clone(),
+                        entry: entry.clone(),
+                    };
+                    sends.push((Slot(member.0), offer));
+                }
+            }
+        }
+        sends
+    }
+
+    /// One [`Transfer::Hold`] per member of the batch's groups, naming the keys it has not
+    /// answered about.
+    fn hold_requests(&self) -> Vec<(Slot, Message<K>)> {
+        let mut per_member: BTreeMap<NodeId, Vec<(Key, K::Version)>> = BTreeMap::new();
+        for (key, asked) in &self.drops.batch {
+            let Some(point) = K::point(key) else {
+                continue;
+            };
+            let group = self.rings.newest().group_at(point);
+            for member in group.members() {
+                if !asked.holders.contains(member) && !asked.deniers.contains(member) {
+                    per_member
+                        .entry(*member)
+                        .or_default()
+                        .push((key.clone(), asked.version));
+                }
+            }
+        }
+        let epoch = self.epoch();
+        per_member
+            .into_iter()
+            .map(|(member, versions)| (Slot(member.0), Transfer::Hold { epoch, versions }))
+            .collect()
+    }
+
+    /// Member `from` of the current epoch holds each key of `versions` at that version or
+    /// newer, and does not hold those of `denied`: drops each key `2f+1` members of its group
+    /// hold at the version this node holds (or, for kinds that drop on denials, do not hold).
+    fn on_held(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        versions: Vec<(Key, K::Version)>,
+        denied: Vec<Key>,
+        view: &K::View,
+    ) -> Output<Self> {
+        let quorum = self.quorum(self.mutations.small_drop_quorum);
+        let mut changes = Vec::new();
+        self.drops.answered.insert(from);
+        let said = versions
+            .into_iter()
+            .map(|(key, version)| (key, Some(version)))
+            .chain(
+                denied
+                    .into_iter()
+                    .filter(|_| K::DROP_DENIED)
+                    .map(|key| (key, None)),
+            );
+        for (key, confirmed) in said {
+            let Some(group) = self.moved_away(&key) else {
+                continue;
+            };
+            let Some(asked) = self.drops.batch.get_mut(&key) else {
+                continue;
+            };
+            if !group.contains(from) {
+                continue;
+            }
+            match confirmed {
+                // An answer to an earlier question (a retry, a previous batch, or this node
+                // before a restart) about an older version says nothing about the one held now.
+                Some(version) if version < asked.version => continue,
+                Some(_) => {
+                    asked.holders.insert(from);
+                }
+                None => {
+                    asked.deniers.insert(from);
+                }
+            }
+            let enough = asked.holders.len() >= quorum || asked.deniers.len() >= quorum;
+            if !enough || self.mutations.keep_moved_keys {
+                continue;
+            }
+            let version = asked.version;
+            self.drops.batch.remove(&key);
+            // A pull into an earlier epoch may have stored a newer version since it was asked
+            // about: that one waits for the next sweep.
+            let held = self.stored_version(view, &key);
+            if held == Some(version) {
+                self.kind.remove(&key);
+                self.dropped += 1;
+                changes.push(Change::Drop { key });
+            } else if let Some(held) = held {
+                self.drops.kept = true;
+                self.drops.confirmed.insert(key, Asked::new(held));
+            }
+        }
+        let sends = if self.drops.batch.is_empty() && self.drops.sweep == Sweep::Running {
+            self.next_batch(now, view)
+        } else {
+            Vec::new()
+        };
+        Output {
+            changes,
+            sends,
+            ..Output::none()
+        }
+    }
+
+    /// Serves one request now (`None` when it is held while its key is transferred).
+    fn handle(
+        &mut self,
+        client: ClientId,
+        access: Access,
+        request: K::Request,
+        view: &K::View,
+    ) -> Option<Served<K>> {
+        let epoch = self.epoch();
+        let route = K::route(&request);
+        let turn = |why: Turned| {
+            Some(Served {
+                changes: Vec::new(),
+                reply: K::turned(&request, epoch, why),
+                // A client in another epoch is behind (or ahead), not misbehaving: its answer
+                // names this node's epoch and it catches up. Only other refusals count.
+                refused: (why != Turned::WrongEpoch { current: epoch }).then(|| why.to_string()),
+            })
+        };
+        if route.epoch != epoch {
+            return turn(Turned::WrongEpoch { current: epoch });
+        }
+        let Some(point) = K::point(route.key) else {
+            return turn(Turned::WrongGroup);
+        };
+        let group = self.rings.newest().group_at(point);
+        let Some(slot) = group.slot_of(self.me) else {
+            return turn(Turned::WrongGroup);
+        };
+        if group.id() != route.group {
+            return turn(Turned::WrongGroup);
+        }
+        if !self.mutations.serve_before_transfer
+            && self.incomplete_before(Epoch(epoch.0 + 1), |arc| arc.contains(point))
+        {
+            if self.waiting.len() >= WAITING_MAX {
+                return turn(Turned::Transferring);
+            }
+            self.waiting.push_back((client, access, request));
+            self.gated += 1;
+            return None;
+        }
+        Some(self.kind.serve(client, access, request, &group, slot, view))
+    }
+
+    /// Answers every held request that no longer waits on a pull: the changes they made, and
+    /// the answers, which leave once those changes are durable.
+    fn release(&mut self, view: &K::View) -> (Vec<Change<K::Entry>>, Vec<Answer<K>>) {
+        let mut changes = Vec::new();
+        let mut notify = Vec::new();
+        let held = std::mem::take(&mut self.waiting);
+        for (client, access, request) in held {
+            let op = K::op(&request);
+            if let Some(served) = self.handle(client, access, request, view) {
+                changes.extend(served.changes);
+                notify.push((client, op, served.reply));
+            }
+        }
+        (changes, notify)
+    }
+
+    /// Sends the next page request, or the fetches, after a listing changed.
+    fn after_listing(&mut self, at: usize, view: &K::View) -> Output<Self> {
+        let quorum = self.quorum(self.mutations.small_transfer_quorum);
+        let pull = &mut self.pulls[at];
+        let complete = pull.listings.iter().filter(|l| l.complete).count();
+        if pull.queue.is_some() || complete < quorum {
+            return Output::none();
+        }
+        // The union of the complete listings: every write completed in the old epoch is in it.
+        let mut keys = BTreeSet::new();
+        for listing in pull.listings.iter().filter(|l| l.complete) {
+            keys.extend(listing.keys.iter().cloned());
+        }
+        pull.queue = Some(keys.into_iter().collect());
+        self.fill(at, view)
+    }
+
+    /// Starts fetches up to the window, or finishes the pull when nothing is left.
+    fn fill(&mut self, at: usize, view: &K::View) -> Output<Self> {
+        let pull = &mut self.pulls[at];
+        let mut sends = Vec::new();
+        while pull.fetching.len() < FETCH_WINDOW {
+            let Some(key) = pull.queue.as_mut().and_then(VecDeque::pop_front) else {
+                break;
+            };
+            for node in pull.old.members() {
+                let fetch = Transfer::Fetch {
+                    epoch: pull.epoch,
+                    key: key.clone(),
+                };
+                sends.push((Slot(node.0), fetch));
+            }
+            pull.fetching.insert(key, Replies::new(pull.old.len()));
+        }
+        if !pull.done() {
+            return Output {
+                sends,
+                ..Output::none()
+            };
+        }
+        let pull = self.pulls.remove(at);
+        if pull.epoch < self.epoch() {
+            self.drops.rescan = true;
+        }
+        let mut changes = vec![Change::Pulled {
+            epoch: pull.epoch,
+            arc: pull.arc,
+        }];
+        let (released, notify) = self.release(view);
+        changes.extend(released);
+        Output {
+            changes,
+            notify,
+            sends,
+            ..Output::none()
+        }
+    }
+
+    /// Whether this node answers a transfer request of `epoch`: only once it is in that epoch,
+    /// so nothing it reports can change under a write of the epoch before.
+    fn answers(&self, epoch: Epoch) -> bool {
+        epoch <= self.epoch() || self.mutations.answer_without_entering
+    }
+
+    /// A member's answer to [`Transfer::Hold`]: the keys it holds at the version asked or newer,
+    /// and, for kinds that drop on denials, those it does not hold although its pull of their
+    /// arc is in.
+    fn held(&self, epoch: Epoch, versions: Vec<(Key, K::Version)>, view: &K::View) -> Message<K> {
+        let mut held = Vec::new();
+        let mut denied = Vec::new();
+        for (key, version) in versions {
+            let Some(point) = K::point(&key) else {
+                continue;
+            };
+            if self.moved_away(&key).is_some() {
+                continue;
+            }
+            match self.stored_version(view, &key) {
+                Some(stored) if stored >= version => held.push((key, version)),
+                _ if K::DROP_DENIED
+                    && !self.incomplete_before(Epoch(epoch.0 + 1), |arc| arc.contains(point)) =>
+                {
+                    denied.push(key);
+                }
+                _ => {}
+            }
+        }
+        Transfer::Held {
+            epoch,
+            versions: held,
+            denied,
+        }
+    }
+
+    fn on_transfer(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        message: Message<K>,
+        view: &K::View,
+    ) -> Output<Self> {
+        match message {
+            Transfer::Hold { epoch, versions } => {
+                // Only a statement made in the asker's epoch counts: in it, this node keeps every
+                // key of its groups.
+                if epoch != self.epoch() {
+                    return Output::none();
+                }
+                if versions.len() > DROP_BATCH_KEYS {
+                    return Output::refused(format!("node {} asked about too many keys", from.0));
+                }
+                Output {
+                    sends: vec![(Slot(from.0), self.held(epoch, versions, view))],
+                    ..Output::none()
+                }
+            }
+            Transfer::Held {
+                epoch,
+                versions,
+                denied,
+            } => {
+                if epoch != self.epoch() {
+                    return Output::none();
+                }
+                if versions.len() + denied.len() > DROP_BATCH_KEYS {
+                    return Output::refused(format!("node {} confirmed too many keys", from.0));
+                }
+                self.on_held(now, from, versions, denied, view)
+            }
+            Transfer::Offer { epoch, key, entry } => {
+                if epoch != self.epoch() {
+                    return Output::none();
+                }
+                let refused = |why: &str| Output::refused(format!("node {} offered {why}", from.0));
+                if !self.kind.offers() {
+                    return refused("what this kind never offers");
+                }
+                let Some(point) = K::point(&key) else {
+                    return refused("a malformed key");
+                };
+                let group = self.rings.newest().group_at(point);
+                if !group.contains(self.me) {
+                    return refused("a key outside this node's groups");
+                }
+                match self.kind.judge(&group, &key, &entry) {
+                    Judged::Valid => {}
+                    Judged::Ignored | Judged::Forged => return refused("a version that fails"),
+                }
+                if !self.kind.adopt(view, &key, &entry) {
+                    return Output::none();
+                }
+                Output {
+                    changes: vec![Change::Put { key, entry }],
+                    ..Output::none()
+                }
+            }
+            Transfer::List { epoch, arc, after } => {
+                // Two arcs overlap exactly when one contains the other's end.
+                let overlaps =
+                    |pulled: &RingArc| pulled.contains(arc.upto) || arc.contains(pulled.upto);
+                if !self.answers(epoch) || self.incomplete_before(epoch, overlaps) {
+                    return Output::none();
+                }
+                let (keys, more) = self.kind.list(view, &arc, after.as_ref(), LIST_PAGE_KEYS);
+                let listed = Transfer::Listed {
+                    epoch,
+                    arc,
+                    after,
+                    keys,
+                    more,
+                };
+                Output {
+                    sends: vec![(Slot(from.0), listed)],
+                    ..Output::none()
+                }
+            }
+            Transfer::Listed {
+                epoch,
+                arc,
+                after,
+                keys,
+                more,
+            } => self.on_listed(from, epoch, arc, after, keys, more, view),
+            Transfer::Fetch { epoch, key } => {
+                let Some(point) = K::point(&key) else {
+                    return Output::refused(format!("node {} fetched a malformed key", from.0));
+                };
+                if !self.answers(epoch) || self.incomplete_before(epoch, |arc| arc.contains(point))
+                {
+                    return Output::none();
+                }
+                let entry = self.kind.entry(view, &key);
+                let fetched = Transfer::Fetched { epoch, key, entry };
+                Output {
+                    sends: vec![(Slot(from.0), fetched)],
+                    ..Output::none()
+                }
+            }
+            Transfer::Fetched { epoch, key, entry } => {
+                self.on_fetched(from, epoch, key, entry, view)
+            }
+        }
+    }
+
+    /// One page of an old member's listing.
+    #[allow(clippy::too_many_arguments)]
+    fn on_listed(
+        &mut self,
+        from: NodeId,
+        epoch: Epoch,
+        arc: RingArc,
+        after: Option<Key>,
+        keys: Vec<Key>,
+        more: bool,
+        view: &K::View,
+    ) -> Output<Self> {
+        let Some(at) = self
+            .pulls
+            .iter()
+            .position(|p| p.epoch == epoch && p.arc == arc && p.queue.is_none())
+        else {
+            return Output::none();
+        };
+        let pull = &mut self.pulls[at];
+        let Some(slot) = pull.old.slot_of(from) else {
+            return Output::none();
+        };
+        let listing = &mut pull.listings[slot.index()];
+        if listing.complete || listing.faulty || listing.after != after {
+            // A duplicate, or a page asked for before.
+            return Output::none();
+        }
+        let ordered = keys.windows(2).all(|pair| pair[0] < pair[1])
+            && keys
+                .first()
+                .is_none_or(|first| after.as_ref().is_none_or(|after| first > after));
+        let on_arc = keys
+            .iter()
+            .all(|key| K::point(key).is_some_and(|point| arc.contains(point)));
+        if keys.len() > LIST_PAGE_KEYS
+            || !ordered
+            || !on_arc
+            || listing.keys.len() + keys.len() > LISTED_KEYS_MAX
+            || (more && keys.is_empty())
+        {
+            // No correct member sends this: its listing no longer counts.
+            listing.faulty = true;
+            return Output::refused(format!("node {} sent a malformed listing", from.0));
+        }
+        if let Some(last) = keys.last() {
+            listing.after = Some(last.clone());
+        }
+        listing.keys.extend(keys);
+        listing.complete = !more;
+        let after = listing.after.clone();
+        pull.progressed();
+        if more {
+            let next = Transfer::List { epoch, arc, after };
+            return Output {
+                sends: vec![(Slot(from.0), next)],
+                ..Output::none()
+            };
+        }
+        self.after_listing(at, view)
+    }
+
+    /// An old member's answer to FETCH.
+    fn on_fetched(
+        &mut self,
+        from: NodeId,
+        epoch: Epoch,
+        key: Key,
+        entry: Option<K::Entry>,
+        view: &K::View,
+    ) -> Output<Self> {
+        let Some(at) = self
+            .pulls
+            .iter()
+            .position(|p| p.epoch == epoch && p.fetching.contains_key(&key))
+        else {
+            return Output::none();
+        };
+        let quorum = self.quorum(self.mutations.small_transfer_quorum);
+        let pull = &self.pulls[at];
+        let Some(slot) = pull.old.slot_of(from) else {
+            return Output::none();
+        };
+        let judged = entry.as_ref().map_or(Judged::Valid, |entry| {
+            self.kind.judge(&pull.old, &key, entry)
+        });
+        let entry = match judged {
+            Judged::Ignored => return Output::none(),
+            Judged::Forged => None,
+            Judged::Valid => entry,
+        };
+        let Some(point) = K::point(&key) else {
+            return Output::none();
+        };
+        let new = self.rings.ring(epoch).map(|ring| ring.group_at(point));
+        let pull = &mut self.pulls[at];
+        let Some(replies) = pull.fetching.get_mut(&key) else {
+            return Output::none();
+        };
+        if !replies.record(slot, entry) {
+            return Output::none();
+        }
+        let answers: Vec<(Slot, Option<&K::Entry>)> = replies
+            .present()
+            .map(|(slot, entry)| (slot, entry.as_ref()))
+            .collect();
+        let Some(new) = new else {
+            unreachable!("a pull's epoch is one the node entered")
+        };
+        let decided = self.kind.decide(&key, &pull.old, &new, &answers, quorum);
+        let taken = match decided {
+            Decided::Wait => return Output::none(),
+            Decided::Absent => None,
+            Decided::Take(entry) => Some(entry),
+        };
+        pull.fetching.remove(&key);
+        pull.progressed();
+        let mut changes = Vec::new();
+        if let Some(entry) = taken {
+            self.pulled_keys += 1;
+            self.pulled_bytes += K::value_bytes(&entry);
+            if self.kind.adopt(view, &key, &entry) {
+                changes.push(Change::Put { key, entry });
+            }
+        }
+        let mut output = self.fill(at, view);
+        changes.append(&mut output.changes);
+        output.changes = changes;
+        output
+    }
+}
+
+impl<K: Kind> Replica for EpochHost<K> {
+    const SERVICE: ServiceId = K::SERVICE;
+    type Request = K::Request;
+    type Reply = K::Reply;
+    type Message = Message<K>;
+    type Change = Change<K::Entry>;
+    type View = K::View;
+
+    fn on_request(
+        &mut self,
+        _now: Time,
+        client: ClientId,
+        access: Access,
+        request: K::Request,
+        view: &K::View,
+    ) -> Output<Self> {
+        match self.handle(client, access, request, view) {
+            Some(served) => Output {
+                changes: served.changes,
+                reply: Some(served.reply),
+                refused: served.refused,
+                ..Output::none()
+            },
+            None => Output::none(),
+        }
+    }
+
+    fn on_message(
+        &mut self,
+        now: Time,
+        from: Slot,
+        message: Message<K>,
+        view: &K::View,
+    ) -> Output<Self> {
+        self.on_transfer(now, NodeId(from.0), message, view)
+    }
+
+    fn on_timer(&mut self, now: Time, timer: TimerId, view: &K::View) -> Output<Self> {
+        if timer != DROP_TIMER {
+            return Output::none();
+        }
+        Output {
+            sends: self.drop_tick(now, view),
+            ..Output::none()
+        }
+    }
+
+    fn on_epoch(&mut self, _now: Time, ring: Arc<Ring>) -> Output<Self> {
+        self.enter(ring)
+    }
+
+    /// Asks again for whatever the pulls still wait on, once a retry is due (lost requests and
+    /// slow old members), and moves the dropping of moved keys on.
+    fn on_tick(&mut self, now: Time) -> Output<Self> {
+        let sends: Vec<_> = self
+            .pulls
+            .iter_mut()
+            .flat_map(|pull| pull.retry(now))
+            .collect();
+        let timers = if self.drops.due(now) {
+            vec![(DROP_TIMER, now)]
+        } else {
+            Vec::new()
+        };
+        Output {
+            sends,
+            timers,
+            ..Output::none()
+        }
+    }
+
+    fn stats(&self) -> ReplicaStats {
+        ReplicaStats {
+            epoch: self.epoch().0,
+            transfers_pending: self.pulls.len() as u64,
+            transferred_keys: self.pulled_keys,
+            transferred_bytes: self.pulled_bytes,
+            gated: self.gated,
+            collected: self.dropped,
+            ..self.kind.stats()
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Client
+
+/// An operation that can move to another epoch mid-way.
+pub trait Rebase: Operation {
+    /// What a reply says when its replica turned the request away before serving it (another
+    /// epoch, or a transfer in progress); `None` for every other reply.
+    fn turned(reply: &Self::Reply) -> Option<Turned>;
+    /// The client moved to `epoch`, where the object belongs to `view` (its slots are
+    /// positions in `view`): the current round starts again there from no replies, so no round
+    /// counts replies of two epochs (Rosebud §7.1.1). What earlier rounds decided (a write's
+    /// timestamp, a read's version to write back) stands. `chain` is every epoch the client has
+    /// verified, for what an operation needs to know of the members it now talks to.
+    fn rebase(
+        &mut self,
+        epoch: Epoch,
+        view: &GroupView,
+        chain: &Chain,
+    ) -> Vec<(Slot, Self::Request)>;
+    /// The epoch the operation runs in.
+    fn epoch(&self) -> Epoch;
+}
+
+/// An operation routed to its object's group of the client's epoch, that follows a replica's
+/// word into a newer certified epoch (ERR_UPGRADE_CONFIG) by restarting only its current round
+/// there. Its slots are nodes (`Slot(id)`), like [`EpochHost`]'s.
+pub struct Routed<O: Rebase> {
+    inner: O,
+    point: RingPoint,
+    chain: Arc<Chain>,
+    epoch: Epoch,
+    view: GroupView,
+    /// The newest epoch a replica named that `chain` does not reach yet.
+    needs: Option<Epoch>,
+}
+
+impl<O: Rebase> Routed<O> {
+    /// `inner` on the object placed at `point`, starting in `epoch` of `chain`.
+    pub fn new(inner: O, point: RingPoint, chain: Arc<Chain>, epoch: Epoch) -> Self {
+        let epoch = epoch.min(chain.latest());
+        let Some(ring) = chain.ring(epoch) else {
+            unreachable!("an epoch up to the latest is in the chain")
+        };
+        let view = ring.group_at(point);
+        Routed {
+            inner,
+            point,
+            chain,
+            epoch,
+            view,
+            needs: None,
+        }
+    }
+
+    /// The epoch the operation runs in now.
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    /// The object's group in that epoch: what the inner operation's slots are positions in.
+    pub fn view(&self) -> &GroupView {
+        &self.view
+    }
+
+    /// The operation inside.
+    pub fn inner(&self) -> &O {
+        &self.inner
+    }
+
+    fn to_nodes(&self, sends: Vec<(Slot, O::Request)>) -> Vec<(Slot, O::Request)> {
+        sends
+            .into_iter()
+            .filter_map(|(slot, request)| Some((Slot(self.view.node(slot)?.0), request)))
+            .collect()
+    }
+
+    /// Moves the current round to `epoch`, which `chain` reaches.
+    fn move_to(&mut self, epoch: Epoch) -> Vec<(Slot, O::Request)> {
+        let Some(ring) = self.chain.ring(epoch) else {
+            return Vec::new();
+        };
+        self.epoch = epoch;
+        self.view = ring.group_at(self.point);
+        let sends = self.inner.rebase(epoch, &self.view, &self.chain);
+        self.to_nodes(sends)
+    }
+
+    fn to_slots(&self, slots: Vec<Slot>) -> Vec<Slot> {
+        slots
+            .into_iter()
+            .filter_map(|slot| Some(Slot(self.view.node(slot)?.0)))
+            .collect()
+    }
+}
+
+impl<O: Rebase> Operation for Routed<O> {
+    const SERVICE: ServiceId = O::SERVICE;
+    type Request = O::Request;
+    type Reply = O::Reply;
+    type Output = O::Output;
+
+    fn op(&self) -> u64 {
+        self.inner.op()
+    }
+
+    fn start(&mut self) -> Vec<(Slot, O::Request)> {
+        let sends = self.inner.rebase(self.epoch, &self.view, &self.chain);
+        self.to_nodes(sends)
+    }
+
+    fn on_reply(&mut self, from: Slot, reply: O::Reply) -> Progress<Self> {
+        match O::turned(&reply) {
+            Some(Turned::WrongEpoch { current }) if current > self.epoch => {
+                // Only certified epochs are in the chain: a replica can move the client to a
+                // newer one, never to one that does not exist. One the chain does not reach
+                // yet is asked of the driver (ERR_NEED_CONFIG), which fetches and verifies it.
+                if self.chain.ring(current).is_none() {
+                    self.needs = self.needs.max(Some(current));
+                    return Progress::Send(Vec::new());
+                }
+                Progress::Send(self.move_to(current))
+            }
+            // Not an answer: the replica will serve the key once its transfer is in, and the
+            // retransmission asks again.
+            Some(Turned::Transferring | Turned::WrongEpoch { .. }) => Progress::Send(Vec::new()),
+            _ => {
+                let Some(slot) = self.view.slot_of(NodeId(from.0)) else {
+                    return Progress::Send(Vec::new());
+                };
+                match self.inner.on_reply(slot, reply) {
+                    Progress::Send(sends) => Progress::Send(self.to_nodes(sends)),
+                    Progress::Done(result) => Progress::Done(result),
+                }
+            }
+        }
+    }
+
+    fn on_timeout(&mut self) -> Vec<(Slot, O::Request)> {
+        let sends = self.inner.on_timeout();
+        self.to_nodes(sends)
+    }
+
+    fn answered(&self) -> Vec<Slot> {
+        self.to_slots(self.inner.answered())
+    }
+
+    fn quorum(&self) -> usize {
+        self.inner.quorum()
+    }
+
+    fn stalled(&self) -> Option<String> {
+        self.inner.stalled()
+    }
+
+    fn route(&self) -> Option<(Epoch, GroupId)> {
+        Some((self.epoch, self.view.id()))
+    }
+
+    fn needs(&self) -> Option<Epoch> {
+        self.needs
+    }
+
+    fn learn(&mut self, chain: Arc<Chain>) -> Vec<(Slot, O::Request)> {
+        let Some(wanted) = self.needs.take() else {
+            return Vec::new();
+        };
+        if chain.latest() <= self.chain.latest() {
+            return Vec::new();
+        }
+        self.chain = chain;
+        // A replica may have named an epoch no one can prove (a faulty one lying): the round
+        // moves only as far as the verified chain reaches.
+        let target = wanted.min(self.chain.latest());
+        if target <= self.epoch {
+            return Vec::new();
+        }
+        self.move_to(target)
+    }
+}
