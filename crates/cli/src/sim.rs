@@ -3,6 +3,7 @@
 
 use anyhow::{Result, bail};
 use bulwark_sim::sim::protocols::content::ContentSim;
+use bulwark_sim::sim::protocols::content_epochs::{ContentEpochsSim, ScaleContentEpochsSim};
 use bulwark_sim::sim::protocols::powerstore::SoleWriterSim;
 use bulwark_sim::sim::protocols::reconfig::{ReconfigSim, ScaleReconfigSim};
 use bulwark_sim::sim::protocols::registers::PubKeySim;
@@ -27,7 +28,10 @@ pub struct SimArgs {
     /// phalanx, cs (the configuration service: PBFT with 3f+1 replicas
     /// ordering membership changes and epoch ends), cs-ea (the same on A2M-PBFT-EA: 2f+1
     /// replicas with trusted logs), cs-e (the same on A2M-PBFT-E: 3f+1 replicas answering with
-    /// their trusted request history), content (content-hash objects), pubkey
+    /// their trusted request history), content (content-hash objects), content-epochs
+    /// (content-hash objects on 2(3f+1) nodes whose configuration changes under the clients,
+    /// fragments rebuilt for the slots that change), content-epochs-50 (the same on 50 nodes),
+    /// pubkey
     /// (public-key objects), reconfig (public-key objects on 2(3f+1) nodes whose configuration
     /// changes under the clients, keys moving between groups), reconfig-50 (the same on 50
     /// nodes), table (hardened tables, linearizable per cell) or table-eventual (eventual tables,
@@ -106,6 +110,8 @@ impl SimArgs {
             "cs-ea" => Some("cs-ea"),
             "cs-e" => Some("cs-e"),
             "content" => Some("content"),
+            "content-epochs" => Some("content-epochs"),
+            "content-epochs-50" => Some("content-epochs-50"),
             "pubkey" => Some("pubkey"),
             "reconfig" => Some("reconfig"),
             "reconfig-50" => Some("reconfig-50"),
@@ -127,6 +133,8 @@ pub fn run(args: &SimArgs) -> Result<ExitCode> {
             Some("cs-ea") => sim::protocols::cs::run_ea(seed, &config),
             Some("cs-e") => sim::protocols::cs::run_e(seed, &config),
             Some("pubkey") => sim::run_service::<PubKeySim>(seed, &config),
+            Some("content-epochs") => sim::run_service::<ContentEpochsSim>(seed, &config),
+            Some("content-epochs-50") => sim::run_service::<ScaleContentEpochsSim>(seed, &config),
             Some("reconfig") => sim::run_service::<ReconfigSim>(seed, &config),
             Some("reconfig-50") => sim::run_service::<ScaleReconfigSim>(seed, &config),
             Some("table") => sim::run_service::<TableSim>(seed, &config),
@@ -156,6 +164,10 @@ pub fn run(args: &SimArgs) -> Result<ExitCode> {
         Some("cs-ea") => sim::protocols::cs::sweep_ea(range, &config, threads),
         Some("cs-e") => sim::protocols::cs::sweep_e(range, &config, threads),
         Some("pubkey") => sim::sweep_service::<PubKeySim>(range, &config, threads),
+        Some("content-epochs") => sim::sweep_service::<ContentEpochsSim>(range, &config, threads),
+        Some("content-epochs-50") => {
+            sim::sweep_service::<ScaleContentEpochsSim>(range, &config, threads)
+        }
         Some("reconfig") => sim::sweep_service::<ReconfigSim>(range, &config, threads),
         Some("reconfig-50") => sim::sweep_service::<ScaleReconfigSim>(range, &config, threads),
         Some("table") => sim::sweep_service::<TableSim>(range, &config, threads),

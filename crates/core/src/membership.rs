@@ -584,10 +584,12 @@ impl Moved {
     }
 }
 
-/// The rings a party holds, verified: every epoch's from the first it knows (the genesis) on.
+/// The rings a party holds, verified: every epoch's from the first it knows (the genesis) on,
+/// and the signing keys of the members they name, where the party knows them.
 #[derive(Clone, Debug)]
 pub struct Chain {
     rings: Vec<std::sync::Arc<Ring>>,
+    keys: BTreeMap<NodeId, PublicKey>,
 }
 
 impl Chain {
@@ -601,7 +603,22 @@ impl Chain {
                 "a chain holds every epoch in order"
             );
         }
-        Chain { rings }
+        Chain {
+            rings,
+            keys: BTreeMap::new(),
+        }
+    }
+
+    /// The same chain, knowing `keys` too: each member's key, as the configuration that
+    /// certified it says.
+    pub fn with_keys(mut self, keys: impl IntoIterator<Item = (NodeId, PublicKey)>) -> Chain {
+        self.keys.extend(keys);
+        self
+    }
+
+    /// The signing key of member `node`, if the chain knows it.
+    pub fn signing_key(&self, node: NodeId) -> Option<&PublicKey> {
+        self.keys.get(&node)
     }
 
     /// The ring of `epoch`, if the chain reaches it.

@@ -669,7 +669,7 @@ impl<P: Policy> Adapter<EpochServer<P>> for EpochStorage {
     fn record(&mut self, change: &reconfig::Change<P>, _batch: u64, ops: &mut Vec<StorageOp>) {
         let op = match change {
             transfer::Change::Put { key, entry } => register_put::<P>(self.namespace, key, entry),
-            transfer::Change::Drop { key } => {
+            transfer::Change::Drop { key } | transfer::Change::Remove { key, .. } => {
                 let deletes = self.legacy.iter().map(|namespace| StorageOp::Delete {
                     table: namespace.table(REGISTER),
                     key: key.as_bytes().to_vec(),

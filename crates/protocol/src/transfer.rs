@@ -90,6 +90,8 @@ pub const DROP_RESWEEP_MAX_MILLIS: u64 = 4_000;
 /// The timer under which the dropping of moved keys moves on: set from the tick when something
 /// is due, since dropping reads the store, which only timers and messages are lent.
 pub const DROP_TIMER: TimerId = TimerId(1);
+/// The timer under which the requests held for a finished pull are served.
+pub const RELEASE_TIMER: TimerId = TimerId(2);
 
 /// Deliberate breakage for the simulator's negative controls; none in real nodes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -135,14 +137,14 @@ impl std::fmt::Display for Turned {
 }
 
 /// Where a request says it goes.
-#[derive(Clone, Copy, Debug)]
-pub struct Route<'a> {
+#[derive(Clone, Debug)]
+pub struct Route {
     /// The epoch the client believes in.
     pub epoch: Epoch,
     /// The group it addressed.
     pub group: GroupId,
     /// The key.
-    pub key: &'a Key,
+    pub key: Key,
 }
 
 /// What one key's pull decided from the old members' answers so far.
@@ -177,6 +179,17 @@ pub trait Kind: Sized + 'static {
     /// taking its arc over say they do not hold it (a key at most `f` correct members hold is no
     /// completed write's); kinds that offer what they hold instead say `false`.
     const DROP_DENIED: bool;
+    /// Whether taking a key over may leave the node holding a part of it to drop later (a
+    /// fragment of its earlier slot): every finished pull then makes the next sweep look again.
+    const KEEPS_EARLIER: bool = false;
+    /// Whether a pull holds back only the requests for the keys it has not decided yet, once
+    /// its listing is in, rather than every request for its arc; requests for a key that no
+    /// correct old member listed are then served at once.
+    const GATES_KEYS: bool = false;
+    /// Whether the kind keeps its objects in the driver's storage, which shows what an output
+    /// changed only once the driver has taken the output: requests held for a pull are then
+    /// served from a timer, after the pull's changes, rather than with them.
+    const IN_STORAGE: bool = false;
     /// A client's request.
     type Request: DeserializeOwned;
     /// The answer.
@@ -193,7 +206,7 @@ pub trait Kind: Sized + 'static {
     /// Faults tolerated per group.
     fn f(&self) -> usize;
     /// Where `request` goes.
-    fn route(request: &Self::Request) -> Route<'_>;
+    fn route(request: &Self::Request) -> Route;
     /// The operation id `request` carries, which a held request's answer echoes.
     fn op(request: &Self::Request) -> u64;
     /// The point of the ring `key` is placed at; `None` for a key no correct node stores.
@@ -210,6 +223,15 @@ pub trait Kind: Sized + 'static {
         slot: Slot,
         view: &Self::View,
     ) -> Served<Self>;
+    /// Whether `request` is served even while its key is being taken over, because it brings
+    /// what the pull is after (a fragment of this node's slot); serving it decides the key.
+    fn passes(_request: &Self::Request) -> bool {
+        false
+    }
+    /// Whether `reply`, to a request that [`Kind::passes`], says it was served.
+    fn settles(_reply: &Self::Reply) -> bool {
+        false
+    }
     /// Whether a node of `moved.new` must take `moved.arc` over from `moved.old`.
     fn must_pull(moved: &Moved) -> bool;
     /// The keys stored on `arc` after `after`, in key order: at most `limit`, and whether more
@@ -221,8 +243,26 @@ pub trait Kind: Sized + 'static {
         after: Option<&Key>,
         limit: usize,
     ) -> (Vec<Key>, bool);
-    /// What is stored of `key`, checked, as it is handed over.
+    /// The ring the node entered: the kind learns where it is now.
+    fn entered(&mut self, _ring: &Arc<Ring>) {}
+    /// What is stored of `key`, checked: what a node outside the key's group would drop, or
+    /// offer.
     fn entry(&self, view: &Self::View, key: &Key) -> Option<Self::Entry>;
+    /// The version of `key` a member of its group can serve, as it answers a node asking
+    /// whether it holds what moved.
+    fn holds(&self, view: &Self::View, key: &Key) -> Option<Self::Version> {
+        self.entry(view, key).map(|entry| Self::version(&entry))
+    }
+    /// What is handed over of `key` to a new member pulling it from `old`, where this node was
+    /// a member.
+    fn hand_over(&self, view: &Self::View, key: &Key, _old: &GroupView) -> Option<Self::Entry> {
+        self.entry(view, key)
+    }
+    /// Whether a pull into `new` must fetch `key`, which an old member listed: not when what is
+    /// held already serves.
+    fn needs(&self, _view: &Self::View, _key: &Key, _new: &GroupView) -> bool {
+        true
+    }
     /// An entry's version.
     fn version(entry: &Self::Entry) -> Self::Version;
     /// An entry's value bytes, for the transfer counters.
@@ -241,10 +281,15 @@ pub trait Kind: Sized + 'static {
         answers: &[(Slot, Option<&Self::Entry>)],
         quorum: usize,
     ) -> Decided<Self::Entry>;
-    /// Stores `entry` unless what is stored is as new; whether it did.
-    fn adopt(&mut self, view: &Self::View, key: &Key, entry: &Self::Entry) -> bool;
-    /// Forgets `key`: its group holds it.
-    fn remove(&mut self, key: &Key);
+    /// Stores `entry` unless what is stored is as new: the changes that make it so.
+    fn adopt(
+        &mut self,
+        view: &Self::View,
+        key: &Key,
+        entry: &Self::Entry,
+    ) -> Vec<Change<Self::Entry>>;
+    /// Forgets what this node need not hold of `key`, now that its group holds it.
+    fn remove(&mut self, view: &Self::View, key: &Key) -> Vec<Change<Self::Entry>>;
     /// Whether a kept key's entry is offered to the members that lack it, who store it as a
     /// write-back (registers); kinds whose entries cannot be taken from one node do not.
     fn offers(&self) -> bool;
@@ -351,6 +396,14 @@ pub enum Change<E> {
     Drop {
         /// The key.
         key: Key,
+    },
+    /// The node no longer holds this part of what it stored of `key` (a kind whose entries are
+    /// parts of an object: a fragment made for an earlier slot).
+    Remove {
+        /// The key.
+        key: Key,
+        /// What is forgotten.
+        entry: E,
     },
 }
 
@@ -462,8 +515,8 @@ struct Pull<K: Kind> {
     old: GroupView,
     /// Per old member: the keys listed so far, the last one, and whether the listing is complete.
     listings: Vec<Listing>,
-    /// Once `2f+1` listings are complete: the keys still to fetch.
-    queue: Option<VecDeque<Key>>,
+    /// Once `2f+1` listings are complete: the keys still to fetch, in key order.
+    queue: Option<BTreeSet<Key>>,
     /// Keys being fetched, with the answers of each old member.
     fetching: BTreeMap<Key, Replies<Option<K::Entry>>>,
     /// When to ask again the old members that have not answered; set on the first tick after
@@ -520,7 +573,14 @@ impl<K: Kind> Pull<K> {
     }
 
     fn done(&self) -> bool {
-        self.queue.as_ref().is_some_and(VecDeque::is_empty) && self.fetching.is_empty()
+        self.queue.as_ref().is_some_and(BTreeSet::is_empty) && self.fetching.is_empty()
+    }
+
+    /// Whether `key` is still to be taken over: the listing is not in, or the key is listed
+    /// and not decided yet.
+    fn pending(&self, key: &Key) -> bool {
+        self.queue.as_ref().is_none_or(|queue| queue.contains(key))
+            || self.fetching.contains_key(key)
     }
 
     /// Every request this pull still waits on, to every old member that has not answered it.
@@ -578,6 +638,9 @@ pub struct EpochHost<K: Kind> {
     drops: Drops<K::Version>,
     /// Keys dropped since start.
     dropped: u64,
+    /// Keys a request decided while pulls waited for them: the pulls learn it once the request
+    /// is served.
+    settling: Vec<(Key, RingPoint)>,
 }
 
 impl<K: Kind> EpochHost<K> {
@@ -597,6 +660,7 @@ impl<K: Kind> EpochHost<K> {
             gated: 0,
             drops: Drops::new(),
             dropped: 0,
+            settling: Vec::new(),
         }
     }
 
@@ -697,6 +761,7 @@ impl<K: Kind> EpochHost<K> {
                     .push(Pull::new(ring.epoch(), moved.arc, moved.old.clone()));
             }
         }
+        self.kind.entered(&ring);
         self.rings.push(ring);
         // What members said they held was said in the epoch before.
         self.drops = Drops::new();
@@ -710,6 +775,39 @@ impl<K: Kind> EpochHost<K> {
         self.pulls
             .iter()
             .any(|pull| pull.epoch < epoch && overlaps(&pull.arc))
+    }
+
+    /// Whether what this node holds of `key`, at `point`, as of the epoch before `epoch` is
+    /// still incomplete: a pull into an earlier epoch than `epoch` over it has not decided it
+    /// (for kinds that gate keys), or is unfinished (for the others).
+    fn unsettled(&self, epoch: Epoch, point: RingPoint, key: &Key) -> bool {
+        self.pulls.iter().any(|pull| {
+            pull.epoch < epoch && pull.arc.contains(point) && (!K::GATES_KEYS || pull.pending(key))
+        })
+    }
+
+    /// `key` is decided, by a request that brought what the pulls over it were after: they no
+    /// longer wait for it, and those left with nothing to wait for are done.
+    fn settle(&mut self, key: &Key, point: RingPoint, view: &K::View) -> Output<Self> {
+        let epoch = Epoch(self.epoch().0 + 1);
+        // What the request stored may sit beside what the node held before.
+        if K::KEEPS_EARLIER {
+            self.drops.rescan = true;
+        }
+        let mut output = Output::none();
+        let mut at = 0;
+        while at < self.pulls.len() {
+            let pull = &mut self.pulls[at];
+            let covers = pull.epoch < epoch && pull.arc.contains(point);
+            let listed = pull.queue.as_mut().is_some_and(|queue| queue.remove(key));
+            let fetching = pull.fetching.remove(key).is_some();
+            if covers && (listed || fetching) && pull.done() {
+                output = output.and(self.finish(at, view));
+                continue;
+            }
+            at += 1;
+        }
+        output
     }
 
     /// The `2f+1` old members a pull hears, or new members a drop waits for; `f+1` when the
@@ -776,7 +874,12 @@ impl<K: Kind> EpochHost<K> {
             if !offers.is_empty() {
                 drops.backoff = DROP_START_MILLIS;
             }
-            drops.confirmed.extend(kept);
+            drops
+                .confirmed
+                .extend(kept.into_iter().map(|(key, mut asked)| {
+                    asked.deniers.clear();
+                    (key, asked)
+                }));
             // The sweep goes on (or ends) at the next tick.
             return offers;
         }
@@ -793,11 +896,17 @@ impl<K: Kind> EpochHost<K> {
             drops.rescan = false;
             drops.sweep = Sweep::Running;
         }
-        self.next_batch(now, view)
+        self.next_batch(now, view, &[])
     }
 
-    /// Starts asking about the next keys of the running sweep, or ends it.
-    fn next_batch(&mut self, now: Time, view: &K::View) -> Vec<(Slot, Message<K>)> {
+    /// Starts asking about the next keys of the running sweep, or ends it; `dropped` were
+    /// dropped by changes the view does not show yet.
+    fn next_batch(
+        &mut self,
+        now: Time,
+        view: &K::View,
+        dropped: &[Key],
+    ) -> Vec<(Slot, Message<K>)> {
         debug_assert!(self.drops.batch.is_empty() && self.drops.sweep == Sweep::Running);
         while self.drops.batch.len() < DROP_BATCH_KEYS {
             let Some(key) = self.drops.queue.pop_front() else {
@@ -822,11 +931,18 @@ impl<K: Kind> EpochHost<K> {
             } else {
                 Sweep::Done
             };
-            // A pull into an earlier epoch still running may store more; it rescans when done.
+            // A pull into an earlier epoch still running may store more (and, for kinds that
+            // keep what they held before, any pull); it rescans when done.
             debug_assert!(
                 drops.sweep != Sweep::Done
-                    || self.pulls.iter().any(|pull| pull.epoch < self.epoch())
-                    || self.moved_keys(view).is_empty(),
+                    || self
+                        .pulls
+                        .iter()
+                        .any(|pull| pull.epoch < self.epoch() || K::KEEPS_EARLIER)
+                    || self
+                        .moved_keys(view)
+                        .iter()
+                        .all(|(key, _)| dropped.contains(key)),
                 "a sweep ended with keys outside the node's groups left"
             );
             return Vec::new();
@@ -878,7 +994,7 @@ impl<K: Kind> EpochHost<K> {
             };
             let group = self.rings.newest().group_at(point);
             for member in group.members() {
-                if !asked.holders.contains(member) && !asked.deniers.contains(member) {
+                if !asked.holders.contains(member) {
                     per_member
                         .entry(*member)
                         .or_default()
@@ -906,6 +1022,7 @@ impl<K: Kind> EpochHost<K> {
     ) -> Output<Self> {
         let quorum = self.quorum(self.mutations.small_drop_quorum);
         let mut changes = Vec::new();
+        let mut dropped = Vec::new();
         self.drops.answered.insert(from);
         let said = versions
             .into_iter()
@@ -917,7 +1034,10 @@ impl<K: Kind> EpochHost<K> {
                     .map(|key| (key, None)),
             );
         for (key, confirmed) in said {
-            let Some(group) = self.moved_away(&key) else {
+            // The key's group now, which this node may be a member of (a kind that keeps what
+            // it held before drops that part only).
+            let Some(group) = K::point(&key).map(|point| self.rings.newest().group_at(point))
+            else {
                 continue;
             };
             let Some(asked) = self.drops.batch.get_mut(&key) else {
@@ -931,11 +1051,15 @@ impl<K: Kind> EpochHost<K> {
                 // before a restart) about an older version says nothing about the one held now.
                 Some(version) if version < asked.version => continue,
                 Some(_) => {
+                    asked.deniers.remove(&from);
                     asked.holders.insert(from);
                 }
-                None => {
+                // A denial holds for the round it answers: the member may come to hold the key
+                // (a write in the new epoch), so it is asked again.
+                None if !asked.holders.contains(&from) => {
                     asked.deniers.insert(from);
                 }
+                None => {}
             }
             let enough = asked.holders.len() >= quorum || asked.deniers.len() >= quorum;
             if !enough || self.mutations.keep_moved_keys {
@@ -947,16 +1071,16 @@ impl<K: Kind> EpochHost<K> {
             // about: that one waits for the next sweep.
             let held = self.stored_version(view, &key);
             if held == Some(version) {
-                self.kind.remove(&key);
                 self.dropped += 1;
-                changes.push(Change::Drop { key });
+                changes.extend(self.kind.remove(view, &key));
+                dropped.push(key);
             } else if let Some(held) = held {
                 self.drops.kept = true;
                 self.drops.confirmed.insert(key, Asked::new(held));
             }
         }
         let sends = if self.drops.batch.is_empty() && self.drops.sweep == Sweep::Running {
-            self.next_batch(now, view)
+            self.next_batch(now, view, &dropped)
         } else {
             Vec::new()
         };
@@ -989,7 +1113,7 @@ impl<K: Kind> EpochHost<K> {
         if route.epoch != epoch {
             return turn(Turned::WrongEpoch { current: epoch });
         }
-        let Some(point) = K::point(route.key) else {
+        let Some(point) = K::point(&route.key) else {
             return turn(Turned::WrongGroup);
         };
         let group = self.rings.newest().group_at(point);
@@ -999,9 +1123,15 @@ impl<K: Kind> EpochHost<K> {
         if group.id() != route.group {
             return turn(Turned::WrongGroup);
         }
-        if !self.mutations.serve_before_transfer
-            && self.incomplete_before(Epoch(epoch.0 + 1), |arc| arc.contains(point))
-        {
+        let unsettled = self.unsettled(Epoch(epoch.0 + 1), point, &route.key);
+        if unsettled && K::passes(&request) {
+            let served = self.kind.serve(client, access, request, &group, slot, view);
+            if K::settles(&served.reply) {
+                self.settling.push((route.key, point));
+            }
+            return Some(served);
+        }
+        if !self.mutations.serve_before_transfer && unsettled {
             if self.waiting.len() >= WAITING_MAX {
                 return turn(Turned::Transferring);
             }
@@ -1042,17 +1172,30 @@ impl<K: Kind> EpochHost<K> {
             keys.extend(listing.keys.iter().cloned());
         }
         pull.queue = Some(keys.into_iter().collect());
-        self.fill(at, view)
+        let mut output = self.fill(at, view);
+        // Requests for keys no correct old member listed wait no longer.
+        if K::GATES_KEYS && !self.waiting.is_empty() {
+            output.timers.push((RELEASE_TIMER, Time(0)));
+        }
+        output
     }
 
     /// Starts fetches up to the window, or finishes the pull when nothing is left.
     fn fill(&mut self, at: usize, view: &K::View) -> Output<Self> {
         let pull = &mut self.pulls[at];
         let mut sends = Vec::new();
+        let new = self.rings.ring(pull.epoch).cloned();
         while pull.fetching.len() < FETCH_WINDOW {
-            let Some(key) = pull.queue.as_mut().and_then(VecDeque::pop_front) else {
+            let Some(key) = pull.queue.as_mut().and_then(BTreeSet::pop_first) else {
                 break;
             };
+            let held = new
+                .as_ref()
+                .zip(K::point(&key))
+                .is_some_and(|(ring, point)| !self.kind.needs(view, &key, &ring.group_at(point)));
+            if held {
+                continue;
+            }
             for node in pull.old.members() {
                 let fetch = Transfer::Fetch {
                     epoch: pull.epoch,
@@ -1068,22 +1211,78 @@ impl<K: Kind> EpochHost<K> {
                 ..Output::none()
             };
         }
+        let mut output = self.finish(at, view);
+        output.sends = sends;
+        output
+    }
+
+    /// Ends the pull at `at`, whose every key is decided, and serves the requests it held.
+    fn finish(&mut self, at: usize, view: &K::View) -> Output<Self> {
         let pull = self.pulls.remove(at);
-        if pull.epoch < self.epoch() {
+        debug_assert!(pull.done());
+        if pull.epoch < self.epoch() || K::KEEPS_EARLIER {
             self.drops.rescan = true;
         }
-        let mut changes = vec![Change::Pulled {
-            epoch: pull.epoch,
-            arc: pull.arc,
-        }];
-        let (released, notify) = self.release(view);
-        changes.extend(released);
-        Output {
-            changes,
-            notify,
-            sends,
+        let mut output = Output {
+            changes: vec![Change::Pulled {
+                epoch: pull.epoch,
+                arc: pull.arc,
+            }],
             ..Output::none()
+        };
+        if K::IN_STORAGE {
+            // Served once what the pull stored is in the view the kind reads (the driver holds
+            // this output's changes by the time the timer fires), not from before the pull.
+            output.timers.push((RELEASE_TIMER, Time(0)));
+        } else {
+            let (released, notify) = self.release(view);
+            output.changes.extend(released);
+            output.notify = notify;
         }
+        output
+    }
+
+    /// One page of what this node holds on `arc` as of the epoch before `epoch`, after `after`,
+    /// and whether more follows. A node whose own pull into an earlier epoch over the arc is
+    /// unfinished has no such state yet (`None`), except, for kinds that gate keys, once that
+    /// pull's listing is in: the keys it has yet to decide are then listed beside those it holds,
+    /// since it may come to hold them (a key listed that no one holds costs its puller a fetch
+    /// that every member denies).
+    fn listing(
+        &self,
+        epoch: Epoch,
+        arc: &RingArc,
+        after: Option<&Key>,
+        view: &K::View,
+    ) -> Option<(Vec<Key>, bool)> {
+        let overlaps = |pulled: &RingArc| pulled.contains(arc.upto) || arc.contains(pulled.upto);
+        let earlier: Vec<&Pull<K>> = self
+            .pulls
+            .iter()
+            .filter(|pull| pull.epoch < epoch && overlaps(&pull.arc))
+            .collect();
+        if earlier.iter().any(|pull| pull.queue.is_none()) {
+            return None;
+        }
+        let (held, more) = self.kind.list(view, arc, after, LIST_PAGE_KEYS);
+        if earlier.is_empty() {
+            return Some((held, more));
+        }
+        // Pending keys up to where the kind's page ends (when more follows), merged in order.
+        let end = more.then(|| held.last().cloned()).flatten();
+        let mut keys: BTreeSet<Key> = held.into_iter().collect();
+        for pull in earlier {
+            let pending = pull.queue.iter().flatten().chain(pull.fetching.keys());
+            keys.extend(
+                pending
+                    .filter(|key| after.is_none_or(|after| *key > after))
+                    .filter(|key| end.as_ref().is_none_or(|end| *key <= end))
+                    .filter(|key| K::point(key).is_some_and(|point| arc.contains(point)))
+                    .cloned(),
+            );
+        }
+        let more = more || keys.len() > LIST_PAGE_KEYS;
+        Some((keys.into_iter().take(LIST_PAGE_KEYS).collect(), more))
     }
 
     /// Whether this node answers a transfer request of `epoch`: only once it is in that epoch,
@@ -1105,11 +1304,9 @@ impl<K: Kind> EpochHost<K> {
             if self.moved_away(&key).is_some() {
                 continue;
             }
-            match self.stored_version(view, &key) {
+            match self.kind.holds(view, &key) {
                 Some(stored) if stored >= version => held.push((key, version)),
-                _ if K::DROP_DENIED
-                    && !self.incomplete_before(Epoch(epoch.0 + 1), |arc| arc.contains(point)) =>
-                {
+                _ if K::DROP_DENIED && !self.unsettled(Epoch(epoch.0 + 1), point, &key) => {
                     denied.push(key);
                 }
                 _ => {}
@@ -1176,11 +1373,8 @@ impl<K: Kind> EpochHost<K> {
                     Judged::Valid => {}
                     Judged::Ignored | Judged::Forged => return refused("a version that fails"),
                 }
-                if !self.kind.adopt(view, &key, &entry) {
-                    return Output::none();
-                }
                 Output {
-                    changes: vec![Change::Put { key, entry }],
+                    changes: self.kind.adopt(view, &key, &entry),
                     ..Output::none()
                 }
             }
@@ -1188,10 +1382,13 @@ impl<K: Kind> EpochHost<K> {
                 // Two arcs overlap exactly when one contains the other's end.
                 let overlaps =
                     |pulled: &RingArc| pulled.contains(arc.upto) || arc.contains(pulled.upto);
-                if !self.answers(epoch) || self.incomplete_before(epoch, overlaps) {
+                if !self.answers(epoch) || self.incomplete_before(epoch, overlaps) && !K::GATES_KEYS
+                {
                     return Output::none();
                 }
-                let (keys, more) = self.kind.list(view, &arc, after.as_ref(), LIST_PAGE_KEYS);
+                let Some((keys, more)) = self.listing(epoch, &arc, after.as_ref(), view) else {
+                    return Output::none();
+                };
                 let listed = Transfer::Listed {
                     epoch,
                     arc,
@@ -1215,11 +1412,14 @@ impl<K: Kind> EpochHost<K> {
                 let Some(point) = K::point(&key) else {
                     return Output::refused(format!("node {} fetched a malformed key", from.0));
                 };
-                if !self.answers(epoch) || self.incomplete_before(epoch, |arc| arc.contains(point))
-                {
+                if !self.answers(epoch) || self.unsettled(epoch, point, &key) {
                     return Output::none();
                 }
-                let entry = self.kind.entry(view, &key);
+                let before = Epoch(epoch.0.saturating_sub(1));
+                let Some(old) = self.rings.ring(before).map(|ring| ring.group_at(point)) else {
+                    return Output::none();
+                };
+                let entry = self.kind.hand_over(view, &key, &old);
                 let fetched = Transfer::Fetched { epoch, key, entry };
                 Output {
                     sends: vec![(Slot(from.0), fetched)],
@@ -1353,13 +1553,15 @@ impl<K: Kind> EpochHost<K> {
         if let Some(entry) = taken {
             self.pulled_keys += 1;
             self.pulled_bytes += K::value_bytes(&entry);
-            if self.kind.adopt(view, &key, &entry) {
-                changes.push(Change::Put { key, entry });
-            }
+            changes = self.kind.adopt(view, &key, &entry);
         }
         let mut output = self.fill(at, view);
         changes.append(&mut output.changes);
         output.changes = changes;
+        // Requests for this key wait no longer.
+        if K::GATES_KEYS && !self.waiting.is_empty() {
+            output.timers.push((RELEASE_TIMER, Time(0)));
+        }
         output
     }
 }
@@ -1380,7 +1582,7 @@ impl<K: Kind> Replica for EpochHost<K> {
         request: K::Request,
         view: &K::View,
     ) -> Output<Self> {
-        match self.handle(client, access, request, view) {
+        let output = match self.handle(client, access, request, view) {
             Some(served) => Output {
                 changes: served.changes,
                 reply: Some(served.reply),
@@ -1388,7 +1590,11 @@ impl<K: Kind> Replica for EpochHost<K> {
                 ..Output::none()
             },
             None => Output::none(),
-        }
+        };
+        let settled = std::mem::take(&mut self.settling);
+        settled.into_iter().fold(output, |output, (key, point)| {
+            output.and(self.settle(&key, point, view))
+        })
     }
 
     fn on_message(
@@ -1402,12 +1608,24 @@ impl<K: Kind> Replica for EpochHost<K> {
     }
 
     fn on_timer(&mut self, now: Time, timer: TimerId, view: &K::View) -> Output<Self> {
-        if timer != DROP_TIMER {
-            return Output::none();
-        }
-        Output {
-            sends: self.drop_tick(now, view),
-            ..Output::none()
+        match timer {
+            DROP_TIMER => Output {
+                sends: self.drop_tick(now, view),
+                ..Output::none()
+            },
+            RELEASE_TIMER => {
+                let (changes, notify) = self.release(view);
+                let output = Output {
+                    changes,
+                    notify,
+                    ..Output::none()
+                };
+                let settled = std::mem::take(&mut self.settling);
+                settled.into_iter().fold(output, |output, (key, point)| {
+                    output.and(self.settle(&key, point, view))
+                })
+            }
+            _ => Output::none(),
         }
     }
 
@@ -1469,6 +1687,14 @@ pub trait Rebase: Operation {
     ) -> Vec<(Slot, Self::Request)>;
     /// The epoch the operation runs in.
     fn epoch(&self) -> Epoch;
+    /// `output` with the slots it names (who answered, whom it blames) turned into nodes
+    /// (`Slot(id)`): positions in `view`, the group its last round ran in.
+    fn named(output: Self::Output, view: &GroupView) -> Self::Output;
+}
+
+/// `slot` of `view` as the node it is (`Slot(id)`); a slot outside the group stays as it is.
+pub fn node_slot(view: &GroupView, slot: Slot) -> Slot {
+    view.node(slot).map_or(slot, |node| Slot(node.0))
 }
 
 /// An operation routed to its object's group of the client's epoch, that follows a replica's
@@ -1579,7 +1805,9 @@ impl<O: Rebase> Operation for Routed<O> {
                 };
                 match self.inner.on_reply(slot, reply) {
                     Progress::Send(sends) => Progress::Send(self.to_nodes(sends)),
-                    Progress::Done(result) => Progress::Done(result),
+                    Progress::Done(result) => {
+                        Progress::Done(result.map(|output| O::named(output, &self.view)))
+                    }
                 }
             }
         }

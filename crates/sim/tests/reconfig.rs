@@ -17,9 +17,7 @@
 
 use bulwark_sim::sim::protocol::Protocol;
 use bulwark_sim::sim::protocols::reconfig::{ReconfigSim, ScaleReconfigSim};
-use bulwark_sim::sim::{
-    FaultSet, Mutations, SimConfig, SweepSummary, first_failure_service, run_service, sweep_service,
-};
+use bulwark_sim::sim::{FaultSet, SimConfig, SweepSummary, assert_caught_service, sweep_service};
 
 const THREADS: usize = 2;
 
@@ -77,8 +75,6 @@ fn f2_reconfiguring_sweep_is_linearizable_and_wait_free() {
 /// The linearizability checker's word for a history no order explains.
 const NOT_LINEARIZABLE: &str = "is explained by no order";
 
-/// Finds a seed within `within` on which `mutation` fails the check that says `expect`, and that
-/// passes without it.
 fn caught<P: Protocol>(
     service: &str,
     mutation: &str,
@@ -86,27 +82,7 @@ fn caught<P: Protocol>(
     within: u64,
     expect: &str,
 ) {
-    let broken = SimConfig {
-        mutations: mutation.parse::<Mutations>().unwrap(),
-        ..reference.clone()
-    };
-    let found = first_failure_service::<P>(0..within, &broken, THREADS);
-    let (seed, why) = found
-        .failure
-        .unwrap_or_else(|| panic!("{mutation} is caught within {within} seeds"));
-    println!(
-        "{mutation} caught at seed {seed} after {} seeds: {why}\n  replay: {}",
-        found.seeds_run,
-        broken.service_replay_command(seed, service)
-    );
-    assert!(
-        why.contains(expect),
-        "{mutation} is caught by the check that says {expect:?}, not by: {why}"
-    );
-    assert!(
-        run_service::<P>(seed, &reference).passed(),
-        "the seed passes without the mutation"
-    );
+    assert_caught_service::<P>(service, mutation, reference, within, expect);
 }
 
 // A new member that answers before its pull is in reports nothing for keys it has not fetched:

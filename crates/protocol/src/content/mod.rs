@@ -22,15 +22,18 @@
 //! counted for another replica; "not found" only after `2f+1` denials (after a completed write at
 //! most `f` correct replicas that missed it and `f` faulty ones can deny).
 
+pub mod epochs;
 #[cfg(test)]
 mod tests;
 
 use crate::machine::{Access, OpError, Operation, Output, Progress, Replica, ReplicaStats};
 use crate::round::{Evidence, EvidenceKind, OpId, Refusals, RegisterMutations, Replies};
+use crate::transfer::{Rebase, Turned, node_slot};
 use bulwark_core::erasure::{ErasureCodec, Layout};
+use bulwark_core::membership::{Chain, GroupView};
 use bulwark_core::sign::{Context, PublicKey, SecretKey, Signable, Signed, Unverified};
 use bulwark_core::wire;
-use bulwark_core::{ClientId, Digest, Epoch, GroupId, ServiceId, Slot, Time};
+use bulwark_core::{ClientId, Digest, Epoch, GroupId, NodeId, ServiceId, Slot, Time};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -185,6 +188,8 @@ pub enum RequestBody {
 pub struct Response {
     /// Echoes the request's operation.
     pub op: OpId,
+    /// The epoch the replica answered in: a client counts only answers of its own epoch.
+    pub epoch: Epoch,
     /// The answer.
     pub body: ResponseBody,
 }
@@ -217,9 +222,15 @@ pub enum Refusal {
     /// The client may not read.
     #[error("not a reader")]
     NotReader,
-    /// Another epoch.
-    #[error("wrong epoch")]
-    WrongEpoch,
+    /// Another epoch than the replica's, which it names so that a client behind can catch up.
+    #[error("wrong epoch: the replica is in epoch {}", current.0)]
+    WrongEpoch {
+        /// The replica's epoch.
+        current: Epoch,
+    },
+    /// The replica is still taking the object's arc over from its previous group.
+    #[error("the object is still being transferred")]
+    Transferring,
     /// A group this replica does not serve.
     #[error("wrong replica group")]
     WrongGroup,
@@ -308,18 +319,6 @@ impl Server {
         }
     }
 
-    fn stored(&self, id: ContentId) -> Option<Unverified<Stored>> {
-        let stored = Stored {
-            id,
-            epoch: self.place.epoch,
-            group: self.place.group,
-            slot: self.place.slot,
-        };
-        Signed::sign(&self.secret, stored)
-            .ok()
-            .map(|signed| signed.to_unverified())
-    }
-
     fn serve(
         &mut self,
         access: Access,
@@ -327,67 +326,109 @@ impl Server {
         view: &(dyn Fragments + '_),
     ) -> Result<(Vec<Change>, ResponseBody), Refusal> {
         if request.epoch != self.place.epoch {
-            return Err(Refusal::WrongEpoch);
+            return Err(Refusal::WrongEpoch {
+                current: self.place.epoch,
+            });
         }
         if request.group != self.place.group {
             return Err(Refusal::WrongGroup);
         }
         let id = request.id;
-        match request.body {
-            RequestBody::Store { manifest, fragment } => {
-                if !access.write {
-                    return Err(Refusal::NotWriter);
-                }
-                if !manifest.is_canonical(self.place.n, self.place.f)
-                    || ContentId::of(&manifest) != id
-                {
-                    return Err(Refusal::BadManifest);
-                }
-                if !manifest.holds(self.place.slot, &fragment) {
-                    return Err(Refusal::BadFragment);
-                }
-                let held = view
-                    .fragment(&id)
-                    .is_some_and(|held| held.manifest.holds(self.place.slot, &held.fragment));
-                let changes = if held {
-                    // Written before (the same bytes name the same object): acknowledge again.
-                    Vec::new()
-                } else {
-                    self.stats.objects += 1;
-                    self.stats.keys += 1;
-                    self.stats.versions += 1;
-                    self.stats.bytes += fragment.len() as u64;
-                    vec![Change::Put {
-                        id,
-                        held: Held { manifest, fragment },
-                    }]
-                };
-                // Signing cannot fail for a value this small; a replica that cannot sign says
-                // nothing rather than something unverifiable.
-                match self.stored(id) {
-                    Some(ack) => Ok((changes, ResponseBody::Stored(ack))),
-                    None => Ok((changes, ResponseBody::Missing)),
-                }
+        let held = view.fragment(&id);
+        let served = serve_at(&self.place, &self.secret, access, request, held)?;
+        self.stats.damaged += u64::from(served.damaged);
+        let changes = match served.store {
+            Some(held) => {
+                self.stats.objects += 1;
+                self.stats.keys += 1;
+                self.stats.versions += 1;
+                self.stats.bytes += held.fragment.len() as u64;
+                vec![Change::Put { id, held }]
             }
-            RequestBody::Fetch => {
-                if !access.read {
-                    return Err(Refusal::NotReader);
-                }
-                match view.fragment(&id) {
-                    Some(Held { manifest, fragment })
-                        if ContentId::of(&manifest) == id
-                            && manifest.holds(self.place.slot, &fragment) =>
-                    {
-                        Ok((Vec::new(), ResponseBody::Fragment { manifest, fragment }))
-                    }
-                    Some(_) => {
-                        // The disk gave back something this replica never accepted.
-                        self.stats.damaged += 1;
-                        Ok((Vec::new(), ResponseBody::Missing))
-                    }
-                    None => Ok((Vec::new(), ResponseBody::Missing)),
-                }
+            None => Vec::new(),
+        };
+        Ok((changes, served.body))
+    }
+}
+
+/// What a replica makes of one request for an object, at its place: what to store, the answer,
+/// and whether what it held was damaged.
+pub(crate) struct ServedAt {
+    /// The fragment to make durable before the answer leaves.
+    pub store: Option<Held>,
+    /// The answer.
+    pub body: ResponseBody,
+    /// What the replica held of the object was not what it accepted (damage on disk).
+    pub damaged: bool,
+}
+
+/// Serves `request` (of the replica's epoch and group, already checked) at `place`, holding
+/// `held` of the object: a STORE is checked against the id and the replica's slot and
+/// acknowledged with a signature once durable; a FETCH is answered with the fragment held if it
+/// still checks.
+pub(crate) fn serve_at(
+    place: &Place,
+    secret: &SecretKey,
+    access: Access,
+    request: Request,
+    held: Option<Held>,
+) -> Result<ServedAt, Refusal> {
+    let id = request.id;
+    let intact = |held: &Held| {
+        ContentId::of(&held.manifest) == id && held.manifest.holds(place.slot, &held.fragment)
+    };
+    match request.body {
+        RequestBody::Store { manifest, fragment } => {
+            if !access.write {
+                return Err(Refusal::NotWriter);
             }
+            if !manifest.is_canonical(place.n, place.f) || ContentId::of(&manifest) != id {
+                return Err(Refusal::BadManifest);
+            }
+            if !manifest.holds(place.slot, &fragment) {
+                return Err(Refusal::BadFragment);
+            }
+            // Written before (the same bytes name the same object): acknowledged again.
+            let store = (!held.as_ref().is_some_and(intact)).then_some(Held { manifest, fragment });
+            let ack = Stored {
+                id,
+                epoch: place.epoch,
+                group: place.group,
+                slot: place.slot,
+            };
+            // Signing cannot fail for a value this small; a replica that cannot sign says
+            // nothing rather than something unverifiable.
+            let body = match Signed::sign(secret, ack) {
+                Ok(signed) => ResponseBody::Stored(signed.to_unverified()),
+                Err(_) => ResponseBody::Missing,
+            };
+            Ok(ServedAt {
+                store,
+                body,
+                damaged: false,
+            })
+        }
+        RequestBody::Fetch => {
+            if !access.read {
+                return Err(Refusal::NotReader);
+            }
+            let (body, damaged) = match held {
+                Some(held) if intact(&held) => (
+                    ResponseBody::Fragment {
+                        manifest: held.manifest,
+                        fragment: held.fragment,
+                    },
+                    false,
+                ),
+                // The disk gave back something this replica never accepted.
+                Some(_) => (ResponseBody::Missing, true),
+                None => (ResponseBody::Missing, false),
+            };
+            Ok(ServedAt {
+                store: None,
+                body,
+                damaged,
+            })
         }
     }
 }
@@ -410,13 +451,21 @@ impl Replica for Server {
     ) -> Output<Self> {
         let op = request.op;
         match self.serve(access, request, view) {
-            Ok((changes, body)) => Output::reply(changes, Response { op, body }),
+            Ok((changes, body)) => Output::reply(
+                changes,
+                Response {
+                    op,
+                    epoch: self.place.epoch,
+                    body,
+                },
+            ),
             Err(refusal) => Output {
                 refused: Some(refusal.to_string()),
                 ..Output::reply(
                     Vec::new(),
                     Response {
                         op,
+                        epoch: self.place.epoch,
                         body: ResponseBody::Refused(refusal),
                     },
                 )
@@ -446,8 +495,9 @@ pub struct WriteOutcome {
 /// CH_Write: every replica gets its fragment; done at `2f+1` valid signed acknowledgements.
 pub struct WriteOp {
     place: Place,
-    /// The group's signing keys, by slot.
-    keys: Arc<[PublicKey]>,
+    /// The group's signing keys, by slot (`None` for a member whose key the client does not
+    /// know: its acknowledgements never count).
+    keys: Vec<Option<PublicKey>>,
     op: OpId,
     id: ContentId,
     manifest: Manifest,
@@ -457,6 +507,9 @@ pub struct WriteOp {
     evidence: Vec<Evidence>,
     /// Acknowledgements that finish the write: `2f+1`.
     quorum: usize,
+    /// Once the write follows the configuration: the node in each slot of the group it runs
+    /// in now, so that what it blames is named by node whatever epoch it was seen in.
+    members: Vec<NodeId>,
 }
 
 /// A value cut into fragments, with its manifest and id: what a write sends. Its id does not
@@ -517,7 +570,7 @@ impl WriteOp {
         }
         Ok(WriteOp {
             place,
-            keys,
+            keys: keys.iter().cloned().map(Some).collect(),
             op,
             id: encoded.id,
             manifest: encoded.manifest,
@@ -526,6 +579,7 @@ impl WriteOp {
             refusals: Refusals::new(place.n),
             evidence: Vec::new(),
             quorum: place.quorum(),
+            members: Vec::new(),
         })
     }
 
@@ -556,7 +610,7 @@ impl WriteOp {
 
     /// Checks a signed acknowledgement from `from`.
     fn verify(&self, from: Slot, ack: Unverified<Stored>) -> Option<Signed<Stored>> {
-        let key = self.keys.get(from.index())?;
+        let key = self.keys.get(from.index())?.as_ref()?;
         let signed = ack.verify(key).ok()?;
         let expected = Stored {
             id: self.id,
@@ -585,7 +639,9 @@ impl Operation for WriteOp {
     }
 
     fn on_reply(&mut self, from: Slot, reply: Response) -> Progress<Self> {
-        if reply.op != self.op || from.index() >= self.place.n {
+        // An answer of another epoch is for a round this write left (or not yet joined): its
+        // slot is a position in another group.
+        if reply.op != self.op || from.index() >= self.place.n || reply.epoch != self.place.epoch {
             return Progress::Send(Vec::new());
         }
         match reply.body {
@@ -594,7 +650,7 @@ impl Operation for WriteOp {
                     self.acks.record(from, signed);
                 }
                 None => self.evidence.push(Evidence {
-                    node: from,
+                    node: named(&self.members, from),
                     kind: EvidenceKind::MalformedReply,
                 }),
             },
@@ -638,6 +694,33 @@ impl Operation for WriteOp {
     }
 }
 
+/// The object `manifest` describes, rebuilt from `pieces` (fragments by index, each already
+/// checked against the manifest, at least as many as the layout needs), with every one of its
+/// fragments; `Err` when no value has every fragment the manifest names, the work of a faulty
+/// writer. Every reader and every new member gets the same answer from any `f+1` fragments: only
+/// a value whose every fragment is the manifest's is one.
+pub(crate) fn rebuild(
+    codec: &dyn ErasureCodec,
+    manifest: &Manifest,
+    pieces: &[(usize, Bytes)],
+) -> Result<(Bytes, Vec<Bytes>), ()> {
+    let value = codec.decode(&manifest.layout, pieces).map_err(|_| ())?;
+    let again = codec.encode(&manifest.layout, &value).map_err(|_| ())?;
+    // A fragment received was checked against the manifest already, so comparing bytes is
+    // enough there; the rest are hashed.
+    let consistent = again.len() == manifest.fragments.len()
+        && again.iter().enumerate().all(|(i, fragment)| {
+            match pieces.iter().find(|(index, _)| *index == i) {
+                Some((_, received)) => received == fragment,
+                None => fragment_digest(fragment) == manifest.fragments[i],
+            }
+        });
+    if !consistent {
+        return Err(());
+    }
+    Ok((value, again))
+}
+
 /// A completed read.
 #[derive(Clone, Debug)]
 pub struct ReadOutcome {
@@ -664,6 +747,8 @@ pub struct ReadOp {
     evidence: Vec<Evidence>,
     /// Denials that make "not found": `2f+1`.
     quorum: usize,
+    /// As [`WriteOp`]'s.
+    members: Vec<NodeId>,
 }
 
 impl ReadOp {
@@ -679,6 +764,7 @@ impl ReadOp {
             refusals: Refusals::new(place.n),
             evidence: Vec::new(),
             quorum: place.quorum(),
+            members: Vec::new(),
         }
     }
 
@@ -699,7 +785,8 @@ impl ReadOp {
         (slot, request)
     }
 
-    fn blame(&mut self, node: Slot, kind: EvidenceKind) {
+    fn blame(&mut self, from: Slot, kind: EvidenceKind) {
+        let node = named(&self.members, from);
         self.evidence.push(Evidence { node, kind });
     }
 
@@ -714,33 +801,12 @@ impl ReadOp {
             .present()
             .map(|(slot, (_, fragment))| (slot.index(), fragment.clone()))
             .collect();
-        let inconsistent = || {
-            OpError::Failed(format!(
+        let Ok((value, _)) = rebuild(&*self.codec, &manifest, &pieces) else {
+            return Some(Err(OpError::Failed(format!(
                 "object {} is inconsistent: its writer stored fragments of different values",
                 self.id
-            ))
+            ))));
         };
-        let value = match self.codec.decode(&manifest.layout, &pieces) {
-            Ok(value) => value,
-            Err(_) => return Some(Err(inconsistent())),
-        };
-        // Every reader must get the same value from any f+1 fragments: only a value whose every
-        // fragment is the manifest's is one. A fragment this read received was checked against
-        // the manifest already, so comparing bytes is enough there; the rest are hashed.
-        let again = match self.codec.encode(&manifest.layout, &value) {
-            Ok(fragments) => fragments,
-            Err(_) => return Some(Err(inconsistent())),
-        };
-        let consistent = again.len() == manifest.fragments.len()
-            && again.iter().enumerate().all(|(i, fragment)| {
-                match pieces.iter().find(|(slot, _)| *slot == i) {
-                    Some((_, received)) => received == fragment,
-                    None => fragment_digest(fragment) == manifest.fragments[i],
-                }
-            });
-        if !consistent {
-            return Some(Err(inconsistent()));
-        }
         Some(Ok(ReadOutcome {
             value: Some(value),
             answered_by: self.fragments.nodes(),
@@ -766,7 +832,7 @@ impl Operation for ReadOp {
     }
 
     fn on_reply(&mut self, from: Slot, reply: Response) -> Progress<Self> {
-        if reply.op != self.op || from.index() >= self.place.n {
+        if reply.op != self.op || from.index() >= self.place.n || reply.epoch != self.place.epoch {
             return Progress::Send(Vec::new());
         }
         match reply.body {
@@ -824,5 +890,89 @@ impl Operation for ReadOp {
 
     fn quorum(&self) -> usize {
         self.quorum
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Across epochs
+
+/// Whom an operation blames for what came from `slot`: the node in it (`Slot(id)`) once the
+/// operation follows the configuration, the slot itself before.
+fn named(members: &[NodeId], slot: Slot) -> Slot {
+    members.get(slot.index()).map_or(slot, |node| Slot(node.0))
+}
+
+/// Which refusals a reply carries that are not answers.
+fn turned(reply: &Response) -> Option<Turned> {
+    match &reply.body {
+        ResponseBody::Refused(Refusal::WrongEpoch { current }) => {
+            Some(Turned::WrongEpoch { current: *current })
+        }
+        ResponseBody::Refused(Refusal::Transferring) => Some(Turned::Transferring),
+        _ => None,
+    }
+}
+
+impl Rebase for WriteOp {
+    fn turned(reply: &Response) -> Option<Turned> {
+        turned(reply)
+    }
+
+    /// Acknowledgements by node; evidence is named when it is seen.
+    fn named(mut output: WriteOutcome, view: &GroupView) -> WriteOutcome {
+        for (slot, _) in &mut output.acks {
+            *slot = node_slot(view, *slot);
+        }
+        output
+    }
+
+    /// Stores every fragment again in the object's group of `epoch`, each with the member in its
+    /// slot, and counts only acknowledgements signed there: a write completes with `2f+1`
+    /// members of one epoch's group.
+    fn rebase(&mut self, epoch: Epoch, view: &GroupView, chain: &Chain) -> Vec<(Slot, Request)> {
+        self.place.epoch = epoch;
+        self.place.group = view.id();
+        self.members = view.members().to_vec();
+        self.keys = view
+            .members()
+            .iter()
+            .map(|node| chain.signing_key(*node).cloned())
+            .collect();
+        self.acks = Replies::new(self.place.n);
+        self.refusals = Refusals::new(self.place.n);
+        self.start()
+    }
+
+    fn epoch(&self) -> Epoch {
+        self.place.epoch
+    }
+}
+
+impl Rebase for ReadOp {
+    fn turned(reply: &Response) -> Option<Turned> {
+        turned(reply)
+    }
+
+    fn named(mut output: ReadOutcome, view: &GroupView) -> ReadOutcome {
+        for slot in &mut output.answered_by {
+            *slot = node_slot(view, *slot);
+        }
+        output
+    }
+
+    /// Asks the object's group of `epoch` from the start: fragments are checked against the
+    /// slot they come from, which is a position in one epoch's group.
+    fn rebase(&mut self, epoch: Epoch, view: &GroupView, _chain: &Chain) -> Vec<(Slot, Request)> {
+        self.place.epoch = epoch;
+        self.place.group = view.id();
+        self.members = view.members().to_vec();
+        self.fragments = Replies::new(self.place.n);
+        self.denials = Replies::new(self.place.n);
+        self.refusals = Refusals::new(self.place.n);
+        self.start()
+    }
+
+    fn epoch(&self) -> Epoch {
+        self.place.epoch
     }
 }

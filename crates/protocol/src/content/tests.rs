@@ -98,6 +98,7 @@ fn write_all(nodes: &mut [Node], value: &[u8]) -> WriteOutcome {
     for (slot, request) in op.start() {
         let reply = Response {
             op: OpId(1),
+            epoch: EPOCH,
             body: nodes[slot.index()].answer(request),
         };
         if outcome.is_none() {
@@ -120,6 +121,7 @@ fn read_from(
         let slot = Slot(i as u32);
         let reply = Response {
             op: OpId(2),
+            epoch: EPOCH,
             body: nodes[i].answer(requests[&slot].clone()),
         };
         if let Some(result) = done(op.on_reply(slot, reply)) {
@@ -215,7 +217,7 @@ fn a_replica_stores_only_its_own_fragment_of_a_canonical_manifest() {
     stale.epoch = Epoch(2);
     assert_eq!(
         node.answer(stale),
-        ResponseBody::Refused(Refusal::WrongEpoch)
+        ResponseBody::Refused(Refusal::WrongEpoch { current: EPOCH })
     );
     let mut elsewhere = ours.clone();
     elsewhere.group = GroupId(8);
@@ -263,7 +265,11 @@ fn a_write_counts_only_genuine_acknowledgements_for_this_object_and_place() {
     let mut nodes = nodes();
     let mut op = write_op(&data);
     let requests = op.start();
-    let reply = |body| Response { op: OpId(1), body };
+    let reply = |body| Response {
+        op: OpId(1),
+        epoch: EPOCH,
+        body,
+    };
     let genuine = |nodes: &mut Vec<Node>, i: usize| nodes[i].answer(requests[i].1.clone());
 
     // Slot 0's ack replayed by slot 1, an ack for another epoch, and one signed by another key.
@@ -306,7 +312,17 @@ fn a_write_retransmits_only_to_replicas_that_have_not_acknowledged() {
     let mut op = write_op(&data);
     let requests = op.start();
     let body = nodes[2].answer(requests[2].1.clone());
-    assert!(done(op.on_reply(Slot(2), Response { op: OpId(1), body })).is_none());
+    assert!(
+        done(op.on_reply(
+            Slot(2),
+            Response {
+                op: OpId(1),
+                epoch: EPOCH,
+                body
+            }
+        ))
+        .is_none()
+    );
     let again: Vec<Slot> = op.on_timeout().into_iter().map(|(s, _)| s).collect();
     assert_eq!(again, vec![Slot(0), Slot(1), Slot(3)]);
 }
@@ -317,6 +333,7 @@ fn f_plus_one_refusals_end_a_write_and_f_do_not() {
     op.start();
     let refused = |refusal| Response {
         op: OpId(1),
+        epoch: EPOCH,
         body: ResponseBody::Refused(refusal),
     };
     assert!(done(op.on_reply(Slot(0), refused(Refusal::NotWriter))).is_none());
@@ -351,7 +368,17 @@ fn a_corrupt_fragment_is_blamed_and_the_read_goes_on_with_others() {
         "a replica never serves what it did not accept"
     );
     assert_eq!(nodes[1].server.stats().damaged, 1);
-    assert!(done(op.on_reply(Slot(1), Response { op: OpId(2), body })).is_none());
+    assert!(
+        done(op.on_reply(
+            Slot(1),
+            Response {
+                op: OpId(2),
+                epoch: EPOCH,
+                body
+            }
+        ))
+        .is_none()
+    );
 
     let ResponseBody::Fragment { manifest, fragment } = nodes[2].answer(requests[&Slot(2)].clone())
     else {
@@ -368,6 +395,7 @@ fn a_corrupt_fragment_is_blamed_and_the_read_goes_on_with_others() {
             Slot(2),
             Response {
                 op: OpId(2),
+                epoch: EPOCH,
                 body: lie
             }
         ))
@@ -382,7 +410,14 @@ fn a_corrupt_fragment_is_blamed_and_the_read_goes_on_with_others() {
     );
     for i in [0, 3] {
         let body = nodes[i].answer(requests[&Slot(i as u32)].clone());
-        if let Some(result) = done(op.on_reply(Slot(i as u32), Response { op: OpId(2), body })) {
+        if let Some(result) = done(op.on_reply(
+            Slot(i as u32),
+            Response {
+                op: OpId(2),
+                epoch: EPOCH,
+                body,
+            },
+        )) {
             let read = result.unwrap();
             assert_eq!(read.value.as_deref(), Some(&data[..]));
             assert_eq!(read.answered_by, vec![Slot(0), Slot(3)]);
@@ -402,7 +437,14 @@ fn not_found_needs_2f_plus_1_denials_so_f_liars_cannot_hide_a_written_object() {
     let requests = op.start();
     for (slot, request) in requests.into_iter().take(3) {
         let body = nodes[slot.index()].answer(request);
-        let _ = op.on_reply(slot, Response { op: OpId(1), body });
+        let _ = op.on_reply(
+            slot,
+            Response {
+                op: OpId(1),
+                epoch: EPOCH,
+                body,
+            },
+        );
     }
     let id = op.id();
     // Slot 3 (missed it) and a lying slot 0 deny: 2f denials are not enough.
@@ -413,6 +455,7 @@ fn not_found_needs_2f_plus_1_denials_so_f_liars_cannot_hide_a_written_object() {
             Slot(slot),
             Response {
                 op: OpId(2),
+                epoch: EPOCH,
                 body: ResponseBody::Missing,
             },
         )
@@ -426,7 +469,14 @@ fn not_found_needs_2f_plus_1_denials_so_f_liars_cannot_hide_a_written_object() {
     let mut outcome = None;
     for i in [1, 2] {
         let body = nodes[i].answer(requests[&Slot(i as u32)].clone());
-        outcome = done(read.on_reply(Slot(i as u32), Response { op: OpId(2), body }));
+        outcome = done(read.on_reply(
+            Slot(i as u32),
+            Response {
+                op: OpId(2),
+                epoch: EPOCH,
+                body,
+            },
+        ));
     }
     let outcome = outcome.unwrap().unwrap();
     assert_eq!(outcome.value.as_deref(), Some(&data[..]));

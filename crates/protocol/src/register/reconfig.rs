@@ -13,8 +13,8 @@
 //! docs/state-transfer.md has why each rule is there.
 
 use super::{
-    Judged, Outbound, Policy, ReadOp, ReadPhase, Refusal, Refusals, Replies, Request, Response,
-    ResponseBody, Server, Timestamp, WriteOp, WritePhase,
+    Judged, Outbound, Policy, ReadOp, ReadOutcome, ReadPhase, Refusal, Refusals, Replies, Request,
+    Response, ResponseBody, Server, Timestamp, WriteOp, WriteOutcome, WritePhase,
 };
 use crate::machine::{Access, Replica, ReplicaStats};
 use crate::transfer::{self, Decided, EpochHost, Kind, Route, Served, Turned};
@@ -97,11 +97,11 @@ impl<P: Policy> Kind for Registers<P> {
         self.f
     }
 
-    fn route(request: &Request<P>) -> Route<'_> {
+    fn route(request: &Request<P>) -> Route {
         Route {
             epoch: request.epoch,
             group: request.group,
-            key: &request.key,
+            key: request.key.clone(),
         }
     }
 
@@ -220,12 +220,19 @@ impl<P: Policy> Kind for Registers<P> {
             .map_or(Decided::Absent, |entry| Decided::Take(entry.clone()))
     }
 
-    fn adopt(&mut self, _view: &(), key: &Key, entry: &P::Entry) -> bool {
-        self.server.adopt(key.clone(), entry.clone())
+    fn adopt(&mut self, _view: &(), key: &Key, entry: &P::Entry) -> Vec<Change<P>> {
+        if !self.server.adopt(key.clone(), entry.clone()) {
+            return Vec::new();
+        }
+        vec![transfer::Change::Put {
+            key: key.clone(),
+            entry: entry.clone(),
+        }]
     }
 
-    fn remove(&mut self, key: &Key) {
+    fn remove(&mut self, _view: &(), key: &Key) -> Vec<Change<P>> {
         self.server.stored.remove(key);
+        vec![transfer::Change::Drop { key: key.clone() }]
     }
 
     fn offers(&self) -> bool {
@@ -254,6 +261,13 @@ impl<P: Policy> transfer::Rebase for WriteOp<P> {
         turned(reply)
     }
 
+    fn named(mut output: WriteOutcome, view: &GroupView) -> WriteOutcome {
+        for slot in &mut output.acknowledged_by {
+            *slot = transfer::node_slot(view, *slot);
+        }
+        output
+    }
+
     fn rebase(&mut self, epoch: Epoch, view: &GroupView, _chain: &Chain) -> Vec<Outbound<P>> {
         self.config.epoch = epoch;
         self.config.group = view.id();
@@ -275,6 +289,13 @@ impl<P: Policy> transfer::Rebase for WriteOp<P> {
 impl<P: Policy> transfer::Rebase for ReadOp<P> {
     fn turned(reply: &Response<P>) -> Option<Turned> {
         turned(reply)
+    }
+
+    fn named(mut output: ReadOutcome, view: &GroupView) -> ReadOutcome {
+        for slot in output.answered_by.iter_mut().chain(&mut output.forgers) {
+            *slot = transfer::node_slot(view, *slot);
+        }
+        output
     }
 
     fn rebase(&mut self, epoch: Epoch, view: &GroupView, _chain: &Chain) -> Vec<Outbound<P>> {

@@ -386,6 +386,41 @@ pub fn first_failure_service<S: protocol::Protocol>(
     first_failure_with(seeds, config, threads, run_service::<S>)
 }
 
+/// A negative control: finds a seed within `within` on which `mutation` of service `S` (named
+/// `service` in replay commands) fails the check whose words include `expect`, and asserts that
+/// the same seed passes without it. Panics otherwise.
+pub fn assert_caught_service<S: protocol::Protocol>(
+    service: &str,
+    mutation: &str,
+    reference: SimConfig,
+    within: u64,
+    expect: &str,
+) {
+    let broken = SimConfig {
+        mutations: mutation
+            .parse::<Mutations>()
+            .unwrap_or_else(|error| panic!("{mutation}: {error}")),
+        ..reference.clone()
+    };
+    let found = first_failure_service::<S>(0..within, &broken, 2);
+    let (seed, why) = found
+        .failure
+        .unwrap_or_else(|| panic!("{mutation} is caught within {within} seeds"));
+    println!(
+        "{mutation} caught at seed {seed} after {} seeds: {why}\n  replay: {}",
+        found.seeds_run,
+        broken.service_replay_command(seed, service)
+    );
+    assert!(
+        why.contains(expect),
+        "{mutation} is caught by the check that says {expect:?}, not by: {why}"
+    );
+    assert!(
+        run_service::<S>(seed, &reference).passed(),
+        "the seed passes without the mutation"
+    );
+}
+
 /// One seed's run, whichever service it is.
 type Runner = fn(u64, &SimConfig) -> RunResult;
 

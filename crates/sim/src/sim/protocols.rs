@@ -2,6 +2,7 @@
 
 pub mod a2m_storage;
 pub mod content;
+pub mod content_epochs;
 pub mod cs;
 pub mod powerstore;
 pub mod reconfig;

@@ -36,13 +36,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 /// How late after an epoch starts a node may learn of it, at most.
-const LEARN_LATE_MAX_MILLIS: u64 = 1_500;
+pub(crate) const LEARN_LATE_MAX_MILLIS: u64 = 1_500;
 
 /// How long after every node learned the last epoch and finished its pulls a run must go on for
 /// its checker to expect every moved key dropped whose new group holds it: the first sweep (a
 /// pull that ends stores keys the next sweep looks for), a kept batch's rounds and the next
 /// sweep ([`reconfig::DROP_RESWEEP_MAX_MILLIS`]).
-const DROPPED_AFTER_MILLIS: u64 = 10_000;
+pub(crate) const DROPPED_AFTER_MILLIS: u64 = 10_000;
 
 /// One run's cluster: the chain of configurations and when each epoch starts. `NODES` nodes in
 /// all, members or not; 0 means twice a group, `2(3f+1)`.
@@ -57,7 +57,7 @@ pub struct ReconfigSim<const NODES: usize = 0> {
 }
 
 /// The schedule of one run: the genesis members, then each epoch's change.
-fn schedule(rng: &mut ChaCha8Rng, f: usize, nodes: usize) -> (Vec<Ring>, Vec<u64>) {
+pub(crate) fn schedule(rng: &mut ChaCha8Rng, f: usize, nodes: usize) -> (Vec<Ring>, Vec<u64>) {
     let group = 3 * f + 1;
     let params = PlacementParams::new(f);
     let mut all: Vec<u32> = (0..nodes as u32).collect();
@@ -123,6 +123,29 @@ fn schedule(rng: &mut ChaCha8Rng, f: usize, nodes: usize) -> (Vec<Ring>, Vec<u64
     (rings, starts)
 }
 
+/// When node `index` learns each epoch by itself, given when each starts: at its own moment, as
+/// certificates reach nodes at different times.
+pub(crate) fn learns(starts: &[u64], index: usize) -> Vec<u64> {
+    starts
+        .iter()
+        .enumerate()
+        .map(|(epoch, start)| {
+            let late = Digest::of(
+                "bulwark/sim/reconfig/learn",
+                &[index as u64, epoch as u64].map(u64::to_be_bytes).concat(),
+            );
+            let late = u64::from_be_bytes(late.0[..8].try_into().unwrap_or_default());
+            start + late % LEARN_LATE_MAX_MILLIS
+        })
+        .collect()
+}
+
+/// The newest epoch a node whose learning times are `learns` knows of by itself at `now`.
+pub(crate) fn learned(learns: &[u64], now: Time) -> Epoch {
+    let known = learns.iter().take_while(|at| **at <= now.0).count();
+    Epoch(known.saturating_sub(1) as u64)
+}
+
 /// One node's disk: its versions, the newest epoch it entered and the arcs it finished pulling.
 #[derive(Default)]
 pub struct NodeDisk {
@@ -163,19 +186,7 @@ impl SimNode {
         behaviour: Behaviour,
         seed: u64,
     ) -> SimNode {
-        let learns = sim
-            .starts
-            .iter()
-            .enumerate()
-            .map(|(epoch, start)| {
-                let late = Digest::of(
-                    "bulwark/sim/reconfig/learn",
-                    &[index as u64, epoch as u64].map(u64::to_be_bytes).concat(),
-                );
-                let late = u64::from_be_bytes(late.0[..8].try_into().unwrap_or_default());
-                start + late % LEARN_LATE_MAX_MILLIS
-            })
-            .collect();
+        let learns = learns(&sim.starts, index);
         SimNode {
             inner: inner.with_mutations(sim.mutations),
             transfers: sim.transfers.clone(),
@@ -299,8 +310,7 @@ impl SimNode {
 
     /// The newest epoch this node has learned of by itself at `now`.
     fn learned(&self, now: Time) -> Epoch {
-        let known = self.learns.iter().take_while(|at| **at <= now.0).count();
-        Epoch(known.saturating_sub(1) as u64)
+        learned(&self.learns, now)
     }
 }
 
@@ -406,7 +416,7 @@ impl Replica for SimNode {
 /// How many copies of each version a new member takes over the old members may hand over
 /// before a run's transfers count as out of proportion: one from each of the `3f+1` old members
 /// a pull asks, times [`TRANSFER_RETRIES_MAX`].
-fn transfer_copies_max(f: usize) -> u64 {
+pub(crate) fn transfer_copies_max(f: usize) -> u64 {
     (3 * f as u64 + 1) * TRANSFER_RETRIES_MAX
 }
 
@@ -566,7 +576,7 @@ impl<const NODES: usize> Protocol for ReconfigSim<NODES> {
             Change::Pulled { epoch, arc } => {
                 disk.pulled.insert((*epoch, *arc));
             }
-            Change::Drop { key } => disk.entries.remove(key),
+            Change::Drop { key } | Change::Remove { key, .. } => disk.entries.remove(key),
         }
     }
 

@@ -1,0 +1,795 @@
+//! Content-hash objects across epochs (Rosebud §4.3, §4.7, §4.8): a node's content-hash
+//! replica for every group the configuration puts it in, as a [`Kind`] of the shared transfer
+//! engine ([`crate::transfer`]).
+//!
+//! An object's fragments belong to slots: the member in slot `i` of the object's group holds
+//! fragment `i`, which it checks against the object's id alone. When the group changes, slots
+//! change with it, for the members that stay as much as for those that join, so every member of
+//! a group whose order changed takes the object over again: it asks the old members for what
+//! they hold, takes its own slot's fragment as it is when an old member hands that one over, and
+//! otherwise rebuilds the object from `f+1` fragments that check, encodes it again and keeps its
+//! fragment (the same rebuild a reader makes, so a faulty writer's manifest is refused the same
+//! way). A member that already holds its new slot's fragment fetches nothing.
+//!
+//! A node keeps the fragment of its earlier slot beside the new one (at most [`PIECES_MAX`]
+//! fragments per object) and hands it over to the new members still pulling: were it to replace
+//! it, two members could hold fragments of one index, and a new member could find fewer than
+//! `f+1` distinct ones of an object whose creation completed. A fragment a pull into an earlier
+//! epoch brings late is kept too: it is a fragment of the object all the same, which the node
+//! hands over and rebuilds from. It forgets the earlier fragment,
+//! as a node that left the group forgets the object, once `2f+1` members of the group say they
+//! hold their own fragment; and an object `2f+1` members that finished their pulls say they do
+//! not hold is one no creation completed ([`Kind::DROP_DENIED`]), forgotten as well.
+//!
+//! Objects are stored under [`key_of`] their id: its ring point first, so the keys of an arc
+//! are a range of the store and a listing reads only them.
+
+use super::{
+    ContentId, Held, Manifest, Place, Refusal, Request, RequestBody, Response, ResponseBody,
+    rebuild, serve_at,
+};
+use crate::machine::{Access, ReplicaStats};
+use crate::round::Judged;
+use crate::transfer::{Change, Decided, Kind, Route, Served, Turned};
+use bulwark_core::erasure::ErasureCodec;
+use bulwark_core::membership::{Arc as RingArc, GroupView, Moved, Ring, RingPoint};
+use bulwark_core::sign::SecretKey;
+use bulwark_core::{ClientId, Epoch, Key, NodeId, ServiceId, Slot};
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+/// Fragments one node keeps of one object: its slot's, its slot's in the epoch before while the
+/// new members pull, and the last one a pull into an earlier epoch brought.
+pub const PIECES_MAX: usize = 3;
+
+/// One fragment of an object as a node stores it and hands it over: the manifest it was
+/// accepted under, and the index (the slot) it is the fragment of.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Piece {
+    /// The object's manifest.
+    pub manifest: Manifest,
+    /// Which of the manifest's fragments this is.
+    pub index: u32,
+    /// The fragment.
+    #[serde(with = "bulwark_core::wire::shared_bytes")]
+    pub fragment: Bytes,
+}
+
+impl Piece {
+    /// Whether this is a fragment of `id` as a correct writer made it for a group of `n`
+    /// tolerating `f`.
+    pub fn checks(&self, id: &ContentId, n: usize, f: usize) -> bool {
+        self.manifest.is_canonical(n, f)
+            && ContentId::of(&self.manifest) == *id
+            && self.manifest.holds(Slot(self.index), &self.fragment)
+    }
+}
+
+/// The key object `id` is stored and transferred under: its ring point, then the id.
+pub fn key_of(id: &ContentId) -> Key {
+    let point = RingPoint::of_key(id.as_bytes());
+    let mut bytes = Vec::with_capacity(64);
+    bytes.extend_from_slice(&point.0);
+    bytes.extend_from_slice(id.as_bytes());
+    match Key::new(Bytes::from(bytes)) {
+        Ok(key) => key,
+        Err(_) => unreachable!("64 bytes are a valid key"),
+    }
+}
+
+/// The object a key names, when it is one [`key_of`] makes.
+pub fn id_of(key: &Key) -> Option<ContentId> {
+    let bytes = key.as_bytes();
+    let (point, id) = bytes.split_first_chunk::<32>()?;
+    let id = ContentId(bulwark_core::Digest(<[u8; 32]>::try_from(id).ok()?));
+    (RingPoint::of_key(id.as_bytes()).0 == *point).then_some(id)
+}
+
+/// What an epoch-following content-hash replica reads back from its driver's storage (what it
+/// stored, durable or not yet).
+pub trait Pieces {
+    /// Every fragment stored of the object under `key`.
+    fn pieces(&self, key: &Key) -> Vec<Piece>;
+    /// The objects stored under keys after `after` (from the first when `None`), in key order,
+    /// each with the indices of the fragments stored: at most `limit` objects.
+    fn objects_after(&self, after: Option<&Key>, limit: usize) -> Vec<(Key, Vec<u32>)>;
+}
+
+/// A node's content-hash objects, whatever group serves each.
+pub struct Contents {
+    me: NodeId,
+    n: usize,
+    f: usize,
+    secret: SecretKey,
+    codec: Arc<dyn ErasureCodec>,
+    /// The ring of the current epoch, and of the one before: where this node's slots are, and
+    /// were.
+    ring: Arc<Ring>,
+    before: Option<Arc<Ring>>,
+    stats: ReplicaStats,
+}
+
+impl Contents {
+    /// Node `me` at `ring`, signing its acknowledgements with `secret`, rebuilding objects with
+    /// `codec`; `objects` and `bytes` are what it stored before a restart.
+    pub fn new(
+        me: NodeId,
+        ring: Arc<Ring>,
+        secret: SecretKey,
+        codec: Arc<dyn ErasureCodec>,
+        objects: u64,
+        bytes: u64,
+    ) -> Contents {
+        let params = ring.params();
+        Contents {
+            me,
+            n: params.group_size(),
+            f: params.f,
+            secret,
+            codec,
+            ring,
+            before: None,
+            stats: ReplicaStats {
+                objects,
+                keys: objects,
+                versions: objects,
+                bytes,
+                ..ReplicaStats::default()
+            },
+        }
+    }
+
+    /// This node's slot for the object at `point` in `ring`, if it is a member of its group.
+    fn slot_in(&self, ring: &Ring, point: RingPoint) -> Option<Slot> {
+        ring.group_at(point).slot_of(self.me)
+    }
+
+    /// The fragments stored of the object under `key` that still check.
+    fn intact(&self, view: &dyn Pieces, key: &Key) -> Vec<Piece> {
+        let Some(id) = id_of(key) else {
+            return Vec::new();
+        };
+        view.pieces(key)
+            .into_iter()
+            .filter(|piece| piece.checks(&id, self.n, self.f))
+            .collect()
+    }
+
+    /// The fragment of the slot this node has now, if it holds it.
+    fn current(&self, view: &dyn Pieces, key: &Key) -> Option<Piece> {
+        let slot = self.slot_in(&self.ring, Self::point(key)?)?;
+        self.intact(view, key)
+            .into_iter()
+            .find(|piece| piece.index == slot.0)
+    }
+}
+
+impl Kind for Contents {
+    const SERVICE: ServiceId = ServiceId::CONTENT;
+    const DROP_DENIED: bool = true;
+    const KEEPS_EARLIER: bool = true;
+    const GATES_KEYS: bool = true;
+    const IN_STORAGE: bool = true;
+    type Request = Request;
+    type Reply = Response;
+    type Entry = Piece;
+    type Version = ();
+    type View = dyn Pieces;
+
+    fn f(&self) -> usize {
+        self.f
+    }
+
+    fn route(request: &Request) -> Route {
+        Route {
+            epoch: request.epoch,
+            group: request.group,
+            key: key_of(&request.id),
+        }
+    }
+
+    fn op(request: &Request) -> u64 {
+        request.op.0
+    }
+
+    fn point(key: &Key) -> Option<RingPoint> {
+        id_of(key).map(|id| RingPoint::of_key(id.as_bytes()))
+    }
+
+    fn turned(request: &Request, epoch: Epoch, why: Turned) -> Response {
+        let refusal = match why {
+            Turned::WrongEpoch { current } => Refusal::WrongEpoch { current },
+            Turned::WrongGroup => Refusal::WrongGroup,
+            Turned::Transferring => Refusal::Transferring,
+        };
+        Response {
+            op: request.op,
+            epoch,
+            body: ResponseBody::Refused(refusal),
+        }
+    }
+
+    fn serve(
+        &mut self,
+        _client: ClientId,
+        access: Access,
+        request: Request,
+        group: &GroupView,
+        slot: Slot,
+        view: &Self::View,
+    ) -> Served<Self> {
+        let op = request.op;
+        let key = key_of(&request.id);
+        let place = Place {
+            slot,
+            n: self.n,
+            f: self.f,
+            epoch: request.epoch,
+            group: group.id(),
+        };
+        let held = self.current(view, &key).map(|piece| Held {
+            manifest: piece.manifest,
+            fragment: piece.fragment,
+        });
+        match serve_at(&place, &self.secret, access, request, held) {
+            Ok(served) => {
+                self.stats.damaged += u64::from(served.damaged);
+                let changes = match served.store {
+                    Some(held) => {
+                        self.stats.objects += 1;
+                        self.stats.keys += 1;
+                        self.stats.versions += 1;
+                        self.stats.bytes += held.fragment.len() as u64;
+                        let piece = Piece {
+                            manifest: held.manifest,
+                            index: slot.0,
+                            fragment: held.fragment,
+                        };
+                        self.adopt(view, &key, &piece)
+                    }
+                    None => Vec::new(),
+                };
+                Served {
+                    changes,
+                    reply: Response {
+                        op,
+                        epoch: place.epoch,
+                        body: served.body,
+                    },
+                    refused: None,
+                }
+            }
+            Err(refusal) => Served {
+                changes: Vec::new(),
+                refused: Some(refusal.to_string()),
+                reply: Response {
+                    op,
+                    epoch: place.epoch,
+                    body: ResponseBody::Refused(refusal),
+                },
+            },
+        }
+    }
+
+    /// A STORE brings this node's fragment: an object whose writer is writing it again in the
+    /// new epoch is taken over by that write, whatever the old members still say of it.
+    fn passes(request: &Request) -> bool {
+        matches!(request.body, RequestBody::Store { .. })
+    }
+
+    fn settles(reply: &Response) -> bool {
+        matches!(reply.body, ResponseBody::Stored(_))
+    }
+
+    /// Every member of a group whose order changed: a member whose slot moved needs the
+    /// fragment of its new slot as much as one that joined.
+    fn must_pull(moved: &Moved) -> bool {
+        moved.old.members() != moved.new.members()
+    }
+
+    fn list(
+        &self,
+        view: &Self::View,
+        arc: &RingArc,
+        after: Option<&Key>,
+        limit: usize,
+    ) -> (Vec<Key>, bool) {
+        // Keys sort by ring point: an arc that does not wrap is one range of keys, one that
+        // wraps two, the lower first; each range is an exclusive start and its last point.
+        let floor = |point: RingPoint| {
+            let mut bytes = point.0.to_vec();
+            bytes.extend_from_slice(&[0xff; 32]);
+            Key::new(Bytes::from(bytes)).ok()
+        };
+        let ranges = match arc.after.cmp(&arc.upto) {
+            std::cmp::Ordering::Equal => vec![(None, None)],
+            std::cmp::Ordering::Greater => {
+                vec![(None, Some(arc.upto)), (floor(arc.after), None)]
+            }
+            std::cmp::Ordering::Less => vec![(floor(arc.after), Some(arc.upto))],
+        };
+        let mut keys = Vec::new();
+        for (start, last) in ranges {
+            let past = |point: RingPoint| last.is_some_and(|last| point > last);
+            if after.and_then(Self::point).is_some_and(past) {
+                continue;
+            }
+            let mut from: Option<Key> = match (after, start) {
+                (Some(after), Some(start)) => Some(after.clone().max(start)),
+                (Some(after), None) => Some(after.clone()),
+                (None, start) => start,
+            };
+            'range: loop {
+                let batch = view.objects_after(from.as_ref(), limit + 1 - keys.len());
+                if batch.is_empty() {
+                    break;
+                }
+                for (key, _) in batch {
+                    from = Some(key.clone());
+                    let Some(point) = Self::point(&key) else {
+                        continue;
+                    };
+                    if past(point) {
+                        break 'range;
+                    }
+                    if keys.len() == limit {
+                        return (keys, true);
+                    }
+                    keys.push(key);
+                }
+            }
+        }
+        (keys, false)
+    }
+
+    /// The fragment of this node's current slot, or, outside the object's group, any fragment
+    /// it still holds: what it would drop.
+    fn entry(&self, view: &Self::View, key: &Key) -> Option<Piece> {
+        self.current(view, key)
+            .or_else(|| self.intact(view, key).into_iter().next())
+    }
+
+    fn holds(&self, view: &Self::View, key: &Key) -> Option<()> {
+        self.current(view, key).map(|_| ())
+    }
+
+    /// The fragment of the slot this node had in `old`, kept for the new members; any other it
+    /// holds otherwise (a new member checks each against the id, whatever its index).
+    fn hand_over(&self, view: &Self::View, key: &Key, old: &GroupView) -> Option<Piece> {
+        let pieces = self.intact(view, key);
+        let slot = old.slot_of(self.me).map(|slot| slot.0);
+        pieces
+            .iter()
+            .find(|piece| Some(piece.index) == slot)
+            .or(pieces.first())
+            .cloned()
+    }
+
+    fn needs(&self, view: &Self::View, key: &Key, new: &GroupView) -> bool {
+        let Some(slot) = new.slot_of(self.me) else {
+            return false;
+        };
+        !self
+            .intact(view, key)
+            .iter()
+            .any(|piece| piece.index == slot.0)
+    }
+
+    fn version(_entry: &Piece) {}
+
+    fn value_bytes(entry: &Piece) -> u64 {
+        entry.fragment.len() as u64
+    }
+
+    /// Objects outside this node's groups, and objects of its groups of which it still holds a
+    /// fragment of another slot than its own.
+    fn outside(&self, view: &Self::View, ring: &Ring, me: NodeId) -> Vec<Key> {
+        let mut found = Vec::new();
+        let mut after: Option<Key> = None;
+        loop {
+            let page = view.objects_after(after.as_ref(), 1_024);
+            let Some((last, _)) = page.last() else {
+                return found;
+            };
+            after = Some(last.clone());
+            for (key, indices) in page {
+                let Some(point) = Self::point(&key) else {
+                    continue;
+                };
+                let group = ring.group_at(point);
+                let extra = match group.slot_of(me) {
+                    None => true,
+                    Some(slot) => indices.iter().any(|index| *index != slot.0),
+                };
+                if extra {
+                    found.push(key);
+                }
+            }
+        }
+    }
+
+    fn judge(&self, _group: &GroupView, key: &Key, entry: &Piece) -> Judged {
+        match id_of(key) {
+            Some(id) if entry.checks(&id, self.n, self.f) => Judged::Valid,
+            Some(_) => Judged::Forged,
+            None => Judged::Ignored,
+        }
+    }
+
+    /// This node's slot's fragment as an old member handed it over, or the object rebuilt from
+    /// `f+1` distinct fragments and encoded again; nothing once `quorum` old members deny
+    /// holding it, or every one answered and too few fragments came (an object whose creation
+    /// did not complete, or whose writer's manifest no value fits).
+    fn decide(
+        &self,
+        _key: &Key,
+        old: &GroupView,
+        new: &GroupView,
+        answers: &[(Slot, Option<&Piece>)],
+        quorum: usize,
+    ) -> Decided<Piece> {
+        let Some(slot) = new.slot_of(self.me) else {
+            return Decided::Absent;
+        };
+        let pieces: Vec<&Piece> = answers.iter().filter_map(|(_, piece)| *piece).collect();
+        if let Some(own) = pieces.iter().find(|piece| piece.index == slot.0) {
+            return Decided::Take((*own).clone());
+        }
+        let denied = answers.len() - pieces.len();
+        let mut indices = BTreeSet::new();
+        let distinct: Vec<(usize, Bytes)> = pieces
+            .iter()
+            .filter(|piece| indices.insert(piece.index))
+            .map(|piece| (piece.index as usize, piece.fragment.clone()))
+            .collect();
+        // Every piece checked against the id, so they share one manifest.
+        if let Some(first) = pieces.first()
+            && distinct.len() >= first.manifest.layout.needed()
+        {
+            return match rebuild(&*self.codec, &first.manifest, &distinct) {
+                Ok((_, fragments)) => match fragments.get(slot.index()) {
+                    Some(fragment) => Decided::Take(Piece {
+                        manifest: first.manifest.clone(),
+                        index: slot.0,
+                        fragment: fragment.clone(),
+                    }),
+                    None => Decided::Absent,
+                },
+                Err(()) => Decided::Absent,
+            };
+        }
+        if denied >= quorum || answers.len() == old.len() {
+            return Decided::Absent;
+        }
+        Decided::Wait
+    }
+
+    /// Stores a fragment of the slot it was made for, keeping beside it only the fragments of
+    /// this node's slot now and in the epoch before: a pull into an earlier epoch that ends late
+    /// never displaces today's fragment, and what it brings stays until the group holds the
+    /// object (new members may still pull it, and this node's own later pulls may rebuild from
+    /// it).
+    fn adopt(&mut self, view: &Self::View, key: &Key, entry: &Piece) -> Vec<Change<Piece>> {
+        let Some(point) = Self::point(key) else {
+            return Vec::new();
+        };
+        let now = self.slot_in(&self.ring, point).map(|slot| slot.0);
+        let before = self
+            .before
+            .as_ref()
+            .and_then(|ring| self.slot_in(ring, point))
+            .map(|slot| slot.0);
+        let held = view.pieces(key);
+        if held.iter().any(|piece| piece == entry) {
+            return Vec::new();
+        }
+        let kept = |index: u32| Some(index) == now || Some(index) == before;
+        let mut changes: Vec<Change<Piece>> = held
+            .into_iter()
+            .filter(|piece| piece.index == entry.index || !kept(piece.index))
+            .map(|piece| Change::Remove {
+                key: key.clone(),
+                entry: piece,
+            })
+            .collect();
+        changes.push(Change::Put {
+            key: key.clone(),
+            entry: entry.clone(),
+        });
+        changes
+    }
+
+    /// Forgets the object outside its group, or the fragments of other slots than this node's
+    /// within it.
+    fn remove(&mut self, view: &Self::View, key: &Key) -> Vec<Change<Piece>> {
+        let slot = Self::point(key).and_then(|point| self.slot_in(&self.ring, point));
+        let Some(slot) = slot else {
+            self.stats.objects = self.stats.objects.saturating_sub(1);
+            return vec![Change::Drop { key: key.clone() }];
+        };
+        view.pieces(key)
+            .into_iter()
+            .filter(|piece| piece.index != slot.0)
+            .map(|piece| Change::Remove {
+                key: key.clone(),
+                entry: piece,
+            })
+            .collect()
+    }
+
+    fn entered(&mut self, ring: &Arc<Ring>) {
+        self.before = Some(std::mem::replace(&mut self.ring, ring.clone()));
+    }
+
+    fn offers(&self) -> bool {
+        false
+    }
+
+    fn stats(&self) -> ReplicaStats {
+        self.stats.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::content::Encoded;
+    use bulwark_core::erasure::ReedSolomonSimd;
+    use bulwark_core::membership::PlacementParams;
+    use std::collections::BTreeMap;
+
+    /// A store of pieces, read back as the driver would.
+    #[derive(Default)]
+    struct Store(BTreeMap<(Key, u32), Piece>);
+
+    impl Pieces for Store {
+        fn pieces(&self, key: &Key) -> Vec<Piece> {
+            self.0
+                .range((key.clone(), 0)..=(key.clone(), u32::MAX))
+                .map(|(_, piece)| piece.clone())
+                .collect()
+        }
+
+        fn objects_after(&self, after: Option<&Key>, limit: usize) -> Vec<(Key, Vec<u32>)> {
+            let mut objects: BTreeMap<Key, Vec<u32>> = BTreeMap::new();
+            for (key, index) in self.0.keys() {
+                objects.entry(key.clone()).or_default().push(*index);
+            }
+            objects
+                .into_iter()
+                .filter(|(key, _)| after.is_none_or(|after| key > after))
+                .take(limit)
+                .collect()
+        }
+    }
+
+    fn ring(epoch: u64, ids: &[u32]) -> Arc<Ring> {
+        let ring = Ring::new(
+            Epoch(epoch),
+            PlacementParams::new(1),
+            ids.iter().map(|id| NodeId(*id)),
+        );
+        Arc::new(ring.expect("enough members"))
+    }
+
+    fn contents(me: u32, ring: Arc<Ring>) -> Contents {
+        Contents::new(
+            NodeId(me),
+            ring,
+            SecretKey::from_seed(&[me as u8; 32]),
+            Arc::new(ReedSolomonSimd),
+            0,
+            0,
+        )
+    }
+
+    fn object(seed: u8) -> Encoded {
+        let value: Vec<u8> = (0..5_000u32).map(|i| (i as u8) ^ seed).collect();
+        Encoded::new(&ReedSolomonSimd, 4, 1, &value).expect("within bounds")
+    }
+
+    fn piece(encoded: &Encoded, index: u32) -> Piece {
+        Piece {
+            manifest: encoded.manifest.clone(),
+            index,
+            fragment: encoded.fragments[index as usize].clone(),
+        }
+    }
+
+    #[test]
+    fn an_objects_key_sorts_by_its_ring_point_and_names_only_its_object() {
+        let id = object(1).id;
+        let key = key_of(&id);
+        assert_eq!(id_of(&key), Some(id));
+        assert_eq!(
+            Contents::point(&key),
+            Some(RingPoint::of_key(id.as_bytes()))
+        );
+        // Another point before the same id, or a key of another length, names nothing.
+        let mut bytes = key.as_bytes().to_vec();
+        bytes[0] ^= 1;
+        assert_eq!(id_of(&Key::new(bytes).expect("a key")), None);
+        assert_eq!(
+            id_of(&Key::new(id.as_bytes().to_vec()).expect("a key")),
+            None
+        );
+    }
+
+    #[test]
+    fn a_listing_pages_through_an_arc_in_key_order_whether_or_not_it_wraps() {
+        let mut store = Store::default();
+        let mut keys = Vec::new();
+        for seed in 0..40u8 {
+            let encoded = object(seed);
+            let key = key_of(&encoded.id);
+            store.0.insert((key.clone(), 0), piece(&encoded, 0));
+            keys.push(key);
+        }
+        keys.sort();
+        let node = contents(0, ring(0, &[0, 1, 2, 3]));
+        let point = |key: &Key| Contents::point(key).expect("a valid key");
+        let cut = |at: usize| point(&keys[at]);
+        let arcs = [
+            RingArc {
+                after: cut(5),
+                upto: cut(5),
+            },
+            RingArc {
+                after: cut(3),
+                upto: cut(30),
+            },
+            RingArc {
+                after: cut(30),
+                upto: cut(3),
+            },
+            RingArc {
+                after: cut(39),
+                upto: cut(0),
+            },
+        ];
+        for arc in arcs {
+            let expected: Vec<Key> = keys
+                .iter()
+                .filter(|key| arc.contains(point(key)))
+                .cloned()
+                .collect();
+            let mut listed = Vec::new();
+            let mut after: Option<Key> = None;
+            loop {
+                let (page, more) = node.list(&store, &arc, after.as_ref(), 3);
+                assert!(page.len() <= 3);
+                assert!(
+                    !more || page.len() == 3,
+                    "a page short of the limit is the last"
+                );
+                after = page.last().cloned().or(after);
+                listed.extend(page);
+                if !more {
+                    break;
+                }
+            }
+            assert_eq!(listed, expected, "arc {arc:?}");
+        }
+    }
+
+    #[test]
+    fn a_new_member_takes_its_fragment_or_rebuilds_it_and_gives_up_only_when_it_may() {
+        let old = ring(0, &[0, 1, 2, 3]);
+        let new = ring(1, &[0, 1, 2, 3, 4]);
+        let encoded = object(7);
+        let key = key_of(&encoded.id);
+        let point = Contents::point(&key).expect("a valid key");
+        let (old_view, new_view) = (old.group_at(point), new.group_at(point));
+        let joiner = new_view
+            .members()
+            .iter()
+            .copied()
+            .find(|node| !old_view.contains(*node))
+            .expect("a member that joined");
+        let node = contents(joiner.0, new.clone());
+        let mine = new_view.slot_of(joiner).expect("a member").0;
+        let others: Vec<u32> = (0..4).filter(|index| *index != mine).collect();
+        let decide = |answers: &[(Slot, Option<&Piece>)]| {
+            node.decide(&key, &old_view, &new_view, answers, 3)
+        };
+        // Its own slot's fragment as an old member hands it over.
+        let own = piece(&encoded, mine);
+        assert_eq!(decide(&[(Slot(0), Some(&own))]), Decided::Take(own.clone()));
+        // One other fragment is not enough; two rebuild the object and encode its own.
+        let (a, b) = (piece(&encoded, others[0]), piece(&encoded, others[1]));
+        assert_eq!(decide(&[(Slot(0), Some(&a))]), Decided::Wait);
+        assert_eq!(
+            decide(&[(Slot(0), Some(&a)), (Slot(1), Some(&b))]),
+            Decided::Take(own.clone())
+        );
+        // Two copies of one index are one fragment.
+        assert_eq!(
+            decide(&[(Slot(0), Some(&a)), (Slot(1), Some(&a))]),
+            Decided::Wait
+        );
+        // A fragment and two denials: a slow member may hold the second fragment.
+        assert_eq!(
+            decide(&[(Slot(0), Some(&a)), (Slot(1), None), (Slot(2), None)]),
+            Decided::Wait
+        );
+        // Three denials, or every member answered and too little came: nothing to take.
+        assert_eq!(
+            decide(&[(Slot(0), None), (Slot(1), None), (Slot(2), None)]),
+            Decided::Absent
+        );
+        assert_eq!(
+            decide(&[
+                (Slot(0), Some(&a)),
+                (Slot(1), None),
+                (Slot(2), None),
+                (Slot(3), None)
+            ]),
+            Decided::Absent
+        );
+        // A damaged fragment is forged, whatever its index.
+        let mut damaged = a.clone();
+        damaged.fragment = Bytes::from(vec![0; damaged.fragment.len()]);
+        assert_eq!(node.judge(&old_view, &key, &damaged), Judged::Forged);
+        assert_eq!(node.judge(&old_view, &key, &a), Judged::Valid);
+    }
+
+    #[test]
+    fn a_member_keeps_todays_fragment_and_yesterdays_and_drops_the_rest_once_its_group_holds_it() {
+        let first = ring(0, &[0, 1, 2, 3]);
+        let second = ring(1, &[0, 1, 2, 3, 4]);
+        let encoded = object(9);
+        let key = key_of(&encoded.id);
+        let point = Contents::point(&key).expect("a valid key");
+        // A member of both groups whose slot changed.
+        let member = (0..4)
+            .map(NodeId)
+            .find(|node| {
+                let (a, b) = (first.group_at(point), second.group_at(point));
+                a.slot_of(*node).is_some()
+                    && b.slot_of(*node).is_some()
+                    && a.slot_of(*node) != b.slot_of(*node)
+            })
+            .expect("a member whose slot moved");
+        let (then, now) = (
+            first.group_at(point).slot_of(member).expect("a member").0,
+            second.group_at(point).slot_of(member).expect("a member").0,
+        );
+        let mut node = contents(member.0, first);
+        node.entered(&second);
+        let mut store = Store::default();
+        store.0.insert((key.clone(), then), piece(&encoded, then));
+        let stray = (0..4)
+            .find(|index| *index != then && *index != now)
+            .expect("a third");
+        store.0.insert((key.clone(), stray), piece(&encoded, stray));
+        // Today's fragment goes in beside yesterday's; the stray one goes.
+        let changes = node.adopt(&store, &key, &piece(&encoded, now));
+        assert_eq!(
+            changes,
+            vec![
+                Change::Remove {
+                    key: key.clone(),
+                    entry: piece(&encoded, stray)
+                },
+                Change::Put {
+                    key: key.clone(),
+                    entry: piece(&encoded, now)
+                }
+            ]
+        );
+        store.0.remove(&(key.clone(), stray));
+        store.0.insert((key.clone(), now), piece(&encoded, now));
+        assert_eq!(node.holds(&store, &key), Some(()));
+        assert_eq!(node.outside(&store, &second, member), vec![key.clone()]);
+        // Once the group holds it, yesterday's goes too.
+        assert_eq!(
+            node.remove(&store, &key),
+            vec![Change::Remove {
+                key: key.clone(),
+                entry: piece(&encoded, then)
+            }]
+        );
+    }
+}
