@@ -650,7 +650,7 @@ pub async fn status(args: &ClientArgs) -> Result<std::process::ExitCode> {
                         out!(text, "         CS replica STOPPED: {reason}");
                     }
                 }
-                if let Some(follower) = status.replicas.iter().find(|r| r.stats.epoch > 0) {
+                for follower in status.replicas.iter().filter(|r| r.stats.epoch > 0) {
                     let stats = &follower.stats;
                     out!(
                         text,

@@ -24,6 +24,8 @@ use std::time::{Duration, Instant};
 const SETTLED: u8 = 24;
 /// Objects written and read throughout.
 const BUSY: u8 = 3;
+/// Content-hash objects written once before the reconfiguration and read after it.
+const CONTENT_OBJECTS: u64 = 24;
 /// Operations per client at most: the load is bounded in count as well as time.
 const OPS_PER_CLIENT_MAX: u64 = 5_000;
 
@@ -106,11 +108,46 @@ fn originals_ids(config: &Configuration) -> Vec<NodeId> {
 
 /// The public-key replica's figures in a node's status.
 fn pubkey_stats(status: &NodeStatus) -> Option<&bulwark_protocol::machine::ReplicaStats> {
+    follower_stats(status, "pubkey")
+}
+
+/// The counters of `status`'s replica of `service` that follows the configuration.
+fn follower_stats<'a>(
+    status: &'a NodeStatus,
+    service: &str,
+) -> Option<&'a bulwark_protocol::machine::ReplicaStats> {
     status
         .replicas
         .iter()
-        .find(|r| r.service == "pubkey")
+        .find(|r| r.service == service)
         .map(|r| &r.stats)
+}
+
+/// Content-hash objects written before a reconfiguration, each with its id: what must read back
+/// whole after it.
+async fn write_content(admin: &Client) -> Vec<(bulwark_protocol::content::ContentId, Vec<u8>)> {
+    let mut written = Vec::new();
+    for i in 0..CONTENT_OBJECTS {
+        let value = value_for(1_000 + i, 7).repeat(64 + i as usize);
+        let (id, _) = admin.put_content(&value).await.expect("content write");
+        written.push((id, value));
+    }
+    written
+}
+
+/// Every content-hash object of `written` reads back whole.
+async fn assert_content_readable(
+    reader: &Client,
+    written: &[(bulwark_protocol::content::ContentId, Vec<u8>)],
+) {
+    for (id, value) in written {
+        let (read, _) = reader.get_content(id).await.expect("content read");
+        assert_eq!(
+            read.as_deref(),
+            Some(value.as_slice()),
+            "content object {id} after the reconfigurations"
+        );
+    }
 }
 
 /// Waits until every one of `nodes` has entered `epoch` (or a later one: epochs go on ending,
@@ -126,8 +163,10 @@ async fn wait_settled(admin: &Client, epoch: u64, nodes: &[NodeId]) -> Vec<NodeS
             .collect();
         let settled = of_nodes.len() == nodes.len()
             && of_nodes.iter().all(|status| {
-                pubkey_stats(status)
-                    .is_some_and(|stats| stats.epoch >= epoch && stats.transfers_pending == 0)
+                ["pubkey", "content"].iter().all(|service| {
+                    follower_stats(status, service)
+                        .is_some_and(|stats| stats.epoch >= epoch && stats.transfers_pending == 0)
+                })
             });
         if settled {
             return of_nodes;
@@ -289,6 +328,7 @@ async fn owned_objects_move_to_their_new_groups_when_a_member_leaves_under_load(
     let admin = cluster.client("admin").await;
     let genesis = admin.configuration().await.expect("configuration");
     let settled = write_settled(&admin).await;
+    let content = write_content(&admin).await;
 
     let recorder = Recorder::default();
     let stop = Arc::new(AtomicBool::new(false));
@@ -338,6 +378,9 @@ async fn owned_objects_move_to_their_new_groups_when_a_member_leaves_under_load(
     cluster.kill(0);
     let reader = cluster.client("reader").await;
     let after = assert_all_readable(&reader, &settled, &recorder, &[reconfigured_at]).await;
+    // Content-hash objects too, from the three left: the five groups became one, in another
+    // slot order, so every member rebuilt its slot's fragments.
+    assert_content_readable(&reader, &content).await;
     eprintln!("{moved} keys transferred");
     assert!(
         after[0] >= 20,
@@ -359,6 +402,7 @@ async fn eight_nodes_grow_to_twelve_through_node_join_and_shrink_back_under_load
     let admin = cluster.client("admin").await;
     let genesis = admin.configuration().await.expect("configuration");
     let settled = write_settled(&admin).await;
+    let content = write_content(&admin).await;
 
     let recorder = Recorder::default();
     let stop = Arc::new(AtomicBool::new(false));
@@ -442,6 +486,9 @@ async fn eight_nodes_grow_to_twelve_through_node_join_and_shrink_back_under_load
     }
     let reader = cluster.client("reader").await;
     let after = assert_all_readable(&reader, &settled, &recorder, &[grown_at, shrunk_at]).await;
+    // Content-hash objects moved with their groups too: their fragments were rebuilt for the
+    // slots that changed, on nodes that joined and nodes that stayed.
+    assert_content_readable(&reader, &content).await;
     eprintln!(
         "{moved_in} keys moved to the new nodes ({dropped} dropped by the original ones), \
          {moved_out} after the shrink"

@@ -7,7 +7,7 @@ use crate::{Client, ClientError};
 use bulwark_core::NodeId;
 use bulwark_core::configuration::{self, Configuration, cs_group};
 use bulwark_core::membership::{Chain, GroupView};
-use bulwark_core::sign::{SecretKey, Signed};
+use bulwark_core::sign::{PublicKey, SecretKey, Signed};
 use bulwark_protocol::cs::{self, Action, ConfigService, Op, Order, Outcome};
 use bulwark_protocol::pbft::Submit;
 use bulwark_protocol::service::{SystemReply, SystemRequest};
@@ -26,6 +26,15 @@ const KNOWN_BYTES_MAX: u64 = 64 << 20;
 const FETCH_WAIT: Duration = Duration::from_secs(3);
 /// Times an operation is resubmitted after the CS moved to a newer epoch under it.
 const EPOCH_RETRIES: usize = 5;
+
+/// Each member of `config` with the key its statements verify under.
+fn member_keys(config: &Configuration) -> Vec<(NodeId, PublicKey)> {
+    config
+        .members
+        .iter()
+        .map(|member| (member.id, member.signing_key))
+        .collect()
+}
 
 impl Client {
     /// The genesis configuration of `cluster.toml`, if the cluster has a configuration service.
@@ -57,7 +66,11 @@ impl Client {
     pub(crate) async fn refresh_rings(&self) -> Result<Arc<Chain>, ClientError> {
         if self.cluster.configuration_service.is_none() {
             let ring = Arc::new(self.placement.ring().clone());
-            return Ok(Arc::new(Chain::new(vec![ring])));
+            let keys = self
+                .placement
+                .members()
+                .map(|member| (member.id, member.signing_key));
+            return Ok(Arc::new(Chain::new(vec![ring]).with_keys(keys)));
         }
         Ok(self.refresh().await?.1)
     }
@@ -82,7 +95,8 @@ impl Client {
                 // joined since. Nothing newer may come to introduce them.
                 self.meet(&start.members);
                 let ring = ring_of(&start)?;
-                (start, Arc::new(Chain::new(vec![ring])))
+                let chain = Chain::new(vec![ring]).with_keys(member_keys(&start));
+                (start, Arc::new(chain))
             }
         };
         let newer = self.configurations_after(&newest).await;
@@ -91,6 +105,7 @@ impl Client {
             let mut grown = (*chain).clone();
             for config in newer {
                 grown.push(ring_of(&config)?);
+                grown = grown.with_keys(member_keys(&config));
                 newest = config;
             }
             chain = Arc::new(grown);

@@ -1,16 +1,19 @@
 //! Content-hash objects from the client's side (Rosebud §4.3): immutable objects named by their
-//! content, placed on the group their id falls in.
+//! content, placed on the group their id falls in in the newest configuration the client has
+//! verified, and followed into newer epochs when a replica says the configuration moved on.
 
-use crate::{Client, ClientError, OpReport, blame, nodes};
-use bulwark_core::membership::GroupView;
+use crate::{Client, ClientError, OpReport, blame, by_id, nodes};
+use bulwark_core::membership::{Chain, GroupView, RingPoint};
 use bulwark_core::sign::PublicKey;
 use bulwark_protocol::content::{self, ContentId, Place};
+use bulwark_protocol::transfer::Routed;
 use bytes::Bytes;
 use std::sync::Arc;
 
 impl Client {
     /// Stores `value` as a content-hash object and returns its id: the same bytes always get the
-    /// same id. Done when `2f+1` replicas of its group have signed that their fragment is durable.
+    /// same id. Done when `2f+1` replicas of its group in one epoch have signed that their
+    /// fragment is durable.
     pub async fn put_content(&self, value: &[u8]) -> Result<(ContentId, OpReport), ClientError> {
         self.may_store(value.len())?;
         self.fresh().await?;
@@ -20,16 +23,17 @@ impl Client {
         let encoded = content::Encoded::new(&*self.codec, 3 * f + 1, f, value)
             .map_err(ClientError::Protocol)?;
         let id = encoded.id;
-        let view = self.placement.group_of(id.as_bytes());
-        let place = self.content_place(&view, f);
-        let mut machine = content::WriteOp::new(place, self.content_keys(&view)?, op, encoded)
+        let (chain, point, view) = self.content_route(&id).await?;
+        let keys = content_keys(&chain, &view)?;
+        let inner = content::WriteOp::new(content_place(&view, f), keys, op, encoded)
             .map_err(ClientError::Protocol)?;
+        let mut machine = Routed::new(inner, point, chain, view.epoch());
         let outcome = self.drive(&view, &id, f, &mut machine).await?;
         let answered: Vec<_> = outcome.acks.iter().map(|(slot, _)| *slot).collect();
         let report = OpReport {
-            answered: nodes(&view, &answered),
+            answered: nodes(by_id, &answered),
             n: view.len(),
-            evidence: blame(&view, &format!("content {id}"), &outcome.evidence),
+            evidence: blame(by_id, &format!("content {id}"), &outcome.evidence),
             restarts: 0,
             repaired: false,
         };
@@ -45,14 +49,19 @@ impl Client {
     ) -> Result<(Option<Bytes>, OpReport), ClientError> {
         self.fresh().await?;
         let op = self.op_id();
-        let view = self.placement.group_of(id.as_bytes());
-        let place = self.content_place(&view, self.cluster.f);
-        let mut machine = content::ReadOp::new(place, self.codec.clone(), op, *id);
+        let (chain, point, view) = self.content_route(id).await?;
+        let inner = content::ReadOp::new(
+            content_place(&view, self.cluster.f),
+            self.codec.clone(),
+            op,
+            *id,
+        );
+        let mut machine = Routed::new(inner, point, chain, view.epoch());
         let outcome = self.drive(&view, id, self.cluster.f, &mut machine).await?;
         let report = OpReport {
-            answered: nodes(&view, &outcome.answered_by),
+            answered: nodes(by_id, &outcome.answered_by),
             n: view.len(),
-            evidence: blame(&view, &format!("content {id}"), &outcome.evidence),
+            evidence: blame(by_id, &format!("content {id}"), &outcome.evidence),
             restarts: 0,
             repaired: false,
         };
@@ -60,21 +69,39 @@ impl Client {
         Ok((outcome.value, report))
     }
 
-    fn content_place(&self, view: &GroupView, f: usize) -> Place {
-        Place {
-            slot: bulwark_core::Slot(0),
-            n: view.len(),
-            f,
-            epoch: self.epoch(),
-            group: view.id(),
-        }
+    /// The verified configurations, the point `id` is placed at, and its group in the newest.
+    async fn content_route(
+        &self,
+        id: &ContentId,
+    ) -> Result<(Arc<Chain>, RingPoint, GroupView), ClientError> {
+        let chain = self.rings().await?;
+        let point = RingPoint::of_key(id.as_bytes());
+        let view = chain.newest().group_at(point);
+        Ok((chain, point, view))
     }
+}
 
-    /// The signing keys of `view`'s members, by slot: what their acknowledgements are checked
-    /// against.
-    pub(crate) fn content_keys(&self, view: &GroupView) -> Result<Arc<[PublicKey]>, ClientError> {
-        self.cluster
-            .signing_keys(view.members())
-            .map_err(ClientError::Protocol)
+/// A client operation's place in `view`, whose `slot` is unused.
+fn content_place(view: &GroupView, f: usize) -> Place {
+    Place {
+        slot: bulwark_core::Slot(0),
+        n: view.len(),
+        f,
+        epoch: view.epoch(),
+        group: view.id(),
     }
+}
+
+/// The signing keys of `view`'s members, by slot, as the verified configurations name them:
+/// what their acknowledgements are checked against.
+fn content_keys(chain: &Chain, view: &GroupView) -> Result<Arc<[PublicKey]>, ClientError> {
+    view.members()
+        .iter()
+        .map(|node| {
+            chain
+                .signing_key(*node)
+                .cloned()
+                .ok_or_else(|| ClientError::Protocol(format!("no verified key for {node}")))
+        })
+        .collect()
 }

@@ -452,6 +452,17 @@ impl Client {
         }
     }
 
+    /// The signing keys of `view`'s members, by slot, as `cluster.toml` names them: what their
+    /// signed statements are checked against.
+    pub(crate) fn member_keys(
+        &self,
+        view: &GroupView,
+    ) -> Result<Arc<[bulwark_core::sign::PublicKey]>, ClientError> {
+        self.cluster
+            .signing_keys(view.members())
+            .map_err(ClientError::Protocol)
+    }
+
     /// The cluster configuration.
     pub fn cluster(&self) -> &ClusterConfig {
         &self.cluster
@@ -640,7 +651,7 @@ impl Client {
             }
         };
         Ok(OpReport {
-            answered: nodes(&view, &answered),
+            answered: nodes(in_view(&view), &answered),
             n,
             evidence: Vec::new(),
             restarts: 0,
@@ -695,9 +706,9 @@ impl Client {
                     .drive(&view, &key, self.cluster.f, &mut machine)
                     .await?;
                 let report = OpReport {
-                    answered: nodes(&view, &outcome.answered_by),
+                    answered: nodes(in_view(&view), &outcome.answered_by),
                     n,
-                    evidence: blame(&view, &format!("key {key}"), &outcome.evidence),
+                    evidence: blame(in_view(&view), &format!("key {key}"), &outcome.evidence),
                     restarts: outcome.restarts,
                     repaired: outcome.repaired,
                 };
@@ -711,7 +722,7 @@ impl Client {
                 let outcome = self
                     .drive(&view, &key, self.cluster.f, &mut machine)
                     .await?;
-                let report = register_report(&view, n, &key, &outcome);
+                let report = register_report(in_view(&view), n, &key, &outcome);
                 (outcome.value, report)
             }
             Protocol::Phalanx => {
@@ -722,7 +733,7 @@ impl Client {
                 let outcome = self
                     .drive(&view, &key, self.cluster.f, &mut machine)
                     .await?;
-                let report = register_report(&view, n, &key, &outcome);
+                let report = register_report(in_view(&view), n, &key, &outcome);
                 (outcome.value, report)
             }
         };
@@ -1074,27 +1085,37 @@ impl Client {
 
 /// Misbehaviour a client machine saw, named by node; `what` says which object it was about.
 fn blame(
-    view: &GroupView,
+    name: impl Fn(Slot) -> Option<NodeId>,
     what: &str,
     seen: &[bulwark_protocol::round::Evidence],
 ) -> Vec<Evidence> {
     seen.iter()
         .filter_map(|e| {
-            let node = view.node(e.node)?;
+            let node = name(e.node)?;
             Some(Evidence::new(node, e.kind.clone()).with_detail(what.to_string()))
         })
         .collect()
 }
 
-fn nodes(view: &GroupView, slots: &[Slot]) -> Vec<NodeId> {
-    slots.iter().filter_map(|slot| view.node(*slot)).collect()
+fn nodes(name: impl Fn(Slot) -> Option<NodeId>, slots: &[Slot]) -> Vec<NodeId> {
+    slots.iter().filter_map(|slot| name(*slot)).collect()
+}
+
+/// The node in each slot of `view`: how the outcome of an operation on one group names nodes.
+fn in_view(view: &GroupView) -> impl Fn(Slot) -> Option<NodeId> + Copy + '_ {
+    |slot| view.node(slot)
+}
+
+/// How the outcome of an operation that follows the configuration names nodes: by id.
+fn by_id(slot: Slot) -> Option<NodeId> {
+    Some(NodeId(slot.0))
 }
 
 fn op_error(view: &GroupView, error: OpError) -> ClientError {
     match error {
         OpError::Refused { reason, by } => ClientError::Refused {
             refusal: reason,
-            nodes: nodes(view, &by),
+            nodes: nodes(in_view(view), &by),
         },
         OpError::Failed(text) => ClientError::Protocol(text),
     }
@@ -1102,15 +1123,15 @@ fn op_error(view: &GroupView, error: OpError) -> ClientError {
 
 /// A baseline read's report: a Phalanx server that served a version no writer signed is a forger.
 fn register_report(
-    view: &GroupView,
+    name: impl Fn(Slot) -> Option<NodeId> + Copy,
     n: usize,
     key: &Key,
     outcome: &bulwark_protocol::register::ReadOutcome,
 ) -> OpReport {
     OpReport {
-        answered: nodes(view, &outcome.answered_by),
+        answered: nodes(name, &outcome.answered_by),
         n,
-        evidence: nodes(view, &outcome.forgers)
+        evidence: nodes(name, &outcome.forgers)
             .into_iter()
             .map(|node| {
                 Evidence::new(node, EvidenceKind::ForgedVersion)

@@ -2,7 +2,7 @@
 //! their owner's key, written by whoever holds the private key, placed on the group their id
 //! falls in.
 
-use crate::{Client, ClientError, OpReport, register_report};
+use crate::{Client, ClientError, OpReport, by_id, nodes, register_report};
 use bulwark_core::Key;
 use bulwark_core::membership::{Chain, GroupView};
 use bulwark_core::sign::{PublicKey, SecretKey};
@@ -39,11 +39,7 @@ impl Client {
         let mut machine = routed(inner, &id, chain, view.epoch());
         let outcome = self.drive(&view, &id, self.cluster.f, &mut machine).await?;
         let report = OpReport {
-            answered: outcome
-                .acknowledged_by
-                .iter()
-                .filter_map(|slot| machine.view().node(*slot))
-                .collect(),
+            answered: nodes(by_id, &outcome.acknowledged_by),
             n: view.len(),
             evidence: Vec::new(),
             restarts: 0,
@@ -68,7 +64,7 @@ impl Client {
         let inner = pubkey::ReadOp::new(config, id.clone(), op);
         let mut machine = routed(inner, &id, chain, view.epoch());
         let outcome = self.drive(&view, &id, self.cluster.f, &mut machine).await?;
-        let report = register_report(machine.view(), view.len(), &id, &outcome);
+        let report = register_report(by_id, view.len(), &id, &outcome);
         self.record(&report.evidence);
         Ok((outcome.value, report))
     }

@@ -7,7 +7,7 @@
 //! partition key, clustering key), a write is a set of cells of one row, a read names the
 //! columns it wants, and each carries its consistency level.
 
-use crate::{Client, ClientError, OpReport, blame, nodes};
+use crate::{Client, ClientError, OpReport, blame, in_view, nodes};
 use bulwark_core::membership::GroupView;
 use bulwark_core::sign::SecretKey;
 use bulwark_core::{ClientId, Slot};
@@ -158,7 +158,7 @@ impl Client {
         let first = self.table_proxy(op.0, &view, Kind::Write);
         let mut machine = WriteOp::new(
             self.table_place(&view),
-            self.content_keys(&view)?,
+            self.member_keys(&view)?,
             op,
             signed,
             level,
@@ -177,10 +177,10 @@ impl Client {
         self.table_proxies_seen(&view, seen, &outcome.silent);
         let answered: Vec<Slot> = outcome.acks.iter().map(|(slot, _)| *slot).collect();
         let report = OpReport {
-            answered: nodes(&view, &answered),
+            answered: nodes(in_view(&view), &answered),
             // An eventual table lives on 2f+1 of the group: "2 of 3", not "2 of 4".
             n: schema.replicas(view.len(), self.cluster.f).len(),
-            evidence: blame(&view, &what, &outcome.evidence),
+            evidence: blame(in_view(&view), &what, &outcome.evidence),
             restarts: outcome.proxies.saturating_sub(1) as u32,
             repaired: false,
         };
@@ -203,7 +203,7 @@ impl Client {
         let first = self.table_proxy(op.0, &view, Kind::Read);
         let mut machine = ReadOp::new(
             self.table_place(&view),
-            self.content_keys(&view)?,
+            self.member_keys(&view)?,
             Arc::new(writers),
             op,
             row.clone(),
@@ -231,7 +231,7 @@ impl Client {
         let report = OpReport {
             answered: Vec::new(),
             n: view.len(),
-            evidence: blame(&view, &what, &outcome.evidence),
+            evidence: blame(in_view(&view), &what, &outcome.evidence),
             restarts: outcome.proxies.saturating_sub(1) as u32,
             repaired: matches!(outcome.path, ReadPath::Resolved { written_back } if written_back > 0),
         };
@@ -348,7 +348,7 @@ impl Client {
                 };
                 let mut machine = RangeOp::new(
                     self.table_place(&walk.view),
-                    self.content_keys(&walk.view)?,
+                    self.member_keys(&walk.view)?,
                     writers.clone(),
                     op,
                     range,
@@ -370,7 +370,7 @@ impl Client {
                     .await?;
                 let seen = Seen::new(Kind::Scan, first, page.proxies, started);
                 self.table_proxies_seen(&walk.view, seen, &page.silent);
-                let evidence = blame(&walk.view, &what, &page.evidence);
+                let evidence = blame(in_view(&walk.view), &what, &page.evidence);
                 self.record(&evidence);
                 report.evidence.extend(evidence);
                 report.restarts += page.proxies.saturating_sub(1) as u32;
@@ -453,7 +453,7 @@ impl Client {
         let Some(secret) = &self.signing else {
             return Ok(None);
         };
-        let keys = self.content_keys(view)?;
+        let keys = self.member_keys(view)?;
         let mut cache = self.table_pairs.lock().unwrap_or_else(|e| e.into_inner());
         let pairs: Vec<PairKeys> = view
             .members()

@@ -9,6 +9,7 @@ use bulwark_core::envelope::{self, Envelope, Header};
 use bulwark_core::membership::{Arc as RingArc, Ring};
 use bulwark_core::wire::{self, FRAME_BYTES_MAX};
 use bulwark_core::{ClientId, Digest, Epoch, GroupId, Key, MacKey, NodeId, Slot, Time};
+use bulwark_protocol::content::epochs;
 use bulwark_protocol::machine::{Access, Attested, Output, Replica, ReplicaStats, TimerId};
 use bulwark_protocol::powerstore::{
     Candidate, Change, EntryMeta, Fragments, ServerConfig, ServerLogic, StoredEntry, StoredKey,
@@ -16,7 +17,8 @@ use bulwark_protocol::powerstore::{
 };
 use bulwark_protocol::register::reconfig::{self, EpochServer};
 use bulwark_protocol::register::{self, Policy};
-use bulwark_protocol::{content, table, transfer};
+use bulwark_protocol::transfer::EpochHost;
+use bulwark_protocol::{table, transfer};
 use bulwark_storage::{Namespace, StorageOp, Store, Table};
 use bytes::Bytes;
 use std::collections::HashMap;
@@ -680,16 +682,8 @@ impl<P: Policy> Adapter<EpochServer<P>> for EpochStorage {
                     key: key.as_bytes().to_vec(),
                 }
             }
-            transfer::Change::Entered(epoch) => StorageOp::Put {
-                table: self.namespace.table(ENTERED),
-                key: ENTERED_RECORD.to_vec(),
-                value: Bytes::copy_from_slice(&epoch.0.to_be_bytes()),
-            },
-            transfer::Change::Pulled { epoch, arc } => StorageOp::Put {
-                table: self.namespace.table(PULLED),
-                key: pulled_record(*epoch, arc),
-                value: Bytes::new(),
-            },
+            transfer::Change::Entered(epoch) => entered_op(self.namespace, *epoch),
+            transfer::Change::Pulled { epoch, arc } => pulled_op(self.namespace, *epoch, arc),
         };
         ops.push(op);
     }
@@ -699,42 +693,135 @@ impl<P: Policy> Adapter<EpochServer<P>> for EpochStorage {
     }
 }
 
+/// The storage op recording that a node-wide replica in `namespace` entered `epoch`.
+fn entered_op(namespace: Namespace, epoch: Epoch) -> StorageOp {
+    StorageOp::Put {
+        table: namespace.table(ENTERED),
+        key: ENTERED_RECORD.to_vec(),
+        value: Bytes::copy_from_slice(&epoch.0.to_be_bytes()),
+    }
+}
+
+/// The storage op recording that a node-wide replica in `namespace` finished pulling `arc`
+/// into `epoch`.
+fn pulled_op(namespace: Namespace, epoch: Epoch, arc: &RingArc) -> StorageOp {
+    StorageOp::Put {
+        table: namespace.table(PULLED),
+        key: pulled_record(epoch, arc),
+        value: Bytes::new(),
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Content-hash objects
 
-/// Content-hash objects: one record per object, its id's bytes, holding `(manifest, fragment)`.
+/// Content-hash objects as a node stored them per group before it followed the configuration:
+/// one record per object, its id's bytes, holding `(manifest, fragment)`; moved into
+/// [`PIECES`] at start.
 pub const CONTENT: &str = "content";
 
-/// The storage op of a content-hash change in `namespace`.
-pub fn content_op(namespace: Namespace, change: &content::Change) -> StorageOp {
-    match change {
-        content::Change::Put { id, held } => StorageOp::Put {
-            table: namespace.table(CONTENT),
-            key: id.as_bytes().to_vec(),
-            value: Bytes::from(wire::encode(held)),
-        },
-    }
+/// Content-hash objects across epochs: one record per fragment, the object's key (its ring point
+/// and id) then the fragment's index, holding the fragment with its manifest.
+pub const PIECES: &str = "pieces";
+
+/// The record id of fragment `index` of the object under `key`.
+pub fn piece_record(key: &Key, index: u32) -> Vec<u8> {
+    let mut record = Vec::with_capacity(key.as_bytes().len() + 4);
+    record.extend_from_slice(key.as_bytes());
+    record.extend_from_slice(&index.to_be_bytes());
+    record
 }
 
-/// A content-hash replica's storage: fragments not yet durable, then the disk. The replica keeps
-/// nothing per object in memory, so a node may hold any number of them.
-pub struct ContentStorage {
+/// The object key and fragment index of a [`piece_record`].
+pub fn decode_piece_record(record: &[u8]) -> Option<(Key, u32)> {
+    let (key, index) = record.split_last_chunk::<4>()?;
+    Some((Key::new(key.to_vec()).ok()?, u32::from_be_bytes(*index)))
+}
+
+/// What changed of one fragment and is not durable yet: stored, or gone.
+type Pending = (u64, Option<epochs::Piece>);
+
+/// The storage of a node's content-hash replica across epochs: fragments not yet durable, then
+/// the disk. Nothing per object is kept in memory but what is on its way to the disk.
+pub struct ContentEpochStorage {
     pub namespace: Namespace,
     pub store: Arc<Store>,
-    /// Records queued for commit, with the batch carrying them.
-    pub unsynced: HashMap<content::ContentId, (u64, content::Held)>,
+    /// A group's size: fragment indices are below it.
+    pub n: usize,
+    /// Fragments queued for commit, with the batch carrying them.
+    pub unsynced: std::collections::BTreeMap<(Key, u32), Pending>,
 }
 
-impl Adapter<content::Server> for ContentStorage {
-    const NAME: &'static str = "content";
-
-    fn record(&mut self, change: &content::Change, batch: u64, ops: &mut Vec<StorageOp>) {
-        let content::Change::Put { id, held } = change;
-        self.unsynced.insert(*id, (batch, held.clone()));
-        ops.push(content_op(self.namespace, change));
+impl ContentEpochStorage {
+    fn pending(
+        &mut self,
+        key: &Key,
+        index: u32,
+        batch: u64,
+        piece: Option<epochs::Piece>,
+    ) -> StorageOp {
+        let table = self.namespace.table(PIECES);
+        let record = piece_record(key, index);
+        let op = match &piece {
+            Some(piece) => StorageOp::Put {
+                table,
+                key: record,
+                value: Bytes::from(wire::encode(piece)),
+            },
+            None => StorageOp::Delete { table, key: record },
+        };
+        self.unsynced.insert((key.clone(), index), (batch, piece));
+        op
     }
 
-    fn view(&self) -> &(dyn content::Fragments + 'static) {
+    fn decode(record: &[u8], value: &[u8]) -> Option<epochs::Piece> {
+        match wire::decode_shared::<epochs::Piece>(&Bytes::copy_from_slice(value), usize::MAX) {
+            Ok(piece) => Some(piece),
+            Err(error) => {
+                // Damage: the node answers as one that lacks the fragment, and readers and new
+                // members rebuild from the others.
+                let piece =
+                    decode_piece_record(record).map(|(key, index)| format!("{key} #{index}"));
+                tracing::warn!(%error, ?piece, "a stored fragment does not decode");
+                None
+            }
+        }
+    }
+}
+
+impl Adapter<EpochHost<epochs::Contents>> for ContentEpochStorage {
+    const NAME: &'static str = "content";
+
+    fn record(
+        &mut self,
+        change: &transfer::Change<epochs::Piece>,
+        batch: u64,
+        ops: &mut Vec<StorageOp>,
+    ) {
+        match change {
+            transfer::Change::Put { key, entry } => {
+                let op = self.pending(key, entry.index, batch, Some(entry.clone()));
+                ops.push(op);
+            }
+            transfer::Change::Remove { key, entry } => {
+                let op = self.pending(key, entry.index, batch, None);
+                ops.push(op);
+            }
+            // Indices are slots: below the group's size.
+            transfer::Change::Drop { key } => {
+                for index in 0..self.n as u32 {
+                    let op = self.pending(key, index, batch, None);
+                    ops.push(op);
+                }
+            }
+            transfer::Change::Entered(epoch) => ops.push(entered_op(self.namespace, *epoch)),
+            transfer::Change::Pulled { epoch, arc } => {
+                ops.push(pulled_op(self.namespace, *epoch, arc));
+            }
+        }
+    }
+
+    fn view(&self) -> &(dyn epochs::Pieces + 'static) {
         self
     }
 
@@ -744,32 +831,79 @@ impl Adapter<content::Server> for ContentStorage {
     }
 }
 
-impl content::Fragments for ContentStorage {
-    fn fragment(&self, id: &content::ContentId) -> Option<content::Held> {
-        if let Some((_, held)) = self.unsynced.get(id) {
-            return Some(held.clone());
+impl epochs::Pieces for ContentEpochStorage {
+    fn pieces(&self, key: &Key) -> Vec<epochs::Piece> {
+        let mut pieces: std::collections::BTreeMap<u32, Option<epochs::Piece>> =
+            std::collections::BTreeMap::new();
+        let scanned = self.store.scan_prefix(
+            self.namespace.table(PIECES),
+            key.as_bytes(),
+            |record, value| {
+                if let Some((held, index)) = decode_piece_record(record)
+                    && held == *key
+                {
+                    pieces.insert(index, Self::decode(record, value));
+                }
+                Ok(())
+            },
+        );
+        if let Err(error) = scanned {
+            tracing::error!(%error, "reading an object's fragments failed");
         }
-        let value = match self.store.get(self.namespace.table(CONTENT), id.as_bytes()) {
-            Ok(value) => value?,
-            Err(error) => {
-                tracing::error!(%error, "reading a content fragment failed");
-                return None;
+        for ((held, index), (_, piece)) in self
+            .unsynced
+            .range((key.clone(), 0)..=(key.clone(), u32::MAX))
+        {
+            debug_assert!(held == key);
+            pieces.insert(*index, piece.clone());
+        }
+        pieces.into_values().flatten().collect()
+    }
+
+    fn objects_after(&self, after: Option<&Key>, limit: usize) -> Vec<(Key, Vec<u32>)> {
+        let mut objects: std::collections::BTreeMap<Key, std::collections::BTreeSet<u32>> =
+            std::collections::BTreeMap::new();
+        // Past every fragment record of `after`.
+        let start = after.map(|after| piece_record(after, u32::MAX));
+        let scanned = self.store.scan_after(
+            self.namespace.table(PIECES),
+            start.as_deref(),
+            |record, _| {
+                let Some((key, index)) = decode_piece_record(record) else {
+                    return Ok(true);
+                };
+                if !objects.contains_key(&key) && objects.len() >= limit {
+                    return Ok(false);
+                }
+                objects.entry(key).or_default().insert(index);
+                Ok(true)
+            },
+        );
+        if let Err(error) = scanned {
+            tracing::error!(%error, "listing stored objects failed");
+        }
+        for ((key, index), (_, piece)) in &self.unsynced {
+            if after.is_some_and(|after| key <= after) {
+                continue;
             }
-        };
-        // A record that does not decode is damage: the replica answers "missing" and a reader
-        // rebuilds from the others. The fragment is a slice of the record, not a copy.
-        match wire::decode_shared::<content::Held>(&value, usize::MAX) {
-            Ok(held) => Some(held),
-            Err(error) => {
-                tracing::warn!(%error, id = %id, "a stored content record does not decode");
-                None
+            let indices = objects.entry(key.clone()).or_default();
+            if piece.is_some() {
+                indices.insert(*index);
+            } else {
+                indices.remove(index);
             }
         }
+        objects
+            .into_iter()
+            .filter(|(_, indices)| !indices.is_empty())
+            .take(limit)
+            .map(|(key, indices)| (key, indices.into_iter().collect()))
+            .collect()
     }
 }
 
-/// A content-hash replica as the node hosts it.
-pub type ContentReplica = Hosting<content::Server, ContentStorage>;
+/// A content-hash replica as the node hosts it: every group it is in, in any epoch.
+pub type ContentReplica = Hosting<EpochHost<epochs::Contents>, ContentEpochStorage>;
 
 // ---------------------------------------------------------------------------------------------
 // Hardened tables

@@ -32,7 +32,7 @@ use bulwark_core::envelope::Header;
 use bulwark_core::membership::GroupView;
 use bulwark_core::{ClientId, Epoch, NodeId, ServiceId, Time};
 use bulwark_protocol::powerstore::{Server, ServerConfig, ServerLogic, StoredEntry};
-use bulwark_protocol::{abd, content, phalanx, table};
+use bulwark_protocol::{abd, phalanx, table};
 use bulwark_storage::{Committer, Namespace, StorageError, Store};
 use bulwark_transport::Peer;
 use host::Hosted;
@@ -395,7 +395,11 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
     let (follower, pubkey) =
         follow::pubkey_replica(id, &store, &rings, &groups, &rejections).map_err(damaged)?;
     replicas.push((follower, Box::new(pubkey)));
-    let followers = [follower];
+    let secret = bulwark_core::sign::SecretKey::from_seed(&options.secrets.signing_key);
+    let (content_follower, content) =
+        follow::content_replica(id, &store, &rings, &groups, secret).map_err(damaged)?;
+    replicas.push((content_follower, Box::new(content)));
+    let followers = [follower, content_follower];
     tracing::info!(
         node = id.0,
         groups = groups.len(),
@@ -792,33 +796,6 @@ fn build_replicas(
         ));
     }
 
-    let namespace = Namespace::new(ServiceId::CONTENT, group);
-    let place = content::Place {
-        slot,
-        n: members.len(),
-        f,
-        epoch,
-        group,
-    };
-    // Objects are counted from the disk; their bytes would need every record read, so the
-    // replica counts only the bytes it stores from now on.
-    let objects = store.count(namespace.table(host::CONTENT))?;
-    let secret = bulwark_core::sign::SecretKey::from_seed(&options.secrets.signing_key);
-    replicas.push((
-        (ServiceId::CONTENT, group),
-        Box::new(host::Hosting {
-            replica: content::Server::new(place, secret.clone(), objects, 0),
-            adapter: host::ContentStorage {
-                namespace,
-                store: store.clone(),
-                unsynced: HashMap::new(),
-            },
-            members: host::Members::Group(members.clone()),
-            slot,
-            header: header(ServiceId::CONTENT),
-        }),
-    ));
-
     let namespace = Namespace::new(ServiceId::PHALANX, group);
     let writers = phalanx::Writers::from_config(&options.cluster, "cluster.toml")?;
     let table_writers: table::Writers = writers.keys().collect();
@@ -857,6 +834,7 @@ fn build_replicas(
         })
     })?;
     // Every client with a registered key shares MAC keys with this node (Half-Sym, Full-Sym).
+    let secret = bulwark_core::sign::SecretKey::from_seed(&options.secrets.signing_key);
     let clients = options.cluster.clients.iter().filter_map(|client| {
         let key = bulwark_core::sign::PublicKey::from_bytes(&client.signing_key?).ok()?;
         Some((bulwark_core::ClientId(client.id), key))
