@@ -81,6 +81,7 @@ fuzz_target!(|data: &[u8]| {
             let _ = layout::decode_extended::<UploadRecord>("upload", record);
             let _ = layout::decode_extended::<BucketRecord>("bucket", record);
             let _ = layout::decode::<layout::StoredPart>("part", record);
+            let _ = layout::decode_part(record);
         }
         _ => {
             let _ = layout::decode::<IndexShard>("index shard", record);

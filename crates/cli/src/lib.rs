@@ -177,6 +177,14 @@ pub enum ContentCommand {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Deletes the object with id ID from its group. The same bytes name the same object
+    /// whoever stored them: delete only what nothing else refers to.
+    Delete {
+        /// The object's id.
+        id: String,
+        #[command(flatten)]
+        client: ClientArgs,
+    },
 }
 
 #[derive(Subcommand)]
@@ -408,6 +416,9 @@ pub async fn run(cli: Cli) -> Result<std::process::ExitCode> {
         Command::Content {
             command: ContentCommand::Get { id, output, client },
         } => return objects::get_content(&client, &id, output).await,
+        Command::Content {
+            command: ContentCommand::Delete { id, client },
+        } => objects::delete_content(&client, &id).await?,
         Command::Table { command } => tables::run(command).await?,
         Command::Owned { command } => match command {
             OwnedCommand::NewKey { file } => objects::new_owner_key(&file)?,

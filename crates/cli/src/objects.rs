@@ -514,6 +514,26 @@ pub async fn put_content(args: &ClientArgs, file: Option<PathBuf>) -> Result<()>
     Ok(())
 }
 
+/// The content id `id` names, or why it names none.
+fn content_id(id: &str) -> Result<bulwark_protocol::content::ContentId> {
+    bulwark_protocol::content::ContentId::from_hex(id)
+        .ok_or_else(|| anyhow::anyhow!("{id:?} is not a content id (64 hex digits)"))
+}
+
+/// `bulwark content delete`.
+pub async fn delete_content(args: &ClientArgs, id: &str) -> Result<()> {
+    no_volume(args)?;
+    let id = content_id(id)?;
+    let client = connect(args).await?;
+    let report = client.delete_content(&id).await?;
+    eprintln!(
+        "deleted content {}: {}",
+        &id.to_hex()[..16],
+        summary(&report)
+    );
+    Ok(())
+}
+
 /// `bulwark content get`.
 pub async fn get_content(
     args: &ClientArgs,
@@ -521,9 +541,7 @@ pub async fn get_content(
     output: Option<PathBuf>,
 ) -> Result<std::process::ExitCode> {
     no_volume(args)?;
-    let Some(id) = bulwark_protocol::content::ContentId::from_hex(id) else {
-        anyhow::bail!("{id:?} is not a content id (64 hex digits)");
-    };
+    let id = content_id(id)?;
     let client = connect(args).await?;
     let started = Instant::now();
     let (value, report) = client.get_content(&id).await?;

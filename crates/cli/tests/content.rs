@@ -126,6 +126,24 @@ async fn the_cli_stores_content_and_prints_its_id() {
         .output()
         .expect("run content get");
     assert_eq!(absent.status.code(), Some(2), "not found");
+
+    // Deleted, the object is found no more.
+    let delete = Command::new(bulwark)
+        .args(["content", "delete", &id, "--cluster"])
+        .arg(cluster.path())
+        .output()
+        .expect("run content delete");
+    assert!(
+        delete.status.success(),
+        "{}",
+        String::from_utf8_lossy(&delete.stderr)
+    );
+    let gone = Command::new(bulwark)
+        .args(["content", "get", &id, "--cluster"])
+        .arg(cluster.path())
+        .output()
+        .expect("run content get");
+    assert_eq!(gone.status.code(), Some(2), "not found once deleted");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

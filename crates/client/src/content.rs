@@ -69,6 +69,26 @@ impl Client {
         Ok((outcome.value, report))
     }
 
+    /// Deletes the content-hash object `id`: done once `2f+1` replicas of its group have
+    /// forgotten it. Only for an object no one else refers to: the same bytes name the same
+    /// object, whoever stored them (the gateway makes each chunk's bytes its own).
+    pub async fn delete_content(&self, id: &ContentId) -> Result<OpReport, ClientError> {
+        self.may_store(0)?;
+        self.fresh().await?;
+        let op = self.op_id();
+        let (chain, point, view) = self.content_route(id).await?;
+        let inner = content::DeleteOp::new(content_place(&view, self.cluster.f), op, *id);
+        let mut machine = Routed::new(inner, point, chain, view.epoch());
+        let outcome = self.drive(&view, id, self.cluster.f, &mut machine).await?;
+        Ok(OpReport {
+            answered: nodes(by_id, &outcome.answered_by),
+            n: view.len(),
+            evidence: Vec::new(),
+            restarts: 0,
+            repaired: false,
+        })
+    }
+
     /// The verified configurations, the point `id` is placed at, and its group in the newest.
     async fn content_route(
         &self,

@@ -22,6 +22,7 @@ mod volumes;
 
 pub use configuration::{ConfigAction, ConfigOutcome, KNOWN_FILE};
 
+pub use bulwark_protocol::content::ContentId;
 pub use volumes::{Serving, VOLUME_NAME_BYTES_MAX, Volume};
 
 use bulwark_core::config::{ClientSecrets, ClusterConfig, Protocol, parse_secrets};

@@ -184,7 +184,7 @@ impl<R: Registers> CausalObjects<R> {
     /// Makes `manifest` its object's version, superseding every version this gateway has seen;
     /// its chunks must be written.
     pub async fn commit(&self, manifest: &Manifest) -> S3Result<()> {
-        let encoded = layout::encode_extended("manifest", manifest)
+        let encoded = layout::encode_manifest(manifest)
             .map_err(|error| s3_error!(InternalError, "{error}"))?;
         self.reg
             .causal_put(&self.volume, &object_key(&manifest.key), Some(encoded))
@@ -352,7 +352,7 @@ mod tests {
             sealed: None,
             tags: Vec::new(),
         };
-        layout::encode_extended("manifest", &manifest).unwrap()
+        layout::encode_manifest(&manifest).unwrap()
     }
 
     fn version(writer: &str, clock: u64, value: Option<Bytes>) -> CausalValue {

@@ -560,9 +560,21 @@ pub fn check_tags(tags: Tags, max: usize) -> S3Result<Tags> {
     Ok(tags)
 }
 
+/// The outcome of one chunk write task: the chunk's place in its body and its reference as
+/// stored.
+fn stored_chunk(
+    done: Result<S3Result<(usize, ChunkRef)>, tokio::task::JoinError>,
+) -> S3Result<(usize, ChunkRef)> {
+    done.unwrap_or_else(|e| Err(s3_error!(InternalError, "chunk write task: {e}")))
+}
+
 /// Deletes chunks in the background, after `delay`. Best effort: a crash or a failure leaves
 /// them unreferenced in the cluster (logged), never a manifest pointing at a missing chunk.
-fn forget_chunks<R: Registers>(reg: &Arc<R>, chunks: Vec<ChunkRef>, delay: Duration) {
+/// A chunk whose write did not come back has no object named yet: the register it would
+/// otherwise be in is deleted, which is nothing.
+fn forget_chunks<R: Registers>(reg: &Arc<R>, mut chunks: Vec<ChunkRef>, delay: Duration) {
+    chunks.sort_by_key(|chunk| (chunk.object, chunk.write, chunk.hash));
+    chunks.dedup_by_key(|chunk| (chunk.object, chunk.write, chunk.hash));
     if chunks.is_empty() {
         return;
     }
@@ -571,14 +583,11 @@ fn forget_chunks<R: Registers>(reg: &Arc<R>, chunks: Vec<ChunkRef>, delay: Durat
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
         }
-        let mut keys: Vec<Vec<u8>> = chunks.iter().map(|chunk| reg.chunk_key(chunk)).collect();
-        keys.sort();
-        keys.dedup();
         let reg = &reg;
-        stream::iter(keys)
-            .for_each_concurrent(4, |key| async move {
-                if let Err(error) = reg.delete(&key).await {
-                    tracing::warn!(key = %String::from_utf8_lossy(&key), %error, "chunk not deleted; it stays unreferenced");
+        stream::iter(chunks)
+            .for_each_concurrent(4, |chunk| async move {
+                if let Err(error) = reg.delete_chunk(&chunk).await {
+                    tracing::warn!(write = %hex::encode(chunk.write), hash = %hex::encode(chunk.hash), %error, "chunk not deleted; it stays unreferenced");
                 }
             })
             .await;
@@ -668,7 +677,7 @@ async fn fetch_chunk<R: Registers>(
     seal: Option<&Seal>,
 ) -> S3Result<Bytes> {
     let data = reg
-        .get(&reg.chunk_key(chunk))
+        .get_chunk(chunk)
         .await
         .map_err(store_error)?
         .ok_or_else(|| {
@@ -990,7 +999,7 @@ impl Engine {
     {
         let write = layout::new_write_id();
         let mut chunks: Vec<ChunkRef> = Vec::new();
-        let mut inflight: JoinSet<S3Result<()>> = JoinSet::new();
+        let mut inflight: JoinSet<S3Result<(usize, ChunkRef)>> = JoinSet::new();
         let result = self
             .fill_chunks(
                 reg,
@@ -1004,17 +1013,22 @@ impl Engine {
             )
             .await;
         let result = match result {
-            Ok(written) => {
-                let mut outcome = Ok(written);
+            Ok(mut written) => {
+                let mut outcome = Ok(());
                 while let Some(done) = inflight.join_next().await {
-                    let done = done
-                        .unwrap_or_else(|e| Err(s3_error!(InternalError, "chunk write task: {e}")));
-                    if let Err(e) = done {
-                        outcome = Err(e);
-                        break;
+                    match stored_chunk(done) {
+                        Ok((at, stored)) => chunks[at] = stored,
+                        Err(e) => {
+                            outcome = Err(e);
+                            break;
+                        }
                     }
                 }
-                outcome
+                // The references as stored, naming the objects that hold the chunks.
+                if let Data::Chunks(listed) = &mut written.data {
+                    listed.clone_from(&chunks);
+                }
+                outcome.map(|()| written)
             }
             Err(e) => Err(e),
         };
@@ -1035,7 +1049,7 @@ impl Engine {
         algorithms: Algorithms,
         (write, seal): (WriteId, Option<&Seal>),
         chunks: &mut Vec<ChunkRef>,
-        inflight: &mut JoinSet<S3Result<()>>,
+        inflight: &mut JoinSet<S3Result<(usize, ChunkRef)>>,
     ) -> S3Result<Written>
     where
         S: Stream<Item = S3Result<Bytes>> + Unpin,
@@ -1115,11 +1129,12 @@ impl Engine {
         data: Bytes,
         permit: OwnedSemaphorePermit,
         chunks: &mut Vec<ChunkRef>,
-        inflight: &mut JoinSet<S3Result<()>>,
+        inflight: &mut JoinSet<S3Result<(usize, ChunkRef)>>,
     ) -> S3Result<()> {
         while inflight.len() >= self.limits.chunk_writes_per_request.max(1) {
             if let Some(done) = inflight.join_next().await {
-                done.unwrap_or_else(|e| Err(s3_error!(InternalError, "chunk write task: {e}")))?;
+                let (at, stored) = stored_chunk(done)?;
+                chunks[at] = stored;
             }
         }
         let (chunk, data) = match seal {
@@ -1129,15 +1144,13 @@ impl Engine {
             }
             None => (ChunkRef::of(write, &data), data),
         };
+        let at = chunks.len();
         chunks.push(chunk);
         let reg = reg.clone();
         inflight.spawn(async move {
-            let result = reg
-                .put(&reg.chunk_key(&chunk), data)
-                .await
-                .map_err(store_error);
+            let result = reg.put_chunk(chunk, data).await.map_err(store_error);
             drop(permit);
-            result
+            result.map(|stored| (at, stored))
         });
         Ok(())
     }
@@ -1292,7 +1305,7 @@ impl Engine {
     ) -> S3Result<Option<Manifest>> {
         let key = &manifest.key;
         let object_key = layout::object_key(bucket, key);
-        let encoded = layout::encode_extended("manifest", manifest).map_err(layout_error)?;
+        let encoded = layout::encode_manifest(manifest).map_err(layout_error)?;
         let _bucket = self.buckets.get(&[bucket.as_bytes()]).read().await;
         let _object = self
             .objects
@@ -1358,7 +1371,7 @@ impl Engine {
             .await;
         let mut manifest = self.manifest(reg, bucket, key).await?;
         manifest.tags = tags;
-        let encoded = layout::encode_extended("manifest", &manifest).map_err(layout_error)?;
+        let encoded = layout::encode_manifest(&manifest).map_err(layout_error)?;
         reg.put(&layout::object_key(bucket, key), encoded)
             .await
             .map_err(store_error)
@@ -1681,11 +1694,12 @@ impl Engine {
                             .await
                             .map_err(|_| s3_error!(InternalError, "gateway shutting down"))?;
                         let data = fetch_chunk(reg.as_ref(), &chunk, None).await?;
-                        let new = ChunkRef { write, ..chunk };
-                        reg.put(&reg.chunk_key(&new), data)
-                            .await
-                            .map_err(store_error)?;
-                        Ok(new)
+                        let new = ChunkRef {
+                            write,
+                            object: None,
+                            ..chunk
+                        };
+                        reg.put_chunk(new, data).await.map_err(store_error)
                     })
                     .buffered(self.limits.chunk_writes_per_request.max(1))
                     .collect()
@@ -1905,13 +1919,10 @@ impl Engine {
                 .remove(&part_number);
             // The part first, then the record that names it: a part the record names is there.
             started = true;
-            put_record(
-                reg.as_ref(),
-                "part",
-                &layout::part_key(upload_id, part_number),
-                &stored,
-            )
-            .await?;
+            let encoded = layout::encode_part(&stored).map_err(layout_error)?;
+            reg.put(&layout::part_key(upload_id, part_number), encoded)
+                .await
+                .map_err(store_error)?;
             let moved = record.parts.remove(&part_number).is_some();
             if record.more.uploaded.insert(part_number) || moved {
                 let encoded = layout::encode_extended("upload", &record).map_err(layout_error)?;
@@ -2024,7 +2035,11 @@ impl Engine {
                     }));
                 }
                 let key = layout::part_key(upload_id, number);
-                match get_record::<R, StoredPart>(reg, "part", &key).await? {
+                let stored = match reg.get(&key).await.map_err(store_error)? {
+                    Some(bytes) => Some(layout::decode_part(&bytes).map_err(layout_error)?),
+                    None => None,
+                };
+                match stored {
                     Some(stored) => Ok(Some((number, stored))),
                     None => Err(s3_error!(
                         InternalError,
@@ -3666,10 +3681,12 @@ mod tests {
             .unwrap();
         // What a gateway before format 3 wrote: the part inside a format-2 record.
         let mut record = engine.upload(reg.as_ref(), "b", "old", &id).await.unwrap();
-        let stored: StoredPart = get_record(reg.as_ref(), "part", &layout::part_key(&id, 1))
+        let stored: Option<StoredPart> = reg
+            .get(&layout::part_key(&id, 1))
             .await
             .unwrap()
-            .unwrap();
+            .map(|bytes| layout::decode_part(&bytes).unwrap());
+        let stored: StoredPart = stored.unwrap();
         record.parts.insert(1, stored.part);
         record.more = layout::UploadMore::default();
         reg.put(
@@ -4379,5 +4396,171 @@ mod tests {
         engine.delete_object(&reg, "c", "a/2").await.unwrap();
         engine.delete_bucket(reg.as_ref(), "c").await.unwrap();
         assert!(engine.require_bucket(reg.as_ref(), "c").await.is_err());
+    }
+
+    /// A bucket on a store that keeps chunks as content-hash objects, as a cluster does.
+    async fn setup_objects(grace: Duration) -> (Engine, Arc<MemRegisters>) {
+        let engine = engine(grace);
+        let reg = Arc::new(MemRegisters::with_content_chunks());
+        engine
+            .create_bucket(reg.as_ref(), "b", false)
+            .await
+            .unwrap();
+        (engine, reg)
+    }
+
+    #[tokio::test]
+    async fn chunks_kept_as_content_objects_round_trip_and_go_with_their_object() {
+        let (engine, reg) = setup_objects(Duration::ZERO).await;
+        let data = pattern(2 * CHUNK_BYTES + 777, 3);
+        let put = |data: Vec<u8>| {
+            let (engine, reg) = (&engine, &reg);
+            async move {
+                engine
+                    .put_object(
+                        reg,
+                        "b",
+                        "big",
+                        ObjectMeta::default(),
+                        body(&data, 65536),
+                        &Integrity::default(),
+                        None,
+                    )
+                    .await
+                    .unwrap()
+                    .0
+            }
+        };
+        let m = put(data.clone()).await;
+        // Every chunk is an object, none in a register; chunks of one write with the same bytes
+        // (the pattern repeats) are one object.
+        let objects = |m: &Manifest| -> std::collections::BTreeSet<[u8; 32]> {
+            m.data
+                .chunks()
+                .iter()
+                .filter_map(|chunk| chunk.object)
+                .collect()
+        };
+        assert_eq!(chunk_registers(&reg), 0);
+        assert_eq!(m.data.chunks().len(), 3);
+        assert!(m.data.chunks().iter().all(|chunk| chunk.object.is_some()));
+        assert_eq!(reg.objects.lock().unwrap().len(), objects(&m).len());
+        // The record names the objects (format 4) and reads back with them.
+        let stored = reg.map.lock().unwrap()[&layout::object_key("b", "big")].clone();
+        assert_eq!(stored[0], 4);
+        let m = engine.manifest(reg.as_ref(), "b", "big").await.unwrap();
+        assert!(m.data.chunks().iter().all(|chunk| chunk.object.is_some()));
+        assert_eq!(read_all(&engine, &reg, &m, 0..m.size).await.unwrap(), data);
+        let across = (CHUNK_BYTES as u64 - 5)..(CHUNK_BYTES as u64 + 5);
+        assert_eq!(
+            read_all(&engine, &reg, &m, across.clone()).await.unwrap(),
+            &data[across.start as usize..across.end as usize]
+        );
+        // An object whose bytes are not the chunk's fails the chunk's check.
+        let victim = m.data.chunks()[1].object.unwrap();
+        let tampered = {
+            let mut objects = reg.objects.lock().unwrap();
+            let original = objects[&victim].clone();
+            let mut bad = original.to_vec();
+            *bad.last_mut().unwrap() ^= 1;
+            objects.insert(victim, Bytes::from(bad));
+            original
+        };
+        assert!(read_all(&engine, &reg, &m, 0..m.size).await.is_err());
+        reg.objects.lock().unwrap().insert(victim, tampered);
+        // The same bytes written again are other objects; the replaced ones are deleted.
+        let again = put(data.clone()).await;
+        let old: Vec<[u8; 32]> = m.data.chunks().iter().filter_map(|c| c.object).collect();
+        let new: Vec<[u8; 32]> = again
+            .data
+            .chunks()
+            .iter()
+            .filter_map(|c| c.object)
+            .collect();
+        assert!(old.iter().all(|id| !new.contains(id)));
+        let gone = async {
+            while old
+                .iter()
+                .any(|id| reg.objects.lock().unwrap().contains_key(id))
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), gone)
+            .await
+            .expect("the replaced version's objects are deleted");
+        assert_eq!(reg.objects.lock().unwrap().len(), objects(&again).len());
+        // A copy has objects of its own, and outlives its source.
+        let copy = engine
+            .copy_object(
+                &reg,
+                ("b", "big"),
+                ("b", "copy"),
+                (None, None),
+                |_| Ok(()),
+                None,
+                None,
+            )
+            .await
+            .unwrap();
+        assert!(
+            copy.data
+                .chunks()
+                .iter()
+                .all(|chunk| chunk.object.is_some())
+        );
+        engine.delete_object(&reg, "b", "big").await.unwrap();
+        let copy = engine.manifest(reg.as_ref(), "b", "copy").await.unwrap();
+        assert_eq!(
+            read_all(&engine, &reg, &copy, 0..copy.size).await.unwrap(),
+            data
+        );
+    }
+
+    #[tokio::test]
+    async fn parts_kept_as_content_objects_complete_into_one_object() {
+        let (engine, reg) = setup_objects(Duration::ZERO).await;
+        let id = engine
+            .create_upload(reg.as_ref(), "b", "mp", ObjectMeta::default(), (None, None))
+            .await
+            .unwrap();
+        let p1 = pattern(CHUNK_BYTES + 10, 1);
+        let p2 = pattern(5_000, 2);
+        let mut listed = Vec::new();
+        for (number, data) in [(1, &p1), (2, &p2)] {
+            let (written, _) = engine
+                .upload_part(
+                    &reg,
+                    "b",
+                    "mp",
+                    &id,
+                    number,
+                    body(data, 1 << 20),
+                    &Integrity::default(),
+                    None,
+                )
+                .await
+                .unwrap();
+            listed.push((number, Some(hex::encode(written.etag_md5))));
+        }
+        let part = reg.map.lock().unwrap()[&layout::part_key(&id, 1)].clone();
+        assert_eq!(part[0], 4, "a part whose chunks are objects is in format 4");
+        let m = engine
+            .complete_upload(
+                &reg,
+                "b",
+                "mp",
+                &id,
+                &listed_parts(&listed),
+                (&Checksums::default(), None),
+            )
+            .await
+            .unwrap();
+        assert!(m.data.chunks().iter().all(|chunk| chunk.object.is_some()));
+        let m = engine.manifest(reg.as_ref(), "b", "mp").await.unwrap();
+        assert_eq!(
+            read_all(&engine, &reg, &m, 0..m.size).await.unwrap(),
+            [p1, p2].concat()
+        );
     }
 }

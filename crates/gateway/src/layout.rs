@@ -7,7 +7,7 @@
 //! | `s3/buckets` | [`BucketList`]: every bucket's name and creation time |
 //! | `s3/b/<bucket>` | [`BucketRecord`]: the bucket exists |
 //! | `s3/o/<bucket>/<hex BLAKE3(object key)>` | [`Manifest`]: the object's current version |
-//! | `s3/c/<hex write id>/<hex BLAKE3(chunk)>` | one chunk of object data, at most [`CHUNK_BYTES`] |
+//! | `s3/c/<hex write id>/<hex BLAKE3(chunk)>` | one chunk of object data, at most [`CHUNK_BYTES`] (gateways before format 4) |
 //! | `s3/i/<bucket>/<shard>` | [`IndexShard`]: the listing index, one of [`INDEX_SHARDS`] |
 //! | `s3/u/<upload id>` | [`UploadRecord`]: a multipart upload in progress, and which parts it has |
 //! | `s3/u/<upload id>/p/<n>` | [`StoredPart`]: its part `n` |
@@ -39,6 +39,13 @@
 //! An encrypted object's chunks (and inline body) are sealed ([`crate::seal`]): a chunk's
 //! reference keeps the plaintext's length and the hash of the sealed bytes, which are
 //! [`OVERHEAD`] longer.
+//!
+//! Chunks are stored as content-hash objects where the store offers them (a cluster does): one
+//! write of `2f+1` acknowledgements per chunk instead of a register's three rounds. The object
+//! holds the body write's id, then the chunk's bytes, so no two objects share one and a chunk is
+//! deleted with the object that owns it; its id goes into the record beside the chunk's
+//! reference, in format 4, which wraps the record's own format ([`encode_manifest`],
+//! [`encode_part`]). Chunks in registers (records before format 4) still read.
 
 pub use crate::seal::{OVERHEAD, Sealed};
 use bytes::Bytes;
@@ -134,7 +141,8 @@ pub fn upload_list_key(bucket: &str) -> Vec<u8> {
 /// A bucket's uploads in progress: (object key, upload id) → when started, in ms since the epoch.
 pub type UploadList = BTreeMap<(String, String), u64>;
 
-/// One chunk of an object: who wrote it, its BLAKE3 hash and length.
+/// One chunk of an object: who wrote it, its BLAKE3 hash and length, and, for a chunk stored
+/// as a content-hash object, that object's id.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ChunkRef {
     /// The body write that created it.
@@ -143,6 +151,11 @@ pub struct ChunkRef {
     pub hash: [u8; 32],
     /// The length of its plaintext in bytes.
     pub len: u32,
+    /// The content-hash object holding the write id, then the chunk's bytes as stored; `None`
+    /// for a chunk in its own register ([`chunk_key`]). Kept beside the record's fields, in
+    /// format 4 ([`encode_manifest`]), so records without such chunks read as they always did.
+    #[serde(skip)]
+    pub object: Option<[u8; 32]>,
 }
 
 impl ChunkRef {
@@ -152,6 +165,7 @@ impl ChunkRef {
             write,
             hash: *blake3::hash(data).as_bytes(),
             len: u32::try_from(data.len()).unwrap_or(u32::MAX),
+            object: None,
         }
     }
 
@@ -162,6 +176,7 @@ impl ChunkRef {
             write,
             hash: *blake3::hash(stored).as_bytes(),
             len: u32::try_from(plain_len).unwrap_or(u32::MAX),
+            object: None,
         }
     }
 
@@ -479,6 +494,128 @@ const FORMAT_EXTENDED: u8 = 2;
 /// The format of [`Extended`] records with format-3 fields: format 2, then those.
 const FORMAT_MORE: u8 = 3;
 
+/// The format of records with chunks stored as content-hash objects: the tag, the object of each
+/// chunk in order (`None` for a chunk in its own register), then the record in its own format.
+/// A gateway from before it refuses such records rather than look for their chunks in registers.
+const FORMAT_OBJECTS: u8 = 4;
+
+/// Records that name chunks: what format 4 records the objects of.
+pub trait Chunked {
+    /// The chunks, in order.
+    fn chunk_list(&self) -> Vec<&ChunkRef>;
+    /// The same, to set their objects after decoding.
+    fn chunk_list_mut(&mut self) -> Vec<&mut ChunkRef>;
+}
+
+impl Chunked for Manifest {
+    fn chunk_list(&self) -> Vec<&ChunkRef> {
+        self.data.chunks().iter().collect()
+    }
+    fn chunk_list_mut(&mut self) -> Vec<&mut ChunkRef> {
+        match &mut self.data {
+            Data::Inline(_) => Vec::new(),
+            Data::Chunks(chunks) => chunks.iter_mut().collect(),
+        }
+    }
+}
+
+impl Chunked for StoredPart {
+    fn chunk_list(&self) -> Vec<&ChunkRef> {
+        self.part.chunks.iter().collect()
+    }
+    fn chunk_list_mut(&mut self) -> Vec<&mut ChunkRef> {
+        self.part.chunks.iter_mut().collect()
+    }
+}
+
+/// The content-hash object of each chunk of a format-4 record, in chunk order (none for a chunk
+/// kept in a register).
+type ChunkObjects = Vec<Option<[u8; 32]>>;
+
+/// `inner`, the encoding of `value`, in format 4 when any of its chunks is a content-hash object.
+fn with_objects<T: Chunked>(
+    what: &'static str,
+    value: &T,
+    inner: Bytes,
+) -> Result<Bytes, LayoutError> {
+    let objects: ChunkObjects = value.chunk_list().iter().map(|c| c.object).collect();
+    if objects.iter().all(Option::is_none) {
+        return Ok(inner);
+    }
+    let mut out = encoded(what, vec![FORMAT_OBJECTS], &objects)?;
+    out.extend_from_slice(&inner);
+    bounded(what, out)
+}
+
+/// The objects a format-4 record names, and the record in its own format; no objects for any
+/// other format.
+fn without_objects<'a>(
+    what: &'static str,
+    bytes: &'a [u8],
+) -> Result<(Option<ChunkObjects>, &'a [u8]), LayoutError> {
+    match bytes.split_first() {
+        Some((&FORMAT_OBJECTS, rest)) => {
+            let (objects, inner) =
+                postcard::take_from_bytes::<ChunkObjects>(rest).map_err(|e| {
+                    LayoutError::Malformed {
+                        what,
+                        problem: e.to_string(),
+                    }
+                })?;
+            if inner.first() == Some(&FORMAT_OBJECTS) {
+                return Err(LayoutError::Malformed {
+                    what,
+                    problem: "format 4 inside format 4".into(),
+                });
+            }
+            Ok((Some(objects), inner))
+        }
+        _ => Ok((None, bytes)),
+    }
+}
+
+/// Sets the objects of `value`'s chunks from a format-4 record's list, which names one per chunk.
+fn set_objects<T: Chunked>(
+    what: &'static str,
+    value: &mut T,
+    objects: Option<ChunkObjects>,
+) -> Result<(), LayoutError> {
+    let Some(objects) = objects else {
+        return Ok(());
+    };
+    let mut chunks = value.chunk_list_mut();
+    if chunks.len() != objects.len() {
+        return Err(LayoutError::Malformed {
+            what,
+            problem: format!("{} objects for {} chunks", objects.len(), chunks.len()),
+        });
+    }
+    for (chunk, object) in chunks.iter_mut().zip(objects) {
+        chunk.object = object;
+    }
+    Ok(())
+}
+
+/// Encodes a manifest: format 2 or 3, inside format 4 when its chunks are objects.
+pub fn encode_manifest(manifest: &Manifest) -> Result<Bytes, LayoutError> {
+    let inner = encode_extended("manifest", manifest)?;
+    with_objects("manifest", manifest, inner)
+}
+
+/// Encodes an uploaded part: format 1, inside format 4 when its chunks are objects.
+pub fn encode_part(part: &StoredPart) -> Result<Bytes, LayoutError> {
+    let inner = encode("part", part)?;
+    with_objects("part", part, inner)
+}
+
+/// Decodes what [`encode_part`] wrote.
+pub fn decode_part(bytes: &[u8]) -> Result<StoredPart, LayoutError> {
+    let (objects, inner) = without_objects("part", bytes)?;
+    let mut part: StoredPart = decode("part", inner)?;
+    set_objects("part", &mut part, objects)?;
+    Ok(part)
+}
+
 /// Why a stored record could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum LayoutError {
@@ -627,7 +764,9 @@ pub fn decode_extended<T: Extended>(what: &'static str, bytes: &[u8]) -> Result<
 
 /// Decodes the manifest in `key`'s register and checks it is `key`'s.
 pub fn decode_manifest(key: &str, bytes: &[u8]) -> Result<Manifest, LayoutError> {
-    let manifest: Manifest = decode_extended("manifest", bytes)?;
+    let (objects, inner) = without_objects("manifest", bytes)?;
+    let mut manifest: Manifest = decode_extended("manifest", inner)?;
+    set_objects("manifest", &mut manifest, objects)?;
     if manifest.key != key {
         return Err(LayoutError::WrongKey {
             expected: key.to_owned(),
@@ -1002,5 +1141,57 @@ mod tests {
             encode("manifest", &m),
             Err(LayoutError::TooLarge { .. })
         ));
+    }
+
+    #[test]
+    fn chunks_stored_as_objects_are_named_in_format_4_around_the_records_own_format() {
+        let chunk = |i: u8, object: Option<[u8; 32]>| ChunkRef {
+            write: [i; 16],
+            hash: [i; 32],
+            len: 10,
+            object,
+        };
+        let manifest = |chunks: Vec<ChunkRef>| {
+            let size = 10 * chunks.len() as u64;
+            manifest("k", Data::Chunks(chunks), size)
+        };
+        // No chunk an object: the record's own format, as before.
+        let plain = manifest(vec![chunk(1, None), chunk(2, None)]);
+        let bytes = encode_manifest(&plain).unwrap();
+        assert_ne!(bytes[0], FORMAT_OBJECTS);
+        assert_eq!(decode_manifest("k", &bytes).unwrap(), plain);
+        // Objects, mixed with registers (a multipart upload begun before the upgrade).
+        let mixed = manifest(vec![chunk(1, Some([9; 32])), chunk(2, None)]);
+        let bytes = encode_manifest(&mixed).unwrap();
+        assert_eq!(bytes[0], FORMAT_OBJECTS);
+        assert_eq!(decode_manifest("k", &bytes).unwrap(), mixed);
+        // A gateway that only knows formats 1 to 3 refuses it.
+        assert!(decode_extended::<Manifest>("manifest", &bytes).is_err());
+        // A list that does not name one object per chunk, or format 4 twice, is refused.
+        let short = [
+            &[FORMAT_OBJECTS][..],
+            &postcard::to_allocvec(&vec![Some([9u8; 32])]).unwrap(),
+            &encode_extended("manifest", &mixed).unwrap(),
+        ]
+        .concat();
+        assert!(decode_manifest("k", &short).is_err());
+        let twice = [&[FORMAT_OBJECTS][..], &bytes].concat();
+        assert!(decode_manifest("k", &twice).is_err());
+        // Parts likewise.
+        let part = StoredPart {
+            part: PartRecord {
+                size: 10,
+                md5: [0; 16],
+                last_modified_ms: 1,
+                chunks: vec![chunk(3, Some([7; 32]))],
+            },
+            checksums: Checksums::default(),
+            sealed_checksums: Bytes::new(),
+        };
+        let bytes = encode_part(&part).unwrap();
+        assert_eq!(bytes[0], FORMAT_OBJECTS);
+        assert_eq!(decode_part(&bytes).unwrap(), part);
+        let old = encode("part", &part).unwrap();
+        assert_eq!(decode_part(&old).unwrap().part.chunks[0].object, None);
     }
 }

@@ -1,7 +1,7 @@
 //! The registers the gateway stores into: a Bulwark client, or a map in tests.
 
 use crate::layout::ChunkRef;
-use bulwark_client::{Client, ClientError, OpReport, Serving};
+use bulwark_client::{Client, ClientError, ContentId, OpReport, Serving};
 use bytes::Bytes;
 use std::future::Future;
 
@@ -77,9 +77,38 @@ pub trait Registers: Send + Sync + 'static {
     fn get(&self, key: &[u8]) -> impl Future<Output = Result<Option<Bytes>, StoreError>> + Send;
     /// Deletes `key`.
     fn delete(&self, key: &[u8]) -> impl Future<Output = Result<(), StoreError>> + Send;
-    /// The key a chunk of object data is stored under.
+    /// The key a chunk of object data is stored under, when it is in a register.
     fn chunk_key(&self, chunk: &ChunkRef) -> Vec<u8> {
         crate::layout::chunk_key(chunk)
+    }
+    /// Stores `data` as `chunk` and returns the reference to keep: naming the content-hash
+    /// object that holds it, for stores that keep chunks so (the default keeps them in
+    /// registers, under [`Registers::chunk_key`]).
+    fn put_chunk(
+        &self,
+        chunk: ChunkRef,
+        data: Bytes,
+    ) -> impl Future<Output = Result<ChunkRef, StoreError>> + Send {
+        async move {
+            self.put(&self.chunk_key(&chunk), data).await?;
+            Ok(chunk)
+        }
+    }
+    /// The bytes stored as `chunk`, unchecked; `None` when they are gone.
+    fn get_chunk(
+        &self,
+        chunk: &ChunkRef,
+    ) -> impl Future<Output = Result<Option<Bytes>, StoreError>> + Send {
+        let key = self.chunk_key(chunk);
+        async move { self.get(&key).await }
+    }
+    /// Deletes `chunk`.
+    fn delete_chunk(
+        &self,
+        chunk: &ChunkRef,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let key = self.chunk_key(chunk);
+        async move { self.delete(&key).await }
     }
     /// Creates causal volume `volume` on every node, or adopts it if it is one already.
     fn create_causal(&self, volume: &str) -> impl Future<Output = Result<(), StoreError>> + Send;
@@ -122,7 +151,52 @@ fn log_evidence(key: &[u8], report: &OpReport) {
     }
 }
 
+/// What a chunk's content-hash object holds: the body write's id, then the chunk's bytes, so
+/// that the same bytes written twice are two objects, each deleted with its own.
+fn chunk_object(chunk: &ChunkRef, data: &[u8]) -> Vec<u8> {
+    let mut object = Vec::with_capacity(chunk.write.len() + data.len());
+    object.extend_from_slice(&chunk.write);
+    object.extend_from_slice(data);
+    object
+}
+
+/// The chunk's bytes of what its object holds, if the object is the chunk's write's.
+fn chunk_of(chunk: &ChunkRef, object: Bytes) -> Option<Bytes> {
+    object
+        .starts_with(&chunk.write)
+        .then(|| object.slice(chunk.write.len()..))
+}
+
 impl Registers for Client {
+    async fn put_chunk(&self, chunk: ChunkRef, data: Bytes) -> Result<ChunkRef, StoreError> {
+        let (id, report) = self.put_content(&chunk_object(&chunk, &data)).await?;
+        log_evidence(id.to_hex().as_bytes(), &report);
+        Ok(ChunkRef {
+            object: Some(id.0.0),
+            ..chunk
+        })
+    }
+
+    async fn get_chunk(&self, chunk: &ChunkRef) -> Result<Option<Bytes>, StoreError> {
+        let Some(object) = chunk.object else {
+            return Registers::get(self, &self.chunk_key(chunk)).await;
+        };
+        let id = ContentId(bulwark_core::Digest(object));
+        let (value, report) = self.get_content(&id).await?;
+        log_evidence(id.to_hex().as_bytes(), &report);
+        Ok(value.and_then(|value| chunk_of(chunk, value)))
+    }
+
+    async fn delete_chunk(&self, chunk: &ChunkRef) -> Result<(), StoreError> {
+        let Some(object) = chunk.object else {
+            return Registers::delete(self, &self.chunk_key(chunk)).await;
+        };
+        let id = ContentId(bulwark_core::Digest(object));
+        let report = self.delete_content(&id).await?;
+        log_evidence(id.to_hex().as_bytes(), &report);
+        Ok(())
+    }
+
     async fn put(&self, key: &[u8], value: Bytes) -> Result<(), StoreError> {
         let report = Client::put(self, key, value).await?;
         log_evidence(key, &report);
@@ -230,9 +304,58 @@ pub struct MemRegisters {
     pub causal: std::sync::Mutex<std::collections::BTreeMap<(String, Vec<u8>), CausalValues>>,
     /// The causal volumes created.
     pub causal_volumes: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    /// Whether chunks are kept as content-hash objects (in `objects`), as a cluster keeps them,
+    /// rather than in registers.
+    pub content_chunks: bool,
+    /// Content-hash objects, by id (here the BLAKE3 of what they hold).
+    pub objects: std::sync::Mutex<std::collections::BTreeMap<[u8; 32], Bytes>>,
+}
+
+impl MemRegisters {
+    /// A store that keeps chunks as content-hash objects.
+    pub fn with_content_chunks() -> MemRegisters {
+        MemRegisters {
+            content_chunks: true,
+            ..MemRegisters::default()
+        }
+    }
 }
 
 impl Registers for MemRegisters {
+    async fn put_chunk(&self, chunk: ChunkRef, data: Bytes) -> Result<ChunkRef, StoreError> {
+        if !self.content_chunks {
+            self.put(&self.chunk_key(&chunk), data).await?;
+            return Ok(chunk);
+        }
+        let object = Bytes::from(chunk_object(&chunk, &data));
+        let id = *blake3::hash(&object).as_bytes();
+        self.objects.lock().unwrap().insert(id, object);
+        Ok(ChunkRef {
+            object: Some(id),
+            ..chunk
+        })
+    }
+
+    async fn get_chunk(&self, chunk: &ChunkRef) -> Result<Option<Bytes>, StoreError> {
+        match chunk.object {
+            Some(id) => {
+                let object = self.objects.lock().unwrap().get(&id).cloned();
+                Ok(object.and_then(|object| chunk_of(chunk, object)))
+            }
+            None => self.get(&self.chunk_key(chunk)).await,
+        }
+    }
+
+    async fn delete_chunk(&self, chunk: &ChunkRef) -> Result<(), StoreError> {
+        match chunk.object {
+            Some(id) => {
+                self.objects.lock().unwrap().remove(&id);
+                Ok(())
+            }
+            None => self.delete(&self.chunk_key(chunk)).await,
+        }
+    }
+
     async fn put(&self, key: &[u8], value: Bytes) -> Result<(), StoreError> {
         if let Some(prefix) = self.fail_puts.lock().unwrap().as_deref()
             && key.starts_with(prefix)

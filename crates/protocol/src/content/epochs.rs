@@ -249,6 +249,16 @@ impl Kind for Contents {
                         };
                         self.adopt(view, &key, &piece)
                     }
+                    // Every fragment goes, those of earlier slots too: a new member pulling the
+                    // object from this node finds it gone.
+                    None if served.forget => {
+                        if !view.pieces(&key).is_empty() {
+                            self.stats.objects = self.stats.objects.saturating_sub(1);
+                            self.stats.keys = self.stats.keys.saturating_sub(1);
+                            self.stats.versions = self.stats.versions.saturating_sub(1);
+                        }
+                        vec![Change::Drop { key: key.clone() }]
+                    }
                     None => Vec::new(),
                 };
                 Served {
@@ -791,5 +801,55 @@ mod tests {
                 entry: piece(&encoded, then)
             }]
         );
+    }
+
+    #[test]
+    fn a_delete_forgets_every_fragment_a_member_holds_of_the_object() {
+        let ring = ring(0, &[0, 1, 2, 3]);
+        let encoded = object(3);
+        let key = key_of(&encoded.id);
+        let point = Contents::point(&key).expect("a valid key");
+        let group = ring.group_at(point);
+        let me = group.members()[1];
+        let slot = group.slot_of(me).expect("a member");
+        let mut node = contents(me.0, ring.clone());
+        let mut store = Store::default();
+        for index in [slot.0, (slot.0 + 1) % 4] {
+            store.0.insert((key.clone(), index), piece(&encoded, index));
+        }
+        let request = |body| Request {
+            op: crate::round::OpId(1),
+            epoch: ring.epoch(),
+            group: group.id(),
+            id: encoded.id,
+            body,
+        };
+        let writer = Access {
+            write: true,
+            read: true,
+        };
+        let served = node.serve(
+            ClientId(1),
+            writer,
+            request(RequestBody::Delete),
+            &group,
+            slot,
+            &store,
+        );
+        assert_eq!(served.reply.body, ResponseBody::Deleted);
+        assert_eq!(served.changes, vec![Change::Drop { key: key.clone() }]);
+        let reader = Access {
+            write: false,
+            read: true,
+        };
+        let refused = node.serve(
+            ClientId(2),
+            reader,
+            request(RequestBody::Delete),
+            &group,
+            slot,
+            &store,
+        );
+        assert!(refused.changes.is_empty() && refused.refused.is_some());
     }
 }

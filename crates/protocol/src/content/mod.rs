@@ -181,6 +181,9 @@ pub enum RequestBody {
     },
     /// Asks for this replica's fragment.
     Fetch,
+    /// Forgets the object: a writer that owns it (the gateway, whose chunks are objects of one
+    /// body write each) no longer needs it. Idempotent.
+    Delete,
 }
 
 /// A replica-to-client message.
@@ -209,6 +212,8 @@ pub enum ResponseBody {
     },
     /// This replica holds no intact fragment of the object.
     Missing,
+    /// The replica holds nothing of the object any more, durably.
+    Deleted,
     /// The replica will not serve the request.
     Refused(Refusal),
 }
@@ -261,6 +266,11 @@ pub enum Change {
         id: ContentId,
         /// What to keep.
         held: Held,
+    },
+    /// Forgets `id`.
+    Delete {
+        /// The object.
+        id: ContentId,
     },
 }
 
@@ -335,6 +345,7 @@ impl Server {
         }
         let id = request.id;
         let held = view.fragment(&id);
+        let had = held.is_some();
         let served = serve_at(&self.place, &self.secret, access, request, held)?;
         self.stats.damaged += u64::from(served.damaged);
         let changes = match served.store {
@@ -344,6 +355,14 @@ impl Server {
                 self.stats.versions += 1;
                 self.stats.bytes += held.fragment.len() as u64;
                 vec![Change::Put { id, held }]
+            }
+            None if served.forget => {
+                if had {
+                    self.stats.objects = self.stats.objects.saturating_sub(1);
+                    self.stats.keys = self.stats.keys.saturating_sub(1);
+                    self.stats.versions = self.stats.versions.saturating_sub(1);
+                }
+                vec![Change::Delete { id }]
             }
             None => Vec::new(),
         };
@@ -360,6 +379,8 @@ pub(crate) struct ServedAt {
     pub body: ResponseBody,
     /// What the replica held of the object was not what it accepted (damage on disk).
     pub damaged: bool,
+    /// The object is to be forgotten before the answer leaves.
+    pub forget: bool,
 }
 
 /// Serves `request` (of the replica's epoch and group, already checked) at `place`, holding
@@ -406,6 +427,18 @@ pub(crate) fn serve_at(
                 store,
                 body,
                 damaged: false,
+                forget: false,
+            })
+        }
+        RequestBody::Delete => {
+            if !access.write {
+                return Err(Refusal::NotWriter);
+            }
+            Ok(ServedAt {
+                store: None,
+                body: ResponseBody::Deleted,
+                damaged: false,
+                forget: true,
             })
         }
         RequestBody::Fetch => {
@@ -428,6 +461,7 @@ pub(crate) fn serve_at(
                 store: None,
                 body,
                 damaged,
+                forget: false,
             })
         }
     }
@@ -663,7 +697,7 @@ impl Operation for WriteOp {
                 }
             }
             // A correct replica answers a STORE with an acknowledgement or a refusal.
-            ResponseBody::Fragment { .. } | ResponseBody::Missing => {}
+            ResponseBody::Fragment { .. } | ResponseBody::Missing | ResponseBody::Deleted => {}
         }
         if self.acks.count() >= self.quorum {
             let acks = self
@@ -867,7 +901,9 @@ impl Operation for ReadOp {
                     }));
                 }
             }
-            ResponseBody::Stored(_) => self.blame(from, EvidenceKind::MalformedReply),
+            ResponseBody::Stored(_) | ResponseBody::Deleted => {
+                self.blame(from, EvidenceKind::MalformedReply);
+            }
         }
         Progress::Send(Vec::new())
     }
@@ -886,6 +922,107 @@ impl Operation for ReadOp {
         answered.extend(self.denials.nodes());
         answered.sort();
         answered
+    }
+
+    fn quorum(&self) -> usize {
+        self.quorum
+    }
+}
+
+/// A completed delete.
+#[derive(Clone, Debug)]
+pub struct DeleteOutcome {
+    /// The replicas that said they hold nothing of the object any more.
+    pub answered_by: Vec<Slot>,
+}
+
+/// CH_Delete: every replica forgets its fragment; done once `2f+1` said they did. A delete is a
+/// writer's statement that it no longer needs an object only it refers to (the gateway names
+/// each chunk by its body write, so no two objects share one): what a replica that missed it
+/// still holds is never read again, and is only space.
+pub struct DeleteOp {
+    place: Place,
+    op: OpId,
+    id: ContentId,
+    done: Replies<()>,
+    refusals: Refusals<Refusal>,
+    quorum: usize,
+}
+
+impl DeleteOp {
+    /// A delete of `id` from the group at `place` (whose `slot` is ignored).
+    pub fn new(place: Place, op: OpId, id: ContentId) -> DeleteOp {
+        DeleteOp {
+            place,
+            op,
+            id,
+            done: Replies::new(place.n),
+            refusals: Refusals::new(place.n),
+            quorum: place.quorum(),
+        }
+    }
+
+    fn delete(&self, slot: Slot) -> (Slot, Request) {
+        let request = Request {
+            op: self.op,
+            epoch: self.place.epoch,
+            group: self.place.group,
+            id: self.id,
+            body: RequestBody::Delete,
+        };
+        (slot, request)
+    }
+}
+
+impl Operation for DeleteOp {
+    const SERVICE: ServiceId = ServiceId::CONTENT;
+    type Request = Request;
+    type Reply = Response;
+    type Output = DeleteOutcome;
+
+    fn op(&self) -> u64 {
+        self.op.0
+    }
+
+    fn start(&mut self) -> Vec<(Slot, Request)> {
+        (0..self.place.n)
+            .map(|i| self.delete(Slot(i as u32)))
+            .collect()
+    }
+
+    fn on_reply(&mut self, from: Slot, reply: Response) -> Progress<Self> {
+        if reply.op != self.op || from.index() >= self.place.n || reply.epoch != self.place.epoch {
+            return Progress::Send(Vec::new());
+        }
+        match reply.body {
+            ResponseBody::Deleted => {
+                self.done.record(from, ());
+            }
+            ResponseBody::Refused(refusal) => {
+                if let Some((reason, by)) = self.refusals.record(from, refusal, self.place.f) {
+                    return Progress::Done(Err(OpError::Refused {
+                        reason: reason.to_string(),
+                        by,
+                    }));
+                }
+            }
+            ResponseBody::Stored(_) | ResponseBody::Fragment { .. } | ResponseBody::Missing => {}
+        }
+        if self.done.count() >= self.quorum {
+            return Progress::Done(Ok(DeleteOutcome {
+                answered_by: self.done.nodes(),
+            }));
+        }
+        Progress::Send(Vec::new())
+    }
+
+    fn on_timeout(&mut self) -> Vec<(Slot, Request)> {
+        let missing: Vec<Slot> = self.done.missing().collect();
+        missing.into_iter().map(|slot| self.delete(slot)).collect()
+    }
+
+    fn answered(&self) -> Vec<Slot> {
+        self.done.nodes()
     }
 
     fn quorum(&self) -> usize {
@@ -968,6 +1105,32 @@ impl Rebase for ReadOp {
         self.members = view.members().to_vec();
         self.fragments = Replies::new(self.place.n);
         self.denials = Replies::new(self.place.n);
+        self.refusals = Refusals::new(self.place.n);
+        self.start()
+    }
+
+    fn epoch(&self) -> Epoch {
+        self.place.epoch
+    }
+}
+
+impl Rebase for DeleteOp {
+    fn turned(reply: &Response) -> Option<Turned> {
+        turned(reply)
+    }
+
+    fn named(mut output: DeleteOutcome, view: &GroupView) -> DeleteOutcome {
+        for slot in &mut output.answered_by {
+            *slot = node_slot(view, *slot);
+        }
+        output
+    }
+
+    /// Asks the object's group of `epoch` from the start.
+    fn rebase(&mut self, epoch: Epoch, view: &GroupView, _chain: &Chain) -> Vec<(Slot, Request)> {
+        self.place.epoch = epoch;
+        self.place.group = view.id();
+        self.done = Replies::new(self.place.n);
         self.refusals = Refusals::new(self.place.n);
         self.start()
     }

@@ -63,8 +63,14 @@ impl Node {
             .server
             .on_request(Time(0), ClientId(1), access, request, &self.disk);
         for change in &out.changes {
-            let Change::Put { id, held } = change;
-            self.disk.borrow_mut().insert(*id, held.clone());
+            match change {
+                Change::Put { id, held } => {
+                    self.disk.borrow_mut().insert(*id, held.clone());
+                }
+                Change::Delete { id } => {
+                    self.disk.borrow_mut().remove(id);
+                }
+            }
         }
         out
     }
@@ -531,4 +537,47 @@ fn a_writer_that_stores_fragments_of_different_values_gets_one_answer_from_every
             other => panic!("{order:?}: {:?}", other.map(|r| r.map(|o| o.value))),
         }
     }
+}
+
+#[test]
+fn a_writer_deletes_an_object_from_2f_plus_1_replicas_and_a_reader_cannot() {
+    let mut nodes = nodes();
+    let stored = write_all(&mut nodes, &value(9_000));
+    let id = stored.id;
+    let mut op = DeleteOp::new(place(0), OpId(3), id);
+    let requests = op.start();
+    assert_eq!(requests.len(), N);
+    // A reader's delete is refused and changes nothing.
+    let (_, request) = requests[0].clone();
+    let reader = Access {
+        write: false,
+        read: true,
+    };
+    let refused = nodes[0].handle(reader, request);
+    assert_eq!(
+        refused.reply.unwrap().body,
+        ResponseBody::Refused(Refusal::NotWriter)
+    );
+    assert!(refused.changes.is_empty());
+    // Three replicas forget it; the delete is done then.
+    let mut outcome = None;
+    for (slot, request) in requests.into_iter().take(3) {
+        let reply = Response {
+            op: OpId(3),
+            epoch: EPOCH,
+            body: nodes[slot.index()].answer(request),
+        };
+        assert_eq!(reply.body, ResponseBody::Deleted);
+        outcome = done(op.on_reply(slot, reply));
+    }
+    let outcome = outcome.expect("done at 2f+1").unwrap();
+    assert_eq!(outcome.answered_by.len(), 3);
+    for node in &nodes[..3] {
+        assert!(node.disk.borrow().get(&id).is_none());
+    }
+    // What is left is one fragment: a read neither rebuilds the object nor denies it yet.
+    assert!(read_from(&mut nodes, &[3], id).is_none());
+    // Deleting again is answered the same.
+    let again = nodes[0].answer(DeleteOp::new(place(0), OpId(4), id).start()[0].1.clone());
+    assert_eq!(again, ResponseBody::Deleted);
 }

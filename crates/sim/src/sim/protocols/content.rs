@@ -150,8 +150,14 @@ impl Protocol for ContentSim {
     }
 
     fn persist(disk: &mut ContentDisk, change: &Change) {
-        let Change::Put { id, held } = change;
-        disk.0.insert(*id, held.clone());
+        match change {
+            Change::Put { id, held } => {
+                disk.0.insert(*id, held.clone());
+            }
+            Change::Delete { id } => {
+                disk.0.remove(id);
+            }
+        }
     }
 
     fn disk_versions(disk: &ContentDisk) -> usize {
@@ -185,6 +191,7 @@ impl Protocol for ContentSim {
         match request.body {
             RequestBody::Store { .. } => "store-ch",
             RequestBody::Fetch => "fetch-ch",
+            RequestBody::Delete => "delete-ch",
         }
     }
 
@@ -192,13 +199,14 @@ impl Protocol for ContentSim {
         match request.body {
             RequestBody::Store { .. } => 1,
             RequestBody::Fetch => 3,
+            RequestBody::Delete => 2,
         }
     }
 
     fn describe_request(request: &Request) -> String {
         let detail = match &request.body {
             RequestBody::Store { fragment, .. } => format!(" fragment={}B", fragment.len()),
-            RequestBody::Fetch => String::new(),
+            RequestBody::Fetch | RequestBody::Delete => String::new(),
         };
         format!(
             "{} id={:?} op{}{detail}",
@@ -213,6 +221,7 @@ impl Protocol for ContentSim {
             ResponseBody::Stored(_) => "stored".to_string(),
             ResponseBody::Fragment { fragment, .. } => format!("fragment {}B", fragment.len()),
             ResponseBody::Missing => "missing".to_string(),
+            ResponseBody::Deleted => "deleted".to_string(),
             ResponseBody::Refused(refusal) => format!("refused: {refusal}"),
         };
         format!("{detail} op{}", response.op.0)
@@ -226,11 +235,11 @@ impl Protocol for ContentSim {
 /// A replica reads what it stored back from the disk, or from batches still on their way.
 impl Fragments for Storage<ContentSim> {
     fn fragment(&self, id: &ContentId) -> Option<Held> {
-        let pending = self.pending().rev().find_map(|change| {
-            let Change::Put { id: stored, held } = change;
-            (stored == id).then(|| held.clone())
+        let pending = self.pending().rev().find_map(|change| match change {
+            Change::Put { id: stored, held } => (stored == id).then(|| Some(held.clone())),
+            Change::Delete { id: deleted } => (deleted == id).then_some(None),
         });
-        pending.or_else(|| self.durable.0.get(id).cloned())
+        pending.unwrap_or_else(|| self.durable.0.get(id).cloned())
     }
 }
 

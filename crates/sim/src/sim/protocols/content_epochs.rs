@@ -641,6 +641,7 @@ impl<const NODES: usize> Protocol for ContentEpochsSim<NODES> {
         match request.body {
             RequestBody::Store { .. } => "store-ch",
             RequestBody::Fetch => "fetch-ch",
+            RequestBody::Delete => "delete-ch",
         }
     }
 
@@ -648,6 +649,7 @@ impl<const NODES: usize> Protocol for ContentEpochsSim<NODES> {
         match request.body {
             RequestBody::Store { .. } => 1,
             RequestBody::Fetch => 3,
+            RequestBody::Delete => 2,
         }
     }
 
@@ -666,6 +668,7 @@ impl<const NODES: usize> Protocol for ContentEpochsSim<NODES> {
             ResponseBody::Stored(_) => "stored".to_string(),
             ResponseBody::Fragment { fragment, .. } => format!("fragment {}B", fragment.len()),
             ResponseBody::Missing => "missing".to_string(),
+            ResponseBody::Deleted => "deleted".to_string(),
             ResponseBody::Refused(refusal) => format!("refused: {refusal}"),
         };
         format!("{detail} op{}", response.op.0)
