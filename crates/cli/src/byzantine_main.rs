@@ -7,6 +7,7 @@
 mod causal_lies;
 mod forking;
 mod table_lies;
+mod transfer_lies;
 
 use bulwark_cli as bulwark_main;
 use clap::Parser;
@@ -35,6 +36,11 @@ struct Cli {
     /// client this many milliseconds first (a stalling proxy).
     #[arg(long, conflicts_with = "table")]
     stall_table_ms: Option<u64>,
+    /// How its replicas that follow the configuration fall behind it: `skip-epochs` never
+    /// enters a new epoch, `stall` never finishes a pull (the configuration service must evict
+    /// the node either way).
+    #[arg(long)]
+    transfers: Option<transfer_lies::Lag>,
     /// Seed for the behaviour's choices.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -74,6 +80,10 @@ fn main() -> std::process::ExitCode {
             "this node stalls its answers as table proxy on purpose"
         );
         wrap.table = table_lies::stalling(hold);
+    }
+    if let Some(lag) = cli.transfers {
+        tracing::warn!(?lag, "this node falls behind the configuration on purpose");
+        wrap.followers = transfer_lies::wrap(lag);
     }
     if cli.causal.is_some() || cli.table.is_some() {
         let Some(id) = args.id else {

@@ -334,3 +334,140 @@ async fn a_client_starts_from_the_configuration_it_verified_last() {
         assert!(fresh.configuration().await.unwrap().epoch >= verified.epoch);
     }
 }
+
+/// A cluster of five whose node 4 falls behind the configuration as `lag` says
+/// (`bulwark-byzantine --transfers`), everything else honest and quick to judge.
+async fn with_a_lagging_member(lag: &str) -> (TestCluster, bulwark_client::Client) {
+    let mut cluster = TestCluster::init(
+        "powerstore",
+        1,
+        5,
+        10_000,
+        &[
+            "--epoch-ms",
+            "3000",
+            "--stop-tolerance-ms",
+            "500",
+            "--ping-cycle-ms",
+            "300",
+        ],
+    );
+    for id in 0..4 {
+        cluster.spawn(id, None);
+    }
+    cluster.spawn_byzantine(4, &["--transfers", lag]);
+    cluster.wait_up(&[0, 1, 2, 3, 4]).await;
+    let admin = cluster.client("admin").await;
+    (cluster, admin)
+}
+
+/// Waits until node `lagging` is no longer a member, at most `limit` after the call; returns the
+/// configuration that left it out.
+async fn evicted(
+    admin: &bulwark_client::Client,
+    lagging: NodeId,
+    limit: Duration,
+) -> configuration::Configuration {
+    let started = Instant::now();
+    loop {
+        let config = admin.configuration().await.expect("configuration");
+        if config.member(lagging).is_none() {
+            eprintln!(
+                "{lagging} evicted in epoch {}, {:.1} s after the wait began",
+                config.epoch.0,
+                started.elapsed().as_secs_f64()
+            );
+            return config;
+        }
+        assert!(
+            started.elapsed() < limit,
+            "{lagging} is still a member in epoch {}",
+            config.epoch.0
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// Content-hash objects written before a reconfiguration, to read back after it.
+async fn write_objects(
+    admin: &bulwark_client::Client,
+) -> Vec<(bulwark_protocol::content::ContentId, Vec<u8>)> {
+    let mut written = Vec::new();
+    for i in 0..12u8 {
+        let value = vec![i; 1000 + usize::from(i)];
+        let (id, _) = admin.put_content(&value).await.expect("content write");
+        written.push((id, value));
+    }
+    written
+}
+
+async fn assert_objects_readable(
+    reader: &bulwark_client::Client,
+    written: &[(bulwark_protocol::content::ContentId, Vec<u8>)],
+) {
+    for (id, value) in written {
+        let (read, _) = reader.get_content(id).await.expect("content read");
+        assert_eq!(read.as_deref(), Some(value.as_slice()), "object {id}");
+    }
+}
+
+/// Rosebud §4.9: a member whose replicas never enter a newer epoch answers no ping of it, and
+/// the configuration service evicts it on its own, and no one else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_skips_epochs_is_evicted_and_no_other() {
+    let (_cluster, admin) = with_a_lagging_member("skip-epochs").await;
+    let written = write_objects(&admin).await;
+    let config = evicted(&admin, NodeId(4), Duration::from_secs(60)).await;
+    assert_eq!(
+        config.members.iter().map(|m| m.id.0).collect::<Vec<_>>(),
+        vec![0, 1, 2, 3],
+        "only the member that skipped epochs leaves"
+    );
+    assert_objects_readable(&admin, &written).await;
+}
+
+/// Rosebud §4.9: a member that enters every epoch but never finishes taking over what a change
+/// of its groups gives it is evicted once such a change comes (a node joins), and no one else:
+/// until then it is as good a member as any.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_transfers_never_finish_is_evicted_once_its_groups_change() {
+    let (mut cluster, admin) = with_a_lagging_member("stall").await;
+    let written = write_objects(&admin).await;
+    let before = admin.configuration().await.expect("configuration");
+    let later = admin
+        .await_epoch(before.epoch.0 + 2)
+        .await
+        .expect("epochs go on ending");
+    assert_eq!(
+        later.members.len(),
+        5,
+        "with nothing to take over, the stalling member answers and stays"
+    );
+
+    // On a ring of six nodes any two are at most three apart, so some group of four holds both
+    // the newcomer and node 4: node 4 is in a group whose order changed, has fragments to take
+    // over, and never will.
+    let port = cluster.join();
+    let started = Instant::now();
+    let joined = loop {
+        let config = admin.configuration().await.expect("configuration");
+        if let Some(member) = config.members.iter().find(|m| m.address.port() == port) {
+            break member.id;
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            panic!(
+                "the join was not certified: epoch {}\n{}",
+                config.epoch.0,
+                cluster.join_log(port)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let config = evicted(&admin, NodeId(4), Duration::from_secs(90)).await;
+    let mut members: Vec<u32> = config.members.iter().map(|m| m.id.0).collect();
+    members.sort_unstable();
+    let mut expected = vec![0, 1, 2, 3, joined.0];
+    expected.sort_unstable();
+    assert_eq!(members, expected, "only the stalling member leaves");
+    assert_objects_readable(&admin, &written).await;
+}

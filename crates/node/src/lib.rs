@@ -250,6 +250,8 @@ pub struct Wrap {
     pub depots: WrapHosted,
     /// Each honest table replica.
     pub table: Box<dyn Fn(table::Server) -> Box<dyn host::TableLogic> + Send + Sync>,
+    /// Each replica that follows the configuration (public-key and content-hash objects).
+    pub followers: WrapHosted,
 }
 
 /// Wraps a hosted replica in another.
@@ -263,6 +265,7 @@ impl Wrap {
             volumes: Box::new(|volumes| volumes),
             depots: Box::new(|depots| depots),
             table: Box::new(|server| Box::new(server)),
+            followers: Box::new(|follower| follower),
         }
     }
 }
@@ -394,11 +397,11 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
     };
     let (follower, pubkey) =
         follow::pubkey_replica(id, &store, &rings, &groups, &rejections).map_err(damaged)?;
-    replicas.push((follower, Box::new(pubkey)));
+    replicas.push((follower, (wrap.followers)(Box::new(pubkey))));
     let secret = bulwark_core::sign::SecretKey::from_seed(&options.secrets.signing_key);
     let (content_follower, content) =
         follow::content_replica(id, &store, &rings, &groups, secret).map_err(damaged)?;
-    replicas.push((content_follower, Box::new(content)));
+    replicas.push((content_follower, (wrap.followers)(Box::new(content))));
     let followers = [follower, content_follower];
     tracing::info!(
         node = id.0,
