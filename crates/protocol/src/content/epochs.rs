@@ -108,7 +108,38 @@ pub struct Contents {
     /// were.
     ring: Arc<Ring>,
     before: Option<Arc<Ring>>,
+    /// Fragments that checked against their id when last read, by key and index.
+    found_intact: FoundIntact,
     stats: ReplicaStats,
+}
+
+/// At most this many fragments are remembered as found intact (each entry is a key of 64 bytes
+/// and an index).
+const FOUND_INTACT_MAX: usize = 16_384;
+
+/// A bounded set that forgets its oldest entries first.
+#[derive(Default)]
+struct FoundIntact {
+    set: BTreeSet<(Key, u32)>,
+    order: std::collections::VecDeque<(Key, u32)>,
+}
+
+impl FoundIntact {
+    fn contains(&self, entry: &(Key, u32)) -> bool {
+        self.set.contains(entry)
+    }
+
+    fn insert(&mut self, entry: (Key, u32)) {
+        if self.set.insert(entry.clone()) {
+            self.order.push_back(entry);
+        }
+        while self.order.len() > FOUND_INTACT_MAX {
+            if let Some(oldest) = self.order.pop_front() {
+                self.set.remove(&oldest);
+            }
+        }
+        debug_assert_eq!(self.set.len(), self.order.len());
+    }
 }
 
 impl Contents {
@@ -131,6 +162,7 @@ impl Contents {
             codec,
             ring,
             before: None,
+            found_intact: FoundIntact::default(),
             stats: ReplicaStats {
                 objects,
                 keys: objects,
@@ -155,6 +187,28 @@ impl Contents {
             .into_iter()
             .filter(|piece| piece.checks(&id, self.n, self.f))
             .collect()
+    }
+
+    /// [`Contents::current`] for a client's request: a fragment found intact before is not
+    /// hashed again (the bytes of a slot's fragment of one id never change), and one that no
+    /// longer checks is counted as damage.
+    fn served_piece(&mut self, view: &dyn Pieces, key: &Key) -> Option<Piece> {
+        let id = id_of(key)?;
+        let slot = self.slot_in(&self.ring, Self::point(key)?)?;
+        let piece = view
+            .pieces(key)
+            .into_iter()
+            .find(|piece| piece.index == slot.0)?;
+        let known = (key.clone(), piece.index);
+        if self.found_intact.contains(&known) {
+            return Some(piece);
+        }
+        if !piece.checks(&id, self.n, self.f) {
+            self.stats.damaged += 1;
+            return None;
+        }
+        self.found_intact.insert(known);
+        Some(piece)
     }
 
     /// The fragment of the slot this node has now, if it holds it.
@@ -229,11 +283,11 @@ impl Kind for Contents {
             epoch: request.epoch,
             group: group.id(),
         };
-        let held = self.current(view, &key).map(|piece| Held {
+        let held = self.served_piece(view, &key).map(|piece| Held {
             manifest: piece.manifest,
             fragment: piece.fragment,
         });
-        match serve_at(&place, &self.secret, access, request, held) {
+        match serve_at(&place, &self.secret, access, request, held, true) {
             Ok(served) => {
                 self.stats.damaged += u64::from(served.damaged);
                 let changes = match served.store {

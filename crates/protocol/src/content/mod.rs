@@ -346,7 +346,7 @@ impl Server {
         let id = request.id;
         let held = view.fragment(&id);
         let had = held.is_some();
-        let served = serve_at(&self.place, &self.secret, access, request, held)?;
+        let served = serve_at(&self.place, &self.secret, access, request, held, false)?;
         self.stats.damaged += u64::from(served.damaged);
         let changes = match served.store {
             Some(held) => {
@@ -386,17 +386,20 @@ pub(crate) struct ServedAt {
 /// Serves `request` (of the replica's epoch and group, already checked) at `place`, holding
 /// `held` of the object: a STORE is checked against the id and the replica's slot and
 /// acknowledged with a signature once durable; a FETCH is answered with the fragment held if it
-/// still checks.
+/// still checks. `checked`: the caller found `held` intact against the id and the slot already.
 pub(crate) fn serve_at(
     place: &Place,
     secret: &SecretKey,
     access: Access,
     request: Request,
     held: Option<Held>,
+    checked: bool,
 ) -> Result<ServedAt, Refusal> {
     let id = request.id;
     let intact = |held: &Held| {
-        ContentId::of(&held.manifest) == id && held.manifest.holds(place.slot, &held.fragment)
+        checked
+            || (ContentId::of(&held.manifest) == id
+                && held.manifest.holds(place.slot, &held.fragment))
     };
     match request.body {
         RequestBody::Store { manifest, fragment } => {
@@ -766,10 +769,16 @@ pub struct ReadOutcome {
     pub evidence: Vec<Evidence>,
 }
 
-/// CH_Read: asks every replica for its fragment, rebuilds from the first `f+1` that check against
-/// the id, and verifies the value by encoding it again.
+/// CH_Read: asks the first `n - f` replicas for their fragment (the data fragments' among them,
+/// so a read of a correct writer's object decodes nothing), rebuilds from the first `f+1` that
+/// check against the id, and verifies the value by encoding it again. The other `f` are asked as
+/// soon as one of the first answers anything but a fragment that checks, or stays silent until
+/// the retransmission: when every replica asked is correct and holds its fragment, `n - f`
+/// answers bring `f+1` fragments, and otherwise every replica is asked, as the paper's read does.
 pub struct ReadOp {
     place: Place,
+    /// Slots `0..asked` have been asked for their fragment.
+    asked: usize,
     codec: Arc<dyn ErasureCodec>,
     op: OpId,
     id: ContentId,
@@ -790,6 +799,7 @@ impl ReadOp {
     pub fn new(place: Place, codec: Arc<dyn ErasureCodec>, op: OpId, id: ContentId) -> ReadOp {
         ReadOp {
             place,
+            asked: 0,
             codec,
             op,
             id,
@@ -822,6 +832,14 @@ impl ReadOp {
     fn blame(&mut self, from: Slot, kind: EvidenceKind) {
         let node = named(&self.members, from);
         self.evidence.push(Evidence { node, kind });
+    }
+
+    /// Asks the replicas not asked yet.
+    fn widen(&mut self) -> Vec<(Slot, Request)> {
+        let from = std::mem::replace(&mut self.asked, self.place.n);
+        (from..self.place.n)
+            .map(|i| self.fetch(Slot(i as u32)))
+            .collect()
     }
 
     /// Rebuilds the value once enough fragments check, and verifies it.
@@ -860,7 +878,8 @@ impl Operation for ReadOp {
     }
 
     fn start(&mut self) -> Vec<(Slot, Request)> {
-        (0..self.place.n)
+        self.asked = self.place.n - self.place.f;
+        (0..self.asked)
             .map(|i| self.fetch(Slot(i as u32)))
             .collect()
     }
@@ -877,10 +896,13 @@ impl Operation for ReadOp {
                     self.blame(from, EvidenceKind::MalformedReply);
                 } else if !manifest.holds(from, &fragment) {
                     self.blame(from, EvidenceKind::CorruptFragment);
-                } else if self.fragments.record(from, (manifest, fragment))
-                    && let Some(done) = self.rebuild()
-                {
-                    return Progress::Done(done);
+                } else {
+                    if self.fragments.record(from, (manifest, fragment))
+                        && let Some(done) = self.rebuild()
+                    {
+                        return Progress::Done(done);
+                    }
+                    return Progress::Send(Vec::new());
                 }
             }
             ResponseBody::Missing => {
@@ -905,14 +927,16 @@ impl Operation for ReadOp {
                 self.blame(from, EvidenceKind::MalformedReply);
             }
         }
-        Progress::Send(Vec::new())
+        // Anything but a fragment that checks: the first `n - f` may not bring `f+1`.
+        Progress::Send(self.widen())
     }
 
-    /// Every replica that has not given a fragment is asked again, those that denied too: one
-    /// that denied while the object's write was still on its way may hold it now. (A denial is
-    /// counted once; it stays counted, which is safe: a replica that held a fragment of a write
-    /// completed before this read began never denies.)
+    /// Every replica that has not given a fragment is asked again, those that denied too (one
+    /// that denied while the object's write was still on its way may hold it now), and those
+    /// not asked yet. (A denial is counted once; it stays counted, which is safe: a replica that
+    /// held a fragment of a write completed before this read began never denies.)
     fn on_timeout(&mut self) -> Vec<(Slot, Request)> {
+        self.asked = self.place.n;
         let missing: Vec<Slot> = self.fragments.missing().collect();
         missing.into_iter().map(|slot| self.fetch(slot)).collect()
     }

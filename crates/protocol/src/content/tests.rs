@@ -122,16 +122,21 @@ fn read_from(
     id: ContentId,
 ) -> Option<Result<ReadOutcome, OpError>> {
     let mut op = ReadOp::new(place(0), codec(), OpId(2), id);
-    let requests: HashMap<Slot, Request> = op.start().into_iter().collect();
+    let mut requests: HashMap<Slot, Request> = op.start().into_iter().collect();
     for &i in order {
         let slot = Slot(i as u32);
+        if !requests.contains_key(&slot) {
+            // The read asks the last f only after a failure or its retransmission timer.
+            requests.extend(op.on_timeout());
+        }
         let reply = Response {
             op: OpId(2),
             epoch: EPOCH,
             body: nodes[i].answer(requests[&slot].clone()),
         };
-        if let Some(result) = done(op.on_reply(slot, reply)) {
-            return Some(result);
+        match op.on_reply(slot, reply) {
+            Progress::Done(result) => return Some(result),
+            Progress::Send(more) => requests.extend(more),
         }
     }
     None
@@ -352,6 +357,49 @@ fn f_plus_one_refusals_end_a_write_and_f_do_not() {
 }
 
 #[test]
+fn a_read_asks_n_minus_f_first_and_the_rest_only_when_one_fails_it() {
+    let data = value(30_000);
+    let mut nodes = nodes();
+    let written = write_all(&mut nodes, &data);
+    let mut op = ReadOp::new(place(0), codec(), OpId(2), written.id);
+    let requests: HashMap<Slot, Request> = op.start().into_iter().collect();
+    let mut asked: Vec<Slot> = requests.keys().copied().collect();
+    asked.sort();
+    assert_eq!(asked, (0..(N - F) as u32).map(Slot).collect::<Vec<_>>());
+    let mut quiet = ReadOp::new(place(0), codec(), OpId(3), written.id);
+    quiet.start();
+    let again: Vec<Slot> = quiet.on_timeout().into_iter().map(|(s, _)| s).collect();
+    assert_eq!(
+        again,
+        (0..N as u32).map(Slot).collect::<Vec<_>>(),
+        "silence until the retransmission asks every replica"
+    );
+    // Correct replicas: f+1 of the first n-f rebuild it, and nobody else is asked.
+    for (i, node) in nodes.iter_mut().enumerate().take(F + 1) {
+        let slot = Slot(i as u32);
+        let body = node.answer(requests[&slot].clone());
+        match op.on_reply(
+            slot,
+            Response {
+                op: OpId(2),
+                epoch: EPOCH,
+                body,
+            },
+        ) {
+            Progress::Send(more) => {
+                assert!(more.is_empty(), "a fragment that checks widens nothing")
+            }
+            Progress::Done(read) => {
+                assert_eq!(i, F);
+                assert_eq!(read.unwrap().value.as_deref(), Some(&data[..]));
+                return;
+            }
+        }
+    }
+    panic!("f+1 fragments rebuild the object");
+}
+
+#[test]
 fn a_corrupt_fragment_is_blamed_and_the_read_goes_on_with_others() {
     let data = value(30_000);
     let mut nodes = nodes();
@@ -366,7 +414,7 @@ fn a_corrupt_fragment_is_blamed_and_the_read_goes_on_with_others() {
         held.fragment = Bytes::from(bad);
     }
     let mut op = ReadOp::new(place(0), codec(), OpId(2), written.id);
-    let requests: HashMap<Slot, Request> = op.start().into_iter().collect();
+    let mut requests: HashMap<Slot, Request> = op.start().into_iter().collect();
     let body = nodes[1].answer(requests[&Slot(1)].clone());
     assert_eq!(
         body,
@@ -374,17 +422,22 @@ fn a_corrupt_fragment_is_blamed_and_the_read_goes_on_with_others() {
         "a replica never serves what it did not accept"
     );
     assert_eq!(nodes[1].server.stats().damaged, 1);
-    assert!(
-        done(op.on_reply(
-            Slot(1),
-            Response {
-                op: OpId(2),
-                epoch: EPOCH,
-                body
-            }
-        ))
-        .is_none()
+    let Progress::Send(widened) = op.on_reply(
+        Slot(1),
+        Response {
+            op: OpId(2),
+            epoch: EPOCH,
+            body,
+        },
+    ) else {
+        panic!("one denial does not end a read");
+    };
+    assert_eq!(
+        widened.iter().map(|(slot, _)| *slot).collect::<Vec<_>>(),
+        vec![Slot(3)],
+        "a denial among the first n-f asks the last f"
     );
+    requests.extend(widened);
 
     let ResponseBody::Fragment { manifest, fragment } = nodes[2].answer(requests[&Slot(2)].clone())
     else {
