@@ -127,7 +127,36 @@ pub trait ErasureCodec: Send + Sync {
 
     /// Rebuilds the value from `(index, fragment)` pairs that the caller has already verified
     /// against the agreed cross-checksum. Extra fragments are ignored; indexes must be distinct.
-    fn decode(&self, layout: &Layout, fragments: &[(usize, Bytes)]) -> Result<Bytes, DecodeError>;
+    fn decode(&self, layout: &Layout, fragments: &[(usize, Bytes)]) -> Result<Bytes, DecodeError> {
+        let originals = self.originals(layout, fragments)?;
+        Ok(join(layout, originals))
+    }
+
+    /// The first `layout.needed()` fragments (those the value is cut into, padding included),
+    /// the ones given as they are and the rest rebuilt from `(index, fragment)` pairs as in
+    /// [`ErasureCodec::decode`].
+    fn originals(
+        &self,
+        layout: &Layout,
+        fragments: &[(usize, Bytes)],
+    ) -> Result<Vec<Bytes>, DecodeError>;
+
+    /// The fragments after the first `layout.needed()`, computed from those (`originals`, each
+    /// `layout.fragment_len()` bytes): with them, the codeword `originals` begin.
+    fn recovery(&self, layout: &Layout, originals: &[Bytes]) -> Result<Vec<Bytes>, DecodeError>;
+}
+
+/// The value the first `layout.needed()` fragments hold.
+pub fn join(layout: &Layout, originals: Vec<Bytes>) -> Bytes {
+    if let [whole] = &originals[..] {
+        return whole.slice(..(layout.len as usize).min(whole.len()));
+    }
+    let mut value = BytesMut::with_capacity(originals.iter().map(Bytes::len).sum());
+    for piece in &originals {
+        value.extend_from_slice(piece);
+    }
+    value.truncate(layout.len as usize);
+    value.freeze()
 }
 
 /// Reed-Solomon over GF(2^16) from `reed-solomon-simd`.
@@ -144,27 +173,28 @@ impl ErasureCodec for ReedSolomonSimd {
                 let whole = Bytes::copy_from_slice(value);
                 Ok(vec![whole; total as usize])
             }
-            Scheme::ReedSolomon { data, total } => {
+            Scheme::ReedSolomon { data, .. } => {
                 let shard = layout.fragment_len();
-                let data = data as usize;
-                let mut originals = Vec::with_capacity(data);
-                for index in 0..data {
+                let mut originals = Vec::with_capacity(data as usize);
+                for index in 0..data as usize {
                     let start = (index * shard).min(value.len());
                     let end = ((index + 1) * shard).min(value.len());
                     let mut piece = BytesMut::zeroed(shard);
                     piece[..end - start].copy_from_slice(&value[start..end]);
                     originals.push(piece.freeze());
                 }
-                let recovery =
-                    reed_solomon_simd::encode(data, total as usize - data, originals.iter())
-                        .map_err(|e| DecodeError::Codec(e.to_string()))?;
-                originals.extend(recovery.into_iter().map(Bytes::from));
+                let recovery = self.recovery(layout, &originals)?;
+                originals.extend(recovery);
                 Ok(originals)
             }
         }
     }
 
-    fn decode(&self, layout: &Layout, fragments: &[(usize, Bytes)]) -> Result<Bytes, DecodeError> {
+    fn originals(
+        &self,
+        layout: &Layout,
+        fragments: &[(usize, Bytes)],
+    ) -> Result<Vec<Bytes>, DecodeError> {
         let shard = layout.fragment_len();
         let total = layout.total();
         let usable: Vec<&(usize, Bytes)> = fragments
@@ -172,14 +202,13 @@ impl ErasureCodec for ReedSolomonSimd {
             .filter(|(index, bytes)| *index < total && bytes.len() == shard)
             .collect();
         let need = layout.needed();
-        if usable.len() < need {
-            return Err(DecodeError::TooFew {
-                have: usable.len(),
-                need,
-            });
+        let have = usable.len();
+        let too_few = || DecodeError::TooFew { have, need };
+        if have < need {
+            return Err(too_few());
         }
         match layout.scheme {
-            Scheme::Replicated { .. } => Ok(usable[0].1.clone()),
+            Scheme::Replicated { .. } => Ok(vec![usable[0].1.clone()]),
             Scheme::ReedSolomon { data, .. } => {
                 let data = data as usize;
                 let mut originals: Vec<Option<Bytes>> = vec![None; data];
@@ -191,16 +220,29 @@ impl ErasureCodec for ReedSolomonSimd {
                 if originals.iter().any(Option::is_none) {
                     restore(data, total - data, shard, &usable, &mut originals)?;
                 }
-                let mut value = BytesMut::with_capacity(shard * data);
-                for piece in originals {
-                    let piece = piece.ok_or(DecodeError::TooFew {
-                        have: usable.len(),
-                        need,
-                    })?;
-                    value.extend_from_slice(&piece);
-                }
-                value.truncate(layout.len as usize);
-                Ok(value.freeze())
+                originals
+                    .into_iter()
+                    .map(|o| o.ok_or_else(too_few))
+                    .collect()
+            }
+        }
+    }
+
+    fn recovery(&self, layout: &Layout, originals: &[Bytes]) -> Result<Vec<Bytes>, DecodeError> {
+        let shard = layout.fragment_len();
+        if originals.len() != layout.needed() || originals.iter().any(|o| o.len() != shard) {
+            return Err(DecodeError::InvalidLayout(*layout));
+        }
+        match layout.scheme {
+            Scheme::Replicated { total } => Ok(vec![originals[0].clone(); total as usize - 1]),
+            Scheme::ReedSolomon { data, total } => {
+                let recovery = reed_solomon_simd::encode(
+                    data as usize,
+                    (total - data) as usize,
+                    originals.iter(),
+                )
+                .map_err(|e| DecodeError::Codec(e.to_string()))?;
+                Ok(recovery.into_iter().map(Bytes::from).collect())
             }
         }
     }
@@ -340,6 +382,11 @@ mod tests {
                 ReedSolomonSimd.decode(&layout, &chosen).unwrap().as_ref(),
                 &value[..]
             );
+            // And the whole codeword: the first fragments, then the rest computed from them.
+            let originals = ReedSolomonSimd.originals(&layout, &chosen).unwrap();
+            let recovery = ReedSolomonSimd.recovery(&layout, &originals).unwrap();
+            let codeword: Vec<Bytes> = originals.into_iter().chain(recovery).collect();
+            assert_eq!(codeword, fragments);
         }
         let too_few: Vec<(usize, Bytes)> =
             (0..need - 1).map(|i| (i, fragments[i].clone())).collect();

@@ -29,7 +29,7 @@ mod tests;
 use crate::machine::{Access, OpError, Operation, Output, Progress, Replica, ReplicaStats};
 use crate::round::{Evidence, EvidenceKind, OpId, Refusals, RegisterMutations, Replies};
 use crate::transfer::{Rebase, Turned, node_slot};
-use bulwark_core::erasure::{ErasureCodec, Layout};
+use bulwark_core::erasure::{self, ErasureCodec, Layout};
 use bulwark_core::membership::{Chain, GroupView};
 use bulwark_core::sign::{Context, PublicKey, SecretKey, Signable, Signed, Unverified};
 use bulwark_core::wire;
@@ -733,29 +733,36 @@ impl Operation for WriteOp {
 
 /// The object `manifest` describes, rebuilt from `pieces` (fragments by index, each already
 /// checked against the manifest, at least as many as the layout needs), with every one of its
-/// fragments; `Err` when no value has every fragment the manifest names, the work of a faulty
-/// writer. Every reader and every new member gets the same answer from any `f+1` fragments: only
-/// a value whose every fragment is the manifest's is one.
+/// fragments; `Err` when the manifest names no codeword, the work of a faulty writer. Every
+/// reader and every new member gets the same answer from any `f+1` fragments: they rebuild the
+/// one codeword the manifest names (its first fragments hold the value), or none.
 pub(crate) fn rebuild(
     codec: &dyn ErasureCodec,
     manifest: &Manifest,
     pieces: &[(usize, Bytes)],
 ) -> Result<(Bytes, Vec<Bytes>), ()> {
-    let value = codec.decode(&manifest.layout, pieces).map_err(|_| ())?;
-    let again = codec.encode(&manifest.layout, &value).map_err(|_| ())?;
-    // A fragment received was checked against the manifest already, so comparing bytes is
-    // enough there; the rest are hashed.
-    let consistent = again.len() == manifest.fragments.len()
-        && again.iter().enumerate().all(|(i, fragment)| {
+    let layout = &manifest.layout;
+    let originals = codec.originals(layout, pieces).map_err(|_| ())?;
+    let recovery = codec.recovery(layout, &originals).map_err(|_| ())?;
+    let fragments: Vec<Bytes> = originals.iter().cloned().chain(recovery).collect();
+    // The fragments rebuilt must be the manifest's codeword, so that any `f+1` of its fragments
+    // give every reader this value. A fragment received was checked against the manifest
+    // already, so comparing bytes is enough there (nothing, when it is the very fragment given);
+    // the rest are hashed.
+    let consistent = fragments.len() == manifest.fragments.len()
+        && fragments.iter().enumerate().all(|(i, fragment)| {
             match pieces.iter().find(|(index, _)| *index == i) {
-                Some((_, received)) => received == fragment,
+                Some((_, received)) => {
+                    (received.as_ptr() == fragment.as_ptr() && received.len() == fragment.len())
+                        || received == fragment
+                }
                 None => fragment_digest(fragment) == manifest.fragments[i],
             }
         });
     if !consistent {
         return Err(());
     }
-    Ok((value, again))
+    Ok((erasure::join(layout, originals), fragments))
 }
 
 /// A completed read.
