@@ -194,11 +194,7 @@ impl Contents {
     /// longer checks is counted as damage.
     fn served_piece(&mut self, view: &dyn Pieces, key: &Key) -> Option<Piece> {
         let id = id_of(key)?;
-        let slot = self.slot_in(&self.ring, Self::point(key)?)?;
-        let piece = view
-            .pieces(key)
-            .into_iter()
-            .find(|piece| piece.index == slot.0)?;
+        let piece = self.own_piece(view, key)?;
         let known = (key.clone(), piece.index);
         if self.found_intact.contains(&known) {
             return Some(piece);
@@ -211,10 +207,17 @@ impl Contents {
         Some(piece)
     }
 
-    /// The fragment of the slot this node has now, if it holds it.
+    /// The fragment of the slot this node has now, if it holds it and it still checks.
     fn current(&self, view: &dyn Pieces, key: &Key) -> Option<Piece> {
+        let id = id_of(key)?;
+        self.own_piece(view, key)
+            .filter(|piece| piece.checks(&id, self.n, self.f))
+    }
+
+    /// The fragment stored for the slot this node has now, unchecked.
+    fn own_piece(&self, view: &dyn Pieces, key: &Key) -> Option<Piece> {
         let slot = self.slot_in(&self.ring, Self::point(key)?)?;
-        self.intact(view, key)
+        view.pieces(key)
             .into_iter()
             .find(|piece| piece.index == slot.0)
     }
