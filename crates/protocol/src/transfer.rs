@@ -108,6 +108,9 @@ pub struct TransferMutations {
     pub small_drop_quorum: bool,
     /// Never drop a key that moved away (for the check that moved keys are dropped).
     pub keep_moved_keys: bool,
+    /// Content-hash objects: a fragment taken over replaces every other one the node holds of
+    /// the object, before the object's group holds it.
+    pub displace_fragments: bool,
 }
 
 /// Why a replica that follows the configuration turned a request away before its kind saw it.

@@ -13,7 +13,7 @@
 //! Negative controls, each a rule the transfer rests on: a node that serves objects before its
 //! pull has decided them, a pull that trusts `f+1` listings instead of `2f+1`, an old member that
 //! answers a pull without entering the newer epoch, an old member that drops what moved on `f+1`
-//! confirmations; and one each for the checks that moved fragments are dropped and that only
+//! confirmations, a node that lets a fragment it takes over displace those it holds; and one each for the checks that moved fragments are dropped and that only
 //! objects whose group changed move.
 
 use bulwark_sim::sim::protocol::Protocol;
@@ -63,6 +63,18 @@ fn sweep<P: Protocol>(name: &str, service: &str, config: &SimConfig, seeds: std:
 #[test]
 fn f1_content_objects_survive_reconfigurations() {
     sweep::<ContentEpochsSim>("content-epochs f=1", "content-epochs", &config(1), 0..300);
+}
+
+/// Seeds around two that once lost an object (31650 and 31661): a late pull into the epoch
+/// before displaced the fragment a node held of the slot it had two epochs ago.
+#[test]
+fn seeds_that_once_lost_a_fragment_stay_clean() {
+    sweep::<ContentEpochsSim>(
+        "content-epochs f=1",
+        "content-epochs",
+        &config(1),
+        31_650..31_662,
+    );
 }
 
 #[test]
@@ -135,6 +147,21 @@ fn dropping_moved_fragments_on_f_plus_one_confirmations_is_caught() {
     assert_caught_service::<ContentEpochsSim>(
         "content-epochs",
         "small-drop-quorum",
+        one_faulty(),
+        200,
+        LOST,
+    );
+}
+
+// A node that lets a fragment it takes over replace the others it holds loses, say, the fragment
+// of the slot it had two epochs ago to a late pull into the epoch before, while that group is
+// not yet holding the object: two correct nodes are left with one index, and new members find
+// fewer than f+1 distinct fragments of an object whose creation completed.
+#[test]
+fn displacing_fragments_before_the_group_holds_the_object_is_caught() {
+    assert_caught_service::<ContentEpochsSim>(
+        "content-epochs",
+        "displace-fragments",
         one_faulty(),
         200,
         LOST,

@@ -11,15 +11,15 @@
 //! fragment (the same rebuild a reader makes, so a faulty writer's manifest is refused the same
 //! way). A member that already holds its new slot's fragment fetches nothing.
 //!
-//! A node keeps the fragment of its earlier slot beside the new one (at most [`PIECES_MAX`]
-//! fragments per object) and hands it over to the new members still pulling: were it to replace
-//! it, two members could hold fragments of one index, and a new member could find fewer than
+//! A node keeps the fragments of its earlier slots beside the new one (one per index, so at most
+//! `n` of an object) and hands them over to the new members still pulling: were it to replace
+//! one, two members could hold fragments of one index, and a new member could find fewer than
 //! `f+1` distinct ones of an object whose creation completed. A fragment a pull into an earlier
 //! epoch brings late is kept too: it is a fragment of the object all the same, which the node
-//! hands over and rebuilds from. It forgets the earlier fragment,
-//! as a node that left the group forgets the object, once `2f+1` members of the group say they
-//! hold their own fragment; and an object `2f+1` members that finished their pulls say they do
-//! not hold is one no creation completed ([`Kind::DROP_DENIED`]), forgotten as well.
+//! hands over and rebuilds from. It forgets the fragments of other slots than its own, as a
+//! node that left the group forgets the object, once `2f+1` members of the group say they hold
+//! their own fragment; and an object `2f+1` members that finished their pulls say they do not
+//! hold is one no creation completed ([`Kind::DROP_DENIED`]), forgotten as well.
 //!
 //! Objects are stored under [`key_of`] their id: its ring point first, so the keys of an arc
 //! are a range of the store and a listing reads only them.
@@ -30,7 +30,7 @@ use super::{
 };
 use crate::machine::{Access, ReplicaStats};
 use crate::round::Judged;
-use crate::transfer::{Change, Decided, Kind, Route, Served, Turned};
+use crate::transfer::{Change, Decided, Kind, Route, Served, TransferMutations, Turned};
 use bulwark_core::erasure::ErasureCodec;
 use bulwark_core::membership::{Arc as RingArc, GroupView, Moved, Ring, RingPoint};
 use bulwark_core::sign::SecretKey;
@@ -39,10 +39,6 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::sync::Arc;
-
-/// Fragments one node keeps of one object: its slot's, its slot's in the epoch before while the
-/// new members pull, and the last one a pull into an earlier epoch brought.
-pub const PIECES_MAX: usize = 3;
 
 /// One fragment of an object as a node stores it and hands it over: the manifest it was
 /// accepted under, and the index (the slot) it is the fragment of.
@@ -104,13 +100,13 @@ pub struct Contents {
     f: usize,
     secret: SecretKey,
     codec: Arc<dyn ErasureCodec>,
-    /// The ring of the current epoch, and of the one before: where this node's slots are, and
-    /// were.
+    /// The ring of the current epoch: where this node's slots are.
     ring: Arc<Ring>,
-    before: Option<Arc<Ring>>,
     /// Fragments that checked against their id when last read, by key and index.
     found_intact: FoundIntact,
     stats: ReplicaStats,
+    /// The negative control [`TransferMutations::displace_fragments`].
+    displaces: bool,
 }
 
 /// At most this many fragments are remembered as found intact (each entry is a key of 64 bytes
@@ -161,8 +157,8 @@ impl Contents {
             secret,
             codec,
             ring,
-            before: None,
             found_intact: FoundIntact::default(),
+            displaces: false,
             stats: ReplicaStats {
                 objects,
                 keys: objects,
@@ -171,6 +167,12 @@ impl Contents {
                 ..ReplicaStats::default()
             },
         }
+    }
+
+    /// The same replica, deliberately broken as `mutations` say.
+    pub fn with_mutations(mut self, mutations: TransferMutations) -> Contents {
+        self.displaces = mutations.displace_fragments;
+        self
     }
 
     /// This node's slot for the object at `point` in `ring`, if it is a member of its group.
@@ -533,29 +535,21 @@ impl Kind for Contents {
         Decided::Wait
     }
 
-    /// Stores a fragment of the slot it was made for, keeping beside it only the fragments of
-    /// this node's slot now and in the epoch before: a pull into an earlier epoch that ends late
-    /// never displaces today's fragment, and what it brings stays until the group holds the
-    /// object (new members may still pull it, and this node's own later pulls may rebuild from
-    /// it).
+    /// Stores a fragment beside every other one this node holds of the object (one per index,
+    /// so at most `n`), replacing only a stored fragment of the same index. Fragments of other
+    /// slots than this node's are forgotten only once the group holds the object
+    /// ([`Kind::remove`]): were a late pull into an earlier epoch to displace the fragment of a
+    /// slot this node had two epochs ago, say, two correct nodes could be left with one index,
+    /// and a new member with fewer than `f+1` distinct fragments of an object whose creation
+    /// completed.
     fn adopt(&mut self, view: &Self::View, key: &Key, entry: &Piece) -> Vec<Change<Piece>> {
-        let Some(point) = Self::point(key) else {
-            return Vec::new();
-        };
-        let now = self.slot_in(&self.ring, point).map(|slot| slot.0);
-        let before = self
-            .before
-            .as_ref()
-            .and_then(|ring| self.slot_in(ring, point))
-            .map(|slot| slot.0);
         let held = view.pieces(key);
         if held.iter().any(|piece| piece == entry) {
             return Vec::new();
         }
-        let kept = |index: u32| Some(index) == now || Some(index) == before;
         let mut changes: Vec<Change<Piece>> = held
             .into_iter()
-            .filter(|piece| piece.index == entry.index || !kept(piece.index))
+            .filter(|piece| piece.index == entry.index || self.displaces)
             .map(|piece| Change::Remove {
                 key: key.clone(),
                 entry: piece,
@@ -587,7 +581,7 @@ impl Kind for Contents {
     }
 
     fn entered(&mut self, ring: &Arc<Ring>) {
-        self.before = Some(std::mem::replace(&mut self.ring, ring.clone()));
+        self.ring = ring.clone();
     }
 
     fn offers(&self) -> bool {
@@ -803,7 +797,7 @@ mod tests {
     }
 
     #[test]
-    fn a_member_keeps_todays_fragment_and_yesterdays_and_drops_the_rest_once_its_group_holds_it() {
+    fn a_member_keeps_every_fragment_it_took_over_until_its_group_holds_the_object() {
         let first = ring(0, &[0, 1, 2, 3]);
         let second = ring(1, &[0, 1, 2, 3, 4]);
         let encoded = object(9);
@@ -831,33 +825,39 @@ mod tests {
             .find(|index| *index != then && *index != now)
             .expect("a third");
         store.0.insert((key.clone(), stray), piece(&encoded, stray));
-        // Today's fragment goes in beside yesterday's; the stray one goes.
+        // Today's fragment goes in beside yesterday's and the one a late pull brought: any of
+        // them may be the distinct fragment a new member still needs.
         let changes = node.adopt(&store, &key, &piece(&encoded, now));
         assert_eq!(
             changes,
-            vec![
-                Change::Remove {
-                    key: key.clone(),
-                    entry: piece(&encoded, stray)
-                },
-                Change::Put {
-                    key: key.clone(),
-                    entry: piece(&encoded, now)
-                }
-            ]
-        );
-        store.0.remove(&(key.clone(), stray));
-        store.0.insert((key.clone(), now), piece(&encoded, now));
-        assert_eq!(node.holds(&store, &key), Some(()));
-        assert_eq!(node.outside(&store, &second, member), vec![key.clone()]);
-        // Once the group holds it, yesterday's goes too.
-        assert_eq!(
-            node.remove(&store, &key),
-            vec![Change::Remove {
+            vec![Change::Put {
                 key: key.clone(),
-                entry: piece(&encoded, then)
+                entry: piece(&encoded, now)
             }]
         );
+        store.0.insert((key.clone(), now), piece(&encoded, now));
+        // The same fragment again changes nothing.
+        assert_eq!(node.adopt(&store, &key, &piece(&encoded, now)), Vec::new());
+        assert_eq!(node.holds(&store, &key), Some(()));
+        assert_eq!(node.outside(&store, &second, member), vec![key.clone()]);
+        // Once the group holds it, the fragments of other slots go.
+        let mut gone = node.remove(&store, &key);
+        gone.sort_by_key(|change| match change {
+            Change::Remove { entry, .. } => entry.index,
+            _ => u32::MAX,
+        });
+        let mut expected: Vec<Change<Piece>> = [then, stray]
+            .into_iter()
+            .map(|index| Change::Remove {
+                key: key.clone(),
+                entry: piece(&encoded, index),
+            })
+            .collect();
+        expected.sort_by_key(|change| match change {
+            Change::Remove { entry, .. } => entry.index,
+            _ => u32::MAX,
+        });
+        assert_eq!(gone, expected);
     }
 
     #[test]

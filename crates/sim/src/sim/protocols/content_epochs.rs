@@ -399,6 +399,7 @@ impl<const NODES: usize> ContentEpochsSim<NODES> {
             objects,
             bytes,
         )
+        .with_mutations(self.mutations)
     }
 
     /// Objects a correct node still holds (outside its groups, or of another slot than its
