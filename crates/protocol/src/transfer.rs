@@ -226,12 +226,14 @@ pub trait Kind: Sized + 'static {
         slot: Slot,
         view: &Self::View,
     ) -> Served<Self>;
-    /// Whether `request` is served even while its key is being taken over, because it brings
-    /// what the pull is after (a fragment of this node's slot); serving it decides the key.
-    fn passes(_request: &Self::Request) -> bool {
+    /// Whether `request` is served even while its key is being taken over: it brings what the
+    /// pull is after (a fragment of this node's slot), and serving it decides the key; or what
+    /// this node holds already answers it as the finished pull would (a fragment of its slot,
+    /// which checks against the object's id).
+    fn passes(&self, _request: &Self::Request, _view: &Self::View) -> bool {
         false
     }
-    /// Whether `reply`, to a request that [`Kind::passes`], says it was served.
+    /// Whether `reply`, to a request that [`Kind::passes`], brought what the pull is after.
     fn settles(_reply: &Self::Reply) -> bool {
         false
     }
@@ -275,9 +277,11 @@ pub trait Kind: Sized + 'static {
     /// How an entry handed over for `key` by a member of `group` is judged.
     fn judge(&self, group: &GroupView, key: &Key, entry: &Self::Entry) -> Judged;
     /// What the answers of `old`'s members so far decide for `key`, for this node as a member of
-    /// `new`; `quorum` is how many answers the transfer rule waits for.
+    /// `new`, beside what it holds in `view`; `quorum` is how many answers the transfer rule
+    /// waits for.
     fn decide(
         &self,
+        view: &Self::View,
         key: &Key,
         old: &GroupView,
         new: &GroupView,
@@ -1127,7 +1131,7 @@ impl<K: Kind> EpochHost<K> {
             return turn(Turned::WrongGroup);
         }
         let unsettled = self.unsettled(Epoch(epoch.0 + 1), point, &route.key);
-        if unsettled && K::passes(&request) {
+        if unsettled && self.kind.passes(&request, view) {
             let served = self.kind.serve(client, access, request, &group, slot, view);
             if K::settles(&served.reply) {
                 self.settling.push((route.key, point));
@@ -1544,7 +1548,9 @@ impl<K: Kind> EpochHost<K> {
         let Some(new) = new else {
             unreachable!("a pull's epoch is one the node entered")
         };
-        let decided = self.kind.decide(&key, &pull.old, &new, &answers, quorum);
+        let decided = self
+            .kind
+            .decide(view, &key, &pull.old, &new, &answers, quorum);
         let taken = match decided {
             Decided::Wait => return Output::none(),
             Decided::Absent => None,

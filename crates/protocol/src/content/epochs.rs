@@ -343,9 +343,16 @@ impl Kind for Contents {
     }
 
     /// A STORE brings this node's fragment: an object whose writer is writing it again in the
-    /// new epoch is taken over by that write, whatever the old members still say of it.
-    fn passes(request: &Request) -> bool {
-        matches!(request.body, RequestBody::Store { .. })
+    /// new epoch is taken over by that write, whatever the old members still say of it. A FETCH
+    /// is answered once this node holds its slot's fragment, however it came (that STORE, say,
+    /// while a pull into an earlier epoch still waits on old members): a fragment that checks
+    /// against the id is the answer the finished pull would give. Only a denial must wait.
+    fn passes(&self, request: &Request, view: &dyn Pieces) -> bool {
+        match request.body {
+            RequestBody::Store { .. } => true,
+            RequestBody::Fetch => self.current(view, &key_of(&request.id)).is_some(),
+            RequestBody::Delete => false,
+        }
     }
 
     fn settles(reply: &Response) -> bool {
@@ -488,12 +495,15 @@ impl Kind for Contents {
     }
 
     /// This node's slot's fragment as an old member handed it over, or the object rebuilt from
-    /// `f+1` distinct fragments and encoded again; nothing once `quorum` old members deny
-    /// holding it, or every one answered and too few fragments came (an object whose creation
-    /// did not complete, or whose writer's manifest no value fits).
+    /// `f+1` distinct fragments (those handed over and those this node holds already, of other
+    /// slots or epochs, since each checks against the id whoever kept it) and encoded again;
+    /// nothing once `quorum` old members deny holding it, or every one answered and too few
+    /// fragments came (an object whose creation did not complete, or whose writer's manifest no
+    /// value fits).
     fn decide(
         &self,
-        _key: &Key,
+        view: &Self::View,
+        key: &Key,
         old: &GroupView,
         new: &GroupView,
         answers: &[(Slot, Option<&Piece>)],
@@ -502,11 +512,13 @@ impl Kind for Contents {
         let Some(slot) = new.slot_of(self.me) else {
             return Decided::Absent;
         };
-        let pieces: Vec<&Piece> = answers.iter().filter_map(|(_, piece)| *piece).collect();
+        let handed: Vec<&Piece> = answers.iter().filter_map(|(_, piece)| *piece).collect();
+        let denied = answers.len() - handed.len();
+        let held = self.intact(view, key);
+        let pieces: Vec<&Piece> = handed.into_iter().chain(&held).collect();
         if let Some(own) = pieces.iter().find(|piece| piece.index == slot.0) {
             return Decided::Take((*own).clone());
         }
-        let denied = answers.len() - pieces.len();
         let mut indices = BTreeSet::new();
         let distinct: Vec<(usize, Bytes)> = pieces
             .iter()
@@ -752,8 +764,9 @@ mod tests {
         let node = contents(joiner.0, new.clone());
         let mine = new_view.slot_of(joiner).expect("a member").0;
         let others: Vec<u32> = (0..4).filter(|index| *index != mine).collect();
+        let empty = Store::default();
         let decide = |answers: &[(Slot, Option<&Piece>)]| {
-            node.decide(&key, &old_view, &new_view, answers, 3)
+            node.decide(&empty, &key, &old_view, &new_view, answers, 3)
         };
         // Its own slot's fragment as an old member hands it over.
         let own = piece(&encoded, mine);
@@ -788,6 +801,32 @@ mod tests {
                 (Slot(3), None)
             ]),
             Decided::Absent
+        );
+        // A fragment it holds already (of another slot, or an earlier epoch's) counts beside
+        // those handed over: it checks against the id whoever kept it.
+        let mut holding = Store::default();
+        holding.0.insert((key.clone(), b.index), b.clone());
+        assert_eq!(
+            node.decide(
+                &holding,
+                &key,
+                &old_view,
+                &new_view,
+                &[(Slot(0), Some(&a))],
+                3
+            ),
+            Decided::Take(own.clone())
+        );
+        assert_eq!(
+            node.decide(
+                &holding,
+                &key,
+                &old_view,
+                &new_view,
+                &[(Slot(0), Some(&b))],
+                3
+            ),
+            Decided::Wait
         );
         // A damaged fragment is forged, whatever its index.
         let mut damaged = a.clone();
@@ -858,6 +897,45 @@ mod tests {
             _ => u32::MAX,
         });
         assert_eq!(gone, expected);
+    }
+
+    #[test]
+    fn a_read_passes_a_pull_in_progress_only_when_the_member_holds_its_fragment() {
+        let ring = ring(0, &[0, 1, 2, 3]);
+        let encoded = object(5);
+        let key = key_of(&encoded.id);
+        let group = ring.group_at(Contents::point(&key).expect("a valid key"));
+        let me = group.members()[2];
+        let slot = group.slot_of(me).expect("a member");
+        let node = contents(me.0, ring.clone());
+        let fetch = Request {
+            op: crate::round::OpId(1),
+            epoch: ring.epoch(),
+            group: group.id(),
+            id: encoded.id,
+            body: RequestBody::Fetch,
+        };
+        let mut store = Store::default();
+        // Holding nothing, or another slot's fragment, it would deny: the read waits.
+        assert!(!node.passes(&fetch, &store));
+        let other = (slot.0 + 1) % 4;
+        store.0.insert((key.clone(), other), piece(&encoded, other));
+        assert!(!node.passes(&fetch, &store));
+        // A damaged fragment of its slot is no answer either.
+        let mut damaged = piece(&encoded, slot.0);
+        damaged.fragment = Bytes::from(vec![0; damaged.fragment.len()]);
+        store.0.insert((key.clone(), slot.0), damaged);
+        assert!(!node.passes(&fetch, &store));
+        // Its own slot's fragment answers the read as the finished pull would.
+        store
+            .0
+            .insert((key.clone(), slot.0), piece(&encoded, slot.0));
+        assert!(node.passes(&fetch, &store));
+        let delete = Request {
+            body: RequestBody::Delete,
+            ..fetch
+        };
+        assert!(!node.passes(&delete, &store));
     }
 
     #[test]

@@ -204,6 +204,7 @@ impl<P: Policy> Kind for Registers<P> {
     /// denies the key.
     fn decide(
         &self,
+        _view: &Self::View,
         _key: &Key,
         _old: &GroupView,
         _new: &GroupView,
