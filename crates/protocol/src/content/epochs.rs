@@ -195,18 +195,20 @@ impl Contents {
     /// hashed again (the bytes of a slot's fragment of one id never change), and one that no
     /// longer checks is counted as damage.
     fn served_piece(&mut self, view: &dyn Pieces, key: &Key) -> Option<Piece> {
-        let id = id_of(key)?;
         let piece = self.own_piece(view, key)?;
-        let known = (key.clone(), piece.index);
-        if self.found_intact.contains(&known) {
-            return Some(piece);
-        }
-        if !piece.checks(&id, self.n, self.f) {
+        if !self.own_intact(key, &piece) {
             self.stats.damaged += 1;
             return None;
         }
-        self.found_intact.insert(known);
+        self.found_intact.insert((key.clone(), piece.index));
         Some(piece)
+    }
+
+    /// Whether this node's own fragment `piece` of the object under `key` checks: found intact
+    /// before, or hashed now.
+    fn own_intact(&self, key: &Key, piece: &Piece) -> bool {
+        self.found_intact.contains(&(key.clone(), piece.index))
+            || id_of(key).is_some_and(|id| piece.checks(&id, self.n, self.f))
     }
 
     /// The fragment of the slot this node has now, if it holds it and it still checks.
@@ -350,7 +352,11 @@ impl Kind for Contents {
     fn passes(&self, request: &Request, view: &dyn Pieces) -> bool {
         match request.body {
             RequestBody::Store { .. } => true,
-            RequestBody::Fetch => self.current(view, &key_of(&request.id)).is_some(),
+            RequestBody::Fetch => {
+                let key = key_of(&request.id);
+                self.own_piece(view, &key)
+                    .is_some_and(|piece| self.own_intact(&key, &piece))
+            }
             RequestBody::Delete => false,
         }
     }
