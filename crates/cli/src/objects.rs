@@ -675,9 +675,13 @@ pub async fn status(args: &ClientArgs) -> Result<std::process::ExitCode> {
                         "         {} objects: epoch {}, {}; {} keys ({} bytes) taken over since start, {} requests held for a transfer, {} keys dropped once their new group held them",
                         follower.service,
                         stats.epoch,
-                        match stats.transfers_pending {
-                            0 => "every transfer done".to_string(),
-                            pending => format!("{pending} key ranges still being transferred in"),
+                        match (stats.transfers_pending, stats.transfers_undecided) {
+                            (0, 0) => "every transfer done".to_string(),
+                            (0, undecided) => format!(
+                                "every transfer heard out, {undecided} objects undecided (a creation never completed; their requests wait)"
+                            ),
+                            (pending, _) =>
+                                format!("{pending} key ranges still being transferred in"),
                         },
                         stats.transferred_keys,
                         stats.transferred_bytes,

@@ -534,6 +534,7 @@ async fn run(
                 metrics::gauge!("bulwark_node_collected_total", "shard" => label.clone()).set(stats.collected as f64);
                 metrics::gauge!("bulwark_node_damaged_fragments_total", "shard" => label.clone()).set(stats.damaged as f64);
                 metrics::gauge!("bulwark_node_transfers_pending", "shard" => label.clone()).set(stats.transfers_pending as f64);
+                metrics::gauge!("bulwark_node_transfers_undecided", "shard" => label.clone()).set(stats.transfers_undecided as f64);
                 metrics::gauge!("bulwark_node_transferred_keys_total", "shard" => label.clone()).set(stats.transferred_keys as f64);
                 metrics::gauge!("bulwark_node_transferred_bytes_total", "shard" => label.clone()).set(stats.transferred_bytes as f64);
                 metrics::gauge!("bulwark_node_gated_requests_total", "shard" => label.clone()).set(stats.gated as f64);

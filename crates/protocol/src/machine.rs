@@ -50,8 +50,13 @@ pub struct ReplicaStats {
     pub damaged: u64,
     /// A replica that follows the configuration: the epoch it is in (0 for the others).
     pub epoch: u64,
-    /// Arcs it is still taking over from their previous group.
+    /// Arcs it is still taking over from their previous group and has not yet heard `2f+1`
+    /// old members about in full.
     pub transfers_pending: u64,
+    /// Objects of those arcs that `2f+1` old members answered about without deciding them (a
+    /// creation a faulty writer never completed): their requests wait, their fetches are
+    /// retried, and they do not count as a transfer the node is slow with.
+    pub transfers_undecided: u64,
     /// Keys taken over from previous groups since start.
     pub transferred_keys: u64,
     /// Their value bytes.
@@ -99,6 +104,7 @@ impl ReplicaStats {
         self.damaged += other.damaged;
         self.epoch = self.epoch.max(other.epoch);
         self.transfers_pending += other.transfers_pending;
+        self.transfers_undecided += other.transfers_undecided;
         self.transferred_keys += other.transferred_keys;
         self.transferred_bytes += other.transferred_bytes;
         self.gated += other.gated;

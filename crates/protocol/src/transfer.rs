@@ -111,6 +111,8 @@ pub struct TransferMutations {
     /// Content-hash objects: a fragment taken over replaces every other one the node holds of
     /// the object, before the object's group holds it.
     pub displace_fragments: bool,
+    /// Count an old member's "still taking it over myself" as a denial of the key.
+    pub undecided_denies: bool,
 }
 
 /// Why a replica that follows the configuration turned a request away before its kind saw it.
@@ -345,6 +347,16 @@ pub enum Transfer<E, V> {
         /// What is stored.
         entry: Option<E>,
     },
+    /// The old member asked for `key` is itself still taking it over from an earlier group
+    /// (sent by kinds that gate keys, [`Kind::GATES_KEYS`]):
+    /// an answer, which counts toward the `2f+1` old members a pull must hear about each key
+    /// before its node counts as having caught up, but never a denial.
+    Undecided {
+        /// As asked.
+        epoch: Epoch,
+        /// As asked.
+        key: Key,
+    },
     /// A node that no longer serves these keys in `epoch` asks a member of their group there
     /// whether it holds each at the given version or a newer one.
     Hold {
@@ -525,12 +537,40 @@ struct Pull<K: Kind> {
     /// Once `2f+1` listings are complete: the keys still to fetch, in key order.
     queue: Option<BTreeSet<Key>>,
     /// Keys being fetched, with the answers of each old member.
-    fetching: BTreeMap<Key, Replies<Option<K::Entry>>>,
+    fetching: BTreeMap<Key, Fetching<K::Entry>>,
     /// When to ask again the old members that have not answered; set on the first tick after
     /// the requests went out, and again after each retry or progress.
     retry_at: Option<Time>,
     /// The wait before the next retry.
     backoff: u64,
+}
+
+/// The answers of the old members about one key.
+struct Fetching<E> {
+    /// Each member's fragment or version, or its denial.
+    replies: Replies<Option<E>>,
+    /// The members that said they are still taking the key over themselves, and have not
+    /// answered otherwise since.
+    undecided: Vec<bool>,
+}
+
+impl<E> Fetching<E> {
+    fn new(n: usize) -> Self {
+        Fetching {
+            replies: Replies::new(n),
+            undecided: vec![false; n],
+        }
+    }
+
+    /// Old members that answered, either way or undecided.
+    fn answered(&self) -> usize {
+        let silent = self
+            .replies
+            .missing()
+            .filter(|slot| !self.undecided[slot.index()])
+            .count();
+        self.undecided.len() - silent
+    }
 }
 
 #[derive(Default)]
@@ -583,6 +623,24 @@ impl<K: Kind> Pull<K> {
         self.queue.as_ref().is_some_and(BTreeSet::is_empty) && self.fetching.is_empty()
     }
 
+    /// Whether the pull still waits to hear from `quorum` old members about some key. A key
+    /// that `quorum` answered without deciding it (a creation a faulty writer left on fewer
+    /// than `f+1` correct members, with a faulty member silent) may never be decided; its
+    /// requests stay held and its fetches are retried, but the node has caught up as far as
+    /// the old group lets it, and the liveness record (§4.9) must not count it slow.
+    fn waiting(&self, quorum: usize) -> bool {
+        self.queue.as_ref().is_none_or(|queue| !queue.is_empty())
+            || self.fetching.values().any(|key| key.answered() < quorum)
+    }
+
+    /// Keys `quorum` old members answered about without the pull deciding them.
+    fn undecided(&self, quorum: usize) -> usize {
+        self.fetching
+            .values()
+            .filter(|key| key.answered() >= quorum)
+            .count()
+    }
+
     /// Whether `key` is still to be taken over: the listing is not in, or the key is listed
     /// and not decided yet.
     fn pending(&self, key: &Key) -> bool {
@@ -610,8 +668,8 @@ impl<K: Kind> Pull<K> {
                 .collect();
         };
         let mut sends = Vec::new();
-        for (key, replies) in &self.fetching {
-            for slot in replies.missing() {
+        for (key, fetching) in &self.fetching {
+            for slot in fetching.replies.missing() {
                 let fetch = Transfer::Fetch {
                     epoch: self.epoch,
                     key: key.clone(),
@@ -1187,12 +1245,19 @@ impl<K: Kind> EpochHost<K> {
         output
     }
 
-    /// Starts fetches up to the window, or finishes the pull when nothing is left.
+    /// Starts fetches up to the window, or finishes the pull when nothing is left. Keys a
+    /// quorum answered without a decision leave the window: they may wait for good.
     fn fill(&mut self, at: usize, view: &K::View) -> Output<Self> {
+        let quorum = self.quorum(self.mutations.small_transfer_quorum);
         let pull = &mut self.pulls[at];
         let mut sends = Vec::new();
         let new = self.rings.ring(pull.epoch).cloned();
-        while pull.fetching.len() < FETCH_WINDOW {
+        let mut open = pull
+            .fetching
+            .values()
+            .filter(|key| key.answered() < quorum)
+            .count();
+        while open < FETCH_WINDOW {
             let Some(key) = pull.queue.as_mut().and_then(BTreeSet::pop_first) else {
                 break;
             };
@@ -1210,7 +1275,8 @@ impl<K: Kind> EpochHost<K> {
                 };
                 sends.push((Slot(node.0), fetch));
             }
-            pull.fetching.insert(key, Replies::new(pull.old.len()));
+            pull.fetching.insert(key, Fetching::new(pull.old.len()));
+            open += 1;
         }
         if !pull.done() {
             return Output {
@@ -1419,8 +1485,19 @@ impl<K: Kind> EpochHost<K> {
                 let Some(point) = K::point(&key) else {
                     return Output::refused(format!("node {} fetched a malformed key", from.0));
                 };
-                if !self.answers(epoch) || self.unsettled(epoch, point, &key) {
+                if !self.answers(epoch) {
                     return Output::none();
+                }
+                if self.unsettled(epoch, point, &key) {
+                    // Only a kind that gates keys can leave a key undecided for good; the
+                    // others decide at any 2f+1 answers, so their askers just wait.
+                    if !K::GATES_KEYS {
+                        return Output::none();
+                    }
+                    return Output {
+                        sends: vec![(Slot(from.0), Transfer::Undecided { epoch, key })],
+                        ..Output::none()
+                    };
                 }
                 let before = Epoch(epoch.0.saturating_sub(1));
                 let Some(old) = self.rings.ring(before).map(|ring| ring.group_at(point)) else {
@@ -1436,6 +1513,10 @@ impl<K: Kind> EpochHost<K> {
             Transfer::Fetched { epoch, key, entry } => {
                 self.on_fetched(from, epoch, key, entry, view)
             }
+            Transfer::Undecided { epoch, key } if self.mutations.undecided_denies => {
+                self.on_fetched(from, epoch, key, None, view)
+            }
+            Transfer::Undecided { epoch, key } => self.on_undecided(from, epoch, key, view),
         }
     }
 
@@ -1535,13 +1616,17 @@ impl<K: Kind> EpochHost<K> {
         };
         let new = self.rings.ring(epoch).map(|ring| ring.group_at(point));
         let pull = &mut self.pulls[at];
-        let Some(replies) = pull.fetching.get_mut(&key) else {
+        let Some(fetching) = pull.fetching.get_mut(&key) else {
             return Output::none();
         };
-        if !replies.record(slot, entry) {
+        let before = fetching.answered();
+        if !fetching.replies.record(slot, entry) {
             return Output::none();
         }
-        let answers: Vec<(Slot, Option<&K::Entry>)> = replies
+        fetching.undecided[slot.index()] = false;
+        let answered = fetching.answered();
+        let answers: Vec<(Slot, Option<&K::Entry>)> = fetching
+            .replies
             .present()
             .map(|(slot, entry)| (slot, entry.as_ref()))
             .collect();
@@ -1552,6 +1637,8 @@ impl<K: Kind> EpochHost<K> {
             .kind
             .decide(view, &key, &pull.old, &new, &answers, quorum);
         let taken = match decided {
+            // Heard out but undecided: the window moves on past it.
+            Decided::Wait if before < quorum && answered >= quorum => return self.fill(at, view),
             Decided::Wait => return Output::none(),
             Decided::Absent => None,
             Decided::Take(entry) => Some(entry),
@@ -1572,6 +1659,44 @@ impl<K: Kind> EpochHost<K> {
             output.timers.push((RELEASE_TIMER, Time(0)));
         }
         output
+    }
+}
+
+impl<K: Kind> EpochHost<K> {
+    /// An old member's word that it is still taking `key` over itself: it counts as heard, not
+    /// as a denial, until it answers otherwise.
+    fn on_undecided(
+        &mut self,
+        from: NodeId,
+        epoch: Epoch,
+        key: Key,
+        view: &K::View,
+    ) -> Output<Self> {
+        let quorum = self.quorum(self.mutations.small_transfer_quorum);
+        let Some(at) = self
+            .pulls
+            .iter()
+            .position(|p| p.epoch == epoch && p.fetching.contains_key(&key))
+        else {
+            return Output::none();
+        };
+        let pull = &mut self.pulls[at];
+        let Some(slot) = pull.old.slot_of(from) else {
+            return Output::none();
+        };
+        let Some(fetching) = pull.fetching.get_mut(&key) else {
+            return Output::none();
+        };
+        if fetching.replies.missing().all(|missing| missing != slot) {
+            // It answered already; a later "undecided" takes nothing back.
+            return Output::none();
+        }
+        let before = fetching.answered();
+        fetching.undecided[slot.index()] = true;
+        if before < quorum && fetching.answered() >= quorum {
+            return self.fill(at, view);
+        }
+        Output::none()
     }
 }
 
@@ -1663,9 +1788,11 @@ impl<K: Kind> Replica for EpochHost<K> {
     }
 
     fn stats(&self) -> ReplicaStats {
+        let quorum = self.quorum(self.mutations.small_transfer_quorum);
         ReplicaStats {
             epoch: self.epoch().0,
-            transfers_pending: self.pulls.len() as u64,
+            transfers_pending: self.pulls.iter().filter(|p| p.waiting(quorum)).count() as u64,
+            transfers_undecided: self.pulls.iter().map(|p| p.undecided(quorum) as u64).sum(),
             transferred_keys: self.pulled_keys,
             transferred_bytes: self.pulled_bytes,
             gated: self.gated,

@@ -13,8 +13,9 @@
 //! Negative controls, each a rule the transfer rests on: a node that serves objects before its
 //! pull has decided them, a pull that trusts `f+1` listings instead of `2f+1`, an old member that
 //! answers a pull without entering the newer epoch, an old member that drops what moved on `f+1`
-//! confirmations, a node that lets a fragment it takes over displace those it holds; and one each for the checks that moved fragments are dropped and that only
-//! objects whose group changed move.
+//! confirmations, a node that lets a fragment it takes over displace those it holds, a pull that
+//! counts an old member's "undecided" as a denial; and one each for the checks that moved
+//! fragments are dropped and that only objects whose group changed move.
 
 use bulwark_sim::sim::protocol::Protocol;
 use bulwark_sim::sim::protocols::content_epochs::{ContentEpochsSim, ScaleContentEpochsSim};
@@ -163,6 +164,27 @@ fn displacing_fragments_before_the_group_holds_the_object_is_caught() {
         "displace-fragments",
         one_faulty(),
         200,
+        LOST,
+    );
+}
+
+// An old member still taking an object over from an earlier epoch answers a pull "undecided".
+// Counted as a denial, it lets a new member drop an object whose creation completed: members
+// still pulling it and one faulty denier make the 2f+1 denials. The search needs every fault
+// (Byzantine members that answer undecided about what they hold among them) to find it.
+#[test]
+fn counting_an_undecided_member_as_a_denial_is_caught() {
+    let config = SimConfig {
+        keys: 16,
+        ops: 300,
+        byzantine_servers: Some(1),
+        ..config(1)
+    };
+    assert_caught_service::<ContentEpochsSim>(
+        "content-epochs",
+        "undecided-denies",
+        config,
+        600,
         LOST,
     );
 }

@@ -615,6 +615,9 @@ impl Kind for Contents {
 mod tests {
     use super::*;
     use crate::content::Encoded;
+    use crate::machine::Replica;
+    use crate::transfer::{EpochHost, Transfer};
+    use bulwark_core::Time;
     use bulwark_core::erasure::ReedSolomonSimd;
     use bulwark_core::membership::PlacementParams;
     use std::collections::BTreeMap;
@@ -928,6 +931,183 @@ mod tests {
             ..fetch
         };
         assert!(!node.passes(&delete, &store));
+    }
+
+    /// A joiner of epoch 1 pulling `encoded`'s arc, its listings in: the host, the object's
+    /// key, the old group and the joiner's slot in the new one.
+    fn pulling(
+        encoded: &Encoded,
+        mutations: TransferMutations,
+    ) -> (EpochHost<Contents>, Key, GroupView) {
+        let (first, second) = (ring(0, &[0, 1, 2, 3]), ring(1, &[0, 1, 2, 3, 4]));
+        let key = key_of(&encoded.id);
+        let point = Contents::point(&key).expect("a valid key");
+        let old = first.group_at(point);
+        let joiner = second
+            .group_at(point)
+            .members()
+            .iter()
+            .copied()
+            .find(|node| !old.contains(*node))
+            .expect("a member that joined");
+        let mut host = EpochHost::new(joiner, first, contents(joiner.0, second.clone()))
+            .with_mutations(mutations);
+        let store = Store::default();
+        let entered = host.enter(second);
+        let mut fetches = 0;
+        for (to, message) in entered.sends {
+            let Transfer::List { epoch, arc, after } = message else {
+                continue;
+            };
+            let keys = if arc.contains(point) {
+                vec![key.clone()]
+            } else {
+                Vec::new()
+            };
+            let listed = Transfer::Listed {
+                epoch,
+                arc,
+                after,
+                keys,
+                more: false,
+            };
+            let output = Replica::on_message(&mut host, Time(1), to, listed, &store);
+            fetches += output
+                .sends
+                .iter()
+                .filter(
+                    |(_, message)| matches!(message, Transfer::Fetch { key: k, .. } if *k == key),
+                )
+                .count();
+        }
+        assert_eq!(fetches, 4, "every old member is asked for the object");
+        (host, key, old)
+    }
+
+    #[test]
+    fn a_pull_heard_out_without_a_decision_stops_counting_as_slow_and_keeps_holding_reads() {
+        let encoded = object(11);
+        let (mut host, key, old) = pulling(&encoded, TransferMutations::default());
+        let store = Store::default();
+        let member = |slot: usize| Slot(old.members()[slot].0);
+        let fetched = |entry| Transfer::Fetched {
+            epoch: Epoch(1),
+            key: key.clone(),
+            entry,
+        };
+        let undecided = Transfer::Undecided {
+            epoch: Epoch(1),
+            key: key.clone(),
+        };
+        // A creation a faulty writer left on one correct member (slot 0) and a faulty one
+        // (slot 3, silent); the other two deny.
+        let _ = Replica::on_message(
+            &mut host,
+            Time(2),
+            member(0),
+            fetched(Some(piece(&encoded, 0))),
+            &store,
+        );
+        let _ = Replica::on_message(&mut host, Time(2), member(1), fetched(None), &store);
+        assert_eq!(Replica::stats(&host).transfers_pending, 1);
+        // "Undecided" is an answer: three old members heard, and the node has caught up.
+        let _ = Replica::on_message(&mut host, Time(2), member(2), undecided.clone(), &store);
+        let stats = Replica::stats(&host);
+        assert_eq!((stats.transfers_pending, stats.transfers_undecided), (0, 1));
+        // But not a denial: a fragment and two denials decide nothing either.
+        let _ = Replica::on_message(&mut host, Time(3), member(2), fetched(None), &store);
+        let stats = Replica::stats(&host);
+        assert_eq!((stats.transfers_pending, stats.transfers_undecided), (0, 1));
+        assert!(!host.settled());
+        // A read of the object is still held: the answer may yet be the object.
+        let group = host
+            .ring()
+            .group_at(Contents::point(&key).expect("a valid key"));
+        let read = Request {
+            op: crate::round::OpId(1),
+            epoch: Epoch(1),
+            group: group.id(),
+            id: encoded.id,
+            body: RequestBody::Fetch,
+        };
+        let reader = Access {
+            write: false,
+            read: true,
+        };
+        let held = Replica::on_request(&mut host, Time(3), ClientId(1), reader, read, &store);
+        assert!(held.reply.is_none());
+        // Its fetch is asked again, of the silent member only.
+        let mut asked = BTreeSet::new();
+        for now in (4..40).map(|step| Time(step * crate::transfer::PULL_RETRY_MILLIS)) {
+            for (to, message) in Replica::on_tick(&mut host, now).sends {
+                if matches!(message, Transfer::Fetch { .. }) {
+                    asked.insert(to);
+                }
+            }
+        }
+        assert_eq!(asked, BTreeSet::from([member(3)]));
+        // Once the fourth answers with its fragment, the pull rebuilds and ends.
+        let done = Replica::on_message(
+            &mut host,
+            Time(50_000),
+            member(3),
+            fetched(Some(piece(&encoded, 3))),
+            &store,
+        );
+        assert!(
+            done.changes
+                .iter()
+                .any(|change| matches!(change, Change::Put { .. }))
+        );
+        assert!(host.settled());
+
+        // A member still pulling the object answers a pull into the next epoch "undecided",
+        // neither silence nor a denial.
+        let (mut host, key, _) = pulling(&encoded, TransferMutations::default());
+        let _ = host.enter(ring(2, &[0, 1, 2, 3, 4, 5]));
+        let fetch = Transfer::Fetch {
+            epoch: Epoch(2),
+            key: key.clone(),
+        };
+        let answer = Replica::on_message(&mut host, Time(5), Slot(5), fetch, &store);
+        assert!(matches!(
+            &answer.sends[..],
+            [(Slot(5), Transfer::Undecided { epoch: Epoch(2), key: k })] if *k == key
+        ));
+    }
+
+    // The mutation that counts "undecided" as a denial drops an object two denials and an
+    // undecided member leave open; the rule keeps waiting.
+    #[test]
+    fn an_undecided_answer_is_never_a_denial() {
+        let encoded = object(11);
+        for (mutations, settles) in [
+            (TransferMutations::default(), false),
+            (
+                TransferMutations {
+                    undecided_denies: true,
+                    ..TransferMutations::default()
+                },
+                true,
+            ),
+        ] {
+            let (mut host, key, old) = pulling(&encoded, mutations);
+            let store = Store::default();
+            let member = |slot: usize| Slot(old.members()[slot].0);
+            let denial = Transfer::Fetched {
+                epoch: Epoch(1),
+                key: key.clone(),
+                entry: None,
+            };
+            let undecided = Transfer::Undecided {
+                epoch: Epoch(1),
+                key: key.clone(),
+            };
+            let _ = Replica::on_message(&mut host, Time(2), member(0), denial.clone(), &store);
+            let _ = Replica::on_message(&mut host, Time(2), member(1), denial, &store);
+            let _ = Replica::on_message(&mut host, Time(2), member(2), undecided, &store);
+            assert_eq!(host.settled(), settles);
+        }
     }
 
     #[test]

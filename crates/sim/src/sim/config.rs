@@ -191,7 +191,7 @@ impl Mutations {
         *self != Mutations::default()
     }
 
-    fn flags(&self) -> [(&'static str, bool); 32] {
+    fn flags(&self) -> [(&'static str, bool); 33] {
         [
             ("quorum-f-plus-one", self.client.quorum_f_plus_one),
             ("any-twin", self.client.any_twin),
@@ -225,6 +225,7 @@ impl Mutations {
             ("small-drop-quorum", self.transfer.small_drop_quorum),
             ("keep-moved-keys", self.transfer.keep_moved_keys),
             ("displace-fragments", self.transfer.displace_fragments),
+            ("undecided-denies", self.transfer.undecided_denies),
             ("table-accept-f-plus-one", self.table.accept_f_plus_one),
             ("table-majority", self.table.majority),
             ("table-unverified-cells", self.table.unverified_cells),
@@ -238,7 +239,7 @@ impl Mutations {
 /// A mutation name that does not exist.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown mutation {0:?}; expected quorum-f-plus-one, any-twin, no-offers, one-round-small-agreement, one-round-f-vouchers, sole-writer-from-one, no-write-back, accept-unproven, naive-gc, candidate-vec-in-lc, no-stale-check, forget-evicted (PoWerStore), register-small-quorum, register-no-write-back or register-unverified (ABD, Phalanx; the first also content-hash objects), pbft-quorum-2f, pbft-drop-prepared or ea-unchecked-attestations (configuration service), serve-before-transfer, small-transfer-quorum, answer-without-entering, pull-unchanged-arcs, small-drop-quorum or keep-moved-keys (reconfiguration), displace-fragments (content-hash objects across epochs), table-accept-f-plus-one, table-majority, table-unverified-cells, table-skip-write-back, table-ignore-revocations or table-no-anti-entropy (tables), send-before-durable (any)"
+    "unknown mutation {0:?}; expected quorum-f-plus-one, any-twin, no-offers, one-round-small-agreement, one-round-f-vouchers, sole-writer-from-one, no-write-back, accept-unproven, naive-gc, candidate-vec-in-lc, no-stale-check, forget-evicted (PoWerStore), register-small-quorum, register-no-write-back or register-unverified (ABD, Phalanx; the first also content-hash objects), pbft-quorum-2f, pbft-drop-prepared or ea-unchecked-attestations (configuration service), serve-before-transfer, small-transfer-quorum, answer-without-entering, pull-unchanged-arcs, small-drop-quorum or keep-moved-keys (reconfiguration), displace-fragments or undecided-denies (content-hash objects across epochs), table-accept-f-plus-one, table-majority, table-unverified-cells, table-skip-write-back, table-ignore-revocations or table-no-anti-entropy (tables), send-before-durable (any)"
 )]
 pub struct UnknownMutation(pub String);
 
@@ -276,6 +277,7 @@ impl FromStr for Mutations {
                 "small-drop-quorum" => mutations.transfer.small_drop_quorum = true,
                 "keep-moved-keys" => mutations.transfer.keep_moved_keys = true,
                 "displace-fragments" => mutations.transfer.displace_fragments = true,
+                "undecided-denies" => mutations.transfer.undecided_denies = true,
                 "table-accept-f-plus-one" => mutations.table.accept_f_plus_one = true,
                 "table-majority" => mutations.table.majority = true,
                 "table-unverified-cells" => mutations.table.unverified_cells = true,

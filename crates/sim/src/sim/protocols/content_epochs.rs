@@ -164,6 +164,18 @@ impl ContentNode {
     /// question whether it holds what moved.
     fn lie_to_nodes(&mut self, output: &mut Output<ContentNode>, asked: &[(Key, ())]) {
         for (_, message) in &mut output.sends {
+            // Says it is still taking over what it holds, so that a pull never decides from its
+            // answer, and yet counts its asker as caught up.
+            if let (Behaviour::Stale, Transfer::Fetched { epoch, key, .. }) =
+                (self.behaviour, &*message)
+                && key.as_bytes().first().is_some_and(|byte| byte % 2 == 1)
+            {
+                *message = Transfer::Undecided {
+                    epoch: *epoch,
+                    key: key.clone(),
+                };
+                continue;
+            }
             match (self.behaviour, message) {
                 // Says it holds everything, so that old members drop what it lacks.
                 (
@@ -684,6 +696,7 @@ impl<const NODES: usize> Protocol for ContentEpochsSim<NODES> {
                 epoch, keys, more, ..
             } => format!("listed e{} keys={} more={more}", epoch.0, keys.len()),
             Transfer::Fetch { epoch, key } => format!("fetch e{} key={key}", epoch.0),
+            Transfer::Undecided { epoch, key } => format!("undecided e{} key={key}", epoch.0),
             Transfer::Fetched { epoch, key, entry } => format!(
                 "fetched e{} key={key} index={:?}",
                 epoch.0,

@@ -680,6 +680,7 @@ impl<const NODES: usize> Protocol for ReconfigSim<NODES> {
                 epoch, keys, more, ..
             } => format!("listed e{} keys={} more={more}", epoch.0, keys.len()),
             Transfer::Fetch { epoch, key } => format!("fetch e{} key={key}", epoch.0),
+            Transfer::Undecided { epoch, key } => format!("undecided e{} key={key}", epoch.0),
             Transfer::Fetched { epoch, key, entry } => format!(
                 "fetched e{} key={key} ts={}",
                 epoch.0,
