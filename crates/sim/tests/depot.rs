@@ -100,6 +100,20 @@ fn reading_stale_data_without_suspicion_is_caught() {
     );
 }
 
+/// A node that refuses a fork's second branch instead of joining it as a virtual node keeps
+/// whichever branch reached it first: correct nodes end on different branches.
+#[test]
+fn not_joining_a_fork_is_caught() {
+    let refuse_forks = true;
+    caught(
+        Mutations {
+            refuse_forks,
+            ..Mutations::default()
+        },
+        "did not converge",
+    );
+}
+
 /// The history checker (Appendix A's observer graphs, `bulwark_sim::fjc`, run on every run's
 /// completed operations) catches broken reads on its own, beside the world's state checks.
 #[test]

@@ -43,6 +43,12 @@ pub struct Mutations {
     pub never_ask_by_name: bool,
     /// Never suspect a silent client of hiding updates (§6.4 not applied).
     pub never_suspect: bool,
+    /// Refuse a writer's second update after one previous update instead of joining the fork
+    /// (§4.5 not applied): the branch seen first wins here, the other elsewhere.
+    pub refuse_forks: bool,
+    /// Take a beacon time from an update still waiting for what it names, before it is
+    /// verified and accepted (the pitfall of T20): a staleness bound from an unverified branch.
+    pub beacon_before_accept: bool,
 }
 
 /// A frontier: for each writer, its latest updates one holds (one per branch), by clock and id.
@@ -579,7 +585,21 @@ impl Log {
                 .collect()
         };
         if !missing.is_empty() {
+            if self.mutations.beacon_before_accept
+                && let Some(time) = body.beacon
+            {
+                let newest = self.beacons.entry(body.writer).or_default();
+                *newest = (*newest).max(time);
+            }
             return Offer::Missing(missing);
+        }
+        if self.mutations.refuse_forks
+            && self
+                .children
+                .get(&(body.writer, body.prev))
+                .is_some_and(|siblings| !siblings.is_empty())
+        {
+            return Offer::Refused(Refusal::OwnPast);
         }
         if let Some(prev) = body.prev
             && self.get(&prev).map(|p| p.body().writer) != Some(body.writer)

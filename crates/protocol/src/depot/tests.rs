@@ -605,6 +605,42 @@ fn a_reader_suspects_a_client_whose_beacons_stopped_and_a_beacon_proves_what_cam
     assert!(!config.may_write(Writer(3), &super::update::beacon_key(Writer(2))));
 }
 
+/// T20's pitfall: a beacon on an update whose past is not held yet vouches for nothing. The
+/// reader keeps suspecting its writer until the writes before the beacon arrive; the mutation
+/// that takes the time at once stops suspecting a writer whose writes it lacks.
+#[test]
+fn a_beacon_whose_past_is_missing_gives_no_staleness_bound() {
+    let bound = config().staleness.bound_ms() * 1000;
+    let later = NOW + bound + 1;
+    for (mutations, trusted) in [
+        (super::log::Mutations::default(), false),
+        (
+            super::log::Mutations {
+                beacon_before_accept: true,
+                ..super::log::Mutations::default()
+            },
+            true,
+        ),
+    ] {
+        let (mut a, mut b) = (node(2), node(3));
+        b.mutate(mutations);
+        let write = put(&mut a, "shared/z", "fresh");
+        let (beacon, _) = a.beacon(later);
+        // The beacon alone, as a withholding peer would pass it on.
+        assert!(matches!(
+            b.log_mut().offer(beacon, later),
+            Offer::Missing(_)
+        ));
+        assert!(!b.log().holds(&write.id()));
+        assert_eq!(b.log().beacon(Writer(2)).is_some(), trusted);
+        assert_eq!(
+            b.log().suspects(later / 1000).contains(&Writer(2)),
+            !trusted,
+            "a writer whose writes the reader lacks stays suspected"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // A volume on a node: its configuration's number, its records, and the hosted replica.
 
