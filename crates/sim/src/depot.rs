@@ -66,6 +66,9 @@ pub struct DepotConfig {
     pub partitions: bool,
     /// Per-mille of messages lost.
     pub loss_per_mille: u32,
+    /// Every server is down from the start until this many milliseconds in (T9, a cloud
+    /// disaster): clients write, read and exchange among themselves meanwhile.
+    pub servers_down_until: Option<u64>,
     /// Rules broken on purpose in every correct node (negative controls).
     pub mutations: Mutations,
 }
@@ -101,6 +104,7 @@ impl DepotConfig {
             crashes: rng.random_bool(0.5),
             partitions: rng.random_bool(0.5),
             loss_per_mille: if rng.random_bool(0.5) { 50 } else { 0 },
+            servers_down_until: None,
             mutations,
         }
     }
@@ -1090,6 +1094,14 @@ impl World {
             }
         }
         let busy = BUSY_MILLIS;
+        if let Some(until) = self.shape.servers_down_until {
+            for p in 0..self.servers() {
+                let proc = &mut self.procs[p];
+                proc.up = false;
+                proc.incarnation += 1;
+                self.at(until, Event::Restart(p));
+            }
+        }
         if self.shape.crashes {
             for _ in 0..self.rng.random_range(1..6) {
                 let p = self.rng.random_range(0..n);
