@@ -389,3 +389,54 @@ async fn with_three_of_four_servers_lying_correct_clients_converge_and_prove_the
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// Depot's T10: a client that lost its log (a new machine with the old keys) must not fork its
+/// own history. It learns its own updates back from the servers before it writes anything, a
+/// beacon included, so its next write follows its last one and nobody holds a proof against it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_lost_its_log_resumes_without_forking() {
+    let cluster = TestCluster::start_nodes("powerstore", 1, 4, 10_000);
+    cluster.wait_up(&[0, 1, 2, 3]).await;
+    let admin = cluster.client("admin").await;
+    let (volume, _) = admin
+        .create_causal_volume("notes", &[])
+        .await
+        .expect("create the volume");
+    let bulwark_client::Serving::Causal { volume: number } = volume.serving else {
+        panic!("not causal: {volume:?}");
+    };
+    {
+        let writer2 = cluster.client("writer2").await;
+        for i in 0..3 {
+            let value = Bytes::from(format!("before {i}"));
+            let written = writer2
+                .causal_write("notes", number, b"doc", Some(value))
+                .await
+                .expect("write");
+            assert!(written.acknowledged_by.is_some());
+        }
+    }
+    read_until(&admin, number, b"doc", "the last write", |read| {
+        values(read) == vec![Some(Bytes::from_static(b"before 2"))]
+    })
+    .await;
+    std::fs::remove_dir_all(cluster.path().join("client-writer2").join("depot"))
+        .expect("the client's log is lost");
+
+    let writer2 = cluster.client("writer2").await;
+    writer2
+        .causal_write("notes", number, b"doc", Some(Bytes::from_static(b"after")))
+        .await
+        .expect("write");
+    let read = read_until(&admin, number, b"doc", "the new write alone", |read| {
+        values(read) == vec![Some(Bytes::from_static(b"after"))]
+    })
+    .await;
+    assert!(read.forked.is_empty(), "nobody forked: {:?}", read.forked);
+    let read = writer2
+        .causal_read("notes", number, b"doc")
+        .await
+        .expect("read");
+    assert_eq!(values(&read), vec![Some(Bytes::from_static(b"after"))]);
+    assert!(read.forked.is_empty(), "nobody forked: {:?}", read.forked);
+}

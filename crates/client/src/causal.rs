@@ -75,6 +75,12 @@ struct Membership {
     /// start), so that one faulty server cannot keep a client from what the others hold, the
     /// proofs of its own forks among them.
     turn: usize,
+    /// Whether this client's log holds its own past: it restored an update of its own, or has
+    /// since pulled from the servers. A client that lost its log (Depot's T10: a new machine
+    /// with the old keys) signs nothing, not even a beacon, until then: an update after an
+    /// older previous one than its last would fork its own history, and correct nodes would
+    /// prove it and evict it.
+    own_past: bool,
 }
 
 /// What one exchange with a server brought.
@@ -492,11 +498,13 @@ impl Client {
             let turn = (self.id.0 as usize) % servers.len();
             servers.rotate_left(turn);
         }
+        let own_past = !node.log().frontier().heads(me).is_empty();
         Ok(Membership {
             node,
             recorder,
             namespace,
             servers,
+            own_past,
             turn: rand::random::<u32>() as usize,
         })
     }
@@ -859,6 +867,34 @@ impl Client {
         None
     }
 
+    /// Learns this client's own past, when its log does not hold it, from every server that
+    /// answers a pull (its last update may have reached one server only, and gossip may not have
+    /// carried it yet); whether the log now holds it. With no server answering it stays unknown.
+    async fn recover(&self, member: &mut Membership) -> bool {
+        if member.own_past {
+            return true;
+        }
+        let mut answered = 0;
+        for server in Self::servers_in_order(member) {
+            let pull = member.node.pull(server.0);
+            match self.exchange(member, server, pull).await {
+                Ok(_) => answered += 1,
+                Err(error) => {
+                    tracing::debug!(server = %server.1, %error, "a server did not answer a pull")
+                }
+            }
+        }
+        let me = member.node.me();
+        let own = member.node.log().frontier().heads(me).len();
+        tracing::info!(
+            answered,
+            own_heads = own,
+            "this client's log held nothing of its own: learned its past from the servers"
+        );
+        member.own_past = answered > 0 || own > 0;
+        member.own_past
+    }
+
     /// Runs `f` on this client's member of causal volume `name` (`volume`), one operation at a
     /// time per client.
     async fn with_causal<T>(
@@ -881,6 +917,7 @@ impl Client {
                 self.causal_member(&config)?
             }
         };
+        self.recover(&mut member).await;
         let result = f(self, &mut member).await;
         if let Ok(mut local) = self.causal_local.lock() {
             local.volumes.insert(volume, member);
@@ -908,6 +945,14 @@ impl Client {
             });
         }
         self.with_causal(name, volume, async |client: &Client, member: &mut Membership| {
+            if !member.own_past {
+                return Err(ClientError::Volume {
+                    name: name.to_string(),
+                    problem: "this client's log holds none of its own updates and no server \
+                              answered to give them back: a write now could fork its history"
+                        .to_string(),
+                });
+            }
             client.beacon_if_due(member)?;
             client.sync(member).await;
             let (update, out) = member.node.write(key, value, now_micros());
@@ -941,6 +986,9 @@ impl Client {
     /// Writes this client's beacon when the last is older than the volume's announce interval
     /// (§6.4): a client that writes or reads is heard from.
     fn beacon_if_due(&self, member: &mut Membership) -> Result<(), ClientError> {
+        if !member.own_past {
+            return Ok(());
+        }
         let now = now_micros();
         let me = member.node.me();
         let announce_ms = member.node.log().config().staleness.announce_ms;
