@@ -15,6 +15,9 @@ const DEMO_SECRET_KEY: &str = "bulwark-dev-secret";
 /// `bulwark gateway`.
 #[derive(clap::Args)]
 pub struct GatewayArgs {
+    /// What to do instead of serving.
+    #[command(subcommand)]
+    pub command: Option<GatewayCommand>,
     /// A TOML configuration (listen address, cluster, access keys and their clients); when
     /// given, the other options are not used.
     #[arg(long)]
@@ -23,10 +26,10 @@ pub struct GatewayArgs {
     #[arg(long, default_value = "127.0.0.1:9000")]
     pub listen: SocketAddr,
     /// The cluster directory written by `bulwark cluster init` (or `bulwark dev`).
-    #[arg(long, env = "BULWARK_CLUSTER", default_value = dev::DEFAULT_DIR)]
+    #[arg(long, global = true, env = "BULWARK_CLUSTER", default_value = dev::DEFAULT_DIR)]
     pub cluster: PathBuf,
-    /// The cluster client the access key acts as.
-    #[arg(long, env = "BULWARK_CLIENT", default_value = "admin")]
+    /// The cluster client the access key acts as (or the collector runs as).
+    #[arg(long, global = true, env = "BULWARK_CLIENT", default_value = "admin")]
     pub client: String,
     /// The one access key accepted.
     #[arg(long, env = "BULWARK_S3_ACCESS_KEY", default_value = DEMO_ACCESS_KEY)]
@@ -38,7 +41,7 @@ pub struct GatewayArgs {
     #[arg(long, default_value_t = 5 << 30)]
     pub object_bytes_max: u64,
     /// Seconds the chunks of a replaced or deleted version stay readable.
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, global = true, default_value_t = 60)]
     pub chunk_grace_secs: u64,
     /// A file holding the SSE-S3 key (64 hex digits), kept in object records as key "default";
     /// without it (or `sse_s3_keys` in --config) SSE-S3 requests are refused.
@@ -46,8 +49,32 @@ pub struct GatewayArgs {
     pub sse_s3_key_file: Option<PathBuf>,
 }
 
-/// Serves until Ctrl-C.
+/// What `bulwark gateway` does instead of serving.
+#[derive(clap::Subcommand)]
+pub enum GatewayCommand {
+    /// Deletes the chunks no object or upload part names (left by a gateway that crashed
+    /// mid-upload, or a manifest write that failed), once they are older than any body write
+    /// may last; prints what it found. Run it as a client that may write.
+    Collect {
+        /// Chunks written less than this many seconds ago are kept: a write may still be in
+        /// flight. It must exceed the longest PUT or UploadPart the gateways serve.
+        #[arg(long, default_value_t = 24 * 3600)]
+        min_age_secs: u64,
+        /// Only count what would be deleted.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+/// Serves until Ctrl-C, or runs the subcommand.
 pub async fn run(args: &GatewayArgs) -> Result<()> {
+    if let Some(GatewayCommand::Collect {
+        min_age_secs,
+        dry_run,
+    }) = &args.command
+    {
+        return collect(args, *min_age_secs, *dry_run).await;
+    }
     let config = match &args.config {
         Some(path) => {
             let text =
@@ -94,4 +121,38 @@ pub async fn run(args: &GatewayArgs) -> Result<()> {
         let _ = std::io::stdout().flush();
     })
     .await
+}
+
+/// `bulwark gateway collect`.
+async fn collect(args: &GatewayArgs, min_age_secs: u64, dry_run: bool) -> Result<()> {
+    let client = bulwark_client::Client::connect(&args.cluster, &args.client)
+        .await
+        .with_context(|| format!("client {:?} of {}", args.client, args.cluster.display()))?;
+    let chunk_grace = std::time::Duration::from_secs(args.chunk_grace_secs);
+    let engine = bulwark_gateway::engine::Engine::new(bulwark_gateway::engine::Limits {
+        chunk_grace,
+        ..bulwark_gateway::engine::Limits::default()
+    });
+    let options = bulwark_gateway::collect::Collect {
+        min_age: std::time::Duration::from_secs(min_age_secs),
+        // Past the grace in which a GET of a replaced version may still be reading its chunks.
+        settle: chunk_grace + std::time::Duration::from_secs(1),
+        dry_run,
+    };
+    let collected =
+        bulwark_gateway::collect::collect(&engine, &std::sync::Arc::new(client), options)
+            .await
+            .map_err(|e| anyhow::anyhow!("collecting: {e}"))?;
+    let verb = if dry_run { "would delete" } else { "deleted" };
+    println!(
+        "{} objects listed: {} named by an object or upload, {} not the gateway's chunks, {} younger than {min_age_secs} s, {} named by their object although not listed; {verb} {} ({} bytes)",
+        collected.listed,
+        collected.named,
+        collected.not_chunks,
+        collected.young,
+        collected.named_by_origin,
+        collected.deleted,
+        collected.deleted_bytes
+    );
+    Ok(())
 }

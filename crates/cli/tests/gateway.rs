@@ -177,3 +177,121 @@ fn garbage_gets_errors_and_the_gateway_keeps_serving() {
     let again = unsigned_list(endpoint);
     assert!(again.starts_with("HTTP/1.1 403"), "{again}");
 }
+
+/// The collector on real processes: the members list the content objects they hold (paged, the
+/// union of every member's listing), and `bulwark gateway collect` deletes a chunk no object
+/// names while an object's chunks and another client's content object stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_collector_deletes_only_chunks_no_object_names() {
+    use bulwark_gateway::engine::{Engine, Integrity, Limits, ObjectMeta};
+    use bulwark_gateway::layout::{self, ChunkOrigin, ChunkRef};
+    use bulwark_gateway::store::Registers;
+    use futures::StreamExt;
+
+    let cluster = TestCluster::start(1, 10_000);
+    cluster.wait_up(&[0, 1, 2, 3]).await;
+    let client = std::sync::Arc::new(cluster.client("admin").await);
+    let engine = Engine::new(Limits::default());
+    engine
+        .create_bucket(client.as_ref(), "b", false)
+        .await
+        .expect("bucket");
+    let data: Vec<u8> = (0..layout::CHUNK_BYTES + 4321)
+        .map(|i| (i % 251) as u8)
+        .collect();
+    let pieces: Vec<_> = data
+        .chunks(1 << 20)
+        .map(|piece| Ok(bytes::Bytes::copy_from_slice(piece)))
+        .collect();
+    let (manifest, _) = engine
+        .put_object(
+            &client,
+            "b",
+            "kept",
+            ObjectMeta::default(),
+            futures::stream::iter(pieces),
+            &Integrity::default(),
+            None,
+        )
+        .await
+        .expect("put");
+    assert_eq!(manifest.data.chunks().len(), 2);
+    // A chunk a write stored and never named (its gateway died before the manifest).
+    let lost = bytes::Bytes::from_static(b"a chunk of a write that never finished");
+    let origin = ChunkOrigin {
+        bucket: "b".into(),
+        key: "ghost".into(),
+        upload: None,
+    };
+    let orphan = Registers::put_chunk(
+        client.as_ref(),
+        ChunkRef::of(layout::new_write_id(), &lost),
+        lost.clone(),
+        &origin,
+    )
+    .await
+    .expect("orphan chunk");
+    let (theirs, _) = client
+        .put_content(b"another client's own object")
+        .await
+        .expect("content put");
+
+    // Every member's listing, a page of two at a time, names the four objects.
+    let mut listed = std::collections::BTreeSet::new();
+    let mut after = None;
+    loop {
+        let (ids, more) = client.list_content(after.as_ref(), 2).await.expect("list");
+        assert!(ids.len() <= 2);
+        listed.extend(ids.iter().map(|id| id.0.0));
+        match (more, ids.last()) {
+            (true, Some(last)) => after = Some(*last),
+            _ => break,
+        }
+    }
+    let mut expected: std::collections::BTreeSet<[u8; 32]> = manifest
+        .data
+        .chunks()
+        .iter()
+        .filter_map(|c| c.object)
+        .collect();
+    expected.extend([orphan.object.expect("a content object"), theirs.0.0]);
+    assert_eq!(listed, expected);
+
+    let out = std::process::Command::new(BULWARK)
+        .args(["gateway", "collect", "--client", "admin"])
+        .arg("--cluster")
+        .arg(cluster.path())
+        .args(["--min-age-secs", "0", "--chunk-grace-secs", "0"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run bulwark gateway collect");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        said.contains("4 objects listed: 2 named") && said.contains("deleted 1 ("),
+        "{said}"
+    );
+
+    assert_eq!(
+        Registers::get_chunk(client.as_ref(), &orphan)
+            .await
+            .expect("read"),
+        None,
+        "the orphan is gone"
+    );
+    let (value, _) = client.get_content(&theirs).await.expect("read");
+    assert_eq!(value.as_deref(), Some(&b"another client's own object"[..]));
+    let mut stream = engine
+        .read(&client, &manifest, 0..manifest.size, None)
+        .await
+        .expect("read");
+    let mut back = Vec::new();
+    while let Some(piece) = stream.next().await {
+        back.extend_from_slice(&piece.expect("chunk"));
+    }
+    assert_eq!(back, data);
+}

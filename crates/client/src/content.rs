@@ -5,7 +5,9 @@
 use crate::{Client, ClientError, OpReport, blame, by_id, nodes};
 use bulwark_core::membership::{Chain, GroupView, RingPoint};
 use bulwark_core::sign::PublicKey;
+use bulwark_core::{Digest, Key};
 use bulwark_protocol::content::{self, ContentId, Place};
+use bulwark_protocol::service::{SystemReply, SystemRequest};
 use bulwark_protocol::transfer::Routed;
 use bytes::Bytes;
 use std::sync::Arc;
@@ -87,6 +89,65 @@ impl Client {
             restarts: 0,
             repaired: false,
         })
+    }
+
+    /// One page of the ids of the content-hash objects the members of the newest verified
+    /// configuration hold, in key order (ring point, then id) after object `after`: the union of
+    /// every answering member's listing, at most `limit`, and whether more may follow. A
+    /// faulty member may list ids nobody stored or leave some out, so this is what to look at,
+    /// not proof that an object exists (a read says that) or that nothing else does.
+    pub async fn list_content(
+        &self,
+        after: Option<&ContentId>,
+        limit: usize,
+    ) -> Result<(Vec<ContentId>, bool), ClientError> {
+        let limit = limit.clamp(1, bulwark_protocol::service::CONTENT_OBJECTS_PER_ANSWER);
+        let chain = self.rings().await?;
+        let request = SystemRequest::ContentObjects {
+            after: after.map(|id| id.0.0),
+            limit: limit as u32,
+        };
+        let asks = chain.newest().members().map(|node| {
+            let request = &request;
+            async move { (node, self.ask_within(node, request, self.deadline).await) }
+        });
+        let key = |id: [u8; 32]| content::epochs::key_of(&ContentId(Digest(id)));
+        let mut union = std::collections::BTreeSet::new();
+        // The lowest last key of the members that hold more than they listed: past it, one of
+        // them may hold objects no one listed yet.
+        let mut horizon: Option<Key> = None;
+        let mut answered = 0;
+        for (node, answer) in futures::future::join_all(asks).await {
+            match answer {
+                Ok(SystemReply::ContentObjects { ids, more }) => {
+                    answered += 1;
+                    let ids: Vec<Key> = ids.into_iter().take(limit).map(key).collect();
+                    if more && let Some(last) = ids.last() {
+                        horizon =
+                            Some(horizon.map_or_else(|| last.clone(), |h| h.min(last.clone())));
+                    }
+                    union.extend(ids);
+                }
+                Ok(_) => tracing::debug!(%node, "answered a listing with something else"),
+                Err(error) => tracing::debug!(%node, %error, "no listing of content objects"),
+            }
+        }
+        if answered == 0 {
+            return Err(ClientError::Protocol(
+                "no member answered a listing of content objects".into(),
+            ));
+        }
+        let within: Vec<Key> = union
+            .into_iter()
+            .filter(|key| horizon.as_ref().is_none_or(|horizon| key <= horizon))
+            .collect();
+        let more = horizon.is_some() || within.len() > limit;
+        let ids = within
+            .iter()
+            .take(limit)
+            .filter_map(content::epochs::id_of)
+            .collect();
+        Ok((ids, more))
     }
 
     /// The verified configurations, the point `id` is placed at, and its group in the newest.

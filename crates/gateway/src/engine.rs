@@ -17,9 +17,9 @@
 use crate::causal::CausalObjects;
 use crate::index::{self, Page, Query};
 use crate::layout::{
-    self, BucketList, BucketRecord, CHUNK_BYTES, Checksums, ChunkRef, Data, Headers, INDEX_SHARDS,
-    INLINE_BYTES_MAX, IndexEntry, IndexShard, LayoutError, Manifest, ObjectExtra, PartChecksum,
-    PartRecord, StoredPart, Tags, UploadList, UploadRecord, WriteId,
+    self, BucketList, BucketRecord, CHUNK_BYTES, Checksums, ChunkOrigin, ChunkRef, Data, Headers,
+    INDEX_SHARDS, INLINE_BYTES_MAX, IndexEntry, IndexShard, LayoutError, Manifest, ObjectExtra,
+    PartChecksum, PartRecord, StoredPart, Tags, UploadList, UploadRecord, WriteId,
 };
 use crate::seal::{CustomerKey, GatewayKeys, Seal};
 use crate::store::{Registers, StoreError};
@@ -982,9 +982,11 @@ impl Engine {
 
     // ---- object bodies ----
 
-    /// Streams a body into chunks, at most `max` bytes, keeping at most a few chunks in memory,
-    /// each sealed with `seal` when given. Bodies of at most `inline_max` bytes are returned
-    /// inline. On failure, chunks already written are deleted.
+    /// Streams a body into chunks of the object or part `origin` names, at most `max` bytes,
+    /// keeping at most a few chunks in memory, each sealed with `seal` when given. Bodies of at
+    /// most `inline_max` bytes are returned inline. On failure, chunks already written are
+    /// deleted.
+    #[allow(clippy::too_many_arguments)]
     pub async fn write_body<R: Registers, S>(
         &self,
         reg: &Arc<R>,
@@ -993,11 +995,13 @@ impl Engine {
         inline_max: usize,
         algorithms: Algorithms,
         seal: Option<&Seal>,
+        origin: ChunkOrigin,
     ) -> S3Result<Written>
     where
         S: Stream<Item = S3Result<Bytes>> + Unpin,
     {
         let write = layout::new_write_id();
+        let origin = Arc::new(origin);
         let mut chunks: Vec<ChunkRef> = Vec::new();
         let mut inflight: JoinSet<S3Result<(usize, ChunkRef)>> = JoinSet::new();
         let result = self
@@ -1007,7 +1011,7 @@ impl Engine {
                 max,
                 inline_max,
                 algorithms,
-                (write, seal),
+                (write, seal, &origin),
                 &mut chunks,
                 &mut inflight,
             )
@@ -1047,7 +1051,7 @@ impl Engine {
         max: u64,
         inline_max: usize,
         algorithms: Algorithms,
-        (write, seal): (WriteId, Option<&Seal>),
+        (write, seal, origin): (WriteId, Option<&Seal>, &Arc<ChunkOrigin>),
         chunks: &mut Vec<ChunkRef>,
         inflight: &mut JoinSet<S3Result<(usize, ChunkRef)>>,
     ) -> S3Result<Written>
@@ -1087,8 +1091,15 @@ impl Engine {
                 if buf.len() == CHUNK_BYTES
                     && let Some((buf, permit)) = buffer.take()
                 {
-                    self.spawn_chunk(reg, (write, seal), buf.freeze(), permit, chunks, inflight)
-                        .await?;
+                    self.spawn_chunk(
+                        reg,
+                        (write, seal, origin),
+                        buf.freeze(),
+                        permit,
+                        chunks,
+                        inflight,
+                    )
+                    .await?;
                 }
             }
         }
@@ -1116,8 +1127,15 @@ impl Engine {
             return Ok(written(Data::Inline(data)));
         }
         if let Some((buf, permit)) = buffer.take() {
-            self.spawn_chunk(reg, (write, seal), buf.freeze(), permit, chunks, inflight)
-                .await?;
+            self.spawn_chunk(
+                reg,
+                (write, seal, origin),
+                buf.freeze(),
+                permit,
+                chunks,
+                inflight,
+            )
+            .await?;
         }
         Ok(written(Data::Chunks(chunks.clone())))
     }
@@ -1125,7 +1143,7 @@ impl Engine {
     async fn spawn_chunk<R: Registers>(
         &self,
         reg: &Arc<R>,
-        (write, seal): (WriteId, Option<&Seal>),
+        (write, seal, origin): (WriteId, Option<&Seal>, &Arc<ChunkOrigin>),
         data: Bytes,
         permit: OwnedSemaphorePermit,
         chunks: &mut Vec<ChunkRef>,
@@ -1147,8 +1165,12 @@ impl Engine {
         let at = chunks.len();
         chunks.push(chunk);
         let reg = reg.clone();
+        let origin = origin.clone();
         inflight.spawn(async move {
-            let result = reg.put_chunk(chunk, data).await.map_err(store_error);
+            let result = reg
+                .put_chunk(chunk, data, &origin)
+                .await
+                .map_err(store_error);
             drop(permit);
             result.map(|stored| (at, stored))
         });
@@ -1406,7 +1428,7 @@ impl Engine {
             let (manifest, checksum) = self
                 .store_object(
                     &objects,
-                    key,
+                    (bucket, key),
                     meta,
                     body,
                     integrity,
@@ -1421,7 +1443,7 @@ impl Engine {
         let (manifest, checksum) = self
             .store_object(
                 reg,
-                key,
+                (bucket, key),
                 meta,
                 body,
                 integrity,
@@ -1439,7 +1461,7 @@ impl Engine {
     async fn store_object<R: Registers, S>(
         &self,
         reg: &Arc<R>,
-        key: &str,
+        (bucket, key): (&str, &str),
         meta: ObjectMeta,
         body: S,
         integrity: &Integrity,
@@ -1452,7 +1474,19 @@ impl Engine {
     {
         let metadata = check_metadata(meta.metadata)?;
         let written = self
-            .write_body(reg, body, max, inline_max, integrity.algorithms, seal)
+            .write_body(
+                reg,
+                body,
+                max,
+                inline_max,
+                integrity.algorithms,
+                seal,
+                ChunkOrigin {
+                    bucket: bucket.to_owned(),
+                    key: key.to_owned(),
+                    upload: None,
+                },
+            )
             .await?;
         if let Err(refused) = integrity.check(&written) {
             forget_chunks(reg, written.data.chunks().to_vec(), Duration::ZERO);
@@ -1627,6 +1661,11 @@ impl Engine {
                 self.limits.object_bytes_max
             ));
         }
+        let origin = ChunkOrigin {
+            bucket: target.0.to_owned(),
+            key: target.1.to_owned(),
+            upload: None,
+        };
         // Encrypted on either side: the bytes go through the gateway in the clear, as a new body.
         let (data, etag) = if src_seal.is_some() || seal.is_some() {
             let body = self.read(reg, &src, 0..src.size, src_seal.as_ref()).await?;
@@ -1638,11 +1677,15 @@ impl Engine {
                     INLINE_BYTES_MAX,
                     Algorithms::default(),
                     seal,
+                    origin,
                 )
                 .await?;
             (written.data, layout::single_part_etag(&written.etag_md5))
         } else {
-            (self.copy_chunks(reg, &src.data).await?, src.etag.clone())
+            (
+                self.copy_chunks(reg, &src.data, &origin).await?,
+                src.etag.clone(),
+            )
         };
         // The same bytes: their part boundaries and checksums stay.
         let tags = tags.unwrap_or_else(|| src.tags.clone());
@@ -1680,8 +1723,13 @@ impl Engine {
         Ok(manifest)
     }
 
-    /// `data`'s chunks copied as they are stored, under a new write id.
-    async fn copy_chunks<R: Registers>(&self, reg: &Arc<R>, data: &Data) -> S3Result<Data> {
+    /// `data`'s chunks copied as they are stored, under a new write id, as chunks of `origin`.
+    async fn copy_chunks<R: Registers>(
+        &self,
+        reg: &Arc<R>,
+        data: &Data,
+        origin: &ChunkOrigin,
+    ) -> S3Result<Data> {
         Ok(match data {
             Data::Inline(bytes) => Data::Inline(bytes.clone()),
             Data::Chunks(chunks) => {
@@ -1699,7 +1747,7 @@ impl Engine {
                             object: None,
                             ..chunk
                         };
-                        reg.put_chunk(new, data).await.map_err(store_error)
+                        reg.put_chunk(new, data, origin).await.map_err(store_error)
                     })
                     .buffered(self.limits.chunk_writes_per_request.max(1))
                     .collect()
@@ -1884,6 +1932,11 @@ impl Engine {
                 0,
                 algorithms,
                 seal.as_ref(),
+                ChunkOrigin {
+                    bucket: bucket.to_owned(),
+                    key: key.to_owned(),
+                    upload: Some((upload_id.to_owned(), part_number)),
+                },
             )
             .await?;
         if let Err(refused) = integrity.check(&written) {
@@ -2003,6 +2056,150 @@ impl Engine {
             customer,
         )
         .await
+    }
+
+    // ---- what names a chunk (for `crate::collect`) ----
+
+    /// The content-hash objects holding chunks that the objects and the uploads in progress of
+    /// every register bucket name, as their listings find them. An object stored whose index
+    /// entry was never written is not among them: [`Engine::origin_names`] asks it directly.
+    pub async fn named_objects<R: Registers>(
+        &self,
+        reg: &R,
+    ) -> S3Result<std::collections::HashSet<[u8; 32]>> {
+        let mut named = std::collections::HashSet::new();
+        let mut add = |chunks: &[ChunkRef]| named.extend(chunks.iter().filter_map(|c| c.object));
+        for bucket in self.list_buckets(reg).await?.into_keys() {
+            let record = match self.require_bucket(reg, &bucket).await {
+                Ok(record) => record,
+                Err(e) if *e.code() == S3ErrorCode::NoSuchBucket => continue,
+                Err(e) => return Err(e),
+            };
+            if record.extra.causal.is_some() {
+                continue;
+            }
+            let mut marker: Option<String> = None;
+            loop {
+                let query = Query {
+                    prefix: "",
+                    delimiter: None,
+                    marker: marker.as_deref(),
+                    max_keys: index::MAX_KEYS_DEFAULT,
+                };
+                let page = self.list(reg, &bucket, &query).await?;
+                for (key, _) in &page.objects {
+                    match self.manifest(reg, &bucket, key).await {
+                        Ok(manifest) => add(manifest.data.chunks()),
+                        Err(e) if *e.code() == S3ErrorCode::NoSuchKey => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                match (page.truncated, page.objects.last()) {
+                    (true, Some((last, _))) => marker = Some(last.clone()),
+                    _ => break,
+                }
+            }
+            let mut after: Option<(String, String)> = None;
+            loop {
+                let (uploads, truncated) = self
+                    .list_uploads(
+                        reg,
+                        &bucket,
+                        "",
+                        after.as_ref().map(|(k, i)| (k.as_str(), i.as_str())),
+                        index::MAX_KEYS_DEFAULT,
+                    )
+                    .await?;
+                for (key, id, _) in &uploads {
+                    for number in self.upload_part_numbers(reg, &bucket, key, id).await? {
+                        add(&self.part_chunks(reg, &bucket, key, id, number).await?);
+                    }
+                }
+                match (truncated, uploads.last()) {
+                    (true, Some((key, id, _))) => after = Some((key.clone(), id.clone())),
+                    _ => break,
+                }
+            }
+        }
+        Ok(named)
+    }
+
+    /// Whether the object or upload part `origin` names content-hash object `object` now. A
+    /// chunk belongs to one body write, so to one object or part: when it no longer names the
+    /// chunk, nothing does (a completed upload's object names its parts' chunks, and is asked
+    /// too). An answer that cannot be read counts as naming it.
+    pub async fn origin_names<R: Registers>(
+        &self,
+        reg: &R,
+        origin: &ChunkOrigin,
+        object: [u8; 32],
+    ) -> S3Result<bool> {
+        let names = |chunks: &[ChunkRef]| chunks.iter().any(|c| c.object == Some(object));
+        let manifest = reg
+            .get(&layout::object_key(&origin.bucket, &origin.key))
+            .await
+            .map_err(store_error)?;
+        if let Some(bytes) = manifest {
+            match layout::decode_manifest(&origin.key, &bytes) {
+                Ok(manifest) if names(manifest.data.chunks()) => return Ok(true),
+                Ok(_) => {}
+                Err(_) => return Ok(true),
+            }
+        }
+        let Some((upload_id, number)) = &origin.upload else {
+            return Ok(false);
+        };
+        Ok(names(
+            &self
+                .part_chunks(reg, &origin.bucket, &origin.key, upload_id, *number)
+                .await?,
+        ))
+    }
+
+    /// The part numbers of upload `upload_id` of `bucket`/`key`; none once it is gone.
+    async fn upload_part_numbers<R: Registers>(
+        &self,
+        reg: &R,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+    ) -> S3Result<std::collections::BTreeSet<u32>> {
+        match self.upload(reg, bucket, key, upload_id).await {
+            Ok(record) => Ok(Self::part_numbers(&record)),
+            Err(e) if *e.code() == S3ErrorCode::NoSuchUpload => Ok(Default::default()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The chunks part `number` of upload `upload_id` names: in its own register, or in the
+    /// upload's record for a part an older gateway kept there. None once the upload is gone.
+    async fn part_chunks<R: Registers>(
+        &self,
+        reg: &R,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+        number: u32,
+    ) -> S3Result<Vec<ChunkRef>> {
+        if let Some(bytes) = reg
+            .get(&layout::part_key(upload_id, number))
+            .await
+            .map_err(store_error)?
+        {
+            return Ok(layout::decode_part(&bytes)
+                .map_err(layout_error)?
+                .part
+                .chunks);
+        }
+        match self.upload(reg, bucket, key, upload_id).await {
+            Ok(record) => Ok(record
+                .parts
+                .get(&number)
+                .map(|part| part.chunks.clone())
+                .unwrap_or_default()),
+            Err(e) if *e.code() == S3ErrorCode::NoSuchUpload => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
     }
 
     /// The numbers of the parts `record` has: in their own registers, or (written by a

@@ -42,8 +42,11 @@
 //!
 //! Chunks are stored as content-hash objects where the store offers them (a cluster does): one
 //! write of `2f+1` acknowledgements per chunk instead of a register's three rounds. The object
-//! holds the body write's id, then the chunk's bytes, so no two objects share one and a chunk is
-//! deleted with the object that owns it; its id goes into the record beside the chunk's
+//! holds a header ([`ChunkHeader`]: when it was written, and the object or upload part it
+//! belongs to, for the collector), the body write's id, then the chunk's bytes, so no two
+//! objects share one and a chunk is deleted with the object that owns it (objects written before
+//! headers hold the write id and the bytes alone, and still read); its id goes into the record
+//! beside the chunk's
 //! reference, in format 4, which wraps the record's own format ([`encode_manifest`],
 //! [`encode_part`]). Chunks in registers (records before format 4) still read.
 
@@ -186,6 +189,67 @@ impl ChunkRef {
         data.len().checked_sub(overhead).map(u32::try_from) == Some(Ok(self.len))
             && *blake3::hash(data).as_bytes() == self.hash
     }
+}
+
+/// What a chunk's content-hash object says of where the chunk belongs, so that the collector
+/// (`crate::collect`) can ask that object or part whether it still names the chunk, whatever
+/// the listing index says.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkOrigin {
+    /// The bucket.
+    pub bucket: String,
+    /// The object's key.
+    pub key: String,
+    /// For a part of a multipart upload: the upload's id and the part's number.
+    pub upload: Option<(String, u32)>,
+}
+
+/// What begins every chunk object the gateway writes, before its [`ChunkHeader`]: an object
+/// without it is not the gateway's (a chunk of an older release, or anyone's content object),
+/// and the collector never deletes it.
+pub const CHUNK_MARKER: [u8; 8] = *b"bwgwchk1";
+
+/// The header of a chunk object: when it was written and where it belongs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkHeader {
+    /// Milliseconds since the Unix epoch, on the writing gateway's clock.
+    pub written_ms: u64,
+    /// Where it belongs.
+    pub origin: ChunkOrigin,
+}
+
+/// A chunk's content-hash object: [`CHUNK_MARKER`], the header's length (2 bytes, big endian),
+/// the [`ChunkHeader`], the body write's id, then the chunk's bytes as stored. The write id
+/// makes the same bytes written twice two objects, each deleted with its own.
+pub fn encode_chunk_object(header: &ChunkHeader, write: &WriteId, data: &[u8]) -> Vec<u8> {
+    let encoded = postcard::to_stdvec(header).unwrap_or_default();
+    let len = u16::try_from(encoded.len()).unwrap_or(0);
+    let encoded = if len == 0 { &[][..] } else { &encoded[..] };
+    let mut object = Vec::with_capacity(CHUNK_MARKER.len() + 2 + encoded.len() + 16 + data.len());
+    object.extend_from_slice(&CHUNK_MARKER);
+    object.extend_from_slice(&len.to_be_bytes());
+    object.extend_from_slice(encoded);
+    object.extend_from_slice(write);
+    object.extend_from_slice(data);
+    object
+}
+
+/// A chunk object read back: its header (`None` for one written before headers, the write id
+/// then the bytes), its write id and the chunk's bytes.
+pub fn decode_chunk_object(object: &Bytes) -> Option<(Option<ChunkHeader>, WriteId, Bytes)> {
+    let headed = object.strip_prefix(&CHUNK_MARKER[..]).and_then(|rest| {
+        let (len, rest) = rest.split_first_chunk::<2>()?;
+        let len = usize::from(u16::from_be_bytes(*len));
+        let header: ChunkHeader = postcard::from_bytes(rest.get(..len)?).ok()?;
+        let rest = rest.get(len..)?;
+        let (write, _) = rest.split_first_chunk::<16>()?;
+        let start = object.len() - rest.len() + 16;
+        Some((Some(header), *write, object.slice(start..)))
+    });
+    headed.or_else(|| {
+        let (write, _) = object.split_first_chunk::<16>()?;
+        Some((None, *write, object.slice(16..)))
+    })
 }
 
 /// Where an object's bytes are.

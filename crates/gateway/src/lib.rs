@@ -9,6 +9,7 @@
 //!   bounded memory, ordering and locking.
 //! - [`causal`]: buckets whose objects live in a causal volume (`x-bulwark-consistency: causal`
 //!   at creation): which keys hold what, the current version among concurrent ones, listings.
+//! - [`collect`]: the collector of chunks no object names (left by crashed or failed writes).
 //! - [`index`]: listing pages (prefix, delimiter, markers, max-keys).
 //! - [`s3`]: the S3 operations, mapping requests and errors.
 //! - [`seal`]: server-side encryption (SSE-C, SSE-S3): chunks sealed before they leave the
@@ -16,6 +17,7 @@
 //! - [`config`] and [`server`]: the configuration file and the HTTP front end with its bounds.
 
 pub mod causal;
+pub mod collect;
 pub mod config;
 pub mod engine;
 pub mod index;

@@ -1,6 +1,6 @@
 //! The registers the gateway stores into: a Bulwark client, or a map in tests.
 
-use crate::layout::ChunkRef;
+use crate::layout::{ChunkHeader, ChunkOrigin, ChunkRef};
 use bulwark_client::{Client, ClientError, ContentId, OpReport, Serving};
 use bytes::Bytes;
 use std::future::Future;
@@ -81,14 +81,16 @@ pub trait Registers: Send + Sync + 'static {
     fn chunk_key(&self, chunk: &ChunkRef) -> Vec<u8> {
         crate::layout::chunk_key(chunk)
     }
-    /// Stores `data` as `chunk` and returns the reference to keep: naming the content-hash
-    /// object that holds it, for stores that keep chunks so (the default keeps them in
-    /// registers, under [`Registers::chunk_key`]).
+    /// Stores `data` as `chunk` of the object or part `origin` names and returns the reference
+    /// to keep: naming the content-hash object that holds it, for stores that keep chunks so
+    /// (the default keeps them in registers, under [`Registers::chunk_key`]).
     fn put_chunk(
         &self,
         chunk: ChunkRef,
         data: Bytes,
+        origin: &ChunkOrigin,
     ) -> impl Future<Output = Result<ChunkRef, StoreError>> + Send {
+        let _ = origin;
         async move {
             self.put(&self.chunk_key(&chunk), data).await?;
             Ok(chunk)
@@ -109,6 +111,32 @@ pub trait Registers: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let key = self.chunk_key(chunk);
         async move { self.delete(&key).await }
+    }
+    /// The content-hash objects the cluster holds, in the cluster's order, after `after`: at
+    /// most `limit`, and whether more follow. Stores that keep chunks in registers hold none.
+    fn content_objects(
+        &self,
+        after: Option<[u8; 32]>,
+        limit: usize,
+    ) -> impl Future<Output = Result<(Vec<[u8; 32]>, bool), StoreError>> + Send {
+        let _ = (after, limit);
+        async { Ok((Vec::new(), false)) }
+    }
+    /// What content-hash object `object` holds; `None` when it is gone or never was.
+    fn content_object(
+        &self,
+        object: [u8; 32],
+    ) -> impl Future<Output = Result<Option<Bytes>, StoreError>> + Send {
+        let _ = object;
+        async { Ok(None) }
+    }
+    /// Deletes content-hash object `object`.
+    fn delete_content_object(
+        &self,
+        object: [u8; 32],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = object;
+        async { Ok(()) }
     }
     /// Creates causal volume `volume` on every node, or adopts it if it is one already.
     fn create_causal(&self, volume: &str) -> impl Future<Output = Result<(), StoreError>> + Send;
@@ -151,25 +179,32 @@ fn log_evidence(key: &[u8], report: &OpReport) {
     }
 }
 
-/// What a chunk's content-hash object holds: the body write's id, then the chunk's bytes, so
-/// that the same bytes written twice are two objects, each deleted with its own.
-fn chunk_object(chunk: &ChunkRef, data: &[u8]) -> Vec<u8> {
-    let mut object = Vec::with_capacity(chunk.write.len() + data.len());
-    object.extend_from_slice(&chunk.write);
-    object.extend_from_slice(data);
-    object
+/// What a chunk's content-hash object holds ([`crate::layout::encode_chunk_object`]), written
+/// now.
+fn chunk_object(chunk: &ChunkRef, data: &[u8], origin: &ChunkOrigin) -> Vec<u8> {
+    let header = ChunkHeader {
+        written_ms: crate::engine::now_ms(),
+        origin: origin.clone(),
+    };
+    crate::layout::encode_chunk_object(&header, &chunk.write, data)
 }
 
 /// The chunk's bytes of what its object holds, if the object is the chunk's write's.
 fn chunk_of(chunk: &ChunkRef, object: Bytes) -> Option<Bytes> {
-    object
-        .starts_with(&chunk.write)
-        .then(|| object.slice(chunk.write.len()..))
+    let (_, write, data) = crate::layout::decode_chunk_object(&object)?;
+    (write == chunk.write).then_some(data)
 }
 
 impl Registers for Client {
-    async fn put_chunk(&self, chunk: ChunkRef, data: Bytes) -> Result<ChunkRef, StoreError> {
-        let (id, report) = self.put_content(&chunk_object(&chunk, &data)).await?;
+    async fn put_chunk(
+        &self,
+        chunk: ChunkRef,
+        data: Bytes,
+        origin: &ChunkOrigin,
+    ) -> Result<ChunkRef, StoreError> {
+        let (id, report) = self
+            .put_content(&chunk_object(&chunk, &data, origin))
+            .await?;
         log_evidence(id.to_hex().as_bytes(), &report);
         Ok(ChunkRef {
             object: Some(id.0.0),
@@ -191,6 +226,30 @@ impl Registers for Client {
         let Some(object) = chunk.object else {
             return Registers::delete(self, &self.chunk_key(chunk)).await;
         };
+        let id = ContentId(bulwark_core::Digest(object));
+        let report = self.delete_content(&id).await?;
+        log_evidence(id.to_hex().as_bytes(), &report);
+        Ok(())
+    }
+
+    async fn content_objects(
+        &self,
+        after: Option<[u8; 32]>,
+        limit: usize,
+    ) -> Result<(Vec<[u8; 32]>, bool), StoreError> {
+        let after = after.map(|id| ContentId(bulwark_core::Digest(id)));
+        let (ids, more) = self.list_content(after.as_ref(), limit).await?;
+        Ok((ids.into_iter().map(|id| id.0.0).collect(), more))
+    }
+
+    async fn content_object(&self, object: [u8; 32]) -> Result<Option<Bytes>, StoreError> {
+        let id = ContentId(bulwark_core::Digest(object));
+        let (value, report) = self.get_content(&id).await?;
+        log_evidence(id.to_hex().as_bytes(), &report);
+        Ok(value)
+    }
+
+    async fn delete_content_object(&self, object: [u8; 32]) -> Result<(), StoreError> {
         let id = ContentId(bulwark_core::Digest(object));
         let report = self.delete_content(&id).await?;
         log_evidence(id.to_hex().as_bytes(), &report);
@@ -322,12 +381,17 @@ impl MemRegisters {
 }
 
 impl Registers for MemRegisters {
-    async fn put_chunk(&self, chunk: ChunkRef, data: Bytes) -> Result<ChunkRef, StoreError> {
+    async fn put_chunk(
+        &self,
+        chunk: ChunkRef,
+        data: Bytes,
+        origin: &ChunkOrigin,
+    ) -> Result<ChunkRef, StoreError> {
         if !self.content_chunks {
             self.put(&self.chunk_key(&chunk), data).await?;
             return Ok(chunk);
         }
-        let object = Bytes::from(chunk_object(&chunk, &data));
+        let object = Bytes::from(chunk_object(&chunk, &data, origin));
         let id = *blake3::hash(&object).as_bytes();
         self.objects.lock().unwrap().insert(id, object);
         Ok(ChunkRef {
@@ -354,6 +418,32 @@ impl Registers for MemRegisters {
             }
             None => self.delete(&self.chunk_key(chunk)).await,
         }
+    }
+
+    async fn content_objects(
+        &self,
+        after: Option<[u8; 32]>,
+        limit: usize,
+    ) -> Result<(Vec<[u8; 32]>, bool), StoreError> {
+        let objects = self.objects.lock().unwrap();
+        let mut ids: Vec<[u8; 32]> = objects
+            .keys()
+            .filter(|id| after.is_none_or(|after| **id > after))
+            .take(limit.saturating_add(1))
+            .copied()
+            .collect();
+        let more = ids.len() > limit;
+        ids.truncate(limit);
+        Ok((ids, more))
+    }
+
+    async fn content_object(&self, object: [u8; 32]) -> Result<Option<Bytes>, StoreError> {
+        Ok(self.objects.lock().unwrap().get(&object).cloned())
+    }
+
+    async fn delete_content_object(&self, object: [u8; 32]) -> Result<(), StoreError> {
+        self.objects.lock().unwrap().remove(&object);
+        Ok(())
     }
 
     async fn put(&self, key: &[u8], value: Bytes) -> Result<(), StoreError> {

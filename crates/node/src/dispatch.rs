@@ -39,6 +39,8 @@ pub struct Dispatcher {
     pub cs: Option<(Arc<cs::Shared>, ShardHandle)>,
     /// The node's trusted log, if it has one.
     pub trusted: Option<crate::trusted::TrustedLog>,
+    /// The node's store, for listings read straight from the disk.
+    pub store: Arc<bulwark_storage::Store>,
 }
 
 impl Dispatcher {
@@ -273,6 +275,23 @@ impl Handler for Connection {
                                 None => Err("this node runs no configuration service".into()),
                             };
                             let reply = SystemReply::Evict(agreement);
+                            let _ = replies.send(envelope::frame(&header.reply(), &reply));
+                        }
+                        Ok(SystemRequest::ContentObjects { after, limit }) => {
+                            let store = dispatcher.store.clone();
+                            let listed = tokio::task::spawn_blocking(move || {
+                                crate::host::content_objects(&store, after, limit as usize)
+                            })
+                            .await;
+                            let (ids, more) = match listed {
+                                Ok(Ok(listed)) => listed,
+                                Ok(Err(error)) => {
+                                    tracing::error!(%error, "listing content objects failed");
+                                    (Vec::new(), true)
+                                }
+                                Err(_) => (Vec::new(), true),
+                            };
+                            let reply = SystemReply::ContentObjects { ids, more };
                             let _ = replies.send(envelope::frame(&header.reply(), &reply));
                         }
                         Err(error) => {

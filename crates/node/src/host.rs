@@ -738,6 +738,40 @@ pub fn decode_piece_record(record: &[u8]) -> Option<(Key, u32)> {
     Some((Key::new(key.to_vec()).ok()?, u32::from_be_bytes(*index)))
 }
 
+/// The ids of the content-hash objects `store` holds a durable fragment of (in the node-wide
+/// store that follows the configuration), in key order after object `after`: at most `limit`
+/// (and [`bulwark_protocol::service::CONTENT_OBJECTS_PER_ANSWER`]), and whether more follow.
+pub fn content_objects(
+    store: &Store,
+    after: Option<[u8; 32]>,
+    limit: usize,
+) -> Result<(Vec<[u8; 32]>, bool), bulwark_storage::StorageError> {
+    let limit = limit.min(bulwark_protocol::service::CONTENT_OBJECTS_PER_ANSWER);
+    let table = Namespace::new(bulwark_core::ServiceId::CONTENT, NODE_WIDE).table(PIECES);
+    // Past every fragment record of `after`.
+    let start = after.map(|id| {
+        let id = bulwark_protocol::content::ContentId(Digest(id));
+        piece_record(&epochs::key_of(&id), u32::MAX)
+    });
+    let mut ids: Vec<[u8; 32]> = Vec::new();
+    let mut more = false;
+    store.scan_after(table, start.as_deref(), |record, _| {
+        let Some(id) = decode_piece_record(record).and_then(|(key, _)| epochs::id_of(&key)) else {
+            return Ok(true);
+        };
+        if ids.last() == Some(&id.0.0) {
+            return Ok(true);
+        }
+        if ids.len() >= limit {
+            more = true;
+            return Ok(false);
+        }
+        ids.push(id.0.0);
+        Ok(true)
+    })?;
+    Ok((ids, more))
+}
+
 /// What changed of one fragment and is not durable yet: stored, or gone.
 type Pending = (u64, Option<epochs::Piece>);
 

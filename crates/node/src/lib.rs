@@ -589,6 +589,7 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
         started,
         cs,
         trusted,
+        store: store.clone(),
     });
     {
         let dispatcher = dispatcher.clone();

@@ -13,6 +13,9 @@ use serde::{Deserialize, Serialize};
 /// Certificates sent in one answer at most; a peer further behind asks again.
 pub const CERTS_PER_ANSWER: usize = 16;
 
+/// Content-hash objects one listing names at most.
+pub const CONTENT_OBJECTS_PER_ANSWER: usize = 1024;
+
 /// A request to the node itself.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SystemRequest {
@@ -36,6 +39,16 @@ pub enum SystemRequest {
         /// The member to evict.
         node: NodeId,
     },
+    /// Asks for the ids of the content-hash objects the node holds a durable fragment of, in
+    /// the order of their keys (ring point, then id), after the object `after`: at most `limit`
+    /// (and [`CONTENT_OBJECTS_PER_ANSWER`]). What a collector of unreferenced objects starts
+    /// from; a faulty node may list anything, so a listing is a hint, never proof.
+    ContentObjects {
+        /// The last object of the previous page.
+        after: Option<[u8; 32]>,
+        /// The most wanted.
+        limit: u32,
+    },
 }
 
 /// The node's answer.
@@ -54,6 +67,13 @@ pub enum SystemReply {
     Fresh(Option<Unverified<bulwark_core::configuration::Fresh>>),
     /// The replica's signed agreement to evict, or why it does not agree.
     Evict(Result<Unverified<EvictVote>, String>),
+    /// Object ids in key order, and whether more follow.
+    ContentObjects {
+        /// At most as many as asked and [`CONTENT_OBJECTS_PER_ANSWER`].
+        ids: Vec<[u8; 32]>,
+        /// More follow.
+        more: bool,
+    },
 }
 
 /// What nodes tell each other about configurations (Rosebud §3.6: a node that misses a new
