@@ -1582,6 +1582,13 @@ impl<K: Kind> EpochHost<K> {
         self.after_listing(at, view)
     }
 
+    /// The pull into `epoch` that is fetching `key`.
+    fn fetching_pull(&self, epoch: Epoch, key: &Key) -> Option<usize> {
+        self.pulls
+            .iter()
+            .position(|p| p.epoch == epoch && p.fetching.contains_key(key))
+    }
+
     /// An old member's answer to FETCH.
     fn on_fetched(
         &mut self,
@@ -1591,11 +1598,7 @@ impl<K: Kind> EpochHost<K> {
         entry: Option<K::Entry>,
         view: &K::View,
     ) -> Output<Self> {
-        let Some(at) = self
-            .pulls
-            .iter()
-            .position(|p| p.epoch == epoch && p.fetching.contains_key(&key))
-        else {
+        let Some(at) = self.fetching_pull(epoch, &key) else {
             return Output::none();
         };
         let quorum = self.quorum(self.mutations.small_transfer_quorum);
@@ -1673,11 +1676,7 @@ impl<K: Kind> EpochHost<K> {
         view: &K::View,
     ) -> Output<Self> {
         let quorum = self.quorum(self.mutations.small_transfer_quorum);
-        let Some(at) = self
-            .pulls
-            .iter()
-            .position(|p| p.epoch == epoch && p.fetching.contains_key(&key))
-        else {
+        let Some(at) = self.fetching_pull(epoch, &key) else {
             return Output::none();
         };
         let pull = &mut self.pulls[at];
