@@ -125,10 +125,26 @@ pub async fn run(args: &GatewayArgs) -> Result<()> {
 
 /// `bulwark gateway collect`.
 async fn collect(args: &GatewayArgs, min_age_secs: u64, dry_run: bool) -> Result<()> {
-    let client = bulwark_client::Client::connect(&args.cluster, &args.client)
+    // The gateways' own configuration, when given, says where the cluster is and how long a
+    // replaced version's chunks stay readable.
+    let (cluster, chunk_grace_secs) = match &args.config {
+        Some(path) => {
+            let text =
+                std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
+            let config = GatewayConfig::parse(&text, &path.display().to_string())?;
+            (config.cluster, config.chunk_grace_secs)
+        }
+        None => (args.cluster.clone(), args.chunk_grace_secs),
+    };
+    if min_age_secs < 3600 {
+        eprintln!(
+            "warning: --min-age-secs {min_age_secs}: chunks of uploads still in flight may be deleted"
+        );
+    }
+    let client = bulwark_client::Client::connect(&cluster, &args.client)
         .await
-        .with_context(|| format!("client {:?} of {}", args.client, args.cluster.display()))?;
-    let chunk_grace = std::time::Duration::from_secs(args.chunk_grace_secs);
+        .with_context(|| format!("client {:?} of {}", args.client, cluster.display()))?;
+    let chunk_grace = std::time::Duration::from_secs(chunk_grace_secs);
     let engine = bulwark_gateway::engine::Engine::new(bulwark_gateway::engine::Limits {
         chunk_grace,
         ..bulwark_gateway::engine::Limits::default()

@@ -112,6 +112,7 @@ impl Client {
             async move { (node, self.ask_within(node, request, self.deadline).await) }
         });
         let key = |id: [u8; 32]| content::epochs::key_of(&ContentId(Digest(id)));
+        let floor = after.map(content::epochs::key_of);
         let mut union = std::collections::BTreeSet::new();
         // The lowest last key of the members that hold more than they listed: past it, one of
         // them may hold objects no one listed yet.
@@ -121,7 +122,14 @@ impl Client {
             match answer {
                 Ok(SystemReply::ContentObjects { ids, more }) => {
                     answered += 1;
-                    let ids: Vec<Key> = ids.into_iter().take(limit).map(key).collect();
+                    // Only what lies past `after`: a member that names it again, or anything
+                    // before it, would hold the listing in place.
+                    let ids: Vec<Key> = ids
+                        .into_iter()
+                        .take(limit)
+                        .map(key)
+                        .filter(|listed| floor.as_ref().is_none_or(|floor| listed > floor))
+                        .collect();
                     if more && let Some(last) = ids.last() {
                         horizon =
                             Some(horizon.map_or_else(|| last.clone(), |h| h.min(last.clone())));

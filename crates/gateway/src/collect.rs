@@ -22,6 +22,12 @@
 //! A member's listing is a hint: a faulty member may list ids nobody wrote (a read finds
 //! nothing) or someone else's objects (no marker, or an origin that names them). Whatever fails
 //! to read is kept.
+//!
+//! What it trusts beyond that: a record write that failed more than `min_age` ago never takes
+//! effect later. A register write that timed out after reaching a few nodes could (on an ABD
+//! volume, through a later read quorum that includes one of them; or through frames a live
+//! gateway kept queued to a node cut off that long); its object would then fail to read, its
+//! chunks checked by hash, rather than return other bytes.
 
 use crate::engine::{Engine, now_ms};
 use crate::layout::{self, ChunkOrigin};
@@ -104,7 +110,8 @@ pub async fn collect<R: Registers>(
             candidates.push((*id, origin, bytes));
         }
         match (more, ids.last()) {
-            (true, Some(last)) => after = Some(*last),
+            // Only forward: a store that names its cursor again ends the listing.
+            (true, Some(last)) if after != Some(*last) => after = Some(*last),
             _ => break,
         }
     }
@@ -219,7 +226,8 @@ mod tests {
                 upload: None,
             },
         };
-        let object = layout::encode_chunk_object(&header, &rand::random(), &pattern(1000, seed));
+        let object = layout::encode_chunk_object(&header, &rand::random(), &pattern(1000, seed))
+            .expect("a small header");
         let id = *blake3::hash(&object).as_bytes();
         reg.objects.lock().unwrap().insert(id, Bytes::from(object));
         id
@@ -324,6 +332,69 @@ mod tests {
                 .iter()
                 .all(|c| objects.contains_key(&c.object.unwrap()))
         );
+    }
+
+    /// A store whose listing names the same object again and again, as a faulty member could.
+    struct Stuck(MemRegisters);
+
+    impl Registers for Stuck {
+        async fn put(&self, key: &[u8], value: Bytes) -> Result<(), crate::store::StoreError> {
+            self.0.put(key, value).await
+        }
+        async fn get(&self, key: &[u8]) -> Result<Option<Bytes>, crate::store::StoreError> {
+            self.0.get(key).await
+        }
+        async fn delete(&self, key: &[u8]) -> Result<(), crate::store::StoreError> {
+            self.0.delete(key).await
+        }
+        async fn content_objects(
+            &self,
+            _after: Option<[u8; 32]>,
+            _limit: usize,
+        ) -> Result<(Vec<[u8; 32]>, bool), crate::store::StoreError> {
+            Ok((vec![[7; 32]], true))
+        }
+        async fn create_causal(&self, volume: &str) -> Result<(), crate::store::StoreError> {
+            self.0.create_causal(volume).await
+        }
+        async fn causal_put(
+            &self,
+            volume: &str,
+            key: &[u8],
+            value: Option<Bytes>,
+        ) -> Result<(), crate::store::StoreError> {
+            self.0.causal_put(volume, key, value).await
+        }
+        async fn causal_get(
+            &self,
+            volume: &str,
+            key: &[u8],
+        ) -> Result<crate::store::CausalValues, crate::store::StoreError> {
+            self.0.causal_get(volume, key).await
+        }
+        async fn causal_list(
+            &self,
+            volume: &str,
+            prefix: &[u8],
+            after: Option<&[u8]>,
+            limit: usize,
+        ) -> Result<Vec<(Vec<u8>, crate::store::CausalValues)>, crate::store::StoreError> {
+            self.0.causal_list(volume, prefix, after, limit).await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_listing_that_does_not_move_on_ends_the_collection() {
+        let engine = Engine::new(Limits::default());
+        let reg = Arc::new(Stuck(MemRegisters::with_content_chunks()));
+        let collected = tokio::time::timeout(
+            Duration::from_secs(10),
+            collect(&engine, &reg, options(false)),
+        )
+        .await
+        .expect("it ends")
+        .expect("collect");
+        assert_eq!((collected.listed, collected.deleted), (2, 0));
     }
 
     /// An object whose index entry was never written (the index update failed after its

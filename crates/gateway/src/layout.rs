@@ -221,17 +221,18 @@ pub struct ChunkHeader {
 /// A chunk's content-hash object: [`CHUNK_MARKER`], the header's length (2 bytes, big endian),
 /// the [`ChunkHeader`], the body write's id, then the chunk's bytes as stored. The write id
 /// makes the same bytes written twice two objects, each deleted with its own.
-pub fn encode_chunk_object(header: &ChunkHeader, write: &WriteId, data: &[u8]) -> Vec<u8> {
-    let encoded = postcard::to_stdvec(header).unwrap_or_default();
-    let len = u16::try_from(encoded.len()).unwrap_or(0);
-    let encoded = if len == 0 { &[][..] } else { &encoded[..] };
+/// `None` when the header does not encode in 64 KiB (keys are at most
+/// [`OBJECT_KEY_BYTES_MAX`], so a header is far smaller).
+pub fn encode_chunk_object(header: &ChunkHeader, write: &WriteId, data: &[u8]) -> Option<Vec<u8>> {
+    let encoded = postcard::to_stdvec(header).ok()?;
+    let len = u16::try_from(encoded.len()).ok()?;
     let mut object = Vec::with_capacity(CHUNK_MARKER.len() + 2 + encoded.len() + 16 + data.len());
     object.extend_from_slice(&CHUNK_MARKER);
     object.extend_from_slice(&len.to_be_bytes());
-    object.extend_from_slice(encoded);
+    object.extend_from_slice(&encoded);
     object.extend_from_slice(write);
     object.extend_from_slice(data);
-    object
+    Some(object)
 }
 
 /// A chunk object read back: its header (`None` for one written before headers, the write id

@@ -181,12 +181,17 @@ fn log_evidence(key: &[u8], report: &OpReport) {
 
 /// What a chunk's content-hash object holds ([`crate::layout::encode_chunk_object`]), written
 /// now.
-fn chunk_object(chunk: &ChunkRef, data: &[u8], origin: &ChunkOrigin) -> Vec<u8> {
+fn chunk_object(
+    chunk: &ChunkRef,
+    data: &[u8],
+    origin: &ChunkOrigin,
+) -> Result<Vec<u8>, StoreError> {
     let header = ChunkHeader {
         written_ms: crate::engine::now_ms(),
         origin: origin.clone(),
     };
     crate::layout::encode_chunk_object(&header, &chunk.write, data)
+        .ok_or_else(|| StoreError::Internal("a chunk's header does not encode".into()))
 }
 
 /// The chunk's bytes of what its object holds, if the object is the chunk's write's.
@@ -203,7 +208,7 @@ impl Registers for Client {
         origin: &ChunkOrigin,
     ) -> Result<ChunkRef, StoreError> {
         let (id, report) = self
-            .put_content(&chunk_object(&chunk, &data, origin))
+            .put_content(&chunk_object(&chunk, &data, origin)?)
             .await?;
         log_evidence(id.to_hex().as_bytes(), &report);
         Ok(ChunkRef {
@@ -391,7 +396,7 @@ impl Registers for MemRegisters {
             self.put(&self.chunk_key(&chunk), data).await?;
             return Ok(chunk);
         }
-        let object = Bytes::from(chunk_object(&chunk, &data, origin));
+        let object = Bytes::from(chunk_object(&chunk, &data, origin)?);
         let id = *blake3::hash(&object).as_bytes();
         self.objects.lock().unwrap().insert(id, object);
         Ok(ChunkRef {
