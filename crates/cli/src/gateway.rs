@@ -96,6 +96,8 @@ pub async fn run(args: &GatewayArgs) -> Result<()> {
                 max_connections: 256,
                 chunk_buffers: 32,
                 chunk_grace_secs: args.chunk_grace_secs,
+                collect_every_secs: 0,
+                collect_min_age_secs: 24 * 3600,
                 access_keys: vec![AccessKey {
                     access_key: args.access_key.clone(),
                     secret_key: args.secret_key.clone(),

@@ -75,6 +75,13 @@ fn default_chunk_grace_secs() -> u64 {
     60
 }
 
+/// The least age at which a gateway collecting on its own deletes a chunk no object names.
+pub const COLLECT_MIN_AGE_FLOOR_SECS: u64 = 3600;
+
+fn default_collect_min_age_secs() -> u64 {
+    24 * 3600
+}
+
 /// The whole configuration.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -96,6 +103,15 @@ pub struct GatewayConfig {
     /// Seconds the chunks of a replaced or deleted version stay readable.
     #[serde(default = "default_chunk_grace_secs")]
     pub chunk_grace_secs: u64,
+    /// Seconds between two runs of the collector of chunks no object names
+    /// ([`crate::collect`]), as the first access key's client; 0 (the default): never, leave it
+    /// to `bulwark gateway collect`.
+    #[serde(default)]
+    pub collect_every_secs: u64,
+    /// Chunks younger than this many seconds are never collected: longer than any body write
+    /// through any gateway of the cluster may last.
+    #[serde(default = "default_collect_min_age_secs")]
+    pub collect_min_age_secs: u64,
     /// Who may connect.
     pub access_keys: Vec<AccessKey>,
     /// SSE-S3 keys, the first sealing new objects; none: SSE-S3 requests are refused.
@@ -181,6 +197,11 @@ impl GatewayConfig {
                 "max_connections and chunk_buffers must be at least 1".into(),
             ));
         }
+        if self.collect_every_secs > 0 && self.collect_min_age_secs < COLLECT_MIN_AGE_FLOOR_SECS {
+            return Err(invalid(format!(
+                "collect_min_age_secs must be at least {COLLECT_MIN_AGE_FLOOR_SECS} when the gateway collects on its own: a younger chunk may belong to an upload still in flight"
+            )));
+        }
         Ok(())
     }
 }
@@ -199,6 +220,27 @@ mod tests {
         assert_eq!(c.listen.port(), 9100);
         assert_eq!(c.object_bytes_max, 5 << 30);
         assert_eq!(c.access_keys[0].client, "admin");
+        assert_eq!(
+            (c.collect_every_secs, c.collect_min_age_secs),
+            (0, 24 * 3600)
+        );
+    }
+
+    #[test]
+    fn a_gateway_collects_on_its_own_only_chunks_older_than_an_hour() {
+        let base = "cluster = \"c\"\n[[access_keys]]\naccess_key = \"a\"\nsecret_key = \"12345678\"\nclient = \"x\"\n";
+        let c =
+            GatewayConfig::parse(&format!("collect_every_secs = 3600\n{base}"), "g.toml").unwrap();
+        assert_eq!(
+            (c.collect_every_secs, c.collect_min_age_secs),
+            (3600, 24 * 3600)
+        );
+        let e = GatewayConfig::parse(
+            &format!("collect_every_secs = 60\ncollect_min_age_secs = 60\n{base}"),
+            "g.toml",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("collect_min_age_secs"), "{e}");
     }
 
     #[test]

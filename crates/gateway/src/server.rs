@@ -42,6 +42,30 @@ impl S3Auth for KeyAuth {
     }
 }
 
+/// Runs the collector of unnamed chunks every `collect_every_secs`, for as long as the gateway
+/// serves; each run's counts go to the log.
+fn collect_periodically(config: &GatewayConfig, chunk_grace: Duration, client: Arc<Client>) {
+    let every = Duration::from_secs(config.collect_every_secs);
+    let options = crate::collect::Collect {
+        min_age: Duration::from_secs(config.collect_min_age_secs),
+        settle: chunk_grace + Duration::from_secs(1),
+        dry_run: false,
+    };
+    let engine = Engine::new(Limits {
+        chunk_grace,
+        ..Limits::default()
+    });
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(every).await;
+            match crate::collect::collect(&engine, &client, options).await {
+                Ok(collected) => tracing::info!(?collected, "chunks no object names collected"),
+                Err(error) => tracing::warn!(%error, "the collection of unnamed chunks failed"),
+            }
+        }
+    });
+}
+
 /// Connects to the cluster and serves S3 until Ctrl-C; `ready` learns the bound address.
 pub async fn run(config: GatewayConfig, ready: impl FnOnce(SocketAddr)) -> anyhow::Result<()> {
     let mut by_name: HashMap<String, Arc<Client>> = HashMap::new();
@@ -72,6 +96,12 @@ pub async fn run(config: GatewayConfig, ready: impl FnOnce(SocketAddr)) -> anyho
     let mut keys = Vec::new();
     for key in &config.sse_s3_keys {
         keys.push((key.id.clone(), key.read(&config.base)?));
+    }
+    if config.collect_every_secs > 0
+        && let Some(first) = config.access_keys.first()
+        && let Some(client) = by_name.get(&first.client)
+    {
+        collect_periodically(&config, limits.chunk_grace, client.clone());
     }
     let service = service(limits, GatewayKeys::new(keys), clients, secrets);
 
