@@ -748,28 +748,41 @@ pub fn content_objects(
 ) -> Result<(Vec<[u8; 32]>, bool), bulwark_storage::StorageError> {
     let limit = limit.min(bulwark_protocol::service::CONTENT_OBJECTS_PER_ANSWER);
     let table = Namespace::new(bulwark_core::ServiceId::CONTENT, NODE_WIDE).table(PIECES);
+    let after = after.map(|id| epochs::key_of(&bulwark_protocol::content::ContentId(Digest(id))));
+    let mut objects = std::collections::BTreeMap::new();
+    let more = durable_objects(store, table, after.as_ref(), limit, &mut objects)?;
+    let ids = objects
+        .keys()
+        .filter_map(epochs::id_of)
+        .map(|id| id.0.0)
+        .collect();
+    Ok((ids, more))
+}
+
+/// Adds to `objects` the keys of the first `limit` objects `table` holds a fragment of after
+/// `after`, each with the indices of the fragments durable there; whether more follow.
+fn durable_objects(
+    store: &Store,
+    table: Table,
+    after: Option<&Key>,
+    limit: usize,
+    objects: &mut std::collections::BTreeMap<Key, std::collections::BTreeSet<u32>>,
+) -> Result<bool, bulwark_storage::StorageError> {
     // Past every fragment record of `after`.
-    let start = after.map(|id| {
-        let id = bulwark_protocol::content::ContentId(Digest(id));
-        piece_record(&epochs::key_of(&id), u32::MAX)
-    });
-    let mut ids: Vec<[u8; 32]> = Vec::new();
+    let start = after.map(|after| piece_record(after, u32::MAX));
     let mut more = false;
     store.scan_after(table, start.as_deref(), |record, _| {
-        let Some(id) = decode_piece_record(record).and_then(|(key, _)| epochs::id_of(&key)) else {
+        let Some((key, index)) = decode_piece_record(record) else {
             return Ok(true);
         };
-        if ids.last() == Some(&id.0.0) {
-            return Ok(true);
-        }
-        if ids.len() >= limit {
+        if !objects.contains_key(&key) && objects.len() >= limit {
             more = true;
             return Ok(false);
         }
-        ids.push(id.0.0);
+        objects.entry(key).or_default().insert(index);
         Ok(true)
     })?;
-    Ok((ids, more))
+    Ok(more)
 }
 
 /// What changed of one fragment and is not durable yet: stored, or gone.
@@ -895,25 +908,9 @@ impl epochs::Pieces for ContentEpochStorage {
     }
 
     fn objects_after(&self, after: Option<&Key>, limit: usize) -> Vec<(Key, Vec<u32>)> {
-        let mut objects: std::collections::BTreeMap<Key, std::collections::BTreeSet<u32>> =
-            std::collections::BTreeMap::new();
-        // Past every fragment record of `after`.
-        let start = after.map(|after| piece_record(after, u32::MAX));
-        let scanned = self.store.scan_after(
-            self.namespace.table(PIECES),
-            start.as_deref(),
-            |record, _| {
-                let Some((key, index)) = decode_piece_record(record) else {
-                    return Ok(true);
-                };
-                if !objects.contains_key(&key) && objects.len() >= limit {
-                    return Ok(false);
-                }
-                objects.entry(key).or_default().insert(index);
-                Ok(true)
-            },
-        );
-        if let Err(error) = scanned {
+        let mut objects = std::collections::BTreeMap::new();
+        let table = self.namespace.table(PIECES);
+        if let Err(error) = durable_objects(&self.store, table, after, limit, &mut objects) {
             tracing::error!(%error, "listing stored objects failed");
         }
         for ((key, index), (_, piece)) in &self.unsynced {

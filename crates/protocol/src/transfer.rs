@@ -1663,9 +1663,7 @@ impl<K: Kind> EpochHost<K> {
         }
         output
     }
-}
 
-impl<K: Kind> EpochHost<K> {
     /// An old member's word that it is still taking `key` over itself: it counts as heard, not
     /// as a denial, until it answers otherwise.
     fn on_undecided(
