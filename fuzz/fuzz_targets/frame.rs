@@ -53,9 +53,9 @@ fuzz_target!(|data: &[u8]| {
         (ServiceId::CONFIG, _) => {
             // Peer messages of either agreement core share the service.
             drop(round_trip::<Message<ConfigService>>(body, max));
-            drop(round_trip::<bulwark_protocol::pbft::ea::Message<ConfigService>>(
-                body, max,
-            ));
+            drop(round_trip::<
+                bulwark_protocol::pbft::ea::Message<ConfigService>,
+            >(body, max));
         }
         (ServiceId::A2M_STORAGE, Kind::Request) => {
             drop(round_trip::<a2m_storage::Request>(body, max))

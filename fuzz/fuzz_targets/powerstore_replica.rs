@@ -11,7 +11,7 @@ use bulwark_core::wire::FRAME_BYTES_MAX;
 use bulwark_core::{ClientId, Key, MacKey, Slot, Time};
 use bulwark_protocol::powerstore::{
     Access, ClientConfig, MemoryFragments, Outbound, Pid, ReadOp, Request, Server, ServerConfig,
-    ServerLogic, Step, WriteOp, WriterKeys,
+    ServerKeys, ServerLogic, Step, WriteOp, WriterKeys,
 };
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
@@ -44,7 +44,11 @@ impl Group {
         let server_keys: Vec<MacKey> = (0..N).map(|i| MacKey([i as u8 + 1; 32])).collect();
         Group {
             servers: (0..N)
-                .map(|i| Server::new(ServerConfig::new(Slot(i as u32), F), server_keys[i].clone()))
+                .map(|i| {
+                    // The honest writer is client 0.
+                    let keys = ServerKeys::from_keys([(ClientId(0), server_keys[i].clone())]);
+                    Server::new(ServerConfig::new(Slot(i as u32), F), keys)
+                })
                 .collect(),
             disks: vec![MemoryFragments::default(); N],
             keys: Arc::new(WriterKeys {

@@ -72,9 +72,9 @@ fuzz_target!(|data: &[u8]| {
             // A table replica's records: a schema, a signed cell, or a revocation.
             drop(round_trip::<table::Schema>(record, table::SCHEMA_BYTES_MAX));
             drop(round_trip::<table::SignedCell>(record, max));
-            drop(round_trip::<bulwark_core::sign::Unverified<table::Revocation>>(
-                record, 1024,
-            ));
+            drop(round_trip::<
+                bulwark_core::sign::Unverified<table::Revocation>,
+            >(record, 1024));
         }
         10 => {
             let _ = layout::decode::<BucketRecord>("bucket", record);

@@ -269,12 +269,10 @@ pub fn run_protocol(args: &InitArgs, protocol: Protocol) -> Result<ClusterConfig
             args.addresses.len()
         );
     };
-    let mut server_keys = Vec::new();
     let mut nodes = Vec::new();
     for (i, address) in addresses.iter().enumerate() {
         let dir = args.dir.join(format!("node-{i}"));
         std::fs::create_dir_all(&dir)?;
-        let mac_key = MacKey(rand::random());
         let signing_seed: [u8; 32] = rand::random();
         let a2m_key = if args.a2m {
             let tpm = match &args.a2m_tpm {
@@ -293,7 +291,6 @@ pub fn run_protocol(args: &InitArgs, protocol: Protocol) -> Result<ClusterConfig
         };
         let secrets = NodeSecrets {
             id: i as u32,
-            mac_key: mac_key.clone(),
             signing_key: signing_seed,
             address: None,
             a2m_socket: a2m_key.map(|_| PathBuf::from(A2M_SOCKET)),
@@ -313,7 +310,6 @@ pub fn run_protocol(args: &InitArgs, protocol: Protocol) -> Result<ClusterConfig
             };
             Some(SocketAddr::new(host, args.metrics_base_port + i as u16))
         };
-        server_keys.push(mac_key);
         nodes.push(NodeEntry {
             id: i as u32,
             address: *address,
@@ -354,10 +350,10 @@ pub fn run_protocol(args: &InitArgs, protocol: Protocol) -> Result<ClusterConfig
         std::fs::create_dir_all(&dir)?;
         let writer = write.then(|| WriterSecrets {
             timestamp_key: timestamp_key.clone(),
-            server_keys: server_keys.clone(),
         });
-        // Writers sign their Phalanx versions; nodes and readers check them against the public
-        // half in `cluster.toml`. Any cluster may hold Phalanx volumes, so every writer has one.
+        // Writers sign their Phalanx versions, nodes and readers checking them against the public
+        // half in `cluster.toml`, and agree the MAC key of their PoWerStore vectors with each
+        // node from it. Any cluster may hold either kind of volume, so every writer has one.
         let signing_secret: Option<[u8; 32]> = write.then(rand::random);
         let with_cs = !args.no_configuration_service;
         let secrets = ClientSecrets {

@@ -420,7 +420,6 @@ fn write_secrets(
 ) -> Result<()> {
     let secrets = bulwark_core::config::NodeSecrets {
         id,
-        mac_key: bulwark_core::MacKey(rand::random()),
         signing_key: seed,
         address: Some(address),
         a2m_socket: None,

@@ -185,7 +185,8 @@ async fn access_control_and_hostile_frames() {
         .unwrap()
         .replace("name = \"admin\"", "name = \"mallory\"")
         .lines()
-        // Its MAC keys, that is: admin's signing key would not match mallory's registered one.
+        // Its timestamp key, that is: admin's signing key would not match mallory's registered
+        // one, and without a signing key it agrees no MAC key with any node.
         .filter(|line| !line.starts_with("signing_key"))
         .map(|line| format!("{line}\n"))
         .collect::<String>();

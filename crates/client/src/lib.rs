@@ -29,7 +29,7 @@ use bulwark_core::config::{ClientSecrets, ClusterConfig, Protocol, parse_secrets
 use bulwark_core::envelope::{self, Header, Kind, Refusal as EnvelopeRefusal};
 use bulwark_core::erasure::{ErasureCodec, ReedSolomonSimd};
 use bulwark_core::evidence::{Evidence, EvidenceKind};
-use bulwark_core::membership::{GroupView, Placement};
+use bulwark_core::membership::{GroupView, Incarnation, Placement};
 use bulwark_core::wire::FRAME_BYTES_MAX;
 use bulwark_core::{ClientId, Epoch, Key, MacKey, NodeId, OBJECT_BYTES_MAX, ServiceId, Slot};
 use bulwark_protocol::machine::{OpError, Operation, Progress};
@@ -194,10 +194,12 @@ pub struct OpReport {
     pub repaired: bool,
 }
 
-/// A writer's MAC keys, by node.
+/// A PoWerStore writer's MAC keys: `k_W`, and the key it shares with each node, agreed from its
+/// signing key and the node's as first needed.
 struct WriterMacs {
     timestamp: MacKey,
-    servers: HashMap<NodeId, MacKey>,
+    secret: Arc<phalanx::SigningKey>,
+    shared: Mutex<HashMap<NodeId, MacKey>>,
 }
 
 /// A connected client.
@@ -350,25 +352,6 @@ impl Client {
         };
         let may_write = entry.write;
         let registered = entry.signing_key;
-        let macs = match secrets.writer {
-            Some(w) if w.server_keys.len() == cluster.n() => Some(WriterMacs {
-                timestamp: w.timestamp_key,
-                servers: cluster
-                    .nodes
-                    .iter()
-                    .map(|node| NodeId(node.id))
-                    .zip(w.server_keys)
-                    .collect(),
-            }),
-            Some(w) => {
-                return Err(invalid(
-                    "client.toml",
-                    "writer.server_keys",
-                    format!("{} keys for {} nodes", w.server_keys.len(), cluster.n()),
-                ));
-            }
-            None => None,
-        };
         let signing = match secrets.signing_key {
             Some(secret) if registered == Some(phalanx::public_key(&secret)) => {
                 Some(Arc::new(phalanx::signing_key(&secret)))
@@ -381,6 +364,16 @@ impl Client {
                 ));
             }
             None => None,
+        };
+        let macs = match (secrets.writer, &signing) {
+            (Some(w), Some(secret)) => Some(WriterMacs {
+                timestamp: w.timestamp_key,
+                secret: secret.clone(),
+                shared: Mutex::new(HashMap::new()),
+            }),
+            // The MAC key with each node is agreed from the signing key: without one the client
+            // cannot write PoWerStore registers, and says so when asked to.
+            (_, None) | (None, _) => None,
         };
         let placement = cluster.placement()?;
         let writers = phalanx::Writers::from_config(&cluster, "cluster.toml")?;
@@ -546,11 +539,19 @@ impl Client {
             name: self.name.clone(),
         };
         let macs = self.macs.as_ref().ok_or_else(not_writer)?;
+        let public = self.member_keys(view)?;
+        let mut shared = macs.shared.lock().unwrap_or_else(|e| e.into_inner());
         let servers = view
             .members()
             .iter()
-            .map(|node| macs.servers.get(node).cloned().ok_or_else(not_writer))
-            .collect::<Result<Vec<_>, _>>()?;
+            .zip(public.iter())
+            .map(|(node, public)| {
+                shared
+                    .entry(*node)
+                    .or_insert_with(|| powerstore::pair_key(&macs.secret, public))
+                    .clone()
+            })
+            .collect();
         Ok(Arc::new(WriterKeys {
             timestamp: macs.timestamp.clone(),
             servers,
@@ -603,6 +604,7 @@ impl Client {
                 let mut config = powerstore::ClientConfig::new(self.cluster.f);
                 config.epoch = self.epoch();
                 config.group = view.id();
+                config.incarnation = Incarnation::new(view.members(), self.epoch());
                 let pid = Pid {
                     writer: self.id,
                     seq: op.0,
@@ -700,6 +702,7 @@ impl Client {
                 let mut config = powerstore::ClientConfig::new(self.cluster.f);
                 config.epoch = self.epoch();
                 config.group = view.id();
+                config.incarnation = Incarnation::new(view.members(), self.epoch());
                 config.one_round = self.one_round_reads;
                 let mut machine =
                     powerstore::ReadOp::new(config, self.codec.clone(), key.clone(), op);

@@ -82,28 +82,6 @@ pub mod hex_key {
     }
 }
 
-/// Serde helper for lists of MAC keys as hex strings.
-pub mod hex_keys {
-    use super::*;
-    /// Serialises as a list of hex strings.
-    pub fn serialize<S: serde::Serializer>(
-        keys: &[MacKey],
-        serializer: S,
-    ) -> Result<S::Ok, S::Error> {
-        serializer.collect_seq(keys.iter().map(|k| hex::encode(k.0)))
-    }
-    /// Parses a list of hex strings.
-    pub fn deserialize<'de, D: serde::Deserializer<'de>>(
-        deserializer: D,
-    ) -> Result<Vec<MacKey>, D::Error> {
-        let texts = Vec::<String>::deserialize(deserializer)?;
-        texts
-            .iter()
-            .map(|t| parse_hex32(t).map(MacKey).map_err(serde::de::Error::custom))
-            .collect()
-    }
-}
-
 /// A register protocol. A cluster serves all of them at once; each volume picks one, and the
 /// cluster's default volume uses the one `cluster.toml` names.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -655,11 +633,9 @@ impl ClusterConfig {
 pub struct NodeSecrets {
     /// Which node this is.
     pub id: u32,
-    /// `k_i`, shared with the writers.
-    #[serde(with = "hex_key")]
-    pub mac_key: MacKey,
     /// The seed of the node's Ed25519 signing key (its public half is in `cluster.toml`, or in
-    /// the certified configuration that added it).
+    /// the certified configuration that added it). The MAC keys it shares with PoWerStore
+    /// writers are agreed from it and theirs.
     #[serde(with = "hex32")]
     pub signing_key: [u8; 32],
     /// Where a node that joined after the genesis listens (`bulwark node join`); the nodes of
@@ -678,10 +654,11 @@ pub struct NodeSecrets {
 pub struct ClientSecrets {
     /// Which client this is.
     pub name: String,
-    /// `k_W` and every `k_i`: writers only. Readers hold no MAC keys (PoWerStore §1.3).
+    /// `k_W`: writers only. Readers hold no MAC keys (PoWerStore §1.3).
     #[serde(default)]
     pub writer: Option<WriterSecrets>,
-    /// The Ed25519 secret key of a Phalanx writer; its public half is in `cluster.toml`.
+    /// A writer's Ed25519 secret key; its public half is in `cluster.toml`. Phalanx writers sign
+    /// with it, and PoWerStore writers agree the MAC key they share with each node from it.
     #[serde(default, skip_serializing_if = "Option::is_none", with = "hex32_opt")]
     pub signing_key: Option<[u8; 32]>,
     /// The seed of the trusted authority's key, for the administrator who orders ADD and REVOKE;
@@ -690,16 +667,14 @@ pub struct ClientSecrets {
     pub authority_key: Option<[u8; 32]>,
 }
 
-/// The MAC keys a writer holds.
+/// The MAC key writers share, and nothing else: a writer's key with each node is agreed from
+/// its signing key, so that nodes that join later need no secret from it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WriterSecrets {
     /// `k_W`.
     #[serde(with = "hex_key")]
     pub timestamp_key: MacKey,
-    /// `k_i` for every node, in the order of `cluster.toml`'s `nodes`.
-    #[serde(with = "hex_keys")]
-    pub server_keys: Vec<MacKey>,
 }
 
 /// Parses a secrets file, naming the file and field on error.

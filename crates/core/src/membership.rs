@@ -584,6 +584,35 @@ impl Moved {
     }
 }
 
+/// One life of a register group: its members in slot order and the epoch since which exactly
+/// they, in that order, have been the group of the key's arc. A group unchanged across epochs
+/// keeps its incarnation; one that changes, even in order only, begins a new one, also when it
+/// becomes again a group it was before. What a writer authenticates for one incarnation is
+/// checked by that incarnation's members only, so a version carried into the next is judged
+/// there by what its members hold, never by a MAC made for nodes before them.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Incarnation(pub crate::Digest);
+
+impl Incarnation {
+    /// The incarnation of `members`, in slot order, begun in `since`.
+    pub fn new(members: &[NodeId], since: Epoch) -> Incarnation {
+        let mut bytes = Vec::with_capacity(8 + 4 * members.len());
+        bytes.extend_from_slice(&since.0.to_be_bytes());
+        for member in members {
+            bytes.extend_from_slice(&member.0.to_be_bytes());
+        }
+        Incarnation(crate::Digest::of(DOMAIN_INCARNATION, &bytes))
+    }
+}
+
+impl fmt::Debug for Incarnation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Incarnation({:02x}{:02x}..)", self.0.0[0], self.0.0[1])
+    }
+}
+
+const DOMAIN_INCARNATION: &str = "bulwark 2026 register group incarnation";
+
 /// The rings a party holds, verified: every epoch's from the first it knows (the genesis) on,
 /// and the signing keys of the members they name, where the party knows them.
 #[derive(Clone, Debug)]
@@ -658,6 +687,24 @@ impl Chain {
             "epochs follow one another"
         );
         self.rings.push(ring);
+    }
+
+    /// The group serving `point` in `epoch` and its incarnation: the epoch is walked back while
+    /// the same members, in the same order, served the point. Every party holds the chain from
+    /// the genesis, so writers and nodes agree on it. `None` when the chain does not reach
+    /// `epoch`.
+    pub fn incarnation(&self, epoch: Epoch, point: RingPoint) -> Option<(GroupView, Incarnation)> {
+        let group = self.ring(epoch)?.group_at(point);
+        let mut since = epoch;
+        while since > self.genesis().epoch() {
+            let before = Epoch(since.0 - 1);
+            match self.ring(before) {
+                Some(ring) if ring.group_at(point).members() == group.members() => since = before,
+                _ => break,
+            }
+        }
+        let incarnation = Incarnation::new(group.members(), since);
+        Some((group, incarnation))
     }
 }
 
@@ -1019,5 +1066,51 @@ mod tests {
                 prop_assert!(arcs.iter().all(|m| !m.changed()), "same members, nothing moves");
             }
         }
+    }
+
+    #[test]
+    fn a_group_keeps_its_incarnation_while_its_members_and_their_order_do() {
+        let params = PlacementParams::new(1);
+        let ring = |epoch: u64, ids: &[u32]| {
+            std::sync::Arc::new(
+                Ring::new(Epoch(epoch), params, ids.iter().map(|&id| NodeId(id))).unwrap(),
+            )
+        };
+        let five: Vec<u32> = (1..=5).collect();
+        let six: Vec<u32> = (1..=6).collect();
+        // Epochs 0 and 1 alike, 2 adds node 6, 3 removes it again.
+        let chain = Chain::new(vec![
+            ring(0, &five),
+            ring(1, &five),
+            ring(2, &six),
+            ring(3, &five),
+        ]);
+        let mut changed_at_two = 0;
+        for key in 0..200u32 {
+            let point = RingPoint::of_key(&key.to_be_bytes());
+            let (group0, zero) = chain.incarnation(Epoch(0), point).unwrap();
+            let (_, one) = chain.incarnation(Epoch(1), point).unwrap();
+            let (group2, two) = chain.incarnation(Epoch(2), point).unwrap();
+            let (group3, three) = chain.incarnation(Epoch(3), point).unwrap();
+            assert_eq!(zero, Incarnation::new(group0.members(), Epoch(0)));
+            assert_eq!(one, zero, "an unchanged group is the same incarnation");
+            assert_eq!(group3.members(), group0.members());
+            if group2.members() == group0.members() {
+                assert_eq!(two, zero);
+                assert_eq!(three, zero);
+            } else {
+                changed_at_two += 1;
+                assert_eq!(two, Incarnation::new(group2.members(), Epoch(2)));
+                // The same members as at the genesis, but a life of their own.
+                assert_eq!(three, Incarnation::new(group3.members(), Epoch(3)));
+                assert_ne!(three, zero);
+            }
+        }
+        assert!(changed_at_two > 0, "some arcs moved to node 6");
+        assert!(
+            chain
+                .incarnation(Epoch(4), RingPoint::of_key(b"k"))
+                .is_none()
+        );
     }
 }

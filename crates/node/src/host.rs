@@ -8,12 +8,12 @@ use crate::verified::Verified;
 use bulwark_core::envelope::{self, Envelope, Header};
 use bulwark_core::membership::{Arc as RingArc, Ring};
 use bulwark_core::wire::{self, FRAME_BYTES_MAX};
-use bulwark_core::{ClientId, Digest, Epoch, GroupId, Key, MacKey, NodeId, Slot, Time};
+use bulwark_core::{ClientId, Digest, Epoch, GroupId, Key, NodeId, Slot, Time};
 use bulwark_protocol::content::epochs;
 use bulwark_protocol::machine::{Access, Attested, Output, Replica, ReplicaStats, TimerId};
 use bulwark_protocol::powerstore::{
-    Candidate, Change, EntryMeta, Fragments, ServerConfig, ServerLogic, StoredEntry, StoredKey,
-    Timestamp, fragment_digest,
+    Candidate, Change, EntryMeta, Fragments, ServerConfig, ServerKeys, ServerLogic, StoredEntry,
+    StoredKey, Timestamp, fragment_digest,
 };
 use bulwark_protocol::register::reconfig::{self, EpochServer};
 use bulwark_protocol::register::{self, Policy};
@@ -347,7 +347,7 @@ pub fn powerstore_op(namespace: Namespace, change: &Change) -> StorageOp {
 /// flipped byte on disk breaks.
 pub struct EntryChecks {
     pub config: ServerConfig,
-    pub own_key: MacKey,
+    pub keys: ServerKeys,
 }
 
 impl EntryChecks {
@@ -372,11 +372,11 @@ impl EntryChecks {
             Some("fragment does not match its cross-checksum")
         } else if !entry.vec.verify_slot(
             me,
-            config.group,
+            &config.incarnation,
             key,
             &entry.ts,
             &entry.nonce_hash,
-            &self.own_key,
+            &self.keys,
         ) {
             Some("MAC vector slot does not verify")
         } else {

@@ -29,9 +29,9 @@ pub use rejections::Rejections;
 use bulwark_core::config::Protocol;
 use bulwark_core::config::{ClusterConfig, NodeSecrets, parse_secrets};
 use bulwark_core::envelope::Header;
-use bulwark_core::membership::GroupView;
+use bulwark_core::membership::{GroupView, Incarnation};
 use bulwark_core::{ClientId, Epoch, NodeId, ServiceId, Time};
-use bulwark_protocol::powerstore::{Server, ServerConfig, ServerLogic, StoredEntry};
+use bulwark_protocol::powerstore::{Server, ServerConfig, ServerKeys, ServerLogic, StoredEntry};
 use bulwark_protocol::{abd, phalanx, table};
 use bulwark_storage::{Committer, Namespace, StorageError, Store};
 use bulwark_transport::Peer;
@@ -717,6 +717,17 @@ async fn trusted_log(options: &NodeOptions) -> Result<Option<trusted::TrustedLog
 /// their group commits still fold many requests into one fsync.
 const SHARDS: usize = 4;
 
+/// The registered public key of every client that has one: what the node agrees MAC keys from
+/// (PoWerStore writers' vectors, Half-Sym and Full-Sym tables).
+fn client_keys(
+    cluster: &ClusterConfig,
+) -> impl Iterator<Item = (bulwark_core::ClientId, bulwark_core::sign::PublicKey)> + '_ {
+    cluster.clients.iter().filter_map(|client| {
+        let key = bulwark_core::sign::PublicKey::from_bytes(&client.signing_key?).ok()?;
+        Some((bulwark_core::ClientId(client.id), key))
+    })
+}
+
 /// This node's replicas of one group: one per service, restored from its namespace. An ABD
 /// register lives on the first `2f+1` members of each group, so a node in a later slot hosts no
 /// ABD replica of that group.
@@ -744,12 +755,16 @@ fn build_replicas(
     let mut config = ServerConfig::new(slot, f);
     config.epoch = epoch;
     config.group = group;
+    // Registers stay on `cluster.toml`'s placement: each group lives once, from its epoch.
+    config.incarnation = Incarnation::new(view.members(), epoch);
     config.grace_millis = options.grace_millis;
     config.cached_keys_max = options.cached_keys_max.max(1);
-    let mut server = Server::new(config.clone(), options.secrets.mac_key.clone());
+    let secret = bulwark_core::sign::SecretKey::from_seed(&options.secrets.signing_key);
+    let keys = ServerKeys::derived(&secret, client_keys(&options.cluster));
+    let mut server = Server::new(config.clone(), keys.clone());
     let checks = host::EntryChecks {
         config: config.clone(),
-        own_key: options.secrets.mac_key.clone(),
+        keys,
     };
     let restored = restore(store, namespace, &mut server, &checks, rejections)?;
     tracing::debug!(
@@ -838,12 +853,10 @@ fn build_replicas(
         })
     })?;
     // Every client with a registered key shares MAC keys with this node (Half-Sym, Full-Sym).
-    let secret = bulwark_core::sign::SecretKey::from_seed(&options.secrets.signing_key);
-    let clients = options.cluster.clients.iter().filter_map(|client| {
-        let key = bulwark_core::sign::PublicKey::from_bytes(&client.signing_key?).ok()?;
-        Some((bulwark_core::ClientId(client.id), key))
-    });
-    let pairs = Arc::new(table::replica_pair_keys(&secret, clients));
+    let pairs = Arc::new(table::replica_pair_keys(
+        &secret,
+        client_keys(&options.cluster),
+    ));
     let mut server = table::Server::new(
         place,
         secret,
@@ -1225,7 +1238,7 @@ mod tests {
             writer: ClientId(0),
             seq: num,
         };
-        let ts = Timestamp::authenticated(GroupId(0), key, num, pid, &writer_key);
+        let ts = Timestamp::authenticated(key, num, pid, &writer_key);
         let layout = Layout::for_value(value.len(), 4, 1);
         let nonce_hash = Digest::of("test nonce", &num.to_be_bytes());
         StoredEntry {
@@ -1237,7 +1250,13 @@ mod tests {
                 hashes: vec![bulwark_protocol::powerstore::fragment_digest(value); 4],
             },
             nonce_hash,
-            vec: MacVec::compute(GroupId(0), key, &ts, &nonce_hash, keys),
+            vec: MacVec::compute(
+                &ServerConfig::new(bulwark_core::Slot(1), 1).incarnation,
+                key,
+                &ts,
+                &nonce_hash,
+                keys,
+            ),
         }
     }
 
@@ -1294,10 +1313,12 @@ mod tests {
             .unwrap();
 
         let rejections = Rejections::default();
-        let mut server = Server::new(config.clone(), keys[1].clone());
+        // Node 1's key with writer 0 is `keys[1]`.
+        let node_keys = ServerKeys::from_keys([(ClientId(0), keys[1].clone())]);
+        let mut server = Server::new(config.clone(), node_keys.clone());
         let checks = host::EntryChecks {
             config: config.clone(),
-            own_key: keys[1].clone(),
+            keys: node_keys.clone(),
         };
         let restored = restore(&store, POWERSTORE, &mut server, &checks, &rejections).unwrap();
         assert_eq!(restored.versions, 1, "only the intact entry is served");
@@ -1331,7 +1352,7 @@ mod tests {
 
         // The next start finds nothing more to drop.
         let again = Rejections::default();
-        let mut server = Server::new(config.clone(), keys[1].clone());
+        let mut server = Server::new(config.clone(), node_keys);
         let restored = restore(&store, POWERSTORE, &mut server, &checks, &again).unwrap();
         assert_eq!((restored.versions, restored.dropped), (1, 0));
         assert!(again.snapshot().is_empty());

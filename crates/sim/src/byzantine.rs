@@ -23,11 +23,11 @@ pub mod phalanx;
 pub mod reader;
 
 use bulwark_core::erasure::{ErasureCodec, Layout, ReedSolomonSimd};
-use bulwark_core::{ClientId, Digest, Key, MacKey, Tag, Time};
+use bulwark_core::{ClientId, Digest, Key, Tag, Time};
 use bulwark_protocol::powerstore::{
     Access, Candidate, Change, CrossChecksum, FilterAck, Fragments, Handled, LcEntry, MacVec,
     Nonce, Pid, Refusal, Request, RequestBody, Response, ResponseBody, Server, ServerConfig,
-    ServerLogic, ServerStats, Timestamp, fragment_digest,
+    ServerKeys, ServerLogic, ServerStats, Timestamp, fragment_digest,
 };
 use bytes::Bytes;
 use rand::{Rng, RngCore, SeedableRng};
@@ -193,10 +193,10 @@ impl FromStr for Behaviour {
 pub fn make_server(
     behaviour: Behaviour,
     config: ServerConfig,
-    own_key: MacKey,
+    keys: ServerKeys,
     seed: u64,
 ) -> Box<dyn ServerLogic> {
-    wrap(behaviour, Server::new(config, own_key), seed)
+    wrap(behaviour, Server::new(config, keys), seed)
 }
 
 /// Wraps an existing (possibly restored) honest server in `behaviour`. Servers wrapped with
@@ -1059,12 +1059,12 @@ mod tests {
         let a = Colluding {
             story_seed: 7,
             previous_lc: BTreeMap::new(),
-            inner: Server::new(ServerConfig::new(Slot(1), f), MacKey([1; 32])),
+            inner: Server::new(ServerConfig::new(Slot(1), f), ServerKeys::default()),
         };
         let b = Colluding {
             story_seed: 7,
             previous_lc: BTreeMap::new(),
-            inner: Server::new(ServerConfig::new(Slot(2), f), MacKey([2; 32])),
+            inner: Server::new(ServerConfig::new(Slot(2), f), ServerKeys::default()),
         };
         let (ca, va) = a.story(&key).unwrap();
         let (cb, vb) = b.story(&key).unwrap();

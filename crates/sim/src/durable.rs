@@ -8,9 +8,10 @@
 //! reads a key it evicted from its cache back through [`DurableState::key_after`]. Nothing here models torn writes or disk corruption: a correct server's
 //! disk either holds a committed change or does not.
 
-use bulwark_core::{Key, MacKey, Time};
+use bulwark_core::{Key, Time};
 use bulwark_protocol::powerstore::{
-    Candidate, Change, EntryMeta, Server, ServerConfig, StoredEntry, StoredKey, Timestamp,
+    Candidate, Change, EntryMeta, Server, ServerConfig, ServerKeys, StoredEntry, StoredKey,
+    Timestamp,
 };
 use bytes::Bytes;
 use std::collections::BTreeMap;
@@ -130,8 +131,8 @@ impl DurableState {
     }
 
     /// A fresh server holding exactly this disk's state, as the node builds one at start-up.
-    pub fn restore(&self, config: ServerConfig, own_key: MacKey, now: Time) -> Server {
-        let mut server = Server::new(config, own_key);
+    pub fn restore(&self, config: ServerConfig, keys: ServerKeys, now: Time) -> Server {
+        let mut server = Server::new(config, keys);
         for (key, state) in &self.keys {
             server.restore_key(key.clone(), state.stored(), now);
         }
@@ -201,7 +202,11 @@ mod tests {
         });
         assert_eq!(disk.versions(), 2);
         assert_eq!(disk.applied(), 6);
-        let server = disk.restore(ServerConfig::new(Slot(0), 1), MacKey([1; 32]), Time(0));
+        let server = disk.restore(
+            ServerConfig::new(Slot(0), 1),
+            ServerKeys::default(),
+            Time(0),
+        );
         assert_eq!(server.versions(&key), 2);
         assert_eq!(server.lc(&key), Some(&lc(3)));
         assert_eq!(server.config().group, GroupId(0));

@@ -11,6 +11,7 @@ use super::{
 };
 use crate::round::{Refusals, Replies};
 use bulwark_core::erasure::{ErasureCodec, Layout};
+use bulwark_core::membership::Incarnation;
 use bulwark_core::{Digest, Epoch, GroupId, Key, Slot};
 use bytes::Bytes;
 use std::cmp::Ordering;
@@ -26,6 +27,8 @@ pub struct ClientConfig {
     pub epoch: Epoch,
     /// Group addressed.
     pub group: GroupId,
+    /// The group's incarnation, which MAC vectors bind.
+    pub incarnation: Incarnation,
     /// Whether a read may end after COLLECT (the one-round read, see [`ReadOp`]). Off, every
     /// read runs FILTER as the paper's does: for tests of FILTER and for comparisons.
     pub one_round: bool,
@@ -65,6 +68,7 @@ impl ClientConfig {
             f,
             epoch: Epoch(0),
             group: GroupId(0),
+            incarnation: Incarnation::new(&[], Epoch(0)),
             one_round: true,
             mutations: ClientMutations::default(),
         }
@@ -392,7 +396,7 @@ impl WriteOp {
                 }
                 // l. 100: adopt only timestamps that carry a genuine k_W tag.
                 if let Some(ts) = lc_ts {
-                    let verified = ts.verify(self.config.group, &self.key, &self.keys.timestamp);
+                    let verified = ts.verify(&self.key, &self.keys.timestamp);
                     if verified && cmp_ts(Some(&ts), highest.as_ref()) == Ordering::Greater {
                         *highest = Some(ts);
                     }
@@ -462,7 +466,7 @@ impl WriteOp {
         };
         if !matches!(self.phase, WritePhase::Store { .. })
             || lc.cmp_order(&current) != Ordering::Greater
-            || !lc.verify(self.config.group, &self.key, &self.keys.timestamp)
+            || !lc.verify(&self.key, &self.keys.timestamp)
         {
             return Step::Continue(Vec::new());
         }
@@ -489,13 +493,7 @@ impl WriteOp {
 
     /// Builds the timestamp, fragments, cross-checksum and MAC vector (l. 85–88, 103).
     fn prepare(&mut self, num: u64) -> Result<(), ProtocolError> {
-        let ts = Timestamp::authenticated(
-            self.config.group,
-            &self.key,
-            num,
-            self.pid,
-            &self.keys.timestamp,
-        );
+        let ts = Timestamp::authenticated(&self.key, num, self.pid, &self.keys.timestamp);
         let (layout, tombstone, value) = match &self.value {
             Some(value) => (
                 Layout::for_value(value.len(), self.config.n, self.config.f),
@@ -519,7 +517,7 @@ impl WriteOp {
         };
         let nonce_hash = self.nonce.commitment();
         let vec = MacVec::compute(
-            self.config.group,
+            &self.config.incarnation,
             &self.key,
             &ts,
             &nonce_hash,

@@ -14,8 +14,10 @@
 //!   twin candidate lets a read return a value no later read sees (a new-old inversion).
 //! - §4.8(b): `Hist` is keyed by the whole timestamp, MAC tag included; timestamps are ordered by
 //!   `(num, pid)` only.
-//! - Every MAC binds the replica group and the object key, so a candidate of one key can never be
-//!   written back into another.
+//! - Every MAC binds the object key, so a candidate of one key can never be written back into
+//!   another; a MAC vector also binds the group's incarnation (its members in order and the epoch
+//!   they began in, [`Incarnation`]), and slot `i` is under the key server `i` shares with the
+//!   writer alone ([`pair_key`]), so a vector checks only where it was made for.
 //! - Garbage collection (the paper keeps `Hist` forever): see [`server`] for the rule and why reads
 //!   stay correct.
 //! - An empty candidate set after COLLECT returns "absent" at once: any completed write or read
@@ -46,9 +48,13 @@ pub use server::{
 };
 
 use bulwark_core::erasure::Layout;
-use bulwark_core::{ClientId, Digest, GroupId, Key, MacKey, Tag};
+use bulwark_core::membership::Incarnation;
+use bulwark_core::sign::{PublicKey, SecretKey};
+use bulwark_core::{ClientId, Digest, Key, MacKey, Tag};
 use serde::{Deserialize, Serialize};
 use std::cmp::Ordering;
+use std::collections::HashMap;
+use std::sync::Arc;
 
 /// The first bytes of a register key with one writer; the writer's client id follows, four bytes
 /// big-endian, then the rest of the key.
@@ -75,6 +81,7 @@ const DOMAIN_VEC: &str = "bulwark.powerstore.vec";
 const DOMAIN_NONCE: &str = "bulwark 2026 powerstore nonce commitment";
 const DOMAIN_FRAGMENT: &str = "bulwark 2026 powerstore fragment";
 const DOMAIN_NONCE_RETRY: &str = "bulwark 2026 powerstore nonce of a retried write";
+const DOMAIN_PAIR: &str = "bulwark 2026 powerstore writer-server key";
 
 /// The writer part of a timestamp. `seq` is unique per write operation of a writer (a random
 /// per-process prefix and a counter), so neither a restarted writer nor two concurrent writes of
@@ -96,33 +103,30 @@ pub struct Timestamp {
     pub num: u64,
     /// Who wrote it.
     pub pid: Pid,
-    /// `MAC_kW` over the group, key, `num` and `pid`: servers cannot make writers skip ahead.
+    /// `MAC_kW` over the key, `num` and `pid`: servers cannot make writers skip ahead.
     pub tag: Tag,
 }
 
 impl Timestamp {
-    /// A timestamp authenticated under the writers' shared key `k_W`.
-    pub fn authenticated(group: GroupId, key: &Key, num: u64, pid: Pid, k_w: &MacKey) -> Timestamp {
-        let tag = k_w.mac(
-            DOMAIN_TIMESTAMP,
-            &Self::tag_parts(group, key, num, pid).each(),
-        );
+    /// A timestamp authenticated under the writers' shared key `k_W`. It binds the key and not
+    /// the group: a timestamp carried into a key's next group still orders the writes there.
+    pub fn authenticated(key: &Key, num: u64, pid: Pid, k_w: &MacKey) -> Timestamp {
+        let tag = k_w.mac(DOMAIN_TIMESTAMP, &Self::tag_parts(key, num, pid).each());
         Timestamp { num, pid, tag }
     }
 
     /// Whether the tag was made with `k_W` (Alg. 4, l. 100).
-    pub fn verify(&self, group: GroupId, key: &Key, k_w: &MacKey) -> bool {
+    pub fn verify(&self, key: &Key, k_w: &MacKey) -> bool {
         self.num >= 1
             && k_w.verify(
                 DOMAIN_TIMESTAMP,
-                &Self::tag_parts(group, key, self.num, self.pid).each(),
+                &Self::tag_parts(key, self.num, self.pid).each(),
                 &self.tag,
             )
     }
 
-    fn tag_parts(group: GroupId, key: &Key, num: u64, pid: Pid) -> Parts {
+    fn tag_parts(key: &Key, num: u64, pid: Pid) -> Parts {
         Parts(vec![
-            group.0.to_be_bytes().to_vec(),
             key.as_bytes().to_vec(),
             num.to_be_bytes().to_vec(),
             pid.writer.0.to_be_bytes().to_vec(),
@@ -202,14 +206,15 @@ pub fn fragment_digest(fragment: &[u8]) -> Digest {
     Digest::of(DOMAIN_FRAGMENT, fragment)
 }
 
-/// `vec`: one MAC per server over `ts || N̄` (Alg. 4), each under that server's key `k_i`.
+/// `vec`: one MAC per server over `ts || N̄` (Alg. 4), slot `i` under `k_{w,i}`, the key server `i`
+/// shares with the writer `w` the timestamp names ([`pair_key`]).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct MacVec(pub Vec<Tag>);
 
 impl MacVec {
     /// Computes every server's MAC; only writers hold all the keys.
     pub fn compute(
-        group: GroupId,
+        incarnation: &Incarnation,
         key: &Key,
         ts: &Timestamp,
         nonce_hash: &Digest,
@@ -218,25 +223,35 @@ impl MacVec {
         MacVec(
             server_keys
                 .iter()
-                .map(|k| k.mac(DOMAIN_VEC, &vec_parts(group, key, ts, nonce_hash).each()))
+                .map(|k| {
+                    k.mac(
+                        DOMAIN_VEC,
+                        &vec_parts(incarnation, key, ts, nonce_hash).each(),
+                    )
+                })
                 .collect(),
         )
     }
 
-    /// Whether slot `index` is `k_index`'s MAC on `ts || N̄` (Alg. 5, l. 131, second disjunct).
+    /// Whether slot `index` is the MAC on `ts || N̄` under the key this server, holding `keys`,
+    /// shares with the writer `ts` names (Alg. 5, l. 131, second disjunct). A writer the server
+    /// shares no key with made no slot it can check.
     pub fn verify_slot(
         &self,
         index: usize,
-        group: GroupId,
+        incarnation: &Incarnation,
         key: &Key,
         ts: &Timestamp,
         nonce_hash: &Digest,
-        own_key: &MacKey,
+        keys: &ServerKeys,
     ) -> bool {
+        let Some(own_key) = keys.shared_with(ts.pid.writer) else {
+            return false;
+        };
         match self.0.get(index) {
             Some(tag) => own_key.verify(
                 DOMAIN_VEC,
-                &vec_parts(group, key, ts, nonce_hash).each(),
+                &vec_parts(incarnation, key, ts, nonce_hash).each(),
                 tag,
             ),
             None => false,
@@ -244,9 +259,9 @@ impl MacVec {
     }
 }
 
-fn vec_parts(group: GroupId, key: &Key, ts: &Timestamp, nonce_hash: &Digest) -> Parts {
+fn vec_parts(incarnation: &Incarnation, key: &Key, ts: &Timestamp, nonce_hash: &Digest) -> Parts {
     Parts(vec![
-        group.0.to_be_bytes().to_vec(),
+        incarnation.0.0.to_vec(),
         key.as_bytes().to_vec(),
         ts.canonical().to_vec(),
         nonce_hash.0.to_vec(),
@@ -286,11 +301,49 @@ impl CrossChecksum {
     }
 }
 
-/// The secrets a writer holds: `k_W` and every server's `k_i` (§1.3). Readers hold none.
+/// The secrets a writer holds: `k_W` and the key it shares with each server (§1.3). Readers
+/// hold none.
 #[derive(Clone, Debug)]
 pub struct WriterKeys {
     /// `k_W`, shared by writers only; no server can compute timestamp tags.
     pub timestamp: MacKey,
-    /// `k_i` for every server `i`, in node order.
+    /// `k_{w,i}` for every server `i` of the group, in slot order.
     pub servers: Vec<MacKey>,
+}
+
+/// What the paper's per-server key `k_i` is here: the key writer `w` and a node share, from an
+/// X25519 agreement on their Ed25519 keys. Each side derives it alone, so a node certified after
+/// a writer's configuration was written checks its slot of that writer's vectors, and no
+/// configuration file carries a server's MAC key. Readers, holding neither secret, cannot make a
+/// slot verify; the slot a writer fills for server `i` verifies at `i` only.
+pub fn pair_key(own: &SecretKey, peer: &PublicKey) -> MacKey {
+    own.pair_key(peer).derive(DOMAIN_PAIR)
+}
+
+/// The keys one server shares with the writers it knows, by writer: `k_{w,i}` for its own `i`.
+#[derive(Clone, Debug, Default)]
+pub struct ServerKeys(Arc<HashMap<ClientId, MacKey>>);
+
+impl ServerKeys {
+    /// The keys `own`, a node's signing key, shares with each of `writers`.
+    pub fn derived(
+        own: &SecretKey,
+        writers: impl IntoIterator<Item = (ClientId, PublicKey)>,
+    ) -> ServerKeys {
+        ServerKeys::from_keys(
+            writers
+                .into_iter()
+                .map(|(writer, public)| (writer, pair_key(own, &public))),
+        )
+    }
+
+    /// Keys given as they are (the simulator's and tests' random keys).
+    pub fn from_keys(keys: impl IntoIterator<Item = (ClientId, MacKey)>) -> ServerKeys {
+        ServerKeys(Arc::new(keys.into_iter().collect()))
+    }
+
+    /// The key shared with `writer`, if the server knows it.
+    pub fn shared_with(&self, writer: ClientId) -> Option<&MacKey> {
+        self.0.get(&writer)
+    }
 }

@@ -46,8 +46,11 @@
 //! objects) are kept as running totals, since no pass over every key is possible.
 
 use super::msg::{FilterAck, LcEntry, Refusal, Request, RequestBody, Response, ResponseBody};
-use super::{Candidate, CrossChecksum, MacVec, Timestamp, cmp_ts, fragment_digest, sole_writer};
-use bulwark_core::{ClientId, Digest, Epoch, GroupId, Key, MacKey, Slot, Time};
+use super::{
+    Candidate, CrossChecksum, MacVec, ServerKeys, Timestamp, cmp_ts, fragment_digest, sole_writer,
+};
+use bulwark_core::membership::Incarnation;
+use bulwark_core::{ClientId, Digest, Epoch, GroupId, Key, Slot, Time};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use std::cmp::Ordering;
@@ -66,6 +69,8 @@ pub struct ServerConfig {
     pub epoch: Epoch,
     /// The group served.
     pub group: GroupId,
+    /// The group's incarnation, which MAC vectors bind.
+    pub incarnation: Incarnation,
     /// How long a superseded version stays readable.
     pub grace_millis: u64,
     /// The most superseded versions kept per key, whatever their age.
@@ -107,6 +112,7 @@ impl ServerConfig {
             f,
             epoch: Epoch(0),
             group: GroupId(0),
+            incarnation: Incarnation::new(&[], Epoch(0)),
             grace_millis: 10_000,
             superseded_max: 8,
             cached_keys_max: CACHED_KEYS_MAX,
@@ -413,8 +419,8 @@ impl HistEntry {
 /// An honest M-PoWerStore server.
 pub struct Server {
     config: ServerConfig,
-    /// `k_i`: shared with writers only.
-    own_key: MacKey,
+    /// `k_{w,i}` for every writer `w` it knows: shared with that writer only.
+    macs: ServerKeys,
     /// The cached keys: at most `cached_keys_max`, beyond those awaiting collection.
     keys: HashMap<Key, KeyState>,
     /// The clock's ring of cached keys, the hand at the front; each cached key once.
@@ -429,7 +435,7 @@ pub struct Server {
 
 impl Server {
     /// A server with empty state.
-    pub fn new(config: ServerConfig, own_key: MacKey) -> Server {
+    pub fn new(config: ServerConfig, keys: ServerKeys) -> Server {
         assert_eq!(config.n, 3 * config.f + 1, "n = 3f+1");
         assert!(config.node.index() < config.n);
         assert!(
@@ -438,7 +444,7 @@ impl Server {
         );
         Server {
             config,
-            own_key,
+            macs: keys,
             keys: HashMap::new(),
             clock: VecDeque::new(),
             collectable: HashSet::new(),
@@ -568,11 +574,11 @@ impl Server {
         }
         let verified = candidate.vec.verify_slot(
             self.config.node.index(),
-            self.config.group,
+            &self.config.incarnation,
             key,
             &candidate.ts,
             &nonce_hash,
-            &self.own_key,
+            &self.macs,
         );
         verified.then(|| candidate.vec.clone())
     }
@@ -701,11 +707,11 @@ impl Server {
             Some("fragment does not match its hash")
         } else if !vec.verify_slot(
             me,
-            self.config.group,
+            &self.config.incarnation,
             &request.key,
             ts,
             nonce_hash,
-            &self.own_key,
+            &self.macs,
         ) {
             Some("MAC vector slot does not verify")
         } else {

@@ -4,7 +4,9 @@
 use super::*;
 use bulwark_core::Epoch;
 use bulwark_core::erasure::{ErasureCodec, ReedSolomonSimd};
-use bulwark_core::{ClientId, Slot, Time};
+use bulwark_core::membership::Incarnation;
+use bulwark_core::sign::SecretKey;
+use bulwark_core::{ClientId, GroupId, Slot, Time};
 use bytes::Bytes;
 use std::sync::Arc;
 
@@ -17,9 +19,18 @@ const WRITER: Access = Access {
     read: true,
 };
 
+/// Writers the harness's servers share keys with.
+const WRITERS: u32 = 16;
+
 struct Harness {
     config: ClientConfig,
+    /// Writer 0's keys, which the harness writes with.
     keys: Arc<WriterKeys>,
+    /// Every server's keys shared with the writers, by slot.
+    server_keys: Vec<ServerKeys>,
+    /// Every writer's signing key, by client id.
+    writer_secrets: Vec<SecretKey>,
+    node_secrets: Vec<SecretKey>,
     servers: Vec<Server>,
     /// Each server's storage: every change it emitted is applied at once.
     disks: Vec<MemoryFragments>,
@@ -32,23 +43,43 @@ struct Harness {
 impl Harness {
     fn new(f: usize) -> Harness {
         let n = 3 * f + 1;
-        let server_keys: Vec<MacKey> = (0..n).map(|i| MacKey([i as u8 + 1; 32])).collect();
+        // Real agreements, as nodes and clients make them.
+        let writer_secrets: Vec<SecretKey> = (0..WRITERS)
+            .map(|w| SecretKey::from_seed(&[w as u8 + 100; 32]))
+            .collect();
+        let node_secrets: Vec<SecretKey> = (0..n)
+            .map(|i| SecretKey::from_seed(&[i as u8 + 1; 32]))
+            .collect();
+        let server_keys: Vec<ServerKeys> = node_secrets
+            .iter()
+            .map(|node| {
+                ServerKeys::derived(
+                    node,
+                    (0..WRITERS).map(|w| (ClientId(w), writer_secrets[w as usize].public_key())),
+                )
+            })
+            .collect();
         let servers = (0..n)
             .map(|i| Server::new(ServerConfig::new(Slot(i as u32), f), server_keys[i].clone()))
             .collect();
-        let keys = Arc::new(WriterKeys {
-            timestamp: MacKey([99; 32]),
-            servers: server_keys,
-        });
+        let keys = writer_keys(&writer_secrets[0], &node_secrets);
         Harness {
             config: ClientConfig::new(f),
             keys,
+            server_keys,
+            writer_secrets,
+            node_secrets,
             servers,
             disks: vec![MemoryFragments::default(); n],
             now: Time(0),
             next_op: 1,
             down: vec![false; n],
         }
+    }
+
+    /// The keys of writer `writer`.
+    fn keys_of(&self, writer: ClientId) -> Arc<WriterKeys> {
+        writer_keys(&self.writer_secrets[writer.0 as usize], &self.node_secrets)
     }
 
     fn op(&mut self) -> OpId {
@@ -677,7 +708,7 @@ fn restored_state_serves_the_same_reads() {
     for (i, list) in changes.into_iter().enumerate() {
         let mut fresh = Server::new(
             ServerConfig::new(Slot(i as u32), 1),
-            h.keys.servers[i].clone(),
+            h.server_keys[i].clone(),
         );
         let mut disk = MemoryFragments::default();
         for change in &list {
@@ -853,7 +884,7 @@ fn twin_trace(server: ServerMutations, client: ClientMutations) -> (Bytes, Bytes
     for (i, slot) in h.servers.iter_mut().enumerate() {
         let mut config = ServerConfig::new(Slot(i as u32), 1);
         config.mutations = server;
-        *slot = Server::new(config, h.keys.servers[i].clone());
+        *slot = Server::new(config, h.server_keys[i].clone());
     }
     let k = key("k");
     h.write(&k, Some(b"v4"));
@@ -949,7 +980,7 @@ fn a_read_whose_quorum_disagrees_says_so() {
     for i in [2usize, 3] {
         h.servers[i] = Server::new(
             ServerConfig::new(Slot(i as u32), 1),
-            h.keys.servers[i].clone(),
+            h.server_keys[i].clone(),
         );
         h.disks[i] = MemoryFragments::default();
     }
@@ -1198,12 +1229,23 @@ fn a_damaged_entry_is_blamed_and_the_read_still_ends_in_one_round() {
 // ---------------------------------------------------------------------------------------------
 // Registers with one writer
 
+/// What a writer holding `secret` shares with the nodes holding `nodes`, as a client derives it.
+fn writer_keys(secret: &SecretKey, nodes: &[SecretKey]) -> Arc<WriterKeys> {
+    Arc::new(WriterKeys {
+        timestamp: MacKey([99; 32]),
+        servers: nodes
+            .iter()
+            .map(|node| pair_key(secret, &node.public_key()))
+            .collect(),
+    })
+}
+
 /// A write by `writer` of `value` to `key`, which knows its clock is `last`.
 fn sole_write(h: &mut Harness, writer: ClientId, key: &Key, last: Option<u64>) -> WriteOp {
     let op = h.op();
     WriteOp::new(
         h.config.clone(),
-        h.keys.clone(),
+        h.keys_of(writer),
         Arc::new(ReedSolomonSimd),
         key.clone(),
         op,
@@ -1387,7 +1429,7 @@ fn without_the_stale_check_a_writer_behind_completes_a_write_no_read_sees() {
         .map(|i| {
             let mut config = ServerConfig::new(Slot(i as u32), 1);
             config.mutations.no_stale_check = true;
-            Server::new(config, h.keys.servers[i].clone())
+            Server::new(config, h.server_keys[i].clone())
         })
         .collect();
     let writer = ClientId(7);
@@ -1438,7 +1480,7 @@ fn many_keys(
         let mut config = ServerConfig::new(Slot(i as u32), 1);
         config.cached_keys_max = cached;
         mutate(&mut config);
-        *server = Server::new(config, h.keys.servers[i].clone());
+        *server = Server::new(config, h.server_keys[i].clone());
     }
     let names: Vec<Key> = (0..24).map(|i| key(&format!("k{i}"))).collect();
     for (i, k) in names.iter().enumerate() {
@@ -1493,7 +1535,7 @@ fn a_restart_counts_every_key_and_caches_only_what_fits() {
     let (_, stats, h) = many_keys(CACHED_KEYS_MAX, |_| {});
     let mut config = ServerConfig::new(Slot(0), 1);
     config.cached_keys_max = 4;
-    let mut fresh = Server::new(config, h.keys.servers[0].clone());
+    let mut fresh = Server::new(config, h.server_keys[0].clone());
     let mut keys: Vec<Key> = h.disks[0].lcs.keys().cloned().collect();
     keys.sort();
     for k in keys {
@@ -1508,4 +1550,42 @@ fn a_restart_counts_every_key_and_caches_only_what_fits() {
         }
     );
     assert!(fresh.cached_keys() <= 4 + 9, "{}", fresh.cached_keys());
+}
+
+#[test]
+fn a_slot_verifies_only_under_the_key_its_writer_shares_with_that_server_in_its_incarnation() {
+    let h = Harness::new(1);
+    let k = key("k");
+    let members: Vec<bulwark_core::NodeId> = (0..4).map(bulwark_core::NodeId).collect();
+    let here = Incarnation::new(&members, Epoch(3));
+    let writer = ClientId(3);
+    let ts = Timestamp::authenticated(&k, 1, Pid { writer, seq: 1 }, &MacKey([99; 32]));
+    let nonce_hash = Nonce([5; 32]).commitment();
+    let vec = MacVec::compute(&here, &k, &ts, &nonce_hash, &h.keys_of(writer).servers);
+    for (i, keys) in h.server_keys.iter().enumerate() {
+        assert!(vec.verify_slot(i, &here, &k, &ts, &nonce_hash, keys));
+    }
+    // Each side derives the key alone.
+    assert_eq!(
+        pair_key(&h.node_secrets[2], &h.writer_secrets[3].public_key()),
+        h.keys_of(writer).servers[2]
+    );
+    // Another server's slot, a timestamp naming another writer, a writer the server does not know.
+    assert!(!vec.verify_slot(0, &here, &k, &ts, &nonce_hash, &h.server_keys[1]));
+    let other = Timestamp {
+        pid: Pid {
+            writer: ClientId(4),
+            ..ts.pid
+        },
+        ..ts
+    };
+    assert!(!vec.verify_slot(0, &here, &k, &other, &nonce_hash, &h.server_keys[0]));
+    assert!(!vec.verify_slot(0, &here, &k, &ts, &nonce_hash, &ServerKeys::default()));
+    // The same members in a later life, or other members: the vector was not made for them.
+    for elsewhere in [
+        Incarnation::new(&members, Epoch(5)),
+        Incarnation::new(&[members[1], members[0], members[2], members[3]], Epoch(3)),
+    ] {
+        assert!(!vec.verify_slot(0, &elsewhere, &k, &ts, &nonce_hash, &h.server_keys[0]));
+    }
 }

@@ -17,8 +17,8 @@ use bulwark_core::erasure::{ErasureCodec, ReedSolomonSimd};
 use bulwark_core::{ClientId, Key, MacKey, Slot, Time};
 use bulwark_protocol::powerstore::{
     Candidate, Change, ClientConfig, FilterAck, Fragments, OpId, Pid, ReadOp, ReadOutcome, Request,
-    RequestBody, Response, ResponseBody, ServerConfig, ServerLogic, StoredKey, Timestamp, WriteOp,
-    WriteOutcome, WriterKeys, sole_writer, sole_writer_key,
+    RequestBody, Response, ResponseBody, ServerConfig, ServerKeys, ServerLogic, StoredKey,
+    Timestamp, WriteOp, WriteOutcome, WriterKeys, sole_writer, sole_writer_key,
 };
 use bytes::Bytes;
 use rand::Rng;
@@ -30,13 +30,15 @@ use std::sync::Arc;
 /// Collect operations a Byzantine reader remembers (to learn which key a reply was about).
 const ATTACKER_COLLECTS_MAX: usize = 64;
 
-/// One run's M-PoWerStore group: every server's MAC key, the writers' keys, configurations.
+/// One run's M-PoWerStore group: the keys each writer shares with each server, configurations.
 /// `SOLE`: every register has one writer (see the module docs).
 pub struct PowerStore<const SOLE: bool = false> {
     server_configs: Vec<ServerConfig>,
-    server_keys: Vec<MacKey>,
+    /// Each server's keys, by slot.
+    server_keys: Vec<ServerKeys>,
     client_config: ClientConfig,
-    writer_keys: Arc<WriterKeys>,
+    /// Each client's keys, by client index.
+    writer_keys: Vec<Arc<WriterKeys>>,
     codec: Arc<dyn ErasureCodec>,
     /// Each sole writer's clock: the timestamp number of its last write, per key it wrote since
     /// it last crashed.
@@ -69,11 +71,36 @@ impl<const SOLE: bool> Protocol for PowerStore<SOLE> {
     fn new(rng: &mut ChaCha8Rng, config: &SimConfig, swarm: &Swarm) -> Self {
         let f = config.f;
         let n = Self::nodes(f);
-        let server_keys: Vec<MacKey> = (0..n).map(|_| MacKey(rng.random())).collect();
-        let writer_keys = Arc::new(WriterKeys {
-            timestamp: MacKey(rng.random()),
-            servers: server_keys.clone(),
-        });
+        // One random key per server, and from it one per writer, stand for the X25519
+        // agreements; drawn as they were before writers had keys of their own, so that a seed
+        // still names the same schedule.
+        let bases: Vec<MacKey> = (0..n).map(|_| MacKey(rng.random())).collect();
+        let timestamp = MacKey(rng.random());
+        let pairs: Vec<Vec<MacKey>> = (0..config.clients)
+            .map(|writer| {
+                let purpose = format!("bulwark sim powerstore writer {writer}");
+                bases.iter().map(|base| base.derive(&purpose)).collect()
+            })
+            .collect();
+        let writer_keys = pairs
+            .iter()
+            .map(|servers| {
+                Arc::new(WriterKeys {
+                    timestamp: timestamp.clone(),
+                    servers: servers.clone(),
+                })
+            })
+            .collect();
+        let server_keys = (0..n)
+            .map(|slot| {
+                ServerKeys::from_keys(
+                    pairs
+                        .iter()
+                        .enumerate()
+                        .map(|(writer, keys)| (ClientId(writer as u32), keys[slot].clone())),
+                )
+            })
+            .collect();
         let server_configs = (0..n)
             .map(|index| {
                 let mut server_config = ServerConfig::new(Slot(index as u32), f);
@@ -136,7 +163,7 @@ impl<const SOLE: bool> Protocol for PowerStore<SOLE> {
     ) -> WriteOp {
         let write = WriteOp::new(
             self.client_config.clone(),
-            self.writer_keys.clone(),
+            self.writer_keys[client].clone(),
             self.codec.clone(),
             key.clone(),
             op,
@@ -219,7 +246,7 @@ impl<const SOLE: bool> Protocol for PowerStore<SOLE> {
 
     fn attacker(&self, seed: u64) -> Option<Box<dyn Attacker<Self>>> {
         Some(Box::new(ByzantineReader {
-            attacker: ReaderAttacker::new(self.server_keys.len(), seed),
+            attacker: ReaderAttacker::new(self.server_configs.len(), seed),
             collects: VecDeque::new(),
             client_config: self.client_config.clone(),
         }))
