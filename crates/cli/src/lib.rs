@@ -81,6 +81,11 @@ pub enum Command {
         /// Write here instead of standard output.
         #[arg(short, long)]
         output: Option<PathBuf>,
+        /// Causal volumes: a member client serving its log (`bulwark volume serve`), as
+        /// NAME@HOST:PORT, asked after every server for the values of its own writes that no
+        /// server gives. Repeatable.
+        #[arg(long = "peer")]
+        peers: Vec<String>,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -402,8 +407,9 @@ pub async fn run(cli: Cli) -> Result<std::process::ExitCode> {
         Command::Get {
             key,
             output,
+            peers,
             client,
-        } => return objects::get(&client, &key, output).await,
+        } => return objects::get(&client, &key, output, &peers).await,
         Command::Delete { key, client } => objects::delete(&client, &key).await?,
         Command::List {
             prefix,

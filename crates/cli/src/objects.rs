@@ -200,14 +200,20 @@ pub async fn serve_causal(
     Ok(())
 }
 
-/// `bulwark volume sync`.
-pub async fn sync_causal(args: &ClientArgs, name: &str, peer: &str) -> Result<()> {
-    let Some((peer_name, address)) = peer.split_once('@') else {
+/// A member client serving its log, given as NAME@HOST:PORT.
+fn client_peer(peer: &str) -> Result<(&str, std::net::SocketAddr)> {
+    let Some((name, address)) = peer.split_once('@') else {
         bail!("--peer is NAME@HOST:PORT, not {peer:?}");
     };
-    let address: std::net::SocketAddr = address
+    let address = address
         .parse()
         .with_context(|| format!("--peer's address {address:?}"))?;
+    Ok((name, address))
+}
+
+/// `bulwark volume sync`.
+pub async fn sync_causal(args: &ClientArgs, name: &str, peer: &str) -> Result<()> {
+    let (peer_name, address) = client_peer(peer)?;
     let client = connect(args).await?;
     let volume = causal_named(&client, name).await?;
     let learned = client
@@ -373,15 +379,29 @@ pub async fn get(
     args: &ClientArgs,
     key: &str,
     output: Option<PathBuf>,
+    peers: &[String],
 ) -> Result<std::process::ExitCode> {
+    let peers = peers
+        .iter()
+        .map(|peer| client_peer(peer))
+        .collect::<Result<Vec<_>>>()?;
     let client = connect(args).await?;
     let started = Instant::now();
     let volume = volume(&client, args).await?;
     if let Serving::Causal { volume: number } = volume.serving {
+        for (name, address) in peers {
+            client.add_causal_peer(name, address);
+        }
         let read = client
             .causal_read(volume.name(), number, key.as_bytes())
             .await?;
         return deliver_causal(key, read, output, started);
+    }
+    if !peers.is_empty() {
+        bail!(
+            "--peer names a client serving a causal volume's log; volume {:?} is not causal",
+            volume.name()
+        );
     }
     let (value, report) = client.get_in(&volume, key.as_bytes()).await?;
     deliver(&format!("{key:?}"), value, &report, output, started)
@@ -396,11 +416,17 @@ fn deliver_causal(
     started: Instant,
 ) -> Result<std::process::ExitCode> {
     let servers: Vec<String> = read.answered.iter().map(|n| n.0.to_string()).collect();
-    let from = if servers.is_empty() {
+    let mut from = if servers.is_empty() {
         "from this client's own log: no server answered".to_string()
     } else {
         format!("with nodes {}", servers.join(","))
     };
+    if !read.answered_by_clients.is_empty() {
+        from = format!(
+            "{from}; values from clients {}",
+            read.answered_by_clients.join(",")
+        );
+    }
     if read.versions.len() > 1 {
         eprintln!(
             "{key:?} has {} concurrent versions; the newest (highest clock) is written out:",

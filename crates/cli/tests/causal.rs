@@ -3,7 +3,8 @@
 //! a different one) are both returned by later reads, as concurrent versions, once the servers
 //! have gossiped; a write made after both supersedes them. The servers' logs survive their
 //! restart, and a client writes and reads through whichever server answers; with every server
-//! stopped, two clients exchange their logs directly. With three of the
+//! stopped, a read falls back to the writer of a value no server gave, and two clients exchange
+//! their logs directly. With three of the
 //! four servers lying (one forking, one withholding, one tampering), the clients still write and
 //! read, converge through the one correct server, and hold proof of the fork.
 
@@ -211,6 +212,32 @@ async fn a_causal_volume_keeps_concurrent_writes_as_versions_and_needs_no_partic
     let keys: Vec<&[u8]> = keys.iter().map(|(key, _)| key.as_bytes()).collect();
     assert_eq!(keys, vec![&b"doc"[..], b"greeting"]);
 
+    // A write admin learns of without its value: a listing brings updates, not values.
+    writer2
+        .causal_write(
+            "notes",
+            number,
+            b"hoarded",
+            Some(Bytes::from_static(b"kept by its writer")),
+        )
+        .await
+        .expect("write");
+    let started = Instant::now();
+    loop {
+        let (keys, _) = admin
+            .causal_list("notes", number, b"hoarded", None, 10)
+            .await
+            .expect("list");
+        if keys.iter().any(|(key, _)| key.as_bytes() == b"hoarded") {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "admin never learned of writer2's write"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
     // Every server stopped: each client writes into its own log, and two clients exchange
     // directly, one serving its log to the other (`volume serve`, `volume sync`).
     for id in 0..4 {
@@ -239,35 +266,45 @@ async fn a_causal_volume_keeps_concurrent_writes_as_versions_and_needs_no_partic
         )
         .await
         .expect("a write with no server up");
+    let admin = std::sync::Arc::new(admin);
     let writer2 = std::sync::Arc::new(writer2);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+    let (address, stop, serving) = serve_log(&cluster, &writer2, "writer2", number).await;
+    // No server gives the value: the read falls back to its writer, once admin knows where
+    // writer2 serves (Depot §5.7).
+    let read = admin
+        .causal_read("notes", number, b"hoarded")
         .await
-        .expect("listen");
-    let address = listener.local_addr().expect("address");
-    let dir = cluster.path().join("client-writer2");
-    let identity = bulwark_transport::Identity::from_pem(
-        &std::fs::read_to_string(dir.join("tls.crt")).expect("cert"),
-        &std::fs::read_to_string(dir.join("tls.key")).expect("key"),
-    )
-    .expect("identity");
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serving = {
-        let writer2 = writer2.clone();
-        tokio::spawn(async move {
-            writer2
-                .serve_causal_peers("notes", number, listener, &identity, async {
-                    let _ = stopped.await;
-                })
-                .await
-        })
-    };
-    let learned = admin
+        .expect("read");
+    assert_eq!(
+        (read.newest(), read.unavailable),
+        (None, 1),
+        "no server answered and the writer's address is unknown: {read:?}"
+    );
+    admin.add_causal_peer("writer2", address);
+    let read = admin
+        .causal_read("notes", number, b"hoarded")
+        .await
+        .expect("read");
+    assert_eq!(
+        read.newest().map(|v| &v[..]),
+        Some(&b"kept by its writer"[..]),
+        "{read:?}"
+    );
+    assert_eq!(read.answered_by_clients, vec!["writer2".to_string()]);
+    assert!(read.answered.is_empty(), "no server answered");
+
+    // The read's exchange already brought writer2's other updates to admin, and admin's to
+    // writer2 without their values (clients take values when they read them); the sync
+    // exchanges the rest, and writer2 takes admin's value from admin itself.
+    admin
         .sync_causal_with_client("notes", number, "writer2", address)
         .await
         .expect("sync with writer2");
-    assert!(learned >= 1, "writer2's write came over");
+    let (admin_address, admin_stop, admin_serving) =
+        serve_log(&cluster, &admin, "admin", number).await;
+    writer2.add_causal_peer("admin", admin_address);
     for (client, key, value) in [
-        (&admin, &b"offline/b"[..], &b"b"[..]),
+        (&*admin, &b"offline/b"[..], &b"b"[..]),
         (&*writer2, b"offline/a", b"a"),
     ] {
         let read = client
@@ -277,8 +314,44 @@ async fn a_causal_volume_keeps_concurrent_writes_as_versions_and_needs_no_partic
         assert_eq!(read.newest().map(|v| &v[..]), Some(value), "{read:?}");
         assert!(read.answered.is_empty(), "no server answered");
     }
-    let _ = stop.send(());
-    serving.await.expect("join").expect("served");
+    for (stop, serving) in [(stop, serving), (admin_stop, admin_serving)] {
+        let _ = stop.send(());
+        serving.await.expect("join").expect("served");
+    }
+}
+
+/// Starts `client` (named `name`) serving its log of the volume to the other clients, as `bulwark
+/// volume serve` does: where it listens, the sender that stops it, and its task.
+async fn serve_log(
+    cluster: &TestCluster,
+    client: &std::sync::Arc<Client>,
+    name: &str,
+    volume: VolumeId,
+) -> (
+    std::net::SocketAddr,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), bulwark_client::ClientError>>,
+) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("listen");
+    let address = listener.local_addr().expect("address");
+    let dir = cluster.path().join(format!("client-{name}"));
+    let identity = bulwark_transport::Identity::from_pem(
+        &std::fs::read_to_string(dir.join("tls.crt")).expect("cert"),
+        &std::fs::read_to_string(dir.join("tls.key")).expect("key"),
+    )
+    .expect("identity");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let client = client.clone();
+    let serving = tokio::spawn(async move {
+        client
+            .serve_causal_peers("notes", volume, listener, &identity, async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    (address, stop, serving)
 }
 
 /// Each client's own keys in the Byzantine test, and what it writes there.

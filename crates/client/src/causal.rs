@@ -200,6 +200,8 @@ pub struct CausalRead {
     pub forked: Vec<String>,
     /// The servers that answered.
     pub answered: Vec<NodeId>,
+    /// The member clients that answered, asked for values no server gave.
+    pub answered_by_clients: Vec<String>,
     /// Servers that passed on what this client refused (updates whose signatures or histories
     /// do not check, values no update names), with how many: faulty, or relaying for one.
     pub refused_from: Vec<(NodeId, usize)>,
@@ -692,19 +694,7 @@ impl Client {
         peer: &str,
         address: std::net::SocketAddr,
     ) -> Result<usize, ClientError> {
-        let (peer_id, entry) = self
-            .cluster
-            .client(peer)
-            .ok_or_else(|| ClientError::Volume {
-                name: name.to_string(),
-                problem: format!("no client named {peer:?} in cluster.toml"),
-            })?;
-        let fingerprint = entry.fingerprint;
-        let mut stream = self
-            .connector
-            .connect(address, fingerprint)
-            .await
-            .map_err(ClientError::Transport)?;
+        let (peer_id, mut stream) = self.connect_peer(name, peer, address).await?;
         self.with_causal(
             name,
             volume,
@@ -728,6 +718,74 @@ impl Client {
             },
         )
         .await
+    }
+
+    /// Names member client `peer` as serving its logs of causal volumes at `address` (`bulwark
+    /// volume serve`): a read asks it, after every server, for the values of its own updates
+    /// that no server gave (Depot §5.7).
+    pub fn add_causal_peer(&self, peer: &str, address: std::net::SocketAddr) {
+        if let Ok(mut peers) = self.causal_peers.lock() {
+            peers.insert(peer.to_string(), address);
+        }
+    }
+
+    /// A connection to client `peer` at `address`, checked against its pinned certificate.
+    async fn connect_peer(
+        &self,
+        volume: &str,
+        peer: &str,
+        address: std::net::SocketAddr,
+    ) -> Result<(bulwark_core::ClientId, bulwark_transport::FramedStream), ClientError> {
+        let (peer_id, entry) = self
+            .cluster
+            .client(peer)
+            .ok_or_else(|| ClientError::Volume {
+                name: volume.to_string(),
+                problem: format!("no client named {peer:?} in cluster.toml"),
+            })?;
+        let stream = self
+            .connector
+            .connect(address, entry.fingerprint)
+            .await
+            .map_err(ClientError::Transport)?;
+        Ok((peer_id, stream))
+    }
+
+    /// One exchange with member client `to`, if it is one this client was told serves its log
+    /// ([`Client::add_causal_peer`]); the peer's name and what the exchange brought.
+    async fn exchange_with_peer(
+        &self,
+        member: &mut Membership,
+        to: Writer,
+        message: Message,
+    ) -> Result<(String, Exchanged), ClientError> {
+        let config = member.node.log().config().clone();
+        let known: Vec<(String, std::net::SocketAddr)> = self
+            .causal_peers
+            .lock()
+            .map_err(|_| local_error("poisoned"))?
+            .iter()
+            .map(|(name, address)| (name.clone(), *address))
+            .collect();
+        let (peer, address) = known
+            .into_iter()
+            .find(|(name, _)| {
+                self.cluster
+                    .client(name)
+                    .and_then(|(id, _)| self.client_member(&config, id))
+                    == Some(to)
+            })
+            .ok_or_else(|| {
+                ClientError::Protocol(format!(
+                    "member {} is a client whose address this client was not given",
+                    to.0
+                ))
+            })?;
+        let (_, mut stream) = self.connect_peer(&config.label, &peer, address).await?;
+        let exchanged = self
+            .exchange_via(member, to, &peer, message, &mut End::Client(&mut stream))
+            .await?;
+        Ok((peer, exchanged))
     }
 
     /// Opens this client's log of causal volume `volume` (named `name`): an error says why this
@@ -1023,6 +1081,7 @@ impl Client {
                     .map(|(w, _)| *w)
                     .collect();
                 let mut answered = Vec::new();
+                let mut answered_by_clients = Vec::new();
                 let mut refused_from = Vec::new();
                 let mut result = None;
                 let mut next = match member.node.start_read(op, key, &servers, now_micros()) {
@@ -1037,17 +1096,29 @@ impl Client {
                     asks += 1;
                     let server = member.servers.iter().copied().find(|(w, _)| *w == to);
                     let outcome = match server {
-                        Some(server) if asks <= ROUNDS_MAX => client
+                        _ if asks > ROUNDS_MAX => {
+                            Err(ClientError::Protocol("a read asked too many members".into()))
+                        }
+                        Some(server) => client
                             .exchange(member, server, message)
                             .await
-                            .map(|r| (server, r)),
-                        _ => Err(ClientError::Protocol("no way to reach that member".into())),
+                            .map(|r| (Ok(server), r)),
+                        // A writer client, asked last for a value it hoards (§5.7).
+                        None => client
+                            .exchange_with_peer(member, to, message)
+                            .await
+                            .map(|(name, r)| (Err(name), r)),
                     };
                     match outcome {
-                        Ok((server, exchanged)) => {
-                            answered.push(server.1);
-                            if exchanged.refused > 0 {
-                                refused_from.push((server.1, exchanged.refused));
+                        Ok((by, exchanged)) => {
+                            match by {
+                                Ok(server) => {
+                                    answered.push(server.1);
+                                    if exchanged.refused > 0 {
+                                        refused_from.push((server.1, exchanged.refused));
+                                    }
+                                }
+                                Err(name) => answered_by_clients.push(name),
                             }
                             let mut reads = exchanged.reads.into_iter();
                             if let Some((_, done)) = reads.find(|(of, _)| *of == op) {
@@ -1077,6 +1148,7 @@ impl Client {
                 let result = result
                     .ok_or_else(|| ClientError::Protocol("a read that never ended".into()))?;
                 let mut read = client.causal_result(member, result, answered);
+                read.answered_by_clients = answered_by_clients;
                 read.refused_from = refused_from;
                 Ok(read)
             },
@@ -1110,6 +1182,7 @@ impl Client {
             suspects: result.suspects.into_iter().map(name).collect(),
             forked: member.node.log().forks().keys().map(|w| name(*w)).collect(),
             answered,
+            answered_by_clients: Vec::new(),
             refused_from: Vec::new(),
         }
     }

@@ -251,6 +251,9 @@ pub struct Client {
     causal_local: Mutex<causal::Local>,
     /// One causal operation at a time: each changes the client's log.
     causal_turn: tokio::sync::Mutex<()>,
+    /// Member clients serving their logs of causal volumes (`bulwark volume serve`), by name:
+    /// where a read asks the writer for a value no server gave (Depot §5.7).
+    causal_peers: Mutex<HashMap<String, std::net::SocketAddr>>,
     /// Where the newest configuration this client verified is kept between runs
     /// ([`configuration`]'s cache), when it has a directory of its own.
     known_file: Option<PathBuf>,
@@ -411,6 +414,7 @@ impl Client {
             depot_dir: None,
             causal_local: Mutex::new(causal::Local::default()),
             causal_turn: tokio::sync::Mutex::new(()),
+            causal_peers: Mutex::new(HashMap::new()),
             known_file: None,
             authority: secrets.authority_key,
             confirmed: Mutex::new(None),
