@@ -1,14 +1,17 @@
 //! Placement and configuration dissemination at scale, computed rather than run: the per-node
 //! load of Bulwark's ring (`core::membership::Ring`, one position per node) beside a model of
 //! virtual positions (not built), what a node joining moves under each, and the three-level
-//! multicast of Rosebud §3.6 beside the push the node does today.
+//! multicast of Rosebud §3.6 (of the delta; nodes multicast the whole certificate) beside the
+//! push of the certificate to every member that nodes did before it.
 //!
 //! Load is each node's share of the key space (the arcs of the `3f+1` groups it is in), so it is
 //! exact: sampling keys would add noise of its own (at 10,000 nodes and a million keys, about 400
 //! keys per node, ±5%).
 
 use bulwark_core::configuration::{ConfigDelta, Configuration, MEMBERS_MAX};
-use bulwark_core::membership::{Member, PlacementParams, Ring, RingPoint};
+use bulwark_core::membership::{
+    MULTICAST_HOPS, Member, PlacementParams, Ring, RingPoint, multicast_targets,
+};
 use bulwark_core::sign::{SecretKey, Signature};
 use bulwark_core::{Digest, Epoch, NodeId, wire};
 use std::collections::{BTreeMap, BTreeSet};
@@ -210,35 +213,28 @@ pub struct Dissemination {
     pub reached: f64,
 }
 
-/// The multicast of Rosebud §3.6 among `n` nodes in ring order: each of the `cs` CS replicas
-/// (starting at ring indices `starts`) sends to the nodes `i·k²` after it, each of those to the
-/// nodes `i·k` after it, each of those to its `k` successors; `k = ⌈∛n⌉`. `down` nodes forward
-/// nothing. Returns the messages each node sends and the copies each receives, by ring index.
+/// The multicast of Rosebud §3.6 among `n` nodes in ring order, as nodes run it
+/// (`membership::multicast_targets`): each of the CS replicas (starting at ring indices `starts`)
+/// sends hop 0, and each receiver the next hop. `down` nodes forward nothing. Returns the
+/// messages each node sends and the copies each receives, by ring index.
 fn multicast(n: usize, starts: &[usize], down: &BTreeSet<usize>) -> (Vec<usize>, Vec<usize>) {
-    let k = (n as f64).cbrt().ceil() as usize;
     let mut sends = vec![0usize; n];
     let mut received = vec![0usize; n];
     for &start in starts {
-        // Level 0: the CS replica itself sends.
-        let level0: Vec<usize> = (0..k).map(|i| (start + i * k * k) % n).collect();
-        sends[start] += level0.len();
-        for &a in &level0 {
-            received[a] += 1;
-            if down.contains(&a) {
-                continue;
-            }
-            let level1: Vec<usize> = (0..k).map(|i| (a + i * k) % n).collect();
-            sends[a] += level1.len();
-            for &b in &level1 {
-                received[b] += 1;
-                if down.contains(&b) {
-                    continue;
-                }
-                sends[b] += k;
-                for c in 1..=k {
-                    received[(b + c) % n] += 1;
+        let mut holders = vec![start];
+        for hop in 0..MULTICAST_HOPS {
+            let mut next = Vec::new();
+            for at in holders {
+                let targets = multicast_targets(n, at, hop);
+                sends[at] += targets.len();
+                for &target in &targets {
+                    received[target] += 1;
+                    if !down.contains(&target) {
+                        next.push(target);
+                    }
                 }
             }
+            holders = next;
         }
     }
     (sends, received)
@@ -269,8 +265,8 @@ pub fn configuration(n: usize, f_cs: u32) -> Configuration {
 }
 
 /// The two schemes for a configuration of `n` members with `f_cs`, one member joining and one
-/// leaving per epoch, `failed` members down: (the push every CS replica makes today of the
-/// full certificate to every member, the three-level multicast of the delta).
+/// leaving per epoch, `failed` members down: (the push of the full certificate to every member
+/// that CS replicas made before they multicast, the three-level multicast of the delta).
 ///
 /// A configuration holds at most [`MEMBERS_MAX`] members today: beyond that the certificate's
 /// size is extrapolated from one of that many, and the CS replicas' starting points are spread

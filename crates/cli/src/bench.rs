@@ -350,7 +350,7 @@ fn run_placement(args: &PlacementArgs) {
     for &n in &args.nodes {
         let (push, tree) = placement::dissemination(n, 1, args.failed);
         for (name, d) in [
-            ("push of the certificate (today)", push),
+            ("push of the certificate (before 2026-12-05)", push),
             ("three-level multicast of the delta (§3.6)", tree),
         ] {
             println!(

@@ -584,6 +584,49 @@ impl Moved {
     }
 }
 
+/// The hops of Rosebud §3.6's three-level multicast of a new configuration.
+pub const MULTICAST_HOPS: u8 = 3;
+
+/// Where a node at ring index `at` of `n` nodes (the new configuration's members in ring order)
+/// sends a new configuration it received at hop `hop` (0: it is a CS replica starting the
+/// multicast), as ring indices, itself included where the rule names it; `k = ⌈∛n⌉`. Hop 0 sends
+/// to the nodes `i·k²` after `at`, hop 1 to those `i·k` after it, hop 2 to its `k` successors
+/// (`i < k`), so the nodes `i·k² + j·k + l` after a starting replica, every node, hold it after
+/// three hops, each node sending at most `k` copies per hop it takes part in.
+pub fn multicast_targets(n: usize, at: usize, hop: u8) -> Vec<usize> {
+    if n == 0 {
+        return Vec::new();
+    }
+    let k = multicast_fanout(n);
+    let offsets: Vec<usize> = match hop {
+        0 => (0..k).map(|i| i * k * k).collect(),
+        1 => (0..k).map(|i| i * k).collect(),
+        2 => (1..=k).collect(),
+        _ => Vec::new(),
+    };
+    let mut targets: Vec<usize> = Vec::with_capacity(offsets.len());
+    for offset in offsets {
+        let target = (at + offset % n) % n;
+        if !targets.contains(&target) {
+            targets.push(target);
+        }
+    }
+    targets
+}
+
+/// `k = ⌈∛n⌉`, the multicast's fan-out per hop, for `n` nodes.
+pub fn multicast_fanout(n: usize) -> usize {
+    let mut k = (n as f64).cbrt().round() as usize;
+    // Exact in integers: the smallest k with k³ >= n.
+    while k.saturating_mul(k).saturating_mul(k) < n {
+        k += 1;
+    }
+    while k > 1 && (k - 1) * (k - 1) * (k - 1) >= n {
+        k -= 1;
+    }
+    k.max(1)
+}
+
 /// One life of a register group: its members in slot order and the epoch since which exactly
 /// they, in that order, have been the group of the key's arc. A group unchanged across epochs
 /// keeps its incarnation; one that changes, even in order only, begins a new one, also when it
@@ -1112,5 +1155,33 @@ mod tests {
                 .incarnation(Epoch(4), RingPoint::of_key(b"k"))
                 .is_none()
         );
+    }
+
+    #[test]
+    fn the_multicast_reaches_every_node_in_three_hops_from_any_start() {
+        for n in 1..=400usize {
+            let k = multicast_fanout(n);
+            assert!(
+                k.pow(3) >= n && (k == 1 || (k - 1).pow(3) < n),
+                "n {n}, k {k}"
+            );
+            for start in [0, n / 3, n - 1] {
+                let mut holding = BTreeSet::from([start]);
+                let mut hop_nodes = vec![start];
+                for hop in 0..MULTICAST_HOPS {
+                    let mut next = Vec::new();
+                    for &at in &hop_nodes {
+                        let targets = multicast_targets(n, at, hop);
+                        assert!(targets.len() <= k);
+                        next.extend(targets);
+                    }
+                    holding.extend(next.iter().copied());
+                    hop_nodes = next;
+                }
+                assert_eq!(holding.len(), n, "n {n} from {start}");
+            }
+        }
+        assert!(multicast_targets(10, 3, MULTICAST_HOPS).is_empty());
+        assert_eq!(multicast_fanout(10_000), 22);
     }
 }

@@ -10,11 +10,12 @@
 //!   replica in a shard of its own (one driven by the wall clock: the configuration service judges
 //!   STOP by it) and restored from its own namespace (the configuration service's, group `e`). Its
 //!   log is compacted at each stable checkpoint.
-//! - **Dissemination** (§3.6): a CS replica whose instance certifies the next configuration sends
-//!   the certificate to every node; a node that learns of a later epoch than its own, or that has
-//!   heard nothing for a while, pulls the certificates it lacks from a peer. Every certificate is
-//!   verified against the configuration before it, so a peer can withhold but never forge. (The
-//!   three-level multicast matters at thousands of nodes; this cluster sends directly.)
+//! - **Dissemination** (§3.6): every CS replica whose instance certifies the next configuration
+//!   starts the three-level multicast among the new configuration's members in ring order
+//!   (`membership::multicast_targets`: `⌈∛N⌉` copies per node per hop, three hops); a node that
+//!   learns of a later epoch than its own, or that has heard nothing for a while, pulls the
+//!   certificates it lacks from a peer. Every certificate is verified against the configuration
+//!   before it, so a peer can withhold but never forge; one it already holds goes no further.
 //! - When a certificate is added, the node drops its replica of the old CS instance and starts
 //!   one for the new epoch if it is among the new CS (§3.7: no state passes between CS
 //!   generations).
@@ -208,10 +209,12 @@ pub(crate) fn ping_withheld(
 
 /// What the chain's manager hears.
 pub enum Event {
-    /// Certificates from this node's CS replica (`from` = `None`) or a peer.
+    /// Certificates from this node's CS replica (`from` = `None`) or a peer; `hop`, the
+    /// multicast hop this node passes them on at, if it does.
     Certified {
         certs: Vec<ConfigCert>,
         from: Option<NodeId>,
+        hop: Option<u8>,
     },
     /// A peer asks for certificates after `after`.
     Pull { from: NodeId, after: u64 },
@@ -329,6 +332,7 @@ impl CsStorage {
         let _ = self.events.send(Event::Certified {
             certs: vec![cert.clone()],
             from: None,
+            hop: Some(0),
         });
     }
 }
@@ -743,6 +747,40 @@ impl Manager {
         )
     }
 
+    /// Passes `certs` on at multicast hop `hop` (Rosebud §3.6) among the members of the newest
+    /// configuration in ring order, from this node's place there (a CS replica that left starts
+    /// from its successor's); where the rule names this node itself, it takes the next hop too.
+    fn multicast(&self, certs: &[ConfigCert], hop: u8) {
+        let mut ring = self.members();
+        ring.sort_by_key(|id| membership::RingPoint::of_node(*id));
+        let n = ring.len();
+        if n == 0 {
+            return;
+        }
+        let mine = membership::RingPoint::of_node(self.node);
+        let at = ring
+            .iter()
+            .position(|id| membership::RingPoint::of_node(*id) >= mine)
+            .unwrap_or(0);
+        let mut holds = vec![(at, hop)];
+        while let Some((at, hop)) = holds.pop() {
+            for target in membership::multicast_targets(n, at, hop) {
+                if ring[target] == self.node {
+                    holds.push((target, hop + 1));
+                } else {
+                    metrics::counter!("bulwark_node_config_multicast_sent_total").increment(1);
+                    self.send(
+                        ring[target],
+                        &NodeMessage::Multicast {
+                            certs: certs.to_vec(),
+                            hop: hop + 1,
+                        },
+                    );
+                }
+            }
+        }
+    }
+
     fn pull_from(&self, peer: NodeId) {
         let after = self.shared.epoch().0;
         self.send(peer, &NodeMessage::Pull { after });
@@ -980,6 +1018,14 @@ impl Manager {
                 let _ = self.shared.events.send(Event::Certified {
                     certs,
                     from: Some(from),
+                    hop: None,
+                });
+            }
+            NodeMessage::Multicast { certs, hop } => {
+                let _ = self.shared.events.send(Event::Certified {
+                    certs,
+                    from: Some(from),
+                    hop: Some(hop),
                 });
             }
             NodeMessage::Pull { after } => {
@@ -1031,7 +1077,7 @@ impl Manager {
                 false
             }
             Event::Peer { .. } | Event::EvictAsked { .. } => false,
-            Event::Certified { certs, from } => {
+            Event::Certified { certs, from, hop } => {
                 let mut added = Vec::new();
                 for cert in certs {
                     match self.add(cert.clone()).await {
@@ -1055,13 +1101,11 @@ impl Manager {
                 if added.is_empty() {
                     return false;
                 }
-                if from.is_none() {
-                    // This node's CS instance certified it: tell every node.
-                    for member in self.members() {
-                        if member != self.node {
-                            self.send(member, &NodeMessage::Certified(added.clone()));
-                        }
-                    }
+                // This node's CS instance certified it (every CS replica starts the multicast),
+                // or a peer passed it on at a hop this node takes part in: pass it on. What a
+                // pull brought goes no further; a node the multicast misses pulls.
+                if let Some(hop) = hop {
+                    self.multicast(&added, hop);
                 }
                 self.install().await;
                 true

@@ -341,6 +341,12 @@ impl Handler for Connection {
                             NodeMessage::Certified(certs) => cs::Event::Certified {
                                 certs,
                                 from: Some(node),
+                                hop: None,
+                            },
+                            NodeMessage::Multicast { certs, hop } => cs::Event::Certified {
+                                certs,
+                                from: Some(node),
+                                hop: Some(hop),
                             },
                             NodeMessage::Pull { after } => cs::Event::Pull { from: node, after },
                             message => cs::Event::Peer {

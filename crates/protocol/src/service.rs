@@ -100,6 +100,15 @@ pub enum NodeMessage {
     },
     /// A CS replica's signed agreement.
     EvictAgree(Unverified<EvictVote>),
+    /// Newly certified configurations, oldest first, passed on by the three-level multicast
+    /// (Rosebud §3.6): the receiver passes them on at hop `hop` (none from hop
+    /// `membership::MULTICAST_HOPS` on).
+    Multicast {
+        /// The configurations.
+        certs: Vec<ConfigCert>,
+        /// The hop the receiver sends at.
+        hop: u8,
+    },
 }
 
 /// A node's configuration-service replica, for `bulwark status`.
