@@ -1,8 +1,8 @@
 //! Placement and configuration dissemination at scale, computed rather than run: the per-node
 //! load of Bulwark's ring (`core::membership::Ring`, one position per node) beside a model of
 //! virtual positions (not built), what a node joining moves under each, and the three-level
-//! multicast of Rosebud §3.6 (of the delta; nodes multicast the whole certificate) beside the
-//! push of the certificate to every member that nodes did before it.
+//! multicast of Rosebud §3.6 of the delta, as nodes run it, beside the push of the certificate
+//! to every member that nodes did before it.
 //!
 //! Load is each node's share of the key space (the arcs of the `3f+1` groups it is in), so it is
 //! exact: sampling keys would add noise of its own (at 10,000 nodes and a million keys, about 400

@@ -12,7 +12,8 @@
 //!   log is compacted at each stable checkpoint.
 //! - **Dissemination** (§3.6): every CS replica whose instance certifies the next configuration
 //!   starts the three-level multicast among the new configuration's members in ring order
-//!   (`membership::multicast_targets`: `⌈∛N⌉` copies per node per hop, three hops); a node that
+//!   (`membership::multicast_targets`: `⌈∛N⌉` copies per node per hop, three hops), of each
+//!   certificate's delta from the epoch before where one carries it; a node that
 //!   learns of a later epoch than its own, or that has heard nothing for a while, pulls the
 //!   certificates it lacks from a peer. Every certificate is verified against the configuration
 //!   before it, so a peer can withhold but never forge; one it already holds goes no further.
@@ -25,7 +26,7 @@ use crate::peers::Directory;
 use crate::shard::{Job, ReplicaKey, ShardHandle};
 use crate::{NodeError, Rejections};
 use bulwark_core::configuration::CsProtocol;
-use bulwark_core::configuration::{self, ConfigCert, Configuration};
+use bulwark_core::configuration::{self, ConfigCert, ConfigDelta, Configuration};
 use bulwark_core::envelope::{self, Envelope, Header, Kind};
 use bulwark_core::membership;
 use bulwark_core::sign::{SecretKey, Unverified};
@@ -36,7 +37,7 @@ use bulwark_protocol::cs::{ConfigService, CsChange, EvictVote, Op};
 use bulwark_protocol::machine::{Access, ReplicaStats, TimerId};
 use bulwark_protocol::pbft::ea::{self, EaReplica};
 use bulwark_protocol::pbft::{Change, PbftReplica};
-use bulwark_protocol::service::{CERTS_PER_ANSWER, CsStatus, NodeMessage};
+use bulwark_protocol::service::{CERTS_PER_ANSWER, Certificate, CsStatus, NodeMessage};
 use bulwark_storage::{Namespace, StorageOp, Store};
 use bytes::Bytes;
 use std::collections::BTreeMap;
@@ -147,6 +148,27 @@ impl Chain {
         Ok(membership::Chain::new(rings))
     }
 
+    /// `certs`, consecutive certificates this chain holds, each as the change from the
+    /// configuration before it where a delta can carry it.
+    pub fn deltas(&self, certs: &[ConfigCert]) -> Vec<Certificate> {
+        let decode = |cert: &ConfigCert| Configuration::decode(&cert.bytes).ok();
+        certs
+            .iter()
+            .map(|cert| {
+                let delta = decode(cert).and_then(|next| {
+                    // certs[i] certifies epoch genesis + 1 + i: the one before is certs[i - 1].
+                    let at = next.epoch.0.checked_sub(self.genesis.epoch.0 + 1)? as usize;
+                    let prev = match at.checked_sub(1) {
+                        None => self.genesis.clone(),
+                        Some(before) => decode(self.certs.get(before)?)?,
+                    };
+                    ConfigDelta::between(&prev, &next, cert.signatures.clone())
+                });
+                delta.map_or_else(|| Certificate::Full(cert.clone()), Certificate::Delta)
+            })
+            .collect()
+    }
+
     /// Adds `cert` if it certifies the epoch after the current one.
     pub fn extend(&mut self, cert: ConfigCert) -> Result<&Configuration, configuration::CertError> {
         let next = configuration::verify_successor(&self.current, &cert)?;
@@ -212,7 +234,7 @@ pub enum Event {
     /// Certificates from this node's CS replica (`from` = `None`) or a peer; `hop`, the
     /// multicast hop this node passes them on at, if it does.
     Certified {
-        certs: Vec<ConfigCert>,
+        certs: Vec<Certificate>,
         from: Option<NodeId>,
         hop: Option<u8>,
     },
@@ -330,7 +352,7 @@ impl CsStorage {
         let CsChange::Certified(cert) = change;
         // Valid whether or not it is durable yet: a quorum of the CS signed it.
         let _ = self.events.send(Event::Certified {
-            certs: vec![cert.clone()],
+            certs: vec![Certificate::Full(cert.clone())],
             from: None,
             hop: Some(0),
         });
@@ -751,6 +773,9 @@ impl Manager {
     /// configuration in ring order, from this node's place there (a CS replica that left starts
     /// from its successor's); where the rule names this node itself, it takes the next hop too.
     fn multicast(&self, certs: &[ConfigCert], hop: u8) {
+        let Ok(certs) = self.shared.chain.read().map(|chain| chain.deltas(certs)) else {
+            return;
+        };
         let mut ring = self.members();
         ring.sort_by_key(|id| membership::RingPoint::of_node(*id));
         let n = ring.len();
@@ -772,7 +797,7 @@ impl Manager {
                     self.send(
                         ring[target],
                         &NodeMessage::Multicast {
-                            certs: certs.to_vec(),
+                            certs: certs.clone(),
                             hop: hop + 1,
                         },
                     );
@@ -1016,7 +1041,7 @@ impl Manager {
             }
             NodeMessage::Certified(certs) => {
                 let _ = self.shared.events.send(Event::Certified {
-                    certs,
+                    certs: certs.into_iter().map(Certificate::Full).collect(),
                     from: Some(from),
                     hop: None,
                 });
@@ -1079,10 +1104,21 @@ impl Manager {
             Event::Peer { .. } | Event::EvictAsked { .. } => false,
             Event::Certified { certs, from, hop } => {
                 let mut added = Vec::new();
-                for cert in certs {
-                    match self.add(cert.clone()).await {
-                        Ok(true) => added.push(cert),
-                        Ok(false) => {}
+                for certificate in certs {
+                    let cert = match certificate {
+                        Certificate::Full(cert) => Ok(Some(cert)),
+                        Certificate::Delta(delta) => self.rebuild(&delta),
+                    };
+                    let outcome = match cert {
+                        Ok(Some(cert)) => {
+                            self.add(cert.clone()).await.map(|new| new.then_some(cert))
+                        }
+                        Ok(None) => Ok(None),
+                        Err(reason) => Err(reason),
+                    };
+                    match outcome {
+                        Ok(Some(cert)) => added.push(cert),
+                        Ok(None) => {}
                         Err(reason) => {
                             let peer = from.map_or_else(|| "self".to_string(), |n| n.to_string());
                             if reason.starts_with("ahead:") {
@@ -1111,6 +1147,30 @@ impl Manager {
                 true
             }
         }
+    }
+
+    /// The certificate `delta` stands for, rebuilt on the current configuration: `Ok(None)` for
+    /// an epoch this node already has, `Err("ahead: …")` for one after the next (the delta's base
+    /// is not held yet). Whatever else differs from the base shows when its signatures are
+    /// verified over the rebuilt bytes.
+    fn rebuild(&self, delta: &ConfigDelta) -> Result<Option<ConfigCert>, String> {
+        let Ok(chain) = self.shared.chain.read() else {
+            return Err("the chain is poisoned".into());
+        };
+        let current = chain.current().epoch;
+        if delta.epoch <= current {
+            return Ok(None);
+        }
+        if delta.epoch.0 > current.0 + 1 {
+            return Err(format!(
+                "ahead: epoch {} after {}",
+                delta.epoch.0, current.0
+            ));
+        }
+        delta
+            .apply(chain.current())
+            .map(Some)
+            .map_err(|error| error.to_string())
     }
 
     /// Verifies `cert` against the current configuration and makes it durable; `Ok(false)` for
@@ -1277,5 +1337,62 @@ mod tests {
             cs,
             &[follower(epoch.0, 0), follower(epoch.0, 1)]
         ));
+    }
+
+    /// `next` certified by the CS of `prev`, members of `five` signing with their seeds.
+    fn certify(prev: &Configuration, next: &Configuration) -> ConfigCert {
+        let bytes = next.encode();
+        let signatures = prev
+            .cs()
+            .into_iter()
+            .map(|id| {
+                let secret = SecretKey::from_seed(&[id.0 as u8 + 1; 32]);
+                (id, ConfigCert::share(&secret, &bytes))
+            })
+            .collect();
+        ConfigCert {
+            bytes: Bytes::from(bytes),
+            signatures,
+        }
+    }
+
+    #[test]
+    fn the_multicast_carries_deltas_that_rebuild_each_certificate_exactly() {
+        let genesis = five();
+        let one = genesis.next(Vec::new(), &[NodeId(4)], 1_000).unwrap();
+        let two = one.next(Vec::new(), &[], 2_000).unwrap();
+        let certs = [certify(&genesis, &one), certify(&one, &two)];
+        let mut chain = Chain {
+            current: genesis.clone(),
+            genesis: genesis.clone(),
+            certs: Vec::new(),
+        };
+        for cert in &certs {
+            chain.extend(cert.clone()).unwrap();
+        }
+        let deltas = chain.deltas(&certs);
+        assert_eq!(deltas.len(), 2);
+        // Applied in turn to what a node holds, each rebuilds its certificate to the byte.
+        let mut held = genesis;
+        for (delta, cert) in deltas.iter().zip(&certs) {
+            let Certificate::Delta(delta) = delta else {
+                panic!("a change of members travels as a delta: {delta:?}");
+            };
+            assert!(delta.added.is_empty() && delta.dropped.len() <= 1);
+            let rebuilt = delta.apply(&held).unwrap();
+            assert_eq!(rebuilt.bytes, cert.bytes);
+            held = configuration::verify_successor(&held, &rebuilt).unwrap();
+        }
+        // On the wrong base, the signatures do not verify.
+        let Certificate::Delta(second) = &deltas[1] else {
+            unreachable!()
+        };
+        let wrong = chain.genesis().clone();
+        assert!(
+            second
+                .apply(&wrong)
+                .and_then(|cert| configuration::verify_successor(&wrong, &cert))
+                .is_err()
+        );
     }
 }

@@ -13,7 +13,7 @@ use bulwark_core::envelope::{self, EnvelopeError, Header, Kind, Refusal};
 use bulwark_core::wire::FRAME_BYTES_MAX;
 use bulwark_core::{Epoch, NodeId, ServiceId};
 use bulwark_protocol::machine::{Access, ReplicaStats};
-use bulwark_protocol::service::{NodeMessage, NodeStatus, SystemReply, SystemRequest};
+use bulwark_protocol::service::{Certificate, NodeMessage, NodeStatus, SystemReply, SystemRequest};
 use bulwark_transport::{Handler, Incoming, Peer, Replies};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -339,7 +339,7 @@ impl Handler for Connection {
                     (Ok(message), Some((shared, _))) => {
                         let event = match message {
                             NodeMessage::Certified(certs) => cs::Event::Certified {
-                                certs,
+                                certs: certs.into_iter().map(Certificate::Full).collect(),
                                 from: Some(node),
                                 hop: None,
                             },

@@ -5,7 +5,7 @@
 use crate::cs::EvictVote;
 use crate::cs::monitor::{Ping, Pong};
 use crate::machine::ReplicaStats;
-use bulwark_core::configuration::ConfigCert;
+use bulwark_core::configuration::{ConfigCert, ConfigDelta};
 use bulwark_core::sign::Unverified;
 use bulwark_core::{Epoch, NodeId};
 use serde::{Deserialize, Serialize};
@@ -104,11 +104,22 @@ pub enum NodeMessage {
     /// (Rosebud §3.6): the receiver passes them on at hop `hop` (none from hop
     /// `membership::MULTICAST_HOPS` on).
     Multicast {
-        /// The configurations.
-        certs: Vec<ConfigCert>,
+        /// The configurations, each as a delta from the one before where it can be.
+        certs: Vec<Certificate>,
         /// The hop the receiver sends at.
         hop: u8,
     },
+}
+
+/// A certified configuration as the multicast carries it: whole, or as the change from the
+/// configuration before it with the certificate's signatures over the whole (§3.6), which a node
+/// holding that configuration rebuilds and verifies exactly as a whole one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Certificate {
+    /// The whole certificate.
+    Full(ConfigCert),
+    /// The change from the epoch before.
+    Delta(ConfigDelta),
 }
 
 /// A node's configuration-service replica, for `bulwark status`.
