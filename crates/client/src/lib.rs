@@ -543,19 +543,22 @@ impl Client {
             name: self.name.clone(),
         };
         let macs = self.macs.as_ref().ok_or_else(not_writer)?;
-        let public = self.member_keys(view)?;
         let mut shared = macs.shared.lock().unwrap_or_else(|e| e.into_inner());
+        // Decoding the members' keys costs a point decompression each: only for a node met
+        // for the first time, never on every write.
+        if view.members().iter().any(|node| !shared.contains_key(node)) {
+            let public = self.member_keys(view)?;
+            for (node, public) in view.members().iter().zip(public.iter()) {
+                shared
+                    .entry(*node)
+                    .or_insert_with(|| powerstore::pair_key(&macs.secret, public));
+            }
+        }
         let servers = view
             .members()
             .iter()
-            .zip(public.iter())
-            .map(|(node, public)| {
-                shared
-                    .entry(*node)
-                    .or_insert_with(|| powerstore::pair_key(&macs.secret, public))
-                    .clone()
-            })
-            .collect();
+            .map(|node| shared.get(node).cloned().ok_or_else(not_writer))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Arc::new(WriterKeys {
             timestamp: macs.timestamp.clone(),
             servers,
