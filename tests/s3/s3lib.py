@@ -229,7 +229,8 @@ def unique_bucket_name(tag: str = "b") -> str:
 
 
 def empty_bucket(client, name: str) -> None:
-    """Abort in-progress uploads and delete every object of a bucket."""
+    """Abort in-progress uploads and delete every object, version and delete marker of a
+    bucket."""
     try:
         for page in client.get_paginator("list_multipart_uploads").paginate(Bucket=name):
             for up in page.get("Uploads", []):
@@ -245,6 +246,15 @@ def empty_bucket(client, name: str) -> None:
         if keys:
             resp = client.delete_objects(Bucket=name, Delete={"Objects": keys, "Quiet": True})
             assert not resp.get("Errors"), resp.get("Errors")
+    # A bucket whose versioning was set keeps versions and delete markers: each goes by its id.
+    for _ in range(1000):
+        page = client.list_object_versions(Bucket=name)
+        doomed = [{"Key": v["Key"], "VersionId": v["VersionId"]}
+                  for v in page.get("Versions", []) + page.get("DeleteMarkers", [])]
+        if not doomed:
+            break
+        resp = client.delete_objects(Bucket=name, Delete={"Objects": doomed, "Quiet": True})
+        assert not resp.get("Errors"), resp.get("Errors")
 
 
 def remove_bucket(client, name: str) -> None:

@@ -340,6 +340,7 @@ mod tests {
 
     fn manifest(key: &str, etag: &str) -> Bytes {
         let manifest = Manifest {
+            version: None,
             key: key.into(),
             size: 1,
             etag: etag.into(),

@@ -14,6 +14,12 @@
 //!   that read the old manifest just before the switch can still stream it.
 //! - Lock order is upload → bucket → object → index shard; nothing takes them in another order.
 
+mod versions;
+
+pub use versions::{
+    Deleted, VersionPage, check_version_id, current_marker_error, versioning_status,
+};
+
 use crate::causal::CausalObjects;
 use crate::index::{self, Page, Query};
 use crate::layout::{
@@ -761,7 +767,7 @@ impl Engine {
             .await
             .map_err(store_error)?
         {
-            Some(bytes) => layout::decode_extended("bucket", &bytes).map_err(layout_error)?,
+            Some(bytes) => layout::decode_bucket(&bytes).map_err(layout_error)?,
             None => return Err(s3_error!(NoSuchBucket, "no bucket named {bucket:?}")),
         };
         Ok(record)
@@ -825,8 +831,9 @@ impl Engine {
                     causal: Some(bucket.to_owned()),
                 },
                 more: layout::BucketMore::default(),
+                versioning: layout::Versioning::Unversioned,
             };
-            layout::encode_extended("bucket", &record)
+            layout::encode_bucket(&record)
         } else {
             // Format 1, which every gateway reads.
             layout::encode(
@@ -835,6 +842,7 @@ impl Engine {
                     created_ms,
                     extra: layout::BucketExtra::default(),
                     more: layout::BucketMore::default(),
+                    versioning: layout::Versioning::Unversioned,
                 },
             )
         };
@@ -865,7 +873,7 @@ impl Engine {
         let _bucket = self.buckets.get(&[bucket.as_bytes()]).write().await;
         let mut record = self.require_bucket(reg, bucket).await?;
         record.more.tags = tags;
-        let encoded = layout::encode_extended("bucket", &record).map_err(layout_error)?;
+        let encoded = layout::encode_bucket(&record).map_err(layout_error)?;
         reg.put(&layout::bucket_key(bucket), encoded)
             .await
             .map_err(store_error)
@@ -886,8 +894,13 @@ impl Engine {
         let empty = match &record.extra.causal {
             Some(volume) => crate::causal::is_empty(reg, volume).await?,
             None => {
-                let shards = self.read_shards(reg, bucket).await?;
-                shards.iter().all(|s| s.is_empty())
+                // A key whose current version is a delete marker still has versions.
+                let (shards, markers) = futures::future::join(
+                    self.read_shards(reg, bucket),
+                    self.marker_keys(reg, bucket),
+                )
+                .await;
+                shards?.iter().all(|s| s.is_empty()) && markers?.is_empty()
             }
         };
         if !empty {
@@ -916,6 +929,11 @@ impl Engine {
             reg.delete(&layout::shard_key(bucket, shard))
                 .await
                 .map_err(store_error)?;
+            if record.versioning != layout::Versioning::Unversioned {
+                reg.delete(&layout::marker_shard_key(bucket, shard))
+                    .await
+                    .map_err(store_error)?;
+            }
         }
         Ok(())
     }
@@ -1186,13 +1204,21 @@ impl Engine {
         bucket: &str,
         key: &str,
     ) -> S3Result<Manifest> {
+        self.manifest_version(reg, bucket, key, None).await
+    }
+
+    /// The manifest of version `version` of `key` (the current one when `None`), or the error
+    /// S3 gives: NoSuchKey, NoSuchVersion, NoSuchBucket, or a delete marker's.
+    pub async fn manifest_version<R: Registers>(
+        &self,
+        reg: &R,
+        bucket: &str,
+        key: &str,
+        version: Option<&str>,
+    ) -> S3Result<Manifest> {
         check_object_key(key)?;
-        match reg
-            .get(&layout::object_key(bucket, key))
-            .await
-            .map_err(store_error)?
-        {
-            Some(bytes) => layout::decode_manifest(key, &bytes).map_err(layout_error),
+        match self.manifest_at(reg, bucket, key, version).await? {
+            Some(manifest) => Ok(manifest),
             None => {
                 self.require_register_bucket(reg, bucket, "copying").await?;
                 Err(s3_error!(
@@ -1214,7 +1240,19 @@ impl Engine {
         key: &str,
         customer: Option<&CustomerKey>,
     ) -> S3Result<Object<R>> {
-        let (mut manifest, causal) = self.find_object(reg, bucket, key).await?;
+        self.object_version(reg, bucket, key, None, customer).await
+    }
+
+    /// [`Engine::object`] for version `version` of the object (the current one when `None`).
+    pub async fn object_version<R: Registers>(
+        &self,
+        reg: &Arc<R>,
+        bucket: &str,
+        key: &str,
+        version: Option<&str>,
+        customer: Option<&CustomerKey>,
+    ) -> S3Result<Object<R>> {
+        let (mut manifest, causal) = self.find_object(reg, bucket, key, version).await?;
         let seal = self.open_manifest(&mut manifest, customer)?;
         Ok(Object {
             manifest,
@@ -1242,14 +1280,10 @@ impl Engine {
         reg: &Arc<R>,
         bucket: &str,
         key: &str,
+        version: Option<&str>,
     ) -> S3Result<(Manifest, Option<CausalFound<R>>)> {
         check_object_key(key)?;
-        if let Some(bytes) = reg
-            .get(&layout::object_key(bucket, key))
-            .await
-            .map_err(store_error)?
-        {
-            let manifest = layout::decode_manifest(key, &bytes).map_err(layout_error)?;
+        if let Some(manifest) = self.manifest_at(reg.as_ref(), bucket, key, version).await? {
             return Ok((manifest, None));
         }
         let record = self.require_bucket(reg.as_ref(), bucket).await?;
@@ -1278,35 +1312,31 @@ impl Engine {
     }
 
     /// Makes `manifest` the object's current version, updates the index, and retires the old
-    /// version's chunks. The new chunks must already be durable. When `owns_chunks`, a failure
-    /// before the manifest write deletes them; after the write has started they are kept, since
-    /// a write that timed out may still take effect and must not point at deleted chunks.
+    /// version's chunks, unless the bucket's versioning keeps it. Sets the manifest's version
+    /// id. The new chunks must already be durable. When `owns_chunks`, a failure before the
+    /// manifest write deletes them; after the write has started they are kept, since a write
+    /// that timed out may still take effect and must not point at deleted chunks.
     pub async fn commit<R: Registers>(
         &self,
         reg: &Arc<R>,
         bucket: &str,
-        manifest: &Manifest,
+        manifest: &mut Manifest,
         owns_chunks: bool,
     ) -> S3Result<()> {
         let mut started = false;
-        match self
-            .switch(reg.as_ref(), bucket, manifest, &mut started)
-            .await
-        {
-            Ok(Some(old)) => {
+        match self.switch(reg, bucket, manifest, &mut started).await {
+            Ok(replaced) => {
                 let keep: std::collections::HashSet<ChunkRef> =
                     manifest.data.chunks().iter().copied().collect();
-                let retired = old
-                    .data
-                    .chunks()
+                let retired = replaced
                     .iter()
+                    .flat_map(|old| old.data.chunks())
                     .filter(|c| !keep.contains(c))
                     .copied()
                     .collect();
                 forget_chunks(reg, retired, self.limits.chunk_grace);
                 Ok(())
             }
-            Ok(None) => Ok(()),
             Err(e) => {
                 if owns_chunks && !started {
                     forget_chunks(reg, manifest.data.chunks().to_vec(), Duration::ZERO);
@@ -1316,18 +1346,19 @@ impl Engine {
         }
     }
 
-    /// The locked part of [`Engine::commit`]; returns the replaced manifest. Sets `started`
-    /// once the manifest write has been sent.
+    /// The locked part of [`Engine::commit`]; returns the versions replaced for good. Sets
+    /// `started` once the manifest write has been sent.
     async fn switch<R: Registers>(
         &self,
-        reg: &R,
+        reg: &Arc<R>,
         bucket: &str,
-        manifest: &Manifest,
+        manifest: &mut Manifest,
         started: &mut bool,
-    ) -> S3Result<Option<Manifest>> {
-        let key = &manifest.key;
-        let object_key = layout::object_key(bucket, key);
-        let encoded = layout::encode_manifest(manifest).map_err(layout_error)?;
+    ) -> S3Result<Vec<Manifest>> {
+        let key = manifest.key.clone();
+        let object_key = layout::object_key(bucket, &key);
+        // Refused before anything is locked or written: a record no register can hold.
+        layout::encode_manifest(manifest).map_err(layout_error)?;
         let _bucket = self.buckets.get(&[bucket.as_bytes()]).read().await;
         let _object = self
             .objects
@@ -1336,22 +1367,24 @@ impl Engine {
             .await;
         // Both reads happen under the locks, so neither can be overtaken; side by side they cost
         // one round trip instead of two.
-        let (exists, old) = futures::future::join(
-            self.require_register_bucket(reg, bucket, "copying or completing a multipart upload"),
-            reg.get(&object_key),
+        let (record, old) = futures::future::join(
+            self.require_register_bucket(
+                reg.as_ref(),
+                bucket,
+                "copying or completing a multipart upload",
+            ),
+            self.head(reg.as_ref(), bucket, &key),
         )
         .await;
-        exists?;
-        let old = match old.map_err(store_error)? {
-            Some(bytes) => match layout::decode_manifest(key, &bytes) {
-                Ok(old) => Some(old),
-                Err(error) => {
-                    tracing::warn!(%bucket, %key, %error, "replacing an unreadable manifest");
-                    None
-                }
-            },
-            None => None,
-        };
+        let record = record?;
+        let old = old?;
+        if record.versioning != layout::Versioning::Unversioned {
+            return self
+                .switch_versioned(reg, bucket, record.versioning, manifest, old, started)
+                .await;
+        }
+        manifest.version = None;
+        let encoded = layout::encode_manifest(manifest).map_err(layout_error)?;
         let entry = IndexEntry {
             size: manifest.size,
             etag: manifest.etag.clone(),
@@ -1359,8 +1392,12 @@ impl Engine {
         };
         *started = true;
         reg.put(&object_key, encoded).await.map_err(store_error)?;
-        self.update_index(reg, bucket, key, Some(entry)).await?;
-        Ok(old)
+        self.update_index(reg.as_ref(), bucket, &key, Some(entry))
+            .await?;
+        Ok(match old {
+            Some((layout::Head::Object(old), _)) => vec![old],
+            _ => Vec::new(),
+        })
     }
 
     /// An object's tags.
@@ -1370,8 +1407,19 @@ impl Engine {
         bucket: &str,
         key: &str,
     ) -> S3Result<Tags> {
+        self.version_tags(reg, bucket, key, None).await
+    }
+
+    /// The tags of version `version` of an object (the current one when `None`).
+    pub async fn version_tags<R: Registers>(
+        &self,
+        reg: &R,
+        bucket: &str,
+        key: &str,
+        version: Option<&str>,
+    ) -> S3Result<Tags> {
         self.require_register_bucket(reg, bucket, "tagging").await?;
-        Ok(self.manifest(reg, bucket, key).await?.tags)
+        Ok(self.manifest_version(reg, bucket, key, version).await?.tags)
     }
 
     /// Replaces an object's tags (none: deletes them). Nothing else of it changes, its time
@@ -1383,6 +1431,19 @@ impl Engine {
         key: &str,
         tags: Tags,
     ) -> S3Result<()> {
+        self.set_version_tags(reg, bucket, key, None, tags).await
+    }
+
+    /// [`Engine::set_object_tags`] for version `version` of the object (the current one when
+    /// `None`).
+    pub async fn set_version_tags<R: Registers>(
+        &self,
+        reg: &R,
+        bucket: &str,
+        key: &str,
+        version: Option<&str>,
+        tags: Tags,
+    ) -> S3Result<()> {
         let tags = check_tags(tags, OBJECT_TAGS_MAX)?;
         let _bucket = self.buckets.get(&[bucket.as_bytes()]).read().await;
         self.require_register_bucket(reg, bucket, "tagging").await?;
@@ -1391,12 +1452,9 @@ impl Engine {
             .get(&[bucket.as_bytes(), key.as_bytes()])
             .lock()
             .await;
-        let mut manifest = self.manifest(reg, bucket, key).await?;
+        let mut manifest = self.manifest_version(reg, bucket, key, version).await?;
         manifest.tags = tags;
-        let encoded = layout::encode_manifest(&manifest).map_err(layout_error)?;
-        reg.put(&layout::object_key(bucket, key), encoded)
-            .await
-            .map_err(store_error)
+        self.rewrite_version(reg, bucket, &manifest).await
     }
 
     /// Stores a whole object from a body stream, sealed with `seal` when given.
@@ -1440,7 +1498,7 @@ impl Engine {
             objects.commit(&manifest).await?;
             return Ok((manifest, checksum));
         }
-        let (manifest, checksum) = self
+        let (mut manifest, checksum) = self
             .store_object(
                 reg,
                 (bucket, key),
@@ -1452,7 +1510,7 @@ impl Engine {
                 seal,
             )
             .await?;
-        self.commit(reg, bucket, &manifest, true).await?;
+        self.commit(reg, bucket, &mut manifest, true).await?;
         Ok((manifest, checksum))
     }
 
@@ -1494,6 +1552,7 @@ impl Engine {
         }
         let (checksums, sealed) = sealed_checksums(seal, stored_checksums(&written.checksum));
         let manifest = Manifest {
+            version: None,
             key: key.to_owned(),
             size: written.size,
             etag: layout::single_part_etag(&written.etag_md5),
@@ -1578,41 +1637,15 @@ impl Engine {
         }
     }
 
-    /// Deletes an object (no error when it does not exist).
+    /// Deletes an object (no error when it does not exist); in a bucket whose versioning was
+    /// set, makes a delete marker its current version.
     pub async fn delete_object<R: Registers>(
         &self,
         reg: &Arc<R>,
         bucket: &str,
         key: &str,
-    ) -> S3Result<()> {
-        check_object_key(key)?;
-        let object_key = layout::object_key(bucket, key);
-        let old = {
-            let _bucket = self.buckets.get(&[bucket.as_bytes()]).read().await;
-            let record = self.require_bucket(reg.as_ref(), bucket).await?;
-            if let Some(volume) = record.extra.causal {
-                crate::causal::check_key(key)?;
-                return CausalObjects::new(reg.clone(), volume)
-                    .delete_object(key)
-                    .await;
-            }
-            let _object = self
-                .objects
-                .get(&[bucket.as_bytes(), key.as_bytes()])
-                .lock()
-                .await;
-            let old = reg.get(&object_key).await.map_err(store_error)?;
-            if old.is_some() {
-                reg.delete(&object_key).await.map_err(store_error)?;
-            }
-            // Also when there was no manifest: repairs an entry a crashed gateway left behind.
-            self.update_index(reg.as_ref(), bucket, key, None).await?;
-            old
-        };
-        if let Some(old) = old.and_then(|bytes| layout::decode_manifest(key, &bytes).ok()) {
-            forget_chunks(reg, old.data.chunks().to_vec(), self.limits.chunk_grace);
-        }
-        Ok(())
+    ) -> S3Result<Deleted> {
+        self.delete_version(reg, bucket, key, None).await
     }
 
     /// Copies an object's bytes into a new object (its own chunks), with new or copied metadata.
@@ -1625,7 +1658,7 @@ impl Engine {
     pub async fn copy_object<R: Registers>(
         &self,
         reg: &Arc<R>,
-        source: (&str, &str),
+        source: (&str, &str, Option<&str>),
         target: (&str, &str),
         (meta, tags): (Option<ObjectMeta>, Option<Tags>),
         precondition: impl FnOnce(&Manifest) -> S3Result<()>,
@@ -1633,7 +1666,9 @@ impl Engine {
         seal: Option<&Seal>,
     ) -> S3Result<Manifest> {
         check_object_key(target.1)?;
-        let mut src = self.manifest(reg.as_ref(), source.0, source.1).await?;
+        let mut src = self
+            .manifest_version(reg.as_ref(), source.0, source.1, source.2)
+            .await?;
         precondition(&src)?;
         let src_seal = self.open_manifest(&mut src, source_key)?;
         // A copy of an encrypted object that names no encryption is not stored in the clear: it
@@ -1702,7 +1737,8 @@ impl Engine {
             ),
         };
         let (checksums, sealed) = sealed_checksums(seal, src.extra.checksums.clone());
-        let manifest = Manifest {
+        let mut manifest = Manifest {
+            version: None,
             key: target.1.to_owned(),
             size: src.size,
             etag,
@@ -1719,7 +1755,7 @@ impl Engine {
             sealed,
             tags,
         };
-        self.commit(reg, target.0, &manifest, true).await?;
+        self.commit(reg, target.0, &mut manifest, true).await?;
         Ok(manifest)
     }
 
@@ -2012,7 +2048,7 @@ impl Engine {
     pub async fn upload_part_copy<R: Registers>(
         &self,
         reg: &Arc<R>,
-        source: (&str, &str),
+        source: (&str, &str, Option<&str>),
         target: (&str, &str),
         upload_id: &str,
         part_number: i32,
@@ -2022,7 +2058,9 @@ impl Engine {
     ) -> S3Result<(Written, Option<Seal>)> {
         self.upload(reg.as_ref(), target.0, target.1, upload_id)
             .await?;
-        let mut src = self.manifest(reg.as_ref(), source.0, source.1).await?;
+        let mut src = self
+            .manifest_version(reg.as_ref(), source.0, source.1, source.2)
+            .await?;
         precondition(&src)?;
         let src_seal = self.open_manifest(&mut src, source_key)?;
         let range = match range {
@@ -2088,8 +2126,9 @@ impl Engine {
                 };
                 let page = self.list(reg, &bucket, &query).await?;
                 for (key, _) in &page.objects {
-                    match self.manifest(reg, &bucket, key).await {
-                        Ok(manifest) => add(manifest.data.chunks()),
+                    match self.manifest_at(reg, &bucket, key, None).await {
+                        Ok(Some(manifest)) => add(manifest.data.chunks()),
+                        Ok(None) => {}
                         Err(e) if *e.code() == S3ErrorCode::NoSuchKey => {}
                         Err(e) => return Err(e),
                     }
@@ -2098,6 +2137,9 @@ impl Engine {
                     (true, Some((last, _))) => marker = Some(last.clone()),
                     _ => break,
                 }
+            }
+            if record.versioning != layout::Versioning::Unversioned {
+                self.noncurrent_chunks(reg, &bucket, &mut add).await?;
             }
             let mut after: Option<(String, String)> = None;
             loop {
@@ -2140,11 +2182,25 @@ impl Engine {
             .await
             .map_err(store_error)?;
         if let Some(bytes) = manifest {
-            match layout::decode_manifest(&origin.key, &bytes) {
-                Ok(manifest) if names(manifest.data.chunks()) => return Ok(true),
+            match layout::decode_head(&origin.key, &bytes) {
+                Ok(layout::Head::Object(manifest)) if names(manifest.data.chunks()) => {
+                    return Ok(true);
+                }
                 Ok(_) => {}
                 Err(_) => return Ok(true),
             }
+        }
+        // Versions the key keeps (only a bucket whose versioning was set has any).
+        let mut named = false;
+        match self
+            .version_chunks(reg, &origin.bucket, &origin.key, &mut |chunks| {
+                named |= names(chunks)
+            })
+            .await
+        {
+            Ok(()) if named => return Ok(true),
+            Ok(()) => {}
+            Err(_) => return Ok(true),
         }
         let Some((upload_id, number)) = &origin.upload else {
             return Ok(false);
@@ -2409,7 +2465,8 @@ impl Engine {
             }
             used.push(part);
         }
-        let manifest = Manifest {
+        let mut manifest = Manifest {
+            version: None,
             key: key.to_owned(),
             size: used.iter().map(|p| p.size).sum(),
             etag: layout::multipart_etag(&used.iter().map(|p| p.md5).collect::<Vec<_>>()),
@@ -2428,7 +2485,7 @@ impl Engine {
         };
         // A sealed object keeps its checksums sealed, as a single-part one does; the manifest
         // returned has them in the clear.
-        let stored = match &seal {
+        let mut stored = match &seal {
             Some(seal) => Manifest {
                 extra: ObjectExtra {
                     checksums: Checksums::default(),
@@ -2439,7 +2496,8 @@ impl Engine {
             },
             None => manifest.clone(),
         };
-        self.commit(reg, bucket, &stored, false).await?;
+        self.commit(reg, bucket, &mut stored, false).await?;
+        manifest.version = stored.version.clone();
         if let Err(error) = reg.delete(&layout::upload_key(upload_id)).await {
             tracing::warn!(%upload_id, %error, "completed upload record not deleted");
         }
@@ -2496,7 +2554,7 @@ mod tests {
     use super::*;
     use crate::store::MemRegisters;
 
-    fn engine(grace: Duration) -> Engine {
+    pub(super) fn engine(grace: Duration) -> Engine {
         Engine::new(Limits {
             object_bytes_max: 20 << 20,
             part_bytes_min: 1,
@@ -2505,7 +2563,7 @@ mod tests {
         })
     }
 
-    fn body(data: &[u8], piece: usize) -> impl Stream<Item = S3Result<Bytes>> + Unpin {
+    pub(super) fn body(data: &[u8], piece: usize) -> impl Stream<Item = S3Result<Bytes>> + Unpin {
         let pieces: Vec<S3Result<Bytes>> = data
             .chunks(piece.max(1))
             .map(|p| Ok(Bytes::copy_from_slice(p)))
@@ -2513,13 +2571,13 @@ mod tests {
         stream::iter(pieces)
     }
 
-    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    pub(super) fn pattern(len: usize, seed: u8) -> Vec<u8> {
         (0..len)
             .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
             .collect()
     }
 
-    async fn read_all(
+    pub(super) async fn read_all(
         engine: &Engine,
         reg: &Arc<MemRegisters>,
         m: &Manifest,
@@ -2533,7 +2591,7 @@ mod tests {
         Ok(out)
     }
 
-    async fn setup(grace: Duration) -> (Engine, Arc<MemRegisters>) {
+    pub(super) async fn setup(grace: Duration) -> (Engine, Arc<MemRegisters>) {
         let engine = engine(grace);
         let reg = Arc::new(MemRegisters::default());
         engine
@@ -2543,7 +2601,7 @@ mod tests {
         (engine, reg)
     }
 
-    fn chunk_registers(reg: &MemRegisters) -> usize {
+    pub(super) fn chunk_registers(reg: &MemRegisters) -> usize {
         reg.map
             .lock()
             .unwrap()
@@ -3249,7 +3307,7 @@ mod tests {
         let e = engine
             .copy_object(
                 &reg,
-                ("b", "mp"),
+                ("b", "mp", None),
                 ("b", "g"),
                 (None, None),
                 |_| Ok(()),
@@ -3266,7 +3324,7 @@ mod tests {
         let g = engine
             .copy_object(
                 &reg,
-                ("b", "mp"),
+                ("b", "mp", None),
                 ("b", "g"),
                 (None, None),
                 |_| Ok(()),
@@ -3283,7 +3341,7 @@ mod tests {
         let clear = engine
             .copy_object(
                 &reg,
-                ("b", "g"),
+                ("b", "g", None),
                 ("b", "clear"),
                 (None, None),
                 |_| Ok(()),
@@ -3313,7 +3371,7 @@ mod tests {
         engine
             .copy_object(
                 &reg,
-                ("b", "clear"),
+                ("b", "clear", None),
                 ("b", "bob"),
                 (None, None),
                 |_| Ok(()),
@@ -3342,7 +3400,7 @@ mod tests {
         let (part, _) = engine
             .upload_part_copy(
                 &reg,
-                ("b", "bob"),
+                ("b", "bob", None),
                 ("b", "mp2"),
                 &id,
                 1,
@@ -3443,7 +3501,7 @@ mod tests {
         engine
             .copy_object(
                 &reg,
-                ("b", "k"),
+                ("b", "k", None),
                 ("b", "kept"),
                 (None, None),
                 |_| Ok(()),
@@ -3459,7 +3517,7 @@ mod tests {
         engine
             .copy_object(
                 &reg,
-                ("b", "k"),
+                ("b", "k", None),
                 ("b", "replaced"),
                 (None, Some(tags(&[("x", "y")]))),
                 |_| Ok(()),
@@ -4112,7 +4170,7 @@ mod tests {
                 engine
                     .upload_part_copy(
                         reg,
-                        ("b", "src"),
+                        ("b", "src", None),
                         ("b", "dst"),
                         &id,
                         part,
@@ -4137,7 +4195,7 @@ mod tests {
         let e = engine
             .upload_part_copy(
                 &reg,
-                ("b", "none"),
+                ("b", "none", None),
                 ("b", "dst"),
                 &id,
                 3,
@@ -4151,7 +4209,7 @@ mod tests {
         let e = engine
             .upload_part_copy(
                 &reg,
-                ("b", "src"),
+                ("b", "src", None),
                 ("b", "dst"),
                 "abcd",
                 3,
@@ -4276,7 +4334,7 @@ mod tests {
         let copy = engine
             .copy_object(
                 &reg,
-                ("b", "src"),
+                ("b", "src", None),
                 ("b", "dst"),
                 (None, None),
                 |_| Ok(()),
@@ -4495,6 +4553,7 @@ mod tests {
         // Another writer's concurrent version, and a concurrent delete: all kept; the newest
         // object is returned, the others named, the delete hides nothing.
         let theirs = Manifest {
+            version: None,
             key: "b".into(),
             size: 3,
             etag: "theirs".into(),
@@ -4556,7 +4615,7 @@ mod tests {
         let e = engine
             .copy_object(
                 &reg,
-                ("c", "a/1"),
+                ("c", "a/1", None),
                 ("c", "copy"),
                 (None, None),
                 |_| Ok(()),
@@ -4596,7 +4655,7 @@ mod tests {
     }
 
     /// A bucket on a store that keeps chunks as content-hash objects, as a cluster does.
-    async fn setup_objects(grace: Duration) -> (Engine, Arc<MemRegisters>) {
+    pub(super) async fn setup_objects(grace: Duration) -> (Engine, Arc<MemRegisters>) {
         let engine = engine(grace);
         let reg = Arc::new(MemRegisters::with_content_chunks());
         engine
@@ -4691,7 +4750,7 @@ mod tests {
         let copy = engine
             .copy_object(
                 &reg,
-                ("b", "big"),
+                ("b", "big", None),
                 ("b", "copy"),
                 (None, None),
                 |_| Ok(()),

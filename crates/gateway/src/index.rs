@@ -34,7 +34,11 @@ pub struct Query<'a> {
 }
 
 /// The common prefix `key` rolls up into, if any.
-fn common_prefix<'k>(key: &'k str, prefix: &str, delimiter: Option<&str>) -> Option<&'k str> {
+pub(crate) fn common_prefix<'k>(
+    key: &'k str,
+    prefix: &str,
+    delimiter: Option<&str>,
+) -> Option<&'k str> {
     let delimiter = delimiter.filter(|d| !d.is_empty())?;
     let rest = key.get(prefix.len()..)?;
     let at = rest.find(delimiter)?;

@@ -12,6 +12,9 @@
 //! | `s3/u/<upload id>` | [`UploadRecord`]: a multipart upload in progress, and which parts it has |
 //! | `s3/u/<upload id>/p/<n>` | [`StoredPart`]: its part `n` |
 //! | `s3/ul/<bucket>` | [`UploadList`]: the bucket's uploads in progress, for listing them |
+//! | `s3/vl/<bucket>/<hex BLAKE3(object key)>` | [`VersionList`]: the object's noncurrent versions, newest first (versioned buckets) |
+//! | `s3/v/<bucket>/<hex BLAKE3(object key)>/<version id>` | one noncurrent version's record, as the object's register held it |
+//! | `s3/im/<bucket>/<shard>` | [`MarkerShard`]: keys whose current version is a delete marker, one of [`INDEX_SHARDS`] |
 //!
 //! A bucket created with `x-bulwark-consistency: causal` keeps its objects in a causal volume
 //! of the same name instead (its record, [`BucketRecord`] in format 2, names the volume; the
@@ -35,6 +38,17 @@
 //! (an object's encryption and tags, a bucket's tags) are in format 3: format 2, then those
 //! fields. Only such records use it, and a gateway from before it refuses them (rather than
 //! serving ciphertext as an object's bytes).
+//!
+//! Versioning (S3's, per bucket): the object's register always holds its current version, so
+//! "the latest version" is what a linearizable read of that register returns. A bucket whose
+//! versioning was ever set keeps the versions a write replaces: before the new current version
+//! is written, the old one's record is copied to its own register and listed, newest first, in
+//! the object's [`VersionList`]. A version id is [`new_version_id`]: a sequence number one above
+//! every version the key has, then random bits, so ids sort in the order the register took the
+//! versions, and versions written through different gateways never share one. A delete marker is
+//! a record of its own ([`DeleteMarker`], format 6) in the object's register. Records carrying a
+//! version id are in format 5: the id, then the record in its earlier format; records of buckets
+//! never versioned stay as they were, so gateways from before versioning read them.
 //!
 //! An encrypted object's chunks (and inline body) are sealed ([`crate::seal`]): a chunk's
 //! reference keeps the plaintext's length and the hash of the sealed bytes, which are
@@ -139,6 +153,38 @@ pub fn part_key(upload_id: &str, number: u32) -> Vec<u8> {
 /// The register listing `bucket`'s multipart uploads in progress.
 pub fn upload_list_key(bucket: &str) -> Vec<u8> {
     [b"s3/ul/", bucket.as_bytes()].concat()
+}
+
+/// The register listing the noncurrent versions of `key` in `bucket`.
+pub fn version_list_key(bucket: &str, key: &str) -> Vec<u8> {
+    let hash = blake3::hash(key.as_bytes());
+    [b"s3/vl/", bucket.as_bytes(), b"/", hash.to_hex().as_bytes()].concat()
+}
+
+/// The register holding noncurrent version `version` of `key` in `bucket`.
+pub fn version_key(bucket: &str, key: &str, version: &str) -> Vec<u8> {
+    let hash = blake3::hash(key.as_bytes());
+    [
+        b"s3/v/",
+        bucket.as_bytes(),
+        b"/",
+        hash.to_hex().as_bytes(),
+        b"/",
+        version.as_bytes(),
+    ]
+    .concat()
+}
+
+/// The register listing the keys of `bucket` in index shard `shard` whose current version is a
+/// delete marker.
+pub fn marker_shard_key(bucket: &str, shard: u8) -> Vec<u8> {
+    [
+        b"s3/im/",
+        bucket.as_bytes(),
+        b"/",
+        shard.to_string().as_bytes(),
+    ]
+    .concat()
 }
 
 /// A bucket's uploads in progress: (object key, upload id) → when started, in ms since the epoch.
@@ -300,9 +346,18 @@ pub struct Manifest {
     /// Its tags (format 3).
     #[serde(skip)]
     pub tags: Tags,
+    /// Its version id in a bucket whose versioning was ever set (format 5); `None` in a bucket
+    /// never versioned, where it is S3's `null` version.
+    #[serde(skip)]
+    pub version: Option<String>,
 }
 
 impl Manifest {
+    /// Its version id, `null` when it has none.
+    pub fn version_id(&self) -> &str {
+        self.version.as_deref().unwrap_or(NULL_VERSION)
+    }
+
     /// Bytes each stored chunk (or the inline body) has beyond its plaintext.
     pub fn overhead(&self) -> usize {
         if self.sealed.is_some() { OVERHEAD } else { 0 }
@@ -661,10 +716,100 @@ fn set_objects<T: Chunked>(
     Ok(())
 }
 
-/// Encodes a manifest: format 2 or 3, inside format 4 when its chunks are objects.
+/// The format of records with a version id: the id, then the record in an earlier format.
+const FORMAT_VERSIONED: u8 = 5;
+
+/// The format of a delete marker in an object's register.
+const FORMAT_MARKER: u8 = 6;
+
+/// `inner` preceded by `version`, in format 5, when there is one.
+fn with_version(
+    what: &'static str,
+    version: Option<&str>,
+    inner: Bytes,
+) -> Result<Bytes, LayoutError> {
+    let Some(id) = version else {
+        return Ok(inner);
+    };
+    assert!(
+        is_version_id(id),
+        "a record is stamped with a well-formed version id"
+    );
+    let mut out = encoded(what, vec![FORMAT_VERSIONED], id)?;
+    out.extend_from_slice(&inner);
+    bounded(what, out)
+}
+
+/// The version id of a format-5 record and the record in its own format; no id for another.
+fn without_version<'a>(
+    what: &'static str,
+    bytes: &'a [u8],
+) -> Result<(Option<String>, &'a [u8]), LayoutError> {
+    let Some((&FORMAT_VERSIONED, rest)) = bytes.split_first() else {
+        return Ok((None, bytes));
+    };
+    let malformed = |problem: String| LayoutError::Malformed { what, problem };
+    let (id, inner) =
+        postcard::take_from_bytes::<String>(rest).map_err(|e| malformed(e.to_string()))?;
+    if !is_version_id(&id) {
+        return Err(malformed(format!("version id {id:?}")));
+    }
+    if inner.first() == Some(&FORMAT_VERSIONED) {
+        return Err(malformed("format 5 inside format 5".into()));
+    }
+    Ok((Some(id), inner))
+}
+
+/// Encodes a manifest: format 2 or 3, inside format 4 when its chunks are objects, inside
+/// format 5 when it has a version id.
 pub fn encode_manifest(manifest: &Manifest) -> Result<Bytes, LayoutError> {
     let inner = encode_extended("manifest", manifest)?;
-    with_objects("manifest", manifest, inner)
+    let inner = with_objects("manifest", manifest, inner)?;
+    with_version("manifest", manifest.version.as_deref(), inner)
+}
+
+/// Encodes what an object's register holds.
+pub fn encode_head(head: &Head) -> Result<Bytes, LayoutError> {
+    match head {
+        Head::Object(manifest) => encode_manifest(manifest),
+        Head::Marker(marker) => {
+            assert!(is_version_id(&marker.version), "a marker has a version id");
+            bounded(
+                "delete marker",
+                encoded("delete marker", vec![FORMAT_MARKER], marker)?,
+            )
+        }
+    }
+}
+
+/// Encodes a bucket record: format 2 or 3, inside format 5 once its versioning was set.
+pub fn encode_bucket(record: &BucketRecord) -> Result<Bytes, LayoutError> {
+    let inner = encode_extended("bucket", record)?;
+    if record.versioning == Versioning::Unversioned {
+        return Ok(inner);
+    }
+    let mut out = encoded("bucket", vec![FORMAT_VERSIONED], &record.versioning)?;
+    out.extend_from_slice(&inner);
+    bounded("bucket", out)
+}
+
+/// Decodes what [`encode_bucket`] (or a gateway from before it) wrote.
+pub fn decode_bucket(bytes: &[u8]) -> Result<BucketRecord, LayoutError> {
+    let Some((&FORMAT_VERSIONED, rest)) = bytes.split_first() else {
+        return decode_extended("bucket", bytes);
+    };
+    let malformed = |problem: String| LayoutError::Malformed {
+        what: "bucket",
+        problem,
+    };
+    let (versioning, inner) =
+        postcard::take_from_bytes::<Versioning>(rest).map_err(|e| malformed(e.to_string()))?;
+    if versioning == Versioning::Unversioned {
+        return Err(malformed("format 5 without versioning".into()));
+    }
+    let mut record: BucketRecord = decode_extended("bucket", inner)?;
+    record.versioning = versioning;
+    Ok(record)
 }
 
 /// Encodes an uploaded part: format 1, inside format 4 when its chunks are objects.
@@ -827,10 +972,45 @@ pub fn decode_extended<T: Extended>(what: &'static str, bytes: &[u8]) -> Result<
     }
 }
 
-/// Decodes the manifest in `key`'s register and checks it is `key`'s.
+/// Decodes the manifest in `key`'s register and checks it is `key`'s; a delete marker there is
+/// refused as malformed (readers of registers that may hold one use [`decode_head`]).
 pub fn decode_manifest(key: &str, bytes: &[u8]) -> Result<Manifest, LayoutError> {
+    match decode_head(key, bytes)? {
+        Head::Object(manifest) => Ok(manifest),
+        Head::Marker(_) => Err(LayoutError::Malformed {
+            what: "manifest",
+            problem: "a delete marker".into(),
+        }),
+    }
+}
+
+/// Decodes what `key`'s register holds, an object's manifest or a delete marker, and checks it
+/// is `key`'s.
+pub fn decode_head(key: &str, bytes: &[u8]) -> Result<Head, LayoutError> {
+    if let Some((&FORMAT_MARKER, rest)) = bytes.split_first() {
+        let marker: DeleteMarker =
+            postcard::from_bytes(rest).map_err(|e| LayoutError::Malformed {
+                what: "delete marker",
+                problem: e.to_string(),
+            })?;
+        if marker.key != key {
+            return Err(LayoutError::WrongKey {
+                expected: key.to_owned(),
+                found: marker.key,
+            });
+        }
+        if !is_version_id(&marker.version) {
+            return Err(LayoutError::Malformed {
+                what: "delete marker",
+                problem: format!("version id {:?}", marker.version),
+            });
+        }
+        return Ok(Head::Marker(marker));
+    }
+    let (version, bytes) = without_version("manifest", bytes)?;
     let (objects, inner) = without_objects("manifest", bytes)?;
     let mut manifest: Manifest = decode_extended("manifest", inner)?;
+    manifest.version = version;
     set_objects("manifest", &mut manifest, objects)?;
     if manifest.key != key {
         return Err(LayoutError::WrongKey {
@@ -872,7 +1052,7 @@ pub fn decode_manifest(key: &str, bytes: &[u8]) -> Result<Manifest, LayoutError>
             ),
         });
     }
-    Ok(manifest)
+    Ok(Head::Object(manifest))
 }
 
 /// Checks a fetched chunk against its reference; `overhead` as for [`ChunkRef::verify`].
@@ -898,7 +1078,147 @@ pub struct BucketRecord {
     /// What format 3 added.
     #[serde(skip)]
     pub more: BucketMore,
+    /// Its versioning (format 5).
+    #[serde(skip)]
+    pub versioning: Versioning,
 }
+
+/// A bucket's versioning, as S3 has it: once set, it is enabled or suspended, never unset again.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Versioning {
+    /// Never set: every object is its one `null` version, and a write replaces it.
+    #[default]
+    Unversioned,
+    /// Every write makes a new version, and a delete a delete marker; old versions are kept.
+    Enabled,
+    /// Writes make the `null` version, replacing the one there was; other versions are kept.
+    Suspended,
+}
+
+/// The version id S3 gives objects written while a bucket's versioning was not enabled.
+pub const NULL_VERSION: &str = "null";
+
+/// The length of the version ids this gateway makes: 16 hex digits of sequence, 16 of chance.
+pub const VERSION_ID_LEN: usize = 32;
+
+/// The most noncurrent versions one key keeps; a write that would keep more is refused, so that
+/// the key's [`VersionList`] always fits its register.
+pub const NONCURRENT_VERSIONS_MAX: usize = 50_000;
+
+/// A new version id with sequence number `seq`: ids sort as their sequence numbers do.
+pub fn new_version_id(seq: u64) -> String {
+    format!("{seq:016x}{:016x}", rand::random::<u64>())
+}
+
+/// The sequence number of a version id this gateway made; `None` for `null` (and anything else).
+pub fn version_seq(id: &str) -> Option<u64> {
+    if !is_version_id(id) || id == NULL_VERSION {
+        return None;
+    }
+    u64::from_str_radix(&id[..16], 16).ok()
+}
+
+/// Whether `id` is a version id this gateway could have made: `null`, or [`VERSION_ID_LEN`]
+/// lowercase hex digits.
+pub fn is_version_id(id: &str) -> bool {
+    id == NULL_VERSION
+        || (id.len() == VERSION_ID_LEN
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+}
+
+/// What the object's register holds when its current version is a delete marker.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeleteMarker {
+    /// The full object key.
+    pub key: String,
+    /// The marker's version id (`null` under suspended versioning).
+    pub version: String,
+    /// When it was made, in milliseconds since the Unix epoch.
+    pub last_modified_ms: u64,
+}
+
+/// What an object's register holds: its current version, an object or a delete marker.
+// One lives per request, briefly; boxing the manifest would buy nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Head {
+    /// An object.
+    Object(Manifest),
+    /// A delete marker.
+    Marker(DeleteMarker),
+}
+
+impl Head {
+    /// Its version id.
+    pub fn version_id(&self) -> &str {
+        match self {
+            Head::Object(manifest) => manifest.version_id(),
+            Head::Marker(marker) => &marker.version,
+        }
+    }
+
+    /// How a listing of versions shows it.
+    pub fn listed(&self) -> ListedVersion {
+        match self {
+            Head::Object(m) => ListedVersion {
+                id: m.version_id().to_owned(),
+                marker: false,
+                size: m.size,
+                etag: m.etag.clone(),
+                last_modified_ms: m.last_modified_ms,
+            },
+            Head::Marker(d) => ListedVersion {
+                id: d.version.clone(),
+                marker: true,
+                size: 0,
+                etag: String::new(),
+                last_modified_ms: d.last_modified_ms,
+            },
+        }
+    }
+}
+
+/// An object's noncurrent versions, newest first. A gateway stopped between writing this list and
+/// the object's register can leave the current version listed here too: readers skip it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VersionList {
+    /// The full object key.
+    pub key: String,
+    /// The versions.
+    pub versions: Vec<ListedVersion>,
+}
+
+/// What a listing of versions shows of one, kept in the [`VersionList`] so it reads no record.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListedVersion {
+    /// Its version id.
+    pub id: String,
+    /// Whether it is a delete marker (whose record is this entry: it has no register).
+    pub marker: bool,
+    /// Size in bytes (0 for a marker).
+    pub size: u64,
+    /// ETag without quotes (empty for a marker).
+    pub etag: String,
+    /// Milliseconds since the Unix epoch.
+    pub last_modified_ms: u64,
+}
+
+impl ListedVersion {
+    /// The delete marker this entry is, for `key`.
+    pub fn as_marker(&self, key: &str) -> DeleteMarker {
+        DeleteMarker {
+            key: key.to_owned(),
+            version: self.id.clone(),
+            last_modified_ms: self.last_modified_ms,
+        }
+    }
+}
+
+/// One shard of the keys of a bucket whose current version is a delete marker: listed among
+/// versions, not among objects.
+pub type MarkerShard = std::collections::BTreeSet<String>;
 
 /// What a bucket record keeps beyond format 1.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -999,6 +1319,7 @@ mod tests {
 
     fn manifest(key: &str, data: Data, size: u64) -> Manifest {
         Manifest {
+            version: None,
             key: key.into(),
             size,
             etag: "e".into(),
@@ -1131,6 +1452,7 @@ mod tests {
         assert_eq!(bytes[0], FORMAT_MORE);
         assert_eq!(decode_manifest("k", &bytes).unwrap(), tagged);
         let mut record = BucketRecord {
+            versioning: Versioning::Unversioned,
             created_ms: 1,
             extra: BucketExtra::default(),
             more: BucketMore::default(),
@@ -1258,5 +1580,68 @@ mod tests {
         assert_eq!(decode_part(&bytes).unwrap(), part);
         let old = encode("part", &part).unwrap();
         assert_eq!(decode_part(&old).unwrap().part.chunks[0].object, None);
+    }
+
+    #[test]
+    fn versioned_records_carry_their_id_and_unversioned_ones_keep_their_format() {
+        let plain = manifest("k", Data::Inline(Bytes::from_static(b"hello")), 5);
+        let bytes = encode_manifest(&plain).unwrap();
+        assert_eq!(
+            bytes[0], FORMAT_EXTENDED,
+            "a bucket never versioned writes as before"
+        );
+        let mut versioned = plain.clone();
+        versioned.version = Some(new_version_id(7));
+        let bytes = encode_manifest(&versioned).unwrap();
+        assert_eq!(bytes[0], FORMAT_VERSIONED);
+        assert_eq!(decode_manifest("k", &bytes).unwrap(), versioned);
+        assert_eq!(version_seq(versioned.version_id()), Some(7));
+        assert!(decode_manifest("other", &bytes).is_err());
+        // The id is checked, and one stamp only.
+        let mut forged = vec![FORMAT_VERSIONED];
+        postcard::to_io("../../s3/b/x", &mut forged).unwrap();
+        forged.extend_from_slice(&encode_manifest(&plain).unwrap());
+        assert!(decode_head("k", &forged).is_err());
+        let mut twice = vec![FORMAT_VERSIONED];
+        postcard::to_io(NULL_VERSION, &mut twice).unwrap();
+        twice.extend_from_slice(&bytes);
+        assert!(decode_head("k", &twice).is_err());
+
+        let marker = Head::Marker(DeleteMarker {
+            key: "k".into(),
+            version: new_version_id(8),
+            last_modified_ms: 9,
+        });
+        let bytes = encode_head(&marker).unwrap();
+        assert_eq!(decode_head("k", &bytes).unwrap(), marker);
+        assert!(decode_head("other", &bytes).is_err());
+        assert!(
+            decode_manifest("k", &bytes).is_err(),
+            "a marker is no manifest"
+        );
+        for cut in 0..bytes.len() {
+            assert!(decode_head("k", &bytes[..cut]).is_err());
+        }
+
+        let mut record = BucketRecord {
+            versioning: Versioning::Unversioned,
+            created_ms: 1,
+            extra: BucketExtra::default(),
+            more: BucketMore::default(),
+        };
+        assert_eq!(encode_bucket(&record).unwrap()[0], FORMAT_EXTENDED);
+        for versioning in [Versioning::Enabled, Versioning::Suspended] {
+            record.versioning = versioning;
+            let bytes = encode_bucket(&record).unwrap();
+            assert_eq!(bytes[0], FORMAT_VERSIONED);
+            assert_eq!(decode_bucket(&bytes).unwrap(), record);
+        }
+        let mut unset = vec![FORMAT_VERSIONED];
+        postcard::to_io(&Versioning::Unversioned, &mut unset).unwrap();
+        unset.extend_from_slice(&encode_extended("bucket", &record).unwrap());
+        assert!(decode_bucket(&unset).is_err());
+        assert!(!is_version_id("0123456789abcdef0123456789ABCDEF"));
+        assert!(!is_version_id("0123456789abcdef"));
+        assert!(is_version_id(&new_version_id(u64::MAX)));
     }
 }

@@ -2,10 +2,11 @@
 //! not listed here answers NotImplemented (s3s's default).
 
 use crate::engine::{
-    Algorithms, Engine, Integrity, ListedPart, OBJECT_TAGS_MAX, ObjectMeta, check_tags, now_ms,
+    Algorithms, Engine, Integrity, ListedPart, OBJECT_TAGS_MAX, ObjectMeta, check_tags,
+    check_version_id, now_ms, versioning_status,
 };
 use crate::index::{self, Page, Query};
-use crate::layout::{Checksums, Headers, Manifest, PartChecksum, Tags};
+use crate::layout::{Checksums, Headers, Manifest, PartChecksum, Tags, Versioning};
 use crate::seal::{self, Asked, CustomerKey, Seal, SealMode};
 use crate::store::Registers;
 use base64::Engine as _;
@@ -661,8 +662,8 @@ macro_rules! object_options {
     }};
 }
 
-/// The bucket and key a copy request (CopyObject, UploadPartCopy) reads, and the customer key
-/// its source opens with, once what it asks of its source is known to be served: no version,
+/// The bucket, key and version a copy request (CopyObject, UploadPartCopy) reads, and the
+/// customer key its source opens with, once what it asks of its source is known to be served:
 /// no date conditions.
 // Field by field, not through a reference to the whole input: the caller moves other fields
 // out while the source's bucket and key are borrowed.
@@ -690,7 +691,7 @@ macro_rules! copy_source {
                             "date conditions on copies (x-amz-copy-source-if-[un]modified-since) are not supported"
                         ))
                     } else {
-                        Ok((&**bucket, &**key, source_key))
+                        Ok((&**bucket, &**key, version_id.as_deref(), source_key))
                     }
                 }),
             _ => Err(s3_error!(NotImplemented, "copy sources must be bucket/key")),
@@ -751,16 +752,10 @@ fn refuse_acl(canned: Option<&str>, grants: &[Option<&String>]) -> S3Result<()> 
     Ok(())
 }
 
-/// Buckets are not versioned: each object has one version, S3's "null". Another id names a
-/// version that does not exist, and must not act on the object.
+/// A version id a request names: one that no version can have is refused before anything is
+/// read or changed.
 fn check_version(version_id: Option<&str>) -> S3Result<()> {
-    match version_id {
-        None | Some("null") => Ok(()),
-        Some(_) => Err(s3_error!(
-            InvalidArgument,
-            "invalid version id: buckets are not versioned, only \"null\" names a version"
-        )),
-    }
+    version_id.map_or(Ok(()), check_version_id)
 }
 
 /// Conditional deletes need the same compare-and-swap as conditional writes.
@@ -960,6 +955,7 @@ impl<R: Registers> S3 for BulwarkS3<R> {
             with_checksum!(
                 PutObjectOutput {
                     e_tag: Some(etag(&manifest.etag)),
+                    version_id: manifest.version.clone(),
                 },
                 checksum
             ),
@@ -977,7 +973,13 @@ impl<R: Registers> S3 for BulwarkS3<R> {
         let customer = customer_key!(input)?;
         let object = self
             .engine
-            .object(&reg, &input.bucket, &input.key, customer.as_ref())
+            .object_version(
+                &reg,
+                &input.bucket,
+                &input.key,
+                input.version_id.as_deref(),
+                customer.as_ref(),
+            )
             .await?;
         let manifest = &object.manifest;
         check_conditions(
@@ -1020,6 +1022,7 @@ impl<R: Registers> S3 for BulwarkS3<R> {
                 metadata: user_metadata(manifest),
                 parts_count: (manifest.parts > 0).then_some(manifest.parts as i32),
                 tag_count: (!manifest.tags.is_empty()).then_some(manifest.tags.len() as i32),
+                version_id: manifest.version.clone(),
             },
             manifest,
             checksums
@@ -1042,7 +1045,13 @@ impl<R: Registers> S3 for BulwarkS3<R> {
         let customer = customer_key!(input)?;
         let object = self
             .engine
-            .object(&reg, &input.bucket, &input.key, customer.as_ref())
+            .object_version(
+                &reg,
+                &input.bucket,
+                &input.key,
+                input.version_id.as_deref(),
+                customer.as_ref(),
+            )
             .await?;
         let manifest = &object.manifest;
         check_conditions(
@@ -1069,6 +1078,7 @@ impl<R: Registers> S3 for BulwarkS3<R> {
                 last_modified: Some(timestamp(manifest.last_modified_ms)),
                 metadata: user_metadata(manifest),
                 parts_count: (manifest.parts > 0).then_some(manifest.parts as i32),
+                version_id: manifest.version.clone(),
             },
             manifest,
             checksums
@@ -1093,10 +1103,17 @@ impl<R: Registers> S3 for BulwarkS3<R> {
                 || input.if_match_last_modified_time.is_some()
                 || input.if_match_size.is_some(),
         )?;
-        self.engine
-            .delete_object(&reg, &input.bucket, &input.key)
+        let deleted = self
+            .engine
+            .delete_version(&reg, &input.bucket, &input.key, input.version_id.as_deref())
             .await?;
-        Ok(S3Response::new(DeleteObjectOutput::default()))
+        let mut response = S3Response::new(DeleteObjectOutput {
+            delete_marker: deleted.marker.then_some(true),
+            version_id: deleted.version,
+            ..DeleteObjectOutput::default()
+        });
+        response.status = Some(http::StatusCode::NO_CONTENT);
+        Ok(response)
     }
 
     async fn delete_objects(
@@ -1115,38 +1132,59 @@ impl<R: Registers> S3 for BulwarkS3<R> {
         let engine = &self.engine;
         let bucket = &input.bucket;
         let reg = &reg;
-        let outcomes: Vec<(String, S3Result<()>)> = futures::stream::iter(input.delete.objects)
-            .map(|object| async move {
-                let checked = check_version(object.version_id.as_deref()).and_then(|()| {
-                    refuse_conditional_delete(
-                        object.e_tag.is_some()
-                            || object.last_modified_time.is_some()
-                            || object.size.is_some(),
-                    )
-                });
-                let result = match checked {
-                    Ok(()) => engine.delete_object(reg, bucket, &object.key).await,
-                    Err(refused) => Err(refused),
-                };
-                (object.key, result)
-            })
-            .buffered(4)
-            .collect()
-            .await;
+        let outcomes: Vec<(ObjectIdentifier, S3Result<crate::engine::Deleted>)> =
+            futures::stream::iter(input.delete.objects)
+                .map(|object| async move {
+                    let checked = check_version(object.version_id.as_deref()).and_then(|()| {
+                        refuse_conditional_delete(
+                            object.e_tag.is_some()
+                                || object.last_modified_time.is_some()
+                                || object.size.is_some(),
+                        )
+                    });
+                    let result = match checked {
+                        Ok(()) => {
+                            engine
+                                .delete_version(
+                                    reg,
+                                    bucket,
+                                    &object.key,
+                                    object.version_id.as_deref(),
+                                )
+                                .await
+                        }
+                        Err(refused) => Err(refused),
+                    };
+                    (object, result)
+                })
+                .buffered(4)
+                .collect()
+                .await;
         let mut deleted = Vec::new();
         let mut errors = Vec::new();
-        for (key, result) in outcomes {
+        for (object, result) in outcomes {
             match result {
-                Ok(()) if !quiet => deleted.push(DeletedObject {
-                    key: Some(key),
-                    ..DeletedObject::default()
+                // S3 names the marker a delete made, or the version it deleted.
+                Ok(done) if !quiet => deleted.push(match object.version_id {
+                    None => DeletedObject {
+                        key: Some(object.key),
+                        delete_marker: done.marker.then_some(true),
+                        delete_marker_version_id: done.version.filter(|_| done.marker),
+                        ..DeletedObject::default()
+                    },
+                    Some(version) => DeletedObject {
+                        key: Some(object.key),
+                        version_id: Some(version),
+                        delete_marker: done.marker.then_some(true),
+                        delete_marker_version_id: done.version.filter(|_| done.marker),
+                    },
                 }),
-                Ok(()) => {}
+                Ok(_) => {}
                 Err(e) => errors.push(Error {
                     code: Some(e.code().as_str().to_owned()),
-                    key: Some(key),
+                    key: Some(object.key),
                     message: e.message().map(str::to_owned),
-                    ..Error::default()
+                    version_id: object.version_id,
                 }),
             }
         }
@@ -1163,14 +1201,19 @@ impl<R: Registers> S3 for BulwarkS3<R> {
     ) -> S3Result<S3Response<CopyObjectOutput>> {
         let reg = self.client(&req)?;
         let input = req.input;
-        let (src_bucket, src_key, source_key) = copy_source!(input)?;
+        let (src_bucket, src_key, src_version, source_key) = copy_source!(input)?;
         let seal = object_options!(input, self.engine.gateway_keys())?;
         let replace = input
             .metadata_directive
             .as_ref()
             .is_some_and(|d| d.as_str() == MetadataDirective::REPLACE);
         let reseals = seal.is_some() || source_key.is_some();
-        if !replace && !reseals && src_bucket == &*input.bucket && src_key == &*input.key {
+        if !replace
+            && !reseals
+            && src_version.is_none()
+            && src_bucket == &*input.bucket
+            && src_key == &*input.key
+        {
             return Err(s3_error!(
                 InvalidRequest,
                 "copying an object onto itself needs the REPLACE metadata directive"
@@ -1191,7 +1234,7 @@ impl<R: Registers> S3 for BulwarkS3<R> {
             .engine
             .copy_object(
                 &reg,
-                (src_bucket, src_key),
+                (src_bucket, src_key, src_version),
                 (&input.bucket, &input.key),
                 (new_meta, new_tags),
                 |src| {
@@ -1218,6 +1261,8 @@ impl<R: Registers> S3 for BulwarkS3<R> {
                 last_modified: Some(timestamp(manifest.last_modified_ms)),
                 ..CopyObjectResult::default()
             }),
+            version_id: manifest.version.clone(),
+            copy_source_version_id: src_version.map(str::to_owned),
             ..CopyObjectOutput::default()
         };
         Ok(S3Response::new(sealed_output!(output, seal.as_ref())))
@@ -1327,9 +1372,17 @@ impl<R: Registers> S3 for BulwarkS3<R> {
         check_version(input.version_id.as_deref())?;
         let tags = tag_set(input.tagging)?;
         self.engine
-            .set_object_tags(reg.as_ref(), &input.bucket, &input.key, tags)
+            .set_version_tags(
+                reg.as_ref(),
+                &input.bucket,
+                &input.key,
+                input.version_id.as_deref(),
+                tags,
+            )
             .await?;
-        Ok(S3Response::new(PutObjectTaggingOutput::default()))
+        Ok(S3Response::new(PutObjectTaggingOutput {
+            version_id: input.version_id,
+        }))
     }
 
     async fn get_object_tagging(
@@ -1341,11 +1394,16 @@ impl<R: Registers> S3 for BulwarkS3<R> {
         check_version(input.version_id.as_deref())?;
         let tags = self
             .engine
-            .object_tags(reg.as_ref(), &input.bucket, &input.key)
+            .version_tags(
+                reg.as_ref(),
+                &input.bucket,
+                &input.key,
+                input.version_id.as_deref(),
+            )
             .await?;
         Ok(S3Response::new(GetObjectTaggingOutput {
             tag_set: to_tag_set(tags),
-            version_id: None,
+            version_id: input.version_id.clone(),
         }))
     }
 
@@ -1357,9 +1415,17 @@ impl<R: Registers> S3 for BulwarkS3<R> {
         let input = &req.input;
         check_version(input.version_id.as_deref())?;
         self.engine
-            .set_object_tags(reg.as_ref(), &input.bucket, &input.key, Tags::new())
+            .set_version_tags(
+                reg.as_ref(),
+                &input.bucket,
+                &input.key,
+                input.version_id.as_deref(),
+                Tags::new(),
+            )
             .await?;
-        let mut response = S3Response::new(DeleteObjectTaggingOutput::default());
+        let mut response = S3Response::new(DeleteObjectTaggingOutput {
+            version_id: input.version_id.clone(),
+        });
         response.status = Some(http::StatusCode::NO_CONTENT);
         Ok(response)
     }
@@ -1407,9 +1473,8 @@ impl<R: Registers> S3 for BulwarkS3<R> {
         Ok(response)
     }
 
-    /// Buckets are not versioned, so every object has one version, `null`, the latest: the
-    /// listing is the bucket's, in S3's shape, so that tools which empty a bucket through its
-    /// versions work.
+    /// A bucket's versions, in S3's shape: in a bucket never versioned every object is its one
+    /// version, `null`, the latest, so that tools which empty a bucket through its versions work.
     async fn list_object_versions(
         &self,
         req: S3Request<ListObjectVersionsInput>,
@@ -1419,16 +1484,14 @@ impl<R: Registers> S3 for BulwarkS3<R> {
         let encode = url_encoded(&input.encoding_type)?;
         let max_keys = max_keys(input.max_keys)?;
         let key_marker = input.key_marker.as_deref().filter(|m| !m.is_empty());
-        match (key_marker, input.version_id_marker.as_deref()) {
-            (_, None) => {}
-            (None, Some(_)) => {
-                return Err(s3_error!(
-                    InvalidArgument,
-                    "A version-id marker cannot be specified without a key marker."
-                ));
-            }
-            (Some(_), Some(version)) => check_version(Some(version))?,
+        let version_marker = input.version_id_marker.as_deref().filter(|m| !m.is_empty());
+        if key_marker.is_none() && version_marker.is_some() {
+            return Err(s3_error!(
+                InvalidArgument,
+                "A version-id marker cannot be specified without a key marker."
+            ));
         }
+        check_version(version_marker)?;
         let delimiter = input.delimiter.as_deref().filter(|d| !d.is_empty());
         let query = Query {
             prefix: input.prefix.as_deref().unwrap_or(""),
@@ -1438,26 +1501,43 @@ impl<R: Registers> S3 for BulwarkS3<R> {
         };
         let page = self
             .engine
-            .list(reg.as_ref(), &input.bucket, &query)
+            .list_versions(reg.as_ref(), &input.bucket, &query, version_marker)
             .await?;
-        let (objects, prefixes) = render(&page, encode, true);
-        let versions = objects
+        let enc = |s: String| if encode { index::url_encode(&s) } else { s };
+        let mut versions = Vec::new();
+        let mut markers = Vec::new();
+        for (key, version, latest) in page.versions {
+            if version.marker {
+                markers.push(DeleteMarkerEntry {
+                    is_latest: Some(latest),
+                    key: Some(enc(key)),
+                    last_modified: Some(timestamp(version.last_modified_ms)),
+                    owner: Some(owner()),
+                    version_id: Some(version.id),
+                });
+            } else {
+                versions.push(ObjectVersion {
+                    e_tag: Some(etag(&version.etag)),
+                    is_latest: Some(latest),
+                    key: Some(enc(key)),
+                    last_modified: Some(timestamp(version.last_modified_ms)),
+                    owner: Some(owner()),
+                    size: Some(version.size as i64),
+                    storage_class: Some(ObjectVersionStorageClass::from_static(
+                        ObjectVersionStorageClass::STANDARD,
+                    )),
+                    version_id: Some(version.id),
+                    ..ObjectVersion::default()
+                });
+            }
+        }
+        let prefixes = page
+            .prefixes
             .into_iter()
-            .map(|object| ObjectVersion {
-                e_tag: object.e_tag,
-                is_latest: Some(true),
-                key: object.key,
-                last_modified: object.last_modified,
-                owner: object.owner,
-                size: object.size,
-                storage_class: Some(ObjectVersionStorageClass::from_static(
-                    ObjectVersionStorageClass::STANDARD,
-                )),
-                version_id: Some("null".into()),
-                ..ObjectVersion::default()
+            .map(|prefix| CommonPrefix {
+                prefix: Some(enc(prefix)),
             })
             .collect();
-        let enc = |s: String| if encode { index::url_encode(&s) } else { s };
         Ok(S3Response::new(ListObjectVersionsOutput {
             name: Some(input.bucket.clone()),
             prefix: Some(enc(query.prefix.to_owned())),
@@ -1466,28 +1546,62 @@ impl<R: Registers> S3 for BulwarkS3<R> {
             version_id_marker: Some(input.version_id_marker.clone().unwrap_or_default()),
             max_keys: Some(max_keys as i32),
             is_truncated: Some(page.truncated),
-            next_key_marker: page
-                .truncated
-                .then(|| page.next_marker.clone().map(enc))
-                .flatten(),
-            next_version_id_marker: page.truncated.then(|| "null".to_owned()),
+            next_key_marker: page.next_key_marker.map(enc),
+            next_version_id_marker: page.next_version_marker,
             versions: Some(versions),
+            delete_markers: (!markers.is_empty()).then_some(markers),
             common_prefixes: Some(prefixes),
             encoding_type: input.encoding_type.clone(),
             ..ListObjectVersionsOutput::default()
         }))
     }
 
-    /// Versioning has never been enabled on any bucket: S3 answers such a bucket with no status.
     async fn get_bucket_versioning(
         &self,
         req: S3Request<GetBucketVersioningInput>,
     ) -> S3Result<S3Response<GetBucketVersioningOutput>> {
         let reg = self.client(&req)?;
-        self.engine
-            .require_bucket(reg.as_ref(), &req.input.bucket)
+        let versioning = self
+            .engine
+            .versioning(reg.as_ref(), &req.input.bucket)
             .await?;
-        Ok(S3Response::new(GetBucketVersioningOutput::default()))
+        Ok(S3Response::new(GetBucketVersioningOutput {
+            status: versioning_status(versioning).map(BucketVersioningStatus::from_static),
+            ..GetBucketVersioningOutput::default()
+        }))
+    }
+
+    /// Enables or suspends versioning. MFA delete needs hardware tokens the gateway does not
+    /// know, so asking for it is refused.
+    async fn put_bucket_versioning(
+        &self,
+        req: S3Request<PutBucketVersioningInput>,
+    ) -> S3Result<S3Response<PutBucketVersioningOutput>> {
+        let reg = self.client(&req)?;
+        let input = req.input;
+        let configuration = input.versioning_configuration;
+        if input.mfa.is_some()
+            || configuration
+                .mfa_delete
+                .as_ref()
+                .is_some_and(|m| m.as_str() == MFADelete::ENABLED)
+        {
+            return Err(s3_error!(NotImplemented, "MFA delete is not supported"));
+        }
+        let versioning = match configuration.status.as_ref().map(|s| s.as_str()) {
+            Some(BucketVersioningStatus::ENABLED) => Versioning::Enabled,
+            Some(BucketVersioningStatus::SUSPENDED) => Versioning::Suspended,
+            _ => {
+                return Err(s3_error!(
+                    MalformedXML,
+                    "the versioning status must be Enabled or Suspended"
+                ));
+            }
+        };
+        self.engine
+            .set_versioning(reg.as_ref(), &input.bucket, versioning)
+            .await?;
+        Ok(S3Response::new(PutBucketVersioningOutput::default()))
     }
 
     async fn create_multipart_upload(
@@ -1569,7 +1683,7 @@ impl<R: Registers> S3 for BulwarkS3<R> {
     ) -> S3Result<S3Response<UploadPartCopyOutput>> {
         let reg = self.client(&req)?;
         let input = req.input;
-        let (src_bucket, src_key, source_key) = copy_source!(input)?;
+        let (src_bucket, src_key, src_version, source_key) = copy_source!(input)?;
         let customer = customer_key!(input)?;
         let range = input
             .copy_source_range
@@ -1580,7 +1694,7 @@ impl<R: Registers> S3 for BulwarkS3<R> {
             .engine
             .upload_part_copy(
                 &reg,
-                (src_bucket, src_key),
+                (src_bucket, src_key, src_version),
                 (&input.bucket, &input.key),
                 &input.upload_id,
                 input.part_number,
@@ -1731,6 +1845,7 @@ impl<R: Registers> S3 for BulwarkS3<R> {
             key: Some(input.key.clone()),
             location: Some(format!("/{}/{}", input.bucket, input.key)),
             e_tag: Some(etag(&manifest.etag)),
+            version_id: manifest.version.clone(),
             checksum_crc32: checksums.crc32.clone(),
             checksum_crc32c: checksums.crc32c.clone(),
             checksum_sha1: checksums.sha1.clone(),
