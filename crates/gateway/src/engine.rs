@@ -1373,7 +1373,7 @@ impl Engine {
                 bucket,
                 "copying or completing a multipart upload",
             ),
-            self.head(reg.as_ref(), bucket, &key),
+            self.head_to_replace(reg.as_ref(), bucket, &key),
         )
         .await;
         let record = record?;

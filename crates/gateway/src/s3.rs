@@ -1022,7 +1022,7 @@ impl<R: Registers> S3 for BulwarkS3<R> {
                 metadata: user_metadata(manifest),
                 parts_count: (manifest.parts > 0).then_some(manifest.parts as i32),
                 tag_count: (!manifest.tags.is_empty()).then_some(manifest.tags.len() as i32),
-                version_id: manifest.version.clone(),
+                version_id: manifest.version.clone().or(input.version_id.clone()),
             },
             manifest,
             checksums
@@ -1078,7 +1078,7 @@ impl<R: Registers> S3 for BulwarkS3<R> {
                 last_modified: Some(timestamp(manifest.last_modified_ms)),
                 metadata: user_metadata(manifest),
                 parts_count: (manifest.parts > 0).then_some(manifest.parts as i32),
-                version_id: manifest.version.clone(),
+                version_id: manifest.version.clone().or(input.version_id.clone()),
             },
             manifest,
             checksums

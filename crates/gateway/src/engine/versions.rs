@@ -9,11 +9,19 @@
 //!   to its own register, then listed, then the object's register is written. Stopped in
 //!   between, the list names the version still current, which readers skip;
 //! - deleting the current version by id: the newest listed version is written into the object's
-//!   register, then the list loses it, then its own register is deleted;
-//! - deleting a noncurrent version: the list loses it, then its register is deleted.
+//!   register, then the list loses it (its own register stays, a stale copy that is rewritten when
+//!   it is replaced again and deleted with it);
+//! - deleting a noncurrent version: the list loses it, then its register is deleted;
+//! - under suspended versioning, the `null` version replaced stays in the list (a list entry with
+//!   the current version's id is skipped) until a later write replaces it there; its chunks are
+//!   retired only once the new current version is written.
 //!
-//! A stop can leave a version's own register behind unlisted; nothing reads it, and its chunks,
-//! named by no listed version, are the collector's.
+//! Registers are deleted under the key's lock, never after it, so a later write of the same
+//! register cannot be overtaken. A stop can leave a version's own register behind unlisted;
+//! nothing reads it, and its chunks, named by no listed version, are the collector's. Readers
+//! by id read the object's register, then the list, then the version's own register, each
+//! written in the opposite order by writers, and look at the object's register again before
+//! they answer that a version does not exist.
 
 use super::{Engine, forget_chunks, get_record, layout_error, now_ms, put_record, store_error};
 use crate::index::{self, Query};
@@ -52,13 +60,12 @@ pub struct VersionPage {
     pub next_version_marker: Option<String>,
 }
 
-/// What making room for a new current version did: the new version's id, the versions it
-/// replaced for good (a `null` version under suspended versioning), and the version registers
-/// to delete once the new version is written.
+/// What making room for a new current version did: the new version's id, and the versions it
+/// replaces for good (a `null` version under suspended versioning), to retire once the new
+/// version is written.
 struct PushedDown {
     id: String,
     retired: Vec<Manifest>,
-    dropped: Vec<String>,
 }
 
 /// The answer to a request for a version that is a delete marker: `status`, saying so.
@@ -138,22 +145,48 @@ impl Engine {
             .map_err(store_error)
     }
 
-    /// What `key`'s register holds, and its bytes; an unreadable record counts as none.
+    /// What `key`'s register holds, and its bytes; an unreadable record is an error.
     pub(super) async fn head<R: Registers>(
         &self,
         reg: &R,
         bucket: &str,
         key: &str,
     ) -> S3Result<Option<(Head, Bytes)>> {
-        let bytes = reg
-            .get(&layout::object_key(bucket, key))
+        match self.raw_head(reg, bucket, key).await? {
+            Some(bytes) => {
+                let head = layout::decode_head(key, &bytes).map_err(layout_error)?;
+                Ok(Some((head, bytes)))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// The bytes of `key`'s register.
+    async fn raw_head<R: Registers>(
+        &self,
+        reg: &R,
+        bucket: &str,
+        key: &str,
+    ) -> S3Result<Option<Bytes>> {
+        reg.get(&layout::object_key(bucket, key))
             .await
-            .map_err(store_error)?;
+            .map_err(store_error)
+    }
+
+    /// What `key`'s register holds, for a write about to replace it: an unreadable record is
+    /// replaced (and logged), as a bucket never versioned always did.
+    pub(super) async fn head_to_replace<R: Registers>(
+        &self,
+        reg: &R,
+        bucket: &str,
+        key: &str,
+    ) -> S3Result<Option<(Head, Bytes)>> {
+        let bytes = self.raw_head(reg, bucket, key).await?;
         Ok(
             bytes.and_then(|bytes| match layout::decode_head(key, &bytes) {
                 Ok(head) => Some((head, bytes)),
                 Err(error) => {
-                    tracing::warn!(%bucket, %key, %error, "unreadable object record");
+                    tracing::warn!(%bucket, %key, %error, "replacing an unreadable object record");
                     None
                 }
             }),
@@ -170,7 +203,20 @@ impl Engine {
         let list: Option<VersionList> =
             get_record(reg, "version list", &layout::version_list_key(bucket, key)).await?;
         match list {
-            Some(list) if list.key == key => Ok(list),
+            Some(list) if list.key == key => {
+                let mut ids = std::collections::HashSet::new();
+                if let Some(bad) = list
+                    .versions
+                    .iter()
+                    .find(|v| !layout::is_version_id(&v.id) || !ids.insert(v.id.as_str()))
+                {
+                    return Err(layout_error(layout::LayoutError::Malformed {
+                        what: "version list",
+                        problem: format!("version id {:?} malformed or listed twice", bad.id),
+                    }));
+                }
+                Ok(list)
+            }
             Some(list) => Err(layout_error(layout::LayoutError::WrongKey {
                 expected: key.to_owned(),
                 found: list.key,
@@ -222,23 +268,22 @@ impl Engine {
         }
     }
 
-    /// Deletes the registers of versions no list names any more, in the background.
-    fn drop_versions<R: Registers>(&self, reg: &Arc<R>, bucket: &str, key: &str, ids: Vec<String>) {
-        if ids.is_empty() {
-            return;
-        }
-        let reg = reg.clone();
-        let registers: Vec<Vec<u8>> = ids
-            .iter()
-            .map(|id| layout::version_key(bucket, key, id))
-            .collect();
-        tokio::spawn(async move {
-            for register in registers {
-                if let Err(error) = reg.delete(&register).await {
-                    tracing::warn!(key = %String::from_utf8_lossy(&register), %error, "version record not deleted; nothing lists it");
-                }
+    /// Deletes the registers of versions no list names any more, under the key's lock (a later
+    /// write of one must not be overtaken by its delete). Best effort: one left behind is named
+    /// by no list.
+    async fn drop_versions<R: Registers>(
+        &self,
+        reg: &R,
+        bucket: &str,
+        key: &str,
+        ids: Vec<String>,
+    ) {
+        for id in ids {
+            let register = layout::version_key(bucket, key, &id);
+            if let Err(error) = reg.delete(&register).await {
+                tracing::warn!(%bucket, %key, version = %id, %error, "version record not deleted; nothing lists it");
             }
-        });
+        }
     }
 
     /// Retires the chunks of versions deleted for good, after the grace.
@@ -252,8 +297,10 @@ impl Engine {
 
     /// Makes room, under `key`'s lock, for a new current version in a bucket whose versioning
     /// was set: the one it replaces (`old`) is kept as a noncurrent version, except a `null` one
-    /// under suspended versioning, which is replaced for good (wherever it is). Writes the old
-    /// version's register and the list; the caller then writes the object's register.
+    /// under suspended versioning, which is replaced for good (wherever it is: a listed one stays
+    /// listed, hidden behind the new `null` current version, until a later write replaces it
+    /// there). Writes the old version's register and the list; the caller then writes the
+    /// object's register, and only then retires what this returns.
     async fn push_down<R: Registers>(
         &self,
         reg: &R,
@@ -266,25 +313,20 @@ impl Engine {
         let mut list = self.version_list(reg, bucket, key).await?;
         let mut changed = false;
         let mut retired = Vec::new();
-        let mut dropped = Vec::new();
         if let Some((head, _)) = old {
             let listed = list.versions.len();
             list.versions.retain(|v| v.id != head.version_id());
             changed |= list.versions.len() != listed;
         }
         if versioning == Versioning::Suspended
-            && let Some(at) = list.versions.iter().position(|v| v.id == NULL_VERSION)
+            && list
+                .versions
+                .iter()
+                .any(|v| v.id == NULL_VERSION && !v.marker)
+            && let Some((Head::Object(manifest), _)) =
+                self.archived(reg, bucket, key, NULL_VERSION).await?
         {
-            let gone = list.versions.remove(at);
-            changed = true;
-            if !gone.marker {
-                if let Some((Head::Object(manifest), _)) =
-                    self.archived(reg, bucket, key, NULL_VERSION).await?
-                {
-                    retired.push(manifest);
-                }
-                dropped.push(NULL_VERSION.to_owned());
-            }
+            retired.push(manifest);
         }
         let newest = list
             .versions
@@ -295,7 +337,15 @@ impl Engine {
             .max()
             .unwrap_or(0);
         let id = match versioning {
-            Versioning::Enabled => layout::new_version_id(newest + 1),
+            Versioning::Enabled => {
+                let Some(seq) = newest.checked_add(1) else {
+                    return Err(s3_error!(
+                        InternalError,
+                        "{key:?} names a version whose sequence number has no successor"
+                    ));
+                };
+                layout::new_version_id(seq)
+            }
             _ => NULL_VERSION.to_owned(),
         };
         if let Some((head, bytes)) = old {
@@ -326,11 +376,7 @@ impl Engine {
         if changed {
             self.put_version_list(reg, bucket, &list).await?;
         }
-        Ok(PushedDown {
-            id,
-            retired,
-            dropped,
-        })
+        Ok(PushedDown { id, retired })
     }
 
     /// Records whether `key`'s current version is a delete marker, for listings of versions.
@@ -397,9 +443,16 @@ impl Engine {
             }),
             _ => None,
         };
-        self.update_index(reg, bucket, key, entry).await?;
-        self.update_markers(reg, bucket, key, matches!(head, Some(Head::Marker(_))))
-            .await
+        let marker = matches!(head, Some(Head::Marker(_)));
+        // The key is added to one index before it leaves the other: stopped in between, it is
+        // still found (a bucket with versions must not look empty).
+        if marker {
+            self.update_markers(reg, bucket, key, true).await?;
+            self.update_index(reg, bucket, key, None).await
+        } else {
+            self.update_index(reg, bucket, key, entry).await?;
+            self.update_markers(reg, bucket, key, false).await
+        }
     }
 
     /// The locked part of writing `manifest` as `key`'s new current version in a bucket whose
@@ -424,7 +477,6 @@ impl Engine {
         reg.put(&layout::object_key(bucket, &key), encoded)
             .await
             .map_err(store_error)?;
-        self.drop_versions(reg, bucket, &key, pushed.dropped);
         let head = Head::Object(manifest.clone());
         self.index_head(reg.as_ref(), bucket, &key, Some(&head))
             .await?;
@@ -463,12 +515,19 @@ impl Engine {
             .get(&[bucket.as_bytes(), key.as_bytes()])
             .lock()
             .await;
-        let old = self.head(reg.as_ref(), bucket, key).await?;
         let versioned = record.versioning != Versioning::Unversioned;
-        let Some(id) = version else {
-            if !versioned {
-                return self.delete_unversioned(reg, bucket, key, old).await;
+        if !versioned {
+            // Every object of a bucket never versioned is its `null` version.
+            if version.is_none_or(|id| id == NULL_VERSION) {
+                self.delete_unversioned(reg, bucket, key).await?;
             }
+            return Ok(Deleted {
+                version: version.map(str::to_owned),
+                marker: false,
+            });
+        }
+        let old = self.head(reg.as_ref(), bucket, key).await?;
+        let Some(id) = version else {
             let pushed = self
                 .push_down(reg.as_ref(), bucket, key, record.versioning, old.as_ref())
                 .await?;
@@ -481,7 +540,6 @@ impl Engine {
             reg.put(&layout::object_key(bucket, key), encoded)
                 .await
                 .map_err(store_error)?;
-            self.drop_versions(reg, bucket, key, pushed.dropped);
             self.retire(reg, pushed.retired);
             self.index_head(reg.as_ref(), bucket, key, Some(&marker))
                 .await?;
@@ -494,19 +552,12 @@ impl Engine {
             version: Some(id.to_owned()),
             marker,
         };
-        if !versioned {
-            // Every object of a bucket never versioned is its `null` version.
-            if id == NULL_VERSION {
-                self.delete_unversioned(reg, bucket, key, old).await?;
-            }
-            return Ok(deleted(false));
-        }
         let mut list = self.version_list(reg.as_ref(), bucket, key).await?;
         if let Some((head, _)) = old.as_ref().filter(|(head, _)| head.version_id() == id) {
             list.versions.retain(|v| v.id != id);
-            // The newest listed version whose record is there becomes current.
+            // The newest listed version whose record is there becomes current. Its own register
+            // stays, a stale copy the next write over it replaces.
             let mut promoted = None;
-            let mut dropped = Vec::new();
             while !list.versions.is_empty() {
                 let next = list.versions.remove(0);
                 if next.marker {
@@ -515,7 +566,6 @@ impl Engine {
                     promoted = Some((marker, bytes));
                     break;
                 }
-                dropped.push(next.id.clone());
                 match self.archived(reg.as_ref(), bucket, key, &next.id).await? {
                     Some(found) => {
                         promoted = Some(found);
@@ -533,7 +583,9 @@ impl Engine {
             }
             .map_err(store_error)?;
             self.put_version_list(reg.as_ref(), bucket, &list).await?;
-            self.drop_versions(reg, bucket, key, dropped);
+            // A stale copy of the deleted version, from when it was promoted.
+            self.drop_versions(reg.as_ref(), bucket, key, vec![id.to_owned()])
+                .await;
             if let Head::Object(manifest) = head {
                 self.retire(reg, vec![manifest.clone()]);
             }
@@ -557,7 +609,8 @@ impl Engine {
         };
         self.put_version_list(reg.as_ref(), bucket, &list).await?;
         if !gone.marker {
-            self.drop_versions(reg, bucket, key, vec![id.to_owned()]);
+            self.drop_versions(reg.as_ref(), bucket, key, vec![id.to_owned()])
+                .await;
         }
         if let Some((Head::Object(manifest), _)) = record {
             self.retire(reg, vec![manifest]);
@@ -569,25 +622,27 @@ impl Engine {
         Ok(deleted(gone.marker))
     }
 
-    /// Deletes `key` of a bucket never versioned, under its lock: its register and its index
-    /// entry (also when there was no register: that repairs an entry a crashed gateway left).
+    /// Deletes `key` of a bucket never versioned, under its lock: its register, whatever it
+    /// holds, and its index entry (also when there was no register: that repairs an entry a
+    /// crashed gateway left).
     async fn delete_unversioned<R: Registers>(
         &self,
         reg: &Arc<R>,
         bucket: &str,
         key: &str,
-        old: Option<(Head, Bytes)>,
-    ) -> S3Result<Deleted> {
+    ) -> S3Result<()> {
+        let old = self.raw_head(reg.as_ref(), bucket, key).await?;
         if old.is_some() {
             reg.delete(&layout::object_key(bucket, key))
                 .await
                 .map_err(store_error)?;
         }
         self.update_index(reg.as_ref(), bucket, key, None).await?;
-        if let Some((Head::Object(manifest), _)) = old {
+        if let Some(Ok(Head::Object(manifest))) = old.map(|bytes| layout::decode_head(key, &bytes))
+        {
             self.retire(reg, vec![manifest]);
         }
-        Ok(Deleted::default())
+        Ok(())
     }
 
     /// Version `id` of `key`: the current one when it has that id, else a listed noncurrent one;
@@ -600,30 +655,32 @@ impl Engine {
         id: &str,
     ) -> S3Result<Option<Head>> {
         check_version_id(id)?;
-        let (head, list, archived) = futures::future::join3(
-            self.head(reg, bucket, key),
-            self.version_list(reg, bucket, key),
-            self.archived(reg, bucket, key, id),
-        )
-        .await;
-        if let Some((head, _)) = head?
-            && head.version_id() == id
-        {
+        // In the order opposite to the writers' (see the module's doc), so that a version being
+        // pushed down or promoted is found in one place or the other.
+        let current =
+            |head: Option<(Head, Bytes)>| head.map(|(h, _)| h).filter(|h| h.version_id() == id);
+        if let Some(head) = current(self.head(reg, bucket, key).await?) {
             return Ok(Some(head));
         }
-        let Some(listed) = list?.versions.into_iter().find(|v| v.id == id) else {
-            return Ok(None);
+        let listed = |list: VersionList| list.versions.into_iter().find(|v| v.id == id);
+        let Some(found) = listed(self.version_list(reg, bucket, key).await?) else {
+            // Promoted since the first read?
+            return Ok(current(self.head(reg, bucket, key).await?));
         };
-        if listed.marker {
-            return Ok(Some(Head::Marker(listed.as_marker(key))));
+        if found.marker {
+            return Ok(Some(Head::Marker(found.as_marker(key))));
         }
-        match archived? {
-            Some((head, _)) => Ok(Some(head)),
-            None => Err(s3_error!(
-                InternalError,
-                "version {id:?} of {key:?} is listed but its record is gone"
-            )),
+        if let Some((head, _)) = self.archived(reg, bucket, key, id).await? {
+            return Ok(Some(head));
         }
+        // Deleted since the list was read?
+        if listed(self.version_list(reg, bucket, key).await?).is_none() {
+            return Ok(None);
+        }
+        Err(s3_error!(
+            InternalError,
+            "version {id:?} of {key:?} is listed but its record is gone"
+        ))
     }
 
     /// The manifest of version `version` of `key` (the current one when `None`), or the error
@@ -812,39 +869,44 @@ impl Engine {
             }
             return Ok(page);
         }
-        let keys_wanted: Vec<String> = keys_page.objects.iter().map(|(k, _)| k.clone()).collect();
-        let fetched: Vec<S3Result<Vec<(ListedVersion, bool)>>> = futures::stream::iter(keys_wanted)
-            .map(|key| async move { self.key_versions(reg, bucket, &key).await })
-            .buffered(16)
-            .collect()
-            .await;
-        let mut objects = keys_page.objects.iter().zip(fetched).peekable();
-        let mut prefixes = keys_page.prefixes.iter().peekable();
-        loop {
-            let take_prefix = match (objects.peek(), prefixes.peek()) {
-                (None, None) => break,
-                (Some(((key, _), _)), Some(prefix)) => prefix.as_str() < key.as_str(),
-                (None, Some(_)) => true,
-                (Some(_), None) => false,
-            };
-            if take_prefix {
-                let prefix = prefixes.next().expect("peeked");
+        // Keys and prefixes in order; a few keys' versions fetched ahead, and no more once the
+        // page is full, so a page holds at most a few version lists besides itself.
+        let mut items: Vec<(String, bool)> = keys_page
+            .objects
+            .into_iter()
+            .map(|(key, _)| (key, false))
+            .chain(keys_page.prefixes.into_iter().map(|prefix| (prefix, true)))
+            .collect();
+        items.sort();
+        let mut fetched = std::pin::pin!(
+            futures::stream::iter(items)
+                .map(|(name, prefix)| async move {
+                    if prefix {
+                        return Ok((name, None));
+                    }
+                    let versions = self.key_versions(reg, bucket, &name).await?;
+                    Ok::<_, S3Error>((name, Some(versions)))
+                })
+                .buffered(4)
+        );
+        while let Some(item) = fetched.next().await {
+            let (name, versions) = item?;
+            let Some(versions) = versions else {
                 if page.versions.len() + page.prefixes.len() >= max {
                     full(&mut page, &last);
                     return Ok(page);
                 }
-                last = Some((prefix.clone(), None));
-                page.prefixes.push(prefix.clone());
+                last = Some((name.clone(), None));
+                page.prefixes.push(name);
                 continue;
-            }
-            let ((key, _), versions) = objects.next().expect("peeked");
-            for (version, latest) in versions? {
+            };
+            for (version, latest) in versions {
                 if page.versions.len() + page.prefixes.len() >= max {
                     full(&mut page, &last);
                     return Ok(page);
                 }
-                last = Some((key.clone(), Some(version.id.clone())));
-                page.versions.push((key.clone(), version, latest));
+                last = Some((name.clone(), Some(version.id.clone())));
+                page.versions.push((name.clone(), version, latest));
             }
         }
         if keys_page.truncated {
@@ -1277,6 +1339,179 @@ mod tests {
                 .origin_names(reg.as_ref(), &origin, objects[0])
                 .await
                 .unwrap()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_promoted_version_pushed_down_again_keeps_its_record_and_its_chunks() {
+        let (engine, reg) = setup_objects(Duration::ZERO).await;
+        engine
+            .set_versioning(reg.as_ref(), "b", Versioning::Enabled)
+            .await
+            .unwrap();
+        let big = pattern(CHUNK_BYTES + 1, 5);
+        let v1 = put(&engine, &reg, "k", &big).await;
+        let v2 = put(&engine, &reg, "k", b"2").await.version.unwrap();
+        engine
+            .delete_version(&reg, "b", "k", Some(&v2))
+            .await
+            .unwrap();
+        put(&engine, &reg, "k", b"3").await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let id = v1.version.clone().unwrap();
+        assert_eq!(bytes_of(&engine, &reg, "k", Some(&id)).await.unwrap(), big);
+        let named = engine.named_objects(reg.as_ref()).await.unwrap();
+        assert!(
+            v1.data
+                .chunks()
+                .iter()
+                .all(|c| named.contains(&c.object.unwrap()))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failed_write_under_suspended_versioning_loses_no_version() {
+        let (engine, reg) = setup(Duration::ZERO).await;
+        let null = pattern(CHUNK_BYTES + 1, 6);
+        put(&engine, &reg, "k", &null).await;
+        engine
+            .set_versioning(reg.as_ref(), "b", Versioning::Enabled)
+            .await
+            .unwrap();
+        put(&engine, &reg, "k", b"enabled").await;
+        engine
+            .set_versioning(reg.as_ref(), "b", Versioning::Suspended)
+            .await
+            .unwrap();
+        // The object's register refuses the write: the PUT fails after the list was written.
+        *reg.fail_puts.lock().unwrap() = Some(layout::object_key("b", "k"));
+        let refused = engine
+            .put_object(
+                &reg,
+                "b",
+                "k",
+                ObjectMeta::default(),
+                body(b"lost", 1 << 20),
+                &Integrity::default(),
+                None,
+            )
+            .await;
+        assert!(refused.is_err());
+        assert!(engine.delete_object(&reg, "b", "k").await.is_err());
+        *reg.fail_puts.lock().unwrap() = None;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            bytes_of(&engine, &reg, "k", Some(NULL_VERSION))
+                .await
+                .unwrap(),
+            null
+        );
+        assert_eq!(
+            bytes_of(&engine, &reg, "k", None).await.unwrap(),
+            b"enabled"
+        );
+        // Written at last, the null version is replaced for good, and hidden from listings.
+        put(&engine, &reg, "k", b"new null").await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            chunk_registers(&reg),
+            0,
+            "the old null version's chunks are retired"
+        );
+        let ids: Vec<String> = all_versions(&engine, &reg)
+            .await
+            .into_iter()
+            .map(|(_, id, _, _)| id)
+            .collect();
+        assert_eq!(ids.len(), 2);
+        assert_eq!(ids[0], NULL_VERSION);
+        assert_eq!(
+            bytes_of(&engine, &reg, "k", Some(NULL_VERSION))
+                .await
+                .unwrap(),
+            b"new null"
+        );
+    }
+
+    #[tokio::test]
+    async fn stored_version_lists_that_lie_are_errors_not_panics() {
+        let (engine, reg) = setup(Duration::ZERO).await;
+        engine
+            .set_versioning(reg.as_ref(), "b", Versioning::Enabled)
+            .await
+            .unwrap();
+        let current = put(&engine, &reg, "k", b"1").await.version.unwrap();
+        let bogus = |id: &str| ListedVersion {
+            id: id.to_owned(),
+            marker: true,
+            size: 0,
+            etag: String::new(),
+            last_modified_ms: 0,
+        };
+        let max = format!("{:016x}{:016x}", u64::MAX, 0);
+        for versions in [vec![bogus("bogus")], vec![bogus(&max), bogus(&max)]] {
+            let list = VersionList {
+                key: "k".into(),
+                versions,
+            };
+            put_record(
+                reg.as_ref(),
+                "version list",
+                &layout::version_list_key("b", "k"),
+                &list,
+            )
+            .await
+            .unwrap();
+            let e = engine
+                .delete_version(&reg, "b", "k", Some(&current))
+                .await
+                .unwrap_err();
+            assert_eq!(*e.code(), S3ErrorCode::InternalError);
+        }
+        // A sequence number with no successor refuses the write instead of wrapping.
+        let list = VersionList {
+            key: "k".into(),
+            versions: vec![bogus(&max)],
+        };
+        put_record(
+            reg.as_ref(),
+            "version list",
+            &layout::version_list_key("b", "k"),
+            &list,
+        )
+        .await
+        .unwrap();
+        let refused = engine
+            .put_object(
+                &reg,
+                "b",
+                "k",
+                ObjectMeta::default(),
+                body(b"2", 1 << 20),
+                &Integrity::default(),
+                None,
+            )
+            .await;
+        assert!(refused.is_err());
+        assert_eq!(bytes_of(&engine, &reg, "k", None).await.unwrap(), b"1");
+    }
+
+    #[tokio::test]
+    async fn an_unreadable_record_of_a_bucket_never_versioned_is_an_error_and_deletes() {
+        let (engine, reg) = setup(Duration::ZERO).await;
+        put(&engine, &reg, "k", b"1").await;
+        reg.map
+            .lock()
+            .unwrap()
+            .insert(layout::object_key("b", "k"), Bytes::from_static(&[9, 9, 9]));
+        let e = bytes_of(&engine, &reg, "k", None).await.unwrap_err();
+        assert_eq!(*e.code(), S3ErrorCode::InternalError);
+        engine.delete_object(&reg, "b", "k").await.unwrap();
+        assert!(
+            !reg.map
+                .lock()
+                .unwrap()
+                .contains_key(&layout::object_key("b", "k"))
         );
     }
 }
