@@ -49,6 +49,7 @@ fuzz_target!(|data: &[u8]| {
         8 => drop(Evidence::decode(record)),
         9 => {
             let _ = layout::decode_manifest("bucket/key", record);
+            let _ = layout::decode_head("bucket/key", record);
         }
         12 => {
             // A causal volume's records, split three ways at the first two bytes.
@@ -80,6 +81,9 @@ fuzz_target!(|data: &[u8]| {
             let _ = layout::decode::<BucketRecord>("bucket", record);
             let _ = layout::decode_extended::<UploadRecord>("upload", record);
             let _ = layout::decode_extended::<BucketRecord>("bucket", record);
+            let _ = layout::decode_bucket(record);
+            let _ = layout::decode::<layout::VersionList>("version list", record);
+            let _ = layout::decode::<layout::MarkerShard>("marker shard", record);
             let _ = layout::decode::<layout::StoredPart>("part", record);
             let _ = layout::decode_part(record);
         }

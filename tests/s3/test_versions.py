@@ -197,7 +197,13 @@ def test_a_version_is_copied_and_tagged_by_its_id(s3, bucket):
                           Tagging={"TagSet": [{"Key": "era", "Value": "old"}]})
     assert s3.get_object_tagging(Bucket=bucket, Key="k", VersionId=old)["TagSet"] == \
         [{"Key": "era", "Value": "old"}]
-    assert s3.get_object_tagging(Bucket=bucket, Key="k")["TagSet"] == []
+    current = s3.get_object_tagging(Bucket=bucket, Key="k")
+    assert current["TagSet"] == []
+    assert target().is_moto or current["VersionId"] not in (None, old)
+    skip_on_moto("moto answers a copy of a delete marker named by id with NoSuchVersion")
+    marker = s3.delete_object(Bucket=bucket, Key="k")["VersionId"]
+    expect_error(s3.copy_object, "InvalidRequest", 400, Bucket=bucket, Key="copy",
+                 CopySource={"Bucket": bucket, "Key": "k", "VersionId": marker})
     assert s3.get_object(Bucket=bucket, Key="k", VersionId=old)["Body"].read() == b"old"
 
 

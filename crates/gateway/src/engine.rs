@@ -372,6 +372,17 @@ async fn put_record<R: Registers, T: serde::Serialize>(
     reg.put(key, bytes).await.map_err(store_error)
 }
 
+/// S3's answer to a copy whose source names a delete marker by id.
+fn copy_source_error(error: S3Error) -> S3Error {
+    if *error.code() == S3ErrorCode::MethodNotAllowed {
+        return s3_error!(
+            InvalidRequest,
+            "The source of a copy request may not specifically refer to a delete marker by version id."
+        );
+    }
+    error
+}
+
 /// Validates an object key against S3's rules and this layout's bounds.
 pub fn check_object_key(key: &str) -> S3Result<()> {
     if key.is_empty() {
@@ -1407,7 +1418,7 @@ impl Engine {
         bucket: &str,
         key: &str,
     ) -> S3Result<Tags> {
-        self.version_tags(reg, bucket, key, None).await
+        Ok(self.version_tags(reg, bucket, key, None).await?.0)
     }
 
     /// The tags of version `version` of an object (the current one when `None`).
@@ -1417,9 +1428,10 @@ impl Engine {
         bucket: &str,
         key: &str,
         version: Option<&str>,
-    ) -> S3Result<Tags> {
+    ) -> S3Result<(Tags, Option<String>)> {
         self.require_register_bucket(reg, bucket, "tagging").await?;
-        Ok(self.manifest_version(reg, bucket, key, version).await?.tags)
+        let manifest = self.manifest_version(reg, bucket, key, version).await?;
+        Ok((manifest.tags, manifest.version))
     }
 
     /// Replaces an object's tags (none: deletes them). Nothing else of it changes, its time
@@ -1431,7 +1443,9 @@ impl Engine {
         key: &str,
         tags: Tags,
     ) -> S3Result<()> {
-        self.set_version_tags(reg, bucket, key, None, tags).await
+        self.set_version_tags(reg, bucket, key, None, tags)
+            .await
+            .map(|_| ())
     }
 
     /// [`Engine::set_object_tags`] for version `version` of the object (the current one when
@@ -1443,7 +1457,7 @@ impl Engine {
         key: &str,
         version: Option<&str>,
         tags: Tags,
-    ) -> S3Result<()> {
+    ) -> S3Result<Option<String>> {
         let tags = check_tags(tags, OBJECT_TAGS_MAX)?;
         let _bucket = self.buckets.get(&[bucket.as_bytes()]).read().await;
         self.require_register_bucket(reg, bucket, "tagging").await?;
@@ -1454,7 +1468,8 @@ impl Engine {
             .await;
         let mut manifest = self.manifest_version(reg, bucket, key, version).await?;
         manifest.tags = tags;
-        self.rewrite_version(reg, bucket, &manifest).await
+        self.rewrite_version(reg, bucket, &manifest).await?;
+        Ok(manifest.version)
     }
 
     /// Stores a whole object from a body stream, sealed with `seal` when given.
@@ -1668,7 +1683,8 @@ impl Engine {
         check_object_key(target.1)?;
         let mut src = self
             .manifest_version(reg.as_ref(), source.0, source.1, source.2)
-            .await?;
+            .await
+            .map_err(copy_source_error)?;
         precondition(&src)?;
         let src_seal = self.open_manifest(&mut src, source_key)?;
         // A copy of an encrypted object that names no encryption is not stored in the clear: it
@@ -2060,7 +2076,8 @@ impl Engine {
             .await?;
         let mut src = self
             .manifest_version(reg.as_ref(), source.0, source.1, source.2)
-            .await?;
+            .await
+            .map_err(copy_source_error)?;
         precondition(&src)?;
         let src_seal = self.open_manifest(&mut src, source_key)?;
         let range = match range {

@@ -1371,7 +1371,8 @@ impl<R: Registers> S3 for BulwarkS3<R> {
         let input = req.input;
         check_version(input.version_id.as_deref())?;
         let tags = tag_set(input.tagging)?;
-        self.engine
+        let version_id = self
+            .engine
             .set_version_tags(
                 reg.as_ref(),
                 &input.bucket,
@@ -1381,7 +1382,7 @@ impl<R: Registers> S3 for BulwarkS3<R> {
             )
             .await?;
         Ok(S3Response::new(PutObjectTaggingOutput {
-            version_id: input.version_id,
+            version_id: version_id.or(input.version_id),
         }))
     }
 
@@ -1392,7 +1393,7 @@ impl<R: Registers> S3 for BulwarkS3<R> {
         let reg = self.client(&req)?;
         let input = &req.input;
         check_version(input.version_id.as_deref())?;
-        let tags = self
+        let (tags, version_id) = self
             .engine
             .version_tags(
                 reg.as_ref(),
@@ -1403,7 +1404,7 @@ impl<R: Registers> S3 for BulwarkS3<R> {
             .await?;
         Ok(S3Response::new(GetObjectTaggingOutput {
             tag_set: to_tag_set(tags),
-            version_id: input.version_id.clone(),
+            version_id: version_id.or_else(|| input.version_id.clone()),
         }))
     }
 
@@ -1414,7 +1415,8 @@ impl<R: Registers> S3 for BulwarkS3<R> {
         let reg = self.client(&req)?;
         let input = &req.input;
         check_version(input.version_id.as_deref())?;
-        self.engine
+        let version_id = self
+            .engine
             .set_version_tags(
                 reg.as_ref(),
                 &input.bucket,
@@ -1424,7 +1426,7 @@ impl<R: Registers> S3 for BulwarkS3<R> {
             )
             .await?;
         let mut response = S3Response::new(DeleteObjectTaggingOutput {
-            version_id: input.version_id.clone(),
+            version_id: version_id.or_else(|| input.version_id.clone()),
         });
         response.status = Some(http::StatusCode::NO_CONTENT);
         Ok(response)
