@@ -62,11 +62,13 @@ fuzz_target!(|data: &[u8]| {
             let (values, updates) = rest.split_at(cut);
             let one =
                 |bytes: &[u8], key: Vec<u8>| vec![(key, bytes::Bytes::copy_from_slice(bytes))];
-            let _ = depot::records::restore(
-                one(values, depot::update::value_hash(values).0.to_vec()),
-                one(updates, vec![0; 4]),
-                one(updates, 0u64.to_be_bytes().to_vec()),
-            );
+            let _ = depot::records::restore(depot::records::Tables {
+                values: one(values, depot::update::value_hash(values).0.to_vec()),
+                forks: one(updates, vec![0; 4]),
+                updates: one(updates, 0u64.to_be_bytes().to_vec()),
+                discarded: one(&[], values.to_vec()),
+                accepted: one(values, 0u64.to_be_bytes().to_vec()),
+            });
         }
         13 => drop(round_trip::<depot::VolumeConfig>(record, max)),
         14 => {

@@ -16,6 +16,7 @@ use bulwark_core::membership::GroupView;
 use bulwark_core::{Key, NodeId, ServiceId};
 /// A causal volume's number.
 pub use bulwark_protocol::depot::VolumeId;
+use bulwark_protocol::depot::discard::Discard;
 use bulwark_protocol::depot::node::{Output, ReadStart, VALUE_BYTES_MAX};
 use bulwark_protocol::depot::records::{self, Recorder};
 use bulwark_protocol::depot::served::{self, Call, Reply, Request};
@@ -81,7 +82,13 @@ struct Membership {
     /// older previous one than its last would fork its own history, and correct nodes would
     /// prove it and evict it.
     own_past: bool,
+    /// When this client last looked for a discard proposal or consent to write (§6.6).
+    discard_checked_micros: u64,
 }
+
+/// How often a client looks for a discard proposal to consent to, or its turn to propose: the
+/// look reads its whole log.
+const DISCARD_CHECK_MICROS: u64 = 60_000_000;
 
 /// What one exchange with a server brought.
 #[derive(Default)]
@@ -469,13 +476,9 @@ impl Client {
                 problem: format!("client {:?} is not a member", self.name),
             })?;
         let namespace = Namespace::new(ServiceId::DEPOT, served::group_of(config.volume));
-        let load = |table| store.load(namespace.table(table)).map_err(local_error);
-        let (changes, recorder) = records::restore(
-            load(records::VALUES)?,
-            load(records::FORKS)?,
-            load(records::UPDATES)?,
-        )
-        .map_err(local_error)?;
+        let tables =
+            records::Tables::load(|table| store.load(namespace.table(table)).map_err(local_error))?;
+        let (changes, recorder) = records::restore(tables).map_err(local_error)?;
         let node = Node::restore(
             Arc::new(config.clone()),
             me,
@@ -508,6 +511,7 @@ impl Client {
             servers,
             own_past,
             turn: rand::random::<u32>() as usize,
+            discard_checked_micros: 0,
         })
     }
 
@@ -535,13 +539,10 @@ impl Client {
         let ops: Vec<StorageOp> = out
             .changes
             .iter()
-            .map(|change| {
-                let record = member.recorder.record(change);
-                StorageOp::Put {
-                    table: member.namespace.table(record.table),
-                    key: record.key,
-                    value: record.value,
-                }
+            .flat_map(|change| member.recorder.record(change))
+            .map(|record| {
+                let table = member.namespace.table(record.table);
+                StorageOp::set(table, record.key, record.value)
             })
             .collect();
         store.apply(&ops).map_err(local_error)
@@ -651,7 +652,7 @@ impl Client {
                 exchanged.learned += out
                     .changes
                     .iter()
-                    .filter(|change| matches!(change, bulwark_protocol::depot::Change::Update(_)))
+                    .filter(|change| matches!(change, bulwark_protocol::depot::Change::Update(..)))
                     .count();
                 exchanged.reads.extend(out.reads);
                 for (peer, next) in out.sends {
@@ -1057,6 +1058,31 @@ impl Client {
             .is_none_or(|last| (now / 1000).saturating_sub(last) >= announce_ms);
         if due {
             let (_, out) = member.node.beacon(now);
+            self.persist(member, &out)?;
+        }
+        self.discard_if_due(member, now)
+    }
+
+    /// Writes this client's consent to a proposal its ladder agrees with, or on its turn a
+    /// proposal, at most once a minute (§6.6); the next exchange with a server carries it.
+    fn discard_if_due(&self, member: &mut Membership, now: u64) -> Result<(), ClientError> {
+        if now.saturating_sub(member.discard_checked_micros) < DISCARD_CHECK_MICROS {
+            return Ok(());
+        }
+        member.discard_checked_micros = now;
+        if let Some(discard) = member.node.discard_due(now) {
+            match &discard {
+                Discard::Propose { ids, .. } => {
+                    tracing::info!(
+                        versions = ids.len(),
+                        "proposing to discard old versions' values"
+                    )
+                }
+                Discard::Consent(proposal) => {
+                    tracing::info!(?proposal, "consenting to a discard proposal")
+                }
+            }
+            let (_, out) = member.node.write_discard(&discard, now);
             self.persist(member, &out)?;
         }
         Ok(())

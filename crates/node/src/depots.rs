@@ -41,12 +41,10 @@ impl Adapter<Served> for DepotStorage {
     const NAME: &'static str = "depot";
 
     fn record(&mut self, change: &Change, _batch: u64, ops: &mut Vec<StorageOp>) {
-        let record = self.recorder.record(change);
-        ops.push(StorageOp::Put {
-            table: self.namespace.table(record.table),
-            key: record.key,
-            value: record.value,
-        });
+        for record in self.recorder.record(change) {
+            let table = self.namespace.table(record.table);
+            ops.push(StorageOp::set(table, record.key, record.value));
+        }
     }
 
     fn view(&self) -> &() {
@@ -57,16 +55,11 @@ impl Adapter<Served> for DepotStorage {
 /// What the records of `namespace` say, in the order to restore them; or why they cannot be a
 /// volume's.
 pub fn restore(store: &Store, namespace: Namespace) -> Result<(Vec<Change>, Recorder), String> {
-    let load = |table| {
+    records::restore(records::Tables::load(|table| {
         store
             .load(namespace.table(table))
             .map_err(|error| error.to_string())
-    };
-    records::restore(
-        load(records::VALUES)?,
-        load(records::FORKS)?,
-        load(records::UPDATES)?,
-    )
+    })?)
 }
 
 type VolumeReplica = Hosting<Served, DepotStorage>;

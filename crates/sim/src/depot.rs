@@ -508,7 +508,7 @@ impl World {
     /// as it is accepted, since a gap can close again before any read looks.
     fn judge_accepted(&mut self, p: usize, out: &Output) {
         for change in &out.changes {
-            let bulwark_protocol::depot::Change::Update(update) = change else {
+            let bulwark_protocol::depot::Change::Update(update, _) = change else {
                 continue;
             };
             let id = update.id();

@@ -217,6 +217,14 @@ pub enum StorageOp {
 }
 
 impl StorageOp {
+    /// Puts `value` under `key`, or deletes the record when there is no value.
+    pub fn set(table: Table, key: Vec<u8>, value: Option<Bytes>) -> StorageOp {
+        match value {
+            Some(value) => StorageOp::Put { table, key, value },
+            None => StorageOp::Delete { table, key },
+        }
+    }
+
     fn bytes(&self) -> usize {
         match self {
             StorageOp::Put { key, value, .. } => key.len() + value.len(),

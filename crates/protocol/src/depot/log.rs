@@ -211,13 +211,21 @@ pub struct Log {
     waiting: std::collections::HashSet<UpdateId>,
     /// Refusals since start, for status.
     refused: u64,
-    /// Accepted since the owner last took them: what it must make durable.
-    fresh: Vec<UpdateId>,
+    /// Accepted since the owner last took them, with when: what it must make durable.
+    fresh: Vec<(UpdateId, u64)>,
     /// How many accepted updates name each value hash.
     values: HashMap<bulwark_core::Digest, u32>,
     mutations: Mutations,
     /// The newest beacon time accepted from each member, over all its branches.
     beacons: BTreeMap<Writer, u64>,
+    /// When each version a discard may list began, at the latest (§6.6): its writer's last
+    /// beacon before it, less the clock skew allowed, in microseconds; 0 when unknown.
+    born: HashMap<UpdateId, u64>,
+    /// When each such version's life ended, at the earliest: when this node accepted the first
+    /// authorised update of its key that covers it, by this node's clock.
+    ended: HashMap<UpdateId, u64>,
+    /// How many authorised updates name each value hash: the versions that may need it.
+    authorised_values: HashMap<bulwark_core::Digest, u32>,
 }
 
 impl Log {
@@ -241,6 +249,9 @@ impl Log {
             values: HashMap::new(),
             mutations: Mutations::default(),
             beacons: BTreeMap::new(),
+            born: HashMap::new(),
+            ended: HashMap::new(),
+            authorised_values: HashMap::new(),
         }
     }
 
@@ -342,6 +353,90 @@ impl Log {
     /// The forks found, by writer.
     pub fn forks(&self) -> &BTreeMap<Writer, ForkProof> {
         &self.forks
+    }
+
+    /// How many steps back along its writer's chain a version's beacon is looked for.
+    const BEACON_SEARCH_MAX: usize = 64;
+
+    /// The time (ms) of the newest beacon its writer wrote before the update `body` describes,
+    /// found within [`Self::BEACON_SEARCH_MAX`] steps back along the writer's own chain.
+    fn last_beacon_before(&self, body: &UpdateBody) -> Option<u64> {
+        let mut cursor = body.prev;
+        for _ in 0..Self::BEACON_SEARCH_MAX {
+            let previous = self.get(&cursor?)?.body();
+            if let Some(time) = previous.beacon {
+                return Some(time);
+            }
+            cursor = previous.prev;
+        }
+        None
+    }
+
+    /// When version `id` began at the latest and, once superseded, ended at the earliest, in
+    /// this node's microseconds (§6.6); `None` for an update no discard may list.
+    pub fn life(&self, id: &UpdateId) -> Option<(u64, Option<u64>)> {
+        let born = *self.born.get(id)?;
+        Some((born, self.ended.get(id).copied()))
+    }
+
+    /// Whether `update` is a version a discard may list: an authorised write of a value to a key
+    /// that is not the protocol's own.
+    fn listable(&self, update: &Update) -> bool {
+        let body = update.body();
+        body.value.is_some()
+            && !super::update::is_reserved(&body.key)
+            && self.config.may_write(body.writer, &body.key)
+    }
+
+    /// The versions whose values `ladder` does not keep at `now`, in log order, at most `limit`:
+    /// what a proposer lists (§6.6).
+    pub fn discardable(
+        &self,
+        ladder: &super::discard::Ladder,
+        now: u64,
+        limit: usize,
+    ) -> Vec<UpdateId> {
+        self.in_order()
+            .filter(|update| self.listable(update))
+            .filter(|update| {
+                self.life(&update.id())
+                    .is_some_and(|(born, ended)| !ladder.keeps(born, ended, now))
+            })
+            .map(Update::id)
+            .take(limit)
+            .collect()
+    }
+
+    /// Whether a correct client may consent to discarding `ids` at `now` under `ladder`: it holds
+    /// each, each is a version, and its ladder keeps none.
+    pub fn check_discard(
+        &self,
+        ids: &[UpdateId],
+        ladder: &super::discard::Ladder,
+        now: u64,
+    ) -> Result<(), super::discard::Withheld> {
+        use super::discard::Withheld;
+        for id in ids {
+            let Some(update) = self.get(id) else {
+                return Err(Withheld::Missing(*id));
+            };
+            if !self.listable(update) {
+                return Err(Withheld::NotAVersion(*id));
+            }
+            let Some((born, ended)) = self.life(id) else {
+                return Err(Withheld::NotAVersion(*id));
+            };
+            if ladder.keeps(born, ended, now) {
+                return Err(Withheld::Kept(*id));
+            }
+        }
+        Ok(())
+    }
+
+    /// How many accepted authorised updates name the value `hash`: the versions that may need
+    /// it (an unauthorised update is never read).
+    pub fn value_namers(&self, hash: &bulwark_core::Digest) -> u32 {
+        self.authorised_values.get(hash).copied().unwrap_or(0)
     }
 
     /// Every accepted update in log order.
@@ -627,12 +722,12 @@ impl Log {
         if history_hash(&past.flat()) != body.history && !self.mutations.accept_without_deps {
             return Offer::Refused(Refusal::History);
         }
-        self.insert(update.clone(), past);
+        self.insert(update.clone(), past, now_micros);
         Offer::Accepted
     }
 
     /// Adds an update that passed every check.
-    fn insert(&mut self, update: Update, past: Frontier) {
+    fn insert(&mut self, update: Update, past: Frontier, now_micros: u64) {
         let id = update.id();
         let body = update.body().clone();
         let siblings = self.children.entry((body.writer, body.prev)).or_default();
@@ -654,6 +749,27 @@ impl Log {
         } else {
             Vec::new()
         };
+        if authorised && !super::update::is_reserved(&body.key) {
+            // Update clocks count, they do not tell time. A version's life is bounded from
+            // outside: it began no later than its writer's last beacon before it says (less the
+            // skew allowed), and ended no earlier than this node accepted the first update of
+            // its key covering it, which is when it stops being a head here. Both err towards a
+            // longer life, so towards keeping more.
+            for head in &supersedes {
+                self.ended.entry(*head).or_insert(now_micros);
+            }
+            if body.value.is_some() {
+                let born = self.last_beacon_before(&body).map_or(0, |ms| {
+                    ms.saturating_mul(1000)
+                        .saturating_sub(CLOCK_AHEAD_MAX_MICROS)
+                        .min(now_micros)
+                });
+                self.born.insert(id, born);
+            }
+        }
+        if authorised && let Some(reference) = body.value {
+            *self.authorised_values.entry(reference.hash).or_default() += 1;
+        }
         self.entries.insert(
             id,
             Entry {
@@ -662,7 +778,7 @@ impl Log {
             },
         );
         self.order.insert((body.clock, body.writer, id));
-        self.fresh.push(id);
+        self.fresh.push((id, now_micros));
         if let Some(reference) = body.value {
             *self.values.entry(reference.hash).or_default() += 1;
         }
@@ -874,8 +990,20 @@ impl Log {
 
     /// Verifies and offers updates received from a peer, in the order given.
     pub fn receive(&mut self, updates: Vec<WireUpdate>, now_micros: u64) -> Received {
+        self.receive_at(updates.into_iter().map(|u| (u, None)).collect(), now_micros)
+    }
+
+    /// [`Log::receive`] of updates each accepted before at the time given, for a restore: a
+    /// version's end is when this node first accepted an update covering it, not when it
+    /// restarted (updates without a time take `now_micros`).
+    pub fn receive_at(
+        &mut self,
+        updates: Vec<(WireUpdate, Option<u64>)>,
+        now_micros: u64,
+    ) -> Received {
         let mut received = Received::default();
-        for wire in updates {
+        for (wire, accepted) in updates {
+            let now_micros = accepted.map_or(now_micros, |at| at.min(now_micros));
             // Held or waiting already: verified once, never again (a peer resending what this
             // node waits on costs it no signature checks).
             if self.holds(&wire.id()) || self.waiting.contains(&wire.id()) {
@@ -901,7 +1029,7 @@ impl Log {
 
     /// Every update accepted since the last call, in the order accepted (dependencies first):
     /// what the owner must make durable.
-    pub fn take_fresh(&mut self) -> Vec<UpdateId> {
+    pub fn take_fresh(&mut self) -> Vec<(UpdateId, u64)> {
         std::mem::take(&mut self.fresh)
     }
 }

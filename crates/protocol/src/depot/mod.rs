@@ -10,9 +10,11 @@
 //!   peer lacks (§3.2) and a branch's ancestry by hash (§4.4).
 //! - [`node`]: a node of either role: the log exchange, PUT, GET with its fast path, compact
 //!   hash, slow path and fallback (§5), and what it makes durable before it speaks.
+//! - [`discard`]: discard by unanimous consent (§6.6): proposals, consents, the backup ladder.
 //! - [`records`]: a node's changes as storage records, and back.
 //! - [`served`]: a server member behind the hosted-replica contract, and a client's call to it.
 
+pub mod discard;
 pub mod log;
 pub mod node;
 pub mod records;

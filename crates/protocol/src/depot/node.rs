@@ -7,9 +7,11 @@
 //! to send, and the driver sends nothing before the changes before it are durable. Peers are
 //! named by their [`Writer`] index in the volume.
 
+use super::discard::{DISCARD_VALUE_BYTES_MAX, Discard, Ladder, PROPOSAL_IDS_MAX};
 use super::log::{ForkProof, Log, Summary};
 use super::update::{
-    Role, Update, UpdateId, ValueRef, VolumeConfig, WireUpdate, Writer, value_hash,
+    DISCARD_PREFIX, Role, Update, UpdateId, ValueRef, VolumeConfig, WireUpdate, Writer,
+    discard_key, value_hash,
 };
 use bulwark_core::sign::SecretKey;
 use bulwark_core::{Digest, Key};
@@ -132,12 +134,15 @@ impl Message {
 /// A change a node makes durable before anything it sends after it.
 #[derive(Clone, Debug)]
 pub enum Change {
-    /// An accepted update, in acceptance order (dependencies first).
-    Update(WireUpdate),
+    /// An accepted update, in acceptance order (dependencies first), and when this node accepted
+    /// it (unknown for updates stored before times were).
+    Update(WireUpdate, Option<u64>),
     /// A value, named by its hash.
     Value(Bytes),
     /// A fork found or learned.
     Fork(Box<ForkProof>),
+    /// A value every client agreed to drop (§6.6): gone from the store, never fetched again.
+    Discard(Digest),
 }
 
 /// What a node asks of its driver after one input.
@@ -232,6 +237,37 @@ pub struct Node {
     /// push is pushed back to, so two nodes never push at each other for ever.
     pulled: BTreeSet<Writer>,
     stats: NodeStats,
+    /// Discard by unanimous consent (§6.6).
+    discard: Discards,
+}
+
+/// What a node knows of the volume's discard proposals and consents (§6.6).
+#[derive(Debug, Default)]
+struct Discards {
+    /// Values dropped by every client's consent.
+    discarded: BTreeSet<Digest>,
+    /// Authorised updates to discard keys whose values this node does not hold yet.
+    undecoded: Vec<UpdateId>,
+    /// The values discard-key updates name: never dropped.
+    values: BTreeSet<Digest>,
+    /// Proposals not applied yet, with their proposer, and consents, by proposal.
+    proposals: BTreeMap<UpdateId, (Writer, u64, Vec<UpdateId>)>,
+    consents: BTreeMap<UpdateId, BTreeSet<Writer>>,
+    /// Proposals applied, and the listed versions of each value hash they let go.
+    applied: BTreeSet<UpdateId>,
+    listed: BTreeMap<Digest, BTreeSet<UpdateId>>,
+    /// Each client's latest proposal turn, and the proposals this node's client consented to.
+    turns: BTreeMap<Writer, u64>,
+    consented: BTreeSet<UpdateId>,
+    /// Whether something arrived that may complete a proposal, and whether a unanimous proposal
+    /// names updates this node does not hold yet (counted again on the tick).
+    changed: bool,
+    waiting: bool,
+    /// Discarded values a newly accepted update names: kept dropped only while every version
+    /// naming them is listed.
+    recheck: BTreeSet<Digest>,
+    /// What this node's ladder keeps (a client consents by it, and proposes by it).
+    ladder: Ladder,
 }
 
 impl std::fmt::Debug for Node {
@@ -292,7 +328,13 @@ impl Node {
             reads: BTreeMap::new(),
             pulled: BTreeSet::new(),
             stats: NodeStats::default(),
+            discard: Discards::default(),
         }
+    }
+
+    /// This node with another backup ladder than the paper's.
+    pub fn set_ladder(&mut self, ladder: Ladder) {
+        self.discard.ladder = ladder;
     }
 
     /// A node rebuilt from what it made durable, in the order it did. Every update is verified
@@ -309,16 +351,24 @@ impl Node {
         let mut updates = Vec::new();
         for change in changes {
             match change {
-                Change::Update(update) => updates.push(update.clone()),
+                Change::Update(update, accepted) => updates.push((update.clone(), *accepted)),
                 Change::Value(value) => {
+                    // A value stored again after its discard (equal bytes written again).
+                    node.discard.discarded.remove(&value_hash(value));
                     node.values.insert(value_hash(value), value.clone());
                 }
                 Change::Fork(proof) => {
                     node.log.learn_fork((**proof).clone());
                 }
+                Change::Discard(hash) => {
+                    node.discard.discarded.insert(*hash);
+                }
             }
         }
-        node.log.receive(updates, now_micros);
+        for hash in &node.discard.discarded {
+            node.values.remove(hash);
+        }
+        node.log.receive_at(updates, now_micros);
         let mut out = Output::default();
         node.settle(0, &mut out);
         node
@@ -363,17 +413,43 @@ impl Node {
         self.values.contains_key(hash)
     }
 
+    /// How many values this node dropped by unanimous consent.
+    pub fn discarded(&self) -> usize {
+        self.discard.discarded.len()
+    }
+
     /// The changes for everything the log accepted since the last call, with the fork proofs new
     /// since, and the puts this acknowledges.
     fn settle(&mut self, forks_before: usize, out: &mut Output) {
-        for id in self.log.take_fresh() {
+        for (id, accepted) in self.log.take_fresh() {
             if let Some(update) = self.log.get(&id) {
-                out.changes.push(Change::Update(update.to_wire()));
-                if let Some(reference) = update.body().value
-                    && !self.values.contains_key(&reference.hash)
-                    && self.role == Role::Server
-                {
-                    self.missing_values.insert(reference.hash);
+                out.changes
+                    .push(Change::Update(update.to_wire(), Some(accepted)));
+                let body = update.body();
+                let authorised = self.log.config().may_write(body.writer, &body.key);
+                // Every node counts consents, so every node fetches the proposals and consents
+                // clients may write; servers hoard every value.
+                let discard = authorised
+                    && body.key.as_bytes().starts_with(DISCARD_PREFIX)
+                    && body
+                        .value
+                        .is_some_and(|r| r.len <= DISCARD_VALUE_BYTES_MAX as u64);
+                if discard {
+                    self.discard.undecoded.push(id);
+                    self.discard.changed = true;
+                    if let Some(reference) = body.value {
+                        self.discard.values.insert(reference.hash);
+                    }
+                }
+                if let Some(reference) = body.value {
+                    if authorised && self.discard.discarded.contains(&reference.hash) {
+                        self.discard.recheck.insert(reference.hash);
+                    } else if !self.values.contains_key(&reference.hash)
+                        && !self.discard.discarded.contains(&reference.hash)
+                        && (self.role == Role::Server || discard)
+                    {
+                        self.missing_values.insert(reference.hash);
+                    }
                 }
             }
             if let Some(value) = self.owed_values.remove(&id) {
@@ -393,6 +469,184 @@ impl Node {
                     .map(|p| Change::Fork(Box::new(p))),
             );
         }
+        self.count_discards(out);
+    }
+
+    /// Counts proposals and consents again if any arrived since the last count, then takes back
+    /// the discarded values a newly accepted version needs.
+    fn count_discards(&mut self, out: &mut Output) {
+        // A listed update that arrived late is counted before its value is taken back.
+        if self.discard.changed || (self.discard.waiting && !self.discard.recheck.is_empty()) {
+            self.discard.changed = false;
+            self.apply_discards(out);
+        }
+        for hash in std::mem::take(&mut self.discard.recheck) {
+            let listed = self.discard.listed.get(&hash).map_or(0, BTreeSet::len);
+            if listed as u32 != self.log.value_namers(&hash) {
+                // Written again (equal bytes), or named by a version no proposal listed: the
+                // value is needed again; its writer holds it, servers fetch it, and storing it
+                // deletes the record of its discard.
+                self.discard.discarded.remove(&hash);
+                if self.role == Role::Server && !self.values.contains_key(&hash) {
+                    self.missing_values.insert(hash);
+                }
+            }
+        }
+    }
+
+    /// Takes in the proposals and consents whose values arrived, and drops the values of every
+    /// proposal all the volume's clients consented to (§6.6): a value only when every authorised
+    /// update naming it is listed (equal bytes share one value).
+    fn apply_discards(&mut self, out: &mut Output) {
+        let me = self.me();
+        for id in std::mem::take(&mut self.discard.undecoded) {
+            let Some(update) = self.log.get(&id) else {
+                continue;
+            };
+            let (writer, reference) = (update.body().writer, update.body().value);
+            let Some(value) = reference.and_then(|r| self.values.get(&r.hash)) else {
+                self.discard.undecoded.push(id);
+                continue;
+            };
+            match Discard::decode(value) {
+                Some(Discard::Propose { turn, ids }) => {
+                    let latest = self.discard.turns.entry(writer).or_default();
+                    *latest = (*latest).max(turn);
+                    // A proposer's newer proposal replaces its older ones that are not applied:
+                    // what a faulty client writes cannot pile up here.
+                    let newer = self
+                        .discard
+                        .proposals
+                        .values()
+                        .any(|(proposer, later, _)| *proposer == writer && *later > turn);
+                    if !newer {
+                        self.discard
+                            .proposals
+                            .retain(|_, (proposer, _, _)| *proposer != writer);
+                        self.discard.proposals.insert(id, (writer, turn, ids));
+                    }
+                    self.discard.consents.entry(id).or_default().insert(writer);
+                }
+                Some(Discard::Consent(proposal)) => {
+                    if writer == me {
+                        self.discard.consented.insert(proposal);
+                    }
+                    self.discard
+                        .consents
+                        .entry(proposal)
+                        .or_default()
+                        .insert(writer);
+                }
+                None => {}
+            }
+        }
+        let config = self.log.config().clone();
+        let clients: BTreeSet<Writer> = (0..config.members.len() as u32)
+            .map(Writer)
+            .filter(|w| config.member(*w).is_some_and(|m| m.role == Role::Client))
+            .collect();
+        let unanimous: Vec<UpdateId> = self
+            .discard
+            .proposals
+            .keys()
+            .filter(|id| self.discard.consents.get(id) == Some(&clients))
+            .copied()
+            .collect();
+        for proposal in unanimous {
+            let (_, _, ids) = &self.discard.proposals[&proposal];
+            let mut touched = BTreeSet::new();
+            let mut held = true;
+            for id in ids {
+                match self.log.get(id) {
+                    Some(update) => {
+                        if let Some(reference) = update.body().value {
+                            self.discard
+                                .listed
+                                .entry(reference.hash)
+                                .or_default()
+                                .insert(*id);
+                            touched.insert(reference.hash);
+                        }
+                    }
+                    None => held = false,
+                }
+            }
+            for hash in touched {
+                let listed = self.discard.listed.get(&hash).map_or(0, BTreeSet::len);
+                if listed as u32 == self.log.value_namers(&hash)
+                    && !self.discard.values.contains(&hash)
+                    && self.discard.discarded.insert(hash)
+                {
+                    self.values.remove(&hash);
+                    self.missing_values.remove(&hash);
+                    out.changes.push(Change::Discard(hash));
+                }
+            }
+            if held {
+                self.discard.proposals.remove(&proposal);
+                self.discard.applied.insert(proposal);
+            } else {
+                // It names updates this node does not hold yet: counted again on the tick.
+                self.discard.waiting = true;
+            }
+        }
+    }
+
+    /// The next proposal or consent this client should write to its discard key at `now`, if
+    /// any (§6.6): a consent to another client's proposal its own ladder finds no version in that
+    /// it keeps, else, on its turn and once in it, a proposal of the versions its ladder lets go
+    /// whose values it could drop. Write it with [`Node::write_discard`] and put it like any write.
+    pub fn discard_due(&self, now_micros: u64) -> Option<Discard> {
+        if self.role != Role::Client {
+            return None;
+        }
+        let me = self.me();
+        let ladder = &self.discard.ladder;
+        for (id, (writer, _, ids)) in &self.discard.proposals {
+            if *writer != me
+                && !self.discard.consented.contains(id)
+                && self.log.check_discard(ids, ladder, now_micros).is_ok()
+            {
+                return Some(Discard::Consent(*id));
+            }
+        }
+        let turn = ladder.turn(now_micros);
+        if ladder.proposer(self.log.config(), now_micros) != Some(me)
+            || self
+                .discard
+                .turns
+                .get(&me)
+                .is_some_and(|last| *last >= turn)
+        {
+            return None;
+        }
+        // Only versions whose values could go: every version naming the value is let go too.
+        let candidates: Vec<(UpdateId, Digest)> = self
+            .log
+            .discardable(ladder, now_micros, usize::MAX)
+            .into_iter()
+            .filter_map(|id| Some((id, self.log.get(&id)?.body().value?.hash)))
+            .filter(|(_, hash)| !self.discard.discarded.contains(hash))
+            .collect();
+        let mut per_value: BTreeMap<Digest, u32> = BTreeMap::new();
+        for (_, hash) in &candidates {
+            *per_value.entry(*hash).or_default() += 1;
+        }
+        let mut ids: Vec<UpdateId> = candidates
+            .into_iter()
+            .filter(|(_, hash)| per_value[hash] == self.log.value_namers(hash))
+            .map(|(id, _)| id)
+            .take(PROPOSAL_IDS_MAX)
+            .collect();
+        ids.sort();
+        (!ids.is_empty()).then_some(Discard::Propose { turn, ids })
+    }
+
+    /// Writes `discard` to this client's discard key: [`Node::write`] for what
+    /// [`Node::discard_due`] returned.
+    pub fn write_discard(&mut self, discard: &Discard, now_micros: u64) -> (Update, Output) {
+        let key = discard_key(self.me());
+        self.write(key, Some(Bytes::from(discard.encode())), now_micros)
     }
 
     /// Stores `value` if an accepted update names it: `None` when none does (the sender passed
@@ -401,6 +655,20 @@ impl Node {
         let hash = value_hash(&value);
         if value.len() > VALUE_BYTES_MAX || !self.log.names_value(&hash) {
             return None;
+        }
+        if self.discard.discarded.contains(&hash) {
+            if self.discard.listed.get(&hash).map_or(0, BTreeSet::len) as u32
+                == self.log.value_namers(&hash)
+            {
+                // Dropped here by every client's consent: a peer that still holds it may send it.
+                return Some(false);
+            }
+            // The bytes were written again since (a put or a push brings them with their
+            // update): needed again.
+            self.discard.discarded.remove(&hash);
+        }
+        if self.discard.values.contains(&hash) {
+            self.discard.changed = true;
         }
         self.missing_values.remove(&hash);
         if self.values.contains_key(&hash) {
@@ -426,6 +694,7 @@ impl Node {
         if let Some(value) = value {
             self.keep_value(value, &mut out);
         }
+        self.count_discards(&mut out);
         (update, out)
     }
 
@@ -919,6 +1188,9 @@ impl Node {
     /// Periodic housekeeping: updates whose clocks were too far ahead are offered again.
     pub fn on_tick(&mut self, now_micros: u64) -> Output {
         let forks = self.log.forks().len();
+        if std::mem::take(&mut self.discard.waiting) {
+            self.discard.changed = true;
+        }
         self.log.retry(now_micros);
         let mut out = Output::default();
         self.settle(forks, &mut out);

@@ -1,7 +1,8 @@
 //! How a Depot node's changes become records, and records a node again: one format for servers
 //! (in the node's store) and clients (in their own directory). Accepted updates are kept by
 //! acceptance number, so a restore accepts them again in the same order; values by hash; fork
-//! proofs by writer. The storage is the driver's; this only names and encodes.
+//! proofs by writer; the hashes of values every client agreed to drop, so that a restored node
+//! does not fetch them again. The storage is the driver's; this only names and encodes.
 
 use super::log::ForkProof;
 use super::node::Change;
@@ -15,16 +16,21 @@ pub const UPDATES: &str = "updates";
 pub const VALUES: &str = "values";
 /// Fork proofs, by writer (4 bytes, big-endian).
 pub const FORKS: &str = "forks";
+/// Hashes of discarded values (§6.6), each with an empty record.
+pub const DISCARDED: &str = "discarded";
+/// When each accepted update was accepted (8 bytes, big-endian microseconds), by acceptance
+/// number: the lives of versions (§6.6) survive a restart.
+pub const ACCEPTED: &str = "accepted";
 
-/// One record: its table, key and value.
+/// One record: its table, key and value; no value deletes the record.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {
-    /// [`UPDATES`], [`VALUES`] or [`FORKS`].
+    /// [`UPDATES`], [`VALUES`], [`FORKS`] or [`DISCARDED`].
     pub table: &'static str,
     /// Its key in the table.
     pub key: Vec<u8>,
-    /// Its bytes.
-    pub value: Bytes,
+    /// Its bytes; `None`: delete it.
+    pub value: Option<Bytes>,
 }
 
 /// Numbers accepted updates as they are recorded.
@@ -34,41 +40,110 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    /// The record of `change`.
-    pub fn record(&mut self, change: &Change) -> Record {
+    /// The records of `change`, in order.
+    pub fn record(&mut self, change: &Change) -> Vec<Record> {
         match change {
-            Change::Update(update) => {
+            Change::Update(update, accepted) => {
                 let key = self.next.to_be_bytes().to_vec();
                 self.next += 1;
-                Record {
+                let mut records = vec![Record {
                     table: UPDATES,
-                    key,
-                    value: Bytes::from(wire::encode(update)),
+                    key: key.clone(),
+                    value: Some(Bytes::from(wire::encode(update))),
+                }];
+                if let Some(at) = accepted {
+                    records.push(Record {
+                        table: ACCEPTED,
+                        key,
+                        value: Some(Bytes::copy_from_slice(&at.to_be_bytes())),
+                    });
                 }
+                records
             }
-            Change::Value(value) => Record {
-                table: VALUES,
-                key: value_hash(value).0.to_vec(),
-                value: value.clone(),
-            },
-            Change::Fork(proof) => Record {
+            // A value stored again after its discard (equal bytes written again) undoes it.
+            Change::Value(value) => vec![
+                Record {
+                    table: VALUES,
+                    key: value_hash(value).0.to_vec(),
+                    value: Some(value.clone()),
+                },
+                Record {
+                    table: DISCARDED,
+                    key: value_hash(value).0.to_vec(),
+                    value: None,
+                },
+            ],
+            Change::Fork(proof) => vec![Record {
                 table: FORKS,
                 key: proof.writer.0.to_be_bytes().to_vec(),
-                value: Bytes::from(wire::encode(&**proof)),
-            },
+                value: Some(Bytes::from(wire::encode(&**proof))),
+            }],
+            Change::Discard(hash) => vec![
+                Record {
+                    table: DISCARDED,
+                    key: hash.0.to_vec(),
+                    value: Some(Bytes::new()),
+                },
+                Record {
+                    table: VALUES,
+                    key: hash.0.to_vec(),
+                    value: None,
+                },
+            ],
         }
     }
 }
 
-/// The changes the records of the three tables say, in the order to restore them, and the
-/// recorder that goes on numbering after them; or why they cannot be a node's. Each table's
-/// records in key order.
-pub fn restore(
-    values: Vec<(Vec<u8>, Bytes)>,
-    forks: Vec<(Vec<u8>, Bytes)>,
-    updates: Vec<(Vec<u8>, Bytes)>,
-) -> Result<(Vec<Change>, Recorder), String> {
+/// The records of a node's tables, each in key order.
+#[derive(Clone, Debug, Default)]
+pub struct Tables {
+    /// [`VALUES`].
+    pub values: Vec<(Vec<u8>, Bytes)>,
+    /// [`FORKS`].
+    pub forks: Vec<(Vec<u8>, Bytes)>,
+    /// [`UPDATES`].
+    pub updates: Vec<(Vec<u8>, Bytes)>,
+    /// [`DISCARDED`].
+    pub discarded: Vec<(Vec<u8>, Bytes)>,
+    /// [`ACCEPTED`].
+    pub accepted: Vec<(Vec<u8>, Bytes)>,
+}
+
+impl Tables {
+    /// Every table's records, read with `load`.
+    pub fn load<E>(
+        mut load: impl FnMut(&'static str) -> Result<Vec<(Vec<u8>, Bytes)>, E>,
+    ) -> Result<Tables, E> {
+        Ok(Tables {
+            values: load(VALUES)?,
+            forks: load(FORKS)?,
+            updates: load(UPDATES)?,
+            discarded: load(DISCARDED)?,
+            accepted: load(ACCEPTED)?,
+        })
+    }
+}
+
+/// The changes the records of `tables` say, in the order to restore them, and the recorder that
+/// goes on numbering after them; or why they cannot be a node's.
+pub fn restore(tables: Tables) -> Result<(Vec<Change>, Recorder), String> {
+    let Tables {
+        values,
+        forks,
+        updates,
+        discarded,
+        accepted,
+    } = tables;
+    let accepted: std::collections::BTreeMap<Vec<u8>, u64> = accepted
+        .into_iter()
+        .filter_map(|(number, at)| Some((number, u64::from_be_bytes(at.as_ref().try_into().ok()?))))
+        .collect();
     let mut changes = Vec::with_capacity(values.len() + forks.len() + updates.len());
+    for (hash, _) in discarded {
+        let hash = <[u8; 32]>::try_from(hash.as_slice())
+            .map_err(|_| "a discarded value's hash is not 32 bytes".to_string())?;
+        changes.push(Change::Discard(bulwark_core::Digest(hash)));
+    }
     for (hash, value) in values {
         if value_hash(&value).0.as_slice() != hash.as_slice() {
             return Err("a value is stored under another hash than its own".into());
@@ -87,7 +162,10 @@ pub fn restore(
             .map_err(|_| "an update's acceptance number is not 8 bytes".to_string())?;
         let update: WireUpdate = wire::decode(&record, FRAME_BYTES_MAX)
             .map_err(|error| format!("update {number}'s record: {error}"))?;
-        changes.push(Change::Update(update));
+        changes.push(Change::Update(
+            update,
+            accepted.get(number.to_be_bytes().as_slice()).copied(),
+        ));
         next = number + 1;
     }
     Ok((changes, Recorder { next }))

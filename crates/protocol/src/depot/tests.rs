@@ -55,6 +55,15 @@ fn put(node: &mut Node, k: &str, v: &str) -> Update {
 
 /// Delivers messages among `nodes` until none is left; starts with each pulling from each.
 fn exchange(nodes: &mut [&mut Node]) {
+    exchange_at(nodes, NOW);
+}
+
+/// [`exchange`] at time `now`, returning the changes each node made.
+fn exchange_at(
+    nodes: &mut [&mut Node],
+    now: u64,
+) -> std::collections::BTreeMap<Writer, Vec<Change>> {
+    let mut changes: std::collections::BTreeMap<Writer, Vec<Change>> = Default::default();
     let mut queue: VecDeque<(Writer, Writer, Message)> = VecDeque::new();
     for a in 0..nodes.len() {
         for b in 0..nodes.len() {
@@ -72,11 +81,13 @@ fn exchange(nodes: &mut [&mut Node]) {
         let Some(target) = nodes.iter_mut().find(|n| n.me() == to) else {
             continue;
         };
-        let out = target.on_message(from, message, NOW);
+        let out = target.on_message(from, message, now);
+        changes.entry(to).or_default().extend(out.changes);
         for (peer, message) in out.sends {
             queue.push_back((to, peer, message));
         }
     }
+    changes
 }
 
 fn values(node: &Node, k: &str) -> Vec<String> {
@@ -474,7 +485,7 @@ fn a_node_on_one_branch_gets_the_other_by_asking_for_the_peers_heads_by_name() {
 fn durable(node: &Node) -> Vec<Change> {
     node.log()
         .in_order()
-        .map(|u| Change::Update(u.to_wire()))
+        .map(|u| Change::Update(u.to_wire(), None))
         .collect()
 }
 
@@ -724,33 +735,60 @@ mod served {
         for i in 0..5 {
             let (_, out) =
                 writer.write(key(&format!("c2/{i}")), Some(Bytes::from(vec![i; 9])), NOW);
-            for change in &out.changes {
-                let record = recorder.record(change);
-                tables
-                    .entry(record.table)
-                    .or_default()
-                    .push((record.key, record.value));
+            for record in out.changes.iter().flat_map(|c| recorder.record(c)) {
+                let table = tables.entry(record.table).or_default();
+                table.retain(|(key, _)| *key != record.key);
+                if let Some(value) = record.value {
+                    table.push((record.key, value));
+                }
             }
         }
         let load = |table| tables.get(table).cloned().unwrap_or_default();
-        let (changes, _) = records::restore(
-            load(records::VALUES),
-            load(records::FORKS),
-            load(records::UPDATES),
-        )
-        .expect("restore");
+        let all = records::Tables::load(|table| Ok::<_, ()>(load(table))).expect("in memory");
+        assert_eq!(all.accepted.len(), 5, "acceptance times are kept");
+        let (changes, _) = records::restore(all.clone()).expect("restore");
         let restored = Node::restore(config.clone(), Writer(2), secret(2), &changes, NOW);
         assert_eq!(restored.log().len(), 5);
         assert_eq!(restored.log().frontier(), writer.log().frontier());
         assert_eq!(restored.values_held(), 5);
-        let mut values = load(records::VALUES);
+        let mut values = all.values.clone();
         values[0].1 = Bytes::from_static(b"another value");
-        let damaged = records::restore(values, Vec::new(), load(records::UPDATES));
+        let damaged = records::restore(records::Tables {
+            values,
+            ..all.clone()
+        });
         assert!(damaged.is_err(), "a value under another hash is damage");
-        let mut updates = load(records::UPDATES);
+        let mut updates = all.updates.clone();
         updates[0].0 = vec![1, 2, 3];
-        let damaged = records::restore(Vec::new(), Vec::new(), updates);
+        let damaged = records::restore(records::Tables {
+            updates,
+            ..records::Tables::default()
+        });
         assert!(damaged.unwrap_err().contains("acceptance number"));
+        let damaged = records::restore(records::Tables {
+            discarded: vec![(vec![1], Bytes::new())],
+            ..records::Tables::default()
+        });
+        assert!(damaged.unwrap_err().contains("32 bytes"));
+        // A discard deletes the value's record and keeps the hash.
+        let hash = super::super::update::value_hash(&[0; 9]);
+        let records = recorder.record(&Change::Discard(hash));
+        assert_eq!(
+            records
+                .iter()
+                .map(|r| (r.table, r.value.is_some()))
+                .collect::<Vec<_>>(),
+            vec![(records::DISCARDED, true), (records::VALUES, false)]
+        );
+        let records = recorder.record(&Change::Value(Bytes::from(vec![0; 9])));
+        assert_eq!(
+            records
+                .iter()
+                .map(|r| (r.table, r.value.is_some()))
+                .collect::<Vec<_>>(),
+            vec![(records::VALUES, true), (records::DISCARDED, false)],
+            "storing a value again undoes its discard"
+        );
     }
 
     #[test]
@@ -882,4 +920,357 @@ mod served {
         assert_eq!(answered.sends[0].0, Slot(11));
         assert!(matches!(answered.sends[0].1.message, Message::Push { .. }));
     }
+}
+
+/// A ladder in seconds: every version alive in the last 10 s, one turn to propose for ever.
+fn short_ladder() -> super::discard::Ladder {
+    super::discard::Ladder {
+        keep_all_micros: 10_000_000,
+        rungs: Vec::new(),
+        turn_micros: u64::MAX,
+    }
+}
+
+fn discard_node(i: u32) -> Node {
+    let mut n = node(i);
+    n.set_ladder(short_ladder());
+    n
+}
+
+fn value_of(update: &Update) -> bulwark_core::Digest {
+    update.body().value.expect("a value").hash
+}
+
+#[test]
+fn a_discard_takes_every_clients_consent_and_drops_only_values_no_kept_version_names() {
+    use super::discard::Discard;
+    let (mut s0, mut s1) = (discard_node(0), discard_node(1));
+    let (mut c2, mut c3, mut c4) = (discard_node(2), discard_node(3), discard_node(4));
+    let old = c2.write(key("c2/a"), Some(Bytes::from("old")), NOW).0;
+    let new = c2.write(key("c2/a"), Some(Bytes::from("new")), NOW + 1).0;
+    // Equal bytes, one value: superseded under one key, current under the other.
+    let shared_old = c2.write(key("c2/x"), Some(Bytes::from("same")), NOW + 2).0;
+    c2.write(key("c2/x"), Some(Bytes::from("x2")), NOW + 3);
+    c2.write(key("c2/y"), Some(Bytes::from("same")), NOW + 4);
+    exchange(&mut [&mut s0, &mut s1, &mut c2, &mut c3, &mut c4]);
+    // Lives bounded from outside: begun by the writer's last beacon before it (none here: 0),
+    // ended when this node accepted the first update covering it.
+    assert_eq!(c2.log().life(&old.id()), Some((0, Some(NOW + 1))));
+    assert_eq!(c3.log().life(&old.id()), Some((0, Some(NOW))));
+    assert_eq!(c2.log().life(&new.id()).map(|(_, end)| end), Some(None));
+
+    // Within the ladder's day (here 10 s), nothing is proposed.
+    assert_eq!(c2.discard_due(NOW + 1_000_000), None);
+    let later = NOW + 60_000_000;
+    let proposal = c2
+        .discard_due(later)
+        .expect("the proposer lists what its ladder lets go");
+    let Discard::Propose { ids, .. } = proposal.clone() else {
+        panic!("a proposal: {proposal:?}");
+    };
+    // Not the version whose bytes the current c2/y shares: its value could not go.
+    assert_eq!(ids, vec![old.id()]);
+    assert_eq!(
+        c3.discard_due(later),
+        None,
+        "only the proposer proposes in its turn"
+    );
+    let proposed = c2.write_discard(&proposal, later).0;
+    exchange_at(&mut [&mut s0, &mut s1, &mut c2, &mut c3, &mut c4], later);
+    assert!(c2.discard_due(later).is_none(), "one proposal per turn");
+
+    let consent = c3.discard_due(later).expect("a correct client consents");
+    assert_eq!(consent, Discard::Consent(proposed.id()));
+    c3.write_discard(&consent, later);
+    exchange_at(&mut [&mut s0, &mut s1, &mut c2, &mut c3, &mut c4], later);
+    // Two of three clients: nothing goes.
+    assert!(s0.has_value(&value_of(&old)) && s1.has_value(&value_of(&old)));
+    assert_eq!(s0.discarded(), 0);
+
+    let consent = c4.discard_due(later).expect("the last client consents too");
+    c4.write_discard(&consent, later);
+    let changes = exchange_at(&mut [&mut s0, &mut s1, &mut c2, &mut c3, &mut c4], later);
+    for server in [&s0, &s1] {
+        assert!(
+            !server.has_value(&value_of(&old)),
+            "unanimous: the old value goes"
+        );
+        assert!(
+            server.has_value(&value_of(&new)),
+            "the current version stays"
+        );
+        assert!(
+            server.has_value(&value_of(&shared_old)),
+            "a value a kept version names stays"
+        );
+        assert_eq!(server.discarded(), 1);
+    }
+    assert!(
+        !c2.has_value(&value_of(&old)),
+        "the writer drops its copy too"
+    );
+    // A proposal listing the version whose bytes a current version shares, agreed by all: the
+    // value stays, since c2/y still names it.
+    let shared = c3
+        .write_discard(
+            &Discard::Propose {
+                turn: 0,
+                ids: vec![shared_old.id()],
+            },
+            later,
+        )
+        .0;
+    exchange_at(&mut [&mut s0, &mut s1, &mut c2, &mut c3, &mut c4], later);
+    for client in [&mut c2, &mut c4] {
+        assert_eq!(
+            client.discard_due(later),
+            Some(Discard::Consent(shared.id()))
+        );
+        client.write_discard(&Discard::Consent(shared.id()), later);
+    }
+    exchange_at(&mut [&mut s0, &mut s1, &mut c2, &mut c3, &mut c4], later);
+    for server in [&s0, &s1] {
+        assert!(server.has_value(&value_of(&shared_old)));
+        assert_eq!(server.discarded(), 1);
+    }
+    assert_eq!(values(&s0, "c2/a").len(), 1);
+    assert!(
+        changes[&Writer(0)]
+            .iter()
+            .any(|c| matches!(c, Change::Discard(h) if *h == value_of(&old)))
+    );
+    // A peer that still had the value cannot give it back, and nobody asks for it again.
+    let restored = {
+        let mut disk = durable(&s0);
+        disk.push(Change::Value(Bytes::from("old")));
+        disk.extend(
+            changes[&Writer(0)]
+                .iter()
+                .filter(|c| matches!(c, Change::Discard(_)))
+                .cloned(),
+        );
+        Node::restore(config(), Writer(0), secret(0), &disk, later)
+    };
+    assert!(!restored.has_value(&value_of(&old)));
+    let Message::Pull { want_values, .. } = s0.pull(Writer(1)) else {
+        panic!("a pull");
+    };
+    assert!(!want_values.contains(&value_of(&old)));
+}
+
+/// §8.2 T16: a faulty client refuses to consent, or proposes a premature discard; nothing is
+/// discarded either way, and the correct clients never consent to the premature one.
+#[test]
+fn a_faulty_client_can_delay_a_discard_but_never_hasten_one() {
+    use super::discard::{Discard, Withheld};
+    let (mut s0, mut s1) = (discard_node(0), discard_node(1));
+    let (mut c2, mut c3, mut c4) = (discard_node(2), discard_node(3), discard_node(4));
+    let old = c2.write(key("c2/a"), Some(Bytes::from("old")), NOW).0;
+    let current = c2.write(key("c2/a"), Some(Bytes::from("new")), NOW + 1).0;
+    let recent = c3.write(key("c3/r"), Some(Bytes::from("r1")), NOW).0;
+    exchange(&mut [&mut s0, &mut s1, &mut c2, &mut c3, &mut c4]);
+    let later = NOW + 60_000_000;
+    c3.write(key("c3/r"), Some(Bytes::from("r2")), later - 5_000_000);
+    exchange_at(
+        &mut [&mut s0, &mut s1, &mut c2, &mut c3, &mut c4],
+        later - 5_000_000,
+    );
+
+    // Premature: the current version, and one superseded 5 s ago, inside the ladder's 10 s.
+    let mut premature = vec![old.id(), current.id(), recent.id()];
+    premature.sort();
+    for listed in [vec![current.id()], vec![recent.id()], premature] {
+        assert!(
+            c2.log()
+                .check_discard(&listed, &short_ladder(), later)
+                .is_err()
+        );
+        let proposal = c4
+            .write_discard(
+                &Discard::Propose {
+                    turn: 0,
+                    ids: listed,
+                },
+                later,
+            )
+            .0;
+        exchange_at(&mut [&mut s0, &mut s1, &mut c2, &mut c3, &mut c4], later);
+        for correct in [&c2, &c3] {
+            assert_ne!(
+                correct.discard_due(later),
+                Some(Discard::Consent(proposal.id())),
+                "a correct client never consents to a premature discard"
+            );
+        }
+    }
+    assert_eq!(
+        c2.log()
+            .check_discard(&[current.id()], &short_ladder(), later),
+        Err(Withheld::Kept(current.id()))
+    );
+    for n in [&s0, &s1, &c2] {
+        assert!(n.has_value(&value_of(&current)) && n.has_value(&value_of(&recent)));
+        assert_eq!(n.discarded(), 0);
+    }
+
+    // A valid proposal that the faulty client never consents to: nothing goes.
+    let proposal = c2.discard_due(later).expect("the proposer's turn");
+    assert_eq!(
+        proposal,
+        Discard::Propose {
+            turn: 0,
+            ids: vec![old.id()]
+        }
+    );
+    c2.write_discard(&proposal, later);
+    exchange_at(&mut [&mut s0, &mut s1, &mut c2, &mut c3, &mut c4], later);
+    let consent = c3.discard_due(later).expect("the correct client consents");
+    c3.write_discard(&consent, later);
+    exchange_at(&mut [&mut s0, &mut s1, &mut c2, &mut c3, &mut c4], later);
+    for n in [&s0, &s1, &c2] {
+        assert!(n.has_value(&value_of(&old)), "one refusal keeps it");
+        assert_eq!(n.discarded(), 0);
+    }
+    // A consent forged under the faulty client's name does not verify (Depot's signatures), and
+    // one to its discard key by another client is no consent: it is not that client's to write.
+    let forged = forge(3, later, "\0depot/discard/4", None, Vec::new(), &[]);
+    assert!(!config().may_write(Writer(3), &forged.body().key));
+}
+
+#[test]
+fn bytes_written_again_after_their_discard_are_kept_and_served() {
+    let (mut s0, mut s1) = (discard_node(0), discard_node(1));
+    let (mut c2, mut c3, mut c4) = (discard_node(2), discard_node(3), discard_node(4));
+    let old = c2.write(key("c2/a"), Some(Bytes::from("on")), NOW).0;
+    c2.write(key("c2/a"), Some(Bytes::from("off")), NOW + 1);
+    exchange(&mut [&mut s0, &mut s1, &mut c2, &mut c3, &mut c4]);
+    let later = NOW + 60_000_000;
+    let mut disk0: Vec<Change> = Vec::new();
+    for _ in 0..3 {
+        for client in [&mut c2, &mut c3, &mut c4] {
+            if let Some(discard) = client.discard_due(later) {
+                client.write_discard(&discard, later);
+            }
+        }
+        let changes = exchange_at(&mut [&mut s0, &mut s1, &mut c2, &mut c3, &mut c4], later);
+        disk0.extend(changes.get(&Writer(0)).cloned().unwrap_or_default());
+    }
+    assert!(!s0.has_value(&value_of(&old)) && !c2.has_value(&value_of(&old)));
+    // The same bytes again, now the current version: kept by its writer, fetched by servers.
+    let again = c2.write(key("c2/a"), Some(Bytes::from("on")), later + 1).0;
+    assert!(
+        c2.has_value(&value_of(&again)),
+        "the writer keeps its own write's value"
+    );
+    // A put brings the bytes with their update: the server keeps them at once.
+    let put = c2.put_message(7, &again.id()).expect("a put");
+    let out = s0.on_message(Writer(2), put, later + 1);
+    disk0.extend(
+        out.changes
+            .into_iter()
+            .filter(|c| !matches!(c, Change::Update(..))),
+    );
+    assert!(s0.has_value(&value_of(&again)), "taken with the put");
+    let changes = exchange_at(
+        &mut [&mut s0, &mut s1, &mut c2, &mut c3, &mut c4],
+        later + 1,
+    );
+    disk0.extend(changes.get(&Writer(0)).cloned().unwrap_or_default());
+    for server in [&s0, &s1] {
+        assert!(
+            server.has_value(&value_of(&again)),
+            "servers serve it again"
+        );
+    }
+    assert_eq!(values(&s0, "c2/a").len(), 1);
+    // A restart keeps it: storing the value again undoes the record of its discard.
+    let mut disk = durable(&s0);
+    disk.extend(
+        disk0
+            .into_iter()
+            .filter(|c| !matches!(c, Change::Update(..))),
+    );
+    let restored = Node::restore(config(), Writer(0), secret(0), &disk, later + 2);
+    assert!(restored.has_value(&value_of(&again)));
+}
+
+#[test]
+fn a_proposer_proposes_once_a_turn_and_a_restart_never_shortens_a_life() {
+    use super::discard::{DAY_MICROS, Discard, Ladder};
+    // The paper's ladder, with turns of a day: c2's turn is every third day.
+    let day0 = 3_000 * DAY_MICROS;
+    let hour = 3_600_000_000;
+    let mut c2 = node(2);
+    c2.beacon(day0);
+    let first = c2.write(key("c2/a"), Some(Bytes::from("1")), day0 + 1).0;
+    let later = day0 + 2 * DAY_MICROS + hour;
+    c2.beacon(later);
+    c2.write(key("c2/a"), Some(Bytes::from("2")), later + 1);
+    let quiet = c2.write(key("c2/q"), Some(Bytes::from("q1")), later + 2).0;
+    c2.write(key("c2/q"), Some(Bytes::from("q2")), later + 3);
+    // "1" was alive over three midnights, so it is on the daily rung for a week; "q1" over none.
+    let now = day0 + 6 * DAY_MICROS;
+    assert!(Ladder::paper().proposer(&config(), now) == Some(Writer(2)));
+    let Some(Discard::Propose { ids, turn }) = c2.discard_due(now) else {
+        panic!("c2's turn");
+    };
+    assert_eq!(ids, vec![quiet.id()]);
+    c2.write_discard(&Discard::Propose { turn, ids }, now);
+    assert_eq!(
+        c2.discard_due(now + 60_000_000),
+        None,
+        "one proposal a turn"
+    );
+    // Restarted a day later, it accepts its log again: lives are no shorter for it.
+    let restored = Node::restore(
+        config(),
+        Writer(2),
+        secret(2),
+        &durable(&c2),
+        now + DAY_MICROS,
+    );
+    let (born, ended) = restored.log().life(&first.id()).expect("a version");
+    assert!(born <= day0 && ended.is_some_and(|end| end >= day0 + 2 * DAY_MICROS));
+    assert!(
+        restored
+            .log()
+            .discardable(&Ladder::paper(), now + 3 * DAY_MICROS, usize::MAX)
+            .iter()
+            .all(|id| *id != first.id()),
+        "a version on the daily rung stays"
+    );
+    // With the acceptance times it recorded, a restart changes no life at all: a client that
+    // restarts (as the command line does on every run) still proposes and consents.
+    let mut disk: Vec<Change> = Vec::new();
+    let mut c2 = node(2);
+    disk.extend(c2.beacon(day0).1.changes);
+    disk.extend(
+        c2.write(key("c2/a"), Some(Bytes::from("1")), day0 + 1)
+            .1
+            .changes,
+    );
+    disk.extend(c2.beacon(later).1.changes);
+    disk.extend(
+        c2.write(key("c2/a"), Some(Bytes::from("2")), later + 1)
+            .1
+            .changes,
+    );
+    disk.extend(
+        c2.write(key("c2/q"), Some(Bytes::from("q1")), later + 2)
+            .1
+            .changes,
+    );
+    disk.extend(
+        c2.write(key("c2/q"), Some(Bytes::from("q2")), later + 3)
+            .1
+            .changes,
+    );
+    let restored = Node::restore(config(), Writer(2), secret(2), &disk, now);
+    for id in [first.id(), quiet.id()] {
+        assert_eq!(restored.log().life(&id), c2.log().life(&id));
+    }
+    assert!(matches!(
+        restored.discard_due(now),
+        Some(Discard::Propose { ids, .. }) if ids == vec![quiet.id()]
+    ));
 }

@@ -113,6 +113,23 @@ pub fn beacon_key(writer: Writer) -> Key {
     Key::new(bytes).unwrap_or_else(|e| unreachable!("a beacon key is short: {e}"))
 }
 
+/// Where every client's discard proposals and consents live (§6.6): `DISCARD_PREFIX` and its
+/// index. Only that client writes there; no prefix of a member's write rights reaches it.
+pub const DISCARD_PREFIX: &[u8] = b"\0depot/discard/";
+
+/// The key of `writer`'s discard proposals and consents.
+pub fn discard_key(writer: Writer) -> Key {
+    let mut bytes = DISCARD_PREFIX.to_vec();
+    bytes.extend_from_slice(writer.0.to_string().as_bytes());
+    Key::new(bytes).unwrap_or_else(|e| unreachable!("a discard key is short: {e}"))
+}
+
+/// Keys the protocol itself writes (beacons, discard proposals and consents): never listed for
+/// discard, and not the users' to write.
+pub fn is_reserved(key: &Key) -> bool {
+    key.as_bytes().starts_with(b"\0depot/")
+}
+
 /// The longest label a volume has (a volume name's bound).
 pub const LABEL_BYTES_MAX: usize = 63;
 
@@ -214,6 +231,12 @@ impl VolumeConfig {
     pub fn may_write(&self, writer: Writer, key: &Key) -> bool {
         if key.as_bytes().starts_with(BEACON_PREFIX) {
             return self.member(writer).is_some() && *key == beacon_key(writer);
+        }
+        if key.as_bytes().starts_with(DISCARD_PREFIX) {
+            return self
+                .member(writer)
+                .is_some_and(|member| member.role == Role::Client)
+                && *key == discard_key(writer);
         }
         self.member(writer).is_some_and(|member| {
             member
