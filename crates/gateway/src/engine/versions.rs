@@ -974,8 +974,13 @@ mod tests {
     use s3s::S3ErrorCode;
     use std::time::Duration;
 
-    async fn put(engine: &Engine, reg: &Arc<MemRegisters>, key: &str, data: &[u8]) -> Manifest {
-        engine
+    async fn try_put(
+        engine: &Engine,
+        reg: &Arc<MemRegisters>,
+        key: &str,
+        data: &[u8],
+    ) -> S3Result<Manifest> {
+        let stored = engine
             .put_object(
                 reg,
                 "b",
@@ -985,9 +990,16 @@ mod tests {
                 &Integrity::default(),
                 None,
             )
-            .await
-            .unwrap()
-            .0
+            .await?;
+        Ok(stored.0)
+    }
+
+    async fn put(engine: &Engine, reg: &Arc<MemRegisters>, key: &str, data: &[u8]) -> Manifest {
+        try_put(engine, reg, key, data).await.unwrap()
+    }
+
+    async fn set(engine: &Engine, reg: &MemRegisters, versioning: Versioning) {
+        engine.set_versioning(reg, "b", versioning).await.unwrap();
     }
 
     async fn bytes_of(
@@ -1021,10 +1033,7 @@ mod tests {
         // The grace is zero: a chunk retired by mistake is gone at once, and the reads fail.
         let (engine, reg) = setup(Duration::ZERO).await;
         put(&engine, &reg, "k", b"before versioning").await;
-        engine
-            .set_versioning(reg.as_ref(), "b", Versioning::Enabled)
-            .await
-            .unwrap();
+        set(&engine, &reg, Versioning::Enabled).await;
         let big = pattern(CHUNK_BYTES + 10, 1);
         let v1 = put(&engine, &reg, "k", &big).await.version.unwrap();
         let v2 = put(&engine, &reg, "k", b"second").await.version.unwrap();
@@ -1169,15 +1178,9 @@ mod tests {
     #[tokio::test]
     async fn suspended_versioning_replaces_the_null_version_and_keeps_the_others() {
         let (engine, reg) = setup(Duration::ZERO).await;
-        engine
-            .set_versioning(reg.as_ref(), "b", Versioning::Enabled)
-            .await
-            .unwrap();
+        set(&engine, &reg, Versioning::Enabled).await;
         let kept = put(&engine, &reg, "k", &pattern(CHUNK_BYTES + 1, 2)).await;
-        engine
-            .set_versioning(reg.as_ref(), "b", Versioning::Suspended)
-            .await
-            .unwrap();
+        set(&engine, &reg, Versioning::Suspended).await;
         assert_eq!(
             engine.versioning(reg.as_ref(), "b").await.unwrap(),
             Versioning::Suspended
@@ -1215,10 +1218,7 @@ mod tests {
     #[tokio::test]
     async fn a_listing_of_versions_pages_through_keys_and_versions_without_repeating_any() {
         let (engine, reg) = setup(Duration::ZERO).await;
-        engine
-            .set_versioning(reg.as_ref(), "b", Versioning::Enabled)
-            .await
-            .unwrap();
+        set(&engine, &reg, Versioning::Enabled).await;
         for key in ["a", "d/1", "d/2", "z"] {
             for round in 0..3u8 {
                 put(&engine, &reg, key, &[round]).await;
@@ -1272,10 +1272,7 @@ mod tests {
     async fn a_version_list_naming_the_current_version_is_not_listed_twice() {
         // What a gateway stopped between writing the list and the object's register leaves.
         let (engine, reg) = setup(Duration::ZERO).await;
-        engine
-            .set_versioning(reg.as_ref(), "b", Versioning::Enabled)
-            .await
-            .unwrap();
+        set(&engine, &reg, Versioning::Enabled).await;
         let first = put(&engine, &reg, "k", b"1").await;
         let second = put(&engine, &reg, "k", b"2").await;
         let mut list = engine.version_list(reg.as_ref(), "b", "k").await.unwrap();
@@ -1302,10 +1299,7 @@ mod tests {
     #[tokio::test]
     async fn the_collector_sees_the_chunks_of_noncurrent_versions() {
         let (engine, reg) = setup_objects(Duration::ZERO).await;
-        engine
-            .set_versioning(reg.as_ref(), "b", Versioning::Enabled)
-            .await
-            .unwrap();
+        set(&engine, &reg, Versioning::Enabled).await;
         let old = put(&engine, &reg, "k", &pattern(CHUNK_BYTES + 1, 4)).await;
         put(&engine, &reg, "k", b"new").await;
         engine.delete_object(&reg, "b", "k").await.unwrap();
@@ -1345,10 +1339,7 @@ mod tests {
     #[tokio::test]
     async fn a_promoted_version_pushed_down_again_keeps_its_record_and_its_chunks() {
         let (engine, reg) = setup_objects(Duration::ZERO).await;
-        engine
-            .set_versioning(reg.as_ref(), "b", Versioning::Enabled)
-            .await
-            .unwrap();
+        set(&engine, &reg, Versioning::Enabled).await;
         let big = pattern(CHUNK_BYTES + 1, 5);
         let v1 = put(&engine, &reg, "k", &big).await;
         let v2 = put(&engine, &reg, "k", b"2").await.version.unwrap();
@@ -1374,28 +1365,12 @@ mod tests {
         let (engine, reg) = setup(Duration::ZERO).await;
         let null = pattern(CHUNK_BYTES + 1, 6);
         put(&engine, &reg, "k", &null).await;
-        engine
-            .set_versioning(reg.as_ref(), "b", Versioning::Enabled)
-            .await
-            .unwrap();
+        set(&engine, &reg, Versioning::Enabled).await;
         put(&engine, &reg, "k", b"enabled").await;
-        engine
-            .set_versioning(reg.as_ref(), "b", Versioning::Suspended)
-            .await
-            .unwrap();
+        set(&engine, &reg, Versioning::Suspended).await;
         // The object's register refuses the write: the PUT fails after the list was written.
         *reg.fail_puts.lock().unwrap() = Some(layout::object_key("b", "k"));
-        let refused = engine
-            .put_object(
-                &reg,
-                "b",
-                "k",
-                ObjectMeta::default(),
-                body(b"lost", 1 << 20),
-                &Integrity::default(),
-                None,
-            )
-            .await;
+        let refused = try_put(&engine, &reg, "k", b"lost").await;
         assert!(refused.is_err());
         assert!(engine.delete_object(&reg, "b", "k").await.is_err());
         *reg.fail_puts.lock().unwrap() = None;
@@ -1436,10 +1411,7 @@ mod tests {
     #[tokio::test]
     async fn stored_version_lists_that_lie_are_errors_not_panics() {
         let (engine, reg) = setup(Duration::ZERO).await;
-        engine
-            .set_versioning(reg.as_ref(), "b", Versioning::Enabled)
-            .await
-            .unwrap();
+        set(&engine, &reg, Versioning::Enabled).await;
         let current = put(&engine, &reg, "k", b"1").await.version.unwrap();
         let bogus = |id: &str| ListedVersion {
             id: id.to_owned(),
@@ -1481,17 +1453,7 @@ mod tests {
         )
         .await
         .unwrap();
-        let refused = engine
-            .put_object(
-                &reg,
-                "b",
-                "k",
-                ObjectMeta::default(),
-                body(b"2", 1 << 20),
-                &Integrity::default(),
-                None,
-            )
-            .await;
+        let refused = try_put(&engine, &reg, "k", b"2").await;
         assert!(refused.is_err());
         assert_eq!(bytes_of(&engine, &reg, "k", None).await.unwrap(), b"1");
     }
