@@ -139,6 +139,9 @@ pub struct MemoryArgs {
     /// --cached-keys`); a bound above --keys keeps every key's, as nodes did before the bound.
     #[arg(long)]
     pub cached_keys: Option<usize>,
+    /// Write public-key objects (one owner key per object) instead of M-PoWerStore registers.
+    #[arg(long)]
+    pub public_key: bool,
     /// Where to put the cluster (default: a fresh directory under the system temp dir).
     #[arg(long)]
     pub dir: Option<PathBuf>,
@@ -166,6 +169,10 @@ pub struct SizesArgs {
     /// --cached-keys`; default: the node's).
     #[arg(long)]
     pub cached_keys: Option<usize>,
+    /// The memory test writes public-key objects (one owner key per object) instead of
+    /// M-PoWerStore registers.
+    #[arg(long)]
+    pub public_key: bool,
     /// Where to put the cluster (default: a fresh directory under the system temp dir).
     #[arg(long)]
     pub dir: Option<PathBuf>,
@@ -387,6 +394,7 @@ pub async fn run(args: &BenchArgs) -> Result<()> {
                 overwrites: memory.overwrites,
                 keys: memory.keys,
                 cached_keys: memory.cached_keys,
+                public_key: memory.public_key,
                 dir: memory.dir.clone(),
             })
             .await
@@ -649,8 +657,13 @@ async fn content_phases(client: &Arc<Client>, args: &SizesArgs, value: &Bytes) -
 async fn memory_table(client: &Arc<Client>, nodes: &Nodes, args: &SizesArgs, sizes: &[usize]) {
     {
         println!();
+        let kind = if args.public_key {
+            "public-key objects"
+        } else {
+            "registers"
+        };
         println!(
-            "## Node memory under {} overwrites of {} keys (1 KiB values)",
+            "## Node memory under {} overwrites of {} {kind} (1 KiB values)",
             args.overwrites, args.keys
         );
         println!();
@@ -664,13 +677,19 @@ async fn memory_table(client: &Arc<Client>, nodes: &Nodes, args: &SizesArgs, siz
             if step > 0 {
                 let (client, value) = (client.clone(), value.clone());
                 let base = (step - 1) * per_step;
+                let public_key = args.public_key;
                 let phase = closed_loop(per_step, args.concurrency, move |i| {
                     let (client, value) = (client.clone(), value.clone());
+                    let name = format!("churn/{}", (base + i) % keys);
                     async move {
-                        client
-                            .put(format!("churn/{}", (base + i) % keys).as_bytes(), value)
-                            .await
-                            .is_ok()
+                        if public_key {
+                            // One owner per key: the object's id is its owner's key's hash.
+                            let seed = blake3::hash(name.as_bytes());
+                            let owner = bulwark_core::sign::SecretKey::from_seed(seed.as_bytes());
+                            client.put_owned(&owner, Some(value)).await.is_ok()
+                        } else {
+                            client.put(name.as_bytes(), value).await.is_ok()
+                        }
                     }
                 })
                 .await;

@@ -10,85 +10,164 @@ use crate::{NodeError, Rejections, decode_register};
 use bulwark_core::envelope::Header;
 use bulwark_core::membership::{Arc as RingArc, Chain, GroupView, RingPoint};
 use bulwark_core::sign::SecretKey;
-use bulwark_core::{Epoch, Key, NodeId, ServiceId, Slot};
+use bulwark_core::{Epoch, NodeId, ServiceId, Slot};
 use bulwark_protocol::content::{self, epochs};
 use bulwark_protocol::pubkey;
-use bulwark_protocol::register::reconfig::EpochServer;
+use bulwark_protocol::register::reconfig::{EpochServer, Held};
 use bulwark_protocol::transfer::EpochHost;
 use bulwark_storage::{Namespace, StorageOp, Store};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
 /// A node's public-key replica for every group it is in, in any epoch.
-pub type PubKeyReplica = Hosting<EpochServer<pubkey::PubKey>, EpochStorage>;
+pub type PubKeyReplica = Hosting<EpochServer<pubkey::PubKey>, EpochStorage<pubkey::Entry>>;
 
-/// Node `me`'s public-key replica, restored from its namespace, at the epoch it entered last
-/// (each ring from `chain`); what it had stored per group before it followed the configuration
-/// (the namespaces of `legacy`, its groups of the static placement) is read in too.
+/// Node `me`'s public-key replica over its namespace, at the epoch it entered last (each ring
+/// from `chain`). Versions stored by key, as releases before ring-ordered storage kept them (in
+/// the node-wide namespace, or per group of `legacy`, the static placement), are moved into
+/// ring order first, once. Versions stay on disk: the replica keeps only counts in memory.
 pub fn pubkey_replica(
     me: NodeId,
-    store: &Store,
+    store: &Arc<Store>,
     chain: &Chain,
     legacy: &[GroupView],
     rejections: &Rejections,
 ) -> Result<(ReplicaKey, PubKeyReplica), NodeError> {
     let namespace = Namespace::new(ServiceId::PUBKEY, NODE_WIDE);
-    let corrupt = |table: &'static str, problem: String| NodeError::CorruptState { table, problem };
-    let mut entries: Vec<(Key, pubkey::Entry)> = Vec::new();
-    let legacy: Vec<Namespace> = legacy
-        .iter()
-        .map(|view| Namespace::new(ServiceId::PUBKEY, view.id()))
-        .collect();
-    let namespaces = std::iter::once(namespace).chain(legacy.iter().copied());
-    // A record that does not decode is dropped, as the other replicas drop theirs: the node
-    // lacks that version, as one that missed the write does (see `restore_register`).
-    let mut undecodable = Vec::new();
-    for from in namespaces {
-        let table = from.table(host::REGISTER);
-        for (record, value) in store.load(table)? {
-            match decode_register(&record, &value) {
-                Ok(entry) => entries.push(entry),
-                Err(problem) => {
-                    tracing::error!(%problem, "stored public-key version does not decode; dropped");
-                    rejections.add(
-                        "disk",
-                        &format!("stored version dropped at start-up: {problem}"),
-                        1,
-                    );
-                    undecodable.push(StorageOp::Delete { table, key: record });
-                }
-            }
+    let keyed = std::iter::once(namespace).chain(
+        legacy
+            .iter()
+            .map(|view| Namespace::new(ServiceId::PUBKEY, view.id())),
+    );
+    let mut undecodable = 0;
+    for from in keyed {
+        let (moved, dropped) = move_keyed_versions(store, from.table(host::REGISTER), namespace)?;
+        if moved > 0 {
+            tracing::info!(
+                node = me.0,
+                versions = moved,
+                "public-key versions moved into ring order"
+            );
         }
+        undecodable += dropped;
     }
-    metrics::counter!("bulwark_node_corrupt_entries_dropped_total")
-        .increment(undecodable.len() as u64);
-    if !undecodable.is_empty() {
-        store.apply(&undecodable)?;
+    let (held, dropped) = count_placed(store, namespace)?;
+    undecodable += dropped;
+    if undecodable > 0 {
+        // Each is dropped, as the other replicas drop theirs: the node lacks that version, as
+        // one that missed the write does (see `restore_register`).
+        tracing::error!(
+            versions = undecodable,
+            "stored public-key versions do not decode; dropped"
+        );
+        rejections.add(
+            "disk",
+            "stored version dropped at start-up: does not decode",
+            undecodable,
+        );
     }
+    metrics::counter!("bulwark_node_corrupt_entries_dropped_total").increment(undecodable);
     let (entered, pulled) = followed(store, namespace, chain)?;
-    let count = entries.len();
-    let replica =
-        EpochServer::restore(me, chain, (), entries, entered, &pulled).map_err(|key| {
-            corrupt(
-                host::REGISTER,
-                format!("the stored version of {key:?} has no valid owner signature"),
-            )
-        })?;
+    let replica = EpochServer::restore(me, chain, (), held, entered, &pulled);
     tracing::debug!(
         node = me.0,
-        versions = count,
+        versions = held.keys,
         epoch = replica.epoch().0,
         settled = replica.settled(),
         "public-key replica restored"
     );
     let hosting = Hosting {
         replica,
-        adapter: EpochStorage { namespace, legacy },
+        adapter: EpochStorage::new(namespace, store.clone()),
         members: Members::ById,
         slot: Slot(me.0),
         header: Header::request(ServiceId::PUBKEY, NODE_WIDE, entered, 0),
     };
     Ok(((ServiceId::PUBKEY, NODE_WIDE), hosting))
+}
+
+/// Records moved or dropped per transaction while stored data is rewritten at start.
+const MOVE_BATCH: usize = 256;
+
+/// Moves the versions of `table`, filed by key, into `namespace`'s [`host::PLACED`], and deletes
+/// them: a batch at a time, each one durable transaction, so a crash midway leaves every
+/// version in one table or the other (one in both is written again, the same bytes). A key
+/// already placed keeps the newer of the two versions (a key written before and after the node
+/// followed the configuration has one per table). Returns how many moved and how many did not
+/// decode (deleted).
+fn move_keyed_versions(
+    store: &Store,
+    table: bulwark_storage::Table,
+    namespace: Namespace,
+) -> Result<(u64, u64), NodeError> {
+    let (mut moved, mut dropped) = (0, 0);
+    loop {
+        let mut ops = Vec::new();
+        store.scan_after(table, None, |record, value| {
+            match decode_register::<pubkey::Entry>(record, value) {
+                Ok((key, entry)) => {
+                    let placed = host::placed_record(&key);
+                    let held = store.get(namespace.table(host::PLACED), &placed)?;
+                    let newer = held
+                        .and_then(|held| host::decode_placed::<pubkey::Entry>(&placed, &held).ok())
+                        .is_some_and(|(_, held)| held.ts >= entry.ts);
+                    if !newer {
+                        ops.push(StorageOp::Put {
+                            table: namespace.table(host::PLACED),
+                            key: placed,
+                            value: bytes::Bytes::from(bulwark_core::wire::encode(&(&key, &entry))),
+                        });
+                    }
+                    moved += 1;
+                }
+                Err(problem) => {
+                    tracing::warn!(%problem, "a stored public-key version does not decode");
+                    dropped += 1;
+                }
+            }
+            ops.push(StorageOp::Delete {
+                table,
+                key: record.to_vec(),
+            });
+            Ok(ops.len() < 2 * MOVE_BATCH)
+        })?;
+        if ops.is_empty() {
+            return Ok((moved, dropped));
+        }
+        store.apply(&ops)?;
+    }
+}
+
+/// What `namespace`'s [`host::PLACED`] holds, read through once without keeping it; records that
+/// do not decode, or are filed where their key does not place them, are deleted and counted.
+fn count_placed(store: &Store, namespace: Namespace) -> Result<(Held, u64), NodeError> {
+    let table = namespace.table(host::PLACED);
+    let mut held = Held::default();
+    let mut rotten = Vec::new();
+    store.scan(table, |record, value| {
+        match host::decode_placed::<pubkey::Entry>(record, value) {
+            Ok((_, entry)) => {
+                held.keys += 1;
+                if let Some(value) = &entry.value {
+                    held.objects += 1;
+                    held.bytes += value.len() as u64;
+                }
+            }
+            Err(problem) => {
+                tracing::warn!(%problem, "a stored public-key version does not decode");
+                rotten.push(StorageOp::Delete {
+                    table,
+                    key: record.to_vec(),
+                });
+            }
+        }
+        Ok(())
+    })?;
+    let dropped = rotten.len() as u64;
+    for ops in rotten.chunks(MOVE_BATCH) {
+        store.apply(ops)?;
+    }
+    Ok((held, dropped))
 }
 
 /// Where a node-wide replica in `namespace` is: the epoch it entered last (the genesis before
@@ -178,7 +257,6 @@ fn move_legacy_content(
     namespace: Namespace,
     legacy: &[GroupView],
 ) -> Result<u64, NodeError> {
-    const BATCH: usize = 256;
     let mut moved = 0;
     for view in legacy {
         let Some(slot) = view.slot_of(me) else {
@@ -193,7 +271,7 @@ fn move_legacy_content(
                         table,
                         key: record.to_vec(),
                     });
-                    return Ok(ops.len() < 2 * BATCH);
+                    return Ok(ops.len() < 2 * MOVE_BATCH);
                 };
                 let id = content::ContentId(bulwark_core::Digest(id));
                 let held = bulwark_core::wire::decode_shared::<content::Held>(
@@ -218,7 +296,7 @@ fn move_legacy_content(
                     table,
                     key: record.to_vec(),
                 });
-                Ok(ops.len() < 2 * BATCH)
+                Ok(ops.len() < 2 * MOVE_BATCH)
             })?;
             if ops.is_empty() {
                 break;
@@ -317,5 +395,138 @@ mod tests {
         let mut longer = record.clone();
         longer.push(0);
         assert_eq!(decode_pulled(&longer), None);
+    }
+
+    /// A signed version of the object of owner `seed`, numbered `num`, of `len` bytes.
+    fn signed(seed: u8, num: u64, len: usize) -> (bulwark_core::Key, pubkey::Entry) {
+        use bulwark_protocol::register::{Policy, Timestamp};
+        let owner = Arc::new(SecretKey::from_seed(&[seed; 32]));
+        let key = pubkey::object_id(&owner.public_key());
+        let ts = Timestamp {
+            num,
+            writer: bulwark_core::ClientId(1),
+            seq: num,
+        };
+        let value = Some(bytes::Bytes::from(vec![seed; len]));
+        let entry = pubkey::PubKey::make(&owner, bulwark_core::GroupId(0), &key, ts, value);
+        (key, entry)
+    }
+
+    #[test]
+    fn public_key_versions_filed_by_key_move_into_ring_order_and_are_read_from_disk() {
+        use bulwark_protocol::register::reconfig::Versions;
+        use bulwark_protocol::transfer::{Resume, ring_order};
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(dir.path()).unwrap());
+        let ring =
+            Arc::new(Ring::new(Epoch(0), PlacementParams::new(1), (0..4).map(NodeId)).unwrap());
+        let chain = Chain::new(vec![ring.clone()]);
+        let view = ring.groups().into_iter().next().unwrap();
+        let node_wide = Namespace::new(ServiceId::PUBKEY, NODE_WIDE).table(host::REGISTER);
+        let per_group = Namespace::new(ServiceId::PUBKEY, view.id()).table(host::REGISTER);
+        let versions: Vec<_> = (1..=40u8)
+            .map(|seed| signed(seed, 3, seed as usize))
+            .collect();
+        let mut ops = Vec::new();
+        for (at, (key, entry)) in versions.iter().enumerate() {
+            ops.push(StorageOp::Put {
+                table: if at % 2 == 0 { node_wide } else { per_group },
+                key: key.as_bytes().to_vec(),
+                value: bytes::Bytes::from(bulwark_core::wire::encode(&(key, entry))),
+            });
+        }
+        // A key written before the node followed the configuration (filed per group) and again
+        // after (node-wide): the newer version is the one kept, whichever table moves last.
+        let (twice, older) = signed(1, 2, 1);
+        assert_eq!(twice, versions[0].0);
+        ops.push(StorageOp::Put {
+            table: per_group,
+            key: twice.as_bytes().to_vec(),
+            value: bytes::Bytes::from(bulwark_core::wire::encode(&(&twice, &older))),
+        });
+        ops.push(StorageOp::Put {
+            table: node_wide,
+            key: b"rotten".to_vec(),
+            value: bytes::Bytes::from_static(&[0xff; 7]),
+        });
+        store.apply(&ops).unwrap();
+
+        let rejections = Rejections::default();
+        let start = |store: &Arc<Store>| {
+            pubkey_replica(
+                NodeId(0),
+                store,
+                &chain,
+                std::slice::from_ref(&view),
+                &rejections,
+            )
+            .unwrap()
+            .1
+        };
+        let mut hosting = start(&store);
+        assert_eq!(
+            store.count(node_wide).unwrap(),
+            0,
+            "the keyed records are gone"
+        );
+        assert_eq!(store.count(per_group).unwrap(), 0);
+        let placed = Namespace::new(ServiceId::PUBKEY, NODE_WIDE).table(host::PLACED);
+        assert_eq!(store.count(placed).unwrap(), 40);
+        let stats = Replica::stats(&hosting.replica);
+        let bytes: u64 = (1..=40).sum();
+        assert_eq!((stats.keys, stats.objects, stats.bytes), (40, 40, bytes));
+        let disk: u64 = rejections.snapshot().iter().map(|r| r.count).sum();
+        assert_eq!(disk, 1, "the record that does not decode is counted");
+        for (key, entry) in &versions {
+            assert_eq!(hosting.adapter.version(key).as_ref(), Some(entry));
+        }
+
+        // Listing pages in ring order, with a version on its way to disk and a pending drop.
+        let (new_key, new_entry) = signed(99, 1, 5);
+        let gone = versions[7].0.clone();
+        let mut pending = Vec::new();
+        let put = bulwark_protocol::transfer::Change::Put {
+            key: new_key.clone(),
+            entry: new_entry.clone(),
+        };
+        let drop = bulwark_protocol::transfer::Change::<pubkey::Entry>::Drop { key: gone.clone() };
+        use crate::host::Adapter;
+        type Server = EpochServer<pubkey::PubKey>;
+        Adapter::<Server>::record(&mut hosting.adapter, &put, 1, &mut pending);
+        Adapter::<Server>::record(&mut hosting.adapter, &drop, 1, &mut pending);
+        let order = ring_order::<bulwark_protocol::register::reconfig::Registers<pubkey::PubKey>>;
+        let mut expected: Vec<_> = versions
+            .iter()
+            .map(|(key, _)| key.clone())
+            .filter(|key| *key != gone)
+            .chain([new_key.clone()])
+            .collect();
+        expected.sort_by(|a, b| order(a).cmp(&order(b)));
+        let mut listed = Vec::new();
+        loop {
+            let resume = listed.last().map_or(Resume::Start, Resume::AfterKey);
+            let page = hosting.adapter.keys(resume, 7);
+            if page.is_empty() {
+                break;
+            }
+            assert!(page.len() <= 7);
+            listed.extend(page);
+        }
+        assert_eq!(listed, expected);
+        assert_eq!(hosting.adapter.version(&new_key), Some(new_entry.clone()));
+        assert_eq!(hosting.adapter.version(&gone), None);
+
+        // Once durable, the same from disk alone, and again after a restart.
+        store.apply(&pending).unwrap();
+        Adapter::<Server>::durable(&mut hosting.adapter, 1);
+        assert!(hosting.adapter.unsynced.is_empty());
+        assert_eq!(hosting.adapter.version(&new_key), Some(new_entry.clone()));
+        assert_eq!(hosting.adapter.version(&gone), None);
+        let restarted = start(&store);
+        let everything = restarted.adapter.keys(Resume::Start, 1_000);
+        assert_eq!(everything, expected);
+        let split = RingPoint::of_key(expected[20].as_bytes());
+        let later = restarted.adapter.keys(Resume::AfterPoint(split), 1_000);
+        assert_eq!(later, expected[21..].to_vec());
     }
 }

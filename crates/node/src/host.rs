@@ -6,8 +6,8 @@
 
 use crate::verified::Verified;
 use bulwark_core::envelope::{self, Envelope, Header};
-use bulwark_core::membership::{Arc as RingArc, Ring};
-use bulwark_core::wire::{self, FRAME_BYTES_MAX};
+use bulwark_core::membership::{Arc as RingArc, Ring, RingPoint};
+use bulwark_core::wire::{self, DeserializeOwned, FRAME_BYTES_MAX};
 use bulwark_core::{ClientId, Digest, Epoch, GroupId, Key, NodeId, Slot, Time};
 use bulwark_protocol::content::epochs;
 use bulwark_protocol::machine::{Access, Attested, Output, Replica, ReplicaStats, TimerId};
@@ -656,30 +656,61 @@ pub fn pulled_record(epoch: Epoch, arc: &RingArc) -> Vec<u8> {
     record
 }
 
-/// A node-wide register replica's storage (`reconfig::EpochServer`): one version per key, like
-/// a baseline's, plus the epoch it entered and the arcs it finished pulling.
-pub struct EpochStorage {
-    pub namespace: Namespace,
-    /// Where the node kept versions per group before it followed the configuration: read at
-    /// start, so a dropped key is deleted there too, or it would come back.
-    pub legacy: Vec<Namespace>,
+/// A node-wide register replica's versions: one record per key under its place on the ring
+/// ([`placed_record`]), holding `(key, entry)` encoded as a baseline's record does, so that an
+/// arc's keys are one or two ranges of the table.
+pub const PLACED: &str = "placed";
+
+/// The record id of `key`'s version in [`PLACED`]: the key's ring point, then its bytes.
+pub fn placed_record(key: &Key) -> Vec<u8> {
+    let point = RingPoint::of_key(key.as_bytes());
+    let mut record = Vec::with_capacity(32 + key.as_bytes().len());
+    record.extend_from_slice(&point.0);
+    record.extend_from_slice(key.as_bytes());
+    record
 }
 
-impl<P: Policy> Adapter<EpochServer<P>> for EpochStorage {
+/// A node-wide register replica's storage (`reconfig::EpochServer`): one version per key on
+/// disk in ring order, the versions not yet durable, the epoch it entered and the arcs it
+/// finished pulling. Nothing per key stays in memory once it is durable.
+pub struct EpochStorage<E> {
+    pub namespace: Namespace,
+    pub store: Arc<Store>,
+    /// Versions queued for commit, with the batch carrying them (`None`: dropped).
+    pub unsynced: std::collections::BTreeMap<Key, (u64, Option<E>)>,
+}
+
+impl<E: Clone + Send> EpochStorage<E> {
+    /// Storage over the records of `namespace` in `store`.
+    pub fn new(namespace: Namespace, store: Arc<Store>) -> Self {
+        EpochStorage {
+            namespace,
+            store,
+            unsynced: std::collections::BTreeMap::new(),
+        }
+    }
+}
+
+impl<P: Policy> Adapter<EpochServer<P>> for EpochStorage<P::Entry> {
     const NAME: &'static str = P::NAME;
 
-    fn record(&mut self, change: &reconfig::Change<P>, _batch: u64, ops: &mut Vec<StorageOp>) {
+    fn record(&mut self, change: &reconfig::Change<P>, batch: u64, ops: &mut Vec<StorageOp>) {
+        let table = self.namespace.table(PLACED);
         let op = match change {
-            transfer::Change::Put { key, entry } => register_put::<P>(self.namespace, key, entry),
+            transfer::Change::Put { key, entry } => {
+                self.unsynced
+                    .insert(key.clone(), (batch, Some(entry.clone())));
+                StorageOp::Put {
+                    table,
+                    key: placed_record(key),
+                    value: Bytes::from(wire::encode(&(key, entry))),
+                }
+            }
             transfer::Change::Drop { key } | transfer::Change::Remove { key, .. } => {
-                let deletes = self.legacy.iter().map(|namespace| StorageOp::Delete {
-                    table: namespace.table(REGISTER),
-                    key: key.as_bytes().to_vec(),
-                });
-                ops.extend(deletes);
+                self.unsynced.insert(key.clone(), (batch, None));
                 StorageOp::Delete {
-                    table: self.namespace.table(REGISTER),
-                    key: key.as_bytes().to_vec(),
+                    table,
+                    key: placed_record(key),
                 }
             }
             transfer::Change::Entered(epoch) => entered_op(self.namespace, *epoch),
@@ -688,8 +719,114 @@ impl<P: Policy> Adapter<EpochServer<P>> for EpochStorage {
         ops.push(op);
     }
 
-    fn view(&self) -> &() {
-        &()
+    fn view(&self) -> &(dyn reconfig::Versions<P::Entry> + 'static) {
+        self
+    }
+
+    fn durable(&mut self, batch: u64) {
+        self.unsynced
+            .retain(|_, (carried_by, _)| *carried_by > batch);
+    }
+}
+
+/// A store the node cannot read back: answering as if a version were missing could let an
+/// older one replace it, and a listing cut short would leave keys behind. Stop, as a failed
+/// commit does.
+fn unreadable(error: &bulwark_storage::StorageError) -> ! {
+    tracing::error!(%error, "reading stored versions failed; stopping the node");
+    std::process::exit(70);
+}
+
+/// The `(key, entry)` of a [`PLACED`] record, checked to be filed where its key places it.
+pub fn decode_placed<E: DeserializeOwned>(record: &[u8], value: &[u8]) -> Result<(Key, E), String> {
+    let (key, entry): (Key, E) = wire::decode(value, usize::MAX).map_err(|e| e.to_string())?;
+    if !key.is_valid() || record != placed_record(&key) {
+        return Err("record id does not match its key".into());
+    }
+    Ok((key, entry))
+}
+
+impl<E: Clone + DeserializeOwned + 'static> reconfig::Versions<E> for EpochStorage<E> {
+    fn version(&self, key: &Key) -> Option<E> {
+        if let Some((_, pending)) = self.unsynced.get(key) {
+            return pending.clone();
+        }
+        let record = placed_record(key);
+        let value = match self.store.get(self.namespace.table(PLACED), &record) {
+            Ok(value) => value?,
+            Err(error) => unreadable(&error),
+        };
+        match decode_placed::<E>(&record, &value) {
+            Ok((_, entry)) => Some(entry),
+            Err(problem) => {
+                // Damage: the node answers as one that missed the write.
+                tracing::warn!(%problem, %key, "a stored version does not decode");
+                None
+            }
+        }
+    }
+
+    fn keys(&self, resume: transfer::Resume<'_>, limit: usize) -> Vec<Key> {
+        let order = |key: &Key| (RingPoint::of_key(key.as_bytes()), key.clone());
+        let after: Option<Vec<u8>> = match resume {
+            transfer::Resume::Start => None,
+            // After every key at the point: no key is longer than `Key::BYTES_MAX` bytes.
+            transfer::Resume::AfterPoint(point) => {
+                let mut bound = point.0.to_vec();
+                bound.resize(32 + Key::BYTES_MAX + 1, 0xff);
+                Some(bound)
+            }
+            transfer::Resume::AfterKey(key) => Some(placed_record(key)),
+        };
+        let past = |key: &Key| {
+            after
+                .as_ref()
+                .is_none_or(|after| placed_record(key) > *after)
+        };
+        // Pending drops may hide durable keys of the page: read as many more.
+        let wanted = limit + self.unsynced.len();
+        let mut keys = std::collections::BTreeMap::new();
+        let scanned = self.store.scan_after(
+            self.namespace.table(PLACED),
+            after.as_deref(),
+            |record, _| {
+                let key = record
+                    .get(32..)
+                    .and_then(|bytes| Key::new(Bytes::copy_from_slice(bytes)).ok())
+                    .filter(|key| placed_record(key) == record);
+                match key {
+                    Some(key) => {
+                        keys.insert(order(&key), key);
+                    }
+                    // Filed where no key places it (damage): listing it would sort it elsewhere
+                    // and cut the walk short. Its version reads as missing.
+                    None => tracing::warn!(record = ?record, "a stored version is misfiled"),
+                }
+                Ok(keys.len() < wanted)
+            },
+        );
+        if let Err(error) = scanned {
+            unreadable(&error);
+        }
+        // Keys beyond the durable page's last are left to the next page, unless the page was
+        // the table's end.
+        let end = (keys.len() >= wanted)
+            .then(|| keys.keys().next_back().cloned())
+            .flatten();
+        for (key, (_, pending)) in &self.unsynced {
+            if !past(key) {
+                continue;
+            }
+            let at = order(key);
+            if end.as_ref().is_some_and(|end| at > *end) {
+                continue;
+            }
+            match pending {
+                Some(_) => keys.insert(at, key.clone()),
+                None => keys.remove(&at),
+            };
+        }
+        keys.into_values().take(limit).collect()
     }
 }
 

@@ -152,6 +152,117 @@ pub struct Route {
     pub key: Key,
 }
 
+/// Where `key` of kind `K` sorts in a listing: by its point on the ring, then by its bytes, so
+/// that an arc's keys are one or two ranges of a store kept in that order.
+pub fn ring_order<K: Kind>(key: &Key) -> (Option<RingPoint>, &Key) {
+    (K::point(key), key)
+}
+
+/// Where a walk over stored keys in ring order resumes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resume<'a> {
+    /// At the first key.
+    Start,
+    /// After every key placed at this point or before it.
+    AfterPoint(RingPoint),
+    /// After this key (and every key before it in ring order).
+    AfterKey(&'a Key),
+}
+
+/// The keys on `arc` after `after`, in ring order: at most `limit`, and whether more follow.
+/// `next` pages through what is stored: the keys after a position, in ring order, at most as
+/// many as asked for and none only at the end; `point` places each (`None` for a key no correct
+/// node stores, which is passed over).
+pub fn list_arc(
+    arc: &RingArc,
+    after: Option<&Key>,
+    limit: usize,
+    point: impl Fn(&Key) -> Option<RingPoint>,
+    mut next: impl FnMut(Resume<'_>, usize) -> Vec<Key>,
+) -> (Vec<Key>, bool) {
+    // An arc that does not wrap is one range of points, one that wraps two, the lower first;
+    // each range is an exclusive start (`None`: the ring's first point) and its last point.
+    let ranges = match arc.after.cmp(&arc.upto) {
+        std::cmp::Ordering::Equal => vec![(None, None)],
+        std::cmp::Ordering::Greater => vec![(None, Some(arc.upto)), (Some(arc.after), None)],
+        std::cmp::Ordering::Less => vec![(Some(arc.after), Some(arc.upto))],
+    };
+    let after = after.and_then(|key| point(key).map(|at| (at, key)));
+    let mut keys = Vec::new();
+    for (start, last) in ranges {
+        let past = |at: RingPoint| last.is_some_and(|last| at > last);
+        if after.is_some_and(|(at, _)| past(at)) {
+            continue;
+        }
+        let mut from: Option<Key> = None;
+        'range: loop {
+            let resume = match (&from, after, start) {
+                (Some(key), _, _) => Resume::AfterKey(key),
+                (None, Some((at, _)), Some(start)) if at <= start => Resume::AfterPoint(start),
+                (None, Some((_, key)), _) => Resume::AfterKey(key),
+                (None, None, Some(start)) => Resume::AfterPoint(start),
+                (None, None, None) => Resume::Start,
+            };
+            let batch = next(resume, limit + 1 - keys.len());
+            if batch.is_empty() {
+                break;
+            }
+            for key in batch {
+                from = Some(key.clone());
+                let Some(at) = point(&key) else {
+                    continue;
+                };
+                if past(at) {
+                    break 'range;
+                }
+                if keys.len() == limit {
+                    return (keys, true);
+                }
+                keys.push(key);
+            }
+        }
+    }
+    (keys, false)
+}
+
+/// A bounded set that forgets its oldest entries first: what a replica remembers having checked
+/// (a fragment found intact, a version whose signature verified), so that reading it back again
+/// costs no second check while memory stays bounded whatever the node stores.
+pub struct Recent<T> {
+    set: BTreeSet<T>,
+    order: VecDeque<T>,
+    capacity: usize,
+}
+
+impl<T: Ord + Clone> Recent<T> {
+    /// An empty set that holds at most `capacity` entries.
+    pub fn new(capacity: usize) -> Self {
+        Recent {
+            set: BTreeSet::new(),
+            order: VecDeque::new(),
+            capacity,
+        }
+    }
+
+    /// Whether `entry` is remembered.
+    pub fn contains(&self, entry: &T) -> bool {
+        self.set.contains(entry)
+    }
+
+    /// Remembers `entry`, forgetting the oldest beyond the capacity.
+    pub fn insert(&mut self, entry: T) {
+        if self.set.insert(entry.clone()) {
+            self.order.push_back(entry);
+        }
+        while self.order.len() > self.capacity {
+            if let Some(oldest) = self.order.pop_front() {
+                self.set.remove(&oldest);
+            }
+        }
+        debug_assert_eq!(self.set.len(), self.order.len());
+    }
+}
+
 /// What one key's pull decided from the old members' answers so far.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Decided<E> {
@@ -241,8 +352,9 @@ pub trait Kind: Sized + 'static {
     }
     /// Whether a node of `moved.new` must take `moved.arc` over from `moved.old`.
     fn must_pull(moved: &Moved) -> bool;
-    /// The keys stored on `arc` after `after`, in key order: at most `limit`, and whether more
-    /// follow.
+    /// The keys stored on `arc` after `after`, in ring order ([`ring_order`]): at most `limit`,
+    /// and whether more follow ([`list_arc`] walks an arc for a kind that can page through its
+    /// keys in ring order).
     fn list(
         &self,
         view: &Self::View,
@@ -252,6 +364,10 @@ pub trait Kind: Sized + 'static {
     ) -> (Vec<Key>, bool);
     /// The ring the node entered: the kind learns where it is now.
     fn entered(&mut self, _ring: &Arc<Ring>) {}
+    /// A new input begins: every change of the outputs before it is in the view now. A kind
+    /// that reads back in one input what it changed earlier in the same input keeps those
+    /// changes itself until then (see [`Kind::IN_STORAGE`] for the other way).
+    fn begin(&mut self) {}
     /// What is stored of `key`, checked: what a node outside the key's group would drop, or
     /// offer.
     fn entry(&self, view: &Self::View, key: &Key) -> Option<Self::Entry>;
@@ -326,7 +442,7 @@ pub enum Transfer<E, V> {
         arc: RingArc,
         /// As asked.
         after: Option<Key>,
-        /// At most [`LIST_PAGE_KEYS`], in key order, all after `after`.
+        /// At most [`LIST_PAGE_KEYS`], in ring order ([`ring_order`]), all after `after`.
         keys: Vec<Key>,
         /// Another page follows.
         more: bool,
@@ -1343,19 +1459,23 @@ impl<K: Kind> EpochHost<K> {
         }
         // Pending keys up to where the kind's page ends (when more follows), merged in order.
         let end = more.then(|| held.last().cloned()).flatten();
-        let mut keys: BTreeSet<Key> = held.into_iter().collect();
+        let after = after.map(ring_order::<K>);
+        let end = end.as_ref().map(ring_order::<K>);
+        let mut keys: BTreeSet<(Option<RingPoint>, Key)> =
+            held.into_iter().map(|key| (K::point(&key), key)).collect();
         for pull in earlier {
             let pending = pull.queue.iter().flatten().chain(pull.fetching.keys());
             keys.extend(
                 pending
-                    .filter(|key| after.is_none_or(|after| *key > after))
-                    .filter(|key| end.as_ref().is_none_or(|end| *key <= end))
+                    .filter(|key| after.is_none_or(|after| ring_order::<K>(key) > after))
+                    .filter(|key| end.is_none_or(|end| ring_order::<K>(key) <= end))
                     .filter(|key| K::point(key).is_some_and(|point| arc.contains(point)))
-                    .cloned(),
+                    .map(|key| (K::point(key), key.clone())),
             );
         }
         let more = more || keys.len() > LIST_PAGE_KEYS;
-        Some((keys.into_iter().take(LIST_PAGE_KEYS).collect(), more))
+        let keys = keys.into_iter().take(LIST_PAGE_KEYS).map(|(_, key)| key);
+        Some((keys.collect(), more))
     }
 
     /// Whether this node answers a transfer request of `epoch`: only once it is in that epoch,
@@ -1548,10 +1668,14 @@ impl<K: Kind> EpochHost<K> {
             // A duplicate, or a page asked for before.
             return Output::none();
         }
-        let ordered = keys.windows(2).all(|pair| pair[0] < pair[1])
-            && keys
-                .first()
-                .is_none_or(|first| after.as_ref().is_none_or(|after| first > after));
+        let ordered = keys
+            .windows(2)
+            .all(|pair| ring_order::<K>(&pair[0]) < ring_order::<K>(&pair[1]))
+            && keys.first().is_none_or(|first| {
+                after
+                    .as_ref()
+                    .is_none_or(|after| ring_order::<K>(first) > ring_order::<K>(after))
+            });
         let on_arc = keys
             .iter()
             .all(|key| K::point(key).is_some_and(|point| arc.contains(point)));
@@ -1713,6 +1837,7 @@ impl<K: Kind> Replica for EpochHost<K> {
         request: K::Request,
         view: &K::View,
     ) -> Output<Self> {
+        self.kind.begin();
         let output = match self.handle(client, access, request, view) {
             Some(served) => Output {
                 changes: served.changes,
@@ -1735,10 +1860,12 @@ impl<K: Kind> Replica for EpochHost<K> {
         message: Message<K>,
         view: &K::View,
     ) -> Output<Self> {
+        self.kind.begin();
         self.on_transfer(now, NodeId(from.0), message, view)
     }
 
     fn on_timer(&mut self, now: Time, timer: TimerId, view: &K::View) -> Output<Self> {
+        self.kind.begin();
         match timer {
             DROP_TIMER => Output {
                 sends: self.drop_tick(now, view),

@@ -30,7 +30,9 @@ use super::{
 };
 use crate::machine::{Access, ReplicaStats};
 use crate::round::Judged;
-use crate::transfer::{Change, Decided, Kind, Route, Served, TransferMutations, Turned};
+use crate::transfer::{
+    self, Change, Decided, Kind, Recent, Resume, Route, Served, TransferMutations, Turned,
+};
 use bulwark_core::erasure::ErasureCodec;
 use bulwark_core::membership::{Arc as RingArc, GroupView, Moved, Ring, RingPoint};
 use bulwark_core::sign::SecretKey;
@@ -103,7 +105,7 @@ pub struct Contents {
     /// The ring of the current epoch: where this node's slots are.
     ring: Arc<Ring>,
     /// Fragments that checked against their id when last read, by key and index.
-    found_intact: FoundIntact,
+    found_intact: Recent<(Key, u32)>,
     stats: ReplicaStats,
     /// The negative control [`TransferMutations::displace_fragments`].
     displaces: bool,
@@ -112,31 +114,6 @@ pub struct Contents {
 /// At most this many fragments are remembered as found intact (each entry is a key of 64 bytes
 /// and an index).
 const FOUND_INTACT_MAX: usize = 16_384;
-
-/// A bounded set that forgets its oldest entries first.
-#[derive(Default)]
-struct FoundIntact {
-    set: BTreeSet<(Key, u32)>,
-    order: std::collections::VecDeque<(Key, u32)>,
-}
-
-impl FoundIntact {
-    fn contains(&self, entry: &(Key, u32)) -> bool {
-        self.set.contains(entry)
-    }
-
-    fn insert(&mut self, entry: (Key, u32)) {
-        if self.set.insert(entry.clone()) {
-            self.order.push_back(entry);
-        }
-        while self.order.len() > FOUND_INTACT_MAX {
-            if let Some(oldest) = self.order.pop_front() {
-                self.set.remove(&oldest);
-            }
-        }
-        debug_assert_eq!(self.set.len(), self.order.len());
-    }
-}
 
 impl Contents {
     /// Node `me` at `ring`, signing its acknowledgements with `secret`, rebuilding objects with
@@ -157,7 +134,7 @@ impl Contents {
             secret,
             codec,
             ring,
-            found_intact: FoundIntact::default(),
+            found_intact: Recent::new(FOUND_INTACT_MAX),
             displaces: false,
             stats: ReplicaStats {
                 objects,
@@ -378,52 +355,22 @@ impl Kind for Contents {
         after: Option<&Key>,
         limit: usize,
     ) -> (Vec<Key>, bool) {
-        // Keys sort by ring point: an arc that does not wrap is one range of keys, one that
-        // wraps two, the lower first; each range is an exclusive start and its last point.
+        // Keys start with their point, so ring order is key order and a point's floor is the
+        // key after every object placed there.
         let floor = |point: RingPoint| {
             let mut bytes = point.0.to_vec();
             bytes.extend_from_slice(&[0xff; 32]);
             Key::new(Bytes::from(bytes)).ok()
         };
-        let ranges = match arc.after.cmp(&arc.upto) {
-            std::cmp::Ordering::Equal => vec![(None, None)],
-            std::cmp::Ordering::Greater => {
-                vec![(None, Some(arc.upto)), (floor(arc.after), None)]
-            }
-            std::cmp::Ordering::Less => vec![(floor(arc.after), Some(arc.upto))],
-        };
-        let mut keys = Vec::new();
-        for (start, last) in ranges {
-            let past = |point: RingPoint| last.is_some_and(|last| point > last);
-            if after.and_then(Self::point).is_some_and(past) {
-                continue;
-            }
-            let mut from: Option<Key> = match (after, start) {
-                (Some(after), Some(start)) => Some(after.clone().max(start)),
-                (Some(after), None) => Some(after.clone()),
-                (None, start) => start,
+        transfer::list_arc(arc, after, limit, Self::point, |resume, wanted| {
+            let from = match resume {
+                Resume::Start => None,
+                Resume::AfterPoint(point) => floor(point),
+                Resume::AfterKey(key) => Some(key.clone()),
             };
-            'range: loop {
-                let batch = view.objects_after(from.as_ref(), limit + 1 - keys.len());
-                if batch.is_empty() {
-                    break;
-                }
-                for (key, _) in batch {
-                    from = Some(key.clone());
-                    let Some(point) = Self::point(&key) else {
-                        continue;
-                    };
-                    if past(point) {
-                        break 'range;
-                    }
-                    if keys.len() == limit {
-                        return (keys, true);
-                    }
-                    keys.push(key);
-                }
-            }
-        }
-        (keys, false)
+            let page = view.objects_after(from.as_ref(), wanted);
+            page.into_iter().map(|(key, _)| key).collect()
+        })
     }
 
     /// The fragment of this node's current slot, or, outside the object's group, any fragment

@@ -324,6 +324,25 @@ impl<P: Policy> Server<P> {
         may_read: bool,
         request: Request<P>,
     ) -> Handled<P> {
+        let current = self.stored.get(&request.key).cloned();
+        let handled = self.answer(from, may_write, may_read, request, current.as_ref());
+        for Change::Put { key, entry } in &handled.changes {
+            self.stored.insert(key.clone(), entry.clone());
+        }
+        handled
+    }
+
+    /// The answer to one authenticated request from client `from` with the given rights, where
+    /// `current` is the stored version of its key; nothing is stored until the changes are
+    /// (for a replica whose versions live in its driver's storage, not in this map).
+    pub fn answer(
+        &self,
+        from: ClientId,
+        may_write: bool,
+        may_read: bool,
+        request: Request<P>,
+        current: Option<&P::Entry>,
+    ) -> Handled<P> {
         let epoch = self.epoch;
         let refuse = |refusal: Refusal| Handled {
             changes: Vec::new(),
@@ -352,10 +371,8 @@ impl<P: Policy> Server<P> {
         }
         let mut changes = Vec::new();
         let body = match &request.body {
-            RequestBody::Clock => {
-                ResponseBody::ClockAck(self.stored.get(&request.key).map(P::clock))
-            }
-            RequestBody::Get => ResponseBody::Value(self.stored.get(&request.key).cloned()),
+            RequestBody::Clock => ResponseBody::ClockAck(current.map(P::clock)),
+            RequestBody::Get => ResponseBody::Value(current.cloned()),
             RequestBody::Store(entry) | RequestBody::WriteBack(entry) => {
                 let store = matches!(request.body, RequestBody::Store(_));
                 if let Some(refusal) =
@@ -365,7 +382,7 @@ impl<P: Policy> Server<P> {
                 }
                 // A retransmitted or older version is acknowledged without rewriting: what is
                 // stored is at least as new, and durable before this reply leaves.
-                if self.adopt(request.key.clone(), entry.clone()) {
+                if current.is_none_or(|current| P::ts(current) < P::ts(entry)) {
                     changes.push(Change::Put {
                         key: request.key.clone(),
                         entry: entry.clone(),

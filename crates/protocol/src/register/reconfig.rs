@@ -9,18 +9,23 @@
 //! pull keeps, of each listed key, the highest version whose signature verifies among `2f+1` old
 //! members, with no write-back; a key every valid answer denies (a bogus id of a faulty lister)
 //! is dropped; and a node that keeps a moved key because some member of its new group lacks it
-//! offers that member its version, which it stores as a write-back. Versions live in memory.
+//! offers that member its version, which it stores as a write-back. Versions live in the driver's
+//! storage, kept in ring order so that an arc's keys are read as one or two ranges, and are
+//! checked as they are read back (a bounded set remembers which verified).
 //! docs/state-transfer.md has why each rule is there.
 
 use super::{
     Judged, Outbound, Policy, ReadOp, ReadOutcome, ReadPhase, Refusal, Refusals, Replies, Request,
     Response, ResponseBody, Server, Timestamp, WriteOp, WriteOutcome, WritePhase,
 };
-use crate::machine::{Access, Replica, ReplicaStats};
-use crate::transfer::{self, Decided, EpochHost, Kind, Route, Served, Turned};
+use crate::machine::{Access, ReplicaStats};
+use crate::transfer::{self, Decided, EpochHost, Kind, Recent, Resume, Route, Served, Turned};
 use bulwark_core::membership::{Arc as RingArc, Chain, GroupView, Moved, Ring, RingPoint};
 use bulwark_core::{ClientId, Epoch, GroupId, Key, NodeId, ServiceId, Slot};
-use std::collections::BTreeSet;
+use bulwark_core::{Digest, wire};
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Bound;
 use std::sync::Arc;
 
 pub use crate::transfer::{
@@ -36,51 +41,256 @@ pub type Transfer<P> = transfer::Transfer<<P as Policy>::Entry, Timestamp>;
 /// A change to a node's durable registers.
 pub type Change<P> = transfer::Change<<P as Policy>::Entry>;
 
-/// What a node holds of one register service: the latest version of every key it stores.
+/// What a node's registers read back from its driver's storage: every version the replica's
+/// changes put there and no later change removed, durable or still on its way. Nothing per key
+/// lives in the replica's memory, so a node holds as many keys as its disk does.
+pub trait Versions<E> {
+    /// The stored version of `key`; `None` also for one that does not decode (damage: the node
+    /// lacks that version, as one that missed its write does).
+    fn version(&self, key: &Key) -> Option<E>;
+    /// The stored keys after `resume`, in ring order ([`transfer::ring_order`]), at most `limit`
+    /// (none only at the end).
+    fn keys(&self, resume: Resume<'_>, limit: usize) -> Vec<Key>;
+}
+
+/// [`Versions`] kept in memory, for tests: apply every change the replica emits.
+#[derive(Clone, Debug)]
+pub struct MemoryVersions<E> {
+    /// Every version, by ring position.
+    pub entries: BTreeMap<(RingPoint, Key), E>,
+}
+
+impl<E> Default for MemoryVersions<E> {
+    fn default() -> Self {
+        MemoryVersions {
+            entries: BTreeMap::new(),
+        }
+    }
+}
+
+impl<E: Clone> MemoryVersions<E> {
+    /// Holding `versions`.
+    pub fn holding(versions: impl IntoIterator<Item = (Key, E)>) -> Self {
+        let entries = versions
+            .into_iter()
+            .map(|(key, entry)| ((RingPoint::of_key(key.as_bytes()), key), entry))
+            .collect();
+        MemoryVersions { entries }
+    }
+
+    /// Applies what a replica changed.
+    pub fn apply(&mut self, changes: &[transfer::Change<E>]) {
+        for change in changes {
+            match change {
+                transfer::Change::Put { key, entry } => {
+                    let at = (RingPoint::of_key(key.as_bytes()), key.clone());
+                    self.entries.insert(at, entry.clone());
+                }
+                transfer::Change::Drop { key } | transfer::Change::Remove { key, .. } => {
+                    self.entries
+                        .remove(&(RingPoint::of_key(key.as_bytes()), key.clone()));
+                }
+                transfer::Change::Entered(_) | transfer::Change::Pulled { .. } => {}
+            }
+        }
+    }
+}
+
+impl<E: Clone> Versions<E> for MemoryVersions<E> {
+    fn version(&self, key: &Key) -> Option<E> {
+        let at = (RingPoint::of_key(key.as_bytes()), key.clone());
+        self.entries.get(&at).cloned()
+    }
+
+    fn keys(&self, resume: Resume<'_>, limit: usize) -> Vec<Key> {
+        let start = match resume {
+            Resume::Start => Bound::Unbounded,
+            Resume::AfterPoint(point) => match point_after(point) {
+                // No key is shorter than one byte: `\0` is the first a point can hold.
+                Some(next) => match Key::new(vec![0]) {
+                    Ok(first) => Bound::Included((next, first)),
+                    Err(_) => unreachable!("a one-byte key is valid"),
+                },
+                None => return Vec::new(),
+            },
+            Resume::AfterKey(key) => {
+                Bound::Excluded((RingPoint::of_key(key.as_bytes()), key.clone()))
+            }
+        };
+        self.entries
+            .range((start, Bound::Unbounded))
+            .take(limit)
+            .map(|((_, key), _)| key.clone())
+            .collect()
+    }
+}
+
+/// The point right after `point` on the ring, read as a 256-bit number; `None` after the last.
+pub fn point_after(point: RingPoint) -> Option<RingPoint> {
+    let mut bytes = point.0;
+    for byte in bytes.iter_mut().rev() {
+        let (raised, carried) = byte.overflowing_add(1);
+        *byte = raised;
+        if !carried {
+            return Some(RingPoint(bytes));
+        }
+    }
+    None
+}
+
+/// Versions whose signature a node remembers having checked, so that serving them again costs a
+/// hash rather than a verification: each a key of up to a few hundred bytes and a digest.
+pub const VERIFIED_MAX: usize = 16_384;
+
+/// What a node holds of one register service: counts, and the versions it checked lately. The
+/// versions themselves are in the driver's storage ([`Versions`]).
 pub struct Registers<P: Policy> {
     f: usize,
+    /// Checks and answers requests; its own map stays empty.
     server: Server<P>,
+    /// Versions, by key and digest, whose signature verified since they last left the disk
+    /// (a cell: answers to peers, which read through `&self`, remember too).
+    verified: RefCell<Recent<(Key, Digest)>>,
+    /// What this input changed so far (`None`: dropped), which the view shows only from the
+    /// next input on: requests a finished pull held are served in the input that finished it,
+    /// from what it stored.
+    fresh: BTreeMap<Key, Option<P::Entry>>,
+    stats: ReplicaStats,
+}
+
+/// What a node's registers held when it restarted, for its counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Held {
+    /// Keys stored.
+    pub keys: u64,
+    /// Of which, keys whose version is a value.
+    pub objects: u64,
+    /// Their value bytes.
+    pub bytes: u64,
 }
 
 impl<P: Policy> EpochHost<Registers<P>> {
     /// Node `me` at the genesis `ring`, holding nothing, checking versions with `context`.
     pub fn empty(me: NodeId, ring: Arc<Ring>, context: P::Context) -> Self {
-        let kind = Registers {
-            f: ring.params().f,
-            server: Server::with_context(Slot(me.0), ring.epoch(), GroupId(0), context),
-        };
+        let kind = Registers::new(
+            Server::with_context(Slot(me.0), ring.epoch(), GroupId(0), context),
+            ring.params().f,
+            Held::default(),
+        );
         EpochHost::new(me, ring, kind)
     }
 
-    /// Rebuilds a node from what it made durable: its versions (the higher of two for one key),
-    /// the epochs it entered (each ring from `chain`) and the arcs whose pull finished.
-    /// Unfinished pulls start again. A version no correct node could have stored (damage on
-    /// disk) is refused, named by its key: dropping it could lose an acknowledged write.
+    /// Rebuilds a node from what it made durable: its versions stay in its storage (`held`
+    /// counts them), the epochs it entered (each ring from `chain`) and the arcs whose pull
+    /// finished. Unfinished pulls start again. A stored version is checked when it is first read
+    /// back: one that fails (damage on disk) is served as missing, never as a version.
     pub fn restore(
         me: NodeId,
         chain: &Chain,
         context: P::Context,
-        entries: impl IntoIterator<Item = (Key, P::Entry)>,
+        held: Held,
         entered: Epoch,
         pulled: &BTreeSet<(Epoch, RingArc)>,
-    ) -> Result<Self, Key> {
+    ) -> Self {
         let genesis = chain.genesis();
-        let mut server = Server::with_context(Slot(me.0), genesis.epoch(), GroupId(0), context);
-        for (key, entry) in entries {
-            if !server.restore(key.clone(), entry) {
-                return Err(key);
-            }
-        }
-        let kind = Registers {
-            f: genesis.params().f,
-            server,
-        };
-        Ok(EpochHost::resume(me, chain, kind, entered, pulled))
+        let server = Server::with_context(Slot(me.0), genesis.epoch(), GroupId(0), context);
+        let kind = Registers::new(server, genesis.params().f, held);
+        EpochHost::resume(me, chain, kind, entered, pulled)
     }
 
-    /// The stored version of `key`.
-    pub fn stored(&self, key: &Key) -> Option<&P::Entry> {
-        self.kind().server.stored(key)
+    /// The stored version of `key`, if it checks.
+    pub fn stored(&self, view: &dyn Versions<P::Entry>, key: &Key) -> Option<P::Entry> {
+        self.kind().checked(view, key)
+    }
+}
+
+impl<P: Policy> Registers<P> {
+    fn new(server: Server<P>, f: usize, held: Held) -> Self {
+        Registers {
+            f,
+            server,
+            verified: RefCell::new(Recent::new(VERIFIED_MAX)),
+            fresh: BTreeMap::new(),
+            stats: ReplicaStats {
+                objects: held.objects,
+                keys: held.keys,
+                versions: held.keys,
+                bytes: held.bytes,
+                ..ReplicaStats::default()
+            },
+        }
+    }
+
+    /// The version of `key` as stored, with what this input changed.
+    fn read(&self, view: &dyn Versions<P::Entry>, key: &Key) -> Option<P::Entry> {
+        match self.fresh.get(key) {
+            Some(changed) => changed.clone(),
+            None => view.version(key),
+        }
+    }
+
+    fn digest(entry: &P::Entry) -> Digest {
+        Digest::of("bulwark register version", &wire::encode(entry))
+    }
+
+    /// The stored version of `key` if its signature verifies (or verified since it was read
+    /// from the disk), remembering that it did.
+    fn checked(&self, view: &dyn Versions<P::Entry>, key: &Key) -> Option<P::Entry> {
+        let entry = self.read(view, key)?;
+        self.verifies(key, &entry).then_some(entry)
+    }
+
+    /// Whether `entry`, read back as the version of `key`, verifies; remembered when it does.
+    fn verifies(&self, key: &Key, entry: &P::Entry) -> bool {
+        let seen = (key.clone(), Self::digest(entry));
+        if self.verified.borrow().contains(&seen) {
+            return true;
+        }
+        let valid = P::judge(&self.server.context, GroupId(0), key, entry) == Judged::Valid;
+        if valid {
+            self.verified.borrow_mut().insert(seen);
+        }
+        valid
+    }
+
+    /// `stored`, the version of `key` read back, if it checks; one that does not is counted
+    /// as damaged and served as missing.
+    fn check(&mut self, key: &Key, stored: Option<&P::Entry>) -> Option<P::Entry> {
+        let entry = stored?.clone();
+        if !self.verifies(key, &entry) {
+            self.stats.damaged += 1;
+            return None;
+        }
+        Some(entry)
+    }
+
+    /// Counts `entry` replacing `previous` (what was stored, damaged or not), and remembers it
+    /// as checked: every version stored was verified as it came in.
+    fn stored(&mut self, key: &Key, previous: Option<&P::Entry>, entry: &P::Entry) {
+        self.forget(previous);
+        self.fresh.insert(key.clone(), Some(entry.clone()));
+        self.stats.keys += 1;
+        self.stats.versions += 1;
+        if let Some(value) = P::value(entry) {
+            self.stats.objects += 1;
+            self.stats.bytes += value.len() as u64;
+        }
+        self.verified
+            .borrow_mut()
+            .insert((key.clone(), Self::digest(entry)));
+    }
+
+    /// Counts `previous` gone.
+    fn forget(&mut self, previous: Option<&P::Entry>) {
+        let Some(previous) = previous else {
+            return;
+        };
+        self.stats.keys = self.stats.keys.saturating_sub(1);
+        self.stats.versions = self.stats.versions.saturating_sub(1);
+        if let Some(value) = P::value(previous) {
+            self.stats.objects = self.stats.objects.saturating_sub(1);
+            self.stats.bytes = self.stats.bytes.saturating_sub(value.len() as u64);
+        }
     }
 }
 
@@ -91,7 +301,7 @@ impl<P: Policy> Kind for Registers<P> {
     type Reply = Response<P>;
     type Entry = P::Entry;
     type Version = Timestamp;
-    type View = ();
+    type View = dyn Versions<P::Entry>;
 
     fn f(&self) -> usize {
         self.f
@@ -133,19 +343,22 @@ impl<P: Policy> Kind for Registers<P> {
         request: Request<P>,
         group: &GroupView,
         _slot: Slot,
-        _view: &(),
+        view: &Self::View,
     ) -> Served<Self> {
         self.server.epoch = request.epoch;
         self.server.group = group.id();
-        let handled = self
-            .server
-            .serve(client, access.write, access.read, request);
+        let previous = self.read(view, &request.key);
+        let current = self.check(&request.key, previous.as_ref());
+        let handled =
+            self.server
+                .answer(client, access.write, access.read, request, current.as_ref());
+        let mut changes = Vec::with_capacity(handled.changes.len());
+        for super::Change::Put { key, entry } in handled.changes {
+            self.stored(&key, previous.as_ref(), &entry);
+            changes.push(transfer::Change::Put { key, entry });
+        }
         Served {
-            changes: handled
-                .changes
-                .into_iter()
-                .map(|super::Change::Put { key, entry }| transfer::Change::Put { key, entry })
-                .collect(),
+            changes,
             reply: handled.reply,
             refused: handled.refused.map(|refusal| refusal.to_string()),
         }
@@ -157,26 +370,18 @@ impl<P: Policy> Kind for Registers<P> {
 
     fn list(
         &self,
-        _view: &(),
+        view: &Self::View,
         arc: &RingArc,
         after: Option<&Key>,
         limit: usize,
     ) -> (Vec<Key>, bool) {
-        let mut keys: Vec<&Key> = self
-            .server
-            .stored
-            .keys()
-            .filter(|key| after.is_none_or(|after| *key > after))
-            .filter(|key| arc.contains(RingPoint::of_key(key.as_bytes())))
-            .collect();
-        keys.sort_unstable();
-        let more = keys.len() > limit;
-        keys.truncate(limit);
-        (keys.into_iter().cloned().collect(), more)
+        transfer::list_arc(arc, after, limit, Self::point, |resume, wanted| {
+            view.keys(resume, wanted)
+        })
     }
 
-    fn entry(&self, _view: &(), key: &Key) -> Option<P::Entry> {
-        self.server.stored(key).cloned()
+    fn entry(&self, view: &Self::View, key: &Key) -> Option<P::Entry> {
+        self.checked(view, key)
     }
 
     fn version(entry: &P::Entry) -> Timestamp {
@@ -187,13 +392,23 @@ impl<P: Policy> Kind for Registers<P> {
         P::value(entry).map_or(0, |value| value.len() as u64)
     }
 
-    fn outside(&self, _view: &(), ring: &Ring, me: NodeId) -> Vec<Key> {
-        self.server
-            .stored
-            .keys()
-            .filter(|key| !ring.group_of(key.as_bytes()).contains(me))
-            .cloned()
-            .collect()
+    /// Pages through every stored key: a sweep's cost grows with what the node stores, its
+    /// memory does not.
+    fn outside(&self, view: &Self::View, ring: &Ring, me: NodeId) -> Vec<Key> {
+        let mut found = Vec::new();
+        let mut after: Option<Key> = None;
+        loop {
+            let resume = after.as_ref().map_or(Resume::Start, Resume::AfterKey);
+            let page = view.keys(resume, OUTSIDE_PAGE_KEYS);
+            let Some(last) = page.last().cloned() else {
+                return found;
+            };
+            found.extend(
+                page.into_iter()
+                    .filter(|key| !ring.group_of(key.as_bytes()).contains(me)),
+            );
+            after = Some(last);
+        }
     }
 
     fn judge(&self, group: &GroupView, key: &Key, entry: &P::Entry) -> Judged {
@@ -221,18 +436,26 @@ impl<P: Policy> Kind for Registers<P> {
             .map_or(Decided::Absent, |entry| Decided::Take(entry.clone()))
     }
 
-    fn adopt(&mut self, _view: &(), key: &Key, entry: &P::Entry) -> Vec<Change<P>> {
-        if !self.server.adopt(key.clone(), entry.clone()) {
+    fn adopt(&mut self, view: &Self::View, key: &Key, entry: &P::Entry) -> Vec<Change<P>> {
+        let previous = self.read(view, key);
+        let current = self.check(key, previous.as_ref());
+        if current
+            .as_ref()
+            .is_some_and(|current| P::ts(current) >= P::ts(entry))
+        {
             return Vec::new();
         }
+        self.stored(key, previous.as_ref(), entry);
         vec![transfer::Change::Put {
             key: key.clone(),
             entry: entry.clone(),
         }]
     }
 
-    fn remove(&mut self, _view: &(), key: &Key) -> Vec<Change<P>> {
-        self.server.stored.remove(key);
+    fn remove(&mut self, view: &Self::View, key: &Key) -> Vec<Change<P>> {
+        let previous = self.read(view, key);
+        self.forget(previous.as_ref());
+        self.fresh.insert(key.clone(), None);
         vec![transfer::Change::Drop { key: key.clone() }]
     }
 
@@ -240,10 +463,17 @@ impl<P: Policy> Kind for Registers<P> {
         true
     }
 
+    fn begin(&mut self) {
+        self.fresh.clear();
+    }
+
     fn stats(&self) -> ReplicaStats {
-        Replica::stats(&self.server)
+        self.stats.clone()
     }
 }
+
+/// Keys read per page while looking for those outside the node's groups.
+const OUTSIDE_PAGE_KEYS: usize = 1_024;
 
 // ---------------------------------------------------------------------------------------------
 // Client
@@ -330,7 +560,7 @@ pub fn routed<O: transfer::Rebase>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::machine::{Operation, Output, Progress};
+    use crate::machine::{Operation, Output, Progress, Replica};
     use crate::register::pubkey::{self, PubKey};
     use crate::round::OpId;
     use bulwark_core::Time;
@@ -338,13 +568,19 @@ mod tests {
     use bulwark_core::sign::SecretKey;
     use bytes::Bytes;
 
+    type Stored = MemoryVersions<pubkey::Entry>;
+
     /// A tick, and the dropping of moved keys it finds due.
-    fn tick(node: &mut EpochServer<PubKey>, now: Time) -> Output<EpochServer<PubKey>> {
+    fn tick(
+        node: &mut EpochServer<PubKey>,
+        view: &Stored,
+        now: Time,
+    ) -> Output<EpochServer<PubKey>> {
         let ticked = Replica::on_tick(node, now);
         let due = ticked.timers.iter().any(|(timer, _)| *timer == DROP_TIMER);
         let sends = ticked.sends;
         let mut output = if due {
-            Replica::on_timer(node, now, DROP_TIMER, &())
+            Replica::on_timer(node, now, DROP_TIMER, view)
         } else {
             Output::none()
         };
@@ -423,6 +659,7 @@ mod tests {
     fn a_request_of_another_epoch_is_answered_with_the_epoch_and_not_counted_as_refused() {
         let first = ring(1, 0..4);
         let mut node = EpochServer::<PubKey>::empty(NodeId(0), first.clone(), ());
+        let view = Stored::default();
         node.enter(ring(2, 0..4));
         let key = Key::new(b"k".to_vec()).unwrap();
         let group = node.ring().group_at(RingPoint::of_key(key.as_bytes())).id();
@@ -437,7 +674,7 @@ mod tests {
             write: true,
             read: true,
         };
-        let behind = node.on_request(Time(0), ClientId(1), access, request(1, group), &());
+        let behind = node.on_request(Time(0), ClientId(1), access, request(1, group), &view);
         assert_eq!(
             behind.reply.as_ref().and_then(Response::refusal),
             Some(&Refusal::WrongEpoch { current: Epoch(2) })
@@ -448,7 +685,7 @@ mod tests {
             ClientId(1),
             access,
             request(2, GroupId(group.0 ^ 1)),
-            &(),
+            &view,
         );
         assert_eq!(
             lost.reply.as_ref().and_then(Response::refusal),
@@ -471,8 +708,22 @@ mod tests {
         assert_eq!(op.epoch(), Epoch(0));
     }
 
+    /// What `versions` count as.
+    fn counts(versions: &[(Key, pubkey::Entry)]) -> Held {
+        let bytes = |entry: &pubkey::Entry| entry.value.as_ref().map_or(0, |v| v.len() as u64);
+        Held {
+            keys: versions.len() as u64,
+            objects: versions.iter().filter(|(_, e)| e.value.is_some()).count() as u64,
+            bytes: versions.iter().map(|(_, entry)| bytes(entry)).sum(),
+        }
+    }
+
     /// Node `me` in epoch 1 of `chain`, holding `versions`.
-    fn holding(me: u32, chain: &Chain, versions: &[(Key, pubkey::Entry)]) -> EpochServer<PubKey> {
+    fn holding(
+        me: u32,
+        chain: &Chain,
+        versions: &[(Key, pubkey::Entry)],
+    ) -> (EpochServer<PubKey>, Stored) {
         let pulled = chain
             .ring(Epoch(1))
             .expect("epoch 1")
@@ -480,8 +731,21 @@ mod tests {
             .into_iter()
             .map(|moved| (Epoch(1), moved.arc))
             .collect();
-        EpochServer::restore(NodeId(me), chain, (), versions.to_vec(), Epoch(1), &pulled)
-            .expect("signed versions")
+        let held = counts(versions);
+        let node = EpochServer::restore(NodeId(me), chain, (), held, Epoch(1), &pulled);
+        (node, Stored::holding(versions.iter().cloned()))
+    }
+
+    /// Node `me`, in the genesis of `chain` and never moved on, holding `versions`.
+    fn genesis_holding(
+        me: u32,
+        chain: &Chain,
+        versions: &[(Key, pubkey::Entry)],
+    ) -> (EpochServer<PubKey>, Stored) {
+        let genesis = Chain::new(vec![chain.genesis().clone()]);
+        let held = counts(versions);
+        let node = EpochServer::restore(NodeId(me), &genesis, (), held, Epoch(0), &BTreeSet::new());
+        (node, Stored::holding(versions.iter().cloned()))
     }
 
     fn held(output: &Output<EpochServer<PubKey>>) -> Vec<(u32, Vec<Key>)> {
@@ -511,23 +775,15 @@ mod tests {
             };
             PubKey::make(&owner, GroupId(0), &key, ts, Some(Bytes::from_static(b"v")))
         };
-        let mut old = EpochServer::restore(
-            NodeId(0),
-            &Chain::new(vec![chain.genesis().clone()]),
-            (),
-            [(key.clone(), version(2))],
-            Epoch(0),
-            &BTreeSet::new(),
-        )
-        .expect("a signed version");
+        let (mut old, mut stored) = genesis_holding(0, &chain, &[(key.clone(), version(2))]);
         let ring1 = chain.ring(Epoch(1)).expect("epoch 1").clone();
         let _ = old.enter(ring1);
-        assert_eq!(old.moved_keys(&()).len(), 1);
+        assert_eq!(old.moved_keys(&stored).len(), 1);
 
         // Nothing is asked before the sweep is due, then every new member is asked.
-        assert!(tick(&mut old, Time(0)).sends.is_empty());
-        assert!(tick(&mut old, Time(100)).sends.is_empty());
-        let asked = tick(&mut old, Time(DROP_START_MILLIS));
+        assert!(tick(&mut old, &stored, Time(0)).sends.is_empty());
+        assert!(tick(&mut old, &stored, Time(100)).sends.is_empty());
+        let asked = tick(&mut old, &stored, Time(DROP_START_MILLIS));
         let to: BTreeSet<u32> = asked.sends.iter().map(|(to, _)| to.0).collect();
         assert_eq!(to, BTreeSet::from([4, 5, 6, 7]));
         let (_, hold) = asked.sends[0].clone();
@@ -537,8 +793,8 @@ mod tests {
         let mut same = holding(5, &chain, &[(key.clone(), version(2))]);
         let mut older = holding(6, &chain, &[(key.clone(), version(1))]);
         let mut answers = Vec::new();
-        for node in [&mut newer, &mut same, &mut older] {
-            let answer = Replica::on_message(node, Time(1), Slot(0), hold.clone(), &());
+        for (node, view) in [&mut newer, &mut same, &mut older] {
+            let answer = Replica::on_message(node, Time(1), Slot(0), hold.clone(), &*view);
             answers.extend(held(&answer));
         }
         let confirming = |keys: &Vec<Key>| keys.contains(&key);
@@ -550,39 +806,40 @@ mod tests {
             [true, true, false]
         );
         // A member of another epoch does not answer at all.
-        let mut behind = holding(7, &chain, &[(key.clone(), version(2))]);
+        let (mut behind, behind_view) = holding(7, &chain, &[(key.clone(), version(2))]);
         let stale_hold = transfer::Transfer::Hold {
             epoch: Epoch(0),
             versions: vec![(key.clone(), PubKey::ts(&version(2)))],
         };
         assert!(
-            Replica::on_message(&mut behind, Time(1), Slot(0), stale_hold, &())
+            Replica::on_message(&mut behind, Time(1), Slot(0), stale_hold, &behind_view)
                 .sends
                 .is_empty()
         );
 
-        let confirm = |old: &mut EpochServer<PubKey>, from: u32, num: u64| {
+        let confirm = |old: &mut EpochServer<PubKey>, stored: &Stored, from: u32, num: u64| {
             let message = transfer::Transfer::Held {
                 epoch: Epoch(1),
                 versions: vec![(key.clone(), PubKey::ts(&version(num)))],
                 denied: Vec::new(),
             };
-            Replica::on_message(old, Time(2), Slot(from), message, &())
+            Replica::on_message(old, Time(2), Slot(from), message, stored)
         };
         // Two members, one of them twice, a node outside the group, and a member confirming an
         // older version than the one held (an answer to an earlier question): not enough.
         for (from, num) in [(4, 2), (5, 2), (4, 2), (2, 2), (6, 1)] {
-            assert!(confirm(&mut old, from, num).changes.is_empty());
+            assert!(confirm(&mut old, &stored, from, num).changes.is_empty());
         }
-        assert!(old.stored(&key).is_some());
+        assert!(old.stored(&stored, &key).is_some());
         // The third member of the new group.
-        let dropped = confirm(&mut old, 7, 2);
+        let dropped = confirm(&mut old, &stored, 7, 2);
         assert_eq!(
             dropped.changes,
             vec![transfer::Change::Drop { key: key.clone() }]
         );
-        assert!(old.stored(&key).is_none());
-        assert!(old.moved_keys(&()).is_empty());
+        stored.apply(&dropped.changes);
+        assert!(old.stored(&stored, &key).is_none());
+        assert!(old.moved_keys(&stored).is_empty());
         assert_eq!(Replica::stats(&old).collected, 1);
         // And it is listed and fetched as a key the node never held.
         let list = transfer::Transfer::List {
@@ -594,7 +851,7 @@ mod tests {
                 .arc,
             after: None,
         };
-        let listed = Replica::on_message(&mut old, Time(3), Slot(4), list, &());
+        let listed = Replica::on_message(&mut old, Time(3), Slot(4), list, &stored);
         assert!(matches!(
             &listed.sends[..],
             [(_, transfer::Transfer::Listed { keys, .. })] if keys.is_empty()
@@ -612,18 +869,10 @@ mod tests {
             seq: 5,
         };
         let entry = PubKey::make(&owner, GroupId(0), &key, ts, Some(Bytes::from_static(b"x")));
-        let mut old = EpochServer::restore(
-            NodeId(1),
-            &Chain::new(vec![chain.genesis().clone()]),
-            (),
-            [(key.clone(), entry.clone())],
-            Epoch(0),
-            &BTreeSet::new(),
-        )
-        .expect("a signed version");
+        let (mut old, stored) = genesis_holding(1, &chain, &[(key.clone(), entry.clone())]);
         let _ = old.enter(chain.ring(Epoch(1)).expect("epoch 1").clone());
-        let _ = tick(&mut old, Time(0));
-        let _ = tick(&mut old, Time(DROP_START_MILLIS));
+        let _ = tick(&mut old, &stored, Time(0));
+        let _ = tick(&mut old, &stored, Time(DROP_START_MILLIS));
         // Members 4 and 5 hold it; 6 answers without it (the write reached only the old group);
         // 7 says nothing.
         let answer = |old: &mut EpochServer<PubKey>, from: u32, keys: Vec<Key>| {
@@ -632,7 +881,7 @@ mod tests {
                 versions: keys.into_iter().map(|key| (key, ts)).collect(),
                 denied: Vec::new(),
             };
-            Replica::on_message(old, Time(1), Slot(from), message, &())
+            Replica::on_message(old, Time(1), Slot(from), message, &stored)
         };
         let _ = answer(&mut old, 4, vec![key.clone()]);
         let _ = answer(&mut old, 5, vec![key.clone()]);
@@ -642,7 +891,7 @@ mod tests {
         let mut offers = Vec::new();
         for _ in 0..20 {
             now += PULL_RETRY_MILLIS;
-            let output = tick(&mut old, Time(now));
+            let output = tick(&mut old, &stored, Time(now));
             offers.extend(
                 output
                     .sends
@@ -657,18 +906,18 @@ mod tests {
             }
         }
         assert_eq!(offers, vec![(6, entry.clone())]);
-        assert!(old.stored(&key).is_some());
+        assert!(old.stored(&stored, &key).is_some());
 
         // Member 6 stores the offered version; a forged one it refuses.
-        let mut lacking = holding(6, &chain, &[]);
+        let (mut lacking, lacking_view) = holding(6, &chain, &[]);
         let offer = transfer::Transfer::Offer {
             epoch: Epoch(1),
             key: key.clone(),
             entry: entry.clone(),
         };
-        let stored = Replica::on_message(&mut lacking, Time(2), Slot(1), offer, &());
+        let taken = Replica::on_message(&mut lacking, Time(2), Slot(1), offer, &lacking_view);
         assert_eq!(
-            stored.changes,
+            taken.changes,
             vec![transfer::Change::Put {
                 key: key.clone(),
                 entry: entry.clone()
@@ -677,8 +926,9 @@ mod tests {
         let mut forged = entry.clone();
         forged.ts.num += 1;
         let other = pubkey::object_id(&SecretKey::from_seed(&[3; 32]).public_key());
+        let (mut fresh, fresh_view) = holding(6, &chain, &[]);
         let refused = Replica::on_message(
-            &mut holding(6, &chain, &[]),
+            &mut fresh,
             Time(2),
             Slot(1),
             transfer::Transfer::Offer {
@@ -686,7 +936,7 @@ mod tests {
                 key: other,
                 entry: forged,
             },
-            &(),
+            &fresh_view,
         );
         assert!(refused.changes.is_empty() && refused.refused.is_some());
 
@@ -694,7 +944,7 @@ mod tests {
         let mut asked = BTreeSet::new();
         for _ in 0..40 {
             now += PULL_RETRY_MILLIS;
-            let output = tick(&mut old, Time(now));
+            let output = tick(&mut old, &stored, Time(now));
             for (to, message) in output.sends {
                 if let transfer::Transfer::Hold { .. } = message {
                     asked.insert(to.0);
@@ -710,5 +960,145 @@ mod tests {
             dropped.changes,
             vec![transfer::Change::Drop { key: key.clone() }]
         );
+    }
+
+    /// A version of the object of owner `seed`, numbered `num`.
+    fn signed(seed: u8, num: u64) -> (Key, pubkey::Entry) {
+        let owner = SecretKey::from_seed(&[seed; 32]);
+        let key = pubkey::object_id(&owner.public_key());
+        let ts = Timestamp {
+            num,
+            writer: ClientId(1),
+            seq: num,
+        };
+        let entry = PubKey::make(
+            &Arc::new(owner),
+            GroupId(0),
+            &key,
+            ts,
+            Some(Bytes::from(vec![seed; 10])),
+        );
+        (key, entry)
+    }
+
+    #[test]
+    fn an_arc_is_listed_page_by_page_in_ring_order_from_storage() {
+        // 300 objects on a node of a 4-node genesis; epoch 1 adds four nodes, so some arcs move.
+        let chain = Chain::new(vec![ring(0, 0..4), ring(1, 0..8)]);
+        let versions: Vec<(Key, pubkey::Entry)> = (0..=255u8)
+            .chain(0..44)
+            .enumerate()
+            .map(|(at, seed)| signed(seed, at as u64 + 1))
+            .collect();
+        let (mut old, stored) = genesis_holding(0, &chain, &versions);
+        let _ = old.enter(chain.ring(Epoch(1)).expect("epoch 1").clone());
+        let moved = chain
+            .ring(Epoch(1))
+            .expect("epoch 1")
+            .arcs_since(chain.genesis());
+        assert!(moved.len() > 1, "the ring changed in several places");
+        let mut most_pages = 0;
+        let mut wrapped = false;
+        for arc in moved.iter().map(|moved| moved.arc) {
+            wrapped |= arc.after >= arc.upto;
+            let mut listed = Vec::new();
+            let mut after = None;
+            let mut pages = 0;
+            loop {
+                let list = transfer::Transfer::List {
+                    epoch: Epoch(1),
+                    arc,
+                    after: after.clone(),
+                };
+                let answer = Replica::on_message(&mut old, Time(1), Slot(5), list, &stored);
+                let [(_, transfer::Transfer::Listed { keys, more, .. })] = &answer.sends[..] else {
+                    panic!("one page answers a listing");
+                };
+                assert!(keys.len() <= LIST_PAGE_KEYS);
+                listed.extend(keys.iter().cloned());
+                pages += 1;
+                after = keys.last().cloned();
+                if !more {
+                    break;
+                }
+            }
+            let mut expected: Vec<Key> = stored
+                .entries
+                .keys()
+                .filter(|(point, _)| arc.contains(*point))
+                .map(|(_, key)| key.clone())
+                .collect();
+            expected.sort_by(|a, b| {
+                transfer::ring_order::<Registers<PubKey>>(a)
+                    .cmp(&transfer::ring_order::<Registers<PubKey>>(b))
+            });
+            assert_eq!(
+                listed, expected,
+                "every key on the arc, once, in ring order"
+            );
+            assert!(pages >= expected.len().div_ceil(LIST_PAGE_KEYS));
+            most_pages = most_pages.max(pages);
+        }
+        assert!(most_pages > 1, "an arc took several pages");
+        assert!(wrapped, "an arc wrapped past the ring's last point");
+    }
+
+    #[test]
+    fn a_version_damaged_on_disk_is_served_as_missing_and_counted() {
+        let chain = Chain::new(vec![ring(0, 0..4)]);
+        let (key, entry) = signed(9, 4);
+        let (mut node, mut stored) = genesis_holding(0, &chain, &[(key.clone(), entry.clone())]);
+        assert_eq!(node.stored(&stored, &key), Some(entry.clone()));
+        let group = chain
+            .genesis()
+            .group_at(RingPoint::of_key(key.as_bytes()))
+            .id();
+        let get = Request::<PubKey> {
+            op: OpId(1),
+            epoch: Epoch(0),
+            group,
+            key: key.clone(),
+            body: crate::register::RequestBody::Get,
+        };
+        let access = Access {
+            write: true,
+            read: true,
+        };
+        let served = node.on_request(Time(0), ClientId(2), access, get.clone(), &stored);
+        assert_eq!(
+            served.reply.map(|reply| reply.body),
+            Some(ResponseBody::Value(Some(entry.clone())))
+        );
+        // A bit flips in the stored value.
+        let mut damaged = entry.clone();
+        if let Some(value) = damaged.value.as_mut() {
+            let mut bytes = value.to_vec();
+            bytes[0] ^= 1;
+            *value = Bytes::from(bytes);
+        }
+        stored = Stored::holding([(key.clone(), damaged)]);
+        let served = node.on_request(Time(1), ClientId(2), access, get, &stored);
+        assert_eq!(
+            served.reply.map(|reply| reply.body),
+            Some(ResponseBody::Value(None)),
+            "served as a node that missed the write"
+        );
+        assert_eq!(Replica::stats(&node).damaged, 1);
+        assert_eq!(node.stored(&stored, &key), None);
+
+        // A write of a newer version replaces it, and is counted once.
+        let (_, newer) = signed(9, 5);
+        let store = Request::<PubKey> {
+            op: OpId(2),
+            epoch: Epoch(0),
+            group,
+            key: key.clone(),
+            body: crate::register::RequestBody::Store(newer.clone()),
+        };
+        let written = node.on_request(Time(2), ClientId(1), access, store, &stored);
+        stored.apply(&written.changes);
+        assert_eq!(node.stored(&stored, &key), Some(newer));
+        let stats = Replica::stats(&node);
+        assert_eq!((stats.keys, stats.objects, stats.bytes), (1, 1, 10));
     }
 }

@@ -23,11 +23,12 @@ use bulwark_core::{ClientId, Digest, Epoch, Key, NodeId, ServiceId, Slot, Time};
 use bulwark_protocol::machine::{Access, Output, Replica, ReplicaStats, TimerId};
 use bulwark_protocol::pubkey::{self, PubKey};
 use bulwark_protocol::register::reconfig::{
-    self, EpochServer, FETCH_WINDOW, LIST_PAGE_KEYS, Routed, TransferMutations, routed,
+    self, EpochServer, FETCH_WINDOW, Held, LIST_PAGE_KEYS, MemoryVersions, Registers, Routed,
+    TransferMutations, Versions, routed,
 };
 use bulwark_protocol::register::{Policy, Timestamp};
 use bulwark_protocol::round::OpId;
-use bulwark_protocol::transfer::{Change, Transfer};
+use bulwark_protocol::transfer::{Change, Resume, Transfer, ring_order};
 use bytes::Bytes;
 use rand::seq::{IndexedRandom, SliceRandom};
 use rand::{Rng, SeedableRng};
@@ -167,6 +168,9 @@ pub struct SimNode {
     behaviour: Behaviour,
     /// The first version it stored of each key: what a stale member hands over.
     first: BTreeMap<Key, pubkey::Entry>,
+    /// What it stored, as its own changes said (rebuilt from the disk on restart): for the
+    /// check that moved keys are dropped.
+    stored: MemoryVersions<pubkey::Entry>,
     rng: ChaCha8Rng,
     chain: Arc<Chain>,
     /// When this node learns each epoch by itself.
@@ -192,6 +196,7 @@ impl SimNode {
             transfers: sim.transfers.clone(),
             behaviour,
             first: BTreeMap::new(),
+            stored: MemoryVersions::default(),
             rng: ChaCha8Rng::seed_from_u64(seed),
             chain: sim.chain.clone(),
             learns,
@@ -248,13 +253,16 @@ impl SimNode {
                         let Ok(bogus) = Key::new(Bytes::copy_from_slice(&bytes)) else {
                             continue;
                         };
+                        let order = ring_order::<Registers<PubKey>>;
                         let fits = arc.contains(RingPoint::of_key(bogus.as_bytes()))
-                            && after.as_ref().is_none_or(|after| bogus > *after)
-                            && keys.last().is_none_or(|last| bogus < *last)
+                            && after
+                                .as_ref()
+                                .is_none_or(|after| order(&bogus) > order(after))
+                            && keys.last().is_none_or(|last| order(&bogus) < order(last))
                             && keys.len() < LIST_PAGE_KEYS;
                         if fits {
                             keys.push(bogus);
-                            keys.sort_unstable();
+                            keys.sort_unstable_by(|a, b| order(a).cmp(&order(b)));
                         }
                     }
                 }
@@ -325,7 +333,7 @@ impl Replica for SimNode {
     type Reply = pubkey::Response;
     type Message = reconfig::Transfer<PubKey>;
     type Change = reconfig::Change<PubKey>;
-    type View = ();
+    type View = dyn Versions<pubkey::Entry>;
 
     fn on_request(
         &mut self,
@@ -333,7 +341,7 @@ impl Replica for SimNode {
         client: ClientId,
         access: Access,
         request: pubkey::Request,
-        view: &(),
+        view: &Self::View,
     ) -> Output<SimNode> {
         if self.behaviour == Behaviour::Silent {
             return Output::none();
@@ -346,9 +354,11 @@ impl Replica for SimNode {
                 .or_insert_with(|| entry.clone());
         }
         let caught_up = self.catch_up(request.epoch);
-        caught_up.and(lift(
+        let output = caught_up.and(lift(
             self.inner.on_request(now, client, access, request, view),
-        ))
+        ));
+        self.stored.apply(&output.changes);
+        output
     }
 
     fn on_message(
@@ -356,7 +366,7 @@ impl Replica for SimNode {
         now: Time,
         from: Slot,
         message: reconfig::Transfer<PubKey>,
-        view: &(),
+        view: &Self::View,
     ) -> Output<SimNode> {
         let caught_up = match &message {
             Transfer::List { epoch, .. } | Transfer::Fetch { epoch, .. }
@@ -376,6 +386,7 @@ impl Replica for SimNode {
         };
         let before = self.inner.pulled();
         let mut output = caught_up.and(lift(self.inner.on_message(now, from, message, view)));
+        self.stored.apply(&output.changes);
         self.lie(&mut output, &asked);
         // A faulty node lies only in its answers: what it takes over, it was handed.
         let after = self.inner.pulled();
@@ -384,11 +395,12 @@ impl Replica for SimNode {
         output
     }
 
-    fn on_timer(&mut self, now: Time, timer: TimerId, view: &()) -> Output<SimNode> {
+    fn on_timer(&mut self, now: Time, timer: TimerId, view: &Self::View) -> Output<SimNode> {
         if self.behaviour == Behaviour::Silent {
             return Output::none();
         }
         let output = lift(self.inner.on_timer(now, timer, view));
+        self.stored.apply(&output.changes);
         self.count(&output, (0, 0));
         output
     }
@@ -401,6 +413,7 @@ impl Replica for SimNode {
         self.ticked = now.0;
         let caught_up = self.catch_up(self.learned(now));
         let output = caught_up.and(lift(self.inner.on_tick(now)));
+        self.stored.apply(&output.changes);
         if !self.inner.settled() {
             self.unsettled = now.0;
         }
@@ -468,7 +481,7 @@ impl<const NODES: usize> ReconfigSim<NODES> {
         let ring = self.chain.newest();
         let mut violations = Vec::new();
         for (index, server) in &up {
-            for (key, ts) in server.inner.moved_keys(&()) {
+            for (key, ts) in server.inner.moved_keys(&server.stored) {
                 let group = ring.group_of(key.as_bytes());
                 let holders = group
                     .members()
@@ -477,8 +490,8 @@ impl<const NODES: usize> ReconfigSim<NODES> {
                     .filter(|member| {
                         member
                             .inner
-                            .stored(&key)
-                            .is_some_and(|entry| PubKey::ts(entry) >= ts)
+                            .stored(&member.stored, &key)
+                            .is_some_and(|entry| PubKey::ts(&entry) >= ts)
                     })
                     .count();
                 if holders > 2 * self.f {
@@ -547,26 +560,24 @@ impl<const NODES: usize> Protocol for ReconfigSim<NODES> {
     }
 
     fn restore(&self, index: usize, disk: &NodeDisk, _now: u64) -> SimNode {
-        let entries = disk
-            .entries
-            .iter()
-            .map(|(key, entry)| (key.clone(), entry.clone()));
-        let inner = EpochServer::restore(
-            NodeId(index as u32),
-            &self.chain,
-            (),
-            entries,
-            disk.entered,
-            &disk.pulled,
-        )
-        .unwrap_or_else(|key| {
-            panic!("the simulated disk holds a version of {key:?} no node stored")
-        });
-        SimNode::new(inner, self, index, Behaviour::Honest, 0)
+        let mut held = Held::default();
+        for (_, entry) in disk.entries.iter() {
+            held.keys += 1;
+            if let Some(value) = PubKey::value(entry) {
+                held.objects += 1;
+                held.bytes += value.len() as u64;
+            }
+        }
+        let me = NodeId(index as u32);
+        let inner = EpochServer::restore(me, &self.chain, (), held, disk.entered, &disk.pulled);
+        let mut node = SimNode::new(inner, self, index, Behaviour::Honest, 0);
+        let entries = disk.entries.iter();
+        node.stored = MemoryVersions::holding(entries.map(|(key, e)| (key.clone(), e.clone())));
+        node
     }
 
-    fn view(_: &Storage<Self>) -> &() {
-        &()
+    fn view(storage: &Storage<Self>) -> &(dyn Versions<pubkey::Entry> + 'static) {
+        storage
     }
 
     fn persist(disk: &mut NodeDisk, change: &reconfig::Change<PubKey>) {
@@ -698,5 +709,54 @@ impl<const NODES: usize> Protocol for ReconfigSim<NODES> {
                 format!("offer e{} key={key} ts={}", epoch.0, entry.ts.num)
             }
         }
+    }
+}
+
+/// A node's versions as its driver shows them: the disk, then the changes on their way to it.
+impl<const NODES: usize> Versions<pubkey::Entry> for Storage<ReconfigSim<NODES>> {
+    fn version(&self, key: &Key) -> Option<pubkey::Entry> {
+        let mut found = self.durable.entries.get(key).cloned();
+        for change in self.pending() {
+            match change {
+                Change::Put { key: put, entry } if put == key => found = Some(entry.clone()),
+                Change::Drop { key: gone } | Change::Remove { key: gone, .. } if gone == key => {
+                    found = None;
+                }
+                _ => {}
+            }
+        }
+        found
+    }
+
+    fn keys(&self, resume: Resume<'_>, limit: usize) -> Vec<Key> {
+        let mut keys: BTreeSet<Key> = self
+            .durable
+            .entries
+            .iter()
+            .map(|(k, _)| k.clone())
+            .collect();
+        for change in self.pending() {
+            match change {
+                Change::Put { key, .. } => {
+                    keys.insert(key.clone());
+                }
+                Change::Drop { key } | Change::Remove { key, .. } => {
+                    keys.remove(key);
+                }
+                Change::Entered(_) | Change::Pulled { .. } => {}
+            }
+        }
+        let order = ring_order::<Registers<PubKey>>;
+        let mut keys: Vec<Key> = keys
+            .into_iter()
+            .filter(|key| match resume {
+                Resume::Start => true,
+                Resume::AfterPoint(point) => RingPoint::of_key(key.as_bytes()) > point,
+                Resume::AfterKey(after) => order(key) > order(after),
+            })
+            .collect();
+        keys.sort_unstable_by(|a, b| order(a).cmp(&order(b)));
+        keys.truncate(limit);
+        keys
     }
 }

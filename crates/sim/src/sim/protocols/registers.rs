@@ -48,6 +48,11 @@ impl<E> RegisterDisk<E> {
         self.0.iter()
     }
 
+    /// The version of `key`.
+    pub fn get(&self, key: &Key) -> Option<&E> {
+        self.0.get(key)
+    }
+
     pub(crate) fn remove(&mut self, key: &Key) {
         self.0.remove(key);
     }
