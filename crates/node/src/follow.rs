@@ -15,7 +15,7 @@ use bulwark_protocol::content::{self, epochs};
 use bulwark_protocol::pubkey;
 use bulwark_protocol::register::reconfig::{EpochServer, Held};
 use bulwark_protocol::transfer::EpochHost;
-use bulwark_storage::{Namespace, StorageOp, Store};
+use bulwark_storage::{Namespace, StorageError, StorageOp, Store};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -89,42 +89,19 @@ pub fn pubkey_replica(
 /// Records moved or dropped per transaction while stored data is rewritten at start.
 const MOVE_BATCH: usize = 256;
 
-/// Moves the versions of `table`, filed by key, into `namespace`'s [`host::PLACED`], and deletes
-/// them: a batch at a time, each one durable transaction, so a crash midway leaves every
-/// version in one table or the other (one in both is written again, the same bytes). A key
-/// already placed keeps the newer of the two versions (a key written before and after the node
-/// followed the configuration has one per table). Returns how many moved and how many did not
-/// decode (deleted).
-fn move_keyed_versions(
+/// Empties `table` of records an earlier release kept there: `rewrite` adds the ops that keep
+/// what one record held elsewhere (none for a record it cannot use), and the record is deleted
+/// in the same transaction, a batch at a time, so a crash midway leaves everything in one place
+/// or the other (in both, it is written again, the same bytes).
+fn drain(
     store: &Store,
     table: bulwark_storage::Table,
-    namespace: Namespace,
-) -> Result<(u64, u64), NodeError> {
-    let (mut moved, mut dropped) = (0, 0);
+    mut rewrite: impl FnMut(&[u8], &[u8], &mut Vec<StorageOp>) -> Result<(), StorageError>,
+) -> Result<(), NodeError> {
     loop {
         let mut ops = Vec::new();
         store.scan_after(table, None, |record, value| {
-            match decode_register::<pubkey::Entry>(record, value) {
-                Ok((key, entry)) => {
-                    let placed = host::placed_record(&key);
-                    let held = store.get(namespace.table(host::PLACED), &placed)?;
-                    let newer = held
-                        .and_then(|held| host::decode_placed::<pubkey::Entry>(&placed, &held).ok())
-                        .is_some_and(|(_, held)| held.ts >= entry.ts);
-                    if !newer {
-                        ops.push(StorageOp::Put {
-                            table: namespace.table(host::PLACED),
-                            key: placed,
-                            value: bytes::Bytes::from(bulwark_core::wire::encode(&(&key, &entry))),
-                        });
-                    }
-                    moved += 1;
-                }
-                Err(problem) => {
-                    tracing::warn!(%problem, "a stored public-key version does not decode");
-                    dropped += 1;
-                }
-            }
+            rewrite(record, value, &mut ops)?;
             ops.push(StorageOp::Delete {
                 table,
                 key: record.to_vec(),
@@ -132,10 +109,47 @@ fn move_keyed_versions(
             Ok(ops.len() < 2 * MOVE_BATCH)
         })?;
         if ops.is_empty() {
-            return Ok((moved, dropped));
+            return Ok(());
         }
         store.apply(&ops)?;
     }
+}
+
+/// Moves the versions of `table`, filed by key, into `namespace`'s [`host::PLACED`] ([`drain`]).
+/// A key already placed keeps the newer of the two versions (a key written before and after the
+/// node followed the configuration has one per table). Returns how many moved and how many did
+/// not decode (deleted).
+fn move_keyed_versions(
+    store: &Store,
+    table: bulwark_storage::Table,
+    namespace: Namespace,
+) -> Result<(u64, u64), NodeError> {
+    let (mut moved, mut dropped) = (0, 0);
+    drain(store, table, |record, value, ops| {
+        match decode_register::<pubkey::Entry>(record, value) {
+            Ok((key, entry)) => {
+                let placed = host::placed_record(&key);
+                let held = store.get(namespace.table(host::PLACED), &placed)?;
+                let newer = held
+                    .and_then(|held| host::decode_placed::<pubkey::Entry>(&placed, &held).ok())
+                    .is_some_and(|(_, held)| held.ts >= entry.ts);
+                if !newer {
+                    ops.push(StorageOp::Put {
+                        table: namespace.table(host::PLACED),
+                        key: placed,
+                        value: bytes::Bytes::from(bulwark_core::wire::encode(&(&key, &entry))),
+                    });
+                }
+                moved += 1;
+            }
+            Err(problem) => {
+                tracing::warn!(%problem, "a stored public-key version does not decode");
+                dropped += 1;
+            }
+        }
+        Ok(())
+    })?;
+    Ok((moved, dropped))
 }
 
 /// What `namespace`'s [`host::PLACED`] holds, read through once without keeping it; records that
@@ -248,9 +262,7 @@ pub fn content_replica(
 }
 
 /// Moves the fragments of the per-group content stores of `legacy` into `namespace`, each under
-/// its object's key and this node's slot in that group, and deletes the old records: a few at a
-/// time, each batch one durable transaction, so a crash midway leaves every fragment in one
-/// store or the other (a fragment in both is written again, the same bytes).
+/// its object's key and this node's slot in that group ([`drain`]).
 fn move_legacy_content(
     me: NodeId,
     store: &Store,
@@ -263,46 +275,31 @@ fn move_legacy_content(
             continue;
         };
         let table = Namespace::new(ServiceId::CONTENT, view.id()).table(host::CONTENT);
-        loop {
-            let mut ops = Vec::new();
-            store.scan_after(table, None, |record, value| {
-                let Ok(id) = <[u8; 32]>::try_from(record) else {
-                    ops.push(StorageOp::Delete {
-                        table,
-                        key: record.to_vec(),
-                    });
-                    return Ok(ops.len() < 2 * MOVE_BATCH);
+        drain(store, table, |record, value, ops| {
+            let Ok(id) = <[u8; 32]>::try_from(record) else {
+                return Ok(());
+            };
+            let id = content::ContentId(bulwark_core::Digest(id));
+            let held = bulwark_core::wire::decode_shared::<content::Held>(
+                &bytes::Bytes::copy_from_slice(value),
+                usize::MAX,
+            );
+            if let Ok(held) = held {
+                let key = epochs::key_of(&id);
+                let piece = epochs::Piece {
+                    manifest: held.manifest,
+                    index: slot.0,
+                    fragment: held.fragment,
                 };
-                let id = content::ContentId(bulwark_core::Digest(id));
-                let held = bulwark_core::wire::decode_shared::<content::Held>(
-                    &bytes::Bytes::copy_from_slice(value),
-                    usize::MAX,
-                );
-                if let Ok(held) = held {
-                    let key = epochs::key_of(&id);
-                    let piece = epochs::Piece {
-                        manifest: held.manifest,
-                        index: slot.0,
-                        fragment: held.fragment,
-                    };
-                    ops.push(StorageOp::Put {
-                        table: namespace.table(host::PIECES),
-                        key: host::piece_record(&key, slot.0),
-                        value: bytes::Bytes::from(bulwark_core::wire::encode(&piece)),
-                    });
-                    moved += 1;
-                }
-                ops.push(StorageOp::Delete {
-                    table,
-                    key: record.to_vec(),
+                ops.push(StorageOp::Put {
+                    table: namespace.table(host::PIECES),
+                    key: host::piece_record(&key, slot.0),
+                    value: bytes::Bytes::from(bulwark_core::wire::encode(&piece)),
                 });
-                Ok(ops.len() < 2 * MOVE_BATCH)
-            })?;
-            if ops.is_empty() {
-                break;
+                moved += 1;
             }
-            store.apply(&ops)?;
-        }
+            Ok(())
+        })?;
     }
     Ok(moved)
 }

@@ -767,7 +767,7 @@ impl<E: Clone + DeserializeOwned + 'static> reconfig::Versions<E> for EpochStora
     }
 
     fn keys(&self, resume: transfer::Resume<'_>, limit: usize) -> Vec<Key> {
-        let order = |key: &Key| (RingPoint::of_key(key.as_bytes()), key.clone());
+        // Keys by their record ids, which sort in ring order.
         let after: Option<Vec<u8>> = match resume {
             transfer::Resume::Start => None,
             // After every key at the point: no key is longer than `Key::BYTES_MAX` bytes.
@@ -777,11 +777,6 @@ impl<E: Clone + DeserializeOwned + 'static> reconfig::Versions<E> for EpochStora
                 Some(bound)
             }
             transfer::Resume::AfterKey(key) => Some(placed_record(key)),
-        };
-        let past = |key: &Key| {
-            after
-                .as_ref()
-                .is_none_or(|after| placed_record(key) > *after)
         };
         // Pending drops may hide durable keys of the page: read as many more.
         let wanted = limit + self.unsynced.len();
@@ -796,7 +791,7 @@ impl<E: Clone + DeserializeOwned + 'static> reconfig::Versions<E> for EpochStora
                     .filter(|key| placed_record(key) == record);
                 match key {
                     Some(key) => {
-                        keys.insert(order(&key), key);
+                        keys.insert(record.to_vec(), key);
                     }
                     // Filed where no key places it (damage): listing it would sort it elsewhere
                     // and cut the walk short. Its version reads as missing.
@@ -814,11 +809,9 @@ impl<E: Clone + DeserializeOwned + 'static> reconfig::Versions<E> for EpochStora
             .then(|| keys.keys().next_back().cloned())
             .flatten();
         for (key, (_, pending)) in &self.unsynced {
-            if !past(key) {
-                continue;
-            }
-            let at = order(key);
-            if end.as_ref().is_some_and(|end| at > *end) {
+            let at = placed_record(key);
+            let before = after.as_ref().is_some_and(|after| at <= *after);
+            if before || end.as_ref().is_some_and(|end| at > *end) {
                 continue;
             }
             match pending {

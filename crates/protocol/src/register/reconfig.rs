@@ -126,7 +126,7 @@ impl<E: Clone> Versions<E> for MemoryVersions<E> {
 }
 
 /// The point right after `point` on the ring, read as a 256-bit number; `None` after the last.
-pub fn point_after(point: RingPoint) -> Option<RingPoint> {
+fn point_after(point: RingPoint) -> Option<RingPoint> {
     let mut bytes = point.0;
     for byte in bytes.iter_mut().rev() {
         let (raised, carried) = byte.overflowing_add(1);
@@ -619,6 +619,29 @@ mod tests {
         }
     }
 
+    /// Rights to read and write.
+    const ANY: Access = Access {
+        write: true,
+        read: true,
+    };
+
+    /// Request `op` of `epoch` for `key` of `group`.
+    fn request(
+        op: u64,
+        epoch: u64,
+        group: GroupId,
+        key: &Key,
+        body: crate::register::RequestBody<PubKey>,
+    ) -> Request<PubKey> {
+        Request {
+            op: OpId(op),
+            epoch: Epoch(epoch),
+            group,
+            key: key.clone(),
+            body,
+        }
+    }
+
     /// The epochs the requests of `sends` name.
     fn epochs(sends: &[Outbound<PubKey>]) -> BTreeSet<u64> {
         sends.iter().map(|(_, request)| request.epoch.0).collect()
@@ -663,18 +686,10 @@ mod tests {
         node.enter(ring(2, 0..4));
         let key = Key::new(b"k".to_vec()).unwrap();
         let group = node.ring().group_at(RingPoint::of_key(key.as_bytes())).id();
-        let request = |epoch: u64, group: GroupId| Request::<PubKey> {
-            op: OpId(7),
-            epoch: Epoch(epoch),
-            group,
-            key: key.clone(),
-            body: crate::register::RequestBody::Get,
+        let request = |epoch: u64, group: GroupId| {
+            request(7, epoch, group, &key, crate::register::RequestBody::Get)
         };
-        let access = Access {
-            write: true,
-            read: true,
-        };
-        let behind = node.on_request(Time(0), ClientId(1), access, request(1, group), &view);
+        let behind = node.on_request(Time(0), ClientId(1), ANY, request(1, group), &view);
         assert_eq!(
             behind.reply.as_ref().and_then(Response::refusal),
             Some(&Refusal::WrongEpoch { current: Epoch(2) })
@@ -683,7 +698,7 @@ mod tests {
         let lost = node.on_request(
             Time(0),
             ClientId(1),
-            access,
+            ANY,
             request(2, GroupId(group.0 ^ 1)),
             &view,
         );
@@ -1053,18 +1068,8 @@ mod tests {
             .genesis()
             .group_at(RingPoint::of_key(key.as_bytes()))
             .id();
-        let get = Request::<PubKey> {
-            op: OpId(1),
-            epoch: Epoch(0),
-            group,
-            key: key.clone(),
-            body: crate::register::RequestBody::Get,
-        };
-        let access = Access {
-            write: true,
-            read: true,
-        };
-        let served = node.on_request(Time(0), ClientId(2), access, get.clone(), &stored);
+        let get = request(1, 0, group, &key, crate::register::RequestBody::Get);
+        let served = node.on_request(Time(0), ClientId(2), ANY, get.clone(), &stored);
         assert_eq!(
             served.reply.map(|reply| reply.body),
             Some(ResponseBody::Value(Some(entry.clone())))
@@ -1077,7 +1082,7 @@ mod tests {
             *value = Bytes::from(bytes);
         }
         stored = Stored::holding([(key.clone(), damaged)]);
-        let served = node.on_request(Time(1), ClientId(2), access, get, &stored);
+        let served = node.on_request(Time(1), ClientId(2), ANY, get, &stored);
         assert_eq!(
             served.reply.map(|reply| reply.body),
             Some(ResponseBody::Value(None)),
@@ -1088,14 +1093,9 @@ mod tests {
 
         // A write of a newer version replaces it, and is counted once.
         let (_, newer) = signed(9, 5);
-        let store = Request::<PubKey> {
-            op: OpId(2),
-            epoch: Epoch(0),
-            group,
-            key: key.clone(),
-            body: crate::register::RequestBody::Store(newer.clone()),
-        };
-        let written = node.on_request(Time(2), ClientId(1), access, store, &stored);
+        let body = crate::register::RequestBody::Store(newer.clone());
+        let store = request(2, 0, group, &key, body);
+        let written = node.on_request(Time(2), ClientId(1), ANY, store, &stored);
         stored.apply(&written.changes);
         assert_eq!(node.stored(&stored, &key), Some(newer));
         let stats = Replica::stats(&node);
