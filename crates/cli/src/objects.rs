@@ -803,12 +803,13 @@ pub async fn status(args: &ClientArgs) -> Result<std::process::ExitCode> {
                         .collect();
                     out!(
                         text,
-                        "         causal volume {:016x}: {} updates ({} waiting), {} values ({}), {} refused; frontier {}",
+                        "         causal volume {:016x}: {} updates ({} waiting), {} values ({}), {} discarded, {} refused; frontier {}",
                         volume.volume,
                         volume.updates,
                         volume.pending,
                         volume.values,
                         human_bytes(volume.value_bytes),
+                        volume.discarded,
                         volume.refused,
                         if frontier.is_empty() {
                             "empty".to_string()
@@ -827,6 +828,22 @@ pub async fn status(args: &ClientArgs) -> Result<std::process::ExitCode> {
                             "         causal volume {:016x}: proof held that {} forked (evicted)",
                             volume.volume,
                             forks.join(",")
+                        );
+                    }
+                    for pending in &volume.pending_discards {
+                        let missing: Vec<String> = pending
+                            .missing
+                            .iter()
+                            .map(|m| member_name(&volume.names, *m))
+                            .collect();
+                        out!(
+                            text,
+                            "         causal volume {:016x}: discard proposal of {} (turn {}, {} versions) waits for the consent of {}",
+                            volume.volume,
+                            member_name(&volume.names, pending.proposer),
+                            pending.turn,
+                            pending.versions,
+                            missing.join(",")
                         );
                     }
                 }

@@ -1085,6 +1085,26 @@ impl Client {
             let (_, out) = member.node.write_discard(&discard, now);
             self.persist(member, &out)?;
         }
+        // A proposal a whole turn old still short of a consent: a client refuses, or is down or
+        // cut off; discard waits for it (§6.6), and an administrator should know.
+        let turn = member.node.ladder().turn(now);
+        let config = member.node.log().config().clone();
+        for pending in member.node.discard_pending() {
+            if pending.turn.saturating_add(1) < turn {
+                let missing: Vec<String> = pending
+                    .missing
+                    .iter()
+                    .map(|w| self.member_name(&config, *w))
+                    .collect();
+                tracing::warn!(
+                    proposer = %self.member_name(&config, pending.proposer),
+                    turn = pending.turn,
+                    versions = pending.versions,
+                    missing = %missing.join(","),
+                    "a discard proposal lacks consent a turn later: discard waits for these clients"
+                );
+            }
+        }
         Ok(())
     }
 

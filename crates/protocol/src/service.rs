@@ -201,6 +201,26 @@ pub struct CausalStatus {
     /// them.
     #[serde(default)]
     pub names: Vec<(u32, String)>,
+    /// Values dropped by every client's consent (§6.6).
+    #[serde(default)]
+    pub discarded: u64,
+    /// Discard proposals that lack a client's consent: what an administrator looks at when
+    /// discard stalls.
+    #[serde(default)]
+    pub pending_discards: Vec<PendingDiscardStatus>,
+}
+
+/// A discard proposal of a causal volume waiting for consent, as `bulwark status` shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingDiscardStatus {
+    /// The proposer's member index.
+    pub proposer: u32,
+    /// The turn it was proposed in.
+    pub turn: u64,
+    /// How many versions it lists.
+    pub versions: u64,
+    /// The member indexes of the clients that have not consented.
+    pub missing: Vec<u32>,
 }
 
 /// A node's trusted log (A2M), as `bulwark status` shows it.

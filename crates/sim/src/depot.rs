@@ -24,9 +24,11 @@
 //! both branches, and none against a correct writer; every correct server holds the value of
 //! every correct writer's update.
 
+use bulwark_core::Digest;
 use bulwark_core::Key;
 use bulwark_core::sign::{SecretKey, Signed, Unverified};
-use bulwark_protocol::depot::update::value_hash;
+use bulwark_protocol::depot::discard::{Discard, Ladder};
+use bulwark_protocol::depot::update::{is_reserved, value_hash};
 use bulwark_protocol::depot::{
     Member, Message, Mutations, Node, Output, ReadResult, ReadStart, Role, Staleness, Update,
     UpdateId, ValueRef, VolumeConfig, VolumeId, WireUpdate, Writer,
@@ -49,6 +51,12 @@ pub enum Kind {
     /// acknowledges some puts, and writes and forks updates of its own it has no right to (T6,
     /// T7, T19).
     Tamperer,
+    /// A client that never proposes a discard and never consents to one: it delays discard for
+    /// everyone (T16).
+    Refuser,
+    /// A client that proposes to discard what the backup ladder keeps (current versions and
+    /// recent ones among older ones) and consents to every proposal (T16).
+    Hastener,
 }
 
 /// One run's shape, drawn from its seed.
@@ -69,13 +77,16 @@ pub struct DepotConfig {
     /// Every server is down from the start until this many milliseconds in (T9, a cloud
     /// disaster): clients write, read and exchange among themselves meanwhile.
     pub servers_down_until: Option<u64>,
+    /// Clients propose and consent to discards (§6.6) by a ladder of seconds instead of days.
+    pub discard: bool,
     /// Rules broken on purpose in every correct node (negative controls).
     pub mutations: Mutations,
 }
 
 impl DepotConfig {
     /// A run drawn from `seed`: 2-4 servers of which up to all but one tamper, 3-6 clients of
-    /// which up to two fork, crashes, partitions and loss or not.
+    /// which up to two fork, crashes, partitions and loss or not; in half the runs, discard, with
+    /// one client refusing or hastening it in half of those.
     pub fn from_seed(seed: u64, mutations: Mutations) -> DepotConfig {
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xde90);
         let servers = rng.random_range(2..=4);
@@ -97,14 +108,26 @@ impl DepotConfig {
                 Kind::Correct
             });
         }
+        let ops_per_client = rng.random_range(10..=30);
+        let crashes = rng.random_bool(0.5);
+        let partitions = rng.random_bool(0.5);
+        let loss_per_mille = if rng.random_bool(0.5) { 50 } else { 0 };
+        let discard = rng.random_bool(0.5);
+        // The last client is correct (at most all but two fork): one correct client stays.
+        match rng.random_range(0..4) {
+            0 if discard => kinds[servers + clients - 1] = Kind::Refuser,
+            1 if discard => kinds[servers + clients - 1] = Kind::Hastener,
+            _ => {}
+        }
         DepotConfig {
             kinds,
             servers,
-            ops_per_client: rng.random_range(10..=30),
-            crashes: rng.random_bool(0.5),
-            partitions: rng.random_bool(0.5),
-            loss_per_mille: if rng.random_bool(0.5) { 50 } else { 0 },
+            ops_per_client,
+            crashes,
+            partitions,
+            loss_per_mille,
             servers_down_until: None,
+            discard,
             mutations,
         }
     }
@@ -133,6 +156,13 @@ pub struct DepotRun {
     pub slow_gets: u64,
     /// Crashes of correct nodes.
     pub crashes: usize,
+    /// Values correct nodes dropped by every client's consent, at the end, added up.
+    pub discarded: usize,
+    /// Discard proposals that list what the ladder keeps (a hastening client's).
+    pub premature_proposals: usize,
+    /// Proposals a correct client knows at the end that wait for a refusing client's consent:
+    /// what its administrator is shown.
+    pub awaiting_refuser: usize,
     /// Events the world ran.
     pub events: u64,
 }
@@ -141,6 +171,10 @@ pub struct DepotRun {
 #[derive(Default)]
 struct Truth {
     updates: HashMap<UpdateId, Signedness>,
+    /// Discard proposals anyone signed: proposer and listed updates, by proposal.
+    proposals: HashMap<UpdateId, (Writer, Vec<UpdateId>)>,
+    /// Consents anyone signed, by the proposal they name.
+    consents: HashMap<UpdateId, BTreeSet<Writer>>,
 }
 
 struct Signedness {
@@ -150,10 +184,12 @@ struct Signedness {
     named: Vec<UpdateId>,
     value: Option<Bytes>,
     authorised: bool,
+    /// When it was signed, in the world's microseconds.
+    at: u64,
 }
 
 impl Truth {
-    fn record(&mut self, config: &VolumeConfig, update: &Update, value: Option<Bytes>) {
+    fn record(&mut self, config: &VolumeConfig, update: &Update, value: Option<Bytes>, at: u64) {
         let body = update.body();
         self.updates
             .entry(update.id())
@@ -168,7 +204,35 @@ impl Truth {
                     .collect(),
                 value,
                 authorised: config.may_write(body.writer, &body.key),
+                at,
             });
+    }
+
+    /// Records a discard proposal or consent `update` carries.
+    fn record_discard(&mut self, update: &Update, discard: &Discard) {
+        let writer = update.body().writer;
+        match discard {
+            Discard::Propose { ids, .. } => {
+                self.proposals.insert(update.id(), (writer, ids.clone()));
+            }
+            Discard::Consent(proposal) => {
+                self.consents.entry(*proposal).or_default().insert(writer);
+            }
+        }
+    }
+
+    /// Whether a version of `update`'s key that depends on it was signed at least `keep` before
+    /// `now`: how long ago it stopped being current, at the earliest, at any node.
+    fn superseded_before(&self, update: &UpdateId, now: u64, keep: u64) -> bool {
+        let Some(u) = self.updates.get(update) else {
+            return false;
+        };
+        self.updates.iter().any(|(id, later)| {
+            later.authorised
+                && later.key == u.key
+                && later.at.saturating_add(keep) <= now
+                && self.past(id).contains(update)
+        })
     }
 
     /// Every update `id` depends on, itself excluded.
@@ -288,6 +352,8 @@ enum Event {
         op: u64,
     },
     Beacon(usize),
+    /// A client looks at discard (§6.6): consents, proposes, or refuses.
+    Discard(usize),
     Crash(usize),
     Restart(usize),
     Split,
@@ -305,6 +371,20 @@ const SETTLE_MILLIS: u64 = 30_000;
 
 /// More events than this in one run is a message storm: nodes answering each other forever.
 const EVENTS_MAX: u64 = 1_000_000;
+
+/// Clients stop looking at discard this long after the operations, so that what they wrote last
+/// still reaches everyone before the world is judged.
+const DISCARD_UNTIL_MILLIS: u64 = BUSY_MILLIS + 15_000;
+
+/// The backup ladder of runs with discard: every version for 400 ms, no rungs, a turn a second,
+/// so that a run's seconds see versions let go and proposers take turns.
+fn sim_ladder() -> Ladder {
+    Ladder {
+        keep_all_micros: 400_000,
+        rungs: Vec::new(),
+        turn_micros: 1_000_000,
+    }
+}
 
 struct World {
     config: Arc<VolumeConfig>,
@@ -326,6 +406,8 @@ struct World {
     history: BTreeMap<u32, Vec<crate::fjc::Op<UpdateId>>>,
     /// When the run is judged.
     end: u64,
+    /// Values correct nodes dropped by every client's consent (each judged as it went).
+    discarded: BTreeSet<Digest>,
 }
 
 fn key(text: String) -> Key {
@@ -387,6 +469,9 @@ impl World {
                 if shape.kinds[i] == Kind::Correct {
                     node.mutate(shape.mutations);
                 }
+                if shape.discard {
+                    node.set_ladder(sim_ladder());
+                }
                 Proc {
                     kind: shape.kinds[i],
                     node,
@@ -426,6 +511,7 @@ impl World {
             written_at: Vec::new(),
             history: BTreeMap::new(),
             end: BUSY_MILLIS + SETTLE_MILLIS,
+            discarded: BTreeSet::new(),
             shape,
         }
     }
@@ -529,10 +615,150 @@ impl World {
         }
     }
 
+    /// A correct node drops a value only when every client signed a proposal listing a version
+    /// that names it, and only when every authorised version naming it stopped being current
+    /// longer ago than the ladder keeps everything (§6.6 (b), and valid discard: no version the
+    /// ladder keeps goes while one client is correct).
+    fn judge_discards(&mut self, p: usize, out: &Output) {
+        let now = self.micros();
+        let keep = sim_ladder().keep_all_micros;
+        let clients: BTreeSet<Writer> = (self.servers()..self.procs.len())
+            .map(|c| Writer(c as u32))
+            .collect();
+        for change in &out.changes {
+            let bulwark_protocol::depot::Change::Discard(hash) = change else {
+                continue;
+            };
+            self.discarded.insert(*hash);
+            let names = |id: &UpdateId| {
+                self.truth
+                    .updates
+                    .get(id)
+                    .and_then(|u| u.value.as_ref())
+                    .is_some_and(|value| value_hash(value) == *hash)
+            };
+            let unanimous = self
+                .truth
+                .proposals
+                .iter()
+                .any(|(proposal, (proposer, ids))| {
+                    let mut signed = self
+                        .truth
+                        .consents
+                        .get(proposal)
+                        .cloned()
+                        .unwrap_or_default();
+                    signed.insert(*proposer);
+                    ids.iter().any(names) && clients.is_subset(&signed)
+                });
+            if !unanimous {
+                self.run.violations.push(format!(
+                    "node {p} discarded value {hash:?} without every client's consent"
+                ));
+            }
+            for (id, u) in &self.truth.updates {
+                if u.authorised
+                    && !is_reserved(&u.key)
+                    && names(id)
+                    && !self.truth.superseded_before(id, now, keep)
+                {
+                    self.run.violations.push(format!(
+                        "node {p} at {} ms discarded the value of {id:?} by {:?}, which the ladder \
+                         keeps (current, or superseded less than {} ms ago)",
+                        self.now,
+                        u.writer,
+                        keep / 1000
+                    ));
+                }
+            }
+        }
+    }
+
+    /// A client's turn to look at discard: a correct (or forking) client writes what its node
+    /// says is due; a refusing one writes nothing; a hastening one consents to everything and
+    /// now and then proposes every version it holds, current ones among them.
+    fn discard(&mut self, p: usize) {
+        if self.now > DISCARD_UNTIL_MILLIS {
+            return;
+        }
+        let next = self.rng.random_range(150..250);
+        self.at(next, Event::Discard(p));
+        if !self.procs[p].up {
+            return;
+        }
+        let now = self.micros();
+        let me = Writer(p as u32);
+        let due = match self.procs[p].kind {
+            Kind::Refuser => None,
+            Kind::Hastener => {
+                let node = &self.procs[p].node;
+                let consent = node
+                    .discard_pending()
+                    .into_iter()
+                    .find(|pending| pending.proposer != me && pending.missing.contains(&me))
+                    .map(|pending| Discard::Consent(pending.proposal));
+                consent.or_else(|| {
+                    let mut ids: Vec<UpdateId> = node
+                        .log()
+                        .in_order()
+                        .filter(|u| u.body().value.is_some() && !is_reserved(&u.body().key))
+                        .map(|u| u.id())
+                        .collect();
+                    // The newest, current versions among them.
+                    ids.drain(..ids.len().saturating_sub(64));
+                    ids.sort();
+                    (!ids.is_empty() && self.rng.random_bool(0.3)).then(|| Discard::Propose {
+                        turn: node.ladder().turn(now),
+                        ids,
+                    })
+                })
+            }
+            _ => self.procs[p].node.discard_due(now),
+        };
+        let Some(discard) = due else {
+            return;
+        };
+        let (update, mut out) = self.procs[p].node.write_discard(&discard, now);
+        self.truth.record(
+            &self.config,
+            &update,
+            Some(Bytes::from(discard.encode())),
+            now,
+        );
+        self.truth.record_discard(&update, &discard);
+        if let Discard::Propose { ids, .. } = &discard {
+            let keep = sim_ladder().keep_all_micros;
+            if ids
+                .iter()
+                .any(|id| !self.truth.superseded_before(id, now, keep))
+            {
+                self.run.premature_proposals += 1;
+            }
+        }
+        let op = (self.procs[p].next_op << 8) | 0xff;
+        self.procs[p].next_op += 1;
+        let primary = self.server_order(p)[0];
+        if let Some(put) = self.procs[p].node.put_message(op, &update.id()) {
+            out.sends.push((primary, put));
+        }
+        self.procs[p].open_writes.insert(op, (update.id(), 0));
+        let incarnation = self.procs[p].incarnation;
+        self.apply(p, out, Vec::new());
+        self.at(
+            80,
+            Event::PutRetry {
+                client: p,
+                incarnation,
+                op,
+            },
+        );
+    }
+
     /// Hands a node's output to the disk and the network: changes first, then what waits.
     fn apply(&mut self, p: usize, out: Output, mut extra: Vec<Held>) {
         if self.correct(p) {
             self.judge_accepted(p, &out);
+            self.judge_discards(p, &out);
         }
         for (op, result) in &out.reads {
             self.procs[p].open_reads.remove(op);
@@ -772,7 +998,7 @@ impl World {
             let before = self.snapshot(p);
             let now = self.micros();
             let (update, mut out) = self.procs[p].node.write(key, Some(value.clone()), now);
-            self.truth.record(&self.config, &update, Some(value));
+            self.truth.record(&self.config, &update, Some(value), now);
             let mut extra = Vec::new();
             if self.correct(p) {
                 let past = self.truth.past(&update.id());
@@ -801,7 +1027,8 @@ impl World {
                 // A second update after the same previous one, to another server.
                 let value = Bytes::from(format!("twin {p}:{op}"));
                 let fork = twin(&update, &self.procs[p].secret, &value);
-                self.truth.record(&self.config, &fork, Some(value.clone()));
+                self.truth
+                    .record(&self.config, &fork, Some(value.clone()), now);
                 let other = order[order.len() - 1];
                 out.sends.push((
                     other,
@@ -900,12 +1127,13 @@ impl World {
         let key = self.key_of(index);
         let now = self.micros();
         let (update, out) = self.procs[p].node.write(key, Some(value.clone()), now);
-        self.truth.record(&self.config, &update, Some(value));
+        self.truth.record(&self.config, &update, Some(value), now);
         self.apply(p, out, Vec::new());
         if self.rng.random_bool(0.5) {
             let value = Bytes::from(format!("server {p} twin at {}", self.now));
             let fork = twin(&update, &self.procs[p].secret, &value);
-            self.truth.record(&self.config, &fork, Some(value.clone()));
+            self.truth
+                .record(&self.config, &fork, Some(value.clone()), now);
             let to = self.rng.random_range(0..self.procs.len());
             if to != p {
                 let push = Message::push(vec![fork.to_wire()], vec![value]);
@@ -973,11 +1201,12 @@ impl World {
                 if self.procs[p].up {
                     let now = self.micros();
                     let (update, out) = self.procs[p].node.beacon(now);
-                    self.truth.record(&self.config, &update, None);
+                    self.truth.record(&self.config, &update, None, now);
                     self.apply(p, out, Vec::new());
                 }
             }
             Event::Op(p) => self.op(p),
+            Event::Discard(p) => self.discard(p),
             Event::PutRetry {
                 client,
                 incarnation,
@@ -1059,7 +1288,12 @@ impl World {
                     &proc.disk,
                     self.micros(),
                 );
-                node.mutate(self.shape.mutations);
+                if self.correct(p) {
+                    node.mutate(self.shape.mutations);
+                }
+                if self.shape.discard {
+                    node.set_ladder(sim_ladder());
+                }
                 let proc = &mut self.procs[p];
                 proc.node = node;
                 proc.up = true;
@@ -1091,6 +1325,10 @@ impl World {
                 self.at(start, Event::Op(p));
                 let first = self.rng.random_range(0..ANNOUNCE_MILLIS);
                 self.at(first, Event::Beacon(p));
+                if self.shape.discard {
+                    let first = self.rng.random_range(0..200);
+                    self.at(first, Event::Discard(p));
+                }
             }
         }
         let busy = BUSY_MILLIS;
@@ -1178,6 +1416,19 @@ impl World {
                     .violations
                     .push(format!("node {p} at the end: {v}"));
             }
+            let node = &self.procs[*p].node;
+            self.run.discarded += node.discarded();
+            let refusers: Vec<Writer> = (0..self.procs.len())
+                .filter(|q| self.procs[*q].kind == Kind::Refuser)
+                .map(|q| Writer(q as u32))
+                .collect();
+            if *p >= self.servers() {
+                self.run.awaiting_refuser += node
+                    .discard_pending()
+                    .iter()
+                    .filter(|pending| pending.missing.iter().any(|m| refusers.contains(m)))
+                    .count();
+            }
             let stats = self.procs[*p].node.stats();
             self.run.refused += stats.refused;
             self.run.fast_gets += stats.fast_gets;
@@ -1243,6 +1494,7 @@ impl World {
                 };
                 if self.correct(u.writer.0 as usize)
                     && let Some(value) = &u.value
+                    && !self.discarded.contains(&value_hash(value))
                     && !self.procs[*p].node.has_value(&value_hash(value))
                 {
                     self.run.violations.push(format!(

@@ -20,6 +20,7 @@ fn shape(servers: &[Kind], clients: &[Kind]) -> DepotConfig {
         partitions: false,
         loss_per_mille: 0,
         servers_down_until: None,
+        discard: false,
         mutations: Mutations::default(),
     }
 }
@@ -43,12 +44,15 @@ fn runs(shape: &DepotConfig) -> DepotRun {
         total.fast_gets += run.fast_gets;
         total.slow_gets += run.slow_gets;
         total.crashes += run.crashes;
+        total.discarded += run.discarded;
+        total.premature_proposals += run.premature_proposals;
+        total.awaiting_refuser += run.awaiting_refuser;
     }
     eprintln!("{total:?}");
     total
 }
 
-use Kind::{Correct, Forker, Tamperer};
+use Kind::{Correct, Forker, Hastener, Refuser, Tamperer};
 
 /// T1 (and T14): concurrent writers on the same keys, nobody faulty. Reads of contended keys
 /// return every concurrent head; both the fast path and the slow path (a stale compact hash)
@@ -124,4 +128,48 @@ fn t12_partitions_heal_into_one_state() {
         ..shape(&[Correct; 3], &[Correct, Correct, Forker, Correct])
     });
     assert!(total.reads > 0);
+}
+
+/// T16, and discard by unanimous consent at work: with every client correct, old versions'
+/// values go (judged as each goes: every client signed, and the ladder keeps none of the
+/// versions naming it), with crashes on the way.
+#[test]
+fn t16_discard_goes_ahead_when_every_client_consents() {
+    let total = runs(&DepotConfig {
+        discard: true,
+        crashes: true,
+        ..shape(&[Correct; 2], &[Correct; 3])
+    });
+    assert!(total.discarded > 0, "old values are discarded");
+}
+
+/// T16: a client proposes to discard current and recent versions and consents to everything;
+/// no correct client consents to its lists, so nothing the ladder keeps goes, while what the
+/// correct clients propose still goes.
+#[test]
+fn t16_a_hastening_client_discards_nothing_early() {
+    let total = runs(&DepotConfig {
+        discard: true,
+        ..shape(&[Correct; 2], &[Correct, Correct, Hastener])
+    });
+    assert!(
+        total.premature_proposals > 0,
+        "premature lists are proposed"
+    );
+    assert!(total.discarded > 0, "valid proposals still go");
+}
+
+/// T16: a client never consents: nothing is discarded anywhere, and every correct client is
+/// left showing the proposals that wait for that client, for its administrator.
+#[test]
+fn t16_a_refusing_client_delays_discard_and_is_named() {
+    let total = runs(&DepotConfig {
+        discard: true,
+        ..shape(&[Correct; 2], &[Correct, Correct, Refuser])
+    });
+    assert_eq!(total.discarded, 0, "one refusal keeps everything");
+    assert!(
+        total.awaiting_refuser > 0,
+        "the proposals waiting for the refuser are shown"
+    );
 }

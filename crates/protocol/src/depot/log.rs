@@ -49,6 +49,12 @@ pub struct Mutations {
     /// Take a beacon time from an update still waiting for what it names, before it is
     /// verified and accepted (the pitfall of T20): a staleness bound from an unverified branch.
     pub beacon_before_accept: bool,
+    /// Consent to any discard proposal without asking the backup ladder (§6.6 rule (a) not
+    /// applied): a faulty client's premature list then gets every signature.
+    pub consent_unchecked: bool,
+    /// Apply a discard proposal once every client but one consented (§6.6 (b) not applied):
+    /// one refusing client no longer holds discard back.
+    pub discard_short_of_one: bool,
 }
 
 /// A frontier: for each writer, its latest updates one holds (one per branch), by clock and id.

@@ -22,7 +22,7 @@ pub mod served;
 pub mod update;
 
 pub use log::{ForkProof, Frontier, Log, Mutations, Offer, Refusal, Summary};
-pub use node::{Change, Message, Node, Output, ReadResult, ReadStart, Version};
+pub use node::{Change, Message, Node, Output, PendingDiscard, ReadResult, ReadStart, Version};
 pub use update::{
     Member, Role, Staleness, Update, UpdateBody, UpdateId, ValueRef, VolumeConfig, VolumeId,
     WireUpdate, Writer,

@@ -270,6 +270,21 @@ struct Discards {
     ladder: Ladder,
 }
 
+/// A discard proposal still short of a client's consent ([`Node::discard_pending`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PendingDiscard {
+    /// The proposal: the proposer's update to its discard key.
+    pub proposal: UpdateId,
+    /// Who proposed it.
+    pub proposer: Writer,
+    /// The turn it was proposed in.
+    pub turn: u64,
+    /// How many versions it lists.
+    pub versions: usize,
+    /// The clients that have not consented to it, in writer order.
+    pub missing: Vec<Writer>,
+}
+
 impl std::fmt::Debug for Node {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Node")
@@ -335,6 +350,11 @@ impl Node {
     /// This node with another backup ladder than the paper's.
     pub fn set_ladder(&mut self, ladder: Ladder) {
         self.discard.ladder = ladder;
+    }
+
+    /// The backup ladder this node keeps versions by, and whose turns proposals take.
+    pub fn ladder(&self) -> &Ladder {
+        &self.discard.ladder
     }
 
     /// A node rebuilt from what it made durable, in the order it did. Every update is verified
@@ -549,7 +569,12 @@ impl Node {
             .discard
             .proposals
             .keys()
-            .filter(|id| self.discard.consents.get(id) == Some(&clients))
+            .filter(|id| {
+                let consents = self.discard.consents.get(id);
+                consents == Some(&clients)
+                    || (self.log.mutations().discard_short_of_one
+                        && consents.map_or(0, BTreeSet::len) + 1 >= clients.len())
+            })
             .copied()
             .collect();
         for proposal in unanimous {
@@ -605,7 +630,8 @@ impl Node {
         for (id, (writer, _, ids)) in &self.discard.proposals {
             if *writer != me
                 && !self.discard.consented.contains(id)
-                && self.log.check_discard(ids, ladder, now_micros).is_ok()
+                && (self.log.mutations().consent_unchecked
+                    || self.log.check_discard(ids, ladder, now_micros).is_ok())
             {
                 return Some(Discard::Consent(*id));
             }
@@ -640,6 +666,39 @@ impl Node {
             .collect();
         ids.sort();
         (!ids.is_empty()).then_some(Discard::Propose { turn, ids })
+    }
+
+    /// The discard proposals this node knows that do not have every client's consent yet, with
+    /// the clients whose consent each lacks, oldest turn first: what an administrator looks at
+    /// when discard stalls (§6.6: a client that never consents delays it for everyone).
+    pub fn discard_pending(&self) -> Vec<PendingDiscard> {
+        let config = self.log.config();
+        let clients = (0..config.members.len() as u32)
+            .map(Writer)
+            .filter(|w| config.member(*w).is_some_and(|m| m.role == Role::Client));
+        let clients: Vec<Writer> = clients.collect();
+        let mut pending: Vec<PendingDiscard> = self
+            .discard
+            .proposals
+            .iter()
+            .map(|(id, (proposer, turn, ids))| {
+                let consents = self.discard.consents.get(id);
+                PendingDiscard {
+                    proposal: *id,
+                    proposer: *proposer,
+                    turn: *turn,
+                    versions: ids.len(),
+                    missing: clients
+                        .iter()
+                        .copied()
+                        .filter(|c| !consents.is_some_and(|set| set.contains(c)))
+                        .collect(),
+                }
+            })
+            .filter(|pending| !pending.missing.is_empty())
+            .collect();
+        pending.sort_by_key(|pending| (pending.turn, pending.proposal));
+        pending
     }
 
     /// Writes `discard` to this client's discard key: [`Node::write`] for what

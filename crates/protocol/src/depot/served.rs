@@ -176,6 +176,18 @@ impl Served {
             values: self.node.values_held() as u64,
             value_bytes: self.node.value_bytes(),
             names: Vec::new(),
+            discarded: self.node.discarded() as u64,
+            pending_discards: self
+                .node
+                .discard_pending()
+                .into_iter()
+                .map(|pending| crate::service::PendingDiscardStatus {
+                    proposer: pending.proposer.0,
+                    turn: pending.turn,
+                    versions: pending.versions as u64,
+                    missing: pending.missing.into_iter().map(|w| w.0).collect(),
+                })
+                .collect(),
         }
     }
 

@@ -1130,6 +1130,13 @@ fn a_faulty_client_can_delay_a_discard_but_never_hasten_one() {
     for n in [&s0, &s1, &c2] {
         assert!(n.has_value(&value_of(&old)), "one refusal keeps it");
         assert_eq!(n.discarded(), 0);
+        // What an administrator is shown: the valid proposal waits for the refuser alone.
+        let pending = n.discard_pending();
+        let valid = pending
+            .iter()
+            .find(|p| p.proposer == Writer(2))
+            .expect("the valid proposal is pending");
+        assert_eq!((valid.versions, &valid.missing[..]), (1, &[Writer(4)][..]));
     }
     // A consent forged under the faulty client's name does not verify (Depot's signatures), and
     // one to its discard key by another client is no consent: it is not that client's to write.
@@ -1273,4 +1280,106 @@ fn a_proposer_proposes_once_a_turn_and_a_restart_never_shortens_a_life() {
         restored.discard_due(now),
         Some(Discard::Propose { ids, .. }) if ids == vec![quiet.id()]
     ));
+}
+
+/// §8.2 T18: a faulty peer pulls again and again, asking for the whole log's ancestry by name
+/// (a fork search that never ends) with a frontier of thousands of invented heads and
+/// thousands of invented values, and puts an update with more dependencies than any honest one
+/// names. Every answer stays within the push bounds, nothing it sends is stored or changes what
+/// the node holds, the oversized update is refused and counted, and a correct client still gets
+/// the whole log in a few exchanges afterwards.
+#[test]
+fn a_peer_that_asks_again_and_again_gets_bounded_answers_and_changes_nothing() {
+    use super::node::{
+        PUSH_FORKS_MAX, PUSH_UPDATE_BYTES_MAX, PUSH_UPDATES_MAX, PUSH_VALUE_BYTES_MAX,
+    };
+    use super::update::DEPS_MAX;
+    use bulwark_core::Digest;
+    let mut s0 = node(0);
+    let mut c2 = node(2);
+    for i in 0..700 {
+        put(&mut c2, &format!("c2/k{}", i % 50), &format!("v{i}"));
+    }
+    exchange(&mut [&mut s0, &mut c2]);
+    let held = s0.log().len();
+    assert!(held >= 700, "the server holds the writer's log");
+
+    let ids: Vec<UpdateId> = s0.log().in_order().map(|u| u.id()).collect();
+    let invented = |i: u32| Digest::of("invented", &i.to_le_bytes());
+    let frontier: Vec<(Writer, u64, UpdateId)> = (0..5_000u32)
+        .map(|i| {
+            (
+                Writer(5 + i),
+                u64::MAX - u64::from(i),
+                UpdateId(invented(i)),
+            )
+        })
+        .collect();
+    for round in 0..100u32 {
+        let want: Vec<UpdateId> = ids
+            .iter()
+            .rev()
+            .copied()
+            .chain((0..3_000).map(|i| UpdateId(invented(round * 3_000 + i))))
+            .collect();
+        let pull = Message::Pull {
+            frontier: frontier.clone(),
+            want,
+            want_values: (0..5_000).map(invented).collect(),
+            values: true,
+        };
+        let out = s0.on_message(Writer(4), pull, NOW);
+        assert!(out.changes.is_empty(), "a pull changes nothing stored");
+        let [
+            (
+                to,
+                Message::Push {
+                    updates,
+                    values,
+                    forks,
+                    ..
+                },
+            ),
+        ] = &out.sends[..]
+        else {
+            panic!("one push answers one pull: {:?}", out.sends.len());
+        };
+        assert_eq!(*to, Writer(4));
+        let update_bytes: usize = updates.iter().map(|u| u.signed.bytes().len()).sum();
+        let value_bytes: usize = values.iter().map(Bytes::len).sum();
+        assert!(updates.len() <= PUSH_UPDATES_MAX && update_bytes <= PUSH_UPDATE_BYTES_MAX);
+        assert!(value_bytes <= PUSH_VALUE_BYTES_MAX && forks.len() <= PUSH_FORKS_MAX);
+    }
+    assert_eq!((s0.log().len(), s0.log().pending()), (held, 0));
+
+    // A vector of more dependencies than DEPS_MAX: refused, counted, not stored.
+    let deps: Vec<Dep> = (0..=DEPS_MAX as u32)
+        .map(|i| Dep {
+            writer: Writer(2),
+            clock: u64::from(i),
+            id: UpdateId(invented(i)),
+        })
+        .collect();
+    let huge = forge(4, NOW, "c4/huge", None, deps, &[]);
+    let before = s0.stats();
+    let out = s0.on_message(
+        Writer(4),
+        Message::Put {
+            op: 1,
+            update: huge.to_wire(),
+            value: Some(Bytes::from("c4/huge")),
+        },
+        NOW,
+    );
+    let after = s0.stats();
+    assert!(
+        after.refused + after.puts_refused > before.refused + before.puts_refused,
+        "the oversized update is refused and counted"
+    );
+    assert!(out.changes.is_empty() && !s0.log().holds(&huge.id()));
+
+    // A correct client is served as before: the whole log, in a bounded exchange.
+    let mut c3 = node(3);
+    exchange(&mut [&mut s0, &mut c3]);
+    assert_eq!(c3.log().len(), held);
 }
