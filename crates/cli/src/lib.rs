@@ -86,6 +86,15 @@ pub enum Command {
         /// server gives. Repeatable.
         #[arg(long = "peer")]
         peers: Vec<String>,
+        /// Causal volumes: list every version of the key the log holds, superseded and deleted
+        /// ones too, newest first, instead of fetching it.
+        #[arg(long, conflicts_with = "version")]
+        versions: bool,
+        /// Causal volumes: fetch the version whose id starts with these hex digits (at least 8,
+        /// as `--versions` lists them) instead of the newest: an overwritten or deleted value
+        /// back.
+        #[arg(long, value_name = "ID")]
+        version: Option<String>,
         #[command(flatten)]
         client: ClientArgs,
     },
@@ -408,8 +417,17 @@ pub async fn run(cli: Cli) -> Result<std::process::ExitCode> {
             key,
             output,
             peers,
+            versions,
+            version,
             client,
-        } => return objects::get(&client, &key, output, &peers).await,
+        } => {
+            let past = if versions {
+                objects::Past::List
+            } else {
+                version.map_or(objects::Past::Newest, objects::Past::Version)
+            };
+            return objects::get(&client, &key, output, &peers, past).await;
+        }
         Command::Delete { key, client } => objects::delete(&client, &key).await?,
         Command::List {
             prefix,

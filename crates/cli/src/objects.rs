@@ -375,11 +375,22 @@ fn read_stdin() -> Result<Vec<u8>> {
     Ok(value)
 }
 
+/// Which version of a key `get` is after.
+pub enum Past {
+    /// The newest (a causal volume's every current version named).
+    Newest,
+    /// Causal volumes: every version the log holds, listed.
+    List,
+    /// Causal volumes: the version whose id starts with these hex digits.
+    Version(String),
+}
+
 pub async fn get(
     args: &ClientArgs,
     key: &str,
     output: Option<PathBuf>,
     peers: &[String],
+    past: Past,
 ) -> Result<std::process::ExitCode> {
     let peers = peers
         .iter()
@@ -392,6 +403,34 @@ pub async fn get(
         for (name, address) in peers {
             client.add_causal_peer(name, address);
         }
+        match past {
+            Past::Newest => {}
+            Past::List => {
+                let versions = client
+                    .causal_versions(volume.name(), number, key.as_bytes())
+                    .await?;
+                if versions.is_empty() {
+                    eprintln!("not found: {key:?} has no version");
+                    return Ok(std::process::ExitCode::from(2));
+                }
+                for version in &versions {
+                    println!("{}", past_line(version));
+                }
+                return Ok(std::process::ExitCode::SUCCESS);
+            }
+            Past::Version(id) => {
+                let (version, value) = client
+                    .causal_read_version(volume.name(), number, key.as_bytes(), &id)
+                    .await?;
+                let Some(value) = value else {
+                    eprintln!("{key:?} version {}: a delete", past_line(&version));
+                    return Ok(std::process::ExitCode::from(2));
+                };
+                write_out(&value, output, started)?;
+                eprintln!("fetched {key:?} version {}", past_line(&version));
+                return Ok(std::process::ExitCode::SUCCESS);
+            }
+        }
         let read = client
             .causal_read(volume.name(), number, key.as_bytes())
             .await?;
@@ -403,8 +442,37 @@ pub async fn get(
             volume.name()
         );
     }
+    if !matches!(past, Past::Newest) {
+        bail!(
+            "--versions and --version read a causal volume's history; volume {:?} keeps only \
+             each key's latest value",
+            volume.name()
+        );
+    }
     let (value, report) = client.get_in(&volume, key.as_bytes()).await?;
     deliver(&format!("{key:?}"), value, &report, output, started)
+}
+
+/// One version of a causal key's history, as `get --versions` lists it: its id (as `--version`
+/// takes it), clock, writer, size and standing.
+fn past_line(version: &bulwark_client::causal::CausalPast) -> String {
+    let size = match version.len {
+        Some(len) => human_bytes(len),
+        None => "deleted".to_string(),
+    };
+    let standing = if version.current {
+        "current"
+    } else if version.discarded {
+        "superseded, value discarded"
+    } else {
+        "superseded"
+    };
+    format!(
+        "{}  clock {}  by {}  {size}  {standing}",
+        &hex::encode(version.id.0.0)[..16],
+        version.clock,
+        version.writer
+    )
 }
 
 /// A causal read: the newest version written out (by clock, then writer, then update), every

@@ -5,45 +5,25 @@
 
 use crate::common;
 
-use common::{BULWARK, TestCluster};
-
-fn bulwark(cluster: &TestCluster, args: &[&str], stdin: &[u8]) -> std::process::Output {
-    use std::io::Write;
-    let mut child = std::process::Command::new(BULWARK)
-        .args(args)
-        .arg("--cluster")
-        .arg(cluster.path())
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run bulwark");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(stdin)
-        .expect("write stdin");
-    child.wait_with_output().expect("bulwark output")
-}
+use common::TestCluster;
 
 /// `bulwark put/get/delete/status` against a cluster of `protocol`.
 async fn cli_round_trip(protocol: &str, n: usize) {
     let cluster = TestCluster::start_protocol(protocol, 1, 1_000);
     let all: Vec<usize> = (0..n).collect();
     cluster.wait_up(&all).await;
-    let put = bulwark(&cluster, &["put", "greeting"], b"hello baseline");
+    let put = cluster.cli(&["put", "greeting"], b"hello baseline");
     assert!(put.status.success(), "{put:?}");
-    let get = bulwark(&cluster, &["get", "greeting"], b"");
+    let get = cluster.cli(&["get", "greeting"], b"");
     assert!(get.status.success(), "{get:?}");
     assert_eq!(get.stdout, b"hello baseline");
-    let reader_put = bulwark(&cluster, &["put", "--client", "reader", "x"], b"no");
+    let reader_put = cluster.cli(&["put", "--client", "reader", "x"], b"no");
     assert!(!reader_put.status.success(), "a reader cannot write");
-    let delete = bulwark(&cluster, &["delete", "greeting"], b"");
+    let delete = cluster.cli(&["delete", "greeting"], b"");
     assert!(delete.status.success(), "{delete:?}");
-    let gone = bulwark(&cluster, &["get", "greeting"], b"");
+    let gone = cluster.cli(&["get", "greeting"], b"");
     assert_eq!(gone.status.code(), Some(2), "{gone:?}");
-    let status = bulwark(&cluster, &["status"], b"");
+    let status = cluster.cli(&["status"], b"");
     let text = String::from_utf8_lossy(&status.stdout);
     assert!(status.status.success(), "{text}");
     assert!(
@@ -92,41 +72,27 @@ async fn phalanx_survives_a_sigkilled_node_and_stays_linearizable() {
 async fn a_volume_with_one_writer_from_the_cli() {
     let cluster = TestCluster::start(1, 1_000);
     cluster.wait_up(&[0, 1, 2, 3]).await;
-    let create = bulwark(
-        &cluster,
-        &["volume", "create", "solo", "--writer", "admin"],
-        b"",
-    );
+    let create = cluster.cli(&["volume", "create", "solo", "--writer", "admin"], b"");
     assert!(create.status.success(), "{create:?}");
     let said = String::from_utf8_lossy(&create.stderr);
     assert!(said.contains("alone"), "{said}");
     for round in 0..3 {
         let value = format!("entry {round}");
-        let put = bulwark(
-            &cluster,
-            &["put", "--volume", "solo", "log"],
-            value.as_bytes(),
-        );
+        let put = cluster.cli(&["put", "--volume", "solo", "log"], value.as_bytes());
         assert!(put.status.success(), "{put:?}");
-        let get = bulwark(
-            &cluster,
+        let get = cluster.cli(
             &["get", "--client", "reader", "--volume", "solo", "log"],
             b"",
         );
         assert_eq!(get.stdout, value.as_bytes(), "{get:?}");
     }
-    let other = bulwark(
-        &cluster,
+    let other = cluster.cli(
         &["put", "--client", "writer2", "--volume", "solo", "log"],
         b"mine",
     );
     assert!(!other.status.success(), "{other:?}");
     let said = String::from_utf8_lossy(&other.stderr);
     assert!(said.contains("only writer is client"), "{said}");
-    let unknown = bulwark(
-        &cluster,
-        &["volume", "create", "solo2", "--writer", "nobody"],
-        b"",
-    );
+    let unknown = cluster.cli(&["volume", "create", "solo2", "--writer", "nobody"], b"");
     assert!(!unknown.status.success(), "{unknown:?}");
 }

@@ -223,6 +223,24 @@ impl CausalRead {
     }
 }
 
+/// One version of a key in a causal volume's history (Depot §6.6's versioning): current or
+/// superseded, as this client's log holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CausalPast {
+    /// The update that wrote it.
+    pub id: UpdateId,
+    /// Its writer's name in `cluster.toml`, or its member index.
+    pub writer: String,
+    /// Its logical clock.
+    pub clock: u64,
+    /// Its value's length; `None` for a delete.
+    pub len: Option<u64>,
+    /// No other version supersedes it: a read returns it.
+    pub current: bool,
+    /// Its value was dropped by every client's consent (§6.6): nobody serves it any more.
+    pub discarded: bool,
+}
+
 /// What a causal write did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CausalWrite {
@@ -1307,6 +1325,134 @@ impl Client {
             },
         )
         .await
+    }
+}
+
+impl Client {
+    /// Every version of `key` in causal volume `volume` (named `name`) this client's log holds
+    /// after an exchange with a server, superseded ones too, newest first (by clock, then
+    /// writer, then update): what an overwritten or deleted value can be recovered from.
+    pub async fn causal_versions(
+        &self,
+        name: &str,
+        volume: VolumeId,
+        key: &[u8],
+    ) -> Result<Vec<CausalPast>, ClientError> {
+        let key = causal_key(key)?;
+        self.with_causal(
+            name,
+            volume,
+            async |client: &Client, member: &mut Membership| {
+                client.beacon_if_due(member)?;
+                client.sync(member).await;
+                Ok(client.history(member, &key))
+            },
+        )
+        .await
+    }
+
+    /// The value of the version of `key` whose update id starts with the hex digits `id` (at
+    /// least 8, naming one version), from this client's log or else from the servers in turn,
+    /// checked against its hash; `None` for a delete.
+    pub async fn causal_read_version(
+        &self,
+        name: &str,
+        volume: VolumeId,
+        key: &[u8],
+        id: &str,
+    ) -> Result<(CausalPast, Option<Bytes>), ClientError> {
+        let key = causal_key(key)?;
+        let problem = |problem: String| ClientError::Volume {
+            name: name.to_string(),
+            problem,
+        };
+        let prefix = id.to_ascii_lowercase();
+        if prefix.len() < 8 || prefix.len() > 64 || !prefix.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(problem(format!(
+                "a version is named by 8 to 64 hex digits of its id, not {id:?}"
+            )));
+        }
+        self.with_causal(
+            name,
+            volume,
+            async |client: &Client, member: &mut Membership| {
+                client.beacon_if_due(member)?;
+                client.sync(member).await;
+                let matching: Vec<CausalPast> = client
+                    .history(member, &key)
+                    .into_iter()
+                    .filter(|past| hex::encode(past.id.0.0).starts_with(&prefix))
+                    .collect();
+                let [past] = &matching[..] else {
+                    return Err(problem(format!(
+                        "{} versions of {:?} have ids starting with {prefix}",
+                        matching.len(),
+                        String::from_utf8_lossy(key.as_bytes())
+                    )));
+                };
+                let hash = member
+                    .node
+                    .log()
+                    .get(&past.id)
+                    .and_then(|update| update.body().value)
+                    .map(|reference| reference.hash);
+                let Some(hash) = hash else {
+                    return Ok((past.clone(), None));
+                };
+                if past.discarded {
+                    return Err(problem(format!(
+                        "version {prefix} of {:?} was discarded by every client's consent",
+                        String::from_utf8_lossy(key.as_bytes())
+                    )));
+                }
+                for server in Self::servers_in_order(member) {
+                    if member.node.has_value(&hash) {
+                        break;
+                    }
+                    let mut pull = member.node.pull(server.0);
+                    if let Message::Pull { want_values, .. } = &mut pull {
+                        want_values.insert(0, hash);
+                    }
+                    if let Err(error) = client.exchange(member, server, pull).await {
+                        tracing::debug!(%error, "a server did not answer for an old version");
+                    }
+                }
+                match member.node.value(&hash) {
+                    Some(value) => Ok((past.clone(), Some(value.clone()))),
+                    None => Err(problem(format!(
+                        "no server gave the value of version {prefix} of {:?}",
+                        String::from_utf8_lossy(key.as_bytes())
+                    ))),
+                }
+            },
+        )
+        .await
+    }
+
+    /// The versions of `key` `member`'s log holds, newest first.
+    fn history(&self, member: &Membership, key: &Key) -> Vec<CausalPast> {
+        let log = member.node.log();
+        let config = log.config().clone();
+        let current: Vec<UpdateId> = log.heads(key).iter().map(|head| head.id()).collect();
+        let mut versions: Vec<CausalPast> = log
+            .versions(key)
+            .into_iter()
+            .map(|update| {
+                let body = update.body();
+                CausalPast {
+                    id: update.id(),
+                    writer: self.member_name(&config, body.writer),
+                    clock: body.clock,
+                    len: body.value.map(|reference| reference.len),
+                    current: current.contains(&update.id()),
+                    discarded: body
+                        .value
+                        .is_some_and(|reference| member.node.is_discarded(&reference.hash)),
+                }
+            })
+            .collect();
+        versions.sort_by(|a, b| (b.clock, &b.writer, b.id).cmp(&(a.clock, &a.writer, a.id)));
+        versions
     }
 }
 

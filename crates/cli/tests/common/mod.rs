@@ -172,6 +172,28 @@ impl TestCluster {
         }
     }
 
+    /// Runs the `bulwark` command line against this cluster with `args`, `stdin` on its standard
+    /// input, and waits for it.
+    pub fn cli(&self, args: &[&str], stdin: &[u8]) -> std::process::Output {
+        use std::io::Write;
+        let mut child = Command::new(BULWARK)
+            .args(args)
+            .arg("--cluster")
+            .arg(self.path())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run bulwark");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(stdin)
+            .expect("write stdin");
+        child.wait_with_output().expect("bulwark output")
+    }
+
     pub fn path(&self) -> &Path {
         self.dir.path()
     }

@@ -463,6 +463,17 @@ impl Log {
             .collect()
     }
 
+    /// Every authorised update to `key` this log holds, superseded ones too, in log order: the
+    /// key's history as far as nothing was discarded (§6.6's versioning). A walk of the whole log.
+    pub fn versions(&self, key: &Key) -> Vec<&Update> {
+        self.in_order()
+            .filter(|update| {
+                let body = update.body();
+                &body.key == key && self.config.may_write(body.writer, key)
+            })
+            .collect()
+    }
+
     /// Keys with versions, in key order (their versions may all be deletes).
     pub fn keys(&self) -> impl Iterator<Item = &Key> + '_ {
         self.keys_after(None)

@@ -433,6 +433,17 @@ impl Node {
         self.values.contains_key(hash)
     }
 
+    /// The value `hash` names, if this node holds it.
+    pub fn value(&self, hash: &Digest) -> Option<&Bytes> {
+        self.values.get(hash)
+    }
+
+    /// Whether the value `hash` was dropped by every client's consent (§6.6): no node that
+    /// follows the protocol serves it any more.
+    pub fn is_discarded(&self, hash: &Digest) -> bool {
+        self.discard.discarded.contains(hash)
+    }
+
     /// How many values this node dropped by unanimous consent.
     pub fn discarded(&self) -> usize {
         self.discard.discarded.len()
