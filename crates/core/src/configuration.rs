@@ -46,8 +46,11 @@ use crate::sign::{Context, PublicKey, SecretKey, Signature};
 use crate::wire::{self, WireError};
 
 /// The most members a configuration may list. Every node and client holds the whole
-/// configuration (§2.4), so its size is bounded before anything is decoded.
-pub const MEMBERS_MAX: usize = 4096;
+/// configuration (§2.4), so its size is bounded before anything is decoded. Rosebud's design
+/// point is 10,000 nodes (§3.6); at this bound a configuration encodes in at most 2.5 MB and its
+/// certificate, a delta and the configuration service's snapshot each fit one frame (checked
+/// below).
+pub const MEMBERS_MAX: usize = 16_384;
 
 /// The longest canonical encoding of one [`Member`]: its id (a `u32` varint, at most 5 bytes),
 /// its address (the variant byte, 16 bytes of IPv6, a port varint of at most 3), its fingerprint
@@ -63,10 +66,11 @@ const HEADER_BYTES_MAX: usize = 10 + 5 + 5 + 1 + 3 + 32 + 10 + 10 + 10 + 5;
 /// The longest encoding of a valid configuration: longer input is refused before it is decoded.
 pub const BYTES_MAX: usize = HEADER_BYTES_MAX + MEMBERS_MAX * MEMBER_BYTES_MAX;
 
-/// The longest encoding of a [`ConfigCert`]: the configuration's bytes with their length, and at
-/// most one signature (a node id and 64 bytes) per member, since a CS never has more replicas
-/// than the configuration has members. For callers that decode a certificate on its own.
-pub const CERT_BYTES_MAX: usize = 3 + BYTES_MAX + 3 + MEMBERS_MAX * (5 + 64);
+/// The longest encoding of a [`ConfigCert`]: the configuration's bytes with their length (a
+/// varint of 4 bytes: [`BYTES_MAX`] is below 2^28), and at most one signature (a node id and 64
+/// bytes) per member, since a CS never has more replicas than the configuration has members.
+/// For callers that decode a certificate on its own.
+pub const CERT_BYTES_MAX: usize = 4 + BYTES_MAX + 3 + MEMBERS_MAX * (5 + 64);
 
 /// The longest encoding of a [`ConfigDelta`]: the epoch, at most [`MEMBERS_MAX`] added members
 /// and as many dropped ids, the two scalars, and at most one signature per member. For callers
@@ -77,6 +81,16 @@ pub const DELTA_BYTES_MAX: usize = 10
     + 10
     + 5
     + (3 + MEMBERS_MAX * (5 + 64));
+
+// Whatever carries a whole configuration carries it in one frame: a certificate, a delta, and
+// the configuration service's snapshot (two configurations).
+const _: () = assert!(
+    BYTES_MAX < 1 << 28
+        && MEMBERS_MAX < 1 << 21
+        && CERT_BYTES_MAX <= wire::FRAME_BYTES_MAX
+        && DELTA_BYTES_MAX <= wire::FRAME_BYTES_MAX
+        && 2 * BYTES_MAX <= wire::FRAME_BYTES_MAX
+);
 
 /// The context CS replicas sign configurations under, so such a signature is never valid as
 /// any other kind of statement.
