@@ -37,7 +37,9 @@ use bulwark_protocol::cs::{ConfigService, CsChange, EvictVote, Op};
 use bulwark_protocol::machine::{Access, ReplicaStats, TimerId};
 use bulwark_protocol::pbft::ea::{self, EaReplica};
 use bulwark_protocol::pbft::{Change, PbftReplica};
-use bulwark_protocol::service::{CERTS_PER_ANSWER, Certificate, CsStatus, NodeMessage};
+use bulwark_protocol::service::{
+    CERT_ANSWER_BYTES_MAX, CERTS_PER_ANSWER, Certificate, CsStatus, NodeMessage,
+};
 use bulwark_storage::{Namespace, StorageOp, Store};
 use bytes::Bytes;
 use std::collections::BTreeMap;
@@ -108,16 +110,12 @@ impl Chain {
         &self.genesis
     }
 
-    /// Certificates of epochs after `after`, oldest first, at most [`CERTS_PER_ANSWER`].
+    /// Certificates of epochs after `after`, oldest first, at most [`CERTS_PER_ANSWER`] and
+    /// [`CERT_ANSWER_BYTES_MAX`] encoded bytes beyond the first: what one answer carries.
     pub fn after(&self, after: u64) -> Vec<ConfigCert> {
         // certs[i] certifies epoch genesis + 1 + i.
         let first = after.saturating_sub(self.genesis.epoch.0) as usize;
-        self.certs
-            .iter()
-            .skip(first)
-            .take(CERTS_PER_ANSWER)
-            .cloned()
-            .collect()
+        answer(self.certs.iter().skip(first))
     }
 
     /// Every configuration, from the genesis on.
@@ -1277,6 +1275,22 @@ impl Manager {
     }
 }
 
+/// The first of `certs` that one answer carries: at most [`CERTS_PER_ANSWER`], and at most
+/// [`CERT_ANSWER_BYTES_MAX`] encoded bytes beyond the first.
+fn answer<'a>(certs: impl Iterator<Item = &'a ConfigCert>) -> Vec<ConfigCert> {
+    let mut bytes = 0;
+    let mut answer = Vec::new();
+    for cert in certs.take(CERTS_PER_ANSWER) {
+        // The configuration with its length, and each signature with its signer's id.
+        bytes += 4 + cert.bytes.len() + 3 + cert.signatures.len() * (5 + 64);
+        if !answer.is_empty() && bytes > CERT_ANSWER_BYTES_MAX {
+            break;
+        }
+        answer.push(cert.clone());
+    }
+    answer
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1394,5 +1408,28 @@ mod tests {
                 .and_then(|cert| configuration::verify_successor(&wrong, &cert))
                 .is_err()
         );
+    }
+
+    /// Sixteen certificates of the largest configurations do not fit one frame: an answer
+    /// stops where the next would not, and always carries one.
+    #[test]
+    fn an_answer_of_certificates_fits_one_frame() {
+        use bulwark_core::sign::Signature;
+        let cert = |bytes: usize| ConfigCert {
+            bytes: Bytes::from(vec![7; bytes]),
+            signatures: vec![(NodeId(u32::MAX), Signature([1; 64])); 3],
+        };
+        let large: Vec<ConfigCert> = (0..20).map(|_| cert(configuration::BYTES_MAX)).collect();
+        let answered = super::answer(large.iter());
+        let encoded = wire::encode(&answered).len();
+        assert!(answered.len() > 1 && answered.len() < CERTS_PER_ANSWER);
+        assert!(encoded <= CERT_ANSWER_BYTES_MAX, "{encoded}");
+        let next = wire::encode(&large[..answered.len() + 1].to_vec()).len();
+        assert!(
+            next > CERT_ANSWER_BYTES_MAX,
+            "one more would have fit: {next}"
+        );
+        let small: Vec<ConfigCert> = (0..20).map(|_| cert(1_000)).collect();
+        assert_eq!(super::answer(small.iter()).len(), CERTS_PER_ANSWER);
     }
 }

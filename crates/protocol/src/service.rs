@@ -13,6 +13,13 @@ use serde::{Deserialize, Serialize};
 /// Certificates sent in one answer at most; a peer further behind asks again.
 pub const CERTS_PER_ANSWER: usize = 16;
 
+/// The encoded certificates one answer carries at most, beyond its first: what leaves room in a
+/// frame for the envelope. Sixteen certificates of a large configuration would not fit one
+/// frame; an answer stops at this many bytes (one certificate always fits alone).
+pub const CERT_ANSWER_BYTES_MAX: usize = bulwark_core::wire::FRAME_BYTES_MAX - 64 * 1024;
+
+const _: () = assert!(bulwark_core::configuration::CERT_BYTES_MAX <= CERT_ANSWER_BYTES_MAX);
+
 /// Content-hash objects one listing names at most.
 pub const CONTENT_OBJECTS_PER_ANSWER: usize = 1024;
 
