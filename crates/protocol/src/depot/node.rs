@@ -40,13 +40,6 @@ pub const VALUE_BYTES_MAX: usize = 4 * 1024 * 1024;
 /// The most ids or hashes a peer may ask for in one pull.
 pub const WANT_MAX: usize = 1024;
 
-/// The most pulls asking for updates by name that one peer gets answered by name per second:
-/// each such answer walks the asked updates' past through the log, so a peer that asks again and
-/// again (an endless fork search, T18) would cost the node that walk each time. Past the budget a
-/// pull is answered as a plain one (what the asker's frontier lacks); a correct peer, which asks
-/// by name once per exchange, stays far below it.
-pub const ASKS_PER_SECOND_MAX: u32 = 32;
-
 /// What nodes of a volume say to each other.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum Message {
@@ -223,8 +216,6 @@ pub struct NodeStats {
     pub slow_gets: u64,
     /// Puts refused (a bad signature, or a value that is not the update's).
     pub puts_refused: u64,
-    /// Pulls whose asks by name were left unanswered: the peer was over its budget.
-    pub asks_limited: u64,
 }
 
 /// One member's node for one volume.
@@ -241,8 +232,6 @@ pub struct Node {
     missing_values: BTreeSet<Digest>,
     /// Per peer, what was asked of it by name without progress since (not asked twice).
     asked: BTreeMap<Writer, BTreeSet<UpdateId>>,
-    /// Per peer, the second its last ask by name came in and how many it made in that second.
-    asks: BTreeMap<Writer, (u64, u32)>,
     reads: BTreeMap<u64, Reading>,
     /// Peers this node sent a pull and has not had the push answering it from yet: only such a
     /// push is pushed back to, so two nodes never push at each other for ever.
@@ -351,7 +340,6 @@ impl Node {
             owed_values: BTreeMap::new(),
             missing_values: BTreeSet::new(),
             asked: BTreeMap::new(),
-            asks: BTreeMap::new(),
             reads: BTreeMap::new(),
             pulled: BTreeSet::new(),
             stats: NodeStats::default(),
@@ -638,18 +626,6 @@ impl Node {
                 self.discard.waiting = true;
             }
         }
-    }
-
-    /// Whether `peer` may have one more pull answered by name this second
-    /// ([`ASKS_PER_SECOND_MAX`]), counting it if so.
-    fn may_ask(&mut self, peer: Writer, now_micros: u64) -> bool {
-        let second = now_micros / 1_000_000;
-        let (at, count) = self.asks.entry(peer).or_insert((second, 0));
-        if *at != second {
-            (*at, *count) = (second, 0);
-        }
-        *count += 1;
-        *count <= ASKS_PER_SECOND_MAX
     }
 
     /// The next proposal or consent this client should write to its discard key at `now`, if
@@ -1006,11 +982,7 @@ impl Node {
                 want_values,
                 values,
             } => {
-                let mut want: Vec<UpdateId> = want.into_iter().take(WANT_MAX).collect();
-                if !want.is_empty() && !self.may_ask(from, now_micros) {
-                    self.stats.asks_limited += 1;
-                    want.clear();
-                }
+                let want: Vec<UpdateId> = want.into_iter().take(WANT_MAX).collect();
                 let (updates, more) = if want.is_empty() {
                     self.log.missing_for(&frontier, PUSH_UPDATES_MAX)
                 } else {
