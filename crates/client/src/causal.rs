@@ -1103,12 +1103,15 @@ impl Client {
             let (_, out) = member.node.write_discard(&discard, now);
             self.persist(member, &out)?;
         }
-        // A proposal a whole turn old still short of a consent: a client refuses, or is down or
-        // cut off; discard waits for it (§6.6), and an administrator should know.
+        // A proposal this client agreed to, a whole turn old and still short of a consent: a
+        // client refuses, or is down or cut off; discard waits for it (§6.6), and an
+        // administrator should know. (One this client refused itself is premature by its own
+        // ladder: the others are right to withhold too.)
         let turn = member.node.ladder().turn(now);
         let config = member.node.log().config().clone();
+        let me = member.node.me();
         for pending in member.node.discard_pending() {
-            if pending.turn.saturating_add(1) < turn {
+            if pending.turn.saturating_add(1) < turn && !pending.missing.contains(&me) {
                 let missing: Vec<String> = pending
                     .missing
                     .iter()
@@ -1383,12 +1386,22 @@ impl Client {
                     .into_iter()
                     .filter(|past| hex::encode(past.id.0.0).starts_with(&prefix))
                     .collect();
-                let [past] = &matching[..] else {
-                    return Err(problem(format!(
-                        "{} versions of {:?} have ids starting with {prefix}",
-                        matching.len(),
-                        String::from_utf8_lossy(key.as_bytes())
-                    )));
+                let shown = String::from_utf8_lossy(key.as_bytes()).to_string();
+                let past = match &matching[..] {
+                    [past] => past,
+                    [] => {
+                        return Err(problem(format!(
+                            "no version of {shown:?} has an id starting with {prefix} \
+                             (`get --versions` lists them)"
+                        )));
+                    }
+                    _ => {
+                        return Err(problem(format!(
+                            "{} versions of {shown:?} have ids starting with {prefix}: give more \
+                             digits",
+                            matching.len()
+                        )));
+                    }
                 };
                 let hash = member
                     .node
@@ -1401,8 +1414,7 @@ impl Client {
                 };
                 if past.discarded {
                     return Err(problem(format!(
-                        "version {prefix} of {:?} was discarded by every client's consent",
-                        String::from_utf8_lossy(key.as_bytes())
+                        "version {prefix} of {shown:?} was discarded by every client's consent"
                     )));
                 }
                 for server in Self::servers_in_order(member) {
@@ -1420,8 +1432,8 @@ impl Client {
                 match member.node.value(&hash) {
                     Some(value) => Ok((past.clone(), Some(value.clone()))),
                     None => Err(problem(format!(
-                        "no server gave the value of version {prefix} of {:?}",
-                        String::from_utf8_lossy(key.as_bytes())
+                        "no server gave the value of version {prefix} of {shown:?} (none answered, \
+                         or it was discarded by every client's consent)"
                     ))),
                 }
             },

@@ -47,7 +47,7 @@ use crate::wire::{self, WireError};
 
 /// The most members a configuration may list. Every node and client holds the whole
 /// configuration (§2.4), so its size is bounded before anything is decoded. Rosebud's design
-/// point is 10,000 nodes (§3.6); at this bound a configuration encodes in at most 2.5 MB and its
+/// point is 10,000 nodes (§3.6); at this bound a configuration encodes in at most 2.54 MB and its
 /// certificate, a delta and the configuration service's snapshot each fit one frame (checked
 /// below).
 pub const MEMBERS_MAX: usize = 16_384;

@@ -24,7 +24,6 @@
 //! both branches, and none against a correct writer; every correct server holds the value of
 //! every correct writer's update.
 
-use bulwark_core::Digest;
 use bulwark_core::Key;
 use bulwark_core::sign::{SecretKey, Signed, Unverified};
 use bulwark_protocol::depot::discard::{Discard, Ladder};
@@ -175,6 +174,8 @@ struct Truth {
     proposals: HashMap<UpdateId, (Writer, Vec<UpdateId>)>,
     /// Consents anyone signed, by the proposal they name.
     consents: HashMap<UpdateId, BTreeSet<Writer>>,
+    /// The updates that name each update: the way from a version to those that supersede it.
+    named_by: HashMap<UpdateId, Vec<UpdateId>>,
 }
 
 struct Signedness {
@@ -191,6 +192,11 @@ struct Signedness {
 impl Truth {
     fn record(&mut self, config: &VolumeConfig, update: &Update, value: Option<Bytes>, at: u64) {
         let body = update.body();
+        if !self.updates.contains_key(&update.id()) {
+            for named in body.prev.iter().chain(body.deps.iter().map(|d| &d.id)) {
+                self.named_by.entry(*named).or_default().push(update.id());
+            }
+        }
         self.updates
             .entry(update.id())
             .or_insert_with(|| Signedness {
@@ -221,17 +227,34 @@ impl Truth {
         }
     }
 
-    /// Whether a version of `update`'s key that depends on it was signed at least `keep` before
-    /// `now`: how long ago it stopped being current, at the earliest, at any node.
-    fn superseded_before(&self, update: &UpdateId, now: u64, keep: u64) -> bool {
+    /// The authorised updates of `update`'s key that depend on it: the versions that supersede
+    /// it, in id order.
+    fn superseders(&self, update: &UpdateId) -> Vec<UpdateId> {
         let Some(u) = self.updates.get(update) else {
-            return false;
+            return Vec::new();
         };
-        self.updates.iter().any(|(id, later)| {
-            later.authorised
-                && later.key == u.key
-                && later.at.saturating_add(keep) <= now
-                && self.past(id).contains(update)
+        let mut seen = BTreeSet::new();
+        let mut stack: Vec<UpdateId> = self.named_by.get(update).cloned().unwrap_or_default();
+        while let Some(next) = stack.pop() {
+            if seen.insert(next) {
+                stack.extend(self.named_by.get(&next).into_iter().flatten().copied());
+            }
+        }
+        seen.into_iter()
+            .filter(|id| {
+                self.updates
+                    .get(id)
+                    .is_some_and(|later| later.authorised && later.key == u.key)
+            })
+            .collect()
+    }
+
+    /// Whether a version superseding `update` was signed at least `keep` before `now`.
+    fn superseded_before(&self, update: &UpdateId, now: u64, keep: u64) -> bool {
+        self.superseders(update).iter().any(|id| {
+            self.updates
+                .get(id)
+                .is_some_and(|later| later.at.saturating_add(keep) <= now)
         })
     }
 
@@ -406,8 +429,9 @@ struct World {
     history: BTreeMap<u32, Vec<crate::fjc::Op<UpdateId>>>,
     /// When the run is judged.
     end: u64,
-    /// Values correct nodes dropped by every client's consent (each judged as it went).
-    discarded: BTreeSet<Digest>,
+    /// When each correct node first accepted each update, in its microseconds: where its ladder
+    /// starts counting a superseded version's age.
+    accepted_at: HashMap<(usize, UpdateId), u64>,
 }
 
 fn key(text: String) -> Key {
@@ -511,7 +535,7 @@ impl World {
             written_at: Vec::new(),
             history: BTreeMap::new(),
             end: BUSY_MILLIS + SETTLE_MILLIS,
-            discarded: BTreeSet::new(),
+            accepted_at: HashMap::new(),
             shape,
         }
     }
@@ -594,10 +618,13 @@ impl World {
     /// as it is accepted, since a gap can close again before any read looks.
     fn judge_accepted(&mut self, p: usize, out: &Output) {
         for change in &out.changes {
-            let bulwark_protocol::depot::Change::Update(update, _) = change else {
+            let bulwark_protocol::depot::Change::Update(update, accepted) = change else {
                 continue;
             };
             let id = update.id();
+            if let Some(accepted) = accepted {
+                self.accepted_at.entry((p, id)).or_insert(*accepted);
+            }
             let log = self.procs[p].node.log();
             match self.truth.updates.get(&id) {
                 None => self
@@ -615,60 +642,73 @@ impl World {
         }
     }
 
-    /// A correct node drops a value only when every client signed a proposal listing a version
-    /// that names it, and only when every authorised version naming it stopped being current
-    /// longer ago than the ladder keeps everything (§6.6 (b), and valid discard: no version the
-    /// ladder keeps goes while one client is correct).
+    /// A correct node drops a value only when, for every authorised version naming it that the
+    /// node holds, every client signed a proposal listing that version (§6.6 (b)), and every
+    /// correct client accepted a version superseding it longer ago than the ladder keeps
+    /// everything (valid discard: no version a correct client's ladder keeps goes; a client's
+    /// ladder counts from when it accepted the superseding version).
     fn judge_discards(&mut self, p: usize, out: &Output) {
         let now = self.micros();
         let keep = sim_ladder().keep_all_micros;
         let clients: BTreeSet<Writer> = (self.servers()..self.procs.len())
             .map(|c| Writer(c as u32))
             .collect();
+        let correct_clients: Vec<usize> = (self.servers()..self.procs.len())
+            .filter(|c| self.correct(*c))
+            .collect();
         for change in &out.changes {
             let bulwark_protocol::depot::Change::Discard(hash) = change else {
                 continue;
             };
-            self.discarded.insert(*hash);
-            let names = |id: &UpdateId| {
-                self.truth
-                    .updates
-                    .get(id)
-                    .and_then(|u| u.value.as_ref())
-                    .is_some_and(|value| value_hash(value) == *hash)
-            };
-            let unanimous = self
+            let log = self.procs[p].node.log();
+            let mut namers: Vec<UpdateId> = self
                 .truth
-                .proposals
+                .updates
                 .iter()
-                .any(|(proposal, (proposer, ids))| {
-                    let mut signed = self
-                        .truth
-                        .consents
-                        .get(proposal)
-                        .cloned()
-                        .unwrap_or_default();
-                    signed.insert(*proposer);
-                    ids.iter().any(names) && clients.is_subset(&signed)
-                });
-            if !unanimous {
-                self.run.violations.push(format!(
-                    "node {p} discarded value {hash:?} without every client's consent"
-                ));
-            }
-            for (id, u) in &self.truth.updates {
-                if u.authorised
-                    && !is_reserved(&u.key)
-                    && names(id)
-                    && !self.truth.superseded_before(id, now, keep)
-                {
+                .filter(|(id, u)| {
+                    u.authorised
+                        && !is_reserved(&u.key)
+                        && u.value.as_ref().is_some_and(|v| value_hash(v) == *hash)
+                        && log.holds(id)
+                })
+                .map(|(id, _)| *id)
+                .collect();
+            namers.sort();
+            for id in namers {
+                let unanimous = self
+                    .truth
+                    .proposals
+                    .iter()
+                    .any(|(proposal, (proposer, ids))| {
+                        let mut signed = self
+                            .truth
+                            .consents
+                            .get(proposal)
+                            .cloned()
+                            .unwrap_or_default();
+                        signed.insert(*proposer);
+                        ids.contains(&id) && clients.is_subset(&signed)
+                    });
+                if !unanimous {
                     self.run.violations.push(format!(
-                        "node {p} at {} ms discarded the value of {id:?} by {:?}, which the ladder \
-                         keeps (current, or superseded less than {} ms ago)",
-                        self.now,
-                        u.writer,
-                        keep / 1000
+                        "node {p} discarded value {hash:?} of {id:?} without every client's consent"
                     ));
+                }
+                let superseders = self.truth.superseders(&id);
+                for c in &correct_clients {
+                    let ended = superseders
+                        .iter()
+                        .filter_map(|s| self.accepted_at.get(&(*c, *s)))
+                        .min();
+                    if ended.is_none_or(|ended| ended.saturating_add(keep) > now) {
+                        self.run.violations.push(format!(
+                            "node {p} at {} ms discarded the value of {id:?}, which the ladder of \
+                             correct client {c} keeps (current there, or superseded less than {} ms \
+                             before)",
+                            self.now,
+                            keep / 1000
+                        ));
+                    }
                 }
             }
         }
@@ -1494,7 +1534,7 @@ impl World {
                 };
                 if self.correct(u.writer.0 as usize)
                     && let Some(value) = &u.value
-                    && !self.discarded.contains(&value_hash(value))
+                    && !self.procs[*p].node.is_discarded(&value_hash(value))
                     && !self.procs[*p].node.has_value(&value_hash(value))
                 {
                     self.run.violations.push(format!(

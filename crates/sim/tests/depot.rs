@@ -153,7 +153,7 @@ fn consenting_without_the_ladder_is_caught() {
     });
     let (seed, violation) = found.expect("the checker catches it");
     assert!(
-        violation.contains("which the ladder keeps"),
+        violation.contains("which the ladder of correct client"),
         "seed {seed}: {violation}"
     );
 }
