@@ -159,6 +159,8 @@ pub struct DepotRun {
     pub discarded: usize,
     /// Discard proposals that list what the ladder keeps (a hastening client's).
     pub premature_proposals: usize,
+    /// Of the discards, those of a value several versions name (equal bytes written again).
+    pub shared_discarded: usize,
     /// Proposals a correct client knows at the end that wait for a refusing client's consent:
     /// what its administrator is shown.
     pub awaiting_refuser: usize,
@@ -394,6 +396,9 @@ const SETTLE_MILLIS: u64 = 30_000;
 
 /// More events than this in one run is a message storm: nodes answering each other forever.
 const EVENTS_MAX: u64 = 1_000_000;
+
+/// The bytes some writes of runs with discard share.
+const SHARED_BYTES: &[u8] = b"the same bytes, written again";
 
 /// Clients stop looking at discard this long after the operations, so that what they wrote last
 /// still reaches everyone before the world is judged.
@@ -674,6 +679,9 @@ impl World {
                 .map(|(id, _)| *id)
                 .collect();
             namers.sort();
+            if namers.len() > 1 {
+                self.run.shared_discarded += 1;
+            }
             for id in namers {
                 let unanimous = self
                     .truth
@@ -1034,7 +1042,13 @@ impl World {
             } else {
                 key(format!("c{p}/own"))
             };
-            let value = Bytes::from(format!("{p}:{op}"));
+            // With discard on, every tenth write of a client writes bytes others write too: a
+            // value many versions name goes only when every one of them is let go.
+            let value = if self.shape.discard && op_base % 10 == 3 {
+                Bytes::from_static(SHARED_BYTES)
+            } else {
+                Bytes::from(format!("{p}:{op}"))
+            };
             let before = self.snapshot(p);
             let now = self.micros();
             let (update, mut out) = self.procs[p].node.write(key, Some(value.clone()), now);

@@ -11,7 +11,7 @@ use bulwark_sim::depot::{DepotConfig, DepotRun, Kind, run, run_shaped};
 fn the_swarm_finds_no_violation_and_exercises_every_fault() {
     let (mut updates, mut reads, mut concurrent, mut forks, mut proven) = (0, 0, 0, 0, 0);
     let (mut refused, mut fast, mut slow, mut crashes) = (0, 0, 0, 0);
-    let (mut discarded, mut premature) = (0, 0);
+    let (mut discarded, mut premature, mut shared) = (0, 0, 0);
     for seed in 0..120 {
         let run = run(seed, Mutations::default());
         assert!(
@@ -30,11 +30,13 @@ fn the_swarm_finds_no_violation_and_exercises_every_fault() {
         crashes += run.crashes;
         discarded += run.discarded;
         premature += run.premature_proposals;
+        shared += run.shared_discarded;
     }
     eprintln!(
         "{updates} updates, {reads} reads ({concurrent} with concurrent versions), {forks} forks \
          ({proven} proven), {refused} updates refused, {fast} fast and {slow} slow gets, \
-         {crashes} crashes, {discarded} values discarded, {premature} premature discard lists"
+         {crashes} crashes, {discarded} values discarded ({shared} named by several versions), \
+         {premature} premature discard lists"
     );
     // The swarm is not vacuous: it forks, tampers, crashes and reads both ways.
     assert!(forks > 30 && proven >= forks, "forks happen and are proven");
@@ -43,8 +45,9 @@ fn the_swarm_finds_no_violation_and_exercises_every_fault() {
     assert!(fast > 60 && slow > 60, "both read paths run");
     assert!(crashes > 30, "correct nodes crash and restart");
     assert!(
-        discarded > 30 && premature > 5,
-        "discards go through, and premature ones are proposed"
+        discarded > 30 && premature > 5 && shared > 5,
+        "discards go through (values several versions name among them), and premature ones \
+         are proposed"
     );
 }
 
