@@ -530,6 +530,9 @@ impl Node {
     /// update naming it is listed (equal bytes share one value).
     fn apply_discards(&mut self, out: &mut Output) {
         let me = self.me();
+        // Consents first: a proposal every client agreed to is applied before a newer one of its
+        // proposer's in the same batch could replace it (a restart decodes the whole log at once).
+        let mut proposed = Vec::new();
         for id in std::mem::take(&mut self.discard.undecoded) {
             let Some(update) = self.log.get(&id) else {
                 continue;
@@ -541,22 +544,8 @@ impl Node {
             };
             match Discard::decode(value) {
                 Some(Discard::Propose { turn, ids }) => {
-                    let latest = self.discard.turns.entry(writer).or_default();
-                    *latest = (*latest).max(turn);
-                    // A proposer's newer proposal replaces its older ones that are not applied:
-                    // what a faulty client writes cannot pile up here.
-                    let newer = self
-                        .discard
-                        .proposals
-                        .values()
-                        .any(|(proposer, later, _)| *proposer == writer && *later > turn);
-                    if !newer {
-                        self.discard
-                            .proposals
-                            .retain(|_, (proposer, _, _)| *proposer != writer);
-                        self.discard.proposals.insert(id, (writer, turn, ids));
-                    }
                     self.discard.consents.entry(id).or_default().insert(writer);
+                    proposed.push((id, writer, turn, ids));
                 }
                 Some(Discard::Consent(proposal)) => {
                     if writer == me {
@@ -571,60 +560,104 @@ impl Node {
                 None => {}
             }
         }
-        let config = self.log.config().clone();
-        let clients: BTreeSet<Writer> = (0..config.members.len() as u32)
-            .map(Writer)
-            .filter(|w| config.member(*w).is_some_and(|m| m.role == Role::Client))
-            .collect();
+        let clients = self.clients();
+        for (id, writer, turn, ids) in proposed {
+            let latest = self.discard.turns.entry(writer).or_default();
+            *latest = (*latest).max(turn);
+            let newer = self
+                .discard
+                .proposals
+                .values()
+                .any(|(proposer, later, _)| *proposer == writer && *later > turn);
+            if newer {
+                continue;
+            }
+            // A proposer's newer proposal replaces its older ones still waiting for consent: what
+            // a faulty client writes cannot pile up here. One every client agreed to is applied.
+            let older: Vec<UpdateId> = self
+                .discard
+                .proposals
+                .iter()
+                .filter(|(_, (proposer, _, _))| *proposer == writer)
+                .map(|(older, _)| *older)
+                .collect();
+            for older in older {
+                if self.unanimous(&older, &clients) {
+                    self.apply_proposal(older, out);
+                }
+                self.discard.proposals.remove(&older);
+            }
+            self.discard.proposals.insert(id, (writer, turn, ids));
+        }
         let unanimous: Vec<UpdateId> = self
             .discard
             .proposals
             .keys()
-            .filter(|id| {
-                let consents = self.discard.consents.get(id);
-                consents == Some(&clients)
-                    || (self.log.mutations().discard_short_of_one
-                        && consents.map_or(0, BTreeSet::len) + 1 >= clients.len())
-            })
+            .filter(|id| self.unanimous(id, &clients))
             .copied()
             .collect();
         for proposal in unanimous {
-            let (_, _, ids) = &self.discard.proposals[&proposal];
-            let mut touched = BTreeSet::new();
-            let mut held = true;
-            for id in ids {
-                match self.log.get(id) {
-                    Some(update) => {
-                        if let Some(reference) = update.body().value {
-                            self.discard
-                                .listed
-                                .entry(reference.hash)
-                                .or_default()
-                                .insert(*id);
-                            touched.insert(reference.hash);
-                        }
+            self.apply_proposal(proposal, out);
+        }
+    }
+
+    /// The volume's clients: the members whose consent a discard takes.
+    fn clients(&self) -> BTreeSet<Writer> {
+        let config = self.log.config();
+        (0..config.members.len() as u32)
+            .map(Writer)
+            .filter(|w| config.member(*w).is_some_and(|m| m.role == Role::Client))
+            .collect()
+    }
+
+    /// Whether every client consented to `proposal`.
+    fn unanimous(&self, proposal: &UpdateId, clients: &BTreeSet<Writer>) -> bool {
+        let consents = self.discard.consents.get(proposal);
+        consents == Some(clients)
+            || (self.log.mutations().discard_short_of_one
+                && consents.map_or(0, BTreeSet::len) + 1 >= clients.len())
+    }
+
+    /// Drops the values of a proposal every client consented to: a value only when every
+    /// authorised update naming it is listed (equal bytes share one value). A proposal naming
+    /// updates this node does not hold yet stays, to be counted again on the tick.
+    fn apply_proposal(&mut self, proposal: UpdateId, out: &mut Output) {
+        let Some((_, _, ids)) = self.discard.proposals.get(&proposal) else {
+            return;
+        };
+        let mut touched = BTreeSet::new();
+        let mut held = true;
+        for id in ids {
+            match self.log.get(id) {
+                Some(update) => {
+                    if let Some(reference) = update.body().value {
+                        self.discard
+                            .listed
+                            .entry(reference.hash)
+                            .or_default()
+                            .insert(*id);
+                        touched.insert(reference.hash);
                     }
-                    None => held = false,
                 }
+                None => held = false,
             }
-            for hash in touched {
-                let listed = self.discard.listed.get(&hash).map_or(0, BTreeSet::len);
-                if listed as u32 == self.log.value_namers(&hash)
-                    && !self.discard.values.contains(&hash)
-                    && self.discard.discarded.insert(hash)
-                {
-                    self.values.remove(&hash);
-                    self.missing_values.remove(&hash);
-                    out.changes.push(Change::Discard(hash));
-                }
+        }
+        for hash in touched {
+            let listed = self.discard.listed.get(&hash).map_or(0, BTreeSet::len);
+            if listed as u32 == self.log.value_namers(&hash)
+                && !self.discard.values.contains(&hash)
+                && self.discard.discarded.insert(hash)
+            {
+                self.values.remove(&hash);
+                self.missing_values.remove(&hash);
+                out.changes.push(Change::Discard(hash));
             }
-            if held {
-                self.discard.proposals.remove(&proposal);
-                self.discard.applied.insert(proposal);
-            } else {
-                // It names updates this node does not hold yet: counted again on the tick.
-                self.discard.waiting = true;
-            }
+        }
+        if held {
+            self.discard.proposals.remove(&proposal);
+            self.discard.applied.insert(proposal);
+        } else {
+            self.discard.waiting = true;
         }
     }
 
@@ -683,11 +716,7 @@ impl Node {
     /// the clients whose consent each lacks, oldest turn first: what an administrator looks at
     /// when discard stalls (§6.6: a client that never consents delays it for everyone).
     pub fn discard_pending(&self) -> Vec<PendingDiscard> {
-        let config = self.log.config();
-        let clients = (0..config.members.len() as u32)
-            .map(Writer)
-            .filter(|w| config.member(*w).is_some_and(|m| m.role == Role::Client));
-        let clients: Vec<Writer> = clients.collect();
+        let clients = self.clients();
         let mut pending: Vec<PendingDiscard> = self
             .discard
             .proposals

@@ -1144,6 +1144,72 @@ fn a_faulty_client_can_delay_a_discard_but_never_hasten_one() {
     assert!(!config().may_write(Writer(3), &forged.body().key));
 }
 
+/// A proposer's newer proposal replaces its older ones only while they wait: one every client
+/// agreed to stays applied, on the node that applied it and after that node restarts (which
+/// decodes both proposals at once), so nobody asks again for a value every correct node dropped.
+#[test]
+fn a_newer_proposal_never_takes_back_an_applied_one_even_across_a_restart() {
+    use super::discard::Discard;
+    let (mut s0, mut s1) = (discard_node(0), discard_node(1));
+    let (mut c2, mut c3, mut c4) = (discard_node(2), discard_node(3), discard_node(4));
+    let old = c2.write(key("c2/a"), Some(Bytes::from("old")), NOW).0;
+    c2.write(key("c2/a"), Some(Bytes::from("new")), NOW + 1);
+    let b1 = c3.write(key("c3/b"), Some(Bytes::from("b1")), NOW).0;
+    c3.write(key("c3/b"), Some(Bytes::from("b2")), NOW + 1);
+    let mut disk = exchange_at(&mut [&mut s0, &mut s1, &mut c2, &mut c3, &mut c4], NOW)
+        .remove(&Writer(0))
+        .unwrap_or_default();
+    let later = NOW + 60_000_000;
+    let first = Discard::Propose {
+        turn: 0,
+        ids: vec![old.id()],
+    };
+    let first = c2.write_discard(&first, later).0;
+    for client in [&mut c3, &mut c4] {
+        client.write_discard(&Discard::Consent(first.id()), later);
+    }
+    let round = |nodes: &mut [&mut Node], disk: &mut Vec<Change>| {
+        disk.extend(
+            exchange_at(nodes, later)
+                .remove(&Writer(0))
+                .unwrap_or_default(),
+        );
+    };
+    round(
+        &mut [&mut s0, &mut s1, &mut c2, &mut c3, &mut c4],
+        &mut disk,
+    );
+    assert!(s0.is_discarded(&value_of(&old)) && !s0.has_value(&value_of(&old)));
+    // The proposer's next turn: a proposal nobody agreed to yet.
+    let second = Discard::Propose {
+        turn: 1,
+        ids: vec![b1.id()],
+    };
+    let second = c2.write_discard(&second, later).0;
+    round(
+        &mut [&mut s0, &mut s1, &mut c2, &mut c3, &mut c4],
+        &mut disk,
+    );
+    for node in [
+        &mut s0,
+        &mut Node::restore(config(), Writer(0), secret(0), &disk, later),
+    ] {
+        assert!(node.is_discarded(&value_of(&old)), "still discarded");
+        assert!(!node.has_value(&value_of(&old)));
+        assert!(node.has_value(&value_of(&b1)), "the second waits");
+        assert_eq!(node.discarded(), 1);
+        let pending: Vec<UpdateId> = node.discard_pending().iter().map(|p| p.proposal).collect();
+        assert_eq!(pending, vec![second.id()]);
+        let Message::Pull { want_values, .. } = node.pull(Writer(1)) else {
+            panic!("a pull");
+        };
+        assert!(
+            !want_values.contains(&value_of(&old)),
+            "nobody is asked for a value every correct node dropped"
+        );
+    }
+}
+
 #[test]
 fn bytes_written_again_after_their_discard_are_kept_and_served() {
     let (mut s0, mut s1) = (discard_node(0), discard_node(1));
