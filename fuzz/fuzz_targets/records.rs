@@ -64,6 +64,7 @@ fuzz_target!(|data: &[u8]| {
                 |bytes: &[u8], key: Vec<u8>| vec![(key, bytes::Bytes::copy_from_slice(bytes))];
             let _ = depot::records::restore(depot::records::Tables {
                 values: one(values, depot::update::value_hash(values).0.to_vec()),
+                stored: vec![(updates.to_vec(), values.len() as u64)],
                 forks: one(updates, vec![0; 4]),
                 updates: one(updates, 0u64.to_be_bytes().to_vec()),
                 discarded: one(&[], values.to_vec()),

@@ -139,12 +139,30 @@ pub struct MemoryArgs {
     /// --cached-keys`); a bound above --keys keeps every key's, as nodes did before the bound.
     #[arg(long)]
     pub cached_keys: Option<usize>,
-    /// Write public-key objects (one owner key per object) instead of M-PoWerStore registers.
-    #[arg(long)]
-    pub public_key: bool,
+    /// What the memory test writes.
+    #[command(flatten)]
+    pub writes: MemoryWrites,
     /// Where to put the cluster (default: a fresh directory under the system temp dir).
     #[arg(long)]
     pub dir: Option<PathBuf>,
+}
+
+/// What the memory test writes, and the nodes' bound on causal values in memory.
+#[derive(clap::Args, Clone)]
+pub struct MemoryWrites {
+    /// Write public-key objects (one owner key per object) instead of M-PoWerStore registers.
+    #[arg(long)]
+    pub public_key: bool,
+    /// Write to a causal volume instead of M-PoWerStore registers.
+    #[arg(long, conflicts_with = "public_key")]
+    pub causal: bool,
+    /// The nodes' bound on the bytes of values each causal volume keeps in memory (`bulwark
+    /// node --causal-cache-bytes`; default: the node's).
+    #[arg(long)]
+    pub causal_cache_bytes: Option<u64>,
+    /// The size of every value written (suffixes k and m are binary).
+    #[arg(long, default_value = "1k")]
+    pub value_size: String,
 }
 
 /// `bulwark bench sizes`.
@@ -169,10 +187,9 @@ pub struct SizesArgs {
     /// --cached-keys`; default: the node's).
     #[arg(long)]
     pub cached_keys: Option<usize>,
-    /// The memory test writes public-key objects (one owner key per object) instead of
-    /// M-PoWerStore registers.
-    #[arg(long)]
-    pub public_key: bool,
+    /// What the memory test writes.
+    #[command(flatten)]
+    pub writes: MemoryWrites,
     /// Where to put the cluster (default: a fresh directory under the system temp dir).
     #[arg(long)]
     pub dir: Option<PathBuf>,
@@ -394,7 +411,7 @@ pub async fn run(args: &BenchArgs) -> Result<()> {
                 overwrites: memory.overwrites,
                 keys: memory.keys,
                 cached_keys: memory.cached_keys,
-                public_key: memory.public_key,
+                writes: memory.writes.clone(),
                 dir: memory.dir.clone(),
             })
             .await
@@ -473,10 +490,13 @@ async fn run_sizes(args: &SizesArgs) -> Result<()> {
     })?;
     let mut nodes = Nodes::new(dir.clone(), 4);
     let exe = std::env::current_exe()?;
-    let cached: Vec<String> = args
+    let mut cached: Vec<String> = args
         .cached_keys
         .map(|n| vec!["--cached-keys".to_string(), n.to_string()])
         .unwrap_or_default();
+    if let Some(bytes) = args.writes.causal_cache_bytes {
+        cached.extend(["--causal-cache-bytes".to_string(), bytes.to_string()]);
+    }
     let cached: Vec<&str> = cached.iter().map(String::as_str).collect();
     for id in 0..4 {
         nodes.spawn_with(id, &exe, &[], &cached)?;
@@ -494,7 +514,7 @@ async fn run_sizes(args: &SizesArgs) -> Result<()> {
         sizes_table(&client, args, &sizes).await;
     }
     if args.overwrites > 0 {
-        memory_table(&client, &nodes, args, &sizes).await;
+        memory_table(&client, &nodes, args, &sizes).await?;
     }
     drop(nodes);
     let _ = std::fs::remove_dir_all(&dir);
@@ -654,22 +674,39 @@ async fn content_phases(client: &Arc<Client>, args: &SizesArgs, value: &Bytes) -
     (put, get)
 }
 
-async fn memory_table(client: &Arc<Client>, nodes: &Nodes, args: &SizesArgs, sizes: &[usize]) {
+async fn memory_table(
+    client: &Arc<Client>,
+    nodes: &Nodes,
+    args: &SizesArgs,
+    sizes: &[usize],
+) -> Result<()> {
     {
         println!();
-        let kind = if args.public_key {
+        let kind = if args.writes.public_key {
             "public-key objects"
+        } else if args.writes.causal {
+            "keys of a causal volume"
         } else {
             "registers"
         };
+        let value_size = parse_size(&args.writes.value_size)?;
         println!(
-            "## Node memory under {} overwrites of {} {kind} (1 KiB values)",
-            args.overwrites, args.keys
+            "## Node memory under {} overwrites of {} {kind} ({} values)",
+            args.overwrites,
+            args.keys,
+            human_bytes(value_size as u64)
         );
         println!();
         println!("| overwrites done | node 0 RSS | node 1 RSS | node 2 RSS | node 3 RSS |");
         println!("|---|---|---|---|---|");
-        let value = Bytes::from(vec![7u8; 1024]);
+        let volume = if args.writes.causal {
+            Some(Arc::new(
+                client.create_causal_volume("memory", &[]).await?.0,
+            ))
+        } else {
+            None
+        };
+        let value = Bytes::from(vec![7u8; value_size]);
         let steps = 4;
         let per_step = args.overwrites / steps;
         let keys = args.keys.max(1);
@@ -677,12 +714,21 @@ async fn memory_table(client: &Arc<Client>, nodes: &Nodes, args: &SizesArgs, siz
             if step > 0 {
                 let (client, value) = (client.clone(), value.clone());
                 let base = (step - 1) * per_step;
-                let public_key = args.public_key;
+                let public_key = args.writes.public_key;
+                let volume = volume.clone();
                 let phase = closed_loop(per_step, args.concurrency, move |i| {
-                    let (client, value) = (client.clone(), value.clone());
+                    let (client, value, volume) = (client.clone(), value.clone(), volume.clone());
                     let name = format!("churn/{}", (base + i) % keys);
                     async move {
-                        if public_key {
+                        if let Some(volume) = volume {
+                            // Values of equal bytes are one value in a causal volume: each write's
+                            // own, so that every one is stored.
+                            let mut value = value.to_vec();
+                            let at = value.len().min(8);
+                            value[..at].copy_from_slice(&((base + i) as u64).to_le_bytes()[..at]);
+                            let value = Bytes::from(value);
+                            client.put_in(&volume, name.as_bytes(), value).await.is_ok()
+                        } else if public_key {
                             // One owner per key: the object's id is its owner's key's hash.
                             let seed = blake3::hash(name.as_bytes());
                             let owner = bulwark_core::sign::SecretKey::from_seed(seed.as_bytes());
@@ -725,5 +771,25 @@ async fn memory_table(client: &Arc<Client>, nodes: &Nodes, args: &SizesArgs, siz
             held(|s| s.keys),
             args.keys.min(args.overwrites) + sizes.len() * 100
         );
+        if args.writes.causal {
+            let causal: Vec<String> = statuses
+                .iter()
+                .map(|(_, _, s)| {
+                    s.as_ref()
+                        .ok()
+                        .and_then(|s| s.causal.first())
+                        .map_or("?".into(), |volume| {
+                            format!(
+                                "{} updates, {} values of {}",
+                                volume.updates,
+                                volume.values,
+                                human_bytes(volume.value_bytes)
+                            )
+                        })
+                })
+                .collect();
+            println!("The causal volume per node: {}.", causal.join("; "));
+        }
     }
+    Ok(())
 }

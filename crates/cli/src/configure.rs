@@ -385,6 +385,7 @@ pub async fn join(
         metrics,
         grace_ms: crate::GRACE_MS_DEFAULT,
         cached_keys: bulwark_protocol::powerstore::CACHED_KEYS_MAX,
+        causal_cache_bytes: bulwark_node::depots::RESIDENT_VALUE_BYTES,
         peers: Vec::new(),
         unprotected_tables: false,
     })

@@ -339,6 +339,10 @@ pub struct NodeArgs {
     /// disk when asked for, so memory stays bounded however many keys the node stores.
     #[arg(long, default_value_t = bulwark_protocol::powerstore::CACHED_KEYS_MAX)]
     pub cached_keys: usize,
+    /// The bytes of values each causal volume keeps in memory; others are read back from disk
+    /// when asked for.
+    #[arg(long, default_value_t = bulwark_node::depots::RESIDENT_VALUE_BYTES)]
+    pub causal_cache_bytes: u64,
     /// Dial node ID at HOST:PORT instead of its configured address, as ID=HOST:PORT (repeat or
     /// separate with commas): containers reach each other by name. The node must still present
     /// the certificate pinned in cluster.toml.
@@ -522,6 +526,7 @@ pub async fn run_node(args: NodeArgs, wrap: bulwark_node::Wrap) -> Result<()> {
     options.metrics = args.metrics;
     options.grace_millis = args.grace_ms;
     options.cached_keys_max = args.cached_keys;
+    options.causal_cache_bytes = args.causal_cache_bytes;
     options.unprotected_tables = args.unprotected_tables;
     options.peer_addresses = args
         .peers

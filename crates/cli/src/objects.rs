@@ -885,6 +885,13 @@ pub async fn status(args: &ClientArgs) -> Result<std::process::ExitCode> {
                             frontier.join(" ")
                         }
                     );
+                    if volume.values_damaged > 0 {
+                        out!(
+                            text,
+                            "           {} values did not read back intact from this node's store (fetched again from peers)",
+                            volume.values_damaged
+                        );
+                    }
                     if !volume.forks.is_empty() {
                         let forks: Vec<String> = volume
                             .forks

@@ -49,7 +49,11 @@ fn values(read: &CausalRead) -> Vec<Option<Bytes>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_causal_volume_keeps_concurrent_writes_as_versions_and_needs_no_particular_server() {
-    let mut cluster = TestCluster::start_nodes("powerstore", 1, 4, 10_000);
+    let mut cluster = TestCluster::init("powerstore", 1, 4, 10_000, &[]);
+    // No value's bytes stay in a server's memory past the input that brought them: every value
+    // served is read back from the store (not yet committed, or from disk after a restart).
+    cluster.node_args = vec!["--causal-cache-bytes".into(), "1".into()];
+    cluster.spawn_all();
     cluster.wait_up(&[0, 1, 2, 3]).await;
     let admin = cluster.client("admin").await;
     let writer2 = cluster.client("writer2").await;

@@ -15,10 +15,10 @@ use bulwark_core::config::ClusterConfig;
 use bulwark_core::envelope::{Envelope, Header};
 use bulwark_core::sign::SecretKey;
 use bulwark_core::wire::{self, FRAME_BYTES_MAX};
-use bulwark_core::{ClientId, Epoch, GroupId, NodeId, ServiceId, Slot, Time};
+use bulwark_core::{ClientId, Digest, Epoch, GroupId, NodeId, ServiceId, Slot, Time};
 use bulwark_protocol::depot::records::{self, Recorder};
 use bulwark_protocol::depot::served::{self, Peers, Request, Served};
-use bulwark_protocol::depot::{self, Change, Node, Role, VolumeConfig};
+use bulwark_protocol::depot::{self, Change, Node, Role, Values, VolumeConfig};
 use bulwark_protocol::machine::{Access, Replica, ReplicaStats, TimerId};
 use bulwark_storage::{Namespace, StorageOp, Store};
 use bytes::Bytes;
@@ -31,35 +31,85 @@ pub const VOLUMES_MAX: usize = 256;
 /// big-endian).
 pub const CONFIGS: &str = "configs";
 
-/// One volume's records.
+/// The bytes of values one volume keeps in memory by default; the rest are read back from the
+/// store when asked for ([`depot::hoard`]).
+pub const RESIDENT_VALUE_BYTES: u64 = 32 * 1024 * 1024;
+
+/// One volume's records, and its values as the replica reads them back: those recorded and not
+/// yet durable, then the store.
 pub struct DepotStorage {
     namespace: Namespace,
     recorder: Recorder,
+    store: Arc<Store>,
+    /// Values recorded in batches not yet durable, with the batch carrying each.
+    unsynced: HashMap<Digest, (u64, Bytes)>,
 }
 
 impl Adapter<Served> for DepotStorage {
     const NAME: &'static str = "depot";
 
-    fn record(&mut self, change: &Change, _batch: u64, ops: &mut Vec<StorageOp>) {
+    fn record(&mut self, change: &Change, batch: u64, ops: &mut Vec<StorageOp>) {
+        match change {
+            Change::Value(value) => {
+                self.unsynced
+                    .insert(depot::update::value_hash(value), (batch, value.clone()));
+            }
+            Change::Discard(hash) => {
+                self.unsynced.remove(hash);
+            }
+            _ => {}
+        }
         for record in self.recorder.record(change) {
             let table = self.namespace.table(record.table);
             ops.push(StorageOp::set(table, record.key, record.value));
         }
     }
 
-    fn view(&self) -> &() {
-        &()
+    fn view(&self) -> &(dyn Values + 'static) {
+        self
+    }
+
+    fn durable(&mut self, batch: u64) {
+        self.unsynced
+            .retain(|_, (carried_by, _)| *carried_by > batch);
     }
 }
 
-/// What the records of `namespace` say, in the order to restore them; or why they cannot be a
-/// volume's.
+impl Values for DepotStorage {
+    fn value(&self, hash: &Digest) -> Option<Bytes> {
+        if let Some((_, value)) = self.unsynced.get(hash) {
+            return Some(value.clone());
+        }
+        let table = self.namespace.table(records::VALUES);
+        match self.store.get(table, &hash.0) {
+            Ok(value) => value,
+            Err(error) => {
+                tracing::error!(%error, "a causal volume's value does not read back");
+                None
+            }
+        }
+    }
+}
+
+/// What the records of `namespace` say, in the order to restore them, values named by hash and
+/// length with their bytes left in the store; or why they cannot be a volume's.
 pub fn restore(store: &Store, namespace: Namespace) -> Result<(Vec<Change>, Recorder), String> {
-    records::restore(records::Tables::load(|table| {
+    let load = |table| {
         store
             .load(namespace.table(table))
             .map_err(|error| error.to_string())
-    })?)
+    };
+    let lengths = |table| {
+        let mut lengths = Vec::new();
+        store
+            .scan(namespace.table(table), |hash, value| {
+                lengths.push((hash.to_vec(), value.len() as u64));
+                Ok(())
+            })
+            .map_err(|error| error.to_string())?;
+        Ok(lengths)
+    };
+    records::restore(records::Tables::load_leaving_values(load, lengths)?)
 }
 
 type VolumeReplica = Hosting<Served, DepotStorage>;
@@ -72,6 +122,8 @@ pub struct Depots {
     store: Arc<Store>,
     epoch: Epoch,
     wall_at_zero_ms: u64,
+    /// The bytes of values each volume keeps in memory.
+    resident_bytes: u64,
     volumes: HashMap<u32, VolumeReplica>,
     /// Volumes whose records could not be restored, and why: refused, never served empty.
     damaged: HashMap<u32, String>,
@@ -133,7 +185,9 @@ fn member_names(cluster: &ClusterConfig, config: &VolumeConfig) -> Vec<(u32, Str
 
 impl Depots {
     /// The causal volumes of node `me`, restored from `store`: `secret` is the node's signing
-    /// key; `wall_at_zero_ms` the wall clock at its shards' time zero.
+    /// key; `wall_at_zero_ms` the wall clock at its shards' time zero; each volume keeps the
+    /// bytes of at most `resident_bytes` of values in memory.
+    #[allow(clippy::too_many_arguments)]
     pub fn restore(
         me: NodeId,
         secret: SecretKey,
@@ -141,6 +195,7 @@ impl Depots {
         store: Arc<Store>,
         epoch: Epoch,
         wall_at_zero_ms: u64,
+        resident_bytes: u64,
         now: Time,
     ) -> Result<Depots, String> {
         let mut depots = Depots {
@@ -150,6 +205,7 @@ impl Depots {
             store,
             epoch,
             wall_at_zero_ms,
+            resident_bytes,
             volumes: HashMap::new(),
             damaged: HashMap::new(),
         };
@@ -181,7 +237,13 @@ impl Depots {
         let (changes, recorder) = restore(&self.store, namespace)
             .map_err(|problem| format!("the volume's stored state is damaged: {problem}"))?;
         let volume = config.volume;
-        let node = Node::restore(
+        let adapter = DepotStorage {
+            namespace,
+            recorder,
+            store: self.store.clone(),
+            unsynced: HashMap::new(),
+        };
+        let node = Node::restore_with(
             Arc::new(config),
             me,
             self.secret.clone(),
@@ -189,6 +251,8 @@ impl Depots {
             self.wall_at_zero_ms
                 .saturating_add(now.0)
                 .saturating_mul(1000),
+            Some(self.resident_bytes),
+            &adapter,
         );
         tracing::info!(
             volume = format!("{:016x}", volume.0),
@@ -199,10 +263,7 @@ impl Depots {
             group,
             Hosting {
                 replica: Served::new(node, peers, self.wall_at_zero_ms),
-                adapter: DepotStorage {
-                    namespace,
-                    recorder,
-                },
+                adapter,
                 members: Members::ById,
                 slot: Slot(self.me.0),
                 header: Header::request(ServiceId::DEPOT, GroupId(group), self.epoch, 0),
@@ -320,9 +381,13 @@ impl Hosted for Depots {
         };
         match self.volume(group) {
             Ok(hosting) => {
-                let output = hosting
-                    .replica
-                    .on_request(now, client, access, request, &());
+                let output = hosting.replica.on_request(
+                    now,
+                    client,
+                    access,
+                    request,
+                    hosting.adapter.view(),
+                );
                 hosting.effects(output, Some(&envelope.header), batch)
             }
             Err(reason) => Effects {
@@ -360,7 +425,11 @@ impl Hosted for Depots {
         effects
     }
 
-    fn durable(&mut self, _batch: u64) {}
+    fn durable(&mut self, batch: u64) {
+        for hosting in self.volumes.values_mut() {
+            hosting.durable(batch);
+        }
+    }
 
     fn causal_status(&self) -> Vec<bulwark_protocol::service::CausalStatus> {
         self.served()

@@ -68,6 +68,9 @@ pub struct NodeOptions {
     /// The most registers per group whose metadata a PoWerStore replica keeps in memory; the
     /// rest are read back from the store when asked for.
     pub cached_keys_max: usize,
+    /// The bytes of values each causal volume keeps in memory; the rest are read back from the
+    /// store when asked for.
+    pub causal_cache_bytes: u64,
     /// Where to dial some peers instead of their configured addresses (`host:port`, resolved at
     /// every dial): containers reach each other by name. Their pinned certificates still apply.
     pub peer_addresses: HashMap<NodeId, String>,
@@ -229,6 +232,7 @@ impl NodeOptions {
             metrics: None,
             grace_millis: 10_000,
             cached_keys_max: bulwark_protocol::powerstore::CACHED_KEYS_MAX,
+            causal_cache_bytes: depots::RESIDENT_VALUE_BYTES,
             peer_addresses: HashMap::new(),
             unprotected_tables: false,
         })
@@ -358,6 +362,7 @@ pub async fn run(options: NodeOptions, wrap: Wrap) -> Result<(), NodeError> {
             store.clone(),
             Epoch(options.cluster.epoch),
             wall_at_zero_ms,
+            options.causal_cache_bytes,
             Time(started.elapsed().as_millis() as u64),
         )
         .map_err(|reason| {

@@ -215,6 +215,9 @@ pub struct CausalStatus {
     /// discard stalls.
     #[serde(default)]
     pub pending_discards: Vec<PendingDiscardStatus>,
+    /// Values the node's store did not give back intact: fetched again from peers.
+    #[serde(default)]
+    pub values_damaged: u64,
 }
 
 /// A discard proposal of a causal volume waiting for consent, as `bulwark status` shows it.

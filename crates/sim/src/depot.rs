@@ -78,6 +78,9 @@ pub struct DepotConfig {
     pub servers_down_until: Option<u64>,
     /// Clients propose and consent to discards (§6.6) by a ladder of seconds instead of days.
     pub discard: bool,
+    /// Servers keep the bytes of at most this many bytes of values in memory and read the rest
+    /// back from their simulated disk, as nodes do (`None`: every value in memory).
+    pub resident_values: Option<u64>,
     /// Rules broken on purpose in every correct node (negative controls).
     pub mutations: Mutations,
 }
@@ -127,6 +130,9 @@ impl DepotConfig {
             loss_per_mille,
             servers_down_until: None,
             discard,
+            // Drawn from the seed alone, not the run's generator: a correct node behaves alike
+            // either way, so the schedules of every seed stay as they were.
+            resident_values: (!seed.is_multiple_of(4)).then_some(RESIDENT_VALUE_BYTES),
             mutations,
         }
     }
@@ -318,6 +324,36 @@ impl Truth {
     }
 }
 
+/// The bytes of values a simulated server keeps in memory when bounded: a few of the swarm's
+/// values, so that nearly every value a server serves is read back from its disk.
+pub const RESIDENT_VALUE_BYTES: u64 = 64;
+
+/// A simulated node's disk as its node reads values back: the batches on their way first, then
+/// what is durable.
+struct SimStore<'a> {
+    committing: &'a [(u64, Vec<bulwark_protocol::depot::Change>)],
+    stored: &'a HashMap<bulwark_core::Digest, Bytes>,
+}
+
+impl bulwark_protocol::depot::Values for SimStore<'_> {
+    fn value(&self, hash: &bulwark_core::Digest) -> Option<Bytes> {
+        use bulwark_protocol::depot::Change;
+        // The newest record of `hash` decides: a value written again after its discard is back.
+        for (_, changes) in self.committing.iter().rev() {
+            for change in changes.iter().rev() {
+                match change {
+                    Change::Value(value) if value_hash(value) == *hash => {
+                        return Some(value.clone());
+                    }
+                    Change::Discard(gone) if gone == hash => return None,
+                    _ => {}
+                }
+            }
+        }
+        self.stored.get(hash).cloned()
+    }
+}
+
 /// What waits for a batch of changes to be durable.
 enum Held {
     Send(Writer, Message),
@@ -339,6 +375,8 @@ struct Proc {
     up: bool,
     incarnation: u64,
     disk: Vec<bulwark_protocol::depot::Change>,
+    /// The values on `disk`, by hash.
+    stored: HashMap<bulwark_core::Digest, Bytes>,
     /// Batches on their way to the disk, oldest first.
     committing: Vec<(u64, Vec<bulwark_protocol::depot::Change>)>,
     batches: u64,
@@ -501,6 +539,9 @@ impl World {
                 if shape.discard {
                     node.set_ladder(sim_ladder());
                 }
+                if let Some(bytes) = shape.resident_values.filter(|_| i < shape.servers) {
+                    node.bound_resident_values(bytes);
+                }
                 Proc {
                     kind: shape.kinds[i],
                     node,
@@ -508,6 +549,7 @@ impl World {
                     up: true,
                     incarnation: 0,
                     disk: Vec::new(),
+                    stored: HashMap::new(),
                     committing: Vec::new(),
                     batches: 0,
                     held: Vec::new(),
@@ -1214,9 +1256,14 @@ impl World {
                     self.procs[to].open_writes.remove(op);
                 }
                 let now = self.micros();
-                let out = self.procs[to]
+                let proc = &mut self.procs[to];
+                let store = SimStore {
+                    committing: &proc.committing,
+                    stored: &proc.stored,
+                };
+                let out = proc
                     .node
-                    .on_message(Writer(from as u32), message, now);
+                    .on_message_with(Writer(from as u32), message, now, &store);
                 self.apply(to, out, Vec::new());
             }
             Event::Commit {
@@ -1233,6 +1280,17 @@ impl World {
                     .extract_if(.., |(b, _)| *b <= batch)
                     .collect();
                 for (_, changes) in done {
+                    for change in &changes {
+                        match change {
+                            bulwark_protocol::depot::Change::Value(value) => {
+                                proc.stored.insert(value_hash(value), value.clone());
+                            }
+                            bulwark_protocol::depot::Change::Discard(hash) => {
+                                proc.stored.remove(hash);
+                            }
+                            _ => {}
+                        }
+                    }
                     proc.disk.extend(changes);
                 }
                 let ready: Vec<Held> = proc
@@ -1335,12 +1393,39 @@ impl World {
                     return;
                 }
                 let proc = &self.procs[p];
-                let mut node = Node::restore(
+                let resident = self
+                    .shape
+                    .resident_values
+                    .filter(|_| p < self.shape.servers);
+                // A bounded server reads its values' hashes and lengths, not their bytes.
+                let disk: Vec<bulwark_protocol::depot::Change> = match resident {
+                    None => proc.disk.clone(),
+                    Some(_) => proc
+                        .disk
+                        .iter()
+                        .map(|change| match change {
+                            bulwark_protocol::depot::Change::Value(value) => {
+                                bulwark_protocol::depot::Change::Stored(
+                                    value_hash(value),
+                                    value.len() as u64,
+                                )
+                            }
+                            other => other.clone(),
+                        })
+                        .collect(),
+                };
+                let store = SimStore {
+                    committing: &[],
+                    stored: &proc.stored,
+                };
+                let mut node = Node::restore_with(
                     self.config.clone(),
                     Writer(p as u32),
                     proc.secret.clone(),
-                    &proc.disk,
+                    &disk,
                     self.micros(),
+                    resident,
+                    &store,
                 );
                 if self.correct(p) {
                     node.mutate(self.shape.mutations);
@@ -1542,6 +1627,14 @@ impl World {
             .map_or(0, |p| self.procs[*p].node.log().forks().len());
         let servers = self.servers();
         for p in correct.iter().filter(|p| **p < servers) {
+            // A simulated disk loses nothing it made durable, and the batches on their way are
+            // read too: a server whose store lacked a value it held evicted it too early.
+            let damaged = self.procs[*p].node.stats().values_damaged;
+            if damaged > 0 {
+                self.run.violations.push(format!(
+                    "server {p} did not find {damaged} values it held in its store"
+                ));
+            }
             for id in &union {
                 let Some(u) = self.truth.updates.get(id) else {
                     continue;

@@ -21,6 +21,7 @@ fn shape(servers: &[Kind], clients: &[Kind]) -> DepotConfig {
         loss_per_mille: 0,
         servers_down_until: None,
         discard: false,
+        resident_values: Some(bulwark_sim::depot::RESIDENT_VALUE_BYTES),
         mutations: Mutations::default(),
     }
 }

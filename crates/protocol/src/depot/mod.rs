@@ -11,16 +11,19 @@
 //! - [`node`]: a node of either role: the log exchange, PUT, GET with its fast path, compact
 //!   hash, slow path and fallback (§5), and what it makes durable before it speaks.
 //! - [`discard`]: discard by unanimous consent (§6.6): proposals, consents, the backup ladder.
+//! - [`hoard`]: the values a node holds, with the bytes of a bounded number in memory.
 //! - [`records`]: a node's changes as storage records, and back.
 //! - [`served`]: a server member behind the hosted-replica contract, and a client's call to it.
 
 pub mod discard;
+pub mod hoard;
 pub mod log;
 pub mod node;
 pub mod records;
 pub mod served;
 pub mod update;
 
+pub use hoard::Values;
 pub use log::{ForkProof, Frontier, Log, Mutations, Offer, Refusal, Summary};
 pub use node::{Change, Message, Node, Output, PendingDiscard, ReadResult, ReadStart, Version};
 pub use update::{

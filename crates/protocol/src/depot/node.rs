@@ -8,6 +8,7 @@
 //! named by their [`Writer`] index in the volume.
 
 use super::discard::{DISCARD_VALUE_BYTES_MAX, Discard, Ladder, PROPOSAL_IDS_MAX};
+use super::hoard::{Hoard, Values};
 use super::log::{ForkProof, Log, Summary};
 use super::update::{
     DISCARD_PREFIX, Role, Update, UpdateId, ValueRef, VolumeConfig, WireUpdate, Writer,
@@ -143,6 +144,9 @@ pub enum Change {
     Fork(Box<ForkProof>),
     /// A value every client agreed to drop (§6.6): gone from the store, never fetched again.
     Discard(Digest),
+    /// A value the store holds, by hash and length, its bytes left there: what a restore reads
+    /// from records that keep values on disk. A node never makes this change.
+    Stored(Digest, u64),
 }
 
 /// What a node asks of its driver after one input.
@@ -216,6 +220,8 @@ pub struct NodeStats {
     pub slow_gets: u64,
     /// Puts refused (a bad signature, or a value that is not the update's).
     pub puts_refused: u64,
+    /// Values read back from the store that did not hash to their names: not served.
+    pub values_damaged: u64,
 }
 
 /// One member's node for one volume.
@@ -223,7 +229,7 @@ pub struct Node {
     log: Log,
     role: Role,
     secret: SecretKey,
-    values: BTreeMap<Digest, Bytes>,
+    values: Hoard,
     /// Puts acknowledged once their update is accepted: (client, op) per update.
     owed: BTreeMap<UpdateId, Vec<(Writer, u64)>>,
     /// Values of puts whose updates wait for dependencies, kept once the update is accepted.
@@ -335,7 +341,7 @@ impl Node {
             log: Log::new(config, me),
             role,
             secret,
-            values: BTreeMap::new(),
+            values: Hoard::default(),
             owed: BTreeMap::new(),
             owed_values: BTreeMap::new(),
             missing_values: BTreeSet::new(),
@@ -357,6 +363,13 @@ impl Node {
         &self.discard.ladder
     }
 
+    /// Keeps the bytes of at most `bytes` of values in memory from the end of the next input
+    /// on, reading the others back through the view given to [`Node::on_message_with`]
+    /// ([`super::hoard`]): what a server that holds more than its memory does.
+    pub fn bound_resident_values(&mut self, bytes: u64) {
+        self.values.bound(bytes);
+    }
+
     /// A node rebuilt from what it made durable, in the order it did. Every update is verified
     /// and accepted again (a disk is not trusted more than a peer), every value checked against
     /// its name.
@@ -367,7 +380,25 @@ impl Node {
         changes: &[Change],
         now_micros: u64,
     ) -> Node {
+        Node::restore_with(config, me, secret, changes, now_micros, None, &())
+    }
+
+    /// [`Node::restore`] from changes that may name values by hash alone
+    /// ([`Change::Stored`]), read back through `values` when needed, with the bytes of at most
+    /// `resident` of them in memory ([`Node::bound_resident_values`]).
+    pub fn restore_with(
+        config: Arc<VolumeConfig>,
+        me: Writer,
+        secret: SecretKey,
+        changes: &[Change],
+        now_micros: u64,
+        resident: Option<u64>,
+        values: &dyn Values,
+    ) -> Node {
         let mut node = Node::new(config, me, secret);
+        if let Some(bytes) = resident {
+            node.bound_resident_values(bytes);
+        }
         let mut updates = Vec::new();
         for change in changes {
             match change {
@@ -376,6 +407,10 @@ impl Node {
                     // A value stored again after its discard (equal bytes written again).
                     node.discard.discarded.remove(&value_hash(value));
                     node.values.insert(value_hash(value), value.clone());
+                }
+                Change::Stored(hash, len) => {
+                    node.discard.discarded.remove(hash);
+                    node.values.insert_stored(*hash, *len);
                 }
                 Change::Fork(proof) => {
                     node.log.learn_fork((**proof).clone());
@@ -390,7 +425,8 @@ impl Node {
         }
         node.log.receive_at(updates, now_micros);
         let mut out = Output::default();
-        node.settle(0, &mut out);
+        node.settle(0, &mut out, Some(values));
+        node.evict();
         node
     }
 
@@ -414,6 +450,7 @@ impl Node {
     pub fn stats(&self) -> NodeStats {
         NodeStats {
             refused: self.log.refused(),
+            values_damaged: self.values.damaged(),
             ..self.stats.clone()
         }
     }
@@ -425,17 +462,31 @@ impl Node {
 
     /// The bytes of the values this node holds.
     pub fn value_bytes(&self) -> u64 {
-        self.values.values().map(|value| value.len() as u64).sum()
+        self.values.bytes()
     }
 
     /// Whether this node holds the value named `hash`.
     pub fn has_value(&self, hash: &Digest) -> bool {
-        self.values.contains_key(hash)
+        self.values.holds(hash)
     }
 
-    /// The value `hash` names, if this node holds it.
+    /// The value `hash` names, if this node holds it in memory (every value it holds, unless
+    /// [`Node::bound_resident_values`] bounds them).
     pub fn value(&self, hash: &Digest) -> Option<&Bytes> {
-        self.values.get(hash)
+        self.values.resident(hash)
+    }
+
+    /// Lets the bytes of the values handled longest ago leave memory, down to the bound, but
+    /// those of discard proposals and consents still to be decoded.
+    fn evict(&mut self) {
+        let pinned: BTreeSet<Digest> = self
+            .discard
+            .undecoded
+            .iter()
+            .filter_map(|id| self.log.get(id)?.body().value)
+            .map(|reference| reference.hash)
+            .collect();
+        self.values.evict(&pinned);
     }
 
     /// Whether the value `hash` was dropped by every client's consent (§6.6): no node that
@@ -451,7 +502,8 @@ impl Node {
 
     /// The changes for everything the log accepted since the last call, with the fork proofs new
     /// since, and the puts this acknowledges.
-    fn settle(&mut self, forks_before: usize, out: &mut Output) {
+    /// `values`: the store lent to this input, if any.
+    fn settle(&mut self, forks_before: usize, out: &mut Output, values: Option<&dyn Values>) {
         for (id, accepted) in self.log.take_fresh() {
             if let Some(update) = self.log.get(&id) {
                 out.changes
@@ -475,7 +527,7 @@ impl Node {
                 if let Some(reference) = body.value {
                     if authorised && self.discard.discarded.contains(&reference.hash) {
                         self.discard.recheck.insert(reference.hash);
-                    } else if !self.values.contains_key(&reference.hash)
+                    } else if !self.values.holds(&reference.hash)
                         && !self.discard.discarded.contains(&reference.hash)
                         && (self.role == Role::Server || discard)
                     {
@@ -500,16 +552,22 @@ impl Node {
                     .map(|p| Change::Fork(Box::new(p))),
             );
         }
-        self.count_discards(out);
+        self.count_discards(out, values);
+        // Values the store lost or damaged are fetched again like any value this node lacks.
+        for hash in self.values.take_lost() {
+            if self.role == Role::Server || self.discard.values.contains(&hash) {
+                self.missing_values.insert(hash);
+            }
+        }
     }
 
     /// Counts proposals and consents again if any arrived since the last count, then takes back
     /// the discarded values a newly accepted version needs.
-    fn count_discards(&mut self, out: &mut Output) {
+    fn count_discards(&mut self, out: &mut Output, values: Option<&dyn Values>) {
         // A listed update that arrived late is counted before its value is taken back.
         if self.discard.changed || (self.discard.waiting && !self.discard.recheck.is_empty()) {
             self.discard.changed = false;
-            self.apply_discards(out);
+            self.apply_discards(out, values);
         }
         for hash in std::mem::take(&mut self.discard.recheck) {
             let listed = self.discard.listed.get(&hash).map_or(0, BTreeSet::len);
@@ -518,7 +576,7 @@ impl Node {
                 // value is needed again; its writer holds it, servers fetch it, and storing it
                 // deletes the record of its discard.
                 self.discard.discarded.remove(&hash);
-                if self.role == Role::Server && !self.values.contains_key(&hash) {
+                if self.role == Role::Server && !self.values.holds(&hash) {
                     self.missing_values.insert(hash);
                 }
             }
@@ -528,7 +586,7 @@ impl Node {
     /// Takes in the proposals and consents whose values arrived, and drops the values of every
     /// proposal all the volume's clients consented to (§6.6): a value only when every authorised
     /// update naming it is listed (equal bytes share one value).
-    fn apply_discards(&mut self, out: &mut Output) {
+    fn apply_discards(&mut self, out: &mut Output, values: Option<&dyn Values>) {
         let me = self.me();
         // Consents first: a proposal every client agreed to is applied before a newer one of its
         // proposer's in the same batch could replace it (a restart decodes the whole log at once).
@@ -538,11 +596,16 @@ impl Node {
                 continue;
             };
             let (writer, reference) = (update.body().writer, update.body().value);
-            let Some(value) = reference.and_then(|r| self.values.get(&r.hash)) else {
+            let Some(value) = reference.and_then(|r| self.values.get(&r.hash, values)) else {
+                if reference.is_some_and(|r| self.values.holds(&r.hash)) {
+                    // Held, its bytes on the store, and no store lent to this input: decoded
+                    // on the next input that lends one.
+                    self.discard.changed = true;
+                }
                 self.discard.undecoded.push(id);
                 continue;
             };
-            match Discard::decode(value) {
+            match Discard::decode(&value) {
                 Some(Discard::Propose { turn, ids }) => {
                     self.discard.consents.entry(id).or_default().insert(writer);
                     proposed.push((id, writer, turn, ids));
@@ -770,7 +833,7 @@ impl Node {
             self.discard.changed = true;
         }
         self.missing_values.remove(&hash);
-        if self.values.contains_key(&hash) {
+        if self.values.holds(&hash) {
             return Some(false);
         }
         self.values.insert(hash, value.clone());
@@ -789,11 +852,11 @@ impl Node {
         let forks = self.log.forks().len();
         let update = self.log.write(&self.secret, key, reference, now_micros);
         let mut out = Output::default();
-        self.settle(forks, &mut out);
+        self.settle(forks, &mut out, None);
         if let Some(value) = value {
             self.keep_value(value, &mut out);
         }
-        self.count_discards(&mut out);
+        self.count_discards(&mut out, None);
         (update, out)
     }
 
@@ -803,7 +866,7 @@ impl Node {
         let forks = self.log.forks().len();
         let update = self.log.write_beacon(&self.secret, now_micros);
         let mut out = Output::default();
-        self.settle(forks, &mut out);
+        self.settle(forks, &mut out, None);
         (update, out)
     }
 
@@ -813,7 +876,7 @@ impl Node {
         let value = update
             .body()
             .value
-            .and_then(|reference| self.values.get(&reference.hash).cloned());
+            .and_then(|reference| self.values.resident(&reference.hash).cloned());
         Some(Message::Put {
             op,
             update: update.to_wire(),
@@ -858,17 +921,31 @@ impl Node {
         self.missing_values.iter().copied().take(WANT_MAX).collect()
     }
 
-    /// The values named `hashes` this node holds, within [`PUSH_VALUE_BYTES_MAX`] (at least one).
-    fn values_for(&self, hashes: impl IntoIterator<Item = Digest>) -> Vec<Bytes> {
+    /// The values named `hashes` this node holds, within [`PUSH_VALUE_BYTES_MAX`] (at least one),
+    /// read back through `store` when not in memory.
+    fn values_for(
+        &mut self,
+        hashes: impl IntoIterator<Item = Digest>,
+        store: &dyn Values,
+    ) -> Vec<Bytes> {
         let mut out = Vec::new();
         let mut bytes = 0;
+        let mut seen = BTreeSet::new();
         for hash in hashes {
-            if let Some(value) = self.values.get(&hash) {
-                if !out.is_empty() && bytes + value.len() > PUSH_VALUE_BYTES_MAX {
-                    break;
-                }
+            // Within the budget before anything is read: a peer's ask costs at most a message's
+            // worth of reads.
+            let Some(len) = self.values.len_of(&hash) else {
+                continue;
+            };
+            if !seen.insert(hash) {
+                continue;
+            }
+            if !out.is_empty() && bytes + len as usize > PUSH_VALUE_BYTES_MAX {
+                break;
+            }
+            if let Some(value) = self.values.get(&hash, Some(store)) {
                 bytes += value.len();
-                out.push(value.clone());
+                out.push(value);
             }
         }
         out
@@ -906,7 +983,7 @@ impl Node {
             let body = head.body();
             let value = match body.value {
                 None => None,
-                Some(reference) => match self.values.get(&reference.hash) {
+                Some(reference) => match self.values.resident(&reference.hash) {
                     Some(value) => Some(value.clone()),
                     None => {
                         unavailable.push(head.id());
@@ -945,7 +1022,7 @@ impl Node {
             if head
                 .body()
                 .value
-                .is_some_and(|r| !self.values.contains_key(&r.hash))
+                .is_some_and(|r| !self.values.holds(&r.hash))
                 && !reading.asked.contains(&writer)
                 && !reading.next.contains(&writer)
                 && writer != self.me()
@@ -958,7 +1035,7 @@ impl Node {
             .filter_map(|head| head.body().value.map(|r| r.hash))
             .collect();
         let first_ask = reading.asked.is_empty();
-        let complete = hashes.iter().all(|hash| self.values.contains_key(hash));
+        let complete = hashes.iter().all(|hash| self.values.holds(hash));
         if complete && !first_ask && answered {
             return None;
         }
@@ -1002,6 +1079,17 @@ impl Node {
 
     /// A message from member `from`. `now_micros` is this node's time, for the clock bound.
     pub fn on_message(&mut self, from: Writer, message: Message, now_micros: u64) -> Output {
+        self.on_message_with(from, message, now_micros, &())
+    }
+
+    /// [`Node::on_message`], reading the values whose bytes left memory back from `store`.
+    pub fn on_message_with(
+        &mut self,
+        from: Writer,
+        message: Message,
+        now_micros: u64,
+        store: &dyn Values,
+    ) -> Output {
         let mut out = Output::default();
         let forks = self.log.forks().len();
         match message {
@@ -1029,7 +1117,7 @@ impl Node {
                 let updates = wire;
                 let push = Message::Push {
                     updates,
-                    values: self.values_for(hashes),
+                    values: self.values_for(hashes, store),
                     frontier: self.log.frontier().flat(),
                     forks: self.forks_for(&frontier),
                     more,
@@ -1104,14 +1192,14 @@ impl Node {
                         wanted_values
                             .into_iter()
                             .take(WANT_MAX)
-                            .filter(|hash| self.values.contains_key(hash)),
+                            .filter(|hash| self.values.holds(hash)),
                     );
                 }
                 if !back.is_empty() || !hashes.is_empty() {
                     out.sends.push((
                         from,
                         Message::Push {
-                            values: self.values_for(hashes),
+                            values: self.values_for(hashes, store),
                             updates: back,
                             frontier: self.log.frontier().flat(),
                             forks: self.forks_for(&frontier),
@@ -1200,7 +1288,7 @@ impl Node {
                     .iter()
                     .filter_map(|head| head.body().value.map(|r| r.hash))
                     .collect();
-                let values = self.values_for(hashes.iter().copied());
+                let values = self.values_for(hashes.iter().copied(), store);
                 let (updates, more) = if compact_hash(hashes) == compact {
                     self.stats.fast_gets += 1;
                     (Vec::new(), false)
@@ -1280,7 +1368,8 @@ impl Node {
                 }
             }
         }
-        self.settle(forks, &mut out);
+        self.settle(forks, &mut out, Some(store));
+        self.evict();
         out
     }
 
@@ -1292,7 +1381,8 @@ impl Node {
         }
         self.log.retry(now_micros);
         let mut out = Output::default();
-        self.settle(forks, &mut out);
+        self.settle(forks, &mut out, None);
+        self.evict();
         out
     }
 }

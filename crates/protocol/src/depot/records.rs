@@ -78,6 +78,8 @@ impl Recorder {
                 key: proof.writer.0.to_be_bytes().to_vec(),
                 value: Some(Bytes::from(wire::encode(&**proof))),
             }],
+            // Read from the records, never made.
+            Change::Stored(..) => Vec::new(),
             Change::Discard(hash) => vec![
                 Record {
                     table: DISCARDED,
@@ -99,6 +101,8 @@ impl Recorder {
 pub struct Tables {
     /// [`VALUES`].
     pub values: Vec<(Vec<u8>, Bytes)>,
+    /// [`VALUES`] by hash and length alone, their bytes left in the store (checked when read).
+    pub stored: Vec<(Vec<u8>, u64)>,
     /// [`FORKS`].
     pub forks: Vec<(Vec<u8>, Bytes)>,
     /// [`UPDATES`].
@@ -116,6 +120,23 @@ impl Tables {
     ) -> Result<Tables, E> {
         Ok(Tables {
             values: load(VALUES)?,
+            stored: Vec::new(),
+            forks: load(FORKS)?,
+            updates: load(UPDATES)?,
+            discarded: load(DISCARDED)?,
+            accepted: load(ACCEPTED)?,
+        })
+    }
+
+    /// The tables but the values, read with `load`, and the hash and length of each value, read
+    /// with `lengths`: what a node that holds more values than memory restores from.
+    pub fn load_leaving_values<E>(
+        mut load: impl FnMut(&'static str) -> Result<Vec<(Vec<u8>, Bytes)>, E>,
+        lengths: impl FnOnce(&'static str) -> Result<Vec<(Vec<u8>, u64)>, E>,
+    ) -> Result<Tables, E> {
+        Ok(Tables {
+            values: Vec::new(),
+            stored: lengths(VALUES)?,
             forks: load(FORKS)?,
             updates: load(UPDATES)?,
             discarded: load(DISCARDED)?,
@@ -129,6 +150,7 @@ impl Tables {
 pub fn restore(tables: Tables) -> Result<(Vec<Change>, Recorder), String> {
     let Tables {
         values,
+        stored,
         forks,
         updates,
         discarded,
@@ -149,6 +171,11 @@ pub fn restore(tables: Tables) -> Result<(Vec<Change>, Recorder), String> {
             return Err("a value is stored under another hash than its own".into());
         }
         changes.push(Change::Value(value));
+    }
+    for (hash, len) in stored {
+        let hash = <[u8; 32]>::try_from(hash.as_slice())
+            .map_err(|_| "a value's hash is not 32 bytes".to_string())?;
+        changes.push(Change::Stored(bulwark_core::Digest(hash), len));
     }
     for (_, record) in forks {
         let proof: ForkProof = wire::decode(&record, FRAME_BYTES_MAX)

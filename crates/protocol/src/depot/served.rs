@@ -11,6 +11,7 @@
 //! Who a peer is comes from the transport, never from a message: a node's slot is its id
 //! (the host names members by id), and each member's key names its node or client.
 
+use super::hoard::Values;
 use super::node::{Change, Message, Node};
 use super::update::{VolumeConfig, VolumeId, Writer};
 use crate::machine::{
@@ -177,6 +178,7 @@ impl Served {
             value_bytes: self.node.value_bytes(),
             names: Vec::new(),
             discarded: self.node.discarded() as u64,
+            values_damaged: stats.values_damaged,
             pending_discards: self
                 .node
                 .discard_pending()
@@ -254,7 +256,7 @@ impl Replica for Served {
     type Reply = Reply;
     type Message = PeerMessage;
     type Change = Change;
-    type View = ();
+    type View = dyn Values;
 
     fn on_request(
         &mut self,
@@ -262,7 +264,7 @@ impl Replica for Served {
         client: ClientId,
         _access: Access,
         request: Request,
-        _view: &(),
+        view: &dyn Values,
     ) -> Output<Self> {
         let volume = self.config().volume;
         match request {
@@ -296,7 +298,7 @@ impl Replica for Served {
                     ));
                 }
                 let micros = self.micros(now);
-                let answers = self.node.on_message(member, message, micros);
+                let answers = self.node.on_message_with(member, message, micros, view);
                 let mut output = Output::none();
                 let mut replies = Vec::new();
                 self.absorb(answers, Some(member), &mut output, &mut replies);
@@ -314,7 +316,7 @@ impl Replica for Served {
         now: Time,
         from: Slot,
         message: PeerMessage,
-        _view: &(),
+        view: &dyn Values,
     ) -> Output<Self> {
         let volume = self.config().volume;
         let Some(member) = self.peers.node_member(NodeId(from.0)) else {
@@ -345,13 +347,15 @@ impl Replica for Served {
             };
         }
         let micros = self.micros(now);
-        let answers = self.node.on_message(member, message.message, micros);
+        let answers = self
+            .node
+            .on_message_with(member, message.message, micros, view);
         let mut output = Output::none();
         self.absorb(answers, None, &mut output, &mut Vec::new());
         output
     }
 
-    fn on_timer(&mut self, _now: Time, _timer: TimerId, _view: &()) -> Output<Self> {
+    fn on_timer(&mut self, _now: Time, _timer: TimerId, _view: &dyn Values) -> Output<Self> {
         Output::none()
     }
 

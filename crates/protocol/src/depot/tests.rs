@@ -1449,3 +1449,141 @@ fn a_peer_that_asks_again_and_again_gets_bounded_answers_and_changes_nothing() {
     exchange(&mut [&mut s0, &mut c3]);
     assert_eq!(c3.log().len(), held);
 }
+
+/// A driver's store for [`Node::on_message_with`]: every value its node made a change of.
+#[derive(Default)]
+struct ValueStore(std::collections::BTreeMap<bulwark_core::Digest, Bytes>);
+
+impl super::hoard::Values for ValueStore {
+    fn value(&self, hash: &bulwark_core::Digest) -> Option<Bytes> {
+        self.0.get(hash).cloned()
+    }
+}
+
+impl ValueStore {
+    fn record(&mut self, out: &super::node::Output) {
+        for change in &out.changes {
+            match change {
+                Change::Value(value) => {
+                    self.0.insert(value_hash(value), value.clone());
+                }
+                Change::Discard(hash) => {
+                    self.0.remove(hash);
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// A server that keeps the bytes of few values in memory holds and serves every value from its
+/// store: to a server's pull, to a read, after a restart that reads only hashes and lengths; a
+/// value the store damaged is not served and is counted.
+#[test]
+fn a_server_that_keeps_few_values_in_memory_serves_every_value_from_its_store() {
+    const BOUND: u64 = 64;
+    let (mut s0, mut c2) = (node(0), node(2));
+    s0.bound_resident_values(BOUND);
+    let mut store = ValueStore::default();
+    let mut written = Vec::new();
+    for i in 0..20u64 {
+        let value = Bytes::from(format!("value number {i} of twenty"));
+        let (update, _) = c2.write(key(&format!("c2/k{i}")), Some(value.clone()), NOW + i);
+        let put = c2.put_message(i, &update.id()).expect("held");
+        let out = s0.on_message_with(Writer(2), put, NOW, &store);
+        store.record(&out);
+        assert!(matches!(
+            out.sends[..],
+            [(Writer(2), Message::PutAck { .. })]
+        ));
+        written.push((update, value));
+    }
+    let total: u64 = written.iter().map(|(_, v)| v.len() as u64).sum();
+    assert_eq!((s0.values_held(), s0.value_bytes()), (20, total));
+    let resident = written
+        .iter()
+        .filter(|(update, _)| s0.value(&value_of(update)).is_some())
+        .count();
+    assert!(resident <= 3, "{resident} values in memory");
+
+    // Another server's pull brings every value, read back from the store.
+    let mut s1 = node(1);
+    for _ in 0..4 {
+        let pull = s1.pull(Writer(0));
+        let out = s0.on_message_with(Writer(1), pull, NOW, &store);
+        store.record(&out);
+        for (to, message) in out.sends {
+            assert_eq!(to, Writer(1));
+            s1.on_message(Writer(0), message, NOW);
+        }
+    }
+    assert_eq!((s1.values_held(), s1.value_bytes()), (20, total));
+    // A reader gets the first value written, long gone from memory.
+    let mut c3 = node(3);
+    let ReadStart::Ask(to, get) = c3.start_read(1, key("c2/k0"), &[Writer(0)], NOW) else {
+        panic!("a read asks the server");
+    };
+    let reply = s0.on_message_with(Writer(3), *get, NOW, &store).sends;
+    let out = c3.on_message(to, reply.into_iter().next().expect("an answer").1, NOW);
+    assert_eq!(
+        out.reads[0].1.versions[0].value.as_ref(),
+        Some(&written[0].1)
+    );
+
+    // Restarted from its records with the values left on disk.
+    let mut disk: Vec<Change> = written
+        .iter()
+        .map(|(_, value)| Change::Stored(value_hash(value), value.len() as u64))
+        .collect();
+    disk.extend(durable(&s0));
+    let mut restored = Node::restore_with(
+        config(),
+        Writer(0),
+        secret(0),
+        &disk,
+        NOW,
+        Some(BOUND),
+        &store,
+    );
+    assert_eq!(
+        (restored.values_held(), restored.value_bytes()),
+        (20, total)
+    );
+    // Bytes damaged on disk are not served: counted, held no more, and fetched again.
+    let damaged = value_of(&written[5].0);
+    store.0.insert(damaged, Bytes::from("rotten"));
+    let mut s4 = node(1);
+    for _ in 0..4 {
+        let pull = s4.pull(Writer(0));
+        let out = restored.on_message_with(Writer(1), pull, NOW, &store);
+        store.record(&out);
+        for (_, message) in out.sends {
+            s4.on_message(Writer(0), message, NOW);
+        }
+    }
+    assert_eq!(s4.values_held(), 19);
+    assert!(!s4.has_value(&damaged));
+    assert_eq!(s4.stats().values_refused, 0, "nothing unchecked was sent");
+    assert_eq!(restored.stats().values_damaged, 1);
+    assert!(!restored.has_value(&damaged));
+    let Message::Pull { want_values, .. } = restored.pull(Writer(1)) else {
+        panic!("a pull");
+    };
+    assert_eq!(want_values, vec![damaged], "asked for again");
+    let push = s1.on_message(
+        Writer(0),
+        Message::Pull {
+            frontier: restored.log().frontier().flat(),
+            want: Vec::new(),
+            want_values,
+            values: true,
+        },
+        NOW,
+    );
+    for (_, message) in push.sends {
+        let out = restored.on_message_with(Writer(1), message, NOW, &store);
+        store.record(&out);
+    }
+    assert!(restored.has_value(&damaged));
+    assert_eq!(store.0[&damaged], written[5].1, "stored again intact");
+}
