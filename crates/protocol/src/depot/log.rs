@@ -187,8 +187,9 @@ impl ForkProof {
 #[derive(Debug)]
 struct Entry {
     update: Update,
-    /// The frontier of its causal past (itself not included).
-    past: Arc<Frontier>,
+    /// The heads of the frontier of its causal past (itself not included), by id: a log holds
+    /// one of these per update, so it keeps only what a merge reads.
+    past: Box<[UpdateId]>,
 }
 
 /// One node's log of one volume.
@@ -551,13 +552,9 @@ impl Log {
     }
 
     /// Adds every head of `other` to `frontier`.
-    fn merge(&self, frontier: &mut Frontier, other: &Frontier) {
-        for (_, clock_id) in other
-            .0
-            .iter()
-            .flat_map(|(w, heads)| heads.iter().map(move |h| (w, h)))
-        {
-            self.extend(frontier, clock_id.1);
+    fn merge(&self, frontier: &mut Frontier, other: &[UpdateId]) {
+        for id in other {
+            self.extend(frontier, *id);
         }
     }
 
@@ -747,7 +744,11 @@ impl Log {
     fn insert(&mut self, update: Update, past: Frontier, now_micros: u64) {
         let id = update.id();
         let body = update.body().clone();
-        let siblings = self.children.entry((body.writer, body.prev)).or_default();
+        // One child each for a correct writer: no room for more until a fork needs it.
+        let siblings = self
+            .children
+            .entry((body.writer, body.prev))
+            .or_insert_with(|| Vec::with_capacity(1));
         let sibling = siblings.first().copied();
         siblings.push(id);
         if siblings.len() > 1 {
@@ -791,7 +792,11 @@ impl Log {
             id,
             Entry {
                 update: update.clone(),
-                past: Arc::new(past),
+                past: past
+                    .0
+                    .values()
+                    .flat_map(|heads| heads.iter().map(|(_, head)| *head))
+                    .collect(),
             },
         );
         self.order.insert((body.clock, body.writer, id));
@@ -811,7 +816,10 @@ impl Log {
         self.clock = self.clock.max(body.clock);
         if authorised {
             let keep_superseded = self.mutations.keep_superseded;
-            let heads = self.heads.entry(body.key.clone()).or_default();
+            let heads = self
+                .heads
+                .entry(body.key.clone())
+                .or_insert_with(|| Vec::with_capacity(1));
             heads.retain(|head| keep_superseded || !supersedes.contains(head));
             heads.push(id);
         }
