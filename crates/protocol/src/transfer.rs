@@ -40,8 +40,10 @@
 //! # Dropping what moved
 //!
 //! A node sweeps its store for keys outside its groups in its current epoch and asks each key's
-//! group whether its members hold it ([`Transfer::Hold`]); it drops the key once `2f+1` of them
-//! say so, and, for kinds that allow it ([`Kind::DROP_DENIED`]), once `2f+1` members that
+//! group whether its members hold it ([`Transfer::Hold`]); it drops the key once every member
+//! says so, or `2f+1` do and none of the others says, for [`DROP_GRACE_MILLIS`], that it is still
+//! pulling (so that a late member does not find the old members emptied), and, for kinds that
+//! allow it ([`Kind::DROP_DENIED`]), once `2f+1` members that
 //! finished taking the key's arc over say they do not (then at most `f` correct members hold
 //! it, which no completed write leaves behind). docs/state-transfer.md has the argument.
 //!
@@ -85,7 +87,22 @@ pub const DROP_BATCH_KEYS: usize = 256;
 pub const DROP_ROUNDS: u32 = 2;
 /// The longest wait between two sweeps that kept keys. Such a sweep asks only about the keys
 /// kept, so it costs little however many keys the node stores.
-pub const DROP_RESWEEP_MAX_MILLIS: u64 = 4_000;
+pub const DROP_RESWEEP_MAX_MILLIS: u64 = 2_000;
+/// How long a node keeps a moved key that `2f+1` members of its new group hold but the others
+/// have not confirmed: a member that entered the epoch late, or whose pull is slow, would find
+/// the old members already dropped it and lack it for good. Every member's confirmation drops it
+/// at once; after this wait, `2f+1` do (a crashed or faulty member cannot keep it here forever).
+pub const DROP_GRACE_MILLIS: u64 = 5_000;
+/// The longest a moved key is kept for members that say they are still taking it over, after
+/// `2f+1` members hold it: a pull of many keys takes a while, but a faulty member that says so
+/// for ever does not keep the key on its old members for ever.
+pub const DROP_PENDING_MAX_MILLIS: u64 = 120_000;
+
+// A member still pulling is asked again (after a batch's last round and the wait to the next
+// sweep), and says so, with time to spare before the grace runs out.
+const _: () = assert!(
+    (PULL_RETRY_MILLIS << DROP_ROUNDS) + DROP_RESWEEP_MAX_MILLIS + 1_000 < DROP_GRACE_MILLIS
+);
 
 /// The timer under which the dropping of moved keys moves on: set from the tick when something
 /// is due, since dropping reads the store, which only timers and messages are lent.
@@ -108,6 +125,8 @@ pub struct TransferMutations {
     pub small_drop_quorum: bool,
     /// Never drop a key that moved away (for the check that moved keys are dropped).
     pub keep_moved_keys: bool,
+    /// Drop a key once `2f+1` members of its group hold it, without waiting for the others.
+    pub drop_without_grace: bool,
     /// Content-hash objects: a fragment taken over replaces every other one the node holds of
     /// the object, before the object's group holds it.
     pub displace_fragments: bool,
@@ -492,6 +511,9 @@ pub enum Transfer<E, V> {
         /// Keys asked about that the member does not hold although its pull of their arc is in
         /// (sent only for kinds that drop on denials, [`Kind::DROP_DENIED`]).
         denied: Vec<Key>,
+        /// Keys asked about that the member does not hold yet, its pull of their arc still
+        /// running: the asker keeps them for it a while longer.
+        pending: Vec<Key>,
     },
     /// A version a member said it lacks, from a node that no longer serves the key in `epoch`
     /// and would drop it: stored if it verifies and is newer, as a write-back would be.
@@ -562,6 +584,8 @@ struct Asked<V> {
     version: V,
     holders: BTreeSet<NodeId>,
     deniers: BTreeSet<NodeId>,
+    /// When a quorum of holders was first counted, in this epoch.
+    quorum_at: Option<Time>,
 }
 
 impl<V> Asked<V> {
@@ -570,14 +594,45 @@ impl<V> Asked<V> {
             version,
             holders: BTreeSet::new(),
             deniers: BTreeSet::new(),
+            quorum_at: None,
         }
+    }
+
+    /// Whether the key may be dropped at `now`: every member of `group` holds it, or `quorum`
+    /// deny it, or `quorum` hold it and have for `grace` milliseconds while none of the others
+    /// said in that time that it is still taking keys over (`pulling`: when each member last
+    /// did), or for [`DROP_PENDING_MAX_MILLIS`] whatever they say (a faulty member cannot keep
+    /// the key here for good).
+    fn droppable(
+        &mut self,
+        now: Time,
+        quorum: usize,
+        group: &GroupView,
+        grace: u64,
+        pulling: &BTreeMap<NodeId, Time>,
+    ) -> bool {
+        if self.holders.len() >= quorum && self.quorum_at.is_none() {
+            self.quorum_at = Some(now);
+        }
+        let since = |at: Time, wait: u64| now.0 >= at.0.saturating_add(wait);
+        let still_pulling = group.members().iter().any(|member| {
+            !self.holders.contains(member)
+                && pulling.get(member).is_some_and(|at| !since(*at, grace))
+        });
+        let waited = self.quorum_at.is_some_and(|at| {
+            since(at, grace) && (!still_pulling || since(at, DROP_PENDING_MAX_MILLIS))
+        });
+        group.members().iter().all(|m| self.holders.contains(m))
+            || waited
+            || self.deniers.len() >= quorum
     }
 }
 
-/// Dropping the keys whose group in the current epoch does not name this node, once `2f+1`
-/// members of that group say they hold the same version or a newer one (or, for kinds that drop
-/// on denials, that they do not hold it). No state survives a restart or an epoch: the keys to
-/// drop are those stored outside the node's groups, found again by the next sweep.
+/// Dropping the keys whose group in the current epoch does not name this node, once the members
+/// of that group say they hold the same version or a newer one (every member, or `2f+1` and a
+/// grace: [`Asked::droppable`]), or, for kinds that drop on denials, `2f+1` say they do not hold
+/// it. No state survives a restart or an epoch: the keys to drop are those stored outside the
+/// node's groups, found again by the next sweep.
 struct Drops<V> {
     sweep: Sweep,
     /// The wait before the sweep after one that kept keys.
@@ -594,6 +649,9 @@ struct Drops<V> {
     /// Kept keys, with the members that answered about them: asked about again, the key counts
     /// those members still, as long as the version held is the same.
     confirmed: BTreeMap<Key, Asked<V>>,
+    /// When each member last said it is still taking over a key asked about: one entry per
+    /// member asked.
+    pulling: BTreeMap<NodeId, Time>,
     /// When the batch is asked about again, and how many times it has been.
     retry_at: Time,
     rounds: u32,
@@ -615,6 +673,7 @@ impl<V: Copy + Ord> Drops<V> {
             answered: BTreeSet::new(),
             offered: BTreeSet::new(),
             confirmed: BTreeMap::new(),
+            pulling: BTreeMap::new(),
             retry_at: Time(0),
             rounds: 0,
             kept: false,
@@ -997,6 +1056,15 @@ impl<K: Kind> EpochHost<K> {
         if small { self.f + 1 } else { 2 * self.f + 1 }
     }
 
+    /// How long a quorum of holders waits for the rest of a moved key's group.
+    fn drop_grace(&self) -> u64 {
+        if self.mutations.drop_without_grace || self.mutations.small_drop_quorum {
+            0
+        } else {
+            DROP_GRACE_MILLIS
+        }
+    }
+
     /// The group of `key` in the current epoch, when it does not name this node.
     fn moved_away(&self, key: &Key) -> Option<GroupView> {
         let group = self.rings.newest().group_at(K::point(key)?);
@@ -1023,9 +1091,9 @@ impl<K: Kind> EpochHost<K> {
 
     /// Moves the dropping of moved keys on at `now`: asks again about the batch in flight, gives
     /// up on it, starts a sweep, or starts the next batch.
-    fn drop_tick(&mut self, now: Time, view: &K::View) -> Vec<(Slot, Message<K>)> {
+    fn drop_tick(&mut self, now: Time, view: &K::View) -> Output<Self> {
         if !self.drops.due(now) {
-            return Vec::new();
+            return Output::none();
         }
         let drops = &mut self.drops;
         if !drops.batch.is_empty() {
@@ -1033,14 +1101,39 @@ impl<K: Kind> EpochHost<K> {
                 drops.rounds += 1;
                 let wait = (PULL_RETRY_MILLIS << drops.rounds).min(PULL_RETRY_MAX_MILLIS);
                 drops.retry_at = Time(now.0 + wait);
-                return self.hold_requests();
+                return Output {
+                    sends: self.hold_requests(),
+                    ..Output::none()
+                };
             }
             // Members that lack these versions, or do not answer: the keys wait for the next
             // sweep. Those that answered without them are offered them: a version only some
             // members hold (a write its writer did not finish) would otherwise keep the key
             // here until the next write.
             drops.kept = true;
-            let kept = std::mem::take(&mut drops.batch);
+            let mut kept = std::mem::take(&mut drops.batch);
+            // Keys whose quorum of holders has waited long enough for the others: dropped.
+            let mut changes = Vec::new();
+            let mut dropped = Vec::new();
+            if !self.mutations.keep_moved_keys {
+                let quorum = self.quorum(self.mutations.small_drop_quorum);
+                let grace = self.drop_grace();
+                let ring = self.rings.newest().clone();
+                let pulling = &self.drops.pulling;
+                let due: Vec<(Key, K::Version)> = kept
+                    .iter_mut()
+                    .filter_map(|(key, asked)| {
+                        let group = ring.group_at(K::point(key)?);
+                        asked
+                            .droppable(now, quorum, &group, grace, pulling)
+                            .then(|| (key.clone(), asked.version))
+                    })
+                    .collect();
+                for (key, version) in due {
+                    kept.remove(&key);
+                    changes.extend(self.drop_key(view, key, version, &mut dropped));
+                }
+            }
             let offers = if self.kind.offers() {
                 self.offers(view, &kept)
             } else {
@@ -1062,7 +1155,11 @@ impl<K: Kind> EpochHost<K> {
                     (key, asked)
                 }));
             // The sweep goes on (or ends) at the next tick.
-            return offers;
+            return Output {
+                changes,
+                sends: offers,
+                ..Output::none()
+            };
         }
         if let Sweep::At(_) = drops.sweep {
             let mut found: Vec<Key> = if drops.rescan {
@@ -1077,7 +1174,10 @@ impl<K: Kind> EpochHost<K> {
             drops.rescan = false;
             drops.sweep = Sweep::Running;
         }
-        self.next_batch(now, view, &[])
+        Output {
+            sends: self.next_batch(now, view, &[]),
+            ..Output::none()
+        }
     }
 
     /// Starts asking about the next keys of the running sweep, or ends it; `dropped` were
@@ -1199,12 +1299,22 @@ impl<K: Kind> EpochHost<K> {
         from: NodeId,
         versions: Vec<(Key, K::Version)>,
         denied: Vec<Key>,
+        pending: &[Key],
         view: &K::View,
     ) -> Output<Self> {
         let quorum = self.quorum(self.mutations.small_drop_quorum);
+        let grace = self.drop_grace();
         let mut changes = Vec::new();
         let mut dropped = Vec::new();
         self.drops.answered.insert(from);
+        let asked_about = |key: &Key| {
+            self.drops.batch.contains_key(key)
+                && K::point(key)
+                    .is_some_and(|point| self.rings.newest().group_at(point).contains(from))
+        };
+        if pending.iter().any(asked_about) {
+            self.drops.pulling.insert(from, now);
+        }
         let said = versions
             .into_iter()
             .map(|(key, version)| (key, Some(version)))
@@ -1221,7 +1331,8 @@ impl<K: Kind> EpochHost<K> {
             else {
                 continue;
             };
-            let Some(asked) = self.drops.batch.get_mut(&key) else {
+            let drops = &mut self.drops;
+            let Some(asked) = drops.batch.get_mut(&key) else {
                 continue;
             };
             if !group.contains(from) {
@@ -1242,23 +1353,13 @@ impl<K: Kind> EpochHost<K> {
                 }
                 None => {}
             }
-            let enough = asked.holders.len() >= quorum || asked.deniers.len() >= quorum;
+            let enough = asked.droppable(now, quorum, &group, grace, &drops.pulling);
             if !enough || self.mutations.keep_moved_keys {
                 continue;
             }
             let version = asked.version;
             self.drops.batch.remove(&key);
-            // A pull into an earlier epoch may have stored a newer version since it was asked
-            // about: that one waits for the next sweep.
-            let held = self.stored_version(view, &key);
-            if held == Some(version) {
-                self.dropped += 1;
-                changes.extend(self.kind.remove(view, &key));
-                dropped.push(key);
-            } else if let Some(held) = held {
-                self.drops.kept = true;
-                self.drops.confirmed.insert(key, Asked::new(held));
-            }
+            changes.extend(self.drop_key(view, key, version, &mut dropped));
         }
         let sends = if self.drops.batch.is_empty() && self.drops.sweep == Sweep::Running {
             self.next_batch(now, view, &dropped)
@@ -1270,6 +1371,29 @@ impl<K: Kind> EpochHost<K> {
             sends,
             ..Output::none()
         }
+    }
+
+    /// Drops `key`, asked about at `version`, unless a pull into an earlier epoch stored a newer
+    /// version since (that one waits for the next sweep).
+    fn drop_key(
+        &mut self,
+        view: &K::View,
+        key: Key,
+        version: K::Version,
+        dropped: &mut Vec<Key>,
+    ) -> Vec<Change<K::Entry>> {
+        let held = self.stored_version(view, &key);
+        if held == Some(version) {
+            self.dropped += 1;
+            let changes = self.kind.remove(view, &key);
+            dropped.push(key);
+            return changes;
+        }
+        if let Some(held) = held {
+            self.drops.kept = true;
+            self.drops.confirmed.insert(key, Asked::new(held));
+        }
+        Vec::new()
     }
 
     /// Serves one request now (`None` when it is held while its key is transferred).
@@ -1490,6 +1614,7 @@ impl<K: Kind> EpochHost<K> {
     fn held(&self, epoch: Epoch, versions: Vec<(Key, K::Version)>, view: &K::View) -> Message<K> {
         let mut held = Vec::new();
         let mut denied = Vec::new();
+        let mut pending = Vec::new();
         for (key, version) in versions {
             let Some(point) = K::point(&key) else {
                 continue;
@@ -1497,11 +1622,11 @@ impl<K: Kind> EpochHost<K> {
             if self.moved_away(&key).is_some() {
                 continue;
             }
+            let unsettled = self.unsettled(Epoch(epoch.0 + 1), point, &key);
             match self.kind.holds(view, &key) {
                 Some(stored) if stored >= version => held.push((key, version)),
-                _ if K::DROP_DENIED && !self.unsettled(Epoch(epoch.0 + 1), point, &key) => {
-                    denied.push(key);
-                }
+                _ if unsettled => pending.push(key),
+                _ if K::DROP_DENIED => denied.push(key),
                 _ => {}
             }
         }
@@ -1509,6 +1634,7 @@ impl<K: Kind> EpochHost<K> {
             epoch,
             versions: held,
             denied,
+            pending,
         }
     }
 
@@ -1538,14 +1664,15 @@ impl<K: Kind> EpochHost<K> {
                 epoch,
                 versions,
                 denied,
+                pending,
             } => {
                 if epoch != self.epoch() {
                     return Output::none();
                 }
-                if versions.len() + denied.len() > DROP_BATCH_KEYS {
+                if versions.len() + denied.len() + pending.len() > DROP_BATCH_KEYS {
                     return Output::refused(format!("node {} confirmed too many keys", from.0));
                 }
-                self.on_held(now, from, versions, denied, view)
+                self.on_held(now, from, versions, denied, &pending, view)
             }
             Transfer::Offer { epoch, key, entry } => {
                 if epoch != self.epoch() {
@@ -1867,10 +1994,7 @@ impl<K: Kind> Replica for EpochHost<K> {
     fn on_timer(&mut self, now: Time, timer: TimerId, view: &K::View) -> Output<Self> {
         self.kind.begin();
         match timer {
-            DROP_TIMER => Output {
-                sends: self.drop_tick(now, view),
-                ..Output::none()
-            },
+            DROP_TIMER => self.drop_tick(now, view),
             RELEASE_TIMER => {
                 let (changes, notify) = self.release(view);
                 let output = Output {

@@ -171,18 +171,22 @@ fn displacing_fragments_before_the_group_holds_the_object_is_caught() {
 // An old member still taking an object over from an earlier epoch answers a pull "undecided".
 // Counted as a denial, it lets a new member drop an object whose creation completed: members
 // still pulling it and one faulty denier make the 2f+1 denials. The search needs every fault
-// (Byzantine members that answer undecided about what they hold among them) to find it.
+// (Byzantine members that answer undecided about what they hold among them) to find it, and
+// old members that drop what moved as soon as 2f+1 new members hold it (safe, by the argument
+// of docs/state-transfer.md; waiting for the last member too repairs most of what the broken
+// rule loses, and the search would need many more seeds).
 #[test]
 fn counting_an_undecided_member_as_a_denial_is_caught() {
     let config = SimConfig {
         keys: 16,
         ops: 300,
         byzantine_servers: Some(1),
+        mutations: "drop-without-grace".parse().unwrap(),
         ..config(1)
     };
     assert_caught_service::<ContentEpochsSim>(
         "content-epochs",
-        "undecided-denies",
+        "undecided-denies,drop-without-grace",
         config,
         600,
         LOST,

@@ -29,9 +29,9 @@ use std::ops::Bound;
 use std::sync::Arc;
 
 pub use crate::transfer::{
-    DROP_BATCH_KEYS, DROP_RESWEEP_MAX_MILLIS, DROP_ROUNDS, DROP_START_MILLIS, DROP_TIMER,
-    FETCH_WINDOW, LIST_PAGE_KEYS, LISTED_KEYS_MAX, PULL_RETRY_MAX_MILLIS, PULL_RETRY_MILLIS,
-    Routed, TransferMutations, WAITING_MAX,
+    DROP_BATCH_KEYS, DROP_GRACE_MILLIS, DROP_PENDING_MAX_MILLIS, DROP_RESWEEP_MAX_MILLIS,
+    DROP_ROUNDS, DROP_START_MILLIS, DROP_TIMER, FETCH_WINDOW, LIST_PAGE_KEYS, LISTED_KEYS_MAX,
+    PULL_RETRY_MAX_MILLIS, PULL_RETRY_MILLIS, Routed, TransferMutations, WAITING_MAX,
 };
 
 /// A node's replica of one register service across epochs.
@@ -777,7 +777,7 @@ mod tests {
     }
 
     #[test]
-    fn a_moved_key_is_dropped_once_2f_plus_1_members_of_its_new_group_hold_it_and_not_before() {
+    fn a_moved_key_goes_once_2f_plus_1_members_of_its_new_group_hold_it_and_the_grace_is_over() {
         // Epoch 1 replaces the whole group: nodes 0-3 hand over to nodes 4-7.
         let chain = Chain::new(vec![ring(0, 0..4), ring(1, 4..8)]);
         let owner = Arc::new(SecretKey::from_seed(&[1; 32]));
@@ -837,6 +837,7 @@ mod tests {
                 epoch: Epoch(1),
                 versions: vec![(key.clone(), PubKey::ts(&version(num)))],
                 denied: Vec::new(),
+                pending: Vec::new(),
             };
             Replica::on_message(old, Time(2), Slot(from), message, stored)
         };
@@ -846,8 +847,21 @@ mod tests {
             assert!(confirm(&mut old, &stored, from, num).changes.is_empty());
         }
         assert!(old.stored(&stored, &key).is_some());
-        // The third member of the new group.
-        let dropped = confirm(&mut old, &stored, 7, 2);
+        // The third member of the new group makes 2f+1, but the fourth may still be taking the
+        // key over: the key waits for it.
+        assert!(confirm(&mut old, &stored, 7, 2).changes.is_empty());
+        // It says nothing: the key is dropped once the grace is over, not before.
+        let quorum_at = 2;
+        let mut now = DROP_START_MILLIS;
+        let dropped = loop {
+            now += PULL_RETRY_MILLIS;
+            assert!(now < quorum_at + DROP_GRACE_MILLIS + 4 * DROP_RESWEEP_MAX_MILLIS);
+            let output = tick(&mut old, &stored, Time(now));
+            if !output.changes.is_empty() {
+                break output;
+            }
+        };
+        assert!(now >= quorum_at + DROP_GRACE_MILLIS, "dropped at {now}");
         assert_eq!(
             dropped.changes,
             vec![transfer::Change::Drop { key: key.clone() }]
@@ -874,6 +888,99 @@ mod tests {
     }
 
     #[test]
+    fn a_moved_key_waits_for_a_member_still_pulling_it_and_goes_once_every_member_holds_it() {
+        let chain = Chain::new(vec![ring(0, 0..4), ring(1, 4..8)]);
+        let owner = Arc::new(SecretKey::from_seed(&[3; 32]));
+        let key = pubkey::object_id(&owner.public_key());
+        let ts = Timestamp {
+            num: 4,
+            writer: ClientId(1),
+            seq: 4,
+        };
+        let entry = PubKey::make(&owner, GroupId(0), &key, ts, Some(Bytes::from_static(b"p")));
+        let (mut old, stored) = genesis_holding(2, &chain, &[(key.clone(), entry.clone())]);
+        let _ = old.enter(chain.ring(Epoch(1)).expect("epoch 1").clone());
+        let _ = tick(&mut old, &stored, Time(0));
+        let _ = tick(&mut old, &stored, Time(DROP_START_MILLIS));
+        let answer = |old: &mut EpochServer<PubKey>, now: u64, from: u32, holds: bool| {
+            let message = transfer::Transfer::Held {
+                epoch: Epoch(1),
+                versions: if holds {
+                    vec![(key.clone(), ts)]
+                } else {
+                    Vec::new()
+                },
+                denied: Vec::new(),
+                pending: if holds { Vec::new() } else { vec![key.clone()] },
+            };
+            Replica::on_message(old, Time(now), Slot(from), message, &stored)
+        };
+        for from in [4, 5, 7] {
+            assert!(
+                answer(&mut old, DROP_START_MILLIS, from, true)
+                    .changes
+                    .is_empty()
+            );
+        }
+        // Member 6 is still pulling, and says so each time it is asked: the key stays well
+        // past the grace.
+        let mut now = DROP_START_MILLIS;
+        let _ = answer(&mut old, now, 6, false);
+        while now < DROP_START_MILLIS + 3 * DROP_GRACE_MILLIS {
+            now += PULL_RETRY_MILLIS;
+            let output = tick(&mut old, &stored, Time(now));
+            assert!(output.changes.is_empty(), "dropped at {now}");
+            if output.sends.iter().any(|(to, message)| {
+                to.0 == 6 && matches!(message, transfer::Transfer::Hold { .. })
+            }) {
+                assert!(answer(&mut old, now, 6, false).changes.is_empty());
+            }
+        }
+        assert!(old.stored(&stored, &key).is_some());
+        // Its pull is in: the last member's word drops the key at once.
+        let asked = loop {
+            now += PULL_RETRY_MILLIS;
+            let output = tick(&mut old, &stored, Time(now));
+            if output.sends.iter().any(|(to, _)| to.0 == 6) {
+                break now;
+            }
+        };
+        assert_eq!(
+            answer(&mut old, asked, 6, true).changes,
+            vec![transfer::Change::Drop { key: key.clone() }]
+        );
+
+        // A member that says it is pulling for ever keeps the key no longer than the cap.
+        let (mut old, stored) = genesis_holding(3, &chain, &[(key.clone(), entry.clone())]);
+        let _ = old.enter(chain.ring(Epoch(1)).expect("epoch 1").clone());
+        let _ = tick(&mut old, &stored, Time(0));
+        let _ = tick(&mut old, &stored, Time(DROP_START_MILLIS));
+        for from in [4, 5, 7] {
+            let _ = answer(&mut old, DROP_START_MILLIS, from, true);
+        }
+        let mut now = DROP_START_MILLIS;
+        let dropped = loop {
+            now += PULL_RETRY_MILLIS;
+            assert!(now <= DROP_START_MILLIS + 2 * DROP_PENDING_MAX_MILLIS);
+            let mut output = tick(&mut old, &stored, Time(now));
+            if output.sends.iter().any(|(to, _)| to.0 == 6) {
+                output = output.and(answer(&mut old, now, 6, false));
+            }
+            if !output.changes.is_empty() {
+                break output;
+            }
+        };
+        assert!(
+            now >= DROP_START_MILLIS + DROP_PENDING_MAX_MILLIS,
+            "dropped at {now}"
+        );
+        assert_eq!(
+            dropped.changes,
+            vec![transfer::Change::Drop { key: key.clone() }]
+        );
+    }
+
+    #[test]
     fn a_kept_key_is_offered_to_the_members_that_lack_it_and_then_dropped() {
         let chain = Chain::new(vec![ring(0, 0..4), ring(1, 4..8)]);
         let owner = Arc::new(SecretKey::from_seed(&[2; 32]));
@@ -895,6 +1002,7 @@ mod tests {
                 epoch: Epoch(1),
                 versions: keys.into_iter().map(|key| (key, ts)).collect(),
                 denied: Vec::new(),
+                pending: Vec::new(),
             };
             Replica::on_message(old, Time(1), Slot(from), message, &stored)
         };
@@ -955,7 +1063,7 @@ mod tests {
         );
         assert!(refused.changes.is_empty() && refused.refused.is_some());
 
-        // The next sweep asks only 6 and 7 (4 and 5 still count) and drops on 6's answer.
+        // The next sweep asks only 6 and 7 (4 and 5 still count).
         let mut asked = BTreeSet::new();
         for _ in 0..40 {
             now += PULL_RETRY_MILLIS;
@@ -970,7 +1078,9 @@ mod tests {
             }
         }
         assert_eq!(asked, BTreeSet::from([6, 7]));
-        let dropped = answer(&mut old, 6, vec![key.clone()]);
+        // 6's answer makes 2f+1; 7 may still be pulling, and its word drops the key at once.
+        assert!(answer(&mut old, 6, vec![key.clone()]).changes.is_empty());
+        let dropped = answer(&mut old, 7, vec![key.clone()]);
         assert_eq!(
             dropped.changes,
             vec![transfer::Change::Drop { key: key.clone() }]

@@ -191,7 +191,7 @@ impl Mutations {
         *self != Mutations::default()
     }
 
-    fn flags(&self) -> [(&'static str, bool); 33] {
+    fn flags(&self) -> [(&'static str, bool); 34] {
         [
             ("quorum-f-plus-one", self.client.quorum_f_plus_one),
             ("any-twin", self.client.any_twin),
@@ -224,6 +224,7 @@ impl Mutations {
             ("pull-unchanged-arcs", self.transfer.pull_unchanged_arcs),
             ("small-drop-quorum", self.transfer.small_drop_quorum),
             ("keep-moved-keys", self.transfer.keep_moved_keys),
+            ("drop-without-grace", self.transfer.drop_without_grace),
             ("displace-fragments", self.transfer.displace_fragments),
             ("undecided-denies", self.transfer.undecided_denies),
             ("table-accept-f-plus-one", self.table.accept_f_plus_one),
@@ -276,6 +277,7 @@ impl FromStr for Mutations {
                 "pull-unchanged-arcs" => mutations.transfer.pull_unchanged_arcs = true,
                 "small-drop-quorum" => mutations.transfer.small_drop_quorum = true,
                 "keep-moved-keys" => mutations.transfer.keep_moved_keys = true,
+                "drop-without-grace" => mutations.transfer.drop_without_grace = true,
                 "displace-fragments" => mutations.transfer.displace_fragments = true,
                 "undecided-denies" => mutations.transfer.undecided_denies = true,
                 "table-accept-f-plus-one" => mutations.table.accept_f_plus_one = true,

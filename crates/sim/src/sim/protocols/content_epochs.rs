@@ -496,8 +496,9 @@ impl<const NODES: usize> Protocol for ContentEpochsSim<NODES> {
     type Write = Routed<WriteOp>;
     type Read = Routed<ReadOp>;
 
-    /// Long enough for the last epoch's pulls to finish and for moved objects to be dropped.
-    const SETTLE_MILLIS: u64 = 5_000;
+    /// Long enough for the last epoch's pulls to finish and for moved objects to be dropped
+    /// (after the wait for members that do not confirm).
+    const SETTLE_MILLIS: u64 = 12_000;
 
     fn nodes(f: usize) -> usize {
         if NODES == 0 { 2 * (3 * f + 1) } else { NODES }
@@ -709,11 +710,13 @@ impl<const NODES: usize> Protocol for ContentEpochsSim<NODES> {
                 epoch,
                 versions,
                 denied,
+                pending,
             } => format!(
-                "held e{} keys={} denied={}",
+                "held e{} keys={} denied={} pending={}",
                 epoch.0,
                 versions.len(),
-                denied.len()
+                denied.len(),
+                pending.len()
             ),
             Transfer::Offer { epoch, key, .. } => format!("offer e{} key={key}", epoch.0),
         }

@@ -14,10 +14,11 @@
 
 use super::registers::{RegisterDisk, describe_request, describe_response, kind, owner_of};
 use crate::byzantine::Behaviour;
-use crate::checker::{self, History, Report, Violation};
+use crate::checker::{self, History, OpKind, Outcome, Report, Violation};
 use crate::sim::config::{FaultSet, Nemesis, SimConfig};
 use crate::sim::protocol::{Protocol, Storage};
 use crate::sim::swarm::Swarm;
+use crate::sim::world::history_name;
 use bulwark_core::membership::{Arc as RingArc, Chain, PlacementParams, Ring, RingPoint};
 use bulwark_core::{ClientId, Digest, Epoch, Key, NodeId, ServiceId, Slot, Time};
 use bulwark_protocol::machine::{Access, Output, Replica, ReplicaStats, TimerId};
@@ -41,9 +42,16 @@ pub(crate) const LEARN_LATE_MAX_MILLIS: u64 = 1_500;
 
 /// How long after every node learned the last epoch and finished its pulls a run must go on for
 /// its checker to expect every moved key dropped whose new group holds it: the first sweep (a
-/// pull that ends stores keys the next sweep looks for), a kept batch's rounds and the next
-/// sweep ([`reconfig::DROP_RESWEEP_MAX_MILLIS`]).
-pub(crate) const DROPPED_AFTER_MILLIS: u64 = 10_000;
+/// pull that ends stores keys the next sweep looks for), the wait for members that do not
+/// confirm ([`reconfig::DROP_GRACE_MILLIS`]), a kept batch's rounds and the next sweep
+/// ([`reconfig::DROP_RESWEEP_MAX_MILLIS`]).
+pub(crate) const DROPPED_AFTER_MILLIS: u64 = 16_000;
+
+/// In reliable runs, how long after the epoch that first names it a joining node may start: a
+/// new process fetching the chain and connecting to its peers. Shorter than
+/// [`reconfig::DROP_GRACE_MILLIS`], so that old members still hold what it must take over.
+const START_LATE_MAX_MILLIS: u64 = 3_000;
+const _: () = assert!(START_LATE_MAX_MILLIS < reconfig::DROP_GRACE_MILLIS);
 
 /// One run's cluster: the chain of configurations and when each epoch starts. `NODES` nodes in
 /// all, members or not; 0 means twice a group, `2(3f+1)`.
@@ -55,6 +63,9 @@ pub struct ReconfigSim<const NODES: usize = 0> {
     /// When each epoch starts (the genesis at 0).
     starts: Vec<u64>,
     mutations: TransferMutations,
+    /// No faulty node, crash, partition, loss or long delay: every pull finishes soon after its
+    /// epoch starts, so a new member must take over every write completed before the epoch.
+    reliable: bool,
 }
 
 /// The schedule of one run: the genesis members, then each epoch's change.
@@ -180,6 +191,12 @@ pub struct SimNode {
     /// The last time it was seen with a pull unfinished, or started.
     unsettled: u64,
     mutations: TransferMutations,
+    /// The arcs it finished pulling, into which epoch, since it started.
+    pulled: BTreeSet<(Epoch, RingArc)>,
+    /// Restarted from its disk: its pulls may have waited on its restart.
+    restarted: bool,
+    /// Before this moment the node has not started: it hears and does nothing.
+    starts_at: u64,
 }
 
 impl SimNode {
@@ -203,6 +220,24 @@ impl SimNode {
             ticked: 0,
             unsettled: 0,
             mutations: sim.mutations,
+            pulled: BTreeSet::new(),
+            restarted: false,
+            starts_at: if sim.reliable { sim.start_of(index) } else { 0 },
+        }
+    }
+
+    /// Whether the node has started by `now`.
+    fn started(&self, now: Time) -> bool {
+        now.0 >= self.starts_at
+    }
+
+    /// Keeps the view of what it stored, and the arcs it finished pulling, up with `output`.
+    fn record(&mut self, output: &Output<SimNode>) {
+        self.stored.apply(&output.changes);
+        for change in &output.changes {
+            if let Change::Pulled { epoch, arc } = change {
+                self.pulled.insert((*epoch, *arc));
+            }
         }
     }
 
@@ -343,7 +378,7 @@ impl Replica for SimNode {
         request: pubkey::Request,
         view: &Self::View,
     ) -> Output<SimNode> {
-        if self.behaviour == Behaviour::Silent {
+        if self.behaviour == Behaviour::Silent || !self.started(now) {
             return Output::none();
         }
         if let pubkey::RequestBody::Store(entry) | pubkey::RequestBody::WriteBack(entry) =
@@ -357,7 +392,7 @@ impl Replica for SimNode {
         let output = caught_up.and(lift(
             self.inner.on_request(now, client, access, request, view),
         ));
-        self.stored.apply(&output.changes);
+        self.record(&output);
         output
     }
 
@@ -368,6 +403,9 @@ impl Replica for SimNode {
         message: reconfig::Transfer<PubKey>,
         view: &Self::View,
     ) -> Output<SimNode> {
+        if !self.started(now) {
+            return Output::none();
+        }
         let caught_up = match &message {
             Transfer::List { epoch, .. } | Transfer::Fetch { epoch, .. }
                 if !self.mutations.answer_without_entering =>
@@ -386,7 +424,7 @@ impl Replica for SimNode {
         };
         let before = self.inner.pulled();
         let mut output = caught_up.and(lift(self.inner.on_message(now, from, message, view)));
-        self.stored.apply(&output.changes);
+        self.record(&output);
         self.lie(&mut output, &asked);
         // A faulty node lies only in its answers: what it takes over, it was handed.
         let after = self.inner.pulled();
@@ -396,16 +434,19 @@ impl Replica for SimNode {
     }
 
     fn on_timer(&mut self, now: Time, timer: TimerId, view: &Self::View) -> Output<SimNode> {
-        if self.behaviour == Behaviour::Silent {
+        if self.behaviour == Behaviour::Silent || !self.started(now) {
             return Output::none();
         }
         let output = lift(self.inner.on_timer(now, timer, view));
-        self.stored.apply(&output.changes);
+        self.record(&output);
         self.count(&output, (0, 0));
         output
     }
 
     fn on_tick(&mut self, now: Time) -> Output<SimNode> {
+        if !self.started(now) {
+            return Output::none();
+        }
         if self.ticked == 0 {
             // Started or restarted: its sweep starts over.
             self.unsettled = now.0;
@@ -413,7 +454,7 @@ impl Replica for SimNode {
         self.ticked = now.0;
         let caught_up = self.catch_up(self.learned(now));
         let output = caught_up.and(lift(self.inner.on_tick(now)));
-        self.stored.apply(&output.changes);
+        self.record(&output);
         if !self.inner.settled() {
             self.unsettled = now.0;
         }
@@ -452,10 +493,28 @@ pub struct Transfers {
 }
 
 impl<const NODES: usize> ReconfigSim<NODES> {
-    /// Versions a correct node still holds outside its groups although `2f+1` correct members
-    /// of the key's group hold them or newer, once every correct node up is in the last epoch
-    /// (spec §4.8: moved data is dropped once its new group holds it).
-    fn undropped(&self, servers: &[Option<&SimNode>]) -> Vec<Violation> {
+    /// When node `index` starts: at once if the genesis names it, otherwise at its own moment
+    /// after the epoch that first does.
+    fn start_of(&self, index: usize) -> u64 {
+        let me = NodeId(index as u32);
+        let first = (0..=self.chain.latest().0).find(|&epoch| {
+            self.chain
+                .ring(Epoch(epoch))
+                .is_some_and(|ring| ring.contains(me))
+        });
+        match first {
+            Some(0) | None => 0,
+            Some(epoch) => {
+                let late = Digest::of("bulwark/sim/reconfig/start", &(index as u64).to_be_bytes());
+                let late = u64::from_be_bytes(late.0[..8].try_into().unwrap_or_default());
+                self.starts[epoch as usize] + late % START_LATE_MAX_MILLIS
+            }
+        }
+    }
+
+    /// The nodes up at the end, if every one of them has been in the last epoch, with its pulls
+    /// finished, for [`DROPPED_AFTER_MILLIS`]: long enough for what moved to be dropped.
+    fn quiet<'a>(&self, servers: &[Option<&'a SimNode>]) -> Option<Vec<(usize, &'a SimNode)>> {
         let latest = self.chain.latest();
         let up: Vec<(usize, &SimNode)> = servers
             .iter()
@@ -473,11 +532,129 @@ impl<const NODES: usize> ReconfigSim<NODES> {
                 && server.inner.settled()
                 && end >= server.unsettled + DROPPED_AFTER_MILLIS
         };
-        if !up.iter().all(|(_, server)| quiet(server))
-            || end < started + LEARN_LATE_MAX_MILLIS + DROPPED_AFTER_MILLIS
-        {
+        let settled = up.iter().all(|(_, server)| quiet(server))
+            && end >= started + LEARN_LATE_MAX_MILLIS + DROPPED_AFTER_MILLIS;
+        settled.then_some(up)
+    }
+
+    /// In a reliable run, writes a new member lacks after its pull: for each arc a node that
+    /// never restarted finished pulling into epoch `E`, and each object on it whose group names
+    /// the node from `E` on, the node must hold the last write completed before `E` started, or
+    /// a version no older (the value of a write not over before that one began). Old members
+    /// that drop a moved object while a late new member has still to pull it leave a hole no
+    /// later pull fills, though every member is correct.
+    fn untaken(&self, history: &History, servers: &[Option<&SimNode>]) -> Vec<Violation> {
+        if !self.reliable {
             return Vec::new();
         }
+        let Some(up) = self.quiet(servers) else {
+            return Vec::new();
+        };
+        let latest = self.chain.latest();
+        let mut by_key: BTreeMap<&[u8], Vec<&checker::Op>> = BTreeMap::new();
+        for op in &history.ops {
+            if matches!(op.kind, OpKind::Write(_)) {
+                by_key.entry(op.key.as_slice()).or_default().push(op);
+            }
+        }
+        let mut violations = Vec::new();
+        for (sim_key, writes) in by_key {
+            let Ok(key) = Key::new(Bytes::copy_from_slice(sim_key)) else {
+                continue;
+            };
+            let id = pubkey::object_id(&owner_of(&key).public_key());
+            let point = RingPoint::of_key(id.as_bytes());
+            for (index, server) in &up {
+                if server.restarted || server.behaviour != Behaviour::Honest {
+                    continue;
+                }
+                let me = NodeId(*index as u32);
+                for (epoch, arc) in &server.pulled {
+                    let stayed = (epoch.0..=latest.0).all(|e| {
+                        self.chain
+                            .ring(Epoch(e))
+                            .is_some_and(|ring| ring.group_at(point).contains(me))
+                    });
+                    let Some(&start) = self.starts.get(epoch.0 as usize) else {
+                        continue;
+                    };
+                    let last = writes
+                        .iter()
+                        .filter(|op| op.outcome == Outcome::Ok)
+                        .filter(|op| op.complete.is_some_and(|at| at < start))
+                        .max_by_key(|op| op.complete);
+                    let (Some(last), true, true) = (last, arc.contains(point), stayed) else {
+                        continue;
+                    };
+                    let held = server.inner.stored(&server.stored, &id);
+                    let newer_or_same = held.as_ref().is_some_and(|entry| {
+                        // A tombstone is `None`; bytes no write made match nothing.
+                        let value = match PubKey::value(entry) {
+                            Some(bytes) => match history_name(bytes) {
+                                Some(name) => Some(name),
+                                None => return false,
+                            },
+                            None => None,
+                        };
+                        writes.iter().any(|op| {
+                            op.kind == OpKind::Write(value.clone())
+                                && op.complete.is_none_or(|at| at >= last.invoke)
+                        })
+                    });
+                    if !newer_or_same && std::env::var("DBG").is_ok() {
+                        let val = held
+                            .as_ref()
+                            .and_then(|e| PubKey::value(e).and_then(|v| history_name(v)));
+                        let m: Vec<_> = writes
+                            .iter()
+                            .filter(|op| op.kind == OpKind::Write(val.clone()))
+                            .map(|op| (op.invoke, op.complete, op.outcome.clone()))
+                            .collect();
+                        let groups: Vec<_> = (0..=latest.0)
+                            .map(|e| {
+                                self.chain
+                                    .ring(Epoch(e))
+                                    .map(|r| r.group_at(point).members().to_vec())
+                            })
+                            .collect();
+                        eprintln!(
+                            "DBG node {index} epoch {epoch:?} starts {:?} last ({}, {:?}) held matches {m:?} groups {groups:?} writes {:?}",
+                            self.starts,
+                            last.invoke,
+                            last.complete,
+                            writes
+                                .iter()
+                                .map(|op| (op.invoke, op.complete, op.outcome == Outcome::Ok))
+                                .collect::<Vec<_>>()
+                        );
+                    }
+                    if !newer_or_same {
+                        violations.push(Violation {
+                            key: sim_key.to_vec(),
+                            explanation: format!(
+                                "node {index} finished pulling into epoch {} without the write \
+                                 completed at {} before the epoch started (it holds {})",
+                                epoch.0,
+                                last.complete.unwrap_or(0),
+                                held.map_or("nothing".to_string(), |e| format!("ts {}", e.ts.num))
+                            ),
+                            conflicting: vec![(*last).clone()],
+                        });
+                    }
+                }
+            }
+        }
+        violations
+    }
+
+    /// Versions a correct node still holds outside its groups although `2f+1` correct members
+    /// of the key's group hold them or newer, once every correct node up is in the last epoch
+    /// (spec §4.8: moved data is dropped once its new group holds it).
+    fn undropped(&self, servers: &[Option<&SimNode>]) -> Vec<Violation> {
+        let latest = self.chain.latest();
+        let Some(up) = self.quiet(servers) else {
+            return Vec::new();
+        };
         let ring = self.chain.newest();
         let mut violations = Vec::new();
         for (index, server) in &up {
@@ -521,9 +698,10 @@ impl<const NODES: usize> Protocol for ReconfigSim<NODES> {
     type Read = Routed<pubkey::ReadOp>;
 
     /// Long enough for the last epoch's pulls to finish, and for the keys that moved away from
-    /// a node to be dropped (a sweep that kept keys is followed by another within
+    /// a node to be dropped (after [`reconfig::DROP_GRACE_MILLIS`] when a member does not
+    /// confirm, and a sweep that kept keys is followed by another within
     /// [`reconfig::DROP_RESWEEP_MAX_MILLIS`]), before the run is judged.
-    const SETTLE_MILLIS: u64 = 5_000;
+    const SETTLE_MILLIS: u64 = 12_000;
 
     /// Twice a group unless `NODES` says otherwise: room for nodes to join, leave, and for a
     /// whole group to be replaced.
@@ -551,6 +729,16 @@ impl<const NODES: usize> Protocol for ReconfigSim<NODES> {
             chain: Arc::new(Chain::new(rings.into_iter().map(Arc::new).collect())),
             starts,
             mutations: config.mutations.transfer,
+            reliable: config.faults.behaviours.is_empty()
+                && config.byzantine_servers.unwrap_or(0) == 0
+                && [
+                    Nemesis::Crashes,
+                    Nemesis::Partitions,
+                    Nemesis::Loss,
+                    Nemesis::Reordering,
+                ]
+                .iter()
+                .all(|nemesis| !config.faults.nemeses.contains(nemesis)),
         }
     }
 
@@ -571,6 +759,7 @@ impl<const NODES: usize> Protocol for ReconfigSim<NODES> {
         let me = NodeId(index as u32);
         let inner = EpochServer::restore(me, &self.chain, (), held, disk.entered, &disk.pulled);
         let mut node = SimNode::new(inner, self, index, Behaviour::Honest, 0);
+        node.restarted = true;
         let entries = disk.entries.iter();
         node.stored = MemoryVersions::holding(entries.map(|(key, e)| (key.clone(), e.clone())));
         node
@@ -648,6 +837,7 @@ impl<const NODES: usize> Protocol for ReconfigSim<NODES> {
     fn check(&self, history: &History, servers: &[Option<&SimNode>]) -> Report {
         let mut report = checker::check(history);
         report.violations.extend(self.undropped(servers));
+        report.violations.extend(self.untaken(history, servers));
         report.ok &= report.violations.is_empty();
         let Ok(transfers) = self.transfers.lock() else {
             return report;
