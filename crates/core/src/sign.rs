@@ -419,6 +419,13 @@ impl<T> Signed<T> {
         &self.signer
     }
 
+    /// The bytes, the signature and the value, dropping the signer's key: for a holder that
+    /// keeps many values of one signer and knows it elsewhere. What it keeps is no longer a
+    /// proof by itself; checking the parts again under the key makes one.
+    pub fn into_parts(self) -> (Bytes, Signature, T) {
+        (self.bytes, self.signature, self.value)
+    }
+
     /// The form to send on: the same bytes and signature, for the receiver to verify.
     pub fn to_unverified(&self) -> Unverified<T> {
         Unverified::new(self.bytes.clone(), self.signature)

@@ -15,7 +15,7 @@ use super::update::{
 use bulwark_core::Key;
 use bulwark_core::evidence::Proof;
 use bulwark_core::sign::{SecretKey, Signed};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, hash_map};
 use std::sync::Arc;
 
 /// How far ahead of a node's own time (in microseconds) an update's clock may be before the node
@@ -153,16 +153,20 @@ pub struct ForkProof {
 }
 
 impl ForkProof {
-    /// The proof of `first` and `second`, if they are two different updates of one writer with
-    /// the same previous update.
-    pub fn of(first: &Update, second: &Update) -> Option<ForkProof> {
+    /// The proof of `first` and `second`, if they are two different updates of one writer of
+    /// `config`'s volume with the same previous update. Both are checked again under the
+    /// writer's key (updates do not keep it): once per forked writer.
+    pub fn of(first: &Update, second: &Update, config: &VolumeConfig) -> Option<ForkProof> {
         let (a, b) = (first.body(), second.body());
         if a.writer != b.writer || a.volume != b.volume || a.prev != b.prev {
             return None;
         }
+        let key = &config.member(a.writer)?.key;
+        let first = first.to_wire().signed.verify(key).ok()?;
+        let second = second.to_wire().signed.verify(key).ok()?;
         Some(ForkProof {
             writer: a.writer,
-            proof: Proof::conflicting(first.signed(), second.signed())?,
+            proof: Proof::conflicting(&first, &second)?,
         })
     }
 
@@ -190,7 +194,31 @@ struct Entry {
     /// The heads of the frontier of its causal past (itself not included), by id: a log holds
     /// one of these per update, so it keeps only what a merge reads.
     past: Box<[UpdateId]>,
+    /// For a version a discard may list: when it began at the latest, its writer's last beacon
+    /// before it less the clock skew allowed, in microseconds (0 when unknown); [`UNSET`]
+    /// for other updates.
+    born: u64,
+    /// When its life as a version ended, at the earliest: when this node accepted the first
+    /// authorised update of its key that covers it, by this node's clock; [`UNSET`] while it
+    /// is a head.
+    ended: u64,
 }
+
+impl Entry {
+    /// The heads of its past. Kept empty when they are its previous update alone (a writer
+    /// that depends on no one else's new updates), which saves a box per update.
+    fn past(&self) -> &[UpdateId] {
+        if self.past.is_empty() {
+            self.update.body().prev.as_slice()
+        } else {
+            &self.past
+        }
+    }
+}
+
+/// No time: an update that is not a listable version, or a version not yet superseded. Kept
+/// in the entry rather than in maps of their own, where each would cost a slot per update.
+const UNSET: u64 = u64::MAX;
 
 /// One node's log of one volume.
 #[derive(Debug)]
@@ -201,8 +229,9 @@ pub struct Log {
     entries: HashMap<UpdateId, Entry>,
     /// Log order (§2.4): clock, then writer, then id (forks give one stamp two updates).
     order: BTreeSet<(u64, Writer, UpdateId)>,
-    /// Each writer's updates by the previous update they name: a correct writer's have one each.
-    children: HashMap<(Writer, Option<UpdateId>), Vec<UpdateId>>,
+    /// Each writer's first update naming each previous update: a correct writer's have one each,
+    /// and a second is a fork (proved from the first, so no more than one is kept).
+    children: HashMap<(Writer, Option<UpdateId>), UpdateId>,
     /// Writers this log holds a fork of.
     forked: BTreeSet<Writer>,
     frontier: Frontier,
@@ -220,19 +249,12 @@ pub struct Log {
     refused: u64,
     /// Accepted since the owner last took them, with when: what it must make durable.
     fresh: Vec<(UpdateId, u64)>,
-    /// How many accepted updates name each value hash.
+    /// Each value hash some accepted update names, with how many authorised updates name it
+    /// (the versions that may need it; an unauthorised update is never read).
     values: HashMap<bulwark_core::Digest, u32>,
     mutations: Mutations,
     /// The newest beacon time accepted from each member, over all its branches.
     beacons: BTreeMap<Writer, u64>,
-    /// When each version a discard may list began, at the latest (§6.6): its writer's last
-    /// beacon before it, less the clock skew allowed, in microseconds; 0 when unknown.
-    born: HashMap<UpdateId, u64>,
-    /// When each such version's life ended, at the earliest: when this node accepted the first
-    /// authorised update of its key that covers it, by this node's clock.
-    ended: HashMap<UpdateId, u64>,
-    /// How many authorised updates name each value hash: the versions that may need it.
-    authorised_values: HashMap<bulwark_core::Digest, u32>,
 }
 
 impl Log {
@@ -256,9 +278,6 @@ impl Log {
             values: HashMap::new(),
             mutations: Mutations::default(),
             beacons: BTreeMap::new(),
-            born: HashMap::new(),
-            ended: HashMap::new(),
-            authorised_values: HashMap::new(),
         }
     }
 
@@ -382,8 +401,8 @@ impl Log {
     /// When version `id` began at the latest and, once superseded, ended at the earliest, in
     /// this node's microseconds (§6.6); `None` for an update no discard may list.
     pub fn life(&self, id: &UpdateId) -> Option<(u64, Option<u64>)> {
-        let born = *self.born.get(id)?;
-        Some((born, self.ended.get(id).copied()))
+        let entry = self.entries.get(id)?;
+        (entry.born != UNSET).then(|| (entry.born, (entry.ended != UNSET).then_some(entry.ended)))
     }
 
     /// Whether `update` is a version a discard may list: an authorised write of a value to a key
@@ -443,7 +462,7 @@ impl Log {
     /// How many accepted authorised updates name the value `hash`: the versions that may need
     /// it (an unauthorised update is never read).
     pub fn value_namers(&self, hash: &bulwark_core::Digest) -> u32 {
-        self.authorised_values.get(hash).copied().unwrap_or(0)
+        self.values.get(hash).copied().unwrap_or(0)
     }
 
     /// Every accepted update in log order.
@@ -563,7 +582,7 @@ impl Log {
         let mut past = Frontier::default();
         for id in prev.into_iter().chain(deps.iter().map(|dep| dep.id)) {
             if let Some(entry) = self.entries.get(&id) {
-                self.merge(&mut past, &entry.past);
+                self.merge(&mut past, entry.past());
                 self.extend(&mut past, id);
             }
         }
@@ -702,12 +721,7 @@ impl Log {
             }
             return Offer::Missing(missing);
         }
-        if self.mutations.refuse_forks
-            && self
-                .children
-                .get(&(body.writer, body.prev))
-                .is_some_and(|siblings| !siblings.is_empty())
-        {
+        if self.mutations.refuse_forks && self.children.contains_key(&(body.writer, body.prev)) {
             return Offer::Refused(Refusal::OwnPast);
         }
         if let Some(prev) = body.prev
@@ -744,14 +758,14 @@ impl Log {
     fn insert(&mut self, update: Update, past: Frontier, now_micros: u64) {
         let id = update.id();
         let body = update.body().clone();
-        // One child each for a correct writer: no room for more until a fork needs it.
-        let siblings = self
-            .children
-            .entry((body.writer, body.prev))
-            .or_insert_with(|| Vec::with_capacity(1));
-        let sibling = siblings.first().copied();
-        siblings.push(id);
-        if siblings.len() > 1 {
+        let sibling = match self.children.entry((body.writer, body.prev)) {
+            hash_map::Entry::Occupied(first) => Some(*first.get()),
+            hash_map::Entry::Vacant(slot) => {
+                slot.insert(id);
+                None
+            }
+        };
+        if sibling.is_some() {
             self.forked.insert(body.writer);
         }
         // Unauthorised updates are kept and passed on, but neither become heads nor end any.
@@ -767,6 +781,7 @@ impl Log {
         } else {
             Vec::new()
         };
+        let mut born = UNSET;
         if authorised && !super::update::is_reserved(&body.key) {
             // Update clocks count, they do not tell time. A version's life is bounded from
             // outside: it began no later than its writer's last beacon before it says (less the
@@ -774,35 +789,47 @@ impl Log {
             // its key covering it, which is when it stops being a head here. Both err towards a
             // longer life, so towards keeping more.
             for head in &supersedes {
-                self.ended.entry(*head).or_insert(now_micros);
+                if let Some(entry) = self.entries.get_mut(head)
+                    && entry.ended == UNSET
+                {
+                    entry.ended = now_micros;
+                }
             }
             if body.value.is_some() {
-                let born = self.last_beacon_before(&body).map_or(0, |ms| {
+                born = self.last_beacon_before(&body).map_or(0, |ms| {
                     ms.saturating_mul(1000)
                         .saturating_sub(CLOCK_AHEAD_MAX_MICROS)
                         .min(now_micros)
                 });
-                self.born.insert(id, born);
             }
         }
-        if authorised && let Some(reference) = body.value {
-            *self.authorised_values.entry(reference.hash).or_default() += 1;
-        }
-        self.entries.insert(
-            id,
-            Entry {
-                update: update.clone(),
-                past: past
-                    .0
-                    .values()
-                    .flat_map(|heads| heads.iter().map(|(_, head)| *head))
-                    .collect(),
+        debug_assert!(born != UNSET || !self.listable(&update));
+        let heads: Box<[UpdateId]> = past
+            .0
+            .values()
+            .flat_map(|heads| heads.iter().map(|(_, head)| *head))
+            .collect();
+        let entry = Entry {
+            past: if *heads == *body.prev.as_slice() {
+                Box::default()
+            } else {
+                heads
             },
+            update: update.clone(),
+            born,
+            ended: UNSET,
+        };
+        debug_assert!(
+            entry
+                .past()
+                .iter()
+                .eq(past.0.values().flatten().map(|(_, h)| h))
         );
+        self.entries.insert(id, entry);
         self.order.insert((body.clock, body.writer, id));
         self.fresh.push((id, now_micros));
         if let Some(reference) = body.value {
-            *self.values.entry(reference.hash).or_default() += 1;
+            *self.values.entry(reference.hash).or_default() += u32::from(authorised);
         }
         if let Some(time) = body.beacon
             && authorised
@@ -827,7 +854,7 @@ impl Log {
             && !self.forks.contains_key(&body.writer)
             && let Some(proof) = self
                 .get(&sibling)
-                .and_then(|first| ForkProof::of(first, &update))
+                .and_then(|first| ForkProof::of(first, &update, &self.config))
         {
             self.forks.insert(body.writer, proof);
         }

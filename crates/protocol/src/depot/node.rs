@@ -318,7 +318,7 @@ fn wire_bounded(updates: &[&Update], more: bool) -> (Vec<WireUpdate>, bool) {
     let mut out = Vec::with_capacity(updates.len());
     let mut bytes = 0;
     for update in updates {
-        let size = update.signed().bytes().len();
+        let size = update.bytes().len();
         if !out.is_empty() && bytes + size > PUSH_UPDATE_BYTES_MAX {
             return (out, true);
         }

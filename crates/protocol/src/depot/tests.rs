@@ -496,11 +496,12 @@ fn a_fork_proof_convicts_only_two_updates_naming_one_previous() {
     let first = put(&mut m, "shared/f", "1");
     let second = put(&mut m, "shared/f", "2");
     assert!(
-        ForkProof::of(&first, &second).is_none(),
+        ForkProof::of(&first, &second, &config).is_none(),
         "a chain is not a fork"
     );
     let twin = forge(4, 1, "c4/other", None, Vec::new(), &[]);
-    let proof = ForkProof::of(&first, &twin).expect("same previous (none), different updates");
+    let proof =
+        ForkProof::of(&first, &twin, &config).expect("same previous (none), different updates");
     assert!(proof.verify(&config));
     // Pinning it on someone else fails.
     let framed = ForkProof {

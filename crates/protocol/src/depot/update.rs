@@ -9,9 +9,10 @@
 //! fork that anyone holding the writer's key can check (§4.7). The dependency delta is inside
 //! the signed bytes, so a relay cannot change it and a signed update is evidence on its own.
 
-use bulwark_core::sign::{Context, PublicKey, Signable, Signed, Unverified};
+use bulwark_core::sign::{Context, PublicKey, Signable, Signature, Signed, Unverified};
 use bulwark_core::wire;
 use bulwark_core::{Digest, Key};
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 /// The signing context of every update: its signatures mean nothing anywhere else.
@@ -328,15 +329,26 @@ impl Signable for UpdateBody {
 /// A verified update: the writer's signature checked over these exact bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Update {
-    signed: Signed<UpdateBody>,
+    /// The exact bytes the writer signed.
+    bytes: Bytes,
+    signature: Signature,
+    body: UpdateBody,
     id: UpdateId,
 }
 
 impl Update {
-    /// Wraps a signed body and names it.
+    /// Wraps a signed body and names it. The writer's key is not kept (a log holds many updates
+    /// of each writer, and the volume's configuration names the key): the signature was checked
+    /// to make `signed`, and a proof checks it again.
     pub fn new(signed: Signed<UpdateBody>) -> Update {
         let id = UpdateId::of(signed.bytes());
-        Update { signed, id }
+        let (bytes, signature, body) = signed.into_parts();
+        Update {
+            bytes,
+            signature,
+            body,
+            id,
+        }
     }
 
     /// Its name.
@@ -346,19 +358,19 @@ impl Update {
 
     /// What the writer signed.
     pub fn body(&self) -> &UpdateBody {
-        self.signed.value()
+        &self.body
     }
 
-    /// The signed form, for proofs.
-    pub fn signed(&self) -> &Signed<UpdateBody> {
-        &self.signed
+    /// The exact bytes the writer signed.
+    pub fn bytes(&self) -> &Bytes {
+        &self.bytes
     }
 
     /// The form to send on.
     pub fn to_wire(&self) -> WireUpdate {
         WireUpdate {
-            writer: self.body().writer,
-            signed: self.signed.to_unverified(),
+            writer: self.body.writer,
+            signed: Unverified::new(self.bytes.clone(), self.signature),
         }
     }
 }
