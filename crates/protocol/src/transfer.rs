@@ -121,7 +121,8 @@ pub struct TransferMutations {
     pub answer_without_entering: bool,
     /// Pull every arc of the groups the node is in, also those whose group did not change.
     pub pull_unchanged_arcs: bool,
-    /// Drop a key once `f+1` members of its group say they hold it, instead of `2f+1`.
+    /// Drop a key once `f+1` members of its group say they hold it, instead of `2f+1`, and
+    /// without waiting for the others.
     pub small_drop_quorum: bool,
     /// Never drop a key that moved away (for the check that moved keys are dropped).
     pub keep_moved_keys: bool,
@@ -652,6 +653,9 @@ struct Drops<V> {
     /// When each member last said it is still taking over a key asked about: one entry per
     /// member asked.
     pulling: BTreeMap<NodeId, Time>,
+    /// Members that answered nothing during a whole batch, until they answer again: batches
+    /// no longer wait for them.
+    silent: BTreeSet<NodeId>,
     /// When the batch is asked about again, and how many times it has been.
     retry_at: Time,
     rounds: u32,
@@ -674,6 +678,7 @@ impl<V: Copy + Ord> Drops<V> {
             offered: BTreeSet::new(),
             confirmed: BTreeMap::new(),
             pulling: BTreeMap::new(),
+            silent: BTreeSet::new(),
             retry_at: Time(0),
             rounds: 0,
             kept: false,
@@ -1106,60 +1111,11 @@ impl<K: Kind> EpochHost<K> {
                     ..Output::none()
                 };
             }
-            // Members that lack these versions, or do not answer: the keys wait for the next
-            // sweep. Those that answered without them are offered them: a version only some
-            // members hold (a write its writer did not finish) would otherwise keep the key
-            // here until the next write.
-            drops.kept = true;
-            let mut kept = std::mem::take(&mut drops.batch);
-            // Keys whose quorum of holders has waited long enough for the others: dropped.
-            let mut changes = Vec::new();
-            let mut dropped = Vec::new();
-            if !self.mutations.keep_moved_keys {
-                let quorum = self.quorum(self.mutations.small_drop_quorum);
-                let grace = self.drop_grace();
-                let ring = self.rings.newest().clone();
-                let pulling = &self.drops.pulling;
-                let due: Vec<(Key, K::Version)> = kept
-                    .iter_mut()
-                    .filter_map(|(key, asked)| {
-                        let group = ring.group_at(K::point(key)?);
-                        asked
-                            .droppable(now, quorum, &group, grace, pulling)
-                            .then(|| (key.clone(), asked.version))
-                    })
-                    .collect();
-                for (key, version) in due {
-                    kept.remove(&key);
-                    changes.extend(self.drop_key(view, key, version, &mut dropped));
-                }
-            }
-            let offers = if self.kind.offers() {
-                self.offers(view, &kept)
-            } else {
-                Vec::new()
-            };
-            let drops = &mut self.drops;
-            for (to, offer) in &offers {
-                if let Transfer::Offer { key, .. } = offer {
-                    drops.offered.insert((key.clone(), NodeId(to.0)));
-                }
-            }
-            if !offers.is_empty() {
-                drops.backoff = DROP_START_MILLIS;
-            }
-            drops
-                .confirmed
-                .extend(kept.into_iter().map(|(key, mut asked)| {
-                    asked.deniers.clear();
-                    (key, asked)
-                }));
-            // The sweep goes on (or ends) at the next tick.
-            return Output {
-                changes,
-                sends: offers,
-                ..Output::none()
-            };
+            // Members asked that never answered this batch: the next batches of the sweep do
+            // not wait for them.
+            let silent: Vec<NodeId> = self.waited_for().into_iter().collect();
+            self.drops.silent.extend(silent);
+            return self.end_batch(now, view);
         }
         if let Sweep::At(_) = drops.sweep {
             let mut found: Vec<Key> = if drops.rescan {
@@ -1178,6 +1134,85 @@ impl<K: Kind> EpochHost<K> {
             sends: self.next_batch(now, view, &[]),
             ..Output::none()
         }
+    }
+
+    /// Ends the batch in flight: drops the keys whose quorum of holders has waited long enough
+    /// for the others ([`Asked::droppable`]; judged here, when every member was asked in this
+    /// batch, so that a member still pulling had its say), and keeps the rest for the next sweep.
+    /// Members that answered without a kept key are offered it: a version only some members
+    /// hold (a write its writer did not finish) would otherwise keep the key here until the next
+    /// write. The sweep goes on (or ends) at the next tick.
+    fn end_batch(&mut self, now: Time, view: &K::View) -> Output<Self> {
+        let drops = &mut self.drops;
+        drops.kept = true;
+        let mut kept = std::mem::take(&mut drops.batch);
+        let mut changes = Vec::new();
+        let mut dropped = Vec::new();
+        if !self.mutations.keep_moved_keys {
+            let quorum = self.quorum(self.mutations.small_drop_quorum);
+            let grace = self.drop_grace();
+            let ring = self.rings.newest().clone();
+            let pulling = &self.drops.pulling;
+            let due: Vec<(Key, K::Version)> = kept
+                .iter_mut()
+                .filter_map(|(key, asked)| {
+                    let group = ring.group_at(K::point(key)?);
+                    asked
+                        .droppable(now, quorum, &group, grace, pulling)
+                        .then(|| (key.clone(), asked.version))
+                })
+                .collect();
+            for (key, version) in due {
+                kept.remove(&key);
+                changes.extend(self.drop_key(view, key, version, &mut dropped));
+            }
+        }
+        let offers = if self.kind.offers() {
+            self.offers(view, &kept)
+        } else {
+            Vec::new()
+        };
+        let drops = &mut self.drops;
+        for (to, offer) in &offers {
+            if let Transfer::Offer { key, .. } = offer {
+                drops.offered.insert((key.clone(), NodeId(to.0)));
+            }
+        }
+        if !offers.is_empty() {
+            drops.backoff = DROP_START_MILLIS;
+        }
+        drops
+            .confirmed
+            .extend(kept.into_iter().map(|(key, mut asked)| {
+                asked.deniers.clear();
+                (key, asked)
+            }));
+        Output {
+            changes,
+            sends: offers,
+            ..Output::none()
+        }
+    }
+
+    /// The members of the batch's groups that have neither confirmed every key of theirs nor
+    /// answered in this batch, and are not known silent: those the batch still waits for.
+    fn waited_for(&self) -> BTreeSet<NodeId> {
+        let drops = &self.drops;
+        let mut waiting = BTreeSet::new();
+        for (key, asked) in &drops.batch {
+            let Some(point) = K::point(key) else {
+                continue;
+            };
+            for member in self.rings.newest().group_at(point).members() {
+                if !asked.holders.contains(member)
+                    && !drops.answered.contains(member)
+                    && !drops.silent.contains(member)
+                {
+                    waiting.insert(*member);
+                }
+            }
+        }
+        waiting
     }
 
     /// Starts asking about the next keys of the running sweep, or ends it; `dropped` were
@@ -1291,8 +1326,10 @@ impl<K: Kind> EpochHost<K> {
     }
 
     /// Member `from` of the current epoch holds each key of `versions` at that version or
-    /// newer, and does not hold those of `denied`: drops each key `2f+1` members of its group
-    /// hold at the version this node holds (or, for kinds that drop on denials, do not hold).
+    /// newer, does not hold those of `denied`, and is still pulling those of `pending`: drops
+    /// each key every member of its group holds at the version this node holds (or, for kinds
+    /// that drop on denials, `2f+1` do not hold), and ends the batch early once each key has
+    /// `2f+1` holders and every member has answered.
     fn on_held(
         &mut self,
         now: Time,
@@ -1303,12 +1340,18 @@ impl<K: Kind> EpochHost<K> {
         view: &K::View,
     ) -> Output<Self> {
         let quorum = self.quorum(self.mutations.small_drop_quorum);
-        let grace = self.drop_grace();
+        // Here a key goes on every member's word (or on denials); the grace is judged when the
+        // batch ends, once every member has been asked in it.
+        let grace = match self.drop_grace() {
+            0 => 0,
+            _ => u64::MAX,
+        };
         let mut changes = Vec::new();
         let mut dropped = Vec::new();
         self.drops.answered.insert(from);
+        self.drops.silent.remove(&from);
         let asked_about = |key: &Key| {
-            self.drops.batch.contains_key(key)
+            (self.drops.batch.contains_key(key) || self.drops.confirmed.contains_key(key))
                 && K::point(key)
                     .is_some_and(|point| self.rings.newest().group_at(point).contains(from))
         };
@@ -1331,8 +1374,15 @@ impl<K: Kind> EpochHost<K> {
             else {
                 continue;
             };
+            // A key of the batch, or one kept earlier in this epoch: a late answer counts too.
             let drops = &mut self.drops;
-            let Some(asked) = drops.batch.get_mut(&key) else {
+            let in_batch = drops.batch.contains_key(&key);
+            let asked = if in_batch {
+                drops.batch.get_mut(&key)
+            } else {
+                drops.confirmed.get_mut(&key)
+            };
+            let Some(asked) = asked else {
                 continue;
             };
             if !group.contains(from) {
@@ -1358,17 +1408,39 @@ impl<K: Kind> EpochHost<K> {
                 continue;
             }
             let version = asked.version;
-            self.drops.batch.remove(&key);
+            if in_batch {
+                self.drops.batch.remove(&key);
+            } else {
+                self.drops.confirmed.remove(&key);
+            }
             changes.extend(self.drop_key(view, key, version, &mut dropped));
         }
-        let sends = if self.drops.batch.is_empty() && self.drops.sweep == Sweep::Running {
-            self.next_batch(now, view, &dropped)
-        } else {
-            Vec::new()
-        };
+        let running = self.drops.sweep == Sweep::Running;
+        if running && self.drops.batch.is_empty() {
+            let sends = self.next_batch(now, view, &dropped);
+            return Output {
+                changes,
+                sends,
+                ..Output::none()
+            };
+        }
+        // Every key has its quorum and every member has had its say: nothing more to wait for
+        // in this batch (the rounds would only hold the sweep up while the grace runs).
+        let quorate = self
+            .drops
+            .batch
+            .values()
+            .all(|asked| asked.holders.len() >= quorum);
+        if running && quorate && self.waited_for().is_empty() {
+            let ended = self.end_batch(now, view);
+            return Output {
+                changes,
+                ..Output::none()
+            }
+            .and(ended);
+        }
         Output {
             changes,
-            sends,
             ..Output::none()
         }
     }

@@ -161,6 +161,10 @@ impl ForkProof {
         if a.writer != b.writer || a.volume != b.volume || a.prev != b.prev {
             return None;
         }
+        let size = bulwark_core::evidence::PROOF_MESSAGE_BYTES_MAX;
+        if first.bytes().len() > size || second.bytes().len() > size {
+            return None;
+        }
         let key = &config.member(a.writer)?.key;
         let first = first.to_wire().signed.verify(key).ok()?;
         let second = second.to_wire().signed.verify(key).ok()?;

@@ -181,11 +181,15 @@ impl ContentNode {
                 (
                     Behaviour::Amnesiac | Behaviour::Stale | Behaviour::Forging,
                     Transfer::Held {
-                        versions, denied, ..
+                        versions,
+                        denied,
+                        pending,
+                        ..
                     },
                 ) => {
                     *versions = asked.to_vec();
                     denied.clear();
+                    pending.clear();
                 }
                 // Withholds: lists nothing, hands nothing over.
                 (Behaviour::Amnesiac, Transfer::Listed { keys, more, .. }) => {

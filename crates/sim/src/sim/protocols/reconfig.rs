@@ -262,8 +262,13 @@ impl SimNode {
                 // Says it holds everything, so that the old members drop what it lacks.
                 (
                     Behaviour::Amnesiac | Behaviour::Stale | Behaviour::Forging,
-                    Transfer::Held { versions, .. },
-                ) => *versions = asked.to_vec(),
+                    Transfer::Held {
+                        versions, pending, ..
+                    },
+                ) => {
+                    *versions = asked.to_vec();
+                    pending.clear();
+                }
                 // Withholds: lists nothing, holds nothing.
                 (Behaviour::Amnesiac, Transfer::Listed { keys, more, .. }) => {
                     keys.clear();
@@ -601,33 +606,6 @@ impl<const NODES: usize> ReconfigSim<NODES> {
                                 && op.complete.is_none_or(|at| at >= last.invoke)
                         })
                     });
-                    if !newer_or_same && std::env::var("DBG").is_ok() {
-                        let val = held
-                            .as_ref()
-                            .and_then(|e| PubKey::value(e).and_then(|v| history_name(v)));
-                        let m: Vec<_> = writes
-                            .iter()
-                            .filter(|op| op.kind == OpKind::Write(val.clone()))
-                            .map(|op| (op.invoke, op.complete, op.outcome.clone()))
-                            .collect();
-                        let groups: Vec<_> = (0..=latest.0)
-                            .map(|e| {
-                                self.chain
-                                    .ring(Epoch(e))
-                                    .map(|r| r.group_at(point).members().to_vec())
-                            })
-                            .collect();
-                        eprintln!(
-                            "DBG node {index} epoch {epoch:?} starts {:?} last ({}, {:?}) held matches {m:?} groups {groups:?} writes {:?}",
-                            self.starts,
-                            last.invoke,
-                            last.complete,
-                            writes
-                                .iter()
-                                .map(|op| (op.invoke, op.complete, op.outcome == Outcome::Ok))
-                                .collect::<Vec<_>>()
-                        );
-                    }
                     if !newer_or_same {
                         violations.push(Violation {
                             key: sim_key.to_vec(),
@@ -700,8 +678,9 @@ impl<const NODES: usize> Protocol for ReconfigSim<NODES> {
     /// Long enough for the last epoch's pulls to finish, and for the keys that moved away from
     /// a node to be dropped (after [`reconfig::DROP_GRACE_MILLIS`] when a member does not
     /// confirm, and a sweep that kept keys is followed by another within
-    /// [`reconfig::DROP_RESWEEP_MAX_MILLIS`]), before the run is judged.
-    const SETTLE_MILLIS: u64 = 12_000;
+    /// [`reconfig::DROP_RESWEEP_MAX_MILLIS`]), before the run is judged: with epochs that start
+    /// up to half a minute in, most runs are judged settled (187 of the first 200 reliable ones).
+    const SETTLE_MILLIS: u64 = 30_000;
 
     /// Twice a group unless `NODES` says otherwise: room for nodes to join, leave, and for a
     /// whole group to be replaced.
