@@ -1,7 +1,7 @@
 //! What this machine allows a 1 MiB get before any protocol runs, measured in the same run as the
 //! systems: Reed-Solomon decoding, BLAKE3 hashing and a plain TCP copy over loopback. A PoWerStore
-//! get of 1 MiB at f = 1 receives `n - f = 3` fragments of 512 KiB (1.5 MiB over loopback), the
-//! servers re-hash what they serve and the client hashes what it receives (3 MiB in all), and it
+//! get of 1 MiB at f = 1 receives `f + 1 = 2` fragments of 512 KiB (1 MiB over loopback), the
+//! servers re-hash what they serve and the client hashes what it receives (2 MiB in all), and it
 //! decodes only when a data fragment is missing. The ceiling below adds those costs for one core.
 
 use bulwark_core::Digest;
@@ -99,13 +99,23 @@ async fn loopback_mib_s() -> anyhow::Result<f64> {
     Ok(received as f64 / MIB as f64 / seconds)
 }
 
+/// Seconds of one core per 1 MiB get that needs no decode: [`GET_COPIED_MIB`] copied over
+/// loopback at `loopback` MiB/s and [`GET_HASHED_MIB`] hashed at `hash` MiB/s.
+fn get_1mib_seconds(loopback: f64, hash: f64) -> f64 {
+    GET_COPIED_MIB / loopback + GET_HASHED_MIB / hash
+}
+
+/// MiB of fragments a 1 MiB get moves over loopback: `f + 1` of 512 KiB.
+const GET_COPIED_MIB: f64 = 1.0;
+/// MiB a 1 MiB get hashes: the servers what they serve, the client what it receives.
+const GET_HASHED_MIB: f64 = 2.0;
+
 /// Measures every limit; takes a few seconds.
 pub async fn measure() -> anyhow::Result<Limits> {
     let decode = decode_mib_s()?;
     let hash = hash_mib_s();
     let loopback = loopback_mib_s().await?;
-    // Seconds of one core per 1 MiB get: 1.5 MiB copied, 3 MiB hashed, 1 MiB decoded or not.
-    let base = 1.5 / loopback + 3.0 / hash;
+    let base = get_1mib_seconds(loopback, hash);
     Ok(Limits {
         decode_mib_s: decode,
         hash_mib_s: hash,
@@ -126,7 +136,7 @@ mod tests {
             limits.decode_mib_s > 0.0 && limits.hash_mib_s > 0.0 && limits.loopback_mib_s > 0.0
         );
         assert!(limits.get_1mib_ceiling_decoding_ops < limits.get_1mib_ceiling_ops);
-        let base = 1.5 / limits.loopback_mib_s + 3.0 / limits.hash_mib_s;
+        let base = get_1mib_seconds(limits.loopback_mib_s, limits.hash_mib_s);
         assert!((limits.get_1mib_ceiling_ops - 1.0 / base).abs() < 1e-6);
     }
 }

@@ -178,8 +178,9 @@ pub fn markdown(report: &Report, plots: &[String]) -> String {
             out,
             "Reed-Solomon decode (n = 4, k = 2, one data fragment missing) {:.0} MiB/s; BLAKE3 \
              over 512 KiB fragments {:.0} MiB/s; a plain TCP copy over 127.0.0.1 {:.0} MiB/s. A \
-             PoWerStore get of 1 MiB at f = 1 copies 1.5 MiB of fragments and hashes 3 MiB (servers \
-             re-hash what they serve, the client what it receives): one core could do at most \
+             PoWerStore get of 1 MiB at f = 1 copies 1 MiB of fragments (f + 1 of them) and hashes \
+             2 MiB (servers re-hash what they serve, the client what it receives): one core could \
+             do at most \
              {:.0} such gets per second, {:.0} if each had to decode.\n",
             limits.decode_mib_s,
             limits.hash_mib_s,

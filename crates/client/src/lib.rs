@@ -55,6 +55,8 @@ const CLOCKS_MAX: usize = 1 << 16;
 /// answered. Links queue frames while a node is unreachable, so this only covers frames lost
 /// with a connection.
 const RETRANSMIT_AFTER: Duration = Duration::from_millis(1000);
+/// How long a node that left an operation unanswered is asked last ([`Client::mark_silent`]).
+const SILENT_FOR: Duration = Duration::from_secs(5);
 
 /// What went wrong with an operation.
 #[derive(Debug, thiserror::Error)]
@@ -223,8 +225,9 @@ pub struct Client {
     next_op: AtomicU64,
     /// The last timestamp this client stamped a table cell with, in microseconds.
     last_stamp: AtomicU64,
-    /// Table proxies that left an operation unanswered, and until when they are not asked first.
-    table_avoid: Mutex<HashMap<NodeId, std::time::Instant>>,
+    /// Nodes that left an operation unanswered (a table proxy, a node asked for a register's
+    /// fragment), and until when they are asked last ([`Client::mark_silent`]).
+    silent_until: Mutex<HashMap<NodeId, std::time::Instant>>,
     /// How long this client's table writes, reads and scan pages usually take through each
     /// member as proxy, in microseconds (a moving average; `table::Kind` indexes it).
     table_latency: Mutex<HashMap<NodeId, [Option<f64>; 3]>>,
@@ -400,7 +403,7 @@ impl Client {
             router,
             next_op: AtomicU64::new(1),
             last_stamp: AtomicU64::new(0),
-            table_avoid: Mutex::new(HashMap::new()),
+            silent_until: Mutex::new(HashMap::new()),
             table_latency: Mutex::new(HashMap::new()),
             table_schemas: Mutex::new(HashMap::new()),
             table_pairs: Mutex::new(HashMap::new()),
@@ -429,6 +432,40 @@ impl Client {
     /// The link to `node`, if it is in `cluster.toml` or a configuration verified so far.
     fn link(&self, node: NodeId) -> Option<Arc<Link>> {
         self.links.read().ok()?.get(&node).cloned()
+    }
+
+    /// `nodes` left an operation unanswered: operations that ask one or a few nodes for the
+    /// expensive part (a table proxy, register fragments) ask them last for [`SILENT_FOR`].
+    fn mark_silent(&self, nodes: impl IntoIterator<Item = NodeId>) {
+        let until = std::time::Instant::now() + SILENT_FOR;
+        let mut silent = self.silent_until.lock().unwrap_or_else(|e| e.into_inner());
+        for node in nodes {
+            silent.insert(node, until);
+        }
+    }
+
+    /// The nodes [`Client::mark_silent`] named within the last [`SILENT_FOR`].
+    fn silent_now(&self) -> std::collections::HashSet<NodeId> {
+        let now = std::time::Instant::now();
+        let mut silent = self.silent_until.lock().unwrap_or_else(|e| e.into_inner());
+        silent.retain(|_, until| *until > now);
+        silent.keys().copied().collect()
+    }
+
+    /// The slots a PoWerStore read asks for fragments first: in slot order (the data
+    /// fragments' nodes first, whose fragments decode by copying), passing over nodes this
+    /// client has no connection to and nodes that recently left a read waiting; the read tops
+    /// the list up from the lowest slots if too few are left.
+    fn fragment_nodes(&self, view: &GroupView) -> Vec<Slot> {
+        let silent = self.silent_now();
+        (0..view.len())
+            .map(|i| Slot(i as u32))
+            .filter(|slot| {
+                view.node(*slot).is_some_and(|node| {
+                    !silent.contains(&node) && self.link(node).is_some_and(|link| link.connected())
+                })
+            })
+            .collect()
     }
 
     /// Opens a link to every one of `members` this client has none to: members of a verified
@@ -712,10 +749,12 @@ impl Client {
                 config.incarnation = Incarnation::new(view.members(), self.epoch());
                 config.one_round = self.one_round_reads;
                 let mut machine =
-                    powerstore::ReadOp::new(config, self.codec.clone(), key.clone(), op);
+                    powerstore::ReadOp::new(config, self.codec.clone(), key.clone(), op)
+                        .asking_fragments_of(&self.fragment_nodes(&view));
                 let outcome = self
                     .drive(&view, &key, self.cluster.f, &mut machine)
                     .await?;
+                self.mark_silent(outcome.waited_for.iter().filter_map(|s| view.node(*s)));
                 let report = OpReport {
                     answered: nodes(in_view(&view), &outcome.answered_by),
                     n,

@@ -519,17 +519,11 @@ impl Client {
     /// slow is measured again.
     fn table_proxy(&self, op: u64, view: &GroupView, kind: Kind) -> Slot {
         let n = view.len().max(1) as u64;
-        let now = std::time::Instant::now();
-        let mut avoid = self.table_avoid.lock().unwrap_or_else(|e| e.into_inner());
-        avoid.retain(|_, until| *until > now);
+        let silent = self.silent_now();
         let heard: Vec<Slot> = (0..n)
             .map(|i| Slot(((op + i) % n) as u32))
-            .filter(|slot| {
-                view.node(*slot)
-                    .is_none_or(|node| !avoid.contains_key(&node))
-            })
+            .filter(|slot| view.node(*slot).is_none_or(|node| !silent.contains(&node)))
             .collect();
-        drop(avoid);
         let latency = self.table_latency.lock().unwrap_or_else(|e| e.into_inner());
         let usual = |slot: &Slot| {
             view.node(*slot)
@@ -565,11 +559,7 @@ impl Client {
             let usual = &mut latency.entry(node).or_default()[seen.kind as usize];
             *usual = Some(usual.map_or(micros, |usual| usual + (micros - usual) / 4.0));
         }
-        let until = std::time::Instant::now() + PROXY_AVOID;
-        let mut avoid = self.table_avoid.lock().unwrap_or_else(|e| e.into_inner());
-        for node in silent.iter().filter_map(|slot| view.node(*slot)) {
-            avoid.insert(node, until);
-        }
+        self.mark_silent(silent.iter().filter_map(|slot| view.node(*slot)));
     }
 
     /// This client's id, as its cells name their writer.
@@ -578,8 +568,6 @@ impl Client {
     }
 }
 
-/// How long a proxy that left an operation unanswered is asked last.
-const PROXY_AVOID: std::time::Duration = std::time::Duration::from_secs(5);
 /// How many times slower than the fastest member's a member's usual answer is slow: well above
 /// a loaded cluster's spread between correct members (a moving average over 4 answers smooths
 /// their p99 of 2-3 times the mean, docs/benchmarks.md).

@@ -155,6 +155,9 @@ pub struct ReadOutcome {
     pub restarts: u32,
     /// Misbehaviour seen along the way.
     pub evidence: Vec<Evidence>,
+    /// Nodes asked for fragments that had not answered COLLECT when the read stopped waiting
+    /// for them (at a timeout): the caller asks others for fragments for a while.
+    pub waited_for: Vec<Slot>,
 }
 
 /// `f+1` refusals end an operation.
@@ -323,6 +326,11 @@ impl WriteOp {
     /// A write's rounds finish on a quorum of acknowledgements: replies alone can be missing.
     pub fn stalled(&self) -> Option<String> {
         None
+    }
+
+    /// The retransmission timer fired: the current round goes again.
+    pub fn on_timeout(&mut self) -> Vec<Outbound> {
+        self.retransmit()
     }
 
     /// The current round's request to every node that has not answered it.
@@ -574,6 +582,10 @@ pub struct ReadOp {
     evidence: Vec<Evidence>,
     /// Nodes whose offers were excluded: their "superseded" replies offer nothing any more.
     suspects: Vec<Slot>,
+    /// Per node: whether COLLECT asks it for its entry of `lc`, fragment included.
+    fragments_from: Vec<bool>,
+    /// See [`ReadOutcome::waited_for`].
+    waited_for: Vec<Slot>,
 }
 
 /// One COLLECT reply, kept for the one-round rule.
@@ -636,7 +648,38 @@ impl ReadOp {
             refusals,
             evidence: Vec::new(),
             suspects: Vec::new(),
+            fragments_from: Vec::new(),
+            waited_for: Vec::new(),
         }
+        .asking_fragments_of(&[])
+    }
+
+    /// COLLECT asks `nodes` for their entries of `lc`, fragments included, and the others for
+    /// `lc` alone; the first `f+1` of `nodes` in the group, topped up with the lowest other slots
+    /// (the data fragments' nodes: decoding from them is a copy). `f+1` intact fragments are
+    /// what the one-round rule needs and what the value is decoded from, so a read moves `f+1`
+    /// fragments, not `n - f`. The caller passes over nodes it knows to be down or silent: the
+    /// read waits for the nodes it asked (or a timeout) before it falls back to FILTER.
+    pub fn asking_fragments_of(mut self, nodes: &[Slot]) -> ReadOp {
+        let (n, f) = (self.config.n, self.config.f);
+        let wanted = (f + 1).min(n);
+        let mut asked = vec![false; n];
+        let mut count = 0;
+        let lowest = (0..n).map(|i| Slot(i as u32));
+        for node in nodes.iter().copied().chain(lowest) {
+            if count == wanted {
+                break;
+            }
+            if let Some(slot) = asked.get_mut(node.index())
+                && !*slot
+            {
+                *slot = true;
+                count += 1;
+            }
+        }
+        debug_assert_eq!(count, wanted);
+        self.fragments_from = asked;
+        self
     }
 
     /// The first round: COLLECT to every node.
@@ -669,14 +712,17 @@ impl ReadOp {
             .collect()
     }
 
-    /// The current round's request to `to`. COLLECT asks the first `n - f` slots (the data
-    /// fragments' nodes among them) for their entry of `lc` and the other `f` for `lc` alone:
-    /// any `n - f` replies hold `f+1` entries, all the one-round rule needs, and the `f` others'
-    /// fragments are neither sent nor decrypted.
+    /// The current round's request to `to`. COLLECT asks the nodes of
+    /// [`ReadOp::asking_fragments_of`] for their entries of `lc` and the others for `lc` alone.
     fn body(&self, to: Slot) -> Option<RequestBody> {
         match &self.phase {
             ReadPhase::Collect { .. } => Some(RequestBody::Collect {
-                fragment: self.config.one_round && to.index() < self.config.n - self.config.f,
+                fragment: self.config.one_round
+                    && self
+                        .fragments_from
+                        .get(to.index())
+                        .copied()
+                        .unwrap_or(false),
             }),
             ReadPhase::Filter {
                 candidates, offers, ..
@@ -813,6 +859,7 @@ impl ReadOp {
                 one_round: true,
                 restarts: self.attempt,
                 evidence: Vec::new(),
+                waited_for: Vec::new(),
             });
         }
         match self.one_round() {
@@ -823,8 +870,31 @@ impl ReadOp {
             }
             None => {}
         }
-        let ReadPhase::Collect { candidates, .. } = &mut self.phase else {
+        if !self.unanswered_fragment_nodes().is_empty() {
+            // A node asked for its fragment has not answered: the one-round rule may yet hold
+            // once it does. A timeout ends the wait (`on_timeout`).
             return Step::Continue(Vec::new());
+        }
+        Step::Continue(self.begin_filter())
+    }
+
+    /// Nodes asked for fragments in COLLECT that have not answered it; empty once COLLECT is
+    /// over, or when every node has answered or the one-round read is off.
+    fn unanswered_fragment_nodes(&self) -> Vec<Slot> {
+        match &self.phase {
+            ReadPhase::Collect { replies, .. } if self.config.one_round => replies
+                .missing()
+                .filter(|node| self.fragments_from.get(node.index()) == Some(&true))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// COLLECT's candidates go to FILTER, the paper's second round.
+    fn begin_filter(&mut self) -> Vec<Outbound> {
+        let n = self.config.n;
+        let ReadPhase::Collect { candidates, .. } = &mut self.phase else {
+            return Vec::new();
         };
         let candidates = std::mem::take(candidates);
         self.phase = ReadPhase::Filter {
@@ -833,7 +903,20 @@ impl ReadOp {
             replies: Replies::new(n),
             intact: vec![false; n],
         };
-        Step::Continue(self.broadcast(RequestBody::Filter { candidates }))
+        self.broadcast(RequestBody::Filter { candidates })
+    }
+
+    /// The retransmission timer fired: a COLLECT that a quorum answered stops waiting for the
+    /// fragments it asked for and goes on to FILTER; otherwise the current round goes again to
+    /// the nodes that have not answered it.
+    pub fn on_timeout(&mut self) -> Vec<Outbound> {
+        if let ReadPhase::Collect { replies, .. } = &self.phase
+            && replies.count() >= self.config.quorum()
+        {
+            self.waited_for = self.unanswered_fragment_nodes();
+            return self.begin_filter();
+        }
+        self.retransmit()
     }
 
     /// The one-round read: `n - f` COLLECT replies name the same `lc` (timestamp and nonce),
@@ -941,6 +1024,7 @@ impl ReadOp {
             one_round: true,
             restarts: 0,
             evidence: Vec::new(),
+            waited_for: Vec::new(),
         }))
     }
 
@@ -1072,6 +1156,7 @@ impl ReadOp {
                     one_round: false,
                     restarts: self.attempt,
                     evidence: Vec::new(),
+                    waited_for: Vec::new(),
                 })
             }
             Verdict::Selected { candidate, agreed } => self.restore_and_repair(candidate, agreed),
@@ -1140,6 +1225,7 @@ impl ReadOp {
             one_round: false,
             restarts: self.attempt,
             evidence: Vec::new(),
+            waited_for: Vec::new(),
         };
         if !repaired {
             return self.finish(outcome);
@@ -1170,6 +1256,7 @@ impl ReadOp {
 
     fn finish(&mut self, mut outcome: ReadOutcome) -> Step<ReadOutcome> {
         outcome.evidence.append(&mut self.evidence);
+        outcome.waited_for.append(&mut self.waited_for);
         self.phase = ReadPhase::Done;
         Step::Done(Ok(outcome))
     }
@@ -1384,7 +1471,7 @@ macro_rules! powerstore_operation {
             }
 
             fn on_timeout(&mut self) -> Vec<Outbound> {
-                self.retransmit()
+                <$op>::on_timeout(self)
             }
 
             fn answered(&self) -> Vec<Slot> {

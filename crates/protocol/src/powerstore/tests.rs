@@ -38,6 +38,8 @@ struct Harness {
     next_op: u64,
     /// Servers that drop everything.
     down: Vec<bool>,
+    /// The nodes reads ask for fragments first (`ReadOp::asking_fragments_of`).
+    fragments_from: Vec<Slot>,
 }
 
 impl Harness {
@@ -74,6 +76,7 @@ impl Harness {
             now: Time(0),
             next_op: 1,
             down: vec![false; n],
+            fragments_from: Vec::new(),
         }
     }
 
@@ -179,15 +182,20 @@ impl Harness {
             Arc::new(ReedSolomonSimd),
             key.clone(),
             op,
-        );
+        )
+        .asking_fragments_of(&self.fragments_from);
         let mut queue: std::collections::VecDeque<Outbound> = read.start().into();
-        while let Some((to, request)) = queue.pop_front() {
-            if let Some(response) = respond(self, to, request) {
-                match read.on_response(to, response) {
-                    Step::Continue(more) => queue.extend(more),
-                    Step::Done(result) => return Some(result.expect("read succeeds")),
+        // Each time nothing is left in flight the retransmission timer fires, a few times.
+        for _ in 0..=TIMEOUTS {
+            while let Some((to, request)) = queue.pop_front() {
+                if let Some(response) = respond(self, to, request) {
+                    match read.on_response(to, response) {
+                        Step::Continue(more) => queue.extend(more),
+                        Step::Done(result) => return Some(result.expect("read succeeds")),
+                    }
                 }
             }
+            queue.extend(read.on_timeout());
         }
         None
     }
@@ -196,6 +204,9 @@ impl Harness {
         self.read_with(key, |h, to, request| h.deliver(READER, to, request))
     }
 }
+
+/// How many times a read's retransmission timer fires before the harness gives up on it.
+const TIMEOUTS: usize = 3;
 
 fn key(name: &str) -> Key {
     Key::new(name.as_bytes().to_vec()).unwrap()
@@ -738,7 +749,8 @@ fn a_damaged_fragment_on_disk_is_never_served() {
     let outcome = h.read(&key("k"));
     assert_eq!(outcome.value.as_deref(), Some(&value[..]));
     assert!(outcome.evidence.is_empty(), "{:?}", outcome.evidence);
-    assert_eq!(h.servers[0].stats().damaged_fragments, 1);
+    // s0 withholds the damaged entry from COLLECT and FILTER alike.
+    assert!(h.servers[0].stats().damaged_fragments >= 1);
     assert_eq!(h.servers[1].stats().damaged_fragments, 0);
 }
 
@@ -989,13 +1001,17 @@ fn a_read_whose_quorum_disagrees_says_so() {
     let mut read = ReadOp::new(h.config.clone(), Arc::new(ReedSolomonSimd), k.clone(), op);
     let mut queue: std::collections::VecDeque<Outbound> = read.start().into();
     assert_eq!(read.stalled(), None, "nothing answered yet");
-    while let Some((to, request)) = queue.pop_front() {
-        if let Some(response) = h.deliver(READER, to, request) {
-            match read.on_response(to, response) {
-                Step::Continue(more) => queue.extend(more),
-                Step::Done(result) => panic!("the read completed: {result:?}"),
+    // s0 was asked for its fragment: COLLECT waits for it until the timer fires, then FILTER.
+    for _ in 0..2 {
+        while let Some((to, request)) = queue.pop_front() {
+            if let Some(response) = h.deliver(READER, to, request) {
+                match read.on_response(to, response) {
+                    Step::Continue(more) => queue.extend(more),
+                    Step::Done(result) => panic!("the read completed: {result:?}"),
+                }
             }
         }
+        queue.extend(read.on_timeout());
     }
     assert_eq!(read.answered().len(), 3);
     let stalled = read
@@ -1090,23 +1106,85 @@ fn collect_carries_the_entry_of_lc_only_when_hist_proves_it() {
 }
 
 #[test]
-fn collect_asks_n_minus_f_nodes_for_their_entry_and_the_rest_for_lc() {
+fn collect_asks_f_plus_1_nodes_for_their_entry_and_the_rest_for_lc() {
     let h = Harness::new(2);
-    let mut read = ReadOp::new(
-        h.config.clone(),
-        Arc::new(ReedSolomonSimd),
-        key("k"),
-        OpId(5),
-    );
-    let asked: Vec<bool> = read
+    let asked = |nodes: &[Slot]| -> Vec<bool> {
+        ReadOp::new(
+            h.config.clone(),
+            Arc::new(ReedSolomonSimd),
+            key("k"),
+            OpId(5),
+        )
+        .asking_fragments_of(nodes)
         .start()
         .into_iter()
         .map(|(_, request)| match request.body {
             RequestBody::Collect { fragment } => fragment,
             other => panic!("{other:?}"),
         })
-        .collect();
-    assert_eq!(asked, [true, true, true, true, true, false, false]);
+        .collect()
+    };
+    // The data fragments' nodes unless told otherwise; named nodes first, topped up from the
+    // lowest slots; never more than f+1, repeats and strangers ignored.
+    assert_eq!(asked(&[]), [true, true, true, false, false, false, false]);
+    assert_eq!(
+        asked(&[Slot(6), Slot(6), Slot(9), Slot(3)]),
+        [true, false, false, true, false, false, true]
+    );
+    assert_eq!(
+        asked(&[Slot(5), Slot(4), Slot(3), Slot(2)]),
+        [false, false, false, true, true, true, false]
+    );
+}
+
+/// Metadata-only replies come first and make a quorum with one fragment: the read waits for
+/// the other node it asked and still ends in one round.
+#[test]
+fn collect_waits_past_the_quorum_for_the_fragments_it_asked_for() {
+    let mut h = Harness::new(1);
+    let k = key("k");
+    let value = vec![8u8; 20_000];
+    h.write(&k, Some(&value));
+    let op = h.op();
+    let mut read = ReadOp::new(h.config.clone(), Arc::new(ReedSolomonSimd), k, op);
+    let mut sends = read.start();
+    sends.sort_by_key(|(to, _)| std::cmp::Reverse(*to));
+    let mut outcome = None;
+    for (i, (to, request)) in sends.into_iter().enumerate() {
+        let response = h.deliver(READER, to, request).expect("every node is up");
+        match read.on_response(to, response) {
+            Step::Continue(more) => {
+                assert!(more.is_empty(), "no FILTER while s0 may still vouch");
+                assert!(i < 3, "the fourth reply ends the read");
+            }
+            Step::Done(result) => outcome = Some(result.expect("read succeeds")),
+        }
+    }
+    let outcome = outcome.expect("the read ended");
+    assert!(outcome.one_round);
+    assert_eq!(outcome.value.as_deref(), Some(&value[..]));
+    assert!(outcome.waited_for.is_empty());
+}
+
+/// A node asked for its fragment stays silent: the read goes on to FILTER when the timer
+/// fires, and names the node so that the caller asks others next time.
+#[test]
+fn a_silent_fragment_node_costs_a_timeout_and_is_named() {
+    let mut h = Harness::new(1);
+    let k = key("k");
+    let value = vec![6u8; 20_000];
+    h.write(&k, Some(&value));
+    h.down[1] = true;
+    let outcome = h.read(&k);
+    assert!(!outcome.one_round);
+    assert_eq!(outcome.value.as_deref(), Some(&value[..]));
+    assert_eq!(outcome.waited_for, [Slot(1)]);
+    // Asked of the live nodes instead, the read takes one round again.
+    h.fragments_from = vec![Slot(2), Slot(0)];
+    let outcome = h.read(&k);
+    assert!(outcome.one_round);
+    assert_eq!(outcome.value.as_deref(), Some(&value[..]));
+    assert!(outcome.waited_for.is_empty());
 }
 
 #[test]
@@ -1146,11 +1224,13 @@ fn one_liar_cannot_vouch_for_another_value_in_one_round() {
             }
             Some(response)
         });
-        assert!(outcome.one_round);
         if f_vouchers {
             // The control: a rule that takes f vouchers returns the liar's value.
+            assert!(outcome.one_round);
             assert_eq!(outcome.value.as_deref(), Some(&b"forged"[..]));
         } else {
+            // s1 alone vouches for the genuine version in COLLECT: FILTER decides.
+            assert!(!outcome.one_round);
             assert_eq!(outcome.value.as_deref(), Some(&b"genuine"[..]));
         }
     }
@@ -1161,6 +1241,8 @@ fn a_stale_lc_at_a_liar_and_a_lagging_node_is_not_returned() {
     for small_agreement in [false, true] {
         let mut h = Harness::new(1);
         h.config.mutations.one_round_small_agreement = small_agreement;
+        // The liar and the lagging node are the ones asked for fragments.
+        h.fragments_from = vec![Slot(0), Slot(2)];
         let k = key("k");
         h.write(&k, Some(b"old"));
         // `new` completes at s0, s1 and s3; s2 lags at `old`.
@@ -1194,7 +1276,7 @@ fn a_stale_lc_at_a_liar_and_a_lagging_node_is_not_returned() {
 }
 
 #[test]
-fn a_damaged_entry_is_blamed_and_the_read_still_ends_in_one_round() {
+fn a_damaged_entry_is_blamed_and_the_read_goes_on_to_filter() {
     let mut h = Harness::new(1);
     let k = key("k");
     let value = vec![3u8; 20_000];
@@ -1214,7 +1296,8 @@ fn a_damaged_entry_is_blamed_and_the_read_still_ends_in_one_round() {
         }
         Some(response)
     });
-    assert!(outcome.one_round);
+    // One of the f+1 fragments asked for is bad: FILTER, which asks every node, decides.
+    assert!(!outcome.one_round);
     assert_eq!(outcome.value.as_deref(), Some(&value[..]));
     assert!(
         outcome

@@ -184,7 +184,16 @@ impl<const SOLE: bool> Protocol for PowerStore<SOLE> {
     }
 
     fn read(&self, _client: usize, key: Key, op: OpId) -> ReadOp {
+        // Fragments asked of nodes that change with the operation, so that over a run every
+        // set of f+1 nodes is asked (faulty and lagging ones together, parity fragments) and
+        // not only the data fragments' nodes a client asks by default.
+        let n = self.client_config.n;
+        let (start, step) = (op.0 as usize % n, 1 + (op.0 as usize / n) % (n - 1).max(1));
+        let turned: Vec<Slot> = (0..n)
+            .map(|i| Slot(((start + i * step) % n) as u32))
+            .collect();
         ReadOp::new(self.client_config.clone(), self.codec.clone(), key, op)
+            .asking_fragments_of(&turned)
     }
 
     fn key(&self, index: usize, writers: usize) -> Key {
