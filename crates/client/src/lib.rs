@@ -225,8 +225,8 @@ pub struct Client {
     next_op: AtomicU64,
     /// The last timestamp this client stamped a table cell with, in microseconds.
     last_stamp: AtomicU64,
-    /// Nodes that left an operation unanswered (a table proxy, a node asked for a register's
-    /// fragment), and until when they are asked last ([`Client::mark_silent`]).
+    /// Nodes that left an operation unanswered or unhelped (a table proxy, a node asked for a
+    /// register's fragment), and until when they are asked last ([`Client::mark_silent`]).
     silent_until: Mutex<HashMap<NodeId, std::time::Instant>>,
     /// How long this client's table writes, reads and scan pages usually take through each
     /// member as proxy, in microseconds (a moving average; `table::Kind` indexes it).
@@ -434,8 +434,9 @@ impl Client {
         self.links.read().ok()?.get(&node).cloned()
     }
 
-    /// `nodes` left an operation unanswered: operations that ask one or a few nodes for the
-    /// expensive part (a table proxy, register fragments) ask them last for [`SILENT_FOR`].
+    /// `nodes` left an operation unanswered, or answered without what it needed: operations
+    /// that ask one or a few nodes for the expensive part (a table proxy, register fragments)
+    /// ask them last for [`SILENT_FOR`].
     fn mark_silent(&self, nodes: impl IntoIterator<Item = NodeId>) {
         let until = std::time::Instant::now() + SILENT_FOR;
         let mut silent = self.silent_until.lock().unwrap_or_else(|e| e.into_inner());
@@ -452,20 +453,19 @@ impl Client {
         silent.keys().copied().collect()
     }
 
-    /// The slots a PoWerStore read asks for fragments first: in slot order (the data
-    /// fragments' nodes first, whose fragments decode by copying), passing over nodes this
-    /// client has no connection to and nodes that recently left a read waiting; the read tops
-    /// the list up from the lowest slots if too few are left.
+    /// Every slot of `view` in the order a PoWerStore read asks them for fragments (it asks the
+    /// first `f + 1`): connected nodes first, then nodes this client is not connected to (yet),
+    /// then nodes that recently did not help a read; in slot order within each, so the data
+    /// fragments' nodes, whose fragments decode by copying, come first when all is well.
     fn fragment_nodes(&self, view: &GroupView) -> Vec<Slot> {
         let silent = self.silent_now();
-        (0..view.len())
-            .map(|i| Slot(i as u32))
-            .filter(|slot| {
-                view.node(*slot).is_some_and(|node| {
-                    !silent.contains(&node) && self.link(node).is_some_and(|link| link.connected())
-                })
-            })
-            .collect()
+        let mut slots: Vec<Slot> = (0..view.len()).map(|i| Slot(i as u32)).collect();
+        slots.sort_by_key(|slot| match view.node(*slot) {
+            Some(node) if silent.contains(&node) => 2,
+            Some(node) if self.link(node).is_some_and(|link| link.connected()) => 0,
+            _ => 1,
+        });
+        slots
     }
 
     /// Opens a link to every one of `members` this client has none to: members of a verified
@@ -754,7 +754,7 @@ impl Client {
                 let outcome = self
                     .drive(&view, &key, self.cluster.f, &mut machine)
                     .await?;
-                self.mark_silent(outcome.waited_for.iter().filter_map(|s| view.node(*s)));
+                self.mark_silent(outcome.unhelpful.iter().filter_map(|s| view.node(*s)));
                 let report = OpReport {
                     answered: nodes(in_view(&view), &outcome.answered_by),
                     n,

@@ -519,10 +519,13 @@ impl Client {
     /// slow is measured again.
     fn table_proxy(&self, op: u64, view: &GroupView, kind: Kind) -> Slot {
         let n = view.len().max(1) as u64;
-        let silent = self.silent_now();
+        let asked_last = self.silent_now();
         let heard: Vec<Slot> = (0..n)
             .map(|i| Slot(((op + i) % n) as u32))
-            .filter(|slot| view.node(*slot).is_none_or(|node| !silent.contains(&node)))
+            .filter(|slot| {
+                view.node(*slot)
+                    .is_none_or(|node| !asked_last.contains(&node))
+            })
             .collect();
         let latency = self.table_latency.lock().unwrap_or_else(|e| e.into_inner());
         let usual = |slot: &Slot| {

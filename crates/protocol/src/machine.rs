@@ -336,7 +336,9 @@ pub trait Operation {
     /// One reply from the replica in `from`.
     fn on_reply(&mut self, from: Slot, reply: Self::Reply) -> Progress<Self>;
 
-    /// No progress for a while: the current round again, to every replica that has not answered.
+    /// No progress for a while: the current round again, to every replica that has not answered,
+    /// or, for an operation that waits past its quorum for more (a PoWerStore read waiting for
+    /// fragments), its next round.
     fn on_timeout(&mut self) -> Vec<(Slot, Self::Request)>;
 
     /// Replicas that have answered the current round, to name the others when a deadline passes.

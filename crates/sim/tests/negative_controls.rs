@@ -100,11 +100,11 @@ fn reads_that_never_take_offers_are_caught() {
 // (h) The one-round read with agreement of f+1 COLLECT replies instead of n - f: a liar and a
 // node the last write's COMPLETE has not reached yet agree on the older version. It bites only
 // when those two are the f+1 nodes the read asked for fragments (one read in six at f = 1), so
-// it is rarer than the others: caught within 2,000 seeds.
+// it is rarer than the others: caught at seed 1,418, within 5,000 seeds.
 #[test]
 fn one_round_reads_on_small_agreement_are_caught() {
     let (broken, reference) = mutated("one-round-small-agreement");
-    caught_within("one-round-small-agreement", &broken, &reference, 2_000);
+    caught_within("one-round-small-agreement", &broken, &reference, 5_000);
 }
 
 // (i) The one-round read with f vouching entries instead of f+1: a liar's cross-checksum for the

@@ -1,7 +1,8 @@
 //! The M-PoWerStore writer (Alg. 4) and reader (Alg. 6) as one machine per operation.
 //!
-//! A machine is fed every reply it gets and says what to send next; the driver retransmits the
-//! current round to nodes that have not answered (`retransmit`) and gives up at its own deadline.
+//! A machine is fed every reply it gets and says what to send next; at each tick of its timer the
+//! driver calls `on_timeout`, which retransmits the current round to nodes that have not answered
+//! (or ends a read's wait for fragments), and gives up at its own deadline.
 //! Safety never depends on when either happens. Each node's first reply per round is the only one
 //! counted (spec §7.1 item 10): a Byzantine node cannot vote twice.
 
@@ -155,9 +156,10 @@ pub struct ReadOutcome {
     pub restarts: u32,
     /// Misbehaviour seen along the way.
     pub evidence: Vec<Evidence>,
-    /// Nodes asked for fragments that had not answered COLLECT when the read stopped waiting
-    /// for them (at a timeout): the caller asks others for fragments for a while.
-    pub waited_for: Vec<Slot>,
+    /// Nodes asked for fragments that did not help the read end in one round: silent until the
+    /// timer ended the wait, or naming the `lc` the others agreed on without an intact entry for
+    /// it. The caller asks others for fragments first for a while.
+    pub unhelpful: Vec<Slot>,
 }
 
 /// `f+1` refusals end an operation.
@@ -584,8 +586,8 @@ pub struct ReadOp {
     suspects: Vec<Slot>,
     /// Per node: whether COLLECT asks it for its entry of `lc`, fragment included.
     fragments_from: Vec<bool>,
-    /// See [`ReadOutcome::waited_for`].
-    waited_for: Vec<Slot>,
+    /// See [`ReadOutcome::unhelpful`].
+    unhelpful: Vec<Slot>,
 }
 
 /// One COLLECT reply, kept for the one-round rule.
@@ -649,7 +651,7 @@ impl ReadOp {
             evidence: Vec::new(),
             suspects: Vec::new(),
             fragments_from: Vec::new(),
-            waited_for: Vec::new(),
+            unhelpful: Vec::new(),
         }
         .asking_fragments_of(&[])
     }
@@ -859,7 +861,7 @@ impl ReadOp {
                 one_round: true,
                 restarts: self.attempt,
                 evidence: Vec::new(),
-                waited_for: Vec::new(),
+                unhelpful: Vec::new(),
             });
         }
         match self.one_round() {
@@ -870,24 +872,114 @@ impl ReadOp {
             }
             None => {}
         }
-        if !self.unanswered_fragment_nodes().is_empty() {
-            // A node asked for its fragment has not answered: the one-round rule may yet hold
-            // once it does. A timeout ends the wait (`on_timeout`).
+        if self.may_yet_end_in_one_round() {
+            // A node asked for its fragment has not answered, and its answer could complete the
+            // one-round rule. The timer ends the wait (`on_timeout`).
             return Step::Continue(Vec::new());
         }
+        self.unhelpful = self.unhelpful_fragment_nodes(false);
         Step::Continue(self.begin_filter())
     }
 
-    /// Nodes asked for fragments in COLLECT that have not answered it; empty once COLLECT is
-    /// over, or when every node has answered or the one-round read is off.
-    fn unanswered_fragment_nodes(&self) -> Vec<Slot> {
-        match &self.phase {
-            ReadPhase::Collect { replies, .. } if self.config.one_round => replies
-                .missing()
-                .filter(|node| self.fragments_from.get(node.index()) == Some(&true))
-                .collect(),
-            _ => Vec::new(),
+    /// `n - f` replies that name one `lc` make the one-round read's agreement; a mutation lowers
+    /// it to `f + 1`.
+    fn agreement(&self) -> usize {
+        if self.config.mutations.one_round_small_agreement {
+            self.config.f + 1
+        } else {
+            self.config.n - self.config.f
         }
+    }
+
+    /// `f + 1` intact entries vouch for a version; a mutation lowers it to `f`.
+    fn vouchers(&self) -> usize {
+        if self.config.mutations.one_round_f_vouchers {
+            self.config.f.max(1)
+        } else {
+            self.config.f + 1
+        }
+    }
+
+    fn asked(&self, node: Slot) -> bool {
+        self.fragments_from.get(node.index()) == Some(&true)
+    }
+
+    /// The `lc` (timestamp and nonce) most COLLECT replies name, and how many name it.
+    fn leading_lc(&self) -> Option<(&Candidate, usize)> {
+        let ReadPhase::Collect { replies, .. } = &self.phase else {
+            return None;
+        };
+        let mut named: Vec<(&Candidate, usize)> = Vec::new();
+        for (_, reply) in replies.present() {
+            let Some(lc) = &reply.lc else { continue };
+            match named
+                .iter_mut()
+                .find(|(c, _)| c.ts == lc.ts && c.nonce == lc.nonce)
+            {
+                Some((_, count)) => *count += 1,
+                None => named.push((lc, 1)),
+            }
+        }
+        named.into_iter().max_by_key(|(_, count)| *count)
+    }
+
+    /// Whether waiting for the nodes asked for fragments that have not answered COLLECT could
+    /// still end the read in one round: enough replies are missing for the agreement, and enough
+    /// asked ones for the vouchers. An entry already blamed vouches for nothing.
+    fn may_yet_end_in_one_round(&self) -> bool {
+        let ReadPhase::Collect { replies, .. } = &self.phase else {
+            return false;
+        };
+        if !self.config.one_round {
+            return false;
+        }
+        let asked_missing = replies.missing().filter(|node| self.asked(*node)).count();
+        if asked_missing == 0 {
+            return false;
+        }
+        let missing = self.config.n - replies.count();
+        let leading = self.leading_lc().map_or(0, |(_, count)| count);
+        let entries = replies
+            .present()
+            .filter(|(node, reply)| reply.entry.is_some() && !self.blamed(*node))
+            .count();
+        leading + missing >= self.agreement() && entries + asked_missing >= self.vouchers()
+    }
+
+    fn blamed(&self, node: Slot) -> bool {
+        self.evidence.iter().any(|evidence| evidence.node == node)
+    }
+
+    /// See [`ReadOutcome::unhelpful`]: nodes asked for fragments that answered COLLECT naming
+    /// the `lc` that `n - f` replies agree on without an intact entry for it, and, when the timer
+    /// ended the wait (`silent`), those that did not answer at all. Nodes naming another `lc` are
+    /// not counted: under concurrent writes that is no fault.
+    fn unhelpful_fragment_nodes(&self, silent: bool) -> Vec<Slot> {
+        let ReadPhase::Collect { replies, .. } = &self.phase else {
+            return Vec::new();
+        };
+        if !self.config.one_round {
+            return Vec::new();
+        }
+        let agreed = self
+            .leading_lc()
+            .filter(|(_, count)| *count >= self.agreement())
+            .map(|(lc, _)| (lc.ts, lc.nonce));
+        let answered = replies.present().filter(|(node, reply)| {
+            let names_agreed = reply.lc.as_ref().is_some_and(|lc| {
+                agreed
+                    .as_ref()
+                    .is_some_and(|(ts, nonce)| lc.ts == *ts && lc.nonce == *nonce)
+            });
+            names_agreed && (reply.entry.is_none() || self.blamed(*node))
+        });
+        let mut unhelpful: Vec<Slot> = answered.map(|(node, _)| node).collect();
+        if silent {
+            unhelpful.extend(replies.missing());
+        }
+        unhelpful.retain(|node| self.asked(*node));
+        unhelpful.sort();
+        unhelpful
     }
 
     /// COLLECT's candidates go to FILTER, the paper's second round.
@@ -913,7 +1005,7 @@ impl ReadOp {
         if let ReadPhase::Collect { replies, .. } = &self.phase
             && replies.count() >= self.config.quorum()
         {
-            self.waited_for = self.unanswered_fragment_nodes();
+            self.unhelpful = self.unhelpful_fragment_nodes(true);
             return self.begin_filter();
         }
         self.retransmit()
@@ -933,37 +1025,15 @@ impl ReadOp {
         if !self.config.one_round {
             return None;
         }
-        let (n, f) = (self.config.n, self.config.f);
-        let mutations = self.config.mutations;
-        let agreement = if mutations.one_round_small_agreement {
-            f + 1
-        } else {
-            n - f
-        };
-        let vouchers = if mutations.one_round_f_vouchers {
-            f.max(1)
-        } else {
-            f + 1
-        };
+        let n = self.config.n;
+        let (agreement, vouchers) = (self.agreement(), self.vouchers());
         let ReadPhase::Collect { replies, .. } = &self.phase else {
             return None;
         };
-        // The `lc` most replies name, if enough do.
-        let mut named: Vec<(&Candidate, usize)> = Vec::new();
-        for (_, reply) in replies.present() {
-            let Some(lc) = &reply.lc else { continue };
-            match named
-                .iter_mut()
-                .find(|(c, _)| c.ts == lc.ts && c.nonce == lc.nonce)
-            {
-                Some((_, count)) => *count += 1,
-                None => named.push((lc, 1)),
-            }
+        let (lc, count) = self.leading_lc()?;
+        if count < agreement {
+            return None;
         }
-        let (lc, _) = named
-            .into_iter()
-            .filter(|(_, count)| *count >= agreement)
-            .max_by_key(|(_, count)| *count)?;
         let lc = lc.clone();
         let commitment = lc.nonce.commitment();
         let mut groups: Vec<(&CrossChecksum, Vec<(usize, Bytes)>)> = Vec::new();
@@ -1024,7 +1094,7 @@ impl ReadOp {
             one_round: true,
             restarts: 0,
             evidence: Vec::new(),
-            waited_for: Vec::new(),
+            unhelpful: Vec::new(),
         }))
     }
 
@@ -1156,7 +1226,7 @@ impl ReadOp {
                     one_round: false,
                     restarts: self.attempt,
                     evidence: Vec::new(),
-                    waited_for: Vec::new(),
+                    unhelpful: Vec::new(),
                 })
             }
             Verdict::Selected { candidate, agreed } => self.restore_and_repair(candidate, agreed),
@@ -1225,7 +1295,7 @@ impl ReadOp {
             one_round: false,
             restarts: self.attempt,
             evidence: Vec::new(),
-            waited_for: Vec::new(),
+            unhelpful: Vec::new(),
         };
         if !repaired {
             return self.finish(outcome);
@@ -1256,7 +1326,7 @@ impl ReadOp {
 
     fn finish(&mut self, mut outcome: ReadOutcome) -> Step<ReadOutcome> {
         outcome.evidence.append(&mut self.evidence);
-        outcome.waited_for.append(&mut self.waited_for);
+        outcome.unhelpful.append(&mut self.unhelpful);
         self.phase = ReadPhase::Done;
         Step::Done(Ok(outcome))
     }

@@ -56,7 +56,7 @@ pub enum RequestBody {
     /// COLLECT⟨tsr⟩ (Alg. 6).
     Collect {
         /// Whether to send this node's `Hist` entry for its `lc`, fragment included (the
-        /// one-round read asks `n - f` nodes for it).
+        /// one-round read asks `f + 1` nodes for it).
         fragment: bool,
     },
     /// FILTER⟨tsr, C⟩ (Alg. 6): the reader's candidates, written back.

@@ -184,14 +184,24 @@ impl Harness {
             op,
         )
         .asking_fragments_of(&self.fragments_from);
+        self.run_read(&mut read, &mut respond)
+            .map(|result| result.expect("read succeeds"))
+    }
+
+    /// Runs `read` until it ends or nothing is left in flight after [`TIMEOUTS`] ticks of its
+    /// timer (each tick fired once nothing is in flight).
+    fn run_read(
+        &mut self,
+        read: &mut ReadOp,
+        respond: &mut impl FnMut(&mut Harness, Slot, Request) -> Option<Response>,
+    ) -> Option<Result<ReadOutcome, ProtocolError>> {
         let mut queue: std::collections::VecDeque<Outbound> = read.start().into();
-        // Each time nothing is left in flight the retransmission timer fires, a few times.
         for _ in 0..=TIMEOUTS {
             while let Some((to, request)) = queue.pop_front() {
                 if let Some(response) = respond(self, to, request) {
                     match read.on_response(to, response) {
                         Step::Continue(more) => queue.extend(more),
-                        Step::Done(result) => return Some(result.expect("read succeeds")),
+                        Step::Done(result) => return Some(result),
                     }
                 }
             }
@@ -999,20 +1009,12 @@ fn a_read_whose_quorum_disagrees_says_so() {
     h.down[0] = true;
     let op = h.op();
     let mut read = ReadOp::new(h.config.clone(), Arc::new(ReedSolomonSimd), k.clone(), op);
-    let mut queue: std::collections::VecDeque<Outbound> = read.start().into();
     assert_eq!(read.stalled(), None, "nothing answered yet");
     // s0 was asked for its fragment: COLLECT waits for it until the timer fires, then FILTER.
-    for _ in 0..2 {
-        while let Some((to, request)) = queue.pop_front() {
-            if let Some(response) = h.deliver(READER, to, request) {
-                match read.on_response(to, response) {
-                    Step::Continue(more) => queue.extend(more),
-                    Step::Done(result) => panic!("the read completed: {result:?}"),
-                }
-            }
-        }
-        queue.extend(read.on_timeout());
-    }
+    let result = h.run_read(&mut read, &mut |h, to, request| {
+        h.deliver(READER, to, request)
+    });
+    assert!(result.is_none(), "the read completed: {result:?}");
     assert_eq!(read.answered().len(), 3);
     let stalled = read
         .stalled()
@@ -1163,7 +1165,53 @@ fn collect_waits_past_the_quorum_for_the_fragments_it_asked_for() {
     let outcome = outcome.expect("the read ended");
     assert!(outcome.one_round);
     assert_eq!(outcome.value.as_deref(), Some(&value[..]));
-    assert!(outcome.waited_for.is_empty());
+    assert!(outcome.unhelpful.is_empty());
+}
+
+/// A node asked for its fragment whose entry is gone cannot complete the one-round rule: the read
+/// goes on to FILTER at the quorum, without waiting for the other node asked, and names it.
+#[test]
+fn a_read_does_not_wait_for_fragments_that_cannot_complete_the_rule() {
+    let mut h = Harness::new(1);
+    let k = key("k");
+    let value = vec![4u8; 20_000];
+    h.write(&k, Some(&value));
+    // Bit rot in s0's fragment: s0 names its lc without an entry.
+    let ts = h.servers[0].lc(&k).unwrap().ts;
+    let stored = &mut h.disks[0]
+        .entries
+        .get_mut(&(k.clone(), ts))
+        .unwrap()
+        .fragment;
+    let mut bytes = stored.to_vec();
+    bytes[3] ^= 0x01;
+    *stored = Bytes::from(bytes);
+    let op = h.op();
+    let mut read = ReadOp::new(h.config.clone(), Arc::new(ReedSolomonSimd), k.clone(), op);
+    let mut collects: Vec<Outbound> = read.start();
+    // s3, s2 and s0 answer first; s1 (asked) has not yet.
+    collects.sort_by_key(|(to, _)| std::cmp::Reverse(*to));
+    let mut filter = Vec::new();
+    for (to, request) in collects.into_iter().filter(|(to, _)| *to != Slot(1)) {
+        let response = h.deliver(READER, to, request).expect("up");
+        match read.on_response(to, response) {
+            Step::Continue(more) => filter.extend(more),
+            Step::Done(result) => panic!("one round with one voucher: {result:?}"),
+        }
+    }
+    assert_eq!(filter.len(), 4, "FILTER to every node at the quorum");
+    let mut queue: std::collections::VecDeque<Outbound> = filter.into();
+    let mut outcome = None;
+    while let Some((to, request)) = queue.pop_front() {
+        let response = h.deliver(READER, to, request).expect("up");
+        match read.on_response(to, response) {
+            Step::Continue(more) => queue.extend(more),
+            Step::Done(result) => outcome = Some(result.expect("read succeeds")),
+        }
+    }
+    let outcome = outcome.expect("FILTER ends the read");
+    assert_eq!(outcome.value.as_deref(), Some(&value[..]));
+    assert_eq!(outcome.unhelpful, [Slot(0)]);
 }
 
 /// A node asked for its fragment stays silent: the read goes on to FILTER when the timer
@@ -1178,13 +1226,13 @@ fn a_silent_fragment_node_costs_a_timeout_and_is_named() {
     let outcome = h.read(&k);
     assert!(!outcome.one_round);
     assert_eq!(outcome.value.as_deref(), Some(&value[..]));
-    assert_eq!(outcome.waited_for, [Slot(1)]);
+    assert_eq!(outcome.unhelpful, [Slot(1)]);
     // Asked of the live nodes instead, the read takes one round again.
     h.fragments_from = vec![Slot(2), Slot(0)];
     let outcome = h.read(&k);
     assert!(outcome.one_round);
     assert_eq!(outcome.value.as_deref(), Some(&value[..]));
-    assert!(outcome.waited_for.is_empty());
+    assert!(outcome.unhelpful.is_empty());
 }
 
 #[test]
@@ -1296,8 +1344,10 @@ fn a_damaged_entry_is_blamed_and_the_read_goes_on_to_filter() {
         }
         Some(response)
     });
-    // One of the f+1 fragments asked for is bad: FILTER, which asks every node, decides.
+    // One of the f+1 fragments asked for is bad: FILTER, which asks every node, decides, and the
+    // caller hears which node to ask last.
     assert!(!outcome.one_round);
+    assert_eq!(outcome.unhelpful, [Slot(0)]);
     assert_eq!(outcome.value.as_deref(), Some(&value[..]));
     assert!(
         outcome

@@ -21,7 +21,8 @@ use bulwark_protocol::powerstore::{
     Timestamp, WriteOp, WriteOutcome, WriterKeys, sole_writer, sole_writer_key,
 };
 use bytes::Bytes;
-use rand::Rng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
@@ -184,16 +185,13 @@ impl<const SOLE: bool> Protocol for PowerStore<SOLE> {
     }
 
     fn read(&self, _client: usize, key: Key, op: OpId) -> ReadOp {
-        // Fragments asked of nodes that change with the operation, so that over a run every
-        // set of f+1 nodes is asked (faulty and lagging ones together, parity fragments) and
-        // not only the data fragments' nodes a client asks by default.
-        let n = self.client_config.n;
-        let (start, step) = (op.0 as usize % n, 1 + (op.0 as usize / n) % (n - 1).max(1));
-        let turned: Vec<Slot> = (0..n)
-            .map(|i| Slot(((start + i * step) % n) as u32))
-            .collect();
+        // Fragments asked of a set drawn from the operation id, so that over a run any f+1
+        // nodes are asked (faulty and lagging ones together, parity fragments), not only the
+        // data fragments' nodes a client asks by default.
+        let mut order: Vec<Slot> = (0..self.client_config.n).map(|i| Slot(i as u32)).collect();
+        order.shuffle(&mut ChaCha8Rng::seed_from_u64(op.0));
         ReadOp::new(self.client_config.clone(), self.codec.clone(), key, op)
-            .asking_fragments_of(&turned)
+            .asking_fragments_of(&order)
     }
 
     fn key(&self, index: usize, writers: usize) -> Key {
