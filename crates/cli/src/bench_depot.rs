@@ -30,6 +30,11 @@ pub struct DepotArgs {
     /// Value sizes (k and m suffixes).
     #[arg(long, value_delimiter = ',', default_value = "1k,10k,1m")]
     pub sizes: Vec<String>,
+    /// Instead: what a server pays to answer a pull from a peer that holds its whole log, for
+    /// logs of these many updates, with a writer idle since its first update and with a writer
+    /// that forked at its first update and wrote the rest on one branch.
+    #[arg(long, value_delimiter = ',')]
+    pub pull_logs: Vec<usize>,
 }
 
 /// How many keys the operations go round.
@@ -51,6 +56,9 @@ struct Costs {
 pub fn run(args: &DepotArgs) -> Result<()> {
     if args.ops == 0 {
         bail!("--ops must be at least 1");
+    }
+    if !args.pull_logs.is_empty() {
+        return pulls(&args.pull_logs);
     }
     println!(
         "| size | variant | PUT client µs | PUT server µs | PUT ops/s (one core) | GET client µs | GET server µs | GET ops/s (one core) | PUT bytes | server-to-server bytes | GET bytes |"
@@ -174,13 +182,15 @@ fn baseline(ops: usize, value: &Bytes, checks: Checks) -> Result<Costs> {
 }
 
 /// Depot: a writer client, a reader client that caught up in the background, and two servers.
-fn depot(ops: usize, value: &Bytes) -> Result<Costs> {
-    let secrets: Vec<SecretKey> = (0..4u8).map(|i| SecretKey::from_seed(&[i; 32])).collect();
-    let roles = [Role::Server, Role::Server, Role::Client, Role::Client];
+/// One node per role, member `i` the `i`-th, clients allowed to write every key.
+fn volume(roles: &[Role]) -> Vec<Node> {
+    let secrets: Vec<SecretKey> = (0..roles.len())
+        .map(|i| SecretKey::from_seed(&[i as u8; 32]))
+        .collect();
     let members = secrets
         .iter()
         .zip(roles)
-        .map(|(secret, role)| Member {
+        .map(|(secret, &role)| Member {
             key: secret.public_key(),
             role,
             writes: if role == Role::Client {
@@ -191,17 +201,22 @@ fn depot(ops: usize, value: &Bytes) -> Result<Costs> {
         })
         .collect();
     let config = Arc::new(VolumeConfig::new("bench", members, Staleness::default()));
-    let mut nodes: Vec<Node> = secrets
+    secrets
         .into_iter()
         .enumerate()
         .map(|(i, secret)| Node::new(config.clone(), Writer(i as u32), secret))
-        .collect();
+        .collect()
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+fn depot(ops: usize, value: &Bytes) -> Result<Costs> {
+    let mut nodes = volume(&[Role::Server, Role::Server, Role::Client, Role::Client]);
     let (server, peer, writer, reader) = (Writer(0), Writer(1), Writer(2), Writer(3));
-    let now = || {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros() as u64)
-    };
     let decode =
         |bytes: &[u8]| -> Result<Message> { Ok(wire::decode(bytes, wire::FRAME_BYTES_MAX)?) };
     let mut costs = Costs::default();
@@ -264,6 +279,88 @@ fn depot(ops: usize, value: &Bytes) -> Result<Costs> {
         }
     }
     Ok(costs)
+}
+
+/// `--pull-logs`: µs per pull answered, by log length and scenario.
+fn pulls(logs: &[usize]) -> Result<()> {
+    println!(
+        "| updates in the log | a writer idle since its first update: µs per pull | a writer forked at its first update: µs per pull |"
+    );
+    println!("|---|---|---|");
+    for &updates in logs {
+        println!(
+            "| {updates} | {:.1} | {:.1} |",
+            pull_cost(updates, false)?.as_secs_f64() * 1e6,
+            pull_cost(updates, true)?.as_secs_f64() * 1e6,
+        );
+    }
+    Ok(())
+}
+
+/// What server 0 spends answering a pull from server 1, which holds all `updates` of its log:
+/// the pull a server answers every gossip round and a slow GET makes. Client 3 writes once
+/// and then nothing; client 2 writes the rest, or, `forked`, client 4 writes two first updates
+/// (a fork) and the rest on top of one of them.
+fn pull_cost(updates: usize, forked: bool) -> Result<Duration> {
+    let mut nodes = volume(&[
+        Role::Server,
+        Role::Server,
+        Role::Client,
+        Role::Client,
+        Role::Client,
+    ]);
+    let (server, peer) = (Writer(0), Writer(1));
+    let mut twin = Node::new(
+        nodes[0].log().config().clone(),
+        Writer(4),
+        SecretKey::from_seed(&[4; 32]),
+    );
+    let value = Bytes::from_static(b"sixteen bytes...");
+    let deliver = |node: &mut Node, server: &mut Node, i: usize| -> Result<()> {
+        let (update, _) = node.write(Key::new(key_of(i))?, Some(value.clone()), now());
+        let Some(put) = node.put_message(i as u64, &update.id()) else {
+            bail!("a writer lost its own update");
+        };
+        let out = server.on_message(node.me(), put, now());
+        if !out.refused.is_empty() {
+            bail!("the server refused a put: {:?}", out.refused);
+        }
+        Ok(())
+    };
+    let (head, rest) = nodes.split_at_mut(2);
+    let writer = if forked { 2 } else { 0 };
+    deliver(&mut rest[1], &mut head[0], 0)?;
+    if forked {
+        deliver(&mut rest[2], &mut head[0], 1)?;
+        deliver(&mut twin, &mut head[0], 2)?;
+    }
+    for i in 1 + 2 * usize::from(forked)..updates {
+        deliver(&mut rest[writer], &mut head[0], i)?;
+    }
+    for _ in 0..updates {
+        if nodes[1].log().len() == nodes[0].log().len() {
+            break;
+        }
+        exchange(&mut nodes, peer, server, now())?;
+    }
+    if nodes[1].log().len() != nodes[0].log().len() {
+        bail!("the peer did not catch up");
+    }
+    let (mut spent, mut pulls) = (Duration::ZERO, 0u32);
+    while pulls < 3 || (spent < Duration::from_secs(1) && pulls < 10_000) {
+        let pull = nodes[1].pull(server);
+        let started = Instant::now();
+        let out = nodes[0].on_message(peer, pull, now());
+        spent += started.elapsed();
+        pulls += 1;
+        let sent = out.sends.iter().any(
+            |(_, message)| matches!(message, Message::Push { updates, .. } if updates.is_empty()),
+        );
+        if !sent {
+            bail!("an up-to-date peer's pull was not answered with nothing");
+        }
+    }
+    Ok(spent / pulls)
 }
 
 /// One pull by `from` from `to` and the answers, run to the end; the bytes that crossed.

@@ -15,7 +15,7 @@ use super::update::{
 use bulwark_core::Key;
 use bulwark_core::evidence::Proof;
 use bulwark_core::sign::{SecretKey, Signed};
-use std::collections::{BTreeMap, BTreeSet, HashMap, hash_map};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, hash_map};
 use std::sync::Arc;
 
 /// How far ahead of a node's own time (in microseconds) an update's clock may be before the node
@@ -26,6 +26,10 @@ pub const CLOCK_AHEAD_MAX_MICROS: u64 = 60_000_000;
 /// Updates held while they wait for what they depend on. Beyond this the newest are dropped and
 /// fetched again later, so a peer cannot fill a node's memory with updates it can never accept.
 pub const PENDING_MAX: usize = 16_384;
+
+/// The heads of one writer a peer's frontier may claim that a pull's answer looks at: a correct
+/// peer has one per branch of the writer that it knows of.
+pub const PEER_HEADS_MAX: usize = 64;
 
 /// Deliberate breaks of Depot's rules, for the simulator's negative controls: each must be caught
 /// by its checker. All off in every real node.
@@ -206,6 +210,12 @@ struct Entry {
     /// authorised update of its key that covers it, by this node's clock; [`UNSET`] while it
     /// is a head.
     ended: u64,
+    /// How many updates of its writer come before it on its branch.
+    depth: u64,
+    /// An update before it on its branch, chosen so that any one before it is found in a number
+    /// of steps logarithmic in the distance (skew-binary jump pointers, Myers 1983): how a
+    /// forked writer's branches are told apart without walking them. Itself for a first update.
+    jump: UpdateId,
 }
 
 impl Entry {
@@ -231,8 +241,10 @@ pub struct Log {
     /// The node this log belongs to.
     me: Writer,
     entries: HashMap<UpdateId, Entry>,
-    /// Log order (§2.4): clock, then writer, then id (forks give one stamp two updates).
-    order: BTreeSet<(u64, Writer, UpdateId)>,
+    /// Each writer's accepted updates by clock, then id (forks give one stamp two updates): log
+    /// order (§2.4: clock, then writer, then id) is their merge, and what a peer lacks of a
+    /// writer is found from that writer's own updates, not from a scan of the whole log.
+    by_writer: BTreeMap<Writer, BTreeSet<(u64, UpdateId)>>,
     /// Each writer's first update naming each previous update: a correct writer's have one each,
     /// and a second is a fork (proved from the first, so no more than one is kept).
     children: HashMap<(Writer, Option<UpdateId>), UpdateId>,
@@ -268,7 +280,7 @@ impl Log {
             config,
             me,
             entries: HashMap::new(),
-            order: BTreeSet::new(),
+            by_writer: BTreeMap::new(),
             children: HashMap::new(),
             forked: BTreeSet::new(),
             frontier: Frontier::default(),
@@ -471,9 +483,13 @@ impl Log {
 
     /// Every accepted update in log order.
     pub fn in_order(&self) -> impl Iterator<Item = &Update> + '_ {
-        self.order
-            .iter()
-            .filter_map(|(_, _, id)| self.entries.get(id).map(|entry| &entry.update))
+        LogOrder::new(
+            self.by_writer
+                .iter()
+                .map(|(writer, ids)| (*writer, Box::new(ids.iter().copied()) as Stream<'_>))
+                .collect(),
+        )
+        .filter_map(|id| self.entries.get(&id).map(|entry| &entry.update))
     }
 
     /// The updates a read of `key` returns: every authorised update to it that no accepted update
@@ -530,20 +546,45 @@ impl Log {
             // which is held), and clocks grow along it.
             return true;
         }
-        let mut cursor = bb.prev;
-        while let Some(id) = cursor {
-            if id == a {
-                return true;
-            }
-            let Some(entry) = self.entries.get(&id) else {
-                return false;
+        self.before_on_branch(b, ea.depth) == Some(a)
+    }
+
+    /// The update of `id`'s branch `depth` updates from its writer's first, if held: a
+    /// logarithmic number of steps along jump pointers and previous updates.
+    fn before_on_branch(&self, mut id: UpdateId, depth: u64) -> Option<UpdateId> {
+        let mut entry = self.entries.get(&id)?;
+        while entry.depth > depth {
+            let jump = self.entries.get(&entry.jump)?;
+            id = if jump.depth >= depth && jump.depth < entry.depth {
+                entry.jump
+            } else {
+                entry.update.body().prev?
             };
-            if entry.update.body().clock <= ba.clock {
-                return false;
-            }
-            cursor = entry.update.body().prev;
+            entry = self.entries.get(&id)?;
         }
-        false
+        (entry.depth == depth).then_some(id)
+    }
+
+    /// Where a new update `id` after `prev` sits on its branch, and its jump pointer: its
+    /// previous update's jump's jump when the two jumps before it span equal distances, which
+    /// keeps every jump a skew-binary length, and its previous update otherwise.
+    fn depth_and_jump(&self, id: UpdateId, prev: Option<UpdateId>) -> (u64, UpdateId) {
+        let Some((prev, parent)) = prev.and_then(|p| self.entries.get(&p).map(|e| (p, e))) else {
+            debug_assert!(
+                prev.is_none(),
+                "an update is accepted after its previous one"
+            );
+            return (0, id);
+        };
+        let depth_of = |id: &UpdateId| self.entries.get(id).map_or(0, |e| e.depth);
+        let once = parent.jump;
+        let twice = self.entries.get(&once).map_or(once, |e| e.jump);
+        let jump = if parent.depth - depth_of(&once) == depth_of(&once) - depth_of(&twice) {
+            twice
+        } else {
+            prev
+        };
+        (parent.depth + 1, jump)
     }
 
     /// Whether held update `id` is in the past that `frontier` describes.
@@ -813,7 +854,10 @@ impl Log {
             .values()
             .flat_map(|heads| heads.iter().map(|(_, head)| *head))
             .collect();
+        let (depth, jump) = self.depth_and_jump(id, body.prev);
         let entry = Entry {
+            depth,
+            jump,
             past: if *heads == *body.prev.as_slice() {
                 Box::default()
             } else {
@@ -830,7 +874,10 @@ impl Log {
                 .eq(past.0.values().flatten().map(|(_, h)| h))
         );
         self.entries.insert(id, entry);
-        self.order.insert((body.clock, body.writer, id));
+        self.by_writer
+            .entry(body.writer)
+            .or_default()
+            .insert((body.clock, id));
         self.fresh.push((id, now_micros));
         if let Some(reference) = body.value {
             *self.values.entry(reference.hash).or_default() += u32::from(authorised);
@@ -953,55 +1000,102 @@ impl Log {
     /// ahead, or on another branch of a fork) covers this log's updates of that writer up to its
     /// clock when this log knows no fork of the writer; on a fork the peer finds what it misses
     /// by asking for it by hash ([`Log::ancestry`]).
+    ///
+    /// Each writer's updates are looked at on their own: of a writer without a fork, only those
+    /// above the peer's clock for it, so a pull from a peer that is nearly current costs about
+    /// what it returns however long the log and however long a writer has been idle; of a forked
+    /// writer, those on the way back from each branch's head to what the peer holds.
     pub fn missing_for(&self, theirs: &Summary, limit: usize) -> (Vec<&Update>, bool) {
         let mut heads: BTreeMap<Writer, Vec<(u64, UpdateId)>> = BTreeMap::new();
         for (writer, clock, id) in theirs {
             heads.entry(*writer).or_default().push((*clock, *id));
         }
-        let covered = |update: &Update| {
-            let body = update.body();
-            heads.get(&body.writer).is_some_and(|heads| {
-                heads.iter().any(|(clock, head)| {
-                    if self.holds(head) {
-                        *clock >= body.clock && self.precedes_own(update.id(), *head)
-                    } else {
-                        !self.forked.contains(&body.writer) && body.clock <= *clock
-                    }
-                })
-            })
-        };
-        // Without forks, what the peer lacks of a writer lies above the peer's clock for it, so
-        // the scan starts at the lowest such clock rather than at the start of the log.
-        let start = if self.forked.is_empty() {
-            self.frontier
-                .0
-                .keys()
-                .map(|writer| {
-                    heads
-                        .get(writer)
-                        .and_then(|heads| heads.iter().map(|(clock, _)| *clock).max())
-                        .unwrap_or(0)
-                })
-                .min()
-                .unwrap_or(0)
-        } else {
-            0
-        };
-        let lowest = UpdateId(bulwark_core::Digest([0; 32]));
+        let mut streams: Vec<(Writer, Stream<'_>)> = Vec::with_capacity(self.by_writer.len());
+        for (writer, ids) in &self.by_writer {
+            let theirs = heads.get(writer).map_or(&[][..], Vec::as_slice);
+            if self.forked.contains(writer) {
+                streams.push((
+                    *writer,
+                    Box::new(self.uncovered(*writer, theirs).into_iter()),
+                ));
+            } else {
+                // Without a fork a writer's updates here are one chain, clocks growing along it:
+                // a head of theirs at clock `c` covers every update of it up to `c` (up to the
+                // head itself when this log holds that head and the peer claims more).
+                let covered = theirs
+                    .iter()
+                    .map(|(clock, id)| match self.entries.get(id) {
+                        Some(entry) => (*clock).min(entry.update.body().clock),
+                        None => *clock,
+                    })
+                    .max();
+                let above = match covered {
+                    Some(clock) => std::ops::Bound::Excluded((
+                        clock,
+                        UpdateId(bulwark_core::Digest([0xff; 32])),
+                    )),
+                    None => std::ops::Bound::Unbounded,
+                };
+                streams.push((
+                    *writer,
+                    Box::new(ids.range((above, std::ops::Bound::Unbounded)).copied()),
+                ));
+            }
+        }
         let mut out = Vec::new();
-        for (_, _, id) in self.order.range((start, Writer(0), lowest)..) {
-            let Some(update) = self.get(id) else {
+        for id in LogOrder::new(streams) {
+            let Some(update) = self.get(&id) else {
                 continue;
             };
-            if covered(update) {
-                continue;
-            }
             if out.len() == limit {
                 return (out, true);
             }
             out.push(update);
         }
         (out, false)
+    }
+
+    /// The updates of forked `writer` that none of the peer's `heads` of it covers (a head
+    /// this log holds covers itself and the updates before it on its branch, up to the clock
+    /// the peer claims for it), in `(clock, id)` order.
+    ///
+    /// Whatever a head covers, it covers what comes before it too, so on the way from each of
+    /// this log's own heads of the writer back to its first update the uncovered updates come
+    /// first: each walk stops at the first covered update, or where another walk passed. A
+    /// current peer costs a look at each head; one that lacks `k` updates, about `k` steps.
+    /// Heads beyond [`PEER_HEADS_MAX`] are not looked at, which can only make the answer longer.
+    fn uncovered(&self, writer: Writer, heads: &[(u64, UpdateId)]) -> Vec<(u64, UpdateId)> {
+        let held: Vec<(u64, UpdateId)> = heads
+            .iter()
+            .copied()
+            .filter(|(_, id)| self.holds(id))
+            .take(PEER_HEADS_MAX)
+            .collect();
+        let covered = |id: UpdateId, clock: u64| {
+            held.iter()
+                .any(|(claimed, head)| clock <= *claimed && self.precedes_own(id, *head))
+        };
+        let mut seen = HashSet::new();
+        let mut out = Vec::new();
+        for (_, head) in self.frontier.heads(writer) {
+            let mut cursor = Some(*head);
+            while let Some(id) = cursor {
+                if !seen.insert(id) {
+                    break;
+                }
+                let Some(entry) = self.entries.get(&id) else {
+                    break;
+                };
+                let clock = entry.update.body().clock;
+                if covered(id, clock) {
+                    break;
+                }
+                out.push((clock, id));
+                cursor = entry.update.body().prev;
+            }
+        }
+        out.sort_unstable();
+        out
     }
 
     /// `wanted` and every update in their past a peer whose frontier is `theirs` is not known to
@@ -1098,4 +1192,38 @@ pub struct Received {
     pub accepted: Vec<UpdateId>,
     /// Refused, with why: the sender passed on what no correct writer signs.
     pub refused: Vec<Refusal>,
+}
+
+/// One writer's updates, `(clock, id)` ascending.
+type Stream<'a> = Box<dyn Iterator<Item = (u64, UpdateId)> + 'a>;
+
+/// The merge of writers' streams into log order (clock, then writer, then id).
+struct LogOrder<'a> {
+    streams: Vec<(Writer, Stream<'a>)>,
+    next: std::collections::BinaryHeap<std::cmp::Reverse<(u64, Writer, UpdateId, usize)>>,
+}
+
+impl<'a> LogOrder<'a> {
+    fn new(mut streams: Vec<(Writer, Stream<'a>)>) -> LogOrder<'a> {
+        let mut next = std::collections::BinaryHeap::with_capacity(streams.len());
+        for (index, (writer, stream)) in streams.iter_mut().enumerate() {
+            if let Some((clock, id)) = stream.next() {
+                next.push(std::cmp::Reverse((clock, *writer, id, index)));
+            }
+        }
+        LogOrder { streams, next }
+    }
+}
+
+impl Iterator for LogOrder<'_> {
+    type Item = UpdateId;
+
+    fn next(&mut self) -> Option<UpdateId> {
+        let std::cmp::Reverse((_, writer, id, index)) = self.next.pop()?;
+        if let Some((clock, next)) = self.streams[index].1.next() {
+            self.next
+                .push(std::cmp::Reverse((clock, writer, next, index)));
+        }
+        Some(id)
+    }
 }

@@ -1588,3 +1588,152 @@ fn a_server_that_keeps_few_values_in_memory_serves_every_value_from_its_store() 
     assert!(restored.has_value(&damaged));
     assert_eq!(store.0[&damaged], written[5].1, "stored again intact");
 }
+
+/// What a peer lacks, by the rule itself: for each update, whether some head of the peer's
+/// covers it, judged one update at a time over the whole log (the log's own answer looks at
+/// each writer's updates apart and walks a forked writer's branches once).
+fn missing_by_definition(node: &Node, theirs: &[(Writer, u64, UpdateId)]) -> Vec<UpdateId> {
+    let log = node.log();
+    let forked: Vec<Writer> = log.frontier().forked().collect();
+    // Whether `a` is `b` or before it on `b`'s branch.
+    let precedes = |a: &Update, b: &Update| {
+        let mut cursor = Some(b.id());
+        while let Some(id) = cursor {
+            if id == a.id() {
+                return true;
+            }
+            cursor = log.get(&id).and_then(|u| u.body().prev);
+        }
+        false
+    };
+    log.in_order()
+        .filter(|update| {
+            let body = update.body();
+            !theirs.iter().any(|(writer, clock, head)| {
+                *writer == body.writer
+                    && *clock >= body.clock
+                    && match log.get(head) {
+                        Some(head) => precedes(update, head),
+                        None => !forked.contains(writer),
+                    }
+            })
+        })
+        .map(|update| update.id())
+        .collect()
+}
+
+/// A pull is answered with exactly what the peer lacks, in log order and cut at the limit,
+/// whatever the peer claims: frontiers of real peers at every stage, heads it holds and heads
+/// it does not, clocks claimed too high and too low, with and without a writer that forked and
+/// wrote on after its fork, and a writer idle since its first update.
+#[test]
+fn a_pull_is_answered_with_exactly_what_the_peer_lacks_in_log_order() {
+    use rand::{Rng, SeedableRng};
+    for seed in 0..40u64 {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let (mut server, mut a, mut b) = (node(0), node(2), node(3));
+        let mut forker = node(4);
+        let mut twin = node(4);
+        let mut snapshots: Vec<Vec<(Writer, u64, UpdateId)>> = vec![Vec::new()];
+        put(&mut b, "c3/idle", "once");
+        let fork = seed % 2 == 0;
+        put(&mut forker, "c4/first", "left");
+        if fork {
+            // The other branch, a few updates long, reaches client 3 alone at first (the
+            // exchange finds nodes by member, so the twin cannot take part in it).
+            for i in 0..rng.random_range(1..4) {
+                let update = put(&mut twin, "c4/first", &format!("right{i}"));
+                let value = Bytes::from(format!("right{i}"));
+                b.on_message(
+                    Writer(4),
+                    Message::push(vec![update.to_wire()], vec![value]),
+                    NOW,
+                );
+            }
+            snapshots.push(b.log().frontier().flat());
+        }
+        for step in 0..rng.random_range(5..40) {
+            let writer: &mut Node = if rng.random_bool(0.5) {
+                &mut a
+            } else {
+                &mut forker
+            };
+            put(writer, &format!("shared/{}", step % 4), &format!("v{step}"));
+            if rng.random_bool(0.3) {
+                exchange(&mut [&mut a, &mut forker]);
+            }
+            if rng.random_bool(0.3) {
+                snapshots.push(server.log().frontier().flat());
+                exchange(&mut [&mut server, &mut a, &mut b, &mut forker]);
+                snapshots.push(a.log().frontier().flat());
+            }
+        }
+        exchange(&mut [&mut server, &mut a, &mut b, &mut forker]);
+        assert_eq!(
+            server.log().frontier().forked().count(),
+            usize::from(fork),
+            "seed {seed}: the server holds the fork"
+        );
+        snapshots.push(b.log().frontier().flat());
+        // The frontier keeps one head per branch: the updates of each writer none names as its
+        // previous one.
+        for writer in [Writer(2), Writer(3), Writer(4)] {
+            let log = server.log();
+            let ours: Vec<&Update> = log
+                .in_order()
+                .filter(|u| u.body().writer == writer)
+                .collect();
+            let mut leaves: Vec<UpdateId> = ours
+                .iter()
+                .filter(|u| !ours.iter().any(|v| v.body().prev == Some(u.id())))
+                .map(|u| u.id())
+                .collect();
+            let mut heads: Vec<UpdateId> = log
+                .frontier()
+                .heads(writer)
+                .iter()
+                .map(|(_, id)| *id)
+                .collect();
+            leaves.sort();
+            heads.sort();
+            assert_eq!(heads, leaves, "seed {seed}: the heads of {writer:?}");
+        }
+        let all: Vec<UpdateId> = server.log().in_order().map(|u| u.id()).collect();
+        for snapshot in &snapshots {
+            let mut claims = vec![snapshot.clone()];
+            // Claims as a faulty peer makes them: clocks moved, heads it cannot hold, a head
+            // from the middle of the log.
+            let mut moved = snapshot.clone();
+            for (_, clock, _) in &mut moved {
+                *clock = match rng.random_range(0..3) {
+                    0 => clock.saturating_sub(rng.random_range(0..5)),
+                    1 => *clock + rng.random_range(0..5),
+                    _ => *clock,
+                };
+            }
+            claims.push(moved);
+            let middle = server
+                .log()
+                .get(&all[rng.random_range(0..all.len())])
+                .unwrap();
+            let mut extra = snapshot.clone();
+            extra.push((middle.body().writer, middle.body().clock, middle.id()));
+            extra.push((
+                Writer(4),
+                rng.random_range(0..50),
+                UpdateId(value_hash(b"unheld")),
+            ));
+            claims.push(extra);
+            for theirs in &claims {
+                let expected = missing_by_definition(&server, theirs);
+                for limit in [1, 3, usize::MAX] {
+                    let (got, more) = server.log().missing_for(theirs, limit);
+                    let got: Vec<UpdateId> = got.iter().map(|u| u.id()).collect();
+                    let cut = expected.len().min(limit);
+                    assert_eq!(got, expected[..cut], "seed {seed}, limit {limit}");
+                    assert_eq!(more, expected.len() > limit, "seed {seed}, limit {limit}");
+                }
+            }
+        }
+    }
+}
