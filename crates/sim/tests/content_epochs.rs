@@ -15,7 +15,8 @@
 //! answers a pull without entering the newer epoch, an old member that drops what moved on `f+1`
 //! confirmations, a node that lets a fragment it takes over displace those it holds, a pull that
 //! counts an old member's "undecided" as a denial; and one each for the checks that moved
-//! fragments are dropped and that only objects whose group changed move.
+//! fragments are dropped, that a late new member takes its fragment of every object over (old
+//! members that drop without waiting for it), and that only objects whose group changed move.
 
 use bulwark_sim::sim::protocol::Protocol;
 use bulwark_sim::sim::protocols::content_epochs::{ContentEpochsSim, ScaleContentEpochsSim};
@@ -94,6 +95,45 @@ fn fifty_nodes_move_content_objects_whose_group_changed_and_nothing_else() {
         "content-epochs-50",
         &scale_config(),
         0..100,
+    );
+}
+
+/// No faulty node, no crash, partition, loss or long delay, and more objects: runs in which
+/// nodes that join start late and every new member must take over every object created before
+/// its epoch.
+fn reliable() -> SimConfig {
+    SimConfig {
+        keys: 32,
+        ops: 300,
+        faults: "duplication,client-crashes".parse().unwrap(),
+        ..config(1)
+    }
+}
+
+// With every node correct and reachable, a new member that starts late, or pulls slowly, still
+// takes over its fragment of every object: old members wait for every member of a moved
+// object's group (or a while) before dropping their fragments.
+#[test]
+fn late_new_members_take_over_every_created_object() {
+    sweep::<ContentEpochsSim>(
+        "content-epochs reliable",
+        "content-epochs",
+        &reliable(),
+        0..200,
+    );
+}
+
+// Dropping at 2f+1 confirmations at once leaves a late new member whose old group dropped the
+// object before it pulled: reads still find the object (2f+1 members hold theirs), but the
+// late member never holds its fragment, though no node is faulty.
+#[test]
+fn dropping_moved_fragments_without_waiting_for_late_members_is_caught() {
+    assert_caught_service::<ContentEpochsSim>(
+        "content-epochs",
+        "drop-without-grace",
+        reliable(),
+        2_000,
+        "finished pulling",
     );
 }
 

@@ -14,10 +14,10 @@
 
 use super::content::{check_objects, object_of};
 use super::reconfig::{
-    DROPPED_AFTER_MILLIS, LEARN_LATE_MAX_MILLIS, learned, learns, schedule, transfer_copies_max,
+    learned, learns, reliable, schedule, settled_for_judging, start_of, transfer_copies_max,
 };
 use crate::byzantine::Behaviour;
-use crate::checker::{History, Report, Violation};
+use crate::checker::{History, OpKind, Outcome, Report, Violation};
 use crate::sim::config::{FaultSet, Nemesis, SimConfig};
 use crate::sim::protocol::{Protocol, Storage};
 use crate::sim::swarm::Swarm;
@@ -53,6 +53,9 @@ pub struct ContentEpochsSim<const NODES: usize = 0> {
     transfers: Arc<Mutex<Transfers>>,
     /// Each key's object, cut once.
     encoded: RefCell<BTreeMap<Key, Encoded>>,
+    /// No faulty node, crash, partition, loss or long delay: nodes that join start late, and
+    /// every new member must take over every object created before its epoch.
+    reliable: bool,
 }
 
 /// Fifty nodes: many groups, each reconfiguration moving a small part of the ring.
@@ -92,9 +95,20 @@ pub struct ContentNode {
     /// What it stored, as its own changes said (rebuilt from the disk on restart): the indices
     /// of the fragments it holds of each object.
     stored: BTreeMap<Key, BTreeSet<u32>>,
+    /// The arcs it finished pulling, into which epoch, since it started.
+    pulled: BTreeSet<(Epoch, RingArc)>,
+    /// Restarted from its disk: its pulls may have waited on its restart.
+    restarted: bool,
+    /// Before this moment the node has not started: it hears and does nothing.
+    starts_at: u64,
 }
 
 impl ContentNode {
+    /// Whether the node has started by `now`.
+    fn started(&self, now: Time) -> bool {
+        now.0 >= self.starts_at
+    }
+
     /// Enters every epoch up to `epoch`, one at a time.
     fn catch_up(&mut self, epoch: Epoch) -> Output<ContentNode> {
         let mut output = Output::none();
@@ -129,7 +143,10 @@ impl ContentNode {
                 Change::Drop { key } => {
                     self.stored.remove(key);
                 }
-                Change::Entered(_) | Change::Pulled { .. } => {}
+                Change::Pulled { epoch, arc } => {
+                    self.pulled.insert((*epoch, *arc));
+                }
+                Change::Entered(_) => {}
             }
         }
     }
@@ -292,7 +309,7 @@ impl Replica for ContentNode {
         request: Request,
         view: &(dyn Pieces + 'static),
     ) -> Output<ContentNode> {
-        if self.behaviour == Behaviour::Silent {
+        if self.behaviour == Behaviour::Silent || !self.started(now) {
             return Output::none();
         }
         let fetch = matches!(request.body, RequestBody::Fetch);
@@ -314,6 +331,9 @@ impl Replica for ContentNode {
         message: Message<Contents>,
         view: &(dyn Pieces + 'static),
     ) -> Output<ContentNode> {
+        if !self.started(now) {
+            return Output::none();
+        }
         let caught_up = match &message {
             Transfer::List { epoch, .. } | Transfer::Fetch { epoch, .. }
                 if !self.mutations.answer_without_entering =>
@@ -345,7 +365,7 @@ impl Replica for ContentNode {
         timer: TimerId,
         view: &(dyn Pieces + 'static),
     ) -> Output<ContentNode> {
-        if self.behaviour == Behaviour::Silent {
+        if self.behaviour == Behaviour::Silent || !self.started(now) {
             return Output::none();
         }
         let output: Output<ContentNode> = self.inner.on_timer(now, timer, view).retyped();
@@ -354,6 +374,9 @@ impl Replica for ContentNode {
     }
 
     fn on_tick(&mut self, now: Time) -> Output<ContentNode> {
+        if !self.started(now) {
+            return Output::none();
+        }
         if self.ticked == 0 {
             self.unsettled = now.0;
         }
@@ -403,6 +426,13 @@ impl<const NODES: usize> ContentEpochsSim<NODES> {
             mutations: self.mutations,
             transfers: self.transfers.clone(),
             stored: BTreeMap::new(),
+            pulled: BTreeSet::new(),
+            restarted: false,
+            starts_at: if self.reliable {
+                start_of(&self.chain, &self.starts, index)
+            } else {
+                0
+            },
         }
     }
 
@@ -418,32 +448,108 @@ impl<const NODES: usize> ContentEpochsSim<NODES> {
         .with_mutations(self.mutations)
     }
 
-    /// Objects a correct node still holds (outside its groups, or of another slot than its
-    /// own) that `2f+1` correct members of the object's group hold at their slots, once every
-    /// correct node up is in the last epoch with its pulls done (spec §4.8).
-    fn undropped(&self, servers: &[Option<&ContentNode>]) -> Vec<Violation> {
+    /// The nodes up at the end, if every one of them has been in the last epoch, with its pulls
+    /// finished, long enough for what moved to be dropped.
+    fn quiet<'a>(
+        &self,
+        servers: &[Option<&'a ContentNode>],
+    ) -> Option<Vec<(usize, &'a ContentNode)>> {
         let latest = self.chain.latest();
         let up: Vec<(usize, &ContentNode)> = servers
             .iter()
             .enumerate()
             .filter_map(|(index, server)| server.map(|server| (index, server)))
             .collect();
-        let end = up
+        let states: Vec<(bool, u64, u64)> = up
             .iter()
-            .map(|(_, server)| server.ticked)
-            .max()
-            .unwrap_or(0);
-        let started = self.starts.last().copied().unwrap_or(0);
-        let quiet = |server: &ContentNode| {
-            server.inner.epoch() == latest
-                && server.inner.settled()
-                && end >= server.unsettled + DROPPED_AFTER_MILLIS
-        };
-        if !up.iter().all(|(_, server)| quiet(server))
-            || end < started + LEARN_LATE_MAX_MILLIS + DROPPED_AFTER_MILLIS
-        {
+            .map(|(_, server)| {
+                let settled = server.inner.epoch() == latest && server.inner.settled();
+                (settled, server.unsettled, server.ticked)
+            })
+            .collect();
+        let last_start = self.starts.last().copied().unwrap_or(0);
+        settled_for_judging(last_start, &states).then_some(up)
+    }
+
+    /// In a reliable run, objects a new member lacks after its pull: for each arc a node that
+    /// never restarted finished pulling into epoch `E`, and each object on it whose group names
+    /// the node from `E` on and whose creation completed before `E` started, the node must hold
+    /// the fragment of its slot in the last epoch. Old members that drop a moved object while a
+    /// late new member has still to pull it leave the object a fragment short for good, though
+    /// every member is correct.
+    fn untaken(&self, history: &History, servers: &[Option<&ContentNode>]) -> Vec<Violation> {
+        if !self.reliable {
             return Vec::new();
         }
+        let Some(up) = self.quiet(servers) else {
+            return Vec::new();
+        };
+        let latest = self.chain.latest();
+        let ring = self.chain.newest();
+        let mut created: BTreeMap<&[u8], u64> = BTreeMap::new();
+        for op in &history.ops {
+            if let (OpKind::Write(_), Outcome::Ok, Some(at)) = (&op.kind, &op.outcome, op.complete)
+            {
+                let first = created.entry(op.key.as_slice()).or_insert(at);
+                *first = (*first).min(at);
+            }
+        }
+        let mut violations = Vec::new();
+        for (sim_key, created) in created {
+            let Ok(key) = Key::new(Bytes::copy_from_slice(sim_key)) else {
+                continue;
+            };
+            let id = self.encoded(&key).id;
+            let stored = key_of(&id);
+            let point = RingPoint::of_key(id.as_bytes());
+            for (index, server) in &up {
+                let me = NodeId(*index as u32);
+                let Some(slot) = ring.group_at(point).slot_of(me) else {
+                    continue;
+                };
+                if server.restarted || server.behaviour != Behaviour::Honest {
+                    continue;
+                }
+                for (epoch, arc) in &server.pulled {
+                    let stayed = (epoch.0..=latest.0).all(|e| {
+                        self.chain
+                            .ring(Epoch(e))
+                            .is_some_and(|ring| ring.group_at(point).contains(me))
+                    });
+                    let before = self
+                        .starts
+                        .get(epoch.0 as usize)
+                        .is_some_and(|&start| created < start);
+                    if !(arc.contains(point) && stayed && before) {
+                        continue;
+                    }
+                    let held = server.stored.get(&stored);
+                    if !held.is_some_and(|indices| indices.contains(&slot.0)) {
+                        violations.push(Violation {
+                            key: sim_key.to_vec(),
+                            explanation: format!(
+                                "node {index} finished pulling into epoch {} without its \
+                                 fragment {} of an object created at {created}, before the \
+                                 epoch started (it holds {held:?})",
+                                epoch.0, slot.0
+                            ),
+                            conflicting: Vec::new(),
+                        });
+                    }
+                }
+            }
+        }
+        violations
+    }
+
+    /// Objects a correct node still holds (outside its groups, or of another slot than its
+    /// own) that `2f+1` correct members of the object's group hold at their slots, once every
+    /// correct node up is in the last epoch with its pulls done (spec §4.8).
+    fn undropped(&self, servers: &[Option<&ContentNode>]) -> Vec<Violation> {
+        let latest = self.chain.latest();
+        let Some(up) = self.quiet(servers) else {
+            return Vec::new();
+        };
         let ring = self.chain.newest();
         let mut violations = Vec::new();
         for (index, server) in &up {
@@ -548,6 +654,7 @@ impl<const NODES: usize> Protocol for ContentEpochsSim<NODES> {
             mutations: config.mutations.transfer,
             transfers: Arc::default(),
             encoded: RefCell::new(BTreeMap::new()),
+            reliable: reliable(config),
         }
     }
 
@@ -576,6 +683,7 @@ impl<const NODES: usize> Protocol for ContentEpochsSim<NODES> {
             &disk.pulled,
         );
         let mut node = self.node(index, Behaviour::Honest, 0, inner);
+        node.restarted = true;
         for (key, index) in disk.pieces.keys() {
             node.stored.entry(key.clone()).or_default().insert(*index);
         }
@@ -731,6 +839,7 @@ impl<const NODES: usize> Protocol for ContentEpochsSim<NODES> {
     fn check(&self, history: &History, servers: &[Option<&ContentNode>]) -> Report {
         let mut report = check_objects(history);
         report.violations.extend(self.undropped(servers));
+        report.violations.extend(self.untaken(history, servers));
         report.ok &= report.violations.is_empty();
         let Ok(transfers) = self.transfers.lock() else {
             return report;

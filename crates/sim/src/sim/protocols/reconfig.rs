@@ -222,7 +222,11 @@ impl SimNode {
             mutations: sim.mutations,
             pulled: BTreeSet::new(),
             restarted: false,
-            starts_at: if sim.reliable { sim.start_of(index) } else { 0 },
+            starts_at: if sim.reliable {
+                start_of(&sim.chain, &sim.starts, index)
+            } else {
+                0
+            },
         }
     }
 
@@ -497,26 +501,53 @@ pub struct Transfers {
     pulled: (u64, u64),
 }
 
-impl<const NODES: usize> ReconfigSim<NODES> {
-    /// When node `index` starts: at once if the genesis names it, otherwise at its own moment
-    /// after the epoch that first does.
-    fn start_of(&self, index: usize) -> u64 {
-        let me = NodeId(index as u32);
-        let first = (0..=self.chain.latest().0).find(|&epoch| {
-            self.chain
-                .ring(Epoch(epoch))
-                .is_some_and(|ring| ring.contains(me))
-        });
-        match first {
-            Some(0) | None => 0,
-            Some(epoch) => {
-                let late = Digest::of("bulwark/sim/reconfig/start", &(index as u64).to_be_bytes());
-                let late = u64::from_be_bytes(late.0[..8].try_into().unwrap_or_default());
-                self.starts[epoch as usize] + late % START_LATE_MAX_MILLIS
-            }
+/// When node `index` starts in a reliable run: at once if the genesis names it, otherwise at
+/// its own moment after the epoch that first does.
+pub(crate) fn start_of(chain: &Chain, starts: &[u64], index: usize) -> u64 {
+    let me = NodeId(index as u32);
+    let first = (0..=chain.latest().0).find(|&epoch| {
+        chain
+            .ring(Epoch(epoch))
+            .is_some_and(|ring| ring.contains(me))
+    });
+    match first {
+        Some(0) | None => 0,
+        Some(epoch) => {
+            let late = Digest::of("bulwark/sim/reconfig/start", &(index as u64).to_be_bytes());
+            let late = u64::from_be_bytes(late.0[..8].try_into().unwrap_or_default());
+            starts.get(epoch as usize).copied().unwrap_or(0) + late % START_LATE_MAX_MILLIS
         }
     }
+}
 
+/// Whether a run is reliable: no faulty node, crash, partition, loss or long delay, so every
+/// pull finishes soon after its epoch starts and a new member must take over every write
+/// completed before the epoch.
+pub(crate) fn reliable(config: &SimConfig) -> bool {
+    config.faults.behaviours.is_empty()
+        && config.byzantine_servers.unwrap_or(0) == 0
+        && [
+            Nemesis::Crashes,
+            Nemesis::Partitions,
+            Nemesis::Loss,
+            Nemesis::Reordering,
+        ]
+        .iter()
+        .all(|nemesis| !config.faults.nemeses.contains(nemesis))
+}
+
+/// Whether the end of a run is late enough to judge what its nodes hold: each node up
+/// (`(in the last epoch with its pulls done, last seen unsettled, last tick)`) has been so for
+/// [`DROPPED_AFTER_MILLIS`], and the last epoch started long enough before for every node to
+/// have learnt it and for what moved to be dropped.
+pub(crate) fn settled_for_judging(last_start: u64, up: &[(bool, u64, u64)]) -> bool {
+    let end = up.iter().map(|&(_, _, ticked)| ticked).max().unwrap_or(0);
+    up.iter()
+        .all(|&(settled, unsettled, _)| settled && end >= unsettled + DROPPED_AFTER_MILLIS)
+        && end >= last_start + LEARN_LATE_MAX_MILLIS + DROPPED_AFTER_MILLIS
+}
+
+impl<const NODES: usize> ReconfigSim<NODES> {
     /// The nodes up at the end, if every one of them has been in the last epoch, with its pulls
     /// finished, for [`DROPPED_AFTER_MILLIS`]: long enough for what moved to be dropped.
     fn quiet<'a>(&self, servers: &[Option<&'a SimNode>]) -> Option<Vec<(usize, &'a SimNode)>> {
@@ -526,20 +557,15 @@ impl<const NODES: usize> ReconfigSim<NODES> {
             .enumerate()
             .filter_map(|(index, server)| server.map(|server| (index, server)))
             .collect();
-        let end = up
+        let states: Vec<(bool, u64, u64)> = up
             .iter()
-            .map(|(_, server)| server.ticked)
-            .max()
-            .unwrap_or(0);
-        let started = self.starts.last().copied().unwrap_or(0);
-        let quiet = |server: &SimNode| {
-            server.inner.epoch() == latest
-                && server.inner.settled()
-                && end >= server.unsettled + DROPPED_AFTER_MILLIS
-        };
-        let settled = up.iter().all(|(_, server)| quiet(server))
-            && end >= started + LEARN_LATE_MAX_MILLIS + DROPPED_AFTER_MILLIS;
-        settled.then_some(up)
+            .map(|(_, server)| {
+                let settled = server.inner.epoch() == latest && server.inner.settled();
+                (settled, server.unsettled, server.ticked)
+            })
+            .collect();
+        let last_start = self.starts.last().copied().unwrap_or(0);
+        settled_for_judging(last_start, &states).then_some(up)
     }
 
     /// In a reliable run, writes a new member lacks after its pull: for each arc a node that
@@ -708,16 +734,7 @@ impl<const NODES: usize> Protocol for ReconfigSim<NODES> {
             chain: Arc::new(Chain::new(rings.into_iter().map(Arc::new).collect())),
             starts,
             mutations: config.mutations.transfer,
-            reliable: config.faults.behaviours.is_empty()
-                && config.byzantine_servers.unwrap_or(0) == 0
-                && [
-                    Nemesis::Crashes,
-                    Nemesis::Partitions,
-                    Nemesis::Loss,
-                    Nemesis::Reordering,
-                ]
-                .iter()
-                .all(|nemesis| !config.faults.nemeses.contains(nemesis)),
+            reliable: reliable(config),
         }
     }
 
