@@ -455,20 +455,11 @@ impl<const NODES: usize> ContentEpochsSim<NODES> {
         servers: &[Option<&'a ContentNode>],
     ) -> Option<Vec<(usize, &'a ContentNode)>> {
         let latest = self.chain.latest();
-        let up: Vec<(usize, &ContentNode)> = servers
-            .iter()
-            .enumerate()
-            .filter_map(|(index, server)| server.map(|server| (index, server)))
-            .collect();
-        let states: Vec<(bool, u64, u64)> = up
-            .iter()
-            .map(|(_, server)| {
-                let settled = server.inner.epoch() == latest && server.inner.settled();
-                (settled, server.unsettled, server.ticked)
-            })
-            .collect();
         let last_start = self.starts.last().copied().unwrap_or(0);
-        settled_for_judging(last_start, &states).then_some(up)
+        settled_for_judging(servers, last_start, |server: &ContentNode| {
+            let settled = server.inner.epoch() == latest && server.inner.settled();
+            (settled, server.unsettled, server.ticked)
+        })
     }
 
     /// In a reliable run, objects a new member lacks after its pull: for each arc a node that

@@ -536,15 +536,31 @@ pub(crate) fn reliable(config: &SimConfig) -> bool {
         .all(|nemesis| !config.faults.nemeses.contains(nemesis))
 }
 
-/// Whether the end of a run is late enough to judge what its nodes hold: each node up
-/// (`(in the last epoch with its pulls done, last seen unsettled, last tick)`) has been so for
-/// [`DROPPED_AFTER_MILLIS`], and the last epoch started long enough before for every node to
-/// have learnt it and for what moved to be dropped.
-pub(crate) fn settled_for_judging(last_start: u64, up: &[(bool, u64, u64)]) -> bool {
-    let end = up.iter().map(|&(_, _, ticked)| ticked).max().unwrap_or(0);
-    up.iter()
+/// The nodes up at the end of a run, if it ended late enough to judge what they hold: each node
+/// up (`state`: in the last epoch with its pulls done, last seen unsettled, last tick) has been
+/// so for [`DROPPED_AFTER_MILLIS`], and the last epoch started long enough before for every node
+/// to have learnt it and for what moved to be dropped.
+pub(crate) fn settled_for_judging<'a, N>(
+    servers: &[Option<&'a N>],
+    last_start: u64,
+    state: impl Fn(&N) -> (bool, u64, u64),
+) -> Option<Vec<(usize, &'a N)>> {
+    let up: Vec<(usize, &N)> = servers
+        .iter()
+        .enumerate()
+        .filter_map(|(index, server)| server.map(|server| (index, server)))
+        .collect();
+    let states: Vec<(bool, u64, u64)> = up.iter().map(|(_, server)| state(server)).collect();
+    let end = states
+        .iter()
+        .map(|&(_, _, ticked)| ticked)
+        .max()
+        .unwrap_or(0);
+    let settled = states
+        .iter()
         .all(|&(settled, unsettled, _)| settled && end >= unsettled + DROPPED_AFTER_MILLIS)
-        && end >= last_start + LEARN_LATE_MAX_MILLIS + DROPPED_AFTER_MILLIS
+        && end >= last_start + LEARN_LATE_MAX_MILLIS + DROPPED_AFTER_MILLIS;
+    settled.then_some(up)
 }
 
 impl<const NODES: usize> ReconfigSim<NODES> {
@@ -552,20 +568,11 @@ impl<const NODES: usize> ReconfigSim<NODES> {
     /// finished, for [`DROPPED_AFTER_MILLIS`]: long enough for what moved to be dropped.
     fn quiet<'a>(&self, servers: &[Option<&'a SimNode>]) -> Option<Vec<(usize, &'a SimNode)>> {
         let latest = self.chain.latest();
-        let up: Vec<(usize, &SimNode)> = servers
-            .iter()
-            .enumerate()
-            .filter_map(|(index, server)| server.map(|server| (index, server)))
-            .collect();
-        let states: Vec<(bool, u64, u64)> = up
-            .iter()
-            .map(|(_, server)| {
-                let settled = server.inner.epoch() == latest && server.inner.settled();
-                (settled, server.unsettled, server.ticked)
-            })
-            .collect();
         let last_start = self.starts.last().copied().unwrap_or(0);
-        settled_for_judging(last_start, &states).then_some(up)
+        settled_for_judging(servers, last_start, |server: &SimNode| {
+            let settled = server.inner.epoch() == latest && server.inner.settled();
+            (settled, server.unsettled, server.ticked)
+        })
     }
 
     /// In a reliable run, writes a new member lacks after its pull: for each arc a node that
