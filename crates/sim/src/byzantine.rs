@@ -287,6 +287,7 @@ fn initial_state_reply(request: &Request) -> Handled {
         },
         RequestBody::Filter { .. } => ResponseBody::FilterAck(FilterAck::Initial),
         RequestBody::Repair { .. } => ResponseBody::RepairAck,
+        RequestBody::Hold { .. } => ResponseBody::HoldAck { lc_ts: None },
     };
     answer(request, body)
 }
@@ -566,7 +567,8 @@ impl Corrupting {
     fn corrupt(&mut self, body: &mut ResponseBody) {
         let rng = &mut self.rng;
         match body {
-            ResponseBody::ClockAck { lc_ts: Some(ts) } => {
+            ResponseBody::ClockAck { lc_ts: Some(ts) }
+            | ResponseBody::HoldAck { lc_ts: Some(ts) } => {
                 if rng.random_bool(0.5) {
                     flip_tag(&mut ts.tag, rng);
                 } else {
@@ -637,6 +639,7 @@ impl Corrupting {
                 }
             }
             ResponseBody::ClockAck { lc_ts: None }
+            | ResponseBody::HoldAck { lc_ts: None }
             | ResponseBody::CollectAck { lc: None, .. }
             | ResponseBody::Refused(_) => {}
         }
@@ -689,7 +692,7 @@ impl Forging {
         let me = self.inner.config().node.index();
         let rng = &mut self.rng;
         match body {
-            ResponseBody::ClockAck { lc_ts } => {
+            ResponseBody::ClockAck { lc_ts } | ResponseBody::HoldAck { lc_ts } => {
                 let above = lc_ts.map_or(0, |ts| ts.num);
                 *lc_ts = Some(forged_timestamp(rng, above));
             }

@@ -143,6 +143,8 @@ pub struct ReadOutcome {
     pub value: Option<Bytes>,
     /// The selected version; `None` for `ts_0`.
     pub ts: Option<Timestamp>,
+    /// What proves the selected version, beside `ts`; `None` with it.
+    pub proven: Option<Proven>,
     /// Nodes whose FILTER replies counted in the final attempt.
     pub answered_by: Vec<Slot>,
     /// Whether REPAIR ran.
@@ -160,6 +162,16 @@ pub struct ReadOutcome {
     /// timer ended the wait, or naming the `lc` the others agreed on without an intact entry for
     /// it. The caller asks others for fragments first for a while.
     pub unhelpful: Vec<Slot>,
+}
+
+/// The nonce and cross-checksum of a version a read selected: with its timestamp and value, what
+/// a member of the key's next incarnation carries over (see [`super::takeover`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Proven {
+    /// The revealed nonce, which hashes to the `N̄` that `f+1` holders agreed on.
+    pub nonce: Nonce,
+    /// The cross-checksum `f+1` holders agreed on, each with a fragment matching its slot.
+    pub cc: CrossChecksum,
 }
 
 /// `f+1` refusals end an operation.
@@ -856,6 +868,7 @@ impl ReadOp {
             return self.finish(ReadOutcome {
                 value: None,
                 ts: None,
+                proven: None,
                 answered_by: self.answered(),
                 repaired: false,
                 one_round: true,
@@ -1089,6 +1102,10 @@ impl ReadOp {
         Some(Ok(ReadOutcome {
             value,
             ts: Some(lc.ts),
+            proven: Some(Proven {
+                nonce: lc.nonce,
+                cc,
+            }),
             answered_by: self.answered(),
             repaired: false,
             one_round: true,
@@ -1221,6 +1238,7 @@ impl ReadOp {
                 self.finish(ReadOutcome {
                     value: None,
                     ts: None,
+                    proven: None,
                     answered_by,
                     repaired: false,
                     one_round: false,
@@ -1290,6 +1308,10 @@ impl ReadOp {
         let outcome = ReadOutcome {
             value,
             ts: Some(agreed.ts),
+            proven: Some(Proven {
+                nonce: candidate.nonce,
+                cc: agreed.cc.clone(),
+            }),
             answered_by,
             repaired,
             one_round: false,

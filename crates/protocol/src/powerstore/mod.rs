@@ -34,11 +34,12 @@
 mod client;
 mod msg;
 mod server;
+pub mod takeover;
 #[cfg(test)]
 mod tests;
 
 pub use client::{
-    ClientConfig, ClientMutations, Evidence, EvidenceKind, Outbound, ProtocolError, ReadOp,
+    ClientConfig, ClientMutations, Evidence, EvidenceKind, Outbound, ProtocolError, Proven, ReadOp,
     ReadOutcome, Step, WriteOp, WriteOutcome,
 };
 pub use msg::{FilterAck, LcEntry, OpId, Refusal, Request, RequestBody, Response, ResponseBody};
@@ -231,6 +232,14 @@ impl MacVec {
                 })
                 .collect(),
         )
+    }
+
+    /// The vector a version carried into a new incarnation holds there ([`takeover`]): no slot
+    /// verifies, since the writer's MACs bind the incarnation it wrote in, so the version is
+    /// valid at a member only through its own `Hist` entry, and every holder stores the same
+    /// vector, as the readers' agreement on `(ts, cc, vec, N̄)` needs.
+    pub fn carried(n: usize) -> MacVec {
+        MacVec(vec![Tag([0; 32]); n])
     }
 
     /// Whether slot `index` is the MAC on `ts || N̄` under the key this server, holding `keys`,

@@ -69,6 +69,13 @@ pub enum RequestBody {
         /// The candidate with its MAC vector repaired.
         candidate: Candidate,
     },
+    /// HOLD⟨ts⟩, between members of a key's new incarnation taking it over: the asker holds
+    /// `ts` as carried over and serves the key once `2f+1` members hold it or newer (see
+    /// [`super::takeover`]). A member that holds less reads the previous incarnation again.
+    Hold {
+        /// The asker's version of the key; `None` is `ts_0`.
+        ts: Option<Timestamp>,
+    },
 }
 
 impl RequestBody {
@@ -81,6 +88,7 @@ impl RequestBody {
             RequestBody::Collect { .. } => "collect",
             RequestBody::Filter { .. } => "filter",
             RequestBody::Repair { .. } => "repair",
+            RequestBody::Hold { .. } => "hold",
         }
     }
 }
@@ -127,6 +135,11 @@ pub enum ResponseBody {
     FilterAck(FilterAck),
     /// REPAIR_ACK⟨tsr⟩, whether or not the candidate was adopted.
     RepairAck,
+    /// HOLD_ACK: what this member holds of the key.
+    HoldAck {
+        /// The member's `lc.ts`; `None` is `ts_0`.
+        lc_ts: Option<Timestamp>,
+    },
     /// The server will not serve this request, and says why.
     Refused(Refusal),
 }

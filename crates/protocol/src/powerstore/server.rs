@@ -46,6 +46,7 @@
 //! objects) are kept as running totals, since no pass over every key is possible.
 
 use super::msg::{FilterAck, LcEntry, Refusal, Request, RequestBody, Response, ResponseBody};
+use super::takeover::Carried;
 use super::{
     Candidate, CrossChecksum, MacVec, ServerKeys, Timestamp, cmp_ts, fragment_digest, sole_writer,
 };
@@ -457,6 +458,76 @@ impl Server {
     /// The configuration.
     pub fn config(&self) -> &ServerConfig {
         &self.config
+    }
+
+    /// Stores `carried`, a version of `key` read from the key's previous incarnation, as this
+    /// member's `Hist` entry and `lc` when it is newer than `lc` (see [`super::takeover`]):
+    /// the changes to make durable before the member says it holds it. The entry's MAC vector is
+    /// [`MacVec::carried`], so the version is valid here through `Hist` alone. Refuses a version
+    /// whose fragment does not hash to this member's slot of its cross-checksum, or that names a
+    /// timestamp `Hist` holds under another nonce.
+    pub fn carry(
+        &mut self,
+        now: Time,
+        key: &Key,
+        carried: Carried,
+        fragments: &dyn Fragments,
+    ) -> Result<Vec<Change>, &'static str> {
+        let (n, me) = (self.config.n, self.config.node.index());
+        if carried.ts.num == 0 {
+            return Err("timestamp 0");
+        }
+        if !carried.cc.is_well_formed(n) {
+            return Err("cross-checksum does not fit the group");
+        }
+        if carried.fragment.len() != carried.cc.layout.fragment_len()
+            || fragment_digest(&carried.fragment) != carried.cc.hashes[me]
+        {
+            return Err("fragment does not match its hash");
+        }
+        self.load(now, key, fragments);
+        let nonce_hash = carried.nonce.commitment();
+        let held = self
+            .keys
+            .get(key)
+            .and_then(|state| state.hist.get(&carried.ts));
+        if held.is_some_and(|entry| entry.nonce_hash != nonce_hash) {
+            return Err("another version is held under this timestamp");
+        }
+        let mut changes = Vec::new();
+        self.counted(key, |server| {
+            let state = server.keys.entry(key.clone()).or_insert_with(KeyState::new);
+            let newer =
+                cmp_ts(Some(&carried.ts), state.lc.as_ref().map(|c| &c.ts)) == Ordering::Greater;
+            if !newer {
+                return;
+            }
+            let vec = MacVec::carried(n);
+            if !state.hist.contains_key(&carried.ts) {
+                let entry = StoredEntry {
+                    ts: carried.ts,
+                    fragment: carried.fragment,
+                    cc: carried.cc,
+                    nonce_hash,
+                    vec: vec.clone(),
+                };
+                state
+                    .hist
+                    .insert(entry.ts, HistEntry::new(EntryMeta::from(&entry)));
+                changes.push(Change::PutHist {
+                    key: key.clone(),
+                    entry,
+                });
+            }
+            let candidate = Candidate {
+                ts: carried.ts,
+                nonce: carried.nonce,
+                vec,
+            };
+            server.raise_lc(now, key, candidate, &mut changes);
+        });
+        self.evict();
+        Ok(changes)
     }
 
     /// Counts one durable key at start-up, every key once; its fragments stay in the driver's
@@ -969,6 +1040,10 @@ impl Server {
             }
             RequestBody::Filter { .. } => self.handle_filter(now, &request, fragments),
             RequestBody::Repair { .. } => self.handle_repair(now, &request),
+            RequestBody::Hold { .. } => {
+                let lc_ts = self.lc(&request.key).map(|c| c.ts);
+                Self::reply(&request, Vec::new(), ResponseBody::HoldAck { lc_ts })
+            }
         };
         if self.collectable.contains(&request.key) {
             self.collect_key(&request.key, now, &mut handled.changes);

@@ -44,13 +44,19 @@ struct Harness {
 
 impl Harness {
     fn new(f: usize) -> Harness {
+        Harness::incarnation(f, 1, Incarnation::new(&[], Epoch(0)), Epoch(0))
+    }
+
+    /// A group of nodes whose signing keys are seeded from `first_seed` on, serving
+    /// `incarnation` in `epoch`; its writers are the same as every harness's.
+    fn incarnation(f: usize, first_seed: u8, incarnation: Incarnation, epoch: Epoch) -> Harness {
         let n = 3 * f + 1;
         // Real agreements, as nodes and clients make them.
         let writer_secrets: Vec<SecretKey> = (0..WRITERS)
             .map(|w| SecretKey::from_seed(&[w as u8 + 100; 32]))
             .collect();
         let node_secrets: Vec<SecretKey> = (0..n)
-            .map(|i| SecretKey::from_seed(&[i as u8 + 1; 32]))
+            .map(|i| SecretKey::from_seed(&[i as u8 + first_seed; 32]))
             .collect();
         let server_keys: Vec<ServerKeys> = node_secrets
             .iter()
@@ -62,11 +68,22 @@ impl Harness {
             })
             .collect();
         let servers = (0..n)
-            .map(|i| Server::new(ServerConfig::new(Slot(i as u32), f), server_keys[i].clone()))
+            .map(|i| {
+                let config = ServerConfig {
+                    epoch,
+                    incarnation,
+                    ..ServerConfig::new(Slot(i as u32), f)
+                };
+                Server::new(config, server_keys[i].clone())
+            })
             .collect();
         let keys = writer_keys(&writer_secrets[0], &node_secrets);
         Harness {
-            config: ClientConfig::new(f),
+            config: ClientConfig {
+                epoch,
+                incarnation,
+                ..ClientConfig::new(f)
+            },
             keys,
             server_keys,
             writer_secrets,
@@ -1722,3 +1739,5 @@ fn a_slot_verifies_only_under_the_key_its_writer_shares_with_that_server_in_its_
         assert!(!vec.verify_slot(0, &elsewhere, &k, &ts, &nonce_hash, &h.server_keys[0]));
     }
 }
+
+mod takeover;

@@ -380,6 +380,8 @@ fn request_kind(body: &RequestBody) -> usize {
         RequestBody::Collect { .. } => 3,
         RequestBody::Filter { .. } => 4,
         RequestBody::Repair { .. } => 5,
+        // A HOLD reads `lc`, as COLLECT does.
+        RequestBody::Hold { .. } => 3,
     }
 }
 
@@ -411,6 +413,9 @@ fn describe_request(request: &Request) -> String {
                 .join(" ")
         ),
         RequestBody::Repair { candidate } => format!(" c={}", candidate_label(candidate)),
+        RequestBody::Hold { ts } => {
+            format!(" ts={}", ts.as_ref().map_or("0".to_string(), ts_label))
+        }
         RequestBody::Clock | RequestBody::Collect { .. } => String::new(),
     };
     format!(
@@ -454,6 +459,10 @@ fn describe_response(response: &Response) -> String {
             ),
         },
         ResponseBody::RepairAck => "repair-ack".to_string(),
+        ResponseBody::HoldAck { lc_ts } => format!(
+            "hold-ack lc={}",
+            lc_ts.as_ref().map_or("0".to_string(), ts_label)
+        ),
         ResponseBody::Refused(refusal) => format!("refused: {refusal}"),
     };
     format!("{detail} op{}.{}", response.op.0, response.attempt)

@@ -1,0 +1,324 @@
+//! Taking a register over into its group's next incarnation (docs/state-transfer.md,
+//! "M-PoWerStore registers", steps 2 and 3).
+//!
+//! A version's MAC vector binds the incarnation it was written in, so a member of a key's new
+//! incarnation cannot check the vector of the version it is handed, and no single old member may
+//! vouch for it. A new member *reads* the key from the previous incarnation instead, as any reader
+//! does (its members entered the new epoch before they answer, so that incarnation takes no more
+//! writes), and carries the result over ([`Carried`]): its own slot's fragment, re-encoded from
+//! the value the read returned and checked against the cross-checksum `f+1` old members agreed
+//! on, with the timestamp and the nonce that proves it. [`Server::carry`] stores it under
+//! [`MacVec::carried`], a vector no slot of which verifies, so the version is valid at a member
+//! through its own `Hist` entry alone: a member that does not hold it never adopts it from a
+//! reader, and neither does anyone once its holders dropped it.
+//!
+//! The member serves the key only once `2f+1` members of the new incarnation say they hold that
+//! version or a newer one (HOLD). Two members' reads of the previous incarnation may be
+//! concurrent and return different versions (one whose COMPLETE reached a single old member is
+//! proven without being complete); a member that served the newer one at once could vouch for it
+//! with `f` faulty members while the correct members holding the older one let a later read return
+//! that: a read going back. With the confirmation, a version a correct member vouches for is held
+//! with `lc` at least as new by `f+1` correct members, which is what the read path rests on (a
+//! read's write-back need not reach members that cannot validate the version).
+//!
+//! A member asked to HOLD a version above its `lc` reads the previous incarnation again, which
+//! then returns at least that version (the asker's read had finished, and reads there are
+//! linearizable). That is the driver's to start: one [`TakeOver`] is one read and one
+//! confirmation, and ends [`TakeOutcome::Behind`] when the confirmation found members ahead of it
+//! and could not finish. A member already serving the key keeps serving while it reads again, and
+//! stops until confirmed again only if the read carries a newer version in: the version it serves
+//! stays confirmed, and a faulty member's bogus HOLD then costs a read, not the key.
+//!
+//! [`Server::carry`]: super::Server::carry
+//! [`MacVec::carried`]: super::MacVec::carried
+
+use super::client::{ClientConfig, ProtocolError, ReadOp, ReadOutcome};
+use super::msg::{OpId, Request, RequestBody, Response, ResponseBody};
+use super::{CrossChecksum, Nonce, Timestamp, cmp_ts, fragment_digest};
+use crate::round::Replies;
+use bulwark_core::erasure::ErasureCodec;
+use bulwark_core::{Key, Slot};
+use bytes::Bytes;
+use std::cmp::Ordering;
+use std::sync::Arc;
+
+/// A version read from a key's previous incarnation, as one member of the new one stores it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Carried {
+    /// The version's timestamp, the writer's tag included.
+    pub ts: Timestamp,
+    /// The nonce its COMPLETE revealed.
+    pub nonce: Nonce,
+    /// Its cross-checksum, as `f+1` old members held it.
+    pub cc: CrossChecksum,
+    /// The member's own slot's fragment, re-encoded from the value.
+    pub fragment: Bytes,
+}
+
+/// Which incarnation of the key a request goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    /// The one taken over from: reads.
+    Previous,
+    /// The one this member joins: HOLDs, itself included.
+    New,
+}
+
+/// Requests to send, each to a slot of one incarnation.
+pub type Sends = Vec<(Side, Slot, Request)>;
+
+/// What the take-over says after an input.
+#[derive(Debug)]
+pub enum TakeStep {
+    /// Send these (possibly none) and keep feeding replies.
+    Send(Sends),
+    /// Store `carried` ([`super::Server::carry`]), make its changes durable, then send `then`.
+    Carry {
+        /// The version read.
+        carried: Carried,
+        /// The HOLDs that follow.
+        then: Sends,
+    },
+    /// Over.
+    Done(Result<TakeOutcome, ProtocolError>),
+}
+
+/// How a take-over ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TakeOutcome {
+    /// `2f+1` members hold `base` or newer: the member serves the key.
+    Confirmed {
+        /// What the member holds; `None` is `ts_0` (the key was never written).
+        base: Option<Timestamp>,
+    },
+    /// Members said they hold `ahead`, newer than `base`, and `2f+1` did not confirm `base`:
+    /// the driver starts another take-over, which reads again.
+    Behind {
+        /// What the member holds.
+        base: Option<Timestamp>,
+        /// The newest version a member said it holds.
+        ahead: Timestamp,
+    },
+}
+
+enum Phase {
+    /// Boxed: a read is large, and a take-over is one per key moved.
+    Read(Box<ReadOp>),
+    Confirm {
+        attempt: u32,
+        replies: Replies<Option<Timestamp>>,
+    },
+    Done,
+}
+
+/// One member's take-over of one key: a read of the previous incarnation, the carry, and the
+/// confirmation among the new incarnation's members.
+pub struct TakeOver {
+    new: ClientConfig,
+    me: Slot,
+    key: Key,
+    op: OpId,
+    codec: Arc<dyn ErasureCodec>,
+    /// What the member holds of the key: its `lc` when the take-over began, then the version
+    /// the read carried in if newer.
+    base: Option<Timestamp>,
+    phase: Phase,
+}
+
+impl TakeOver {
+    /// A take-over of `key` by slot `me` of the incarnation `new` describes, from the one
+    /// `previous` describes, by a member that holds `held` already (`lc.ts`). `op` must be fresh:
+    /// a second take-over must not count the first one's replies.
+    pub fn new(
+        previous: ClientConfig,
+        new: ClientConfig,
+        me: Slot,
+        codec: Arc<dyn ErasureCodec>,
+        key: Key,
+        op: OpId,
+        held: Option<Timestamp>,
+    ) -> TakeOver {
+        assert_eq!(previous.n, new.n, "both incarnations are groups of 3f+1");
+        assert!(me.index() < new.n);
+        let read = ReadOp::new(previous, codec.clone(), key.clone(), op);
+        TakeOver {
+            new,
+            me,
+            key,
+            op,
+            codec,
+            base: held,
+            phase: Phase::Read(Box::new(read)),
+        }
+    }
+
+    /// The first requests: the read's.
+    pub fn start(&mut self) -> Sends {
+        match &mut self.phase {
+            Phase::Read(read) => previous(read.start()),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Feeds one reply from `from`, a slot of `side`.
+    pub fn on_response(&mut self, side: Side, from: Slot, response: Response) -> TakeStep {
+        match (&mut self.phase, side) {
+            (Phase::Read(read), Side::Previous) => match read.on_response(from, response) {
+                crate::round::Step::Continue(more) => TakeStep::Send(previous(more)),
+                crate::round::Step::Done(Err(error)) => self.fail(error),
+                crate::round::Step::Done(Ok(outcome)) => self.read(outcome),
+            },
+            (Phase::Confirm { .. }, Side::New) => self.on_hold(from, response),
+            _ => TakeStep::Send(Vec::new()),
+        }
+    }
+
+    /// The retransmission timer fired: the read retransmits (or stops waiting for fragments); a
+    /// confirmation that members ahead of this one left short ends [`TakeOutcome::Behind`], and
+    /// any other asks every member again, counting afresh (members still reading answer later).
+    pub fn on_timeout(&mut self) -> TakeStep {
+        match &mut self.phase {
+            Phase::Read(read) => TakeStep::Send(previous(read.on_timeout())),
+            Phase::Confirm { attempt, replies } => {
+                if let Some(ahead) = ahead_of(replies, self.base.as_ref()) {
+                    return self.behind(ahead);
+                }
+                *attempt += 1;
+                *replies = Replies::new(self.new.n);
+                let attempt = *attempt;
+                TakeStep::Send(self.holds(attempt))
+            }
+            Phase::Done => TakeStep::Send(Vec::new()),
+        }
+    }
+
+    /// What the member holds of the key so far.
+    pub fn base(&self) -> Option<&Timestamp> {
+        self.base.as_ref()
+    }
+
+    fn read(&mut self, outcome: ReadOutcome) -> TakeStep {
+        let newer = cmp_ts(outcome.ts.as_ref(), self.base.as_ref()) == Ordering::Greater;
+        let carried = match newer.then(|| self.carried(&outcome)) {
+            Some(Err(error)) => return self.fail(error),
+            Some(Ok(carried)) => Some(carried),
+            None => None,
+        };
+        if let Some(carried) = &carried {
+            self.base = Some(carried.ts);
+        }
+        self.phase = Phase::Confirm {
+            attempt: 0,
+            replies: Replies::new(self.new.n),
+        };
+        let then = self.holds(0);
+        match carried {
+            Some(carried) => TakeStep::Carry { carried, then },
+            None => TakeStep::Send(then),
+        }
+    }
+
+    /// The member's slot of the version `outcome` selected, checked against its cross-checksum.
+    fn carried(&self, outcome: &ReadOutcome) -> Result<Carried, ProtocolError> {
+        let (Some(ts), Some(proven)) = (outcome.ts, outcome.proven.as_ref()) else {
+            unreachable!("a read that selected a version says what proves it")
+        };
+        let me = self.me.index();
+        let cc = &proven.cc;
+        if !cc.is_well_formed(self.new.n) {
+            return Err(ProtocolError::Coding(
+                "the cross-checksum read does not fit the new group".to_string(),
+            ));
+        }
+        let value = outcome.value.clone().unwrap_or_default();
+        let mut fragments = self
+            .codec
+            .encode(&cc.layout, &value)
+            .map_err(|e| ProtocolError::Coding(e.to_string()))?;
+        let fragment = fragments.swap_remove(me);
+        if fragment_digest(&fragment) != cc.hashes[me] {
+            // Only a faulty writer's cross-checksum names fragments its value does not make.
+            return Err(ProtocolError::Coding(format!(
+                "the value read does not re-encode to its cross-checksum at slot {me}"
+            )));
+        }
+        Ok(Carried {
+            ts,
+            nonce: proven.nonce,
+            cc: cc.clone(),
+            fragment,
+        })
+    }
+
+    fn holds(&self, attempt: u32) -> Sends {
+        (0..self.new.n)
+            .map(|i| {
+                let request = Request {
+                    op: self.op,
+                    attempt,
+                    epoch: self.new.epoch,
+                    group: self.new.group,
+                    key: self.key.clone(),
+                    body: RequestBody::Hold { ts: self.base },
+                };
+                (Side::New, Slot(i as u32), request)
+            })
+            .collect()
+    }
+
+    fn on_hold(&mut self, from: Slot, response: Response) -> TakeStep {
+        let Phase::Confirm { attempt, replies } = &mut self.phase else {
+            return TakeStep::Send(Vec::new());
+        };
+        let ResponseBody::HoldAck { lc_ts } = response.body else {
+            // A refusal or a stray reply confirms nothing; the timer asks again.
+            return TakeStep::Send(Vec::new());
+        };
+        if response.op != self.op || response.attempt != *attempt || !replies.record(from, lc_ts) {
+            return TakeStep::Send(Vec::new());
+        }
+        let holding = replies
+            .present()
+            .filter(|(_, held)| cmp_ts(held.as_ref(), self.base.as_ref()) != Ordering::Less)
+            .count();
+        if holding >= self.new.n - self.new.f {
+            self.phase = Phase::Done;
+            return TakeStep::Done(Ok(TakeOutcome::Confirmed { base: self.base }));
+        }
+        if replies.count() == self.new.n
+            && let Some(ahead) = ahead_of(replies, self.base.as_ref())
+        {
+            return self.behind(ahead);
+        }
+        TakeStep::Send(Vec::new())
+    }
+
+    fn behind(&mut self, ahead: Timestamp) -> TakeStep {
+        self.phase = Phase::Done;
+        TakeStep::Done(Ok(TakeOutcome::Behind {
+            base: self.base,
+            ahead,
+        }))
+    }
+
+    fn fail(&mut self, error: ProtocolError) -> TakeStep {
+        self.phase = Phase::Done;
+        TakeStep::Done(Err(error))
+    }
+}
+
+/// The newest version a HOLD reply names above `base`.
+fn ahead_of(replies: &Replies<Option<Timestamp>>, base: Option<&Timestamp>) -> Option<Timestamp> {
+    replies
+        .present()
+        .filter_map(|(_, held)| *held)
+        .filter(|held| cmp_ts(Some(held), base) == Ordering::Greater)
+        .max_by(|a, b| a.cmp_order(b))
+}
+
+fn previous(sends: Vec<(Slot, Request)>) -> Sends {
+    sends
+        .into_iter()
+        .map(|(slot, request)| (Side::Previous, slot, request))
+        .collect()
+}
