@@ -8,9 +8,12 @@
 //! - [`sim`]: the seeded discrete-event simulator, its swarm of faults, and seed sweeps.
 //! - [`durable`]: a server's simulated disk, replayed on restart.
 //! - [`depot`]: Depot's causal volumes in a world of their own, with the fork-join-causal checker.
+//! - [`takeover`]: M-PoWerStore registers moving into their group's next incarnation, in a world
+//!   of their own, under the linearizability checker.
 pub mod byzantine;
 pub mod checker;
 pub mod depot;
 pub mod durable;
 pub mod fjc;
 pub mod sim;
+pub mod takeover;

@@ -24,10 +24,13 @@
 //! A member asked to HOLD a version above its `lc` reads the previous incarnation again, which
 //! then returns at least that version (the asker's read had finished, and reads there are
 //! linearizable). That is the driver's to start: one [`TakeOver`] is one read and one
-//! confirmation, and ends [`TakeOutcome::Behind`] when the confirmation found members ahead of it
-//! and could not finish. A member already serving the key keeps serving while it reads again, and
-//! stops until confirmed again only if the read carries a newer version in: the version it serves
-//! stays confirmed, and a faulty member's bogus HOLD then costs a read, not the key.
+//! confirmation. A member behind another needs no read of its own to be confirmed (a member
+//! ahead of it holds its version or newer), and members ahead through writes of the new
+//! incarnation hold nothing a read of the old one could bring, so a confirmation waits for
+//! answers, never reads again itself. A member already serving the key keeps serving while it
+//! reads again, and stops until confirmed again only if the read carries a newer version in: the
+//! version it serves stays confirmed, and a faulty member's bogus HOLD then costs a read, not the
+//! key.
 //!
 //! [`Server::carry`]: super::Server::carry
 //! [`MacVec::carried`]: super::MacVec::carried
@@ -35,7 +38,6 @@
 use super::client::{ClientConfig, ProtocolError, ReadOp, ReadOutcome};
 use super::msg::{OpId, Request, RequestBody, Response, ResponseBody};
 use super::{CrossChecksum, Nonce, Timestamp, cmp_ts, fragment_digest};
-use crate::round::Replies;
 use bulwark_core::erasure::ErasureCodec;
 use bulwark_core::{Key, Slot};
 use bytes::Bytes;
@@ -91,13 +93,12 @@ pub enum TakeOutcome {
         /// What the member holds; `None` is `ts_0` (the key was never written).
         base: Option<Timestamp>,
     },
-    /// Members said they hold `ahead`, newer than `base`, and `2f+1` did not confirm `base`:
-    /// the driver starts another take-over, which reads again.
-    Behind {
-        /// What the member holds.
-        base: Option<Timestamp>,
-        /// The newest version a member said it holds.
-        ahead: Timestamp,
+    /// The read of the previous incarnation stalled: every member answered and the answers
+    /// left no version to select (see [`ReadOp::stalled`]). The driver starts another
+    /// take-over, whose read asks afresh.
+    Stalled {
+        /// Why, as the read says.
+        why: String,
     },
 }
 
@@ -105,8 +106,11 @@ enum Phase {
     /// Boxed: a read is large, and a take-over is one per key moved.
     Read(Box<ReadOp>),
     Confirm {
+        /// HOLDs sent so far, each to the members not yet at or above the base.
         attempt: u32,
-        replies: Replies<Option<Timestamp>>,
+        /// Per member, the newest `lc` it said it holds, whichever HOLD it answered: a correct
+        /// member's `lc` never goes back, so an earlier answer stays true.
+        held: Vec<Option<Option<Timestamp>>>,
     },
     Done,
 }
@@ -123,7 +127,13 @@ pub struct TakeOver {
     /// the read carried in if newer.
     base: Option<Timestamp>,
     phase: Phase,
+    /// Timer firings in a row that found the read stalled.
+    stalled_timeouts: u32,
 }
+
+/// Timer firings a stalled read of the previous incarnation is given before the take-over
+/// ends [`TakeOutcome::Stalled`]: replies still missing may yet decide it.
+const STALLED_TIMEOUTS: u32 = 3;
 
 impl TakeOver {
     /// A take-over of `key` by slot `me` of the incarnation `new` describes, from the one
@@ -149,6 +159,7 @@ impl TakeOver {
             codec,
             base: held,
             phase: Phase::Read(Box::new(read)),
+            stalled_timeouts: 0,
         }
     }
 
@@ -173,22 +184,65 @@ impl TakeOver {
         }
     }
 
-    /// The retransmission timer fired: the read retransmits (or stops waiting for fragments); a
-    /// confirmation that members ahead of this one left short ends [`TakeOutcome::Behind`], and
-    /// any other asks every member again, counting afresh (members still reading answer later).
+    /// The retransmission timer fired: the read retransmits (or stops waiting for fragments, or
+    /// ends [`TakeOutcome::Stalled`]); a confirmation asks again the members that have not said
+    /// they hold the base or newer (members still reading answer later).
     pub fn on_timeout(&mut self) -> TakeStep {
         match &mut self.phase {
-            Phase::Read(read) => TakeStep::Send(previous(read.on_timeout())),
-            Phase::Confirm { attempt, replies } => {
-                if let Some(ahead) = ahead_of(replies, self.base.as_ref()) {
-                    return self.behind(ahead);
+            Phase::Read(read) => match read.stalled() {
+                Some(why) if self.stalled_timeouts >= STALLED_TIMEOUTS => {
+                    self.phase = Phase::Done;
+                    TakeStep::Done(Ok(TakeOutcome::Stalled { why }))
                 }
+                stalled => {
+                    self.stalled_timeouts = if stalled.is_some() {
+                        self.stalled_timeouts + 1
+                    } else {
+                        0
+                    };
+                    TakeStep::Send(previous(read.on_timeout()))
+                }
+            },
+            Phase::Confirm { attempt, held } => {
                 *attempt += 1;
-                *replies = Replies::new(self.new.n);
-                let attempt = *attempt;
-                TakeStep::Send(self.holds(attempt))
+                let (attempt, base) = (*attempt, self.base);
+                let short: Vec<Slot> = held
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, said)| {
+                        said.is_none_or(|lc| cmp_ts(lc.as_ref(), base.as_ref()) == Ordering::Less)
+                    })
+                    .map(|(i, _)| Slot(i as u32))
+                    .collect();
+                TakeStep::Send(self.holds(attempt, short))
             }
             Phase::Done => TakeStep::Send(Vec::new()),
+        }
+    }
+
+    /// The operation id its requests carry and its replies echo.
+    pub fn op(&self) -> OpId {
+        self.op
+    }
+
+    /// Where it stands, for logs: the phase, the base, and in confirmation what each member
+    /// said it holds.
+    pub fn describe(&self) -> String {
+        let ts = |ts: &Option<Timestamp>| ts.map_or("0".to_string(), |ts| ts.num.to_string());
+        match &self.phase {
+            Phase::Read(_) => format!("reading, holding {}", ts(&self.base)),
+            Phase::Confirm { attempt, held } => {
+                let said: Vec<String> = held
+                    .iter()
+                    .map(|said| said.as_ref().map_or("-".to_string(), ts))
+                    .collect();
+                format!(
+                    "confirming {} (attempt {attempt}), members hold [{}]",
+                    ts(&self.base),
+                    said.join(" ")
+                )
+            }
+            Phase::Done => "done".to_string(),
         }
     }
 
@@ -209,9 +263,9 @@ impl TakeOver {
         }
         self.phase = Phase::Confirm {
             attempt: 0,
-            replies: Replies::new(self.new.n),
+            held: vec![None; self.new.n],
         };
-        let then = self.holds(0);
+        let then = self.holds(0, (0..self.new.n).map(|i| Slot(i as u32)).collect());
         match carried {
             Some(carried) => TakeStep::Carry { carried, then },
             None => TakeStep::Send(then),
@@ -250,9 +304,9 @@ impl TakeOver {
         })
     }
 
-    fn holds(&self, attempt: u32) -> Sends {
-        (0..self.new.n)
-            .map(|i| {
+    fn holds(&self, attempt: u32, to: Vec<Slot>) -> Sends {
+        to.into_iter()
+            .map(|slot| {
                 let request = Request {
                     op: self.op,
                     attempt,
@@ -261,59 +315,47 @@ impl TakeOver {
                     key: self.key.clone(),
                     body: RequestBody::Hold { ts: self.base },
                 };
-                (Side::New, Slot(i as u32), request)
+                (Side::New, slot, request)
             })
             .collect()
     }
 
     fn on_hold(&mut self, from: Slot, response: Response) -> TakeStep {
-        let Phase::Confirm { attempt, replies } = &mut self.phase else {
+        let Phase::Confirm { held, .. } = &mut self.phase else {
             return TakeStep::Send(Vec::new());
         };
         let ResponseBody::HoldAck { lc_ts } = response.body else {
             // A refusal or a stray reply confirms nothing; the timer asks again.
             return TakeStep::Send(Vec::new());
         };
-        if response.op != self.op || response.attempt != *attempt || !replies.record(from, lc_ts) {
+        let Some(said) = held.get_mut(from.index()) else {
+            return TakeStep::Send(Vec::new());
+        };
+        if response.op != self.op {
             return TakeStep::Send(Vec::new());
         }
-        let holding = replies
-            .present()
-            .filter(|(_, held)| cmp_ts(held.as_ref(), self.base.as_ref()) != Ordering::Less)
-            .count();
-        if holding >= self.new.n - self.new.f {
-            self.phase = Phase::Done;
-            return TakeStep::Done(Ok(TakeOutcome::Confirmed { base: self.base }));
+        // Any HOLD of this take-over counts, the newest claim of each member kept.
+        if said.is_none_or(|before| cmp_ts(lc_ts.as_ref(), before.as_ref()) == Ordering::Greater) {
+            *said = Some(lc_ts);
         }
-        if replies.count() == self.new.n
-            && let Some(ahead) = ahead_of(replies, self.base.as_ref())
-        {
-            return self.behind(ahead);
+        let base = self.base;
+        let holding = held
+            .iter()
+            .flatten()
+            .filter(|lc| cmp_ts(lc.as_ref(), base.as_ref()) != Ordering::Less)
+            .count();
+        // `2f+1`; `f+1` under the `quorum_f_plus_one` mutation of the new incarnation's config.
+        if holding >= self.new.quorum() {
+            self.phase = Phase::Done;
+            return TakeStep::Done(Ok(TakeOutcome::Confirmed { base }));
         }
         TakeStep::Send(Vec::new())
-    }
-
-    fn behind(&mut self, ahead: Timestamp) -> TakeStep {
-        self.phase = Phase::Done;
-        TakeStep::Done(Ok(TakeOutcome::Behind {
-            base: self.base,
-            ahead,
-        }))
     }
 
     fn fail(&mut self, error: ProtocolError) -> TakeStep {
         self.phase = Phase::Done;
         TakeStep::Done(Err(error))
     }
-}
-
-/// The newest version a HOLD reply names above `base`.
-fn ahead_of(replies: &Replies<Option<Timestamp>>, base: Option<&Timestamp>) -> Option<Timestamp> {
-    replies
-        .present()
-        .filter_map(|(_, held)| *held)
-        .filter(|held| cmp_ts(Some(held), base) == Ordering::Greater)
-        .max_by(|a, b| a.cmp_order(b))
 }
 
 fn previous(sends: Vec<(Slot, Request)>) -> Sends {

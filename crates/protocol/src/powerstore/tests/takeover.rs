@@ -25,8 +25,8 @@ enum Gate {
 }
 
 /// The new incarnation's side of a take-over, as a node drives it: each member's take-over, a
-/// new one when the last ended behind or when the member is asked to HOLD above its `lc`, and
-/// the gate each member serves the key behind.
+/// new one when the last stalled or when the member is asked to HOLD above its `lc`, and the gate
+/// each member serves the key behind.
 struct Drive {
     key: Key,
     /// Per member: which old members its reads reach.
@@ -158,7 +158,7 @@ impl Drive {
                         assert!(holding >= new.config.quorum(), "confirmed on {holding}");
                         self.gates[i] = Gate::Open(base);
                     }
-                    TakeOutcome::Behind { .. } => self.start(old, new, i),
+                    TakeOutcome::Stalled { .. } => self.start(old, new, i),
                 }
             }
         }
