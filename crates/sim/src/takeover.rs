@@ -27,9 +27,9 @@ use bulwark_core::sign::SecretKey;
 use bulwark_core::{ClientId, Epoch, Key, MacKey, NodeId, Slot, Time};
 use bulwark_protocol::powerstore::takeover::{Side, TakeOutcome, TakeOver, TakeStep};
 use bulwark_protocol::powerstore::{
-    Access, ClientConfig, Fragments, MemoryFragments, OpId, Pid, ProtocolError, ReadOp, Refusal,
-    Request, RequestBody, Response, ResponseBody, Server, ServerConfig, ServerKeys, ServerLogic,
-    Step, Timestamp, WriteOp, WriterKeys, cmp_ts, pair_key,
+    Access, Change, ClientConfig, Fragments, MemoryFragments, OpId, Pid, ProtocolError, ReadOp,
+    Refusal, Request, RequestBody, Response, ResponseBody, Server, ServerConfig, ServerKeys,
+    ServerLogic, Step, Timestamp, WriteOp, WriterKeys, cmp_ts, pair_key,
 };
 use bytes::Bytes;
 use rand::{Rng, SeedableRng};
@@ -54,16 +54,6 @@ pub enum Mutation {
     AnswerBeforeEntering,
     /// A take-over is confirmed once `f+1` members say they hold its version, not `2f+1`.
     SmallHoldQuorum,
-}
-
-impl Mutation {
-    /// Every mutation.
-    pub const ALL: [Mutation; 4] = [
-        Mutation::ServeAtCarry,
-        Mutation::SmallReadQuorum,
-        Mutation::AnswerBeforeEntering,
-        Mutation::SmallHoldQuorum,
-    ];
 }
 
 /// How a faulty member of the new incarnation behaves.
@@ -130,9 +120,9 @@ pub struct TakeoverRun {
     pub abandoned: usize,
     /// Versions carried into the new incarnation, over every member and key.
     pub carried: usize,
-    /// Take-overs started again (behind, or asked to hold more).
+    /// Take-overs started again (stalled, or asked to hold more).
     pub rereads: usize,
-    /// Keys whose correct members' first take-overs carried different versions in: the
+    /// Keys whose correct members' first carries brought different versions in: the
     /// concurrent reads the confirmation is for.
     pub splits: usize,
     /// The faulty old members' behaviours, by slot (`Honest` for correct ones).
@@ -952,6 +942,7 @@ impl World {
             TakeStep::Send(sends) => self.send_all(Party::Member(m), sends),
             TakeStep::Carry { carried, then } => {
                 self.run.carried += 1;
+                let ts = carried.ts;
                 if self.members[m].fault.is_none() {
                     let firsts = self.first_carried.entry(key.clone()).or_default();
                     if !firsts.iter().any(|(member, _)| *member == m) {
@@ -978,11 +969,12 @@ impl World {
                         disk.apply(change);
                     }
                 }
-                match member.server.carry(now, key, carried, &member.disk) {
+                let raised = match member.server.carry(now, key, carried, &member.disk) {
                     Ok(changes) => {
                         for change in &changes {
                             member.disk.apply(change);
                         }
+                        changes.iter().any(|c| matches!(c, Change::SetLc { .. }))
                     }
                     Err(why) => {
                         member.takes.remove(key);
@@ -991,26 +983,47 @@ impl World {
                             .push(format!("member {m} refused to carry {key:?} in: {why}"));
                         return;
                     }
-                }
+                };
                 if member.fault.is_some() && member.again_at.is_none() {
                     member.again_at = Some(self.step + self.rng.random_range(1..400));
+                    // Bogus HOLDs, above what it carried: each costs a correct member a read.
+                    let bogus = Timestamp {
+                        num: ts.num + self.rng.random_range(1..100),
+                        ..ts
+                    };
+                    let holds: Vec<(Side, Slot, Request)> = (0..self.n)
+                        .map(|to| {
+                            let request = Request {
+                                op: OpId(u64::MAX - m as u64),
+                                attempt: 0,
+                                epoch: self.new_config.epoch,
+                                group: self.new_config.group,
+                                key: key.clone(),
+                                body: RequestBody::Hold { ts: Some(bogus) },
+                            };
+                            (Side::New, Slot(to as u32), request)
+                        })
+                        .collect();
+                    self.send_all(Party::Member(m), holds);
                 }
+                let member = &mut self.members[m];
                 if serve_at_carry || member.fault.is_some() {
                     member.takes.remove(key);
-                    self.open(m, key);
+                    self.open(m, key, Some(ts));
                     return;
                 }
-                // A newer version than the one served waits for its own confirmation.
-                member.gates.insert(key.clone(), Gate::Closed);
+                // A newer version than the one served waits for its own confirmation; a read
+                // that brought nothing newer than `lc` (writes of the new incarnation passed
+                // it) leaves the gate as it was.
+                if raised {
+                    member.gates.insert(key.clone(), Gate::Closed);
+                }
                 self.send_all(Party::Member(m), then);
             }
             TakeStep::Done(result) => {
                 self.members[m].takes.remove(key);
                 match result {
-                    Ok(TakeOutcome::Confirmed { base }) => {
-                        self.check_holders(key, base.as_ref());
-                        self.open(m, key);
-                    }
+                    Ok(TakeOutcome::Confirmed { base }) => self.open(m, key, base),
                     Ok(TakeOutcome::Stalled { .. }) => {
                         self.run.rereads += 1;
                         self.start_takeover(m, key);
@@ -1024,8 +1037,10 @@ impl World {
         }
     }
 
-    /// The invariant a confirmation keeps: `f+1` correct members hold its version or newer.
-    fn check_holders(&mut self, key: &Key, base: Option<&Timestamp>) {
+    /// The invariant the gate keeps: a correct member serves a version it carried in only once
+    /// `f+1` correct members hold it or newer.
+    fn check_holders(&mut self, m: usize, key: &Key, carried: Option<Timestamp>) {
+        let base = carried.as_ref();
         let holding = self
             .members
             .iter()
@@ -1034,13 +1049,17 @@ impl World {
             .count();
         if holding <= self.config.f {
             self.run.unconfirmed_holders.push(format!(
-                "step {}: {key:?} confirmed at {base:?} with {holding} correct holders",
+                "step {}: member {m} serves {key:?} at {base:?} with {holding} correct holders",
                 self.step
             ));
         }
     }
 
-    fn open(&mut self, m: usize, key: &Key) {
+    /// Member `m` serves `key`, having carried `carried` in.
+    fn open(&mut self, m: usize, key: &Key, carried: Option<Timestamp>) {
+        if self.members[m].fault.is_none() {
+            self.check_holders(m, key, carried);
+        }
         self.members[m].gates.insert(key.clone(), Gate::Open);
         let held = std::mem::take(&mut self.members[m].held);
         let (ready, waiting): (Vec<_>, Vec<_>) = held

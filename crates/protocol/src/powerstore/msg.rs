@@ -71,7 +71,8 @@ pub enum RequestBody {
     },
     /// HOLD⟨ts⟩, between members of a key's new incarnation taking it over: the asker holds
     /// `ts` as carried over and serves the key once `2f+1` members hold it or newer (see
-    /// [`super::takeover`]). A member that holds less reads the previous incarnation again.
+    /// [`super::takeover`]). The server answers with its `lc`; the driver of a member that holds
+    /// less starts reading the previous incarnation again.
     Hold {
         /// The asker's version of the key; `None` is `ts_0`.
         ts: Option<Timestamp>,

@@ -502,8 +502,12 @@ impl Server {
             if !newer {
                 return;
             }
-            let vec = MacVec::carried(n);
-            if !state.hist.contains_key(&carried.ts) {
+            let mut vec = MacVec::carried(n);
+            // Held already under the same nonce: `lc` takes the entry's vector, as a write-back
+            // would, so that `lc` and `Hist` agree.
+            if let Some(entry) = state.hist.get(&carried.ts) {
+                vec = entry.vec.clone();
+            } else {
                 let entry = StoredEntry {
                     ts: carried.ts,
                     fragment: carried.fragment,

@@ -32,10 +32,19 @@
 //! version it serves stays confirmed, and a faulty member's bogus HOLD then costs a read, not the
 //! key.
 //!
+//! HOLD is answered to any reader (it says no more than COLLECT), but the driver reads again only
+//! for a HOLD from a member of the key's new incarnation, or any client could make members read
+//! the old one at will.
+//!
+//! PoWerStore trusts writers to make cross-checksums that name one codeword. A faulty writer's
+//! that does not leaves the members whose slots do not match unable to carry the version in
+//! (`TakeOver` ends with an error), and with more than `f` of them the key is served by no one in
+//! the new incarnation.
+//!
 //! [`Server::carry`]: super::Server::carry
 //! [`MacVec::carried`]: super::MacVec::carried
 
-use super::client::{ClientConfig, ProtocolError, ReadOp, ReadOutcome};
+use super::client::{ClientConfig, ProtocolError, ReadOp, ReadOutcome, Step};
 use super::msg::{OpId, Request, RequestBody, Response, ResponseBody};
 use super::{CrossChecksum, Nonce, Timestamp, cmp_ts, fragment_digest};
 use bulwark_core::erasure::ErasureCodec;
@@ -75,6 +84,8 @@ pub enum TakeStep {
     /// Send these (possibly none) and keep feeding replies.
     Send(Sends),
     /// Store `carried` ([`super::Server::carry`]), make its changes durable, then send `then`.
+    /// A member whose server refuses it holds nothing new: the driver drops this take-over
+    /// (whose HOLDs would name a version the member lacks) and may start another.
     Carry {
         /// The version read.
         carried: Carried,
@@ -93,24 +104,29 @@ pub enum TakeOutcome {
         /// What the member holds; `None` is `ts_0` (the key was never written).
         base: Option<Timestamp>,
     },
-    /// The read of the previous incarnation stalled: every member answered and the answers
-    /// left no version to select (see [`ReadOp::stalled`]). The driver starts another
-    /// take-over, whose read asks afresh.
+    /// The read of the previous incarnation stalled: for three timer firings a quorum had
+    /// answered and the answers left no version to select (see [`ReadOp::stalled`]; the
+    /// members still silent might have decided it). The driver starts another take-over, whose
+    /// read asks afresh.
     Stalled {
         /// Why, as the read says.
         why: String,
     },
 }
 
+/// What one member said it holds: nothing yet (`None`), or its `lc` (`Some(None)` is `ts_0`).
+type Said = Option<Option<Timestamp>>;
+
 enum Phase {
     /// Boxed: a read is large, and a take-over is one per key moved.
     Read(Box<ReadOp>),
     Confirm {
-        /// HOLDs sent so far, each to the members not yet at or above the base.
+        /// The retransmission round: 0 for the first HOLDs, one more each time the timer asks
+        /// again the members not yet at or above the base.
         attempt: u32,
         /// Per member, the newest `lc` it said it holds, whichever HOLD it answered: a correct
         /// member's `lc` never goes back, so an earlier answer stays true.
-        held: Vec<Option<Option<Timestamp>>>,
+        held: Vec<Said>,
     },
     Done,
 }
@@ -175,9 +191,9 @@ impl TakeOver {
     pub fn on_response(&mut self, side: Side, from: Slot, response: Response) -> TakeStep {
         match (&mut self.phase, side) {
             (Phase::Read(read), Side::Previous) => match read.on_response(from, response) {
-                crate::round::Step::Continue(more) => TakeStep::Send(previous(more)),
-                crate::round::Step::Done(Err(error)) => self.fail(error),
-                crate::round::Step::Done(Ok(outcome)) => self.read(outcome),
+                Step::Continue(more) => TakeStep::Send(previous(more)),
+                Step::Done(Err(error)) => self.fail(error),
+                Step::Done(Ok(outcome)) => self.read(outcome),
             },
             (Phase::Confirm { .. }, Side::New) => self.on_hold(from, response),
             _ => TakeStep::Send(Vec::new()),
@@ -246,18 +262,14 @@ impl TakeOver {
         }
     }
 
-    /// What the member holds of the key so far.
-    pub fn base(&self) -> Option<&Timestamp> {
-        self.base.as_ref()
-    }
-
     fn read(&mut self, outcome: ReadOutcome) -> TakeStep {
-        let newer = cmp_ts(outcome.ts.as_ref(), self.base.as_ref()) == Ordering::Greater;
-        let carried = match newer.then(|| self.carried(&outcome)) {
-            Some(Err(error)) => return self.fail(error),
-            Some(Ok(carried)) => Some(carried),
-            None => None,
-        };
+        let mut carried = None;
+        if cmp_ts(outcome.ts.as_ref(), self.base.as_ref()) == Ordering::Greater {
+            match self.carried(&outcome) {
+                Ok(version) => carried = Some(version),
+                Err(error) => return self.fail(error),
+            }
+        }
         if let Some(carried) = &carried {
             self.base = Some(carried.ts);
         }

@@ -138,7 +138,9 @@ impl Drive {
                     return;
                 }
                 // A version newer than the one served waits for its own confirmation.
-                self.gates[i] = Gate::Closed;
+                if changes.iter().any(|c| matches!(c, Change::SetLc { .. })) {
+                    self.gates[i] = Gate::Closed;
+                }
                 self.queue
                     .extend(then.into_iter().map(|(side, to, r)| (i, side, to, r)));
             }
@@ -155,7 +157,8 @@ impl Drive {
                                 cmp_ts(lc, base.as_ref()) != Ordering::Less
                             })
                             .count();
-                        assert!(holding >= new.config.quorum(), "confirmed on {holding}");
+                        let quorum = new.config.n - new.config.f;
+                        assert!(holding >= quorum, "confirmed on {holding}");
                         self.gates[i] = Gate::Open(base);
                     }
                     TakeOutcome::Stalled { .. } => self.start(old, new, i),
