@@ -28,18 +28,18 @@
 //! ahead of it holds its version or newer), and members ahead through writes of the new
 //! incarnation hold nothing a read of the old one could bring, so a confirmation waits for
 //! answers, never reads again itself. A member already serving the key keeps serving while it
-//! reads again, and stops until confirmed again only if the read carries a newer version in: the
-//! version it serves stays confirmed, and a faulty member's bogus HOLD then costs a read, not the
-//! key.
+//! reads again, and stops until confirmed again only if the read carries in a version newer than
+//! its `lc` (the changes of [`Server::carry`] then set `lc`): the version it serves stays
+//! confirmed, and a faulty member's bogus HOLD then costs a read, not the key.
 //!
 //! HOLD is answered to any reader (it says no more than COLLECT), but the driver reads again only
 //! for a HOLD from a member of the key's new incarnation, or any client could make members read
 //! the old one at will.
 //!
 //! PoWerStore trusts writers to make cross-checksums that name one codeword. A faulty writer's
-//! that does not leaves the members whose slots do not match unable to carry the version in
-//! (`TakeOver` ends with an error), and with more than `f` of them the key is served by no one in
-//! the new incarnation.
+//! cross-checksum that names none leaves the members whose slots do not match unable to carry the
+//! version in (`TakeOver` ends with an error), and with more than `f` of them the key is served by
+//! no one in the new incarnation.
 //!
 //! [`Server::carry`]: super::Server::carry
 //! [`MacVec::carried`]: super::MacVec::carried
