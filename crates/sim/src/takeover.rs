@@ -704,6 +704,10 @@ impl World {
         };
         self.clients[c].started += 1;
         self.clients[c].running = Some(running);
+        self.send_from_client(c, side, sends);
+    }
+
+    fn send_from_client(&mut self, c: usize, side: Side, sends: Vec<(Slot, Request)>) {
         for (to, request) in sends {
             self.inflight.push(Msg::Request {
                 from: Party::Client(c),
@@ -760,14 +764,7 @@ impl World {
                 Machine::Write(w) => w.on_timeout(),
                 Machine::Read(r) => r.on_timeout(),
             };
-            for (to, request) in sends {
-                self.inflight.push(Msg::Request {
-                    from: Party::Client(c),
-                    side,
-                    to: to.index(),
-                    request,
-                });
-            }
+            self.send_from_client(c, side, sends);
         }
         for m in 0..self.n {
             let keys: Vec<Key> = self.members[m].takes.keys().cloned().collect();
@@ -1091,16 +1088,7 @@ impl World {
             },
         };
         match step {
-            Ok(sends) => {
-                for (to, request) in sends {
-                    self.inflight.push(Msg::Request {
-                        from: Party::Client(c),
-                        side,
-                        to: to.index(),
-                        request,
-                    });
-                }
-            }
+            Ok(sends) => self.send_from_client(c, side, sends),
             Err(result) => {
                 let index = running.index;
                 self.clients[c].running = None;
