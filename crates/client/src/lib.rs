@@ -922,10 +922,14 @@ impl Client {
                     {
                         fetched = Some(tokio::time::Instant::now());
                         match self.refresh_rings().await {
-                            Ok(chain) => {
-                                let sends = machine.learn(chain);
-                                self.send_all(&node_of, &header(machine), sends);
-                            }
+                            Ok(chain) => match machine.learn(chain) {
+                                Progress::Send(sends) => {
+                                    self.send_all(&node_of, &header(machine), sends);
+                                }
+                                Progress::Done(result) => {
+                                    return result.map_err(|error| op_error(view, error));
+                                }
+                            },
                             Err(error) => {
                                 tracing::debug!(%error, "newer configurations could not be fetched");
                             }

@@ -368,9 +368,10 @@ pub trait Operation {
     }
 
     /// The verified configurations the driver fetched after [`Operation::needs`]: the current
-    /// round moves to the newest epoch the replicas named that they reach.
-    fn learn(&mut self, _chain: std::sync::Arc<Chain>) -> Vec<(Slot, Self::Request)> {
-        Vec::new()
+    /// round moves to the newest epoch the replicas named that they reach (or the operation
+    /// ends, when it cannot go on there).
+    fn learn(&mut self, _chain: std::sync::Arc<Chain>) -> Progress<Self> {
+        Progress::Send(Vec::new())
     }
 }
 

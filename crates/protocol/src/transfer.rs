@@ -2134,13 +2134,10 @@ pub trait Rebase: Operation {
     /// positions in `view`): the current round starts again there from no replies, so no round
     /// counts replies of two epochs (Rosebud §7.1.1). What earlier rounds decided (a write's
     /// timestamp, a read's version to write back) stands. `chain` is every epoch the client has
-    /// verified, for what an operation needs to know of the members it now talks to.
-    fn rebase(
-        &mut self,
-        epoch: Epoch,
-        view: &GroupView,
-        chain: &Chain,
-    ) -> Vec<(Slot, Self::Request)>;
+    /// verified, for what an operation needs to know of the members it now talks to. An
+    /// operation that cannot go on there ends instead (a PoWerStore write that revealed its
+    /// nonce in the epoch left: the transfer decides whether it took effect).
+    fn rebase(&mut self, epoch: Epoch, view: &GroupView, chain: &Chain) -> Progress<Self>;
     /// The epoch the operation runs in.
     fn epoch(&self) -> Epoch;
     /// `output` with the slots it names (who answered, whom it blames) turned into nodes
@@ -2206,15 +2203,25 @@ impl<O: Rebase> Routed<O> {
             .collect()
     }
 
+    /// The inner operation's progress, its slots as nodes.
+    fn progress(&self, progress: Progress<O>) -> Progress<Self> {
+        match progress {
+            Progress::Send(sends) => Progress::Send(self.to_nodes(sends)),
+            Progress::Done(result) => {
+                Progress::Done(result.map(|output| O::named(output, &self.view)))
+            }
+        }
+    }
+
     /// Moves the current round to `epoch`, which `chain` reaches.
-    fn move_to(&mut self, epoch: Epoch) -> Vec<(Slot, O::Request)> {
+    fn move_to(&mut self, epoch: Epoch) -> Progress<Self> {
         let Some(ring) = self.chain.ring(epoch) else {
-            return Vec::new();
+            return Progress::Send(Vec::new());
         };
         self.epoch = epoch;
         self.view = ring.group_at(self.point);
-        let sends = self.inner.rebase(epoch, &self.view, &self.chain);
-        self.to_nodes(sends)
+        let moved = self.inner.rebase(epoch, &self.view, &self.chain);
+        self.progress(moved)
     }
 
     fn to_slots(&self, slots: Vec<Slot>) -> Vec<Slot> {
@@ -2236,8 +2243,11 @@ impl<O: Rebase> Operation for Routed<O> {
     }
 
     fn start(&mut self) -> Vec<(Slot, O::Request)> {
-        let sends = self.inner.rebase(self.epoch, &self.view, &self.chain);
-        self.to_nodes(sends)
+        match self.inner.rebase(self.epoch, &self.view, &self.chain) {
+            Progress::Send(sends) => self.to_nodes(sends),
+            // Only an operation that has sent something can have to end on moving.
+            Progress::Done(_) => unreachable!("an operation does not end before it starts"),
+        }
     }
 
     fn on_reply(&mut self, from: Slot, reply: O::Reply) -> Progress<Self> {
@@ -2250,7 +2260,7 @@ impl<O: Rebase> Operation for Routed<O> {
                     self.needs = self.needs.max(Some(current));
                     return Progress::Send(Vec::new());
                 }
-                Progress::Send(self.move_to(current))
+                self.move_to(current)
             }
             // Not an answer: the replica will serve the key once its transfer is in, and the
             // retransmission asks again.
@@ -2259,12 +2269,8 @@ impl<O: Rebase> Operation for Routed<O> {
                 let Some(slot) = self.view.slot_of(NodeId(from.0)) else {
                     return Progress::Send(Vec::new());
                 };
-                match self.inner.on_reply(slot, reply) {
-                    Progress::Send(sends) => Progress::Send(self.to_nodes(sends)),
-                    Progress::Done(result) => {
-                        Progress::Done(result.map(|output| O::named(output, &self.view)))
-                    }
-                }
+                let progress = self.inner.on_reply(slot, reply);
+                self.progress(progress)
             }
         }
     }
@@ -2294,19 +2300,19 @@ impl<O: Rebase> Operation for Routed<O> {
         self.needs
     }
 
-    fn learn(&mut self, chain: Arc<Chain>) -> Vec<(Slot, O::Request)> {
+    fn learn(&mut self, chain: Arc<Chain>) -> Progress<Self> {
         let Some(wanted) = self.needs.take() else {
-            return Vec::new();
+            return Progress::Send(Vec::new());
         };
         if chain.latest() <= self.chain.latest() {
-            return Vec::new();
+            return Progress::Send(Vec::new());
         }
         self.chain = chain;
         // A replica may have named an epoch no one can prove (a faulty one lying): the round
         // moves only as far as the verified chain reaches.
         let target = wanted.min(self.chain.latest());
         if target <= self.epoch {
-            return Vec::new();
+            return Progress::Send(Vec::new());
         }
         self.move_to(target)
     }

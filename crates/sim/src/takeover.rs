@@ -846,7 +846,7 @@ impl World {
             let response = Response {
                 op: request.op,
                 attempt: request.attempt,
-                body: ResponseBody::Refused(Refusal::WrongEpoch),
+                body: ResponseBody::Refused(Refusal::WrongEpoch { current: Epoch(2) }),
             };
             self.reply(from, Side::Previous, to, Some(response));
             return;
@@ -1104,7 +1104,7 @@ impl World {
                     Err(error) => {
                         self.run.abandoned += 1;
                         if let ProtocolError::Refused {
-                            refusal: Refusal::WrongEpoch,
+                            refusal: Refusal::WrongEpoch { .. },
                             ..
                         } = error
                         {

@@ -1097,7 +1097,7 @@ impl Rebase for WriteOp {
     /// Stores every fragment again in the object's group of `epoch`, each with the member in its
     /// slot, and counts only acknowledgements signed there: a write completes with `2f+1`
     /// members of one epoch's group.
-    fn rebase(&mut self, epoch: Epoch, view: &GroupView, chain: &Chain) -> Vec<(Slot, Request)> {
+    fn rebase(&mut self, epoch: Epoch, view: &GroupView, chain: &Chain) -> Progress<Self> {
         self.place.epoch = epoch;
         self.place.group = view.id();
         self.members = view.members().to_vec();
@@ -1108,7 +1108,7 @@ impl Rebase for WriteOp {
             .collect();
         self.acks = Replies::new(self.place.n);
         self.refusals = Refusals::new(self.place.n);
-        self.start()
+        Progress::Send(self.start())
     }
 
     fn epoch(&self) -> Epoch {
@@ -1130,14 +1130,14 @@ impl Rebase for ReadOp {
 
     /// Asks the object's group of `epoch` from the start: fragments are checked against the
     /// slot they come from, which is a position in one epoch's group.
-    fn rebase(&mut self, epoch: Epoch, view: &GroupView, _chain: &Chain) -> Vec<(Slot, Request)> {
+    fn rebase(&mut self, epoch: Epoch, view: &GroupView, _chain: &Chain) -> Progress<Self> {
         self.place.epoch = epoch;
         self.place.group = view.id();
         self.members = view.members().to_vec();
         self.fragments = Replies::new(self.place.n);
         self.denials = Replies::new(self.place.n);
         self.refusals = Refusals::new(self.place.n);
-        self.start()
+        Progress::Send(self.start())
     }
 
     fn epoch(&self) -> Epoch {
@@ -1158,12 +1158,12 @@ impl Rebase for DeleteOp {
     }
 
     /// Asks the object's group of `epoch` from the start.
-    fn rebase(&mut self, epoch: Epoch, view: &GroupView, _chain: &Chain) -> Vec<(Slot, Request)> {
+    fn rebase(&mut self, epoch: Epoch, view: &GroupView, _chain: &Chain) -> Progress<Self> {
         self.place.epoch = epoch;
         self.place.group = view.id();
         self.done = Replies::new(self.place.n);
         self.refusals = Refusals::new(self.place.n);
-        self.start()
+        Progress::Send(self.start())
     }
 
     fn epoch(&self) -> Epoch {

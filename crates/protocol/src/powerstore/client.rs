@@ -8,11 +8,14 @@
 
 use super::msg::{FilterAck, LcEntry, OpId, Refusal, Request, RequestBody, Response, ResponseBody};
 use super::{
-    Candidate, CrossChecksum, MacVec, Nonce, Pid, Timestamp, WriterKeys, cmp_ts, fragment_digest,
+    Candidate, CrossChecksum, MacVec, Nonce, Pid, Timestamp, WriterIdentity, WriterKeys, cmp_ts,
+    fragment_digest,
 };
+use crate::machine::{OpError, Progress};
 use crate::round::{Refusals, Replies};
+use crate::transfer::{Rebase, Turned, node_slot};
 use bulwark_core::erasure::{ErasureCodec, Layout};
-use bulwark_core::membership::Incarnation;
+use bulwark_core::membership::{Chain, GroupView, Incarnation, RingPoint};
 use bulwark_core::{Digest, Epoch, GroupId, Key, Slot};
 use bytes::Bytes;
 use std::cmp::Ordering;
@@ -81,6 +84,22 @@ impl ClientConfig {
             self.f + 1
         } else {
             self.n - self.f
+        }
+    }
+
+    /// The key's group of `epoch` in `chain` is `view`: requests go there, and MAC vectors bind
+    /// its incarnation. `false` when the chain does not place `key` there or the group is not
+    /// of this size.
+    fn follow(&mut self, key: &Key, epoch: Epoch, view: &GroupView, chain: &Chain) -> bool {
+        let point = RingPoint::of_key(key.as_bytes());
+        match chain.incarnation(epoch, point) {
+            Some((group, incarnation)) if group == *view && view.len() == self.n => {
+                self.epoch = epoch;
+                self.group = view.id();
+                self.incarnation = incarnation;
+                true
+            }
+            _ => false,
         }
     }
 
@@ -220,9 +239,14 @@ pub struct WriteOp {
     /// Set once CLOCK finished: the timestamp, fragments, cross-checksum and MAC vector.
     prepared: Option<Prepared>,
     /// Which attempt this is: 0, then one more each time a stale refusal sends a sole writer's
-    /// STORE above the timestamp it names. Requests carry it; replies to another attempt are
-    /// ignored.
+    /// STORE above the timestamp it names, or the write moves to another incarnation. Requests
+    /// carry it; replies to another attempt are ignored.
     attempt: u32,
+    /// Attempts that were moves to another incarnation, not restarts.
+    moved: u32,
+    /// What derives the keys shared with another incarnation's members, for a write that
+    /// follows its key there ([`WriteOp::following`]).
+    identity: Option<std::sync::Arc<WriterIdentity>>,
 }
 
 struct Prepared {
@@ -267,7 +291,16 @@ impl WriteOp {
             refusals,
             prepared: None,
             attempt: 0,
+            moved: 0,
+            identity: None,
         }
+    }
+
+    /// This write, able to follow its key into the group's next incarnation (see
+    /// [`Rebase`]): `identity` derives the keys shared with that incarnation's members.
+    pub fn following(mut self, identity: std::sync::Arc<WriterIdentity>) -> WriteOp {
+        self.identity = Some(identity);
+        self
     }
 
     /// This write on a register with one writer (see [`super::sole_writer`]), by that writer,
@@ -471,7 +504,7 @@ impl WriteOp {
                 Step::Done(Ok(WriteOutcome {
                     ts: prepared_ts,
                     acknowledged_by,
-                    restarts: self.attempt,
+                    restarts: self.attempt - self.moved,
                 }))
             }
             _ => Step::Continue(Vec::new()),
@@ -600,6 +633,8 @@ pub struct ReadOp {
     fragments_from: Vec<bool>,
     /// See [`ReadOutcome::unhelpful`].
     unhelpful: Vec<Slot>,
+    /// Attempts that were moves to another incarnation, not FILTER restarts.
+    moved: u32,
 }
 
 /// One COLLECT reply, kept for the one-round rule.
@@ -664,6 +699,7 @@ impl ReadOp {
             suspects: Vec::new(),
             fragments_from: Vec::new(),
             unhelpful: Vec::new(),
+            moved: 0,
         }
         .asking_fragments_of(&[])
     }
@@ -675,6 +711,11 @@ impl ReadOp {
     /// fragments, not `n - f`. The caller passes over nodes it knows to be down or silent: the
     /// read waits for the nodes it asked (or a timeout) before it falls back to FILTER.
     pub fn asking_fragments_of(mut self, nodes: &[Slot]) -> ReadOp {
+        self.ask_fragments_of(nodes);
+        self
+    }
+
+    fn ask_fragments_of(&mut self, nodes: &[Slot]) {
         let (n, f) = (self.config.n, self.config.f);
         let wanted = (f + 1).min(n);
         let mut asked = vec![false; n];
@@ -693,7 +734,6 @@ impl ReadOp {
         }
         debug_assert_eq!(count, wanted);
         self.fragments_from = asked;
-        self
     }
 
     /// The first round: COLLECT to every node.
@@ -872,7 +912,7 @@ impl ReadOp {
                 answered_by: self.answered(),
                 repaired: false,
                 one_round: true,
-                restarts: self.attempt,
+                restarts: self.attempt - self.moved,
                 evidence: Vec::new(),
                 unhelpful: Vec::new(),
             });
@@ -1242,7 +1282,7 @@ impl ReadOp {
                     answered_by,
                     repaired: false,
                     one_round: false,
-                    restarts: self.attempt,
+                    restarts: self.attempt - self.moved,
                     evidence: Vec::new(),
                     unhelpful: Vec::new(),
                 })
@@ -1315,7 +1355,7 @@ impl ReadOp {
             answered_by,
             repaired,
             one_round: false,
-            restarts: self.attempt,
+            restarts: self.attempt - self.moved,
             evidence: Vec::new(),
             unhelpful: Vec::new(),
         };
@@ -1583,3 +1623,184 @@ macro_rules! powerstore_operation {
 
 powerstore_operation!(WriteOp, WriteOutcome);
 powerstore_operation!(ReadOp, ReadOutcome);
+
+// ---------------------------------------------------------------------------------------------
+// Following a key into its group's next incarnation
+
+/// Which refusals are not answers: the node is in another epoch, or still taking the key over.
+fn turned(reply: &Response) -> Option<Turned> {
+    match &reply.body {
+        ResponseBody::Refused(Refusal::WrongEpoch { current }) => {
+            Some(Turned::WrongEpoch { current: *current })
+        }
+        ResponseBody::Refused(Refusal::Transferring) => Some(Turned::Transferring),
+        _ => None,
+    }
+}
+
+/// Why a write moved to another incarnation ends there: its outcome is not the writer's to know.
+const CUT_AFTER_NONCE: &str = "the key's group changed after the write revealed its nonce: \
+     whether it took effect is decided by the transfer to the new group (read the key to learn)";
+
+/// A write follows its key into the group's next incarnation (docs/state-transfer.md, "Writers
+/// across an epoch change"). The timestamp CLOCK chose stands: a CLOCK in the old epoch took its
+/// quorum before `2f+1` old members entered the new one, hence before any write of the new
+/// incarnation completed, so the write is concurrent with every such write and ordering it by
+/// its timestamp is linearizable. Its tag binds the key alone, so the new members check it.
+///
+/// - In CLOCK, the round starts again there.
+/// - In STORE, the write stores again there under the same timestamp and nonce, with a MAC
+///   vector for the new members: its nonce was never revealed, so no old member could prove
+///   the version and no new member carried it over.
+/// - After it revealed its nonce (COMPLETE), it ends: some old member may hold it proven and the
+///   take-over decides whether it is carried. Storing it again would need a twin (step 4); the
+///   same nonce again would let anyone who saw it prove a version the new members have not
+///   stored.
+///
+/// A move needs the keys shared with the new members: a write without a [`WriterIdentity`]
+/// ([`WriteOp::following`]) ends when its incarnation changes. An epoch that leaves the key's
+/// group as it was starts the current round again there. Either way, replies to the requests of
+/// the epoch left are not counted (a new attempt): no round completes on replies of two epochs.
+impl Rebase for WriteOp {
+    fn turned(reply: &Response) -> Option<Turned> {
+        turned(reply)
+    }
+
+    fn named(mut output: WriteOutcome, view: &GroupView) -> WriteOutcome {
+        for slot in &mut output.acknowledged_by {
+            *slot = node_slot(view, *slot);
+        }
+        output
+    }
+
+    fn rebase(&mut self, epoch: Epoch, view: &GroupView, chain: &Chain) -> Progress<Self> {
+        let (before, incarnation) = (self.config.epoch, self.config.incarnation);
+        if !self.config.follow(&self.key, epoch, view, chain) {
+            self.phase = WritePhase::Done;
+            return Progress::Done(Err(OpError::Failed(format!(
+                "the configuration of epoch {} does not place the key in a group of {}",
+                epoch.0, self.config.n
+            ))));
+        }
+        if epoch == before {
+            return Progress::Send(self.retransmit());
+        }
+        if self.config.incarnation == incarnation {
+            // The same members in the same order: the current round starts again, counting only
+            // replies from the new epoch (a new attempt), and goes on as it was.
+            self.attempt += 1;
+            self.moved += 1;
+            self.refusals = Refusals::new(self.config.n);
+            let n = self.config.n;
+            match &mut self.phase {
+                WritePhase::Clock { replies, .. }
+                | WritePhase::Store { replies }
+                | WritePhase::Complete { replies } => *replies = Replies::new(n),
+                WritePhase::Done => {}
+            }
+            return Progress::Send(self.retransmit());
+        }
+        let keys = self
+            .identity
+            .as_ref()
+            .and_then(|identity| identity.keys_for(view.members(), chain));
+        let Some(keys) = keys else {
+            self.phase = WritePhase::Done;
+            return Progress::Done(Err(OpError::Failed(format!(
+                "the key moved to another group in epoch {} and the writer holds no keys for it",
+                epoch.0
+            ))));
+        };
+        self.keys = std::sync::Arc::new(keys);
+        // Replies to the requests sent to the members before are not counted: a node in both
+        // incarnations answers for the one it was asked about.
+        self.attempt += 1;
+        self.moved += 1;
+        self.refusals = Refusals::new(self.config.n);
+        let n = self.config.n;
+        match &mut self.phase {
+            WritePhase::Clock { .. } => {
+                self.phase = WritePhase::Clock {
+                    replies: Replies::new(n),
+                    highest: None,
+                };
+                Progress::Send(self.broadcast(RequestBody::Clock))
+            }
+            WritePhase::Store { replies } => {
+                *replies = Replies::new(n);
+                let Some(prepared) = self.prepared.as_mut() else {
+                    unreachable!("STORE follows a prepared timestamp")
+                };
+                prepared.vec = MacVec::compute(
+                    &self.config.incarnation,
+                    &self.key,
+                    &prepared.ts,
+                    &prepared.nonce_hash,
+                    &self.keys.servers,
+                );
+                Progress::Send(self.stores())
+            }
+            WritePhase::Complete { .. } => {
+                self.phase = WritePhase::Done;
+                Progress::Done(Err(OpError::Failed(CUT_AFTER_NONCE.to_string())))
+            }
+            WritePhase::Done => Progress::Send(Vec::new()),
+        }
+    }
+
+    fn epoch(&self) -> Epoch {
+        self.config.epoch
+    }
+}
+
+/// A read follows its key into another epoch by reading there from the start, under a new
+/// attempt: candidates and fragments of one incarnation say nothing in another (their MAC
+/// vectors bind the old members, and a version carried over is valid only where it is held), and
+/// a read has no effect anyone relies on until it returns. Evidence gathered in the epoch left is
+/// not kept: it names slots of a group the read no longer talks to.
+impl Rebase for ReadOp {
+    fn turned(reply: &Response) -> Option<Turned> {
+        turned(reply)
+    }
+
+    fn named(mut output: ReadOutcome, view: &GroupView) -> ReadOutcome {
+        for slot in output.answered_by.iter_mut().chain(&mut output.unhelpful) {
+            *slot = node_slot(view, *slot);
+        }
+        for evidence in &mut output.evidence {
+            evidence.node = node_slot(view, evidence.node);
+        }
+        output
+    }
+
+    fn rebase(&mut self, epoch: Epoch, view: &GroupView, chain: &Chain) -> Progress<Self> {
+        let before = self.config.epoch;
+        if !self.config.follow(&self.key, epoch, view, chain) {
+            self.phase = ReadPhase::Done;
+            return Progress::Done(Err(OpError::Failed(format!(
+                "the configuration of epoch {} does not place the key in a group of {}",
+                epoch.0, self.config.n
+            ))));
+        }
+        if epoch == before {
+            return Progress::Send(self.retransmit());
+        }
+        self.attempt += 1;
+        self.moved += 1;
+        let n = self.config.n;
+        self.phase = ReadPhase::Collect {
+            replies: Replies::new(n),
+            candidates: Vec::new(),
+        };
+        self.refusals = Refusals::new(n);
+        self.evidence.clear();
+        self.suspects.clear();
+        self.unhelpful.clear();
+        self.ask_fragments_of(&[]);
+        Progress::Send(self.start())
+    }
+
+    fn epoch(&self) -> Epoch {
+        self.config.epoch
+    }
+}

@@ -49,9 +49,9 @@ pub use server::{
 };
 
 use bulwark_core::erasure::Layout;
-use bulwark_core::membership::Incarnation;
+use bulwark_core::membership::{Chain, Incarnation};
 use bulwark_core::sign::{PublicKey, SecretKey};
-use bulwark_core::{ClientId, Digest, Key, MacKey, Tag};
+use bulwark_core::{ClientId, Digest, Key, MacKey, NodeId, Tag};
 use serde::{Deserialize, Serialize};
 use std::cmp::Ordering;
 use std::collections::HashMap;
@@ -318,6 +318,32 @@ pub struct WriterKeys {
     pub timestamp: MacKey,
     /// `k_{w,i}` for every server `i` of the group, in slot order.
     pub servers: Vec<MacKey>,
+}
+
+/// A writer's own secrets, from which it derives the keys it shares with any node a certified
+/// configuration names: what a write that follows its key into the next incarnation needs for
+/// the members it has not written to before.
+#[derive(Clone)]
+pub struct WriterIdentity {
+    /// The writer's signing key.
+    pub signing: SecretKey,
+    /// `k_W`.
+    pub timestamp: MacKey,
+}
+
+impl WriterIdentity {
+    /// The keys shared with `members`, in slot order; `None` when `chain` does not know the
+    /// signing key of one of them.
+    pub fn keys_for(&self, members: &[NodeId], chain: &Chain) -> Option<WriterKeys> {
+        let servers = members
+            .iter()
+            .map(|node| Some(pair_key(&self.signing, chain.signing_key(*node)?)))
+            .collect::<Option<Vec<_>>>()?;
+        Some(WriterKeys {
+            timestamp: self.timestamp.clone(),
+            servers,
+        })
+    }
 }
 
 /// What the paper's per-server key `k_i` is here: the key writer `w` and a node share, from an

@@ -217,12 +217,20 @@ pub enum Refusal {
     /// The client's key is not a reader in the configuration.
     #[error("not a reader")]
     NotReader,
-    /// The request named another epoch.
-    #[error("wrong epoch")]
-    WrongEpoch,
+    /// The request named another epoch than the node's, `current`: a client behind moves its
+    /// current round there (ERR_UPGRADE_CONFIG).
+    #[error("wrong epoch: the node is in epoch {}", current.0)]
+    WrongEpoch {
+        /// The node's epoch.
+        current: Epoch,
+    },
     /// The request named a group this node does not serve.
     #[error("wrong replica group")]
     WrongGroup,
+    /// The key is still being taken over into its new incarnation here, and too many requests
+    /// already wait for that: not an answer, the client asks again.
+    #[error("the key is still being taken over")]
+    Transferring,
     /// The request was malformed; the text says how.
     #[error("malformed request: {0}")]
     Malformed(String),

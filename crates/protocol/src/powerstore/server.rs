@@ -1066,7 +1066,8 @@ impl ServerLogic for Server {
         fragments: &dyn Fragments,
     ) -> Handled {
         if request.epoch != self.config.epoch {
-            return Self::refuse(&request, Refusal::WrongEpoch);
+            let current = self.config.epoch;
+            return Self::refuse(&request, Refusal::WrongEpoch { current });
         }
         if request.group != self.config.group {
             return Self::refuse(&request, Refusal::WrongGroup);

@@ -97,6 +97,23 @@ impl Harness {
         }
     }
 
+    /// The same group, named `group` (a group of a certified ring): its servers start afresh.
+    fn named(mut self, group: GroupId) -> Harness {
+        self.config.group = group;
+        self.servers = (0..self.servers.len())
+            .map(|i| {
+                let config = ServerConfig {
+                    epoch: self.config.epoch,
+                    group,
+                    incarnation: self.config.incarnation,
+                    ..ServerConfig::new(Slot(i as u32), self.config.f)
+                };
+                Server::new(config, self.server_keys[i].clone())
+            })
+            .collect();
+        self
+    }
+
     /// The keys of writer `writer`.
     fn keys_of(&self, writer: ClientId) -> Arc<WriterKeys> {
         writer_keys(&self.writer_secrets[writer.0 as usize], &self.node_secrets)

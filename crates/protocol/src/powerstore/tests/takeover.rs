@@ -3,8 +3,11 @@
 //! once `2f+1` of them hold it.
 
 use super::*;
+use crate::machine::{OpError, Operation, Progress};
 use crate::powerstore::takeover::{Side, TakeOutcome, TakeOver, TakeStep};
+use crate::transfer::{Rebase, Routed};
 use bulwark_core::NodeId;
+use bulwark_core::membership::{Chain, GroupView, PlacementParams, Ring, RingPoint};
 use std::collections::VecDeque;
 
 /// The old group (nodes 0-3, epoch 1) and its next incarnation, four other nodes from epoch 2.
@@ -432,4 +435,289 @@ fn a_carry_that_does_not_fit_is_refused() {
             .carry(Time(0), &k, carried(own, Nonce([1; 32])), &new.disks[0])
             .is_err()
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Operations that follow the key into the next incarnation (`Rebase`, through `Routed`)
+
+/// A key's group in epoch 1 (nodes 0-3) and in epoch 2 (nodes 4-7) of a certified chain, each
+/// served by a harness whose slots are the ring's order for the key, and the nodes' words on
+/// which epoch they are in, as a node's `EpochHost` turns requests away.
+struct Epochs {
+    key: Key,
+    chain: Arc<Chain>,
+    old: Harness,
+    new: Harness,
+    old_view: GroupView,
+    new_view: GroupView,
+    /// The old members have entered epoch 2: they turn epoch-1 requests away.
+    entered: bool,
+    /// Per new member: it serves the key (its take-over is confirmed).
+    serving: Vec<bool>,
+    identity: Arc<WriterIdentity>,
+}
+
+impl Epochs {
+    fn new(key: &Key) -> Epochs {
+        let ring = |epoch: u64, ids: std::ops::Range<u32>| {
+            let ring = Ring::new(Epoch(epoch), PlacementParams::new(1), ids.map(NodeId));
+            Arc::new(ring.expect("four members"))
+        };
+        let bare = Chain::new(vec![ring(1, 0..4), ring(2, 4..8)]);
+        let point = RingPoint::of_key(key.as_bytes());
+        let (old_view, old_inc) = bare.incarnation(Epoch(1), point).expect("epoch 1");
+        let (new_view, new_inc) = bare.incarnation(Epoch(2), point).expect("epoch 2");
+        let old = Harness::incarnation(1, 1, old_inc, Epoch(1)).named(old_view.id());
+        let new = Harness::incarnation(1, 41, new_inc, Epoch(2)).named(new_view.id());
+        // Each node signs with the key its harness slot derives its MAC keys from.
+        let keys = |view: &GroupView, h: &Harness| -> Vec<(NodeId, PublicKey)> {
+            let nodes = view.members().iter().copied();
+            nodes
+                .zip(h.node_secrets.iter().map(SecretKey::public_key))
+                .collect()
+        };
+        let mut signing = keys(&old_view, &old);
+        signing.extend(keys(&new_view, &new));
+        let identity = Arc::new(WriterIdentity {
+            signing: old.writer_secrets[0].clone(),
+            timestamp: MacKey([99; 32]),
+        });
+        Epochs {
+            key: key.clone(),
+            chain: Arc::new(bare.with_keys(signing)),
+            old,
+            new,
+            old_view,
+            new_view,
+            entered: false,
+            serving: vec![false; 4],
+            identity,
+        }
+    }
+
+    /// The old members enter epoch 2 and every new member takes the key over.
+    fn change(&mut self) {
+        self.entered = true;
+        let mut drive = Drive::new(&self.key, 4);
+        for i in 0..4 {
+            drive.start(&self.old, &mut self.new, i);
+        }
+        drive.run(&mut self.old, &mut self.new, 8);
+        self.serving = drive.serving();
+        assert_eq!(self.serving, vec![true; 4]);
+    }
+
+    /// Node `to`'s answer to `request`, as a node in its epoch answers it.
+    fn deliver(&mut self, access: Access, to: NodeId, request: Request) -> Option<Response> {
+        let refused = |refusal: Refusal| Response {
+            op: request.op,
+            attempt: request.attempt,
+            body: ResponseBody::Refused(refusal),
+        };
+        let current = Epoch(if self.entered { 2 } else { 1 });
+        if request.epoch != current {
+            return Some(refused(Refusal::WrongEpoch { current }));
+        }
+        let (view, h) = if self.entered {
+            (&self.new_view, &mut self.new)
+        } else {
+            (&self.old_view, &mut self.old)
+        };
+        let Some(slot) = view.slot_of(to) else {
+            return Some(refused(Refusal::WrongGroup));
+        };
+        if self.entered && !self.serving[slot.index()] {
+            return None;
+        }
+        h.deliver(access, slot, request)
+    }
+
+    /// A read of the key from epoch 1.
+    fn read(&mut self) -> Routed<ReadOp> {
+        let config = self.old.config.clone();
+        let read = ReadOp::new(
+            config,
+            Arc::new(ReedSolomonSimd),
+            self.key.clone(),
+            self.old.op(),
+        );
+        let point = RingPoint::of_key(self.key.as_bytes());
+        Routed::new(read, point, self.chain.clone(), Epoch(1))
+    }
+
+    /// A write of `value` to the key from epoch 1, by writer 0.
+    fn write(&mut self, value: &[u8]) -> Routed<WriteOp> {
+        let write = self
+            .old
+            .write_op(&self.key, Some(value))
+            .following(self.identity.clone());
+        let point = RingPoint::of_key(self.key.as_bytes());
+        Routed::new(write, point, self.chain.clone(), Epoch(1))
+    }
+
+    /// Runs `op`'s requests in `queue` and every request that follows until it ends, firing its
+    /// timer whenever nothing is in flight; `hook` sees each request first and may keep it back
+    /// (`false`).
+    fn run<O: Rebase<Request = Request, Reply = Response>>(
+        &mut self,
+        op: &mut Routed<O>,
+        access: Access,
+        mut queue: VecDeque<(Slot, Request)>,
+        mut hook: impl FnMut(&mut Epochs, &Request) -> bool,
+    ) -> Result<O::Output, OpError> {
+        for _ in 0..=TIMEOUTS {
+            while let Some((to, request)) = queue.pop_front() {
+                if !hook(self, &request) {
+                    continue;
+                }
+                let Some(reply) = self.deliver(access, NodeId(to.0), request) else {
+                    continue;
+                };
+                match op.on_reply(to, reply) {
+                    Progress::Send(more) => queue.extend(more),
+                    Progress::Done(result) => return result,
+                }
+            }
+            queue.extend(op.on_timeout());
+        }
+        panic!("the operation did not end");
+    }
+}
+
+/// Slots of a routed operation's outcome name nodes of the new group.
+fn in_new_group(w: &Epochs, slots: &[Slot]) -> bool {
+    slots.iter().all(|slot| w.new_view.contains(NodeId(slot.0)))
+}
+
+#[test]
+fn a_read_turned_away_by_the_old_incarnation_reads_the_new_one_from_the_start() {
+    let k = key("k");
+    let mut w = Epochs::new(&k);
+    w.old.write(&k, Some(b"one"));
+    let two = w.old.write(&k, Some(b"two")).ts;
+    let mut read = w.read();
+    let first: VecDeque<_> = read.start().into();
+    // Two old members answer COLLECT in epoch 1; then the epoch changes under the read.
+    let mut answered = 0;
+    let outcome = w
+        .run(&mut read, READER, first, |w, _| {
+            answered += 1;
+            if answered == 3 && !w.entered {
+                w.change();
+            }
+            true
+        })
+        .expect("the read ends in the new group");
+    assert_eq!(read.epoch(), Epoch(2));
+    assert_eq!(outcome.value.as_deref(), Some(&b"two"[..]));
+    assert_eq!(outcome.ts, Some(two));
+    assert!(in_new_group(&w, &outcome.answered_by), "{outcome:?}");
+    assert_eq!(outcome.restarts, 0, "a move is not a FILTER restart");
+}
+
+#[test]
+fn a_reply_to_the_epoch_left_does_not_count_in_the_new_one() {
+    let k = key("k");
+    let mut w = Epochs::new(&k);
+    w.old.write(&k, Some(b"one"));
+    let mut read = w.read();
+    let sends = read.start();
+    let asked = sends[0].1.clone();
+    w.change();
+    let turned = w.deliver(READER, NodeId(sends[1].0.0), sends[1].1.clone());
+    let Progress::Send(moved) = read.on_reply(sends[1].0, turned.expect("answered")) else {
+        panic!("a turned request does not end the read");
+    };
+    assert_eq!(moved.len(), 4, "COLLECT to every member of the new group");
+    assert!(
+        moved
+            .iter()
+            .all(|(_, r)| r.epoch == Epoch(2) && r.attempt != asked.attempt)
+    );
+    // A new member's answer to a request of the epoch left (as a node in both groups could
+    // send, or a liar replaying one) is not counted.
+    let member = w.new_view.members()[0];
+    let stale = w
+        .new
+        .deliver(
+            READER,
+            Slot(0),
+            Request {
+                epoch: Epoch(2),
+                group: w.new_view.id(),
+                ..asked
+            },
+        )
+        .expect("answered");
+    let _ = read.on_reply(Slot(member.0), stale);
+    assert!(read.answered().is_empty(), "{:?}", read.answered());
+}
+
+#[test]
+fn a_write_cut_before_its_nonce_was_revealed_completes_in_the_new_incarnation() {
+    for cut_in in ["clock", "store"] {
+        let k = key("k");
+        let mut w = Epochs::new(&k);
+        let one = w.old.write(&k, Some(b"one")).ts;
+        let mut write = w.write(b"two");
+        let first: VecDeque<_> = write.start().into();
+        // The epoch changes once the first request of the round named has reached an old member.
+        let mut sent = 0;
+        let outcome = w
+            .run(&mut write, WRITER, first, |w, request| {
+                if request.body.name() == cut_in {
+                    sent += 1;
+                    if sent == 2 && !w.entered {
+                        w.change();
+                    }
+                }
+                true
+            })
+            .unwrap_or_else(|e| panic!("cut in {cut_in}: {e}"));
+        assert_eq!(write.epoch(), Epoch(2));
+        // Cut in STORE, an old member holds the version, unproven; cut in CLOCK, none does.
+        let stored_before = w.old.servers.iter().any(|s| s.versions(&k) > 1);
+        assert_eq!(stored_before, cut_in == "store");
+        assert_eq!(outcome.ts.cmp_order(&one), Ordering::Greater, "{cut_in}");
+        assert!(in_new_group(&w, &outcome.acknowledged_by), "{cut_in}");
+        assert_eq!(outcome.restarts, 0);
+        // Written in the new incarnation, under its MAC vector: reads there return it.
+        assert_eq!(
+            w.new.read(&k).value.as_deref(),
+            Some(&b"two"[..]),
+            "{cut_in}"
+        );
+        let lc = w.new.servers[0].lc(&k).expect("written").clone();
+        assert_ne!(lc.vec, MacVec::carried(4), "{cut_in}: stored, not carried");
+    }
+}
+
+#[test]
+fn a_write_cut_after_its_nonce_was_revealed_ends_with_its_outcome_unknown() {
+    let k = key("k");
+    let mut w = Epochs::new(&k);
+    w.old.write(&k, Some(b"one"));
+    let mut write = w.write(b"two");
+    let first: VecDeque<_> = write.start().into();
+    // The first COMPLETE reaches an old member; the epoch changes before the others do.
+    let mut completes = 0;
+    let error = w
+        .run(&mut write, WRITER, first, |w, request| {
+            if request.body.name() == "complete" {
+                completes += 1;
+                if completes == 2 && !w.entered {
+                    w.change();
+                }
+            }
+            true
+        })
+        .expect_err("the write cannot go on");
+    assert!(
+        error.to_string().contains("decided by the transfer"),
+        "{error}"
+    );
+    // Whichever version the take-over carried, every read of the new group returns it.
+    let carried = w.new.read(&k).value;
+    assert!(matches!(carried.as_deref(), Some(b"one" | b"two")));
+    assert_eq!(w.new.read(&k).value, carried);
 }
