@@ -57,7 +57,8 @@ pub struct ReplicaStats {
     /// creation a faulty writer never completed): their requests wait, their fetches are
     /// retried, and they do not count as a transfer the node is slow with.
     pub transfers_undecided: u64,
-    /// Keys taken over from previous groups since start.
+    /// Keys taken over from previous groups since start whose version the node did not hold
+    /// already (a member that kept a key across the change is not handed it again).
     pub transferred_keys: u64,
     /// Their value bytes.
     pub transferred_bytes: u64,

@@ -54,7 +54,7 @@ use crate::machine::{Access, Operation, Output, Progress, Replica, ReplicaStats,
 use crate::round::{Judged, Replies};
 use bulwark_core::membership::{Arc as RingArc, Chain, GroupView, Moved, Ring, RingPoint};
 use bulwark_core::wire::{DeserializeOwned, Serialize};
-use bulwark_core::{ClientId, Epoch, GroupId, Key, NodeId, ServiceId, Slot, Time};
+use bulwark_core::{ClientId, Digest, Epoch, GroupId, Key, NodeId, ServiceId, Slot, Time};
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt::Debug;
@@ -133,6 +133,8 @@ pub struct TransferMutations {
     pub displace_fragments: bool,
     /// Count an old member's "still taking it over myself" as a denial of the key.
     pub undecided_denies: bool,
+    /// Hand an entry over although the asker named it as held (never [`Transfer::NoNewer`]).
+    pub hand_over_held: bool,
 }
 
 /// Why a replica that follows the configuration turned a request away before its kind saw it.
@@ -473,6 +475,10 @@ pub enum Transfer<E, V> {
         epoch: Epoch,
         /// The key.
         key: Key,
+        /// What the asker holds of the key already: its version and the digest of its entry
+        /// ([`entry_digest`]). An old member that holds nothing newer, nor another entry of the
+        /// same version, answers [`Transfer::NoNewer`] instead of sending the entry back.
+        held: Option<(V, Digest)>,
     },
     /// The answer; `None` when nothing is stored.
     Fetched {
@@ -482,6 +488,16 @@ pub enum Transfer<E, V> {
         key: Key,
         /// What is stored.
         entry: Option<E>,
+    },
+    /// The old member holds nothing newer of `key` than the entry the asker named in its
+    /// [`Transfer::Fetch`], and no other entry of that version: the asker counts its own entry
+    /// as this member's answer. A member that kept its keys across the change (most members of
+    /// a group that changed) is then handed only what it lacks.
+    NoNewer {
+        /// As asked.
+        epoch: Epoch,
+        /// As asked.
+        key: Key,
     },
     /// The old member asked for `key` is itself still taking it over from an earlier group
     /// (sent by kinds that gate keys, [`Kind::GATES_KEYS`]):
@@ -526,6 +542,21 @@ pub enum Transfer<E, V> {
         /// What the sender holds.
         entry: E,
     },
+}
+
+/// The digest a [`Transfer::Fetch`] names an entry by.
+pub fn entry_digest<E: Serialize>(entry: &E) -> Digest {
+    Digest::of(DOMAIN_ENTRY, &bulwark_core::wire::encode(entry))
+}
+
+const DOMAIN_ENTRY: &str = "bulwark 2026 transfer entry";
+
+/// An old member's answer to FETCH about a key it holds.
+enum FetchAnswer<E> {
+    /// Its entry.
+    Sent(E),
+    /// Nothing newer than the entry the asker named.
+    NoNewer,
 }
 
 /// What nodes send each other to move objects of kind `K` between epochs.
@@ -717,7 +748,7 @@ struct Pull<K: Kind> {
     /// Once `2f+1` listings are complete: the keys still to fetch, in key order.
     queue: Option<BTreeSet<Key>>,
     /// Keys being fetched, with the answers of each old member.
-    fetching: BTreeMap<Key, Fetching<K::Entry>>,
+    fetching: BTreeMap<Key, Fetching<K::Entry, K::Version>>,
     /// When to ask again the old members that have not answered; set on the first tick after
     /// the requests went out, and again after each retry or progress.
     retry_at: Option<Time>,
@@ -726,20 +757,36 @@ struct Pull<K: Kind> {
 }
 
 /// The answers of the old members about one key.
-struct Fetching<E> {
+struct Fetching<E, V> {
     /// Each member's fragment or version, or its denial.
     replies: Replies<Option<E>>,
     /// The members that said they are still taking the key over themselves, and have not
     /// answered otherwise since.
     undecided: Vec<bool>,
+    /// What this node held of the key when the fetch began, named in every FETCH: the answer
+    /// of an old member that says it holds nothing newer.
+    held: Option<Held<E, V>>,
 }
 
-impl<E> Fetching<E> {
-    fn new(n: usize) -> Self {
+/// An entry a node held when it began fetching its key, as its FETCH names it.
+struct Held<E, V> {
+    entry: E,
+    version: V,
+    digest: Digest,
+}
+
+impl<E, V: Copy> Fetching<E, V> {
+    fn new(n: usize, held: Option<Held<E, V>>) -> Self {
         Fetching {
             replies: Replies::new(n),
             undecided: vec![false; n],
+            held,
         }
+    }
+
+    /// What the FETCHes for the key name as held.
+    fn named(&self) -> Option<(V, Digest)> {
+        self.held.as_ref().map(|held| (held.version, held.digest))
     }
 
     /// Old members that answered, either way or undecided.
@@ -853,6 +900,7 @@ impl<K: Kind> Pull<K> {
                 let fetch = Transfer::Fetch {
                     epoch: self.epoch,
                     key: key.clone(),
+                    held: fetching.named(),
                 };
                 sends.push((to(slot.index()), fetch));
             }
@@ -875,7 +923,8 @@ pub struct EpochHost<K: Kind> {
     pulls: Vec<Pull<K>>,
     waiting: VecDeque<(ClientId, Access, K::Request)>,
     mutations: TransferMutations,
-    /// Keys taken over from old groups since start, and the bytes of their values.
+    /// Keys taken over from old groups since start whose version this node did not hold
+    /// already, and the bytes of their values.
     pulled_keys: u64,
     pulled_bytes: u64,
     /// Requests held for a transfer since start.
@@ -946,7 +995,8 @@ impl<K: Kind> EpochHost<K> {
         self.pulls.is_empty()
     }
 
-    /// Keys taken over since start, and their value bytes.
+    /// Keys taken over since start whose version this node did not hold already, and their
+    /// value bytes.
     pub fn pulled(&self) -> (u64, u64) {
         (self.pulled_keys, self.pulled_bytes)
     }
@@ -1580,14 +1630,21 @@ impl<K: Kind> EpochHost<K> {
             if held {
                 continue;
             }
+            let held = self.kind.entry(view, &key).map(|entry| Held {
+                version: K::version(&entry),
+                digest: entry_digest(&entry),
+                entry,
+            });
+            let fetching = Fetching::new(pull.old.len(), held);
             for node in pull.old.members() {
                 let fetch = Transfer::Fetch {
                     epoch: pull.epoch,
                     key: key.clone(),
+                    held: fetching.named(),
                 };
                 sends.push((Slot(node.0), fetch));
             }
-            pull.fetching.insert(key, Fetching::new(pull.old.len()));
+            pull.fetching.insert(key, fetching);
             open += 1;
         }
         if !pull.done() {
@@ -1800,7 +1857,7 @@ impl<K: Kind> EpochHost<K> {
                 keys,
                 more,
             } => self.on_listed(from, epoch, arc, after, keys, more, view),
-            Transfer::Fetch { epoch, key } => {
+            Transfer::Fetch { epoch, key, held } => {
                 let Some(point) = K::point(&key) else {
                     return Output::refused(format!("node {} fetched a malformed key", from.0));
                 };
@@ -1823,14 +1880,30 @@ impl<K: Kind> EpochHost<K> {
                     return Output::none();
                 };
                 let entry = self.kind.hand_over(view, &key, &old);
-                let fetched = Transfer::Fetched { epoch, key, entry };
+                let no_newer = match (&entry, held) {
+                    (Some(entry), Some((version, digest))) => match K::version(entry).cmp(&version)
+                    {
+                        std::cmp::Ordering::Less => true,
+                        std::cmp::Ordering::Equal => entry_digest(entry) == digest,
+                        std::cmp::Ordering::Greater => false,
+                    },
+                    _ => false,
+                };
+                let answer = if no_newer && !self.mutations.hand_over_held {
+                    Transfer::NoNewer { epoch, key }
+                } else {
+                    Transfer::Fetched { epoch, key, entry }
+                };
                 Output {
-                    sends: vec![(Slot(from.0), fetched)],
+                    sends: vec![(Slot(from.0), answer)],
                     ..Output::none()
                 }
             }
             Transfer::Fetched { epoch, key, entry } => {
-                self.on_fetched(from, epoch, key, entry, view)
+                self.on_fetched(from, epoch, key, entry.map(FetchAnswer::Sent), view)
+            }
+            Transfer::NoNewer { epoch, key } => {
+                self.on_fetched(from, epoch, key, Some(FetchAnswer::NoNewer), view)
             }
             Transfer::Undecided { epoch, key } if self.mutations.undecided_denies => {
                 self.on_fetched(from, epoch, key, None, view)
@@ -1912,13 +1985,14 @@ impl<K: Kind> EpochHost<K> {
             .position(|p| p.epoch == epoch && p.fetching.contains_key(key))
     }
 
-    /// An old member's answer to FETCH.
+    /// An old member's answer to FETCH: an entry, nothing newer than the one this node named,
+    /// or (`None`) a denial.
     fn on_fetched(
         &mut self,
         from: NodeId,
         epoch: Epoch,
         key: Key,
-        entry: Option<K::Entry>,
+        answer: Option<FetchAnswer<K::Entry>>,
         view: &K::View,
     ) -> Output<Self> {
         let Some(at) = self.fetching_pull(epoch, &key) else {
@@ -1929,13 +2003,25 @@ impl<K: Kind> EpochHost<K> {
         let Some(slot) = pull.old.slot_of(from) else {
             return Output::none();
         };
-        let judged = entry.as_ref().map_or(Judged::Valid, |entry| {
-            self.kind.judge(&pull.old, &key, entry)
-        });
-        let entry = match judged {
-            Judged::Ignored => return Output::none(),
-            Judged::Forged => None,
-            Judged::Valid => entry,
+        let entry = match answer {
+            None => None,
+            Some(FetchAnswer::Sent(entry)) => match self.kind.judge(&pull.old, &key, &entry) {
+                Judged::Ignored => return Output::none(),
+                Judged::Forged => None,
+                Judged::Valid => Some(entry),
+            },
+            // This node's own entry, checked when the fetch began.
+            Some(FetchAnswer::NoNewer) => {
+                match pull.fetching.get(&key).and_then(|f| f.held.as_ref()) {
+                    Some(held) => Some(held.entry.clone()),
+                    None => {
+                        return Output::refused(format!(
+                            "node {} said it holds nothing newer than an entry never named",
+                            from.0
+                        ));
+                    }
+                }
+            }
         };
         let Some(point) = K::point(&key) else {
             return Output::none();
@@ -1969,12 +2055,18 @@ impl<K: Kind> EpochHost<K> {
             Decided::Absent => None,
             Decided::Take(entry) => Some(entry),
         };
-        pull.fetching.remove(&key);
+        let held = pull
+            .fetching
+            .remove(&key)
+            .and_then(|fetching| fetching.held);
         pull.progressed();
         let mut changes = Vec::new();
         if let Some(entry) = taken {
-            self.pulled_keys += 1;
-            self.pulled_bytes += K::value_bytes(&entry);
+            // Only what this node did not hold already moved.
+            if held.is_none_or(|held| held.entry != entry) {
+                self.pulled_keys += 1;
+                self.pulled_bytes += K::value_bytes(&entry);
+            }
             changes = self.kind.adopt(view, &key, &entry);
         }
         let mut output = self.fill(at, view);

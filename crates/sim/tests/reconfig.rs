@@ -169,6 +169,20 @@ fn pulling_arcs_whose_group_did_not_change_is_caught() {
     );
 }
 
+// An old member that hands a new member the version it named as held moves, in a join, every
+// key to the three members that kept it besides the one that lacks it: the versions handed
+// outgrow the bound on copies per version moved.
+#[test]
+fn handing_over_what_the_asker_holds_is_caught() {
+    caught::<ScaleReconfigSim>(
+        "reconfig-50",
+        "hand-over-held",
+        scale_config(),
+        50,
+        "correct nodes handed over",
+    );
+}
+
 // An old member that drops a key once f+1 members of its new group say they hold it may be
 // counting a faulty member that lies and a correct one; once the other old members drop it too,
 // the new members still pulling find nothing, and a quorum of them and the liar answers a read

@@ -1015,6 +1015,7 @@ mod tests {
         let fetch = Transfer::Fetch {
             epoch: Epoch(2),
             key: key.clone(),
+            held: None,
         };
         let answer = Replica::on_message(&mut host, Time(5), Slot(5), fetch, &store);
         assert!(matches!(

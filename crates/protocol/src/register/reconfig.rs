@@ -779,6 +779,66 @@ mod tests {
     }
 
     #[test]
+    fn an_old_member_hands_over_only_what_is_newer_than_the_version_the_asker_holds() {
+        // Epoch 1 replaces the whole group: nodes 0-3 hand over to nodes 4-7.
+        let chain = Chain::new(vec![ring(0, 0..4), ring(1, 4..8)]);
+        let owner = Arc::new(SecretKey::from_seed(&[1; 32]));
+        let key = pubkey::object_id(&owner.public_key());
+        let version = |num: u64, value: &'static [u8]| {
+            let ts = Timestamp {
+                num,
+                writer: ClientId(1),
+                seq: num,
+            };
+            PubKey::make(
+                &owner,
+                GroupId(0),
+                &key,
+                ts,
+                Some(Bytes::from_static(value)),
+            )
+        };
+        let stored_version = version(2, b"v");
+        let (mut old, stored) =
+            genesis_holding(0, &chain, &[(key.clone(), stored_version.clone())]);
+        let _ = old.enter(chain.ring(Epoch(1)).expect("epoch 1").clone());
+        let mut ask = |held: Option<&pubkey::Entry>| {
+            let held = held.map(|entry| (PubKey::ts(entry), transfer::entry_digest(entry)));
+            let fetch = transfer::Transfer::Fetch {
+                epoch: Epoch(1),
+                key: key.clone(),
+                held,
+            };
+            let output = Replica::on_message(&mut old, Time(0), Slot(4), fetch, &stored);
+            match &output.sends[..] {
+                [(Slot(4), transfer::Transfer::NoNewer { .. })] => None,
+                [(Slot(4), transfer::Transfer::Fetched { entry, .. })] => Some(entry.clone()),
+                other => panic!("{other:?}"),
+            }
+        };
+        let sent = Some(Some(stored_version.clone()));
+        assert_eq!(
+            ask(None),
+            sent,
+            "an asker that holds nothing is sent the version"
+        );
+        assert_eq!(ask(Some(&version(1, b"v"))), sent, "an older one: sent");
+        assert_eq!(
+            ask(Some(&stored_version)),
+            None,
+            "the same one: nothing newer"
+        );
+        assert_eq!(
+            ask(Some(&version(3, b"v"))),
+            None,
+            "a newer one: nothing newer"
+        );
+        // Another entry under the same version (a writer that signed two) is sent: the asker
+        // decides between them as between any two answers.
+        assert_eq!(ask(Some(&version(2, b"w"))), sent);
+    }
+
+    #[test]
     fn a_moved_key_goes_once_2f_plus_1_members_of_its_new_group_hold_it_and_the_grace_is_over() {
         // Epoch 1 replaces the whole group: nodes 0-3 hand over to nodes 4-7.
         let chain = Chain::new(vec![ring(0, 0..4), ring(1, 4..8)]);

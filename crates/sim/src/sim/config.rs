@@ -191,7 +191,7 @@ impl Mutations {
         *self != Mutations::default()
     }
 
-    fn flags(&self) -> [(&'static str, bool); 34] {
+    fn flags(&self) -> [(&'static str, bool); 35] {
         [
             ("quorum-f-plus-one", self.client.quorum_f_plus_one),
             ("any-twin", self.client.any_twin),
@@ -222,6 +222,7 @@ impl Mutations {
                 self.transfer.answer_without_entering,
             ),
             ("pull-unchanged-arcs", self.transfer.pull_unchanged_arcs),
+            ("hand-over-held", self.transfer.hand_over_held),
             ("small-drop-quorum", self.transfer.small_drop_quorum),
             ("keep-moved-keys", self.transfer.keep_moved_keys),
             ("drop-without-grace", self.transfer.drop_without_grace),
@@ -240,7 +241,7 @@ impl Mutations {
 /// A mutation name that does not exist.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown mutation {0:?}; expected quorum-f-plus-one, any-twin, no-offers, one-round-small-agreement, one-round-f-vouchers, sole-writer-from-one, no-write-back, accept-unproven, naive-gc, candidate-vec-in-lc, no-stale-check, forget-evicted (PoWerStore), register-small-quorum, register-no-write-back or register-unverified (ABD, Phalanx; the first also content-hash objects), pbft-quorum-2f, pbft-drop-prepared or ea-unchecked-attestations (configuration service), serve-before-transfer, small-transfer-quorum, answer-without-entering, pull-unchanged-arcs, small-drop-quorum or keep-moved-keys (reconfiguration), displace-fragments or undecided-denies (content-hash objects across epochs), table-accept-f-plus-one, table-majority, table-unverified-cells, table-skip-write-back, table-ignore-revocations or table-no-anti-entropy (tables), send-before-durable (any)"
+    "unknown mutation {0:?}; expected quorum-f-plus-one, any-twin, no-offers, one-round-small-agreement, one-round-f-vouchers, sole-writer-from-one, no-write-back, accept-unproven, naive-gc, candidate-vec-in-lc, no-stale-check, forget-evicted (PoWerStore), register-small-quorum, register-no-write-back or register-unverified (ABD, Phalanx; the first also content-hash objects), pbft-quorum-2f, pbft-drop-prepared or ea-unchecked-attestations (configuration service), serve-before-transfer, small-transfer-quorum, answer-without-entering, pull-unchanged-arcs, hand-over-held, small-drop-quorum or keep-moved-keys (reconfiguration), displace-fragments or undecided-denies (content-hash objects across epochs), table-accept-f-plus-one, table-majority, table-unverified-cells, table-skip-write-back, table-ignore-revocations or table-no-anti-entropy (tables), send-before-durable (any)"
 )]
 pub struct UnknownMutation(pub String);
 
@@ -275,6 +276,7 @@ impl FromStr for Mutations {
                 "small-transfer-quorum" => mutations.transfer.small_transfer_quorum = true,
                 "answer-without-entering" => mutations.transfer.answer_without_entering = true,
                 "pull-unchanged-arcs" => mutations.transfer.pull_unchanged_arcs = true,
+                "hand-over-held" => mutations.transfer.hand_over_held = true,
                 "small-drop-quorum" => mutations.transfer.small_drop_quorum = true,
                 "keep-moved-keys" => mutations.transfer.keep_moved_keys = true,
                 "drop-without-grace" => mutations.transfer.drop_without_grace = true,

@@ -183,6 +183,17 @@ impl ContentNode {
         for (_, message) in &mut output.sends {
             // Says it is still taking over what it holds, so that a pull never decides from its
             // answer, and yet counts its asker as caught up.
+            // A premature null, also where it holds nothing newer than the asker.
+            if let (Behaviour::Amnesiac | Behaviour::Stale, Transfer::NoNewer { epoch, key }) =
+                (self.behaviour, &*message)
+            {
+                *message = Transfer::Fetched {
+                    epoch: *epoch,
+                    key: key.clone(),
+                    entry: None,
+                };
+                continue;
+            }
             if let (Behaviour::Stale, Transfer::Fetched { epoch, key, .. }) =
                 (self.behaviour, &*message)
                 && key.as_bytes().first().is_some_and(|byte| byte % 2 == 1)
@@ -217,6 +228,7 @@ impl ContentNode {
                 (Behaviour::Amnesiac | Behaviour::Stale, Transfer::Fetched { entry, .. }) => {
                     *entry = None;
                 }
+
                 (Behaviour::Corrupting | Behaviour::Forging, Transfer::Fetched { entry, .. }) => {
                     if let Some(piece) = entry
                         && !piece.fragment.is_empty()
@@ -799,7 +811,10 @@ impl<const NODES: usize> Protocol for ContentEpochsSim<NODES> {
             Transfer::Listed {
                 epoch, keys, more, ..
             } => format!("listed e{} keys={} more={more}", epoch.0, keys.len()),
-            Transfer::Fetch { epoch, key } => format!("fetch e{} key={key}", epoch.0),
+            Transfer::Fetch { epoch, key, held } => {
+                format!("fetch e{} key={key} held={}", epoch.0, held.is_some())
+            }
+            Transfer::NoNewer { epoch, key } => format!("no-newer e{} key={key}", epoch.0),
             Transfer::Undecided { epoch, key } => format!("undecided e{} key={key}", epoch.0),
             Transfer::Fetched { epoch, key, entry } => format!(
                 "fetched e{} key={key} index={:?}",

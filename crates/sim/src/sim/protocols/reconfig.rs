@@ -262,6 +262,38 @@ impl SimNode {
     /// its answers to a node asking whether it holds what moved: `asked` is that question's keys.
     fn lie(&mut self, output: &mut Output<SimNode>, asked: &[(Key, Timestamp)]) {
         for (_, message) in &mut output.sends {
+            let replaced = match (self.behaviour, &*message) {
+                // Denies holding anything.
+                (Behaviour::Amnesiac, Transfer::NoNewer { epoch, key }) => {
+                    Some(Transfer::Fetched {
+                        epoch: *epoch,
+                        key: key.clone(),
+                        entry: None,
+                    })
+                }
+                // Says it holds nothing newer than the asker, whatever it holds, for half the
+                // keys; hands over the oldest version it ever held for the others.
+                (Behaviour::Stale, Transfer::Fetched { epoch, key, .. })
+                    if key.as_bytes().first().is_some_and(|byte| byte % 2 == 0) =>
+                {
+                    Some(Transfer::NoNewer {
+                        epoch: *epoch,
+                        key: key.clone(),
+                    })
+                }
+                (Behaviour::Stale, Transfer::NoNewer { epoch, key }) => {
+                    self.first.get(key).map(|first| Transfer::Fetched {
+                        epoch: *epoch,
+                        key: key.clone(),
+                        entry: Some(first.clone()),
+                    })
+                }
+                _ => None,
+            };
+            if let Some(replaced) = replaced {
+                *message = replaced;
+                continue;
+            }
             match (self.behaviour, message) {
                 // Says it holds everything, so that the old members drop what it lacks.
                 (
@@ -883,7 +915,10 @@ impl<const NODES: usize> Protocol for ReconfigSim<NODES> {
             Transfer::Listed {
                 epoch, keys, more, ..
             } => format!("listed e{} keys={} more={more}", epoch.0, keys.len()),
-            Transfer::Fetch { epoch, key } => format!("fetch e{} key={key}", epoch.0),
+            Transfer::Fetch { epoch, key, held } => {
+                format!("fetch e{} key={key} held={}", epoch.0, held.is_some())
+            }
+            Transfer::NoNewer { epoch, key } => format!("no-newer e{} key={key}", epoch.0),
             Transfer::Undecided { epoch, key } => format!("undecided e{} key={key}", epoch.0),
             Transfer::Fetched { epoch, key, entry } => format!(
                 "fetched e{} key={key} ts={}",
