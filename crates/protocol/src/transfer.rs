@@ -923,8 +923,8 @@ pub struct EpochHost<K: Kind> {
     pulls: Vec<Pull<K>>,
     waiting: VecDeque<(ClientId, Access, K::Request)>,
     mutations: TransferMutations,
-    /// Keys taken over from old groups since start whose version this node did not hold
-    /// already, and the bytes of their values.
+    /// Keys taken over from other nodes since start (by a pull or an offer) whose version this
+    /// node did not hold already, and the bytes of their values.
     pulled_keys: u64,
     pulled_bytes: u64,
     /// Requests held for a transfer since start.
@@ -1822,8 +1822,16 @@ impl<K: Kind> EpochHost<K> {
                     Judged::Valid => {}
                     Judged::Ignored | Judged::Forged => return refused("a version that fails"),
                 }
+                let changes = self.kind.adopt(view, &key, &entry);
+                // A version this node lacked, taken from another node: it counts as taken over
+                // whether an offer or the pull brought it first (the pull then names it as held
+                // and is answered NO-NEWER).
+                if !changes.is_empty() {
+                    self.pulled_keys += 1;
+                    self.pulled_bytes += K::value_bytes(&entry);
+                }
                 Output {
-                    changes: self.kind.adopt(view, &key, &entry),
+                    changes,
                     ..Output::none()
                 }
             }
