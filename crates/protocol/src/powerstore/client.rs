@@ -90,16 +90,25 @@ impl ClientConfig {
     /// The key's group of `epoch` in `chain` is `view`: requests go there, and MAC vectors bind
     /// its incarnation. `false` when the chain does not place `key` there or the group is not
     /// of this size.
-    fn follow(&mut self, key: &Key, epoch: Epoch, view: &GroupView, chain: &Chain) -> bool {
+    fn follow(
+        &mut self,
+        key: &Key,
+        epoch: Epoch,
+        view: &GroupView,
+        chain: &Chain,
+    ) -> Result<(), OpError> {
         let point = RingPoint::of_key(key.as_bytes());
         match chain.incarnation(epoch, point) {
             Some((group, incarnation)) if group == *view && view.len() == self.n => {
                 self.epoch = epoch;
                 self.group = view.id();
                 self.incarnation = incarnation;
-                true
+                Ok(())
             }
-            _ => false,
+            _ => Err(OpError::Failed(format!(
+                "the configuration of epoch {} does not place the key in a group of {}",
+                epoch.0, self.n
+            ))),
         }
     }
 
@@ -1675,12 +1684,9 @@ impl Rebase for WriteOp {
 
     fn rebase(&mut self, epoch: Epoch, view: &GroupView, chain: &Chain) -> Progress<Self> {
         let (before, incarnation) = (self.config.epoch, self.config.incarnation);
-        if !self.config.follow(&self.key, epoch, view, chain) {
+        if let Err(error) = self.config.follow(&self.key, epoch, view, chain) {
             self.phase = WritePhase::Done;
-            return Progress::Done(Err(OpError::Failed(format!(
-                "the configuration of epoch {} does not place the key in a group of {}",
-                epoch.0, self.config.n
-            ))));
+            return Progress::Done(Err(error));
         }
         if epoch == before {
             return Progress::Send(self.retransmit());
@@ -1775,12 +1781,9 @@ impl Rebase for ReadOp {
 
     fn rebase(&mut self, epoch: Epoch, view: &GroupView, chain: &Chain) -> Progress<Self> {
         let before = self.config.epoch;
-        if !self.config.follow(&self.key, epoch, view, chain) {
+        if let Err(error) = self.config.follow(&self.key, epoch, view, chain) {
             self.phase = ReadPhase::Done;
-            return Progress::Done(Err(OpError::Failed(format!(
-                "the configuration of epoch {} does not place the key in a group of {}",
-                epoch.0, self.config.n
-            ))));
+            return Progress::Done(Err(error));
         }
         if epoch == before {
             return Progress::Send(self.retransmit());
