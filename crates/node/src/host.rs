@@ -715,6 +715,7 @@ impl<P: Policy> Adapter<EpochServer<P>> for EpochStorage<P::Entry> {
             }
             transfer::Change::Entered(epoch) => entered_op(self.namespace, *epoch),
             transfer::Change::Pulled { epoch, arc } => pulled_op(self.namespace, *epoch, arc),
+            transfer::Change::Own(never) => match *never {},
         };
         ops.push(op);
     }
@@ -995,6 +996,7 @@ impl Adapter<EpochHost<epochs::Contents>> for ContentEpochStorage {
             transfer::Change::Pulled { epoch, arc } => {
                 ops.push(pulled_op(self.namespace, *epoch, arc));
             }
+            transfer::Change::Own(never) => match *never {},
         }
     }
 

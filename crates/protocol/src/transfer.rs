@@ -50,7 +50,7 @@
 //! This machine addresses its peers by node: `Slot(id)` in its sends and messages is the node
 //! with [`NodeId`] `id`, not a position in a group; the driver delivers accordingly.
 
-use crate::machine::{Access, Operation, Output, Progress, Replica, ReplicaStats, TimerId};
+use crate::machine::{Access, Never, Operation, Output, Progress, Replica, ReplicaStats, TimerId};
 use crate::round::{Judged, Replies};
 use bulwark_core::membership::{Arc as RingArc, Chain, GroupView, Moved, Ring, RingPoint};
 use bulwark_core::wire::{DeserializeOwned, Serialize};
@@ -109,6 +109,9 @@ const _: () = assert!(
 pub const DROP_TIMER: TimerId = TimerId(1);
 /// The timer under which the requests held for a finished pull are served.
 pub const RELEASE_TIMER: TimerId = TimerId(2);
+/// The timer under which a kind that takes keys over itself ([`Kind::TAKES`]) moves its
+/// take-overs on: set from the tick while any runs, since they read the store.
+pub const TAKE_TIMER: TimerId = TimerId(3);
 
 /// Deliberate breakage for the simulator's negative controls; none in real nodes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -300,7 +303,7 @@ pub enum Decided<E> {
 /// refused, for the node's counts.
 pub struct Served<K: Kind> {
     /// Durable before the reply.
-    pub changes: Vec<Change<K::Entry>>,
+    pub changes: Vec<KindChange<K>>,
     /// The reply.
     pub reply: K::Reply,
     /// Why the request was refused, when it was and the client is to blame.
@@ -340,6 +343,17 @@ pub trait Kind: Sized + 'static {
     type Version: Copy + Ord + Debug + Serialize + DeserializeOwned;
     /// The driver's storage, read back.
     type View: ?Sized;
+    /// What nodes send each other in the kind's own take-overs ([`Kind::TAKES`]); `Never` for
+    /// kinds that decide a key from FETCH answers.
+    type Peer: Clone + Debug + PartialEq + Serialize + DeserializeOwned;
+    /// A durable change only the kind describes; `Never` for kinds whose changes are
+    /// [`Change::Put`] of one entry per key.
+    type Own: Clone + Debug + PartialEq;
+    /// Whether the kind takes each listed key over by a protocol of its own ([`Kind::take`],
+    /// [`Kind::on_peer`], [`Kind::tick`]) instead of deciding it from one FETCH answer per old
+    /// member: a key whose entries cannot be handed from node to node (a PoWerStore register,
+    /// whose MAC vector binds its incarnation).
+    const TAKES: bool = false;
 
     /// Faults tolerated per group.
     fn f(&self) -> usize;
@@ -389,7 +403,7 @@ pub trait Kind: Sized + 'static {
     /// A new input begins: every change of the outputs before it is in the view now. A kind
     /// that reads back in one input what it changed earlier in the same input keeps those
     /// changes itself until then (see [`Kind::IN_STORAGE`] for the other way).
-    fn begin(&mut self) {}
+    fn begin(&mut self, _now: Time) {}
     /// What is stored of `key`, checked: what a node outside the key's group would drop, or
     /// offer.
     fn entry(&self, view: &Self::View, key: &Key) -> Option<Self::Entry>;
@@ -429,24 +443,103 @@ pub trait Kind: Sized + 'static {
         quorum: usize,
     ) -> Decided<Self::Entry>;
     /// Stores `entry` unless what is stored is as new: the changes that make it so.
-    fn adopt(
-        &mut self,
-        view: &Self::View,
-        key: &Key,
-        entry: &Self::Entry,
-    ) -> Vec<Change<Self::Entry>>;
+    fn adopt(&mut self, view: &Self::View, key: &Key, entry: &Self::Entry)
+    -> Vec<KindChange<Self>>;
     /// Forgets what this node need not hold of `key`, now that its group holds it.
-    fn remove(&mut self, view: &Self::View, key: &Key) -> Vec<Change<Self::Entry>>;
+    fn remove(&mut self, view: &Self::View, key: &Key) -> Vec<KindChange<Self>>;
     /// Whether a kept key's entry is offered to the members that lack it, who store it as a
     /// write-back (registers); kinds whose entries cannot be taken from one node do not.
     fn offers(&self) -> bool;
     /// Current counters.
     fn stats(&self) -> ReplicaStats;
+    /// Starts taking `key` over into `new`, this node's group for it in `epoch`, from `old`, its
+    /// group in the epoch before (kinds that [`Kind::TAKES`]; called once per listed key a
+    /// pull needs, and again only after the kind said the key is decided).
+    fn take(
+        &mut self,
+        _view: &Self::View,
+        _epoch: Epoch,
+        _key: &Key,
+        _old: &GroupView,
+        _new: &GroupView,
+    ) -> Taken<Self> {
+        Taken::none()
+    }
+    /// A message of the kind's own from `from`, a node in `epoch`. `settled` says whether this
+    /// node's state of a key as of an epoch is complete: no pull into that epoch or an earlier
+    /// one over the key is unfinished (what an old member must know before it answers for it).
+    fn on_peer(
+        &mut self,
+        _now: Time,
+        _from: NodeId,
+        _epoch: Epoch,
+        _message: Self::Peer,
+        _view: &Self::View,
+        _settled: &dyn Fn(Epoch, &Key) -> bool,
+    ) -> Taken<Self> {
+        Taken::none()
+    }
+    /// Whether take-overs are running that the next [`Kind::tick`] moves on.
+    fn taking(&self) -> bool {
+        false
+    }
+    /// Time passed: take-overs waiting for answers ask again.
+    fn tick(&mut self, _now: Time, _view: &Self::View) -> Taken<Self> {
+        Taken::none()
+    }
+    /// Whether requests for `key`, decided already, wait again: the kind is taking over a newer
+    /// version of it than the one it served.
+    fn closed(&self, _key: &Key) -> bool {
+        false
+    }
 }
 
-/// What nodes send each other to move keys between epochs.
+/// What a kind's own take-overs made of an input.
+pub struct Taken<K: Kind> {
+    /// Durable before the sends leave.
+    pub changes: Vec<KindChange<K>>,
+    /// To other nodes (and this one), by node.
+    pub sends: Vec<(NodeId, K::Peer)>,
+    /// Keys whose take-over into an epoch is over, with that epoch: its pull no longer waits
+    /// for them.
+    pub decided: Vec<(Epoch, Key)>,
+    /// Versions taken over that this node did not hold, and their value bytes.
+    pub moved: (u64, u64),
+    /// Keys [`Kind::closed`] no longer holds back.
+    pub opened: Vec<Key>,
+    /// Why the input was refused, for the node's counts.
+    pub refused: Option<String>,
+}
+
+impl<K: Kind> Taken<K> {
+    /// Nothing.
+    pub fn none() -> Self {
+        Taken {
+            changes: Vec::new(),
+            sends: Vec::new(),
+            decided: Vec::new(),
+            moved: (0, 0),
+            opened: Vec::new(),
+            refused: None,
+        }
+    }
+
+    /// Both, in order.
+    pub fn and(mut self, other: Taken<K>) -> Self {
+        self.changes.extend(other.changes);
+        self.sends.extend(other.sends);
+        self.decided.extend(other.decided);
+        self.moved = (self.moved.0 + other.moved.0, self.moved.1 + other.moved.1);
+        self.opened.extend(other.opened);
+        self.refused = self.refused.or(other.refused);
+        self
+    }
+}
+
+/// What nodes send each other to move keys between epochs; `P` is what a kind that takes keys
+/// over itself sends ([`Kind::Peer`]).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub enum Transfer<E, V> {
+pub enum Transfer<E, V, P = Never> {
     /// A new member of `epoch` asks an old member for the keys it holds on `arc`, after `after`.
     List {
         /// The epoch the asker entered.
@@ -542,6 +635,14 @@ pub enum Transfer<E, V> {
         /// What the sender holds.
         entry: E,
     },
+    /// A message of a kind's own take-overs ([`Kind::on_peer`]), from a node in `epoch`: a node
+    /// not yet in `epoch` does not take it, as it answers no LIST or FETCH of that epoch.
+    Peer {
+        /// The sender's epoch.
+        epoch: Epoch,
+        /// The kind's message.
+        message: P,
+    },
 }
 
 /// The digest a [`Transfer::Fetch`] names an entry by.
@@ -560,11 +661,15 @@ enum FetchAnswer<E> {
 }
 
 /// What nodes send each other to move objects of kind `K` between epochs.
-pub type Message<K> = Transfer<<K as Kind>::Entry, <K as Kind>::Version>;
+pub type Message<K> = Transfer<<K as Kind>::Entry, <K as Kind>::Version, <K as Kind>::Peer>;
 
-/// A change to a node's durable state, made before anything it caused leaves.
+/// A change to the durable state of a node holding objects of kind `K`.
+pub type KindChange<K> = Change<<K as Kind>::Entry, <K as Kind>::Own>;
+
+/// A change to a node's durable state, made before anything it caused leaves; `C` is a change
+/// of a kind's own ([`Kind::Own`]).
 #[derive(Clone, Debug, PartialEq)]
-pub enum Change<E> {
+pub enum Change<E, C = Never> {
     /// What is stored of `key` is now `entry`.
     Put {
         /// The key.
@@ -594,6 +699,8 @@ pub enum Change<E> {
         /// What is forgotten.
         entry: E,
     },
+    /// A change only the kind describes (one whose entries are not one value per key).
+    Own(C),
 }
 
 /// Where a node is in dropping the keys its current epoch no longer has it serve.
@@ -895,6 +1002,10 @@ impl<K: Kind> Pull<K> {
                 .collect();
         };
         let mut sends = Vec::new();
+        // A kind that takes keys over itself asks again from its own tick.
+        if K::TAKES {
+            return sends;
+        }
         for (key, fetching) in &self.fetching {
             for slot in fetching.replies.missing() {
                 let fetch = Transfer::Fetch {
@@ -907,6 +1018,13 @@ impl<K: Kind> Pull<K> {
         }
         sends
     }
+}
+
+/// [`EpochHost::unsettled`], over `pulls`.
+fn unsettled_in<K: Kind>(pulls: &[Pull<K>], epoch: Epoch, point: RingPoint, key: &Key) -> bool {
+    pulls.iter().any(|pull| {
+        pull.epoch < epoch && pull.arc.contains(point) && (!K::GATES_KEYS || pull.pending(key))
+    })
 }
 
 /// An answer to a request held earlier: to its client, with its operation id.
@@ -1076,9 +1194,7 @@ impl<K: Kind> EpochHost<K> {
     /// still incomplete: a pull into an earlier epoch than `epoch` over it has not decided it
     /// (for kinds that gate keys), or is unfinished (for the others).
     fn unsettled(&self, epoch: Epoch, point: RingPoint, key: &Key) -> bool {
-        self.pulls.iter().any(|pull| {
-            pull.epoch < epoch && pull.arc.contains(point) && (!K::GATES_KEYS || pull.pending(key))
-        })
+        unsettled_in(&self.pulls, epoch, point, key)
     }
 
     /// `key` is decided, by a request that brought what the pulls over it were after: they no
@@ -1503,7 +1619,7 @@ impl<K: Kind> EpochHost<K> {
         key: Key,
         version: K::Version,
         dropped: &mut Vec<Key>,
-    ) -> Vec<Change<K::Entry>> {
+    ) -> Vec<KindChange<K>> {
         let held = self.stored_version(view, &key);
         if held == Some(version) {
             self.dropped += 1;
@@ -1558,7 +1674,8 @@ impl<K: Kind> EpochHost<K> {
             }
             return Some(served);
         }
-        if !self.mutations.serve_before_transfer && unsettled {
+        let closed = unsettled || K::TAKES && self.kind.closed(&route.key);
+        if !self.mutations.serve_before_transfer && closed {
             if self.waiting.len() >= WAITING_MAX {
                 return turn(Turned::Transferring);
             }
@@ -1571,7 +1688,7 @@ impl<K: Kind> EpochHost<K> {
 
     /// Answers every held request that no longer waits on a pull: the changes they made, and
     /// the answers, which leave once those changes are durable.
-    fn release(&mut self, view: &K::View) -> (Vec<Change<K::Entry>>, Vec<Answer<K>>) {
+    fn release(&mut self, view: &K::View) -> (Vec<KindChange<K>>, Vec<Answer<K>>) {
         let mut changes = Vec::new();
         let mut notify = Vec::new();
         let held = std::mem::take(&mut self.waiting);
@@ -1613,6 +1730,7 @@ impl<K: Kind> EpochHost<K> {
         let quorum = self.quorum(self.mutations.small_transfer_quorum);
         let pull = &mut self.pulls[at];
         let mut sends = Vec::new();
+        let mut taken = Taken::none();
         let new = self.rings.ring(pull.epoch).cloned();
         let mut open = pull
             .fetching
@@ -1628,6 +1746,17 @@ impl<K: Kind> EpochHost<K> {
                 .zip(K::point(&key))
                 .is_some_and(|(ring, point)| !self.kind.needs(view, &key, &ring.group_at(point)));
             if held {
+                continue;
+            }
+            if K::TAKES {
+                let new = new.as_ref().zip(K::point(&key));
+                let Some(group) = new.map(|(ring, point)| ring.group_at(point)) else {
+                    continue;
+                };
+                taken = taken.and(self.kind.take(view, pull.epoch, &key, &pull.old, &group));
+                pull.fetching
+                    .insert(key, Fetching::new(pull.old.len(), None));
+                open += 1;
                 continue;
             }
             let held = self.kind.entry(view, &key).map(|entry| Held {
@@ -1648,13 +1777,44 @@ impl<K: Kind> EpochHost<K> {
             open += 1;
         }
         if !pull.done() {
-            return Output {
+            let output = Output {
                 sends,
                 ..Output::none()
             };
+            return output.and(self.apply_taken(taken, view));
         }
         let mut output = self.finish(at, view);
         output.sends = sends;
+        output.and(self.apply_taken(taken, view))
+    }
+
+    /// What a kind's own take-overs made of an input, as the driver's output: their messages
+    /// under this node's epoch, and the pulls moved on by the keys they decided.
+    fn apply_taken(&mut self, taken: Taken<K>, view: &K::View) -> Output<Self> {
+        let epoch = self.epoch();
+        self.pulled_keys += taken.moved.0;
+        self.pulled_bytes += taken.moved.1;
+        let sends = taken.sends.into_iter().map(|(to, message)| {
+            let message = Transfer::Peer { epoch, message };
+            (Slot(to.0), message)
+        });
+        let mut output = Output {
+            changes: taken.changes,
+            sends: sends.collect(),
+            refused: taken.refused,
+            ..Output::none()
+        };
+        if !taken.opened.is_empty() && !self.waiting.is_empty() {
+            output.timers.push((RELEASE_TIMER, Time(0)));
+        }
+        for (epoch, key) in taken.decided {
+            let pulling = |pull: &Pull<K>| pull.epoch == epoch && pull.fetching.contains_key(&key);
+            if let Some(at) = self.pulls.iter().position(pulling) {
+                self.pulls[at].fetching.remove(&key);
+                self.pulls[at].progressed();
+                output = output.and(self.fill(at, view));
+            }
+        }
         output
     }
 
@@ -1917,6 +2077,17 @@ impl<K: Kind> EpochHost<K> {
                 self.on_fetched(from, epoch, key, None, view)
             }
             Transfer::Undecided { epoch, key } => self.on_undecided(from, epoch, key, view),
+            // The kind decides what it answers in which epoch: its messages are answers as well
+            // as requests, and an answer from a node further on must not wait for this one.
+            Transfer::Peer { epoch, message } => {
+                let pulls = &self.pulls;
+                let settled = |epoch: Epoch, key: &Key| {
+                    K::point(key)
+                        .is_some_and(|point| !unsettled_in(pulls, Epoch(epoch.0 + 1), point, key))
+                };
+                let taken = self.kind.on_peer(now, from, epoch, message, view, &settled);
+                self.apply_taken(taken, view)
+            }
         }
     }
 
@@ -2125,18 +2296,18 @@ impl<K: Kind> Replica for EpochHost<K> {
     type Request = K::Request;
     type Reply = K::Reply;
     type Message = Message<K>;
-    type Change = Change<K::Entry>;
+    type Change = KindChange<K>;
     type View = K::View;
 
     fn on_request(
         &mut self,
-        _now: Time,
+        now: Time,
         client: ClientId,
         access: Access,
         request: K::Request,
         view: &K::View,
     ) -> Output<Self> {
-        self.kind.begin();
+        self.kind.begin(now);
         let output = match self.handle(client, access, request, view) {
             Some(served) => Output {
                 changes: served.changes,
@@ -2159,14 +2330,18 @@ impl<K: Kind> Replica for EpochHost<K> {
         message: Message<K>,
         view: &K::View,
     ) -> Output<Self> {
-        self.kind.begin();
+        self.kind.begin(now);
         self.on_transfer(now, NodeId(from.0), message, view)
     }
 
     fn on_timer(&mut self, now: Time, timer: TimerId, view: &K::View) -> Output<Self> {
-        self.kind.begin();
+        self.kind.begin(now);
         match timer {
             DROP_TIMER => self.drop_tick(now, view),
+            TAKE_TIMER => {
+                let taken = self.kind.tick(now, view);
+                self.apply_taken(taken, view)
+            }
             RELEASE_TIMER => {
                 let (changes, notify) = self.release(view);
                 let output = Output {
@@ -2195,11 +2370,14 @@ impl<K: Kind> Replica for EpochHost<K> {
             .iter_mut()
             .flat_map(|pull| pull.retry(now))
             .collect();
-        let timers = if self.drops.due(now) {
+        let mut timers = if self.drops.due(now) {
             vec![(DROP_TIMER, now)]
         } else {
             Vec::new()
         };
+        if K::TAKES && self.kind.taking() {
+            timers.push((TAKE_TIMER, now));
+        }
         Output {
             sends,
             timers,

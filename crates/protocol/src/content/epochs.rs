@@ -28,7 +28,7 @@ use super::{
     ContentId, Held, Manifest, Place, Refusal, Request, RequestBody, Response, ResponseBody,
     rebuild, serve_at,
 };
-use crate::machine::{Access, ReplicaStats};
+use crate::machine::{Access, Never, ReplicaStats};
 use crate::round::Judged;
 use crate::transfer::{
     self, Change, Decided, Kind, Recent, Resume, Route, Served, TransferMutations, Turned,
@@ -215,6 +215,8 @@ impl Kind for Contents {
     type Entry = Piece;
     type Version = ();
     type View = dyn Pieces;
+    type Peer = Never;
+    type Own = Never;
 
     fn f(&self) -> usize {
         self.f

@@ -18,10 +18,10 @@ use super::{
     Judged, Policy, ReadOp, ReadOutcome, ReadPhase, Refusal, Refusals, Replies, Request, Response,
     ResponseBody, Server, Timestamp, WriteOp, WriteOutcome, WritePhase,
 };
-use crate::machine::{Access, Progress, ReplicaStats};
+use crate::machine::{Access, Never, Progress, ReplicaStats};
 use crate::transfer::{self, Decided, EpochHost, Kind, Recent, Resume, Route, Served, Turned};
 use bulwark_core::membership::{Arc as RingArc, Chain, GroupView, Moved, Ring, RingPoint};
-use bulwark_core::{ClientId, Epoch, GroupId, Key, NodeId, ServiceId, Slot};
+use bulwark_core::{ClientId, Epoch, GroupId, Key, NodeId, ServiceId, Slot, Time};
 use bulwark_core::{Digest, wire};
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
@@ -91,6 +91,7 @@ impl<E: Clone> MemoryVersions<E> {
                         .remove(&(RingPoint::of_key(key.as_bytes()), key.clone()));
                 }
                 transfer::Change::Entered(_) | transfer::Change::Pulled { .. } => {}
+                transfer::Change::Own(never) => match *never {},
             }
         }
     }
@@ -302,6 +303,8 @@ impl<P: Policy> Kind for Registers<P> {
     type Entry = P::Entry;
     type Version = Timestamp;
     type View = dyn Versions<P::Entry>;
+    type Peer = Never;
+    type Own = Never;
 
     fn f(&self) -> usize {
         self.f
@@ -463,7 +466,7 @@ impl<P: Policy> Kind for Registers<P> {
         true
     }
 
-    fn begin(&mut self) {
+    fn begin(&mut self, _now: Time) {
         self.fresh.clear();
     }
 

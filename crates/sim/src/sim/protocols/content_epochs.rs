@@ -147,6 +147,7 @@ impl ContentNode {
                     self.pulled.insert((*epoch, *arc));
                 }
                 Change::Entered(_) => {}
+                Change::Own(never) => match *never {},
             }
         }
     }
@@ -711,6 +712,7 @@ impl<const NODES: usize> Protocol for ContentEpochsSim<NODES> {
             Change::Pulled { epoch, arc } => {
                 disk.pulled.insert((*epoch, *arc));
             }
+            Change::Own(never) => match *never {},
         }
     }
 
@@ -837,6 +839,7 @@ impl<const NODES: usize> Protocol for ContentEpochsSim<NODES> {
                 pending.len()
             ),
             Transfer::Offer { epoch, key, .. } => format!("offer e{} key={key}", epoch.0),
+            Transfer::Peer { message, .. } => match *message {},
         }
     }
 

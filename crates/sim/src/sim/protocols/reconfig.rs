@@ -812,6 +812,7 @@ impl<const NODES: usize> Protocol for ReconfigSim<NODES> {
                 disk.pulled.insert((*epoch, *arc));
             }
             Change::Drop { key } | Change::Remove { key, .. } => disk.entries.remove(key),
+            Change::Own(never) => match *never {},
         }
     }
 
@@ -936,6 +937,7 @@ impl<const NODES: usize> Protocol for ReconfigSim<NODES> {
             Transfer::Offer { epoch, key, entry } => {
                 format!("offer e{} key={key} ts={}", epoch.0, entry.ts.num)
             }
+            Transfer::Peer { message, .. } => match *message {},
         }
     }
 }
@@ -972,6 +974,7 @@ impl<const NODES: usize> Versions<pubkey::Entry> for Storage<ReconfigSim<NODES>>
                     keys.remove(key);
                 }
                 Change::Entered(_) | Change::Pulled { .. } => {}
+                Change::Own(never) => match *never {},
             }
         }
         let order = ring_order::<Registers<PubKey>>;
