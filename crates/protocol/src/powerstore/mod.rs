@@ -32,6 +32,7 @@
 //! node's `lc`, and the writer stores again above it once its tag checks (see [`WriteOp::sole`]).
 
 mod client;
+pub mod epochs;
 mod msg;
 mod server;
 pub mod takeover;

@@ -534,6 +534,20 @@ impl Server {
         Ok(changes)
     }
 
+    /// The incarnation served goes on in `epoch`, as `group` there: requests name them from now.
+    pub fn serve_as(&mut self, epoch: Epoch, group: GroupId) {
+        self.config.epoch = epoch;
+        self.config.group = group;
+    }
+
+    /// The timestamp of `key`'s `lc` (`None` is `ts_0`), read back from `fragments` if needed.
+    pub fn held(&mut self, now: Time, key: &Key, fragments: &dyn Fragments) -> Option<Timestamp> {
+        self.load(now, key, fragments);
+        let held = self.lc(key).map(|lc| lc.ts);
+        self.evict();
+        held
+    }
+
     /// Counts one durable key at start-up, every key once; its fragments stay in the driver's
     /// storage. A key with entries older than its `lc` is cached, and their grace periods start
     /// at `now`; others are cached while there is room.

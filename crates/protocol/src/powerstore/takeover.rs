@@ -67,7 +67,7 @@ pub struct Carried {
 }
 
 /// Which incarnation of the key a request goes to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Side {
     /// The one taken over from: reads.
     Previous,
@@ -239,6 +239,11 @@ impl TakeOver {
     /// The operation id its requests carry and its replies echo.
     pub fn op(&self) -> OpId {
         self.op
+    }
+
+    /// The epoch of the incarnation it takes the key into, as its HOLDs name it.
+    pub fn epoch(&self) -> bulwark_core::Epoch {
+        self.new.epoch
     }
 
     /// Where it stands, for logs: the phase, the base, and in confirmation what each member

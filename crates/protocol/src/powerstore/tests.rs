@@ -1757,4 +1757,5 @@ fn a_slot_verifies_only_under_the_key_its_writer_shares_with_that_server_in_its_
     }
 }
 
+mod epochs;
 mod takeover;
