@@ -1172,6 +1172,7 @@ fn op_error(view: &GroupView, error: OpError) -> ClientError {
             nodes: nodes(in_view(view), &by),
         },
         OpError::Failed(text) => ClientError::Protocol(text),
+        OpError::Unknown(text) => ClientError::Protocol(format!("outcome unknown: {text}")),
     }
 }
 

@@ -307,6 +307,10 @@ pub enum OpError {
     /// The operation failed for a reason of its own; the text says which.
     #[error("{0}")]
     Failed(String),
+    /// The operation ended without learning whether it took effect (a write cut by a change of
+    /// its key's group after it revealed its nonce); the text says why. Reading the key tells.
+    #[error("outcome unknown: {0}")]
+    Unknown(String),
 }
 
 /// What an operation says after an input.

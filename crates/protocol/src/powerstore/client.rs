@@ -1748,7 +1748,7 @@ impl Rebase for WriteOp {
             }
             WritePhase::Complete { .. } => {
                 self.phase = WritePhase::Done;
-                Progress::Done(Err(OpError::Failed(CUT_AFTER_NONCE.to_string())))
+                Progress::Done(Err(OpError::Unknown(CUT_AFTER_NONCE.to_string())))
             }
             WritePhase::Done => Progress::Send(Vec::new()),
         }

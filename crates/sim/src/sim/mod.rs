@@ -45,6 +45,9 @@ pub struct RunStats {
     pub reads_completed: u64,
     /// Operations that ended in a protocol error.
     pub failed: u64,
+    /// Operations that ended without learning whether they took effect (writes cut by a change
+    /// of their key's group after revealing their nonce).
+    pub unknown: u64,
     /// Reads that ran REPAIR.
     pub repairs: u64,
     /// Reads that ended after their first round.

@@ -30,7 +30,7 @@ use bulwark_a2m::A2m;
 use bulwark_core::a2m::Refusal;
 use bulwark_core::{ClientId, Key, Slot, Time};
 use bulwark_protocol::machine::{
-    Access, Attest, Operation, Output, Progress, Replica, Sequencer, TimerId,
+    Access, Attest, OpError, Operation, Output, Progress, Replica, Sequencer, TimerId,
 };
 use bulwark_protocol::round::OpId;
 use bytes::Bytes;
@@ -249,7 +249,16 @@ enum ClientOp<P: Protocol> {
 /// What an operation says after a reply, in the world's terms.
 enum OpStep<R> {
     Continue(Vec<(Slot, R)>),
-    Done(Result<Finished, String>),
+    Done(Result<Finished, Ended>),
+}
+
+/// How an operation ended without a result.
+enum Ended {
+    /// It failed: only `f+1` refusals or a decoding failure end one.
+    Failed(String),
+    /// It does not know whether it took effect (`OpError::Unknown`): its record stays open, as
+    /// a crashed client's does, and the checker lets it take effect or not.
+    Unknown(String),
 }
 
 impl<P: Protocol> ClientOp<P> {
@@ -291,7 +300,10 @@ fn step<O: Operation<Output: Finish>>(progress: Progress<O>) -> OpStep<O::Reques
     match progress {
         Progress::Send(sends) => OpStep::Continue(sends),
         Progress::Done(result) => {
-            OpStep::Done(result.map(Finish::finish).map_err(|e| e.to_string()))
+            OpStep::Done(result.map(Finish::finish).map_err(|error| match error {
+                OpError::Unknown(why) => Ended::Unknown(why),
+                error => Ended::Failed(error.to_string()),
+            }))
         }
     }
 }
@@ -935,7 +947,7 @@ impl<'a, P: Protocol> World<'a, P> {
         self.send_requests(client, sends);
     }
 
-    fn completed(&mut self, client: usize, result: Result<Finished, String>) {
+    fn completed(&mut self, client: usize, result: Result<Finished, Ended>) {
         let Some(running) = self.clients[client].running.take() else {
             return;
         };
@@ -993,7 +1005,11 @@ impl<'a, P: Protocol> World<'a, P> {
                     }
                 });
             }
-            Err(error) => self.failed(client, running.op, error),
+            Err(Ended::Failed(error)) => self.failed(client, running.op, error),
+            Err(Ended::Unknown(why)) => {
+                self.stats.unknown += 1;
+                self.log(|| format!("c{client} op{} outcome unknown: {why}", running.op.0));
+            }
         }
         self.schedule_wake(client);
     }
