@@ -5,6 +5,7 @@ use anyhow::{Result, bail};
 use bulwark_sim::sim::protocols::content::ContentSim;
 use bulwark_sim::sim::protocols::content_epochs::{ContentEpochsSim, ScaleContentEpochsSim};
 use bulwark_sim::sim::protocols::powerstore::SoleWriterSim;
+use bulwark_sim::sim::protocols::powerstore_epochs::PowerStoreReconfigSim;
 use bulwark_sim::sim::protocols::reconfig::{ReconfigSim, ScaleReconfigSim};
 use bulwark_sim::sim::protocols::registers::PubKeySim;
 use bulwark_sim::sim::protocols::table::{EventualTableSim, TableSim};
@@ -34,7 +35,8 @@ pub struct SimArgs {
     /// pubkey
     /// (public-key objects), reconfig (public-key objects on 2(3f+1) nodes whose configuration
     /// changes under the clients, keys moving between groups), reconfig-50 (the same on 50
-    /// nodes), table (hardened tables, linearizable per cell) or table-eventual (eventual tables,
+    /// nodes), powerstore-reconfig (M-PoWerStore registers on 2(3f+1) nodes whose configuration
+    /// changes under the clients, taken over into each new incarnation by reading), table (hardened tables, linearizable per cell) or table-eventual (eventual tables,
     /// judged on convergence).
     #[arg(long, default_value = "powerstore")]
     pub protocol: String,
@@ -118,6 +120,7 @@ impl SimArgs {
             "table" => Some("table"),
             "table-eventual" => Some("table-eventual"),
             "powerstore-sw" => Some("powerstore-sw"),
+            "powerstore-reconfig" => Some("powerstore-reconfig"),
             _ => None,
         }
     }
@@ -140,6 +143,7 @@ pub fn run(args: &SimArgs) -> Result<ExitCode> {
             Some("table") => sim::run_service::<TableSim>(seed, &config),
             Some("table-eventual") => sim::run_service::<EventualTableSim>(seed, &config),
             Some("powerstore-sw") => sim::run_service::<SoleWriterSim>(seed, &config),
+            Some("powerstore-reconfig") => sim::run_service::<PowerStoreReconfigSim>(seed, &config),
             Some(_) => sim::run_service::<ContentSim>(seed, &config),
             None => sim::run(seed, &config),
         };
@@ -173,6 +177,9 @@ pub fn run(args: &SimArgs) -> Result<ExitCode> {
         Some("table") => sim::sweep_service::<TableSim>(range, &config, threads),
         Some("table-eventual") => sim::sweep_service::<EventualTableSim>(range, &config, threads),
         Some("powerstore-sw") => sim::sweep_service::<SoleWriterSim>(range, &config, threads),
+        Some("powerstore-reconfig") => {
+            sim::sweep_service::<PowerStoreReconfigSim>(range, &config, threads)
+        }
         Some(_) => sim::sweep_service::<ContentSim>(range, &config, threads),
         None => sim::sweep(range, &config, threads),
     };

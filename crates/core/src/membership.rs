@@ -633,7 +633,7 @@ pub fn multicast_fanout(n: usize) -> usize {
 /// becomes again a group it was before. What a writer authenticates for one incarnation is
 /// checked by that incarnation's members only, so a version carried into the next is judged
 /// there by what its members hold, never by a MAC made for nodes before them.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Incarnation(pub crate::Digest);
 
 impl Incarnation {

@@ -22,11 +22,11 @@
 //! Dropping the old incarnation (step 6 of the design) is not built: an old incarnation's server
 //! and storage stay, and nothing is offered or dropped.
 
-use super::server::ServerLogic;
 use super::server::{Change as ServerChange, Fragments, MemoryFragments, Server, ServerConfig};
+use super::server::{ServerLogic, StoredKey};
 use super::takeover::{Sends, Side, TakeOutcome, TakeOver, TakeStep};
 use super::{ClientConfig, ClientMutations, OpId, Refusal, Request, RequestBody, Response};
-use super::{ResponseBody, ServerKeys, cmp_ts};
+use super::{ResponseBody, ServerKeys, Timestamp, cmp_ts};
 use crate::machine::{Access, Never, ReplicaStats};
 use crate::round::Judged;
 use crate::transfer::{
@@ -38,6 +38,7 @@ use bulwark_core::membership::{
     Arc as RingArc, Chain, GroupView, Incarnation, Moved, Ring, RingPoint,
 };
 use bulwark_core::{ClientId, Epoch, Key, NodeId, ServiceId, Slot, Time};
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -74,21 +75,46 @@ pub enum Peer {
     },
 }
 
-/// A node's storage of registers, read back: one store per incarnation.
+/// A node's storage of registers, read back: one store per incarnation, pending changes
+/// included (see [`Fragments`]).
 pub trait Stores {
-    /// What `incarnation`'s server stored, pending changes included (empty if nothing).
-    fn fragments(&self, incarnation: &Incarnation) -> &dyn Fragments;
+    /// `key`'s `lc` and `Hist` metadata in `incarnation`'s store.
+    fn stored_key(&self, incarnation: &Incarnation, key: &Key) -> StoredKey;
+    /// The fragment of `Hist[ts]` of `key` in `incarnation`'s store.
+    fn fragment(&self, incarnation: &Incarnation, key: &Key, ts: &Timestamp) -> Option<Bytes>;
     /// Keys with any state in any incarnation, in ring order ([`ring_order`]) after `resume`:
     /// at most `limit`, none only at the end.
     fn keys(&self, resume: Resume<'_>, limit: usize) -> Vec<Key>;
 }
 
-/// [`Stores`] in memory, for tests and the simulator: apply every change the node makes.
+/// One incarnation's store, as its server reads it.
+struct Scoped<'a> {
+    stores: &'a dyn Stores,
+    incarnation: Incarnation,
+}
+
+impl Fragments for Scoped<'_> {
+    fn stored_key(&self, key: &Key) -> StoredKey {
+        self.stores.stored_key(&self.incarnation, key)
+    }
+
+    fn fragment(&self, key: &Key, ts: &Timestamp) -> Option<Bytes> {
+        self.stores.fragment(&self.incarnation, key, ts)
+    }
+}
+
+fn scoped(stores: &dyn Stores, incarnation: Incarnation) -> Scoped<'_> {
+    Scoped {
+        stores,
+        incarnation,
+    }
+}
+
+/// [`Stores`] in memory, for tests: apply every change the node makes.
 #[derive(Default)]
 pub struct MemoryStores {
     /// Per incarnation.
     pub stores: HashMap<Incarnation, MemoryFragments>,
-    empty: MemoryFragments,
 }
 
 impl MemoryStores {
@@ -105,29 +131,47 @@ impl MemoryStores {
 }
 
 impl Stores for MemoryStores {
-    fn fragments(&self, incarnation: &Incarnation) -> &dyn Fragments {
-        self.stores.get(incarnation).unwrap_or(&self.empty)
+    fn stored_key(&self, incarnation: &Incarnation, key: &Key) -> StoredKey {
+        self.stores
+            .get(incarnation)
+            .map(|store| store.stored_key(key))
+            .unwrap_or_default()
+    }
+
+    fn fragment(&self, incarnation: &Incarnation, key: &Key, ts: &Timestamp) -> Option<Bytes> {
+        self.stores.get(incarnation)?.fragment(key, ts)
     }
 
     fn keys(&self, resume: Resume<'_>, limit: usize) -> Vec<Key> {
-        let order = ring_order::<Registers>;
         let mut keys = BTreeSet::new();
         for store in self.stores.values() {
             keys.extend(store.lcs.keys().cloned());
             keys.extend(store.entries.keys().map(|(key, _)| key.clone()));
         }
-        let mut keys: Vec<Key> = keys
-            .into_iter()
-            .filter(|key| match resume {
-                Resume::Start => true,
-                Resume::AfterPoint(point) => RingPoint::of_key(key.as_bytes()) > point,
-                Resume::AfterKey(after) => order(key) > order(after),
-            })
-            .collect();
-        keys.sort_unstable_by(|a, b| order(a).cmp(&order(b)));
-        keys.truncate(limit);
-        keys
+        keys_after(keys, resume, limit)
     }
+}
+
+/// Of `keys`, those after `resume` in ring order, at most `limit`: a [`Stores::keys`] over a set
+/// of keys.
+pub fn keys_after(
+    keys: impl IntoIterator<Item = Key>,
+    resume: Resume<'_>,
+    limit: usize,
+) -> Vec<Key> {
+    let order = ring_order::<Registers>;
+    let mut keys: Vec<Key> = keys
+        .into_iter()
+        .filter(|key| match resume {
+            Resume::Start => true,
+            Resume::AfterPoint(point) => RingPoint::of_key(key.as_bytes()) > point,
+            Resume::AfterKey(after) => order(key) > order(after),
+        })
+        .collect();
+    keys.sort_unstable_by(|a, b| order(a).cmp(&order(b)));
+    keys.dedup();
+    keys.truncate(limit);
+    keys
 }
 
 /// One running take-over of a key.
@@ -137,8 +181,6 @@ struct Taking {
     /// entered the next epoch before the take-over of the last ended, and the key moved again).
     /// None for a read again.
     pulls: BTreeSet<Epoch>,
-    /// The incarnation taken into.
-    into: Incarnation,
     /// The previous incarnation's members, in slot order.
     old: GroupView,
     /// The new one's.
@@ -164,13 +206,16 @@ pub struct Registers {
     /// The rings entered, from the genesis on.
     chain: Chain,
     servers: HashMap<Incarnation, Server>,
-    takes: BTreeMap<Key, Taking>,
+    /// By key and the incarnation taken into: a node may be taking a key into two incarnations
+    /// at once (a read again into one while it takes the key into the next), and each waits on
+    /// answers the other does not.
+    takes: BTreeMap<(Key, Incarnation), Taking>,
     /// Take-overs that failed (a version that did not fit), started again at the time, into the
     /// incarnation of the epoch, with the pulls that wait for them.
-    again: BTreeMap<Key, (Time, Epoch, BTreeSet<Epoch>)>,
-    /// Keys served before whose read again carried in a newer version: held back until it is
-    /// confirmed.
-    closed: BTreeSet<Key>,
+    again: BTreeMap<(Key, Incarnation), (Time, Epoch, BTreeSet<Epoch>)>,
+    /// Keys served before, by incarnation, whose read again carried in a newer version: held back
+    /// until it is confirmed.
+    closed: BTreeSet<(Key, Incarnation)>,
     /// The time of the input being handled.
     now: Time,
     next_op: u64,
@@ -263,12 +308,6 @@ impl Registers {
         mut pulls: BTreeSet<Epoch>,
         stores: &dyn Stores,
     ) -> Taken<Self> {
-        if let Some(replaced) = self.takes.remove(key) {
-            pulls.extend(replaced.pulls);
-        }
-        if let Some((_, _, waiting)) = self.again.remove(key) {
-            pulls.extend(waiting);
-        }
         let point = RingPoint::of_key(key.as_bytes());
         let decided = |pulls: BTreeSet<Epoch>| {
             let mut taken = Taken::none();
@@ -287,9 +326,16 @@ impl Registers {
             return decided(pulls);
         };
         let into = found.new.incarnation;
+        let at = (key.clone(), into);
+        if let Some(replaced) = self.takes.remove(&at) {
+            pulls.extend(replaced.pulls);
+        }
+        if let Some((_, _, waiting)) = self.again.remove(&at) {
+            pulls.extend(waiting);
+        }
         let now = self.now;
         let held = match self.server(into, &found.view) {
-            Some(server) => server.held(now, key, stores.fragments(&into)),
+            Some(server) => server.held(now, key, &scoped(stores, into)),
             None => return decided(pulls),
         };
         self.next_op += 1;
@@ -307,37 +353,43 @@ impl Registers {
         let taking = Taking {
             take,
             pulls,
-            into,
             old: found.old,
             new: found.view,
             timeout_at: None,
         };
         let mut taken = Taken::none();
         taken.sends = addressed(&taking, sends);
-        self.takes.insert(key.clone(), taking);
+        self.takes.insert(at, taking);
         taken
     }
 
-    /// What a take-over's step makes: its messages, its carry, its end.
-    fn step(&mut self, key: &Key, step: TakeStep, stores: &dyn Stores) -> Taken<Self> {
+    /// What the step of the take-over at `at` (its key and the incarnation taken into) makes:
+    /// its messages, its carry, its end.
+    fn step(
+        &mut self,
+        at: &(Key, Incarnation),
+        step: TakeStep,
+        stores: &dyn Stores,
+    ) -> Taken<Self> {
+        let (key, into) = (&at.0, at.1);
         let mut taken = Taken::none();
         match step {
             TakeStep::Send(sends) => {
-                if let Some(taking) = self.takes.get(key) {
+                if let Some(taking) = self.takes.get(at) {
                     taken.sends = addressed(taking, sends);
                 }
             }
             TakeStep::Carry { carried, then } => {
-                let Some(taking) = self.takes.get(key) else {
+                let Some(taking) = self.takes.get(at) else {
                     return taken;
                 };
-                let (into, new) = (taking.into, taking.new.clone());
+                let new = taking.new.clone();
                 let bytes = carried.fragment.len() as u64;
                 let now = self.now;
                 let Some(server) = self.server(into, &new) else {
                     return taken;
                 };
-                match server.carry(now, key, carried, stores.fragments(&into)) {
+                match server.carry(now, key, carried, &scoped(stores, into)) {
                     Ok(changes) => {
                         if changes
                             .iter()
@@ -350,44 +402,44 @@ impl Registers {
                             .iter()
                             .any(|change| matches!(change, ServerChange::SetLc { .. }))
                         {
-                            self.closed.insert(key.clone());
+                            self.closed.insert(at.clone());
                         }
                         taken.changes = own(into, changes);
-                        if let Some(taking) = self.takes.get(key) {
+                        if let Some(taking) = self.takes.get(at) {
                             taken.sends = addressed(taking, then);
                         }
                     }
                     // Holding nothing new, its HOLDs would name a version it lacks. Only a faulty
                     // writer's cross-checksum does not fit: no node answering is to blame.
-                    Err(_) => self.failed(key),
+                    Err(_) => self.failed(at),
                 }
             }
             TakeStep::Done(Ok(TakeOutcome::Confirmed { .. })) => {
-                let Some(taking) = self.takes.remove(key) else {
+                let Some(taking) = self.takes.remove(at) else {
                     return taken;
                 };
                 taken.decided = taking.pulls.into_iter().map(|e| (e, key.clone())).collect();
-                if self.closed.remove(key) {
+                if self.closed.remove(at) {
                     taken.opened.push(key.clone());
                 }
             }
             TakeStep::Done(Ok(TakeOutcome::Stalled { .. })) => {
-                if let Some(taking) = self.takes.remove(key) {
+                if let Some(taking) = self.takes.remove(at) {
                     let epoch = taking.take_epoch();
                     return self.start(key, epoch, taking.pulls, stores);
                 }
             }
-            TakeStep::Done(Err(_)) => self.failed(key),
+            TakeStep::Done(Err(_)) => self.failed(at),
         }
         taken
     }
 
-    /// A take-over of `key` ended without a version to serve: another starts later.
-    fn failed(&mut self, key: &Key) {
-        if let Some(taking) = self.takes.remove(key) {
-            let at = Time(self.now.0 + PULL_RETRY_MAX_MILLIS);
+    /// The take-over at `at` ended without a version to serve: another starts later.
+    fn failed(&mut self, at: &(Key, Incarnation)) {
+        if let Some(taking) = self.takes.remove(at) {
+            let when = Time(self.now.0 + PULL_RETRY_MAX_MILLIS);
             self.again
-                .insert(key.clone(), (at, taking.take_epoch(), taking.pulls));
+                .insert(at.clone(), (when, taking.take_epoch(), taking.pulls));
         }
     }
 
@@ -424,10 +476,7 @@ impl Registers {
                 | RequestBody::Repair { .. },
             ) => {
                 let left = request.epoch < self.chain.latest();
-                let taking = self
-                    .takes
-                    .get(&key)
-                    .is_some_and(|taking| taking.into == incarnation);
+                let taking = self.takes.contains_key(&(key.clone(), incarnation));
                 if !left || taking || !settled(request.epoch, &key) {
                     return Taken::none();
                 }
@@ -436,7 +485,7 @@ impl Registers {
             _ => return refused("a take-over round it does not run"),
         }
         let now = self.now;
-        let fragments = stores.fragments(&incarnation);
+        let fragments = scoped(stores, incarnation);
         let Some(server) = self.server(incarnation, &view) else {
             return refused("a group this node is not in");
         };
@@ -446,7 +495,7 @@ impl Registers {
             read: true,
             write: false,
         };
-        let handled = server.handle(now, ClientId(from.0), reader, request, fragments);
+        let handled = server.handle(now, ClientId(from.0), reader, request, &fragments);
         let mut taken = Taken::none();
         taken.changes = own(incarnation, handled.changes);
         let Some(response) = handled.reply else {
@@ -466,7 +515,8 @@ impl Registers {
             response,
         };
         taken.sends.push((from, answer));
-        if behind && view.contains(from) && from != self.me && !self.takes.contains_key(&key) {
+        let reading = self.takes.contains_key(&(key.clone(), incarnation));
+        if behind && view.contains(from) && from != self.me && !reading {
             taken = taken.and(self.start(&key, epoch, BTreeSet::new(), stores));
         }
         taken
@@ -481,9 +531,16 @@ impl Registers {
         response: Response,
         stores: &dyn Stores,
     ) -> Taken<Self> {
-        let Some(taking) = self.takes.get_mut(&key) else {
+        // The take-over the answer is for: its operation id names it among the key's.
+        let op = response.op;
+        let found = self
+            .takes
+            .iter_mut()
+            .find(|((taken, _), taking)| *taken == key && taking.take.op() == op);
+        let Some((at, taking)) = found else {
             return Taken::none();
         };
+        let at = at.clone();
         let members = match side {
             Side::Previous => &taking.old,
             Side::New => &taking.new,
@@ -493,11 +550,8 @@ impl Registers {
             taken.refused = Some(format!("node {} answered for a group it is not in", from.0));
             return taken;
         };
-        if response.op != taking.take.op() {
-            return Taken::none();
-        }
         let step = taking.take.on_response(side, slot, response);
-        self.step(&key, step, stores)
+        self.step(&at, step, stores)
     }
 }
 
@@ -542,7 +596,7 @@ impl Kind for Registers {
     // A carried version's fragment is read back from storage when served.
     const IN_STORAGE: bool = true;
     type Request = Request;
-    type Reply = Option<Response>;
+    type Reply = Response;
     type Entry = Never;
     type Version = ();
     type View = dyn Stores;
@@ -569,17 +623,17 @@ impl Kind for Registers {
         Some(RingPoint::of_key(key.as_bytes()))
     }
 
-    fn turned(request: &Request, _epoch: Epoch, why: Turned) -> Option<Response> {
+    fn turned(request: &Request, _epoch: Epoch, why: Turned) -> Response {
         let refusal = match why {
             Turned::WrongEpoch { current } => Refusal::WrongEpoch { current },
             Turned::WrongGroup => Refusal::WrongGroup,
             Turned::Transferring => Refusal::Transferring,
         };
-        Some(Response {
+        Response {
             op: request.op,
             attempt: request.attempt,
             body: ResponseBody::Refused(refusal),
-        })
+        }
     }
 
     fn serve(
@@ -602,15 +656,23 @@ impl Kind for Registers {
             return turned(&request);
         };
         let now = self.now;
-        let fragments = stores.fragments(&incarnation);
+        let fragments = scoped(stores, incarnation);
         let Some(server) = self.server(incarnation, &view) else {
             return turned(&request);
         };
         server.serve_as(epoch, group.id());
-        let handled = server.handle(now, client, access, request, fragments);
+        let (op, attempt) = (request.op, request.attempt);
+        let handled = server.handle(now, client, access, request, &fragments);
+        // Only a faulty server leaves a request unanswered; this one is correct.
+        debug_assert!(handled.reply.is_some(), "a correct server answers");
+        let reply = handled.reply.unwrap_or_else(|| Response {
+            op,
+            attempt,
+            body: ResponseBody::Refused(Refusal::Malformed("unanswered".to_string())),
+        });
         Served {
             changes: own(incarnation, handled.changes),
-            reply: handled.reply,
+            reply,
             refused: handled.refused.map(|refusal| refusal.to_string()),
         }
     }
@@ -735,11 +797,11 @@ impl Kind for Registers {
     fn tick(&mut self, now: Time, stores: &dyn Stores) -> Taken<Self> {
         self.now = self.now.max(now);
         let mut taken = Taken::none();
-        let due: Vec<Key> = self
+        let due: Vec<(Key, Incarnation)> = self
             .takes
             .iter_mut()
-            .filter_map(|(key, taking)| match taking.timeout_at {
-                Some(at) if at <= now => Some(key.clone()),
+            .filter_map(|(at, taking)| match taking.timeout_at {
+                Some(when) if when <= now => Some(at.clone()),
                 Some(_) => None,
                 None => {
                     taking.timeout_at = Some(Time(now.0 + PULL_RETRY_MILLIS));
@@ -747,29 +809,32 @@ impl Kind for Registers {
                 }
             })
             .collect();
-        for key in due {
-            let Some(taking) = self.takes.get_mut(&key) else {
+        for at in due {
+            let Some(taking) = self.takes.get_mut(&at) else {
                 continue;
             };
             taking.timeout_at = Some(Time(now.0 + PULL_RETRY_MILLIS));
             let step = taking.take.on_timeout();
-            taken = taken.and(self.step(&key, step, stores));
+            taken = taken.and(self.step(&at, step, stores));
         }
-        let due: Vec<Key> = self
+        let due: Vec<(Key, Incarnation)> = self
             .again
             .iter()
-            .filter(|(_, (at, _, _))| *at <= now)
-            .map(|(key, _)| key.clone())
+            .filter(|(_, (when, _, _))| *when <= now)
+            .map(|(at, _)| at.clone())
             .collect();
-        for key in due {
-            if let Some((_, epoch, pulls)) = self.again.remove(&key) {
-                taken = taken.and(self.start(&key, epoch, pulls, stores));
+        for at in due {
+            if let Some((_, epoch, pulls)) = self.again.remove(&at) {
+                taken = taken.and(self.start(&at.0, epoch, pulls, stores));
             }
         }
         taken
     }
 
     fn closed(&self, key: &Key) -> bool {
-        self.closed.contains(key)
+        let point = RingPoint::of_key(key.as_bytes());
+        self.chain
+            .incarnation(self.chain.latest(), point)
+            .is_some_and(|(_, incarnation)| self.closed.contains(&(key.clone(), incarnation)))
     }
 }

@@ -5,6 +5,7 @@ pub mod content;
 pub mod content_epochs;
 pub mod cs;
 pub mod powerstore;
+pub mod powerstore_epochs;
 pub mod reconfig;
 pub mod registers;
 pub mod table;

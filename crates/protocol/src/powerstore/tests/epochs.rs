@@ -27,7 +27,7 @@ struct Cluster {
     /// Node-to-node messages in flight.
     wire: VecDeque<(NodeId, NodeId, Message<Registers>)>,
     /// Answers to requests a host held, by operation id: from which node.
-    notified: Vec<(u64, Slot, Option<Response>)>,
+    notified: Vec<(u64, Slot, Response)>,
     now: Time,
     next_op: u64,
     identity: Arc<WriterIdentity>,
@@ -233,7 +233,7 @@ impl Cluster {
                         .on_request(self.now, ClientId(0), WRITER, request, &node.stores);
                 let reply = output.reply.take();
                 self.apply(at, output);
-                if let Some(Some(reply)) = reply {
+                if let Some(reply) = reply {
                     answers.push((to, reply));
                 }
             }
@@ -243,10 +243,7 @@ impl Cluster {
                 .into_iter()
                 .partition(|(op, _, _)| *op == id);
             self.notified = others;
-            answers.extend(
-                mine.into_iter()
-                    .filter_map(|(_, from, reply)| Some((from, reply?))),
-            );
+            answers.extend(mine.into_iter().map(|(_, from, reply)| (from, reply)));
             for (from, reply) in answers {
                 match op.on_reply(from, reply) {
                     Progress::Send(more) => queue.extend(more),

@@ -372,7 +372,7 @@ fn carries_twin(candidates: &[Candidate]) -> bool {
 }
 
 /// The index of a request kind in [`Swarm::tail_by_request`].
-fn request_kind(body: &RequestBody) -> usize {
+pub(crate) fn request_kind(body: &RequestBody) -> usize {
     match body {
         RequestBody::Clock => 0,
         RequestBody::Store { .. } => 1,
@@ -385,7 +385,7 @@ fn request_kind(body: &RequestBody) -> usize {
     }
 }
 
-fn ts_label(ts: &Timestamp) -> String {
+pub(crate) fn ts_label(ts: &Timestamp) -> String {
     format!("{}.w{}.{}", ts.num, ts.pid.writer.0, ts.pid.seq)
 }
 
@@ -398,7 +398,7 @@ fn candidate_label(candidate: &Candidate) -> String {
     )
 }
 
-fn describe_request(request: &Request) -> String {
+pub(crate) fn describe_request(request: &Request) -> String {
     let detail = match &request.body {
         RequestBody::Store { ts, fragment, .. } => {
             format!(" ts={} fragment={}B", ts_label(ts), fragment.len())
@@ -427,7 +427,7 @@ fn describe_request(request: &Request) -> String {
     )
 }
 
-fn describe_response(response: &Response) -> String {
+pub(crate) fn describe_response(response: &Response) -> String {
     let detail = match &response.body {
         ResponseBody::ClockAck { lc_ts } => format!(
             "clock-ack lc.ts={}",
