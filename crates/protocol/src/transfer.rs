@@ -635,8 +635,8 @@ pub enum Transfer<E, V, P = Never> {
         /// What the sender holds.
         entry: E,
     },
-    /// A message of a kind's own take-overs ([`Kind::on_peer`]), from a node in `epoch`: a node
-    /// not yet in `epoch` does not take it, as it answers no LIST or FETCH of that epoch.
+    /// A message of a kind's own take-overs ([`Kind::on_peer`]), from a node in `epoch`. The
+    /// kind decides what it answers in which epoch: these are answers as well as requests.
     Peer {
         /// The sender's epoch.
         epoch: Epoch,

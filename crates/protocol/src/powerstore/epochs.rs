@@ -44,13 +44,16 @@ use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-/// A change to the storage of one incarnation's server.
+/// A durable change of the registers' own.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Stored {
-    /// Whose storage.
-    pub incarnation: Incarnation,
-    /// The server's change.
-    pub change: ServerChange,
+pub enum Stored {
+    /// A change to the storage of one incarnation's server.
+    Server {
+        /// Whose storage.
+        incarnation: Incarnation,
+        /// The server's change.
+        change: ServerChange,
+    },
 }
 
 /// What nodes send each other in take-overs.
@@ -120,7 +123,7 @@ pub struct MemoryStores {
 impl MemoryStores {
     /// Applies one change, as a driver's storage would.
     pub fn apply(&mut self, change: &KindChange<Registers>) {
-        if let Change::Own(Stored {
+        if let Change::Own(Stored::Server {
             incarnation,
             change,
         }) = change
@@ -173,6 +176,10 @@ pub fn keys_after(
     keys.truncate(limit);
     keys
 }
+
+/// Reads again (take-overs no pull waits for) a node runs at once; a HOLD above `lc` that finds
+/// as many running starts none (its asker asks again).
+pub const READS_AGAIN_MAX: usize = 64;
 
 /// One running take-over of a key.
 struct Taking {
@@ -325,6 +332,12 @@ impl Registers {
             // Not a member there: no pull of this node waits for it.
             return decided(pulls);
         };
+        if found.previous.n != found.new.n {
+            // A change of `f` between configurations is not supported: the key stays held back.
+            let mut taken = Taken::none();
+            taken.refused = Some(format!("{key} moved between groups of different sizes"));
+            return taken;
+        }
         let into = found.new.incarnation;
         let at = (key.clone(), into);
         if let Some(replaced) = self.takes.remove(&at) {
@@ -338,7 +351,9 @@ impl Registers {
             Some(server) => server.held(now, key, &scoped(stores, into)),
             None => return decided(pulls),
         };
-        self.next_op += 1;
+        // Fresh across restarts too: a late answer to a take-over before the restart must not
+        // count in one after it.
+        self.next_op = (self.next_op + 1).max(self.now.0 << 16);
         let op = OpId(self.next_op);
         let mut take = TakeOver::new(
             found.previous,
@@ -431,6 +446,17 @@ impl Registers {
             }
             TakeStep::Done(Err(_)) => self.failed(at),
         }
+        // A read again that carried in nothing newer than `lc` leaves the key as it was: the
+        // version served stays confirmed, and nobody waits for this take-over.
+        let idle = self.takes.get(at).is_some_and(|taking| {
+            taking.pulls.is_empty() && taking.take.confirming() && !self.closed.contains(at)
+        });
+        if let Some(taking) = idle.then(|| self.takes.remove(at)).flatten() {
+            let op = taking.take.op();
+            taken.sends.retain(|(_, message)| {
+                !matches!(message, Peer::Ask { side: Side::New, request } if request.op == op)
+            });
+        }
         taken
     }
 
@@ -475,9 +501,18 @@ impl Registers {
                 | RequestBody::Filter { .. }
                 | RequestBody::Repair { .. },
             ) => {
-                let left = request.epoch < self.chain.latest();
+                // Only a take-over reads an incarnation, as of its last epoch, by a member of the
+                // next one, and only once this node has left that epoch (the next one's ring is
+                // known here only then): what it answers can no longer change under a client.
+                let next = self.chain.incarnation(Epoch(request.epoch.0 + 1), point);
+                let Some((group, next)) = next else {
+                    return Taken::none();
+                };
+                if next == incarnation || !group.contains(from) {
+                    return refused("to read an incarnation it does not take the key over from");
+                }
                 let taking = self.takes.contains_key(&(key.clone(), incarnation));
-                if !left || taking || !settled(request.epoch, &key) {
+                if taking || !settled(request.epoch, &key) {
                     return Taken::none();
                 }
             }
@@ -516,7 +551,14 @@ impl Registers {
         };
         taken.sends.push((from, answer));
         let reading = self.takes.contains_key(&(key.clone(), incarnation));
-        if behind && view.contains(from) && from != self.me && !reading {
+        let reads_again = self.takes.values().filter(|t| t.pulls.is_empty()).count();
+        // Bounded: a faulty member's HOLDs for made-up keys cost reads, never unbounded work.
+        if behind
+            && view.contains(from)
+            && from != self.me
+            && !reading
+            && reads_again < READS_AGAIN_MAX
+        {
             taken = taken.and(self.start(&key, epoch, BTreeSet::new(), stores));
         }
         taken
@@ -580,7 +622,7 @@ fn own(incarnation: Incarnation, changes: Vec<ServerChange>) -> Vec<KindChange<R
     changes
         .into_iter()
         .map(|change| {
-            Change::Own(Stored {
+            Change::Own(Stored::Server {
                 incarnation,
                 change,
             })

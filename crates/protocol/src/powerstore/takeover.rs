@@ -241,6 +241,11 @@ impl TakeOver {
         self.op
     }
 
+    /// Whether its read is over and it waits for the confirmation.
+    pub fn confirming(&self) -> bool {
+        matches!(self.phase, Phase::Confirm { .. })
+    }
+
     /// The epoch of the incarnation it takes the key into, as its HOLDs name it.
     pub fn epoch(&self) -> bulwark_core::Epoch {
         self.new.epoch

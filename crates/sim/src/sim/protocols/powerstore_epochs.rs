@@ -7,10 +7,11 @@
 //! was revealed ends "outcome unknown", step 4 of docs/state-transfer.md being unbuilt). Each
 //! register's history is checked for linearizability.
 //!
-//! Not simulated yet: crashes (a member restarted between carrying a version in and its
-//! confirmation must come back holding the key back, which needs a durable mark not built yet),
-//! faulty old members that lie in their answers to take-overs, and two-faced new members; a faulty
-//! node here is silent.
+//! Not simulated yet: crashes (a restarted node must restore each incarnation's server from its
+//! store, and a member restarted between carrying a version in and its confirmation must come
+//! back holding the key back, which needs a durable mark; neither is built), faulty old members
+//! that lie in their answers to take-overs, and two-faced new members; a faulty node here is
+//! silent.
 
 use super::powerstore::{describe_request, describe_response, request_kind};
 use super::reconfig::{learned, learns, schedule};
@@ -284,7 +285,7 @@ impl Protocol for PowerStoreReconfigSim {
 
     fn persist(disk: &mut EpochsDisk, change: &KindChange<Registers>) {
         match change {
-            Change::Own(Stored {
+            Change::Own(Stored::Server {
                 incarnation,
                 change,
             }) => {
@@ -422,7 +423,10 @@ impl Storage<PowerStoreReconfigSim> {
         incarnation: &'a Incarnation,
     ) -> impl DoubleEndedIterator<Item = &'a bulwark_protocol::powerstore::Change> {
         self.pending().filter_map(move |change| match change {
-            Change::Own(stored) if stored.incarnation == *incarnation => Some(&stored.change),
+            Change::Own(Stored::Server {
+                incarnation: at,
+                change,
+            }) if at == incarnation => Some(change),
             _ => None,
         })
     }
@@ -447,7 +451,7 @@ impl Stores for Storage<PowerStoreReconfigSim> {
 
     fn keys(&self, resume: Resume<'_>, limit: usize) -> Vec<Key> {
         let pending = self.pending().filter_map(|change| match change {
-            Change::Own(stored) => Some(match &stored.change {
+            Change::Own(Stored::Server { change, .. }) => Some(match change {
                 bulwark_protocol::powerstore::Change::PutHist { key, .. }
                 | bulwark_protocol::powerstore::Change::DeleteHist { key, .. }
                 | bulwark_protocol::powerstore::Change::SetLc { key, .. } => key.clone(),
