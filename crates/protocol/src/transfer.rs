@@ -250,6 +250,28 @@ pub fn list_arc(
     (keys, false)
 }
 
+/// Of `keys`, those after `resume` in ring order ([`ring_order`]), at most `limit`: what a kind's
+/// storage that holds its keys as a set answers when an arc is listed.
+pub fn keys_after<K: Kind>(
+    keys: impl IntoIterator<Item = Key>,
+    resume: Resume<'_>,
+    limit: usize,
+) -> Vec<Key> {
+    let order = ring_order::<K>;
+    let mut keys: Vec<Key> = keys
+        .into_iter()
+        .filter(|key| match resume {
+            Resume::Start => true,
+            Resume::AfterPoint(point) => K::point(key).is_some_and(|at| at > point),
+            Resume::AfterKey(after) => order(key) > order(after),
+        })
+        .collect();
+    keys.sort_unstable_by(|a, b| order(a).cmp(&order(b)));
+    keys.dedup();
+    keys.truncate(limit);
+    keys
+}
+
 /// A bounded set that forgets its oldest entries first: what a replica remembers having checked
 /// (a fragment found intact, a version whose signature verified), so that reading it back again
 /// costs no second check while memory stays bounded whatever the node stores.

@@ -31,7 +31,7 @@ use crate::machine::{Access, Never, ReplicaStats};
 use crate::round::Judged;
 use crate::transfer::{
     Change, Decided, Kind, KindChange, PULL_RETRY_MAX_MILLIS, PULL_RETRY_MILLIS, Resume, Route,
-    Served, Taken, Turned, list_arc, ring_order,
+    Served, Taken, Turned, keys_after, list_arc,
 };
 use bulwark_core::erasure::ErasureCodec;
 use bulwark_core::membership::{
@@ -85,8 +85,8 @@ pub trait Stores {
     fn stored_key(&self, incarnation: &Incarnation, key: &Key) -> StoredKey;
     /// The fragment of `Hist[ts]` of `key` in `incarnation`'s store.
     fn fragment(&self, incarnation: &Incarnation, key: &Key, ts: &Timestamp) -> Option<Bytes>;
-    /// Keys with any state in any incarnation, in ring order ([`ring_order`]) after `resume`:
-    /// at most `limit`, none only at the end.
+    /// Keys with any state in any incarnation, in ring order
+    /// ([`crate::transfer::ring_order`]) after `resume`: at most `limit`, none only at the end.
     fn keys(&self, resume: Resume<'_>, limit: usize) -> Vec<Key>;
 }
 
@@ -151,30 +151,8 @@ impl Stores for MemoryStores {
             keys.extend(store.lcs.keys().cloned());
             keys.extend(store.entries.keys().map(|(key, _)| key.clone()));
         }
-        keys_after(keys, resume, limit)
+        keys_after::<Registers>(keys, resume, limit)
     }
-}
-
-/// Of `keys`, those after `resume` in ring order, at most `limit`: a [`Stores::keys`] over a set
-/// of keys.
-pub fn keys_after(
-    keys: impl IntoIterator<Item = Key>,
-    resume: Resume<'_>,
-    limit: usize,
-) -> Vec<Key> {
-    let order = ring_order::<Registers>;
-    let mut keys: Vec<Key> = keys
-        .into_iter()
-        .filter(|key| match resume {
-            Resume::Start => true,
-            Resume::AfterPoint(point) => RingPoint::of_key(key.as_bytes()) > point,
-            Resume::AfterKey(after) => order(key) > order(after),
-        })
-        .collect();
-    keys.sort_unstable_by(|a, b| order(a).cmp(&order(b)));
-    keys.dedup();
-    keys.truncate(limit);
-    keys
 }
 
 /// Reads again (take-overs no pull waits for) a node runs at once; a HOLD above `lc` that finds

@@ -25,13 +25,13 @@ use bulwark_core::membership::{Arc as RingArc, Chain, Incarnation, RingPoint};
 use bulwark_core::sign::SecretKey;
 use bulwark_core::{ClientId, Epoch, Key, MacKey, NodeId, Slot, Time};
 use bulwark_protocol::machine::{Access, Output, Replica, ReplicaStats, TimerId};
-use bulwark_protocol::powerstore::epochs::{Peer, Registers, Stored, Stores, keys_after};
+use bulwark_protocol::powerstore::epochs::{Peer, Registers, Stored, Stores};
 use bulwark_protocol::powerstore::{
     ClientConfig, ClientMutations, OpId, Pid, ReadOp, Request, Response, ServerKeys, StoredKey,
     Timestamp, WriteOp, WriterIdentity,
 };
 use bulwark_protocol::transfer::{
-    Change, EpochHost, KindChange, Message, Resume, Routed, Transfer, TransferMutations,
+    Change, EpochHost, KindChange, Message, Resume, Routed, Transfer, TransferMutations, keys_after,
 };
 use bytes::Bytes;
 use rand::Rng;
@@ -459,6 +459,6 @@ impl Stores for Storage<PowerStoreReconfigSim> {
             _ => None,
         });
         let keys = self.durable.keys.iter().cloned().chain(pending);
-        keys_after(keys, resume, limit)
+        keys_after::<Registers>(keys, resume, limit)
     }
 }

@@ -29,7 +29,7 @@ use bulwark_protocol::register::reconfig::{
 };
 use bulwark_protocol::register::{Policy, Timestamp};
 use bulwark_protocol::round::OpId;
-use bulwark_protocol::transfer::{Change, Resume, Transfer, ring_order};
+use bulwark_protocol::transfer::{Change, Resume, Transfer, keys_after, ring_order};
 use bytes::Bytes;
 use rand::seq::{IndexedRandom, SliceRandom};
 use rand::{Rng, SeedableRng};
@@ -977,17 +977,6 @@ impl<const NODES: usize> Versions<pubkey::Entry> for Storage<ReconfigSim<NODES>>
                 Change::Own(never) => match *never {},
             }
         }
-        let order = ring_order::<Registers<PubKey>>;
-        let mut keys: Vec<Key> = keys
-            .into_iter()
-            .filter(|key| match resume {
-                Resume::Start => true,
-                Resume::AfterPoint(point) => RingPoint::of_key(key.as_bytes()) > point,
-                Resume::AfterKey(after) => order(key) > order(after),
-            })
-            .collect();
-        keys.sort_unstable_by(|a, b| order(a).cmp(&order(b)));
-        keys.truncate(limit);
-        keys
+        keys_after::<Registers<PubKey>>(keys, resume, limit)
     }
 }
